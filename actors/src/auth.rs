@@ -1,0 +1,254 @@
+//! Who is calling: JWTs (HS256 only), API keys, device tokens and project secrets, resolved to
+//! a [`Principal`]. Reads only; writes (keys, secrets) go through the directory actor.
+//!
+//! Keys and secrets are looked up by their SHA-256 (never a slow hash per request) and every
+//! comparison of secret material is constant-time.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use dashmap::DashMap;
+use fleetops_storage::{Store, User};
+use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
+use serde::{Deserialize, Serialize};
+
+use crate::clock::now_ms;
+use crate::config::AuthConfig;
+use crate::error::{Error, Result};
+use crate::secrets::{self, API_KEY_PREFIX, DEVICE_TOKEN_PREFIX};
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Claims {
+    sub: String,
+    iat: i64,
+    exp: i64,
+    /// Time of the password login this token descends from (refresh is bounded by it).
+    auth_time: i64,
+}
+
+/// How the caller proved who it is.
+#[derive(Debug, Clone)]
+pub enum Credential {
+    Jwt { auth_time: i64 },
+    ApiKey { key_id: u64 },
+    Device { project_id: u64, device_id: u64 },
+}
+
+/// An authenticated caller. Device tokens carry no user.
+#[derive(Debug, Clone)]
+pub struct Principal {
+    pub user: Option<Arc<User>>,
+    pub credential: Credential,
+}
+
+impl Principal {
+    /// The rate-limit bucket of this credential.
+    pub fn bucket(&self) -> String {
+        match &self.credential {
+            Credential::ApiKey { key_id } => format!("k{key_id}"),
+            Credential::Jwt { .. } => format!("u{}", self.user.as_ref().map_or(0, |u| u.id)),
+            Credential::Device { device_id, .. } => format!("d{device_id}"),
+        }
+    }
+
+    pub fn is_superuser(&self) -> bool {
+        self.user.as_ref().is_some_and(|u| u.is_superuser)
+    }
+}
+
+/// An issued access token.
+#[derive(Debug, Clone, Serialize)]
+pub struct Token {
+    pub access_token: String,
+    pub token_type: &'static str,
+    pub expires_in: u64,
+}
+
+pub struct Authenticator {
+    store: Store,
+    enc: EncodingKey,
+    dec: DecodingKey,
+    validation: Validation,
+    cfg: AuthConfig,
+    /// Last `last_used_at` written per key, so a busy key costs one write a minute, not one
+    /// per request.
+    touched: DashMap<u64, i64>,
+    /// A real hash of a random password, verified against when the e-mail is unknown so that
+    /// timing does not tell which addresses have accounts.
+    dummy_phc: String,
+    /// Keys whose `last_used_at` should be persisted (drained by the directory actor).
+    pub(crate) touch_tx: tokio::sync::mpsc::UnboundedSender<(u64, i64)>,
+}
+
+/// How often `last_used_at` of one API key is rewritten at most.
+const TOUCH_EVERY_MS: i64 = 60_000;
+
+impl Authenticator {
+    pub(crate) fn new(
+        store: Store,
+        cfg: AuthConfig,
+        secret: &[u8],
+        touch_tx: tokio::sync::mpsc::UnboundedSender<(u64, i64)>,
+    ) -> Result<Self> {
+        let mut validation = Validation::new(Algorithm::HS256);
+        validation.leeway = 0;
+        validation.set_required_spec_claims(&["exp", "sub", "iat"]);
+        let a = Self {
+            store,
+            enc: EncodingKey::from_secret(secret),
+            dec: DecodingKey::from_secret(secret),
+            validation,
+            cfg,
+            touched: DashMap::new(),
+            dummy_phc: secrets::hash_password(&secrets::random_token(16)?)?,
+            touch_tx,
+        };
+        // jsonwebtoken panics on first use when its crypto backend is misconfigured: find
+        // out at start-up, not on the first login.
+        let t = a.issue(0, now_ms())?;
+        a.decode(&t.access_token)
+            .map_err(|_| Error::Internal("JWT self-test failed".into()))?;
+        Ok(a)
+    }
+
+    fn issue(&self, user_id: u64, auth_time: i64) -> Result<Token> {
+        let now = now_ms() / 1000;
+        let claims = Claims {
+            sub: user_id.to_string(),
+            iat: now,
+            exp: now + self.cfg.token_ttl_seconds as i64,
+            auth_time,
+        };
+        let access_token = jsonwebtoken::encode(&Header::new(Algorithm::HS256), &claims, &self.enc)
+            .map_err(|e| Error::Internal(format!("jwt encode: {e}")))?;
+        Ok(Token {
+            access_token,
+            token_type: "bearer",
+            expires_in: self.cfg.token_ttl_seconds,
+        })
+    }
+
+    fn decode(&self, token: &str) -> Result<Claims> {
+        jsonwebtoken::decode::<Claims>(token, &self.dec, &self.validation)
+            .map(|d| d.claims)
+            .map_err(|_| Error::Unauthorized)
+    }
+
+    /// Password login. Runs argon2 on a blocking thread.
+    pub async fn login(self: &Arc<Self>, email: &str, password: &str) -> Result<Token> {
+        let user = self.store.user_by_email(&email.trim().to_lowercase())?;
+        let phc = user
+            .as_ref()
+            .map_or(self.dummy_phc.clone(), |u| u.password_hash.clone());
+        let pw = password.to_string();
+        let ok = tokio::task::spawn_blocking(move || secrets::verify_password(&pw, &phc))
+            .await
+            .map_err(|e| Error::Internal(e.to_string()))?;
+        match user {
+            Some(u) if ok => self.issue(u.id, now_ms() / 1000),
+            _ => Err(Error::Unauthorized),
+        }
+    }
+
+    /// A new token for a JWT principal, within the refresh window of its original login.
+    pub fn refresh(&self, p: &Principal) -> Result<Token> {
+        let (Credential::Jwt { auth_time }, Some(user)) = (&p.credential, &p.user) else {
+            return Err(Error::Forbidden);
+        };
+        if now_ms() / 1000 - auth_time > self.cfg.refresh_window_seconds as i64 {
+            return Err(Error::Unauthorized);
+        }
+        self.issue(user.id, *auth_time)
+    }
+
+    /// Resolves a bearer value (JWT, API key or device token).
+    pub fn resolve(&self, value: &str) -> Result<Principal> {
+        if value.starts_with(DEVICE_TOKEN_PREFIX) {
+            let d = self
+                .store
+                .device_by_token(&secrets::sha256(value.as_bytes()))?
+                .ok_or(Error::Unauthorized)?;
+            // The index lookup already matched on the hash; compare once more in constant
+            // time so that equality is never decided by a variable-time path.
+            if !secrets::ct_eq(&d.token_hash, &secrets::sha256(value.as_bytes())) {
+                return Err(Error::Unauthorized);
+            }
+            return Ok(Principal {
+                user: None,
+                credential: Credential::Device {
+                    project_id: d.project_id,
+                    device_id: d.id,
+                },
+            });
+        }
+        if value.starts_with(API_KEY_PREFIX) {
+            let hash = secrets::sha256(value.as_bytes());
+            let key = self
+                .store
+                .api_key_by_hash(&hash)?
+                .ok_or(Error::Unauthorized)?;
+            if !secrets::ct_eq(&key.hash, &hash) {
+                return Err(Error::Unauthorized);
+            }
+            let user = self.store.user(key.user_id)?.ok_or(Error::Unauthorized)?;
+            self.touch(key.id);
+            return Ok(Principal {
+                user: Some(Arc::new(user)),
+                credential: Credential::ApiKey { key_id: key.id },
+            });
+        }
+        let claims = self.decode(value)?;
+        let uid: u64 = claims.sub.parse().map_err(|_| Error::Unauthorized)?;
+        let user = self.store.user(uid)?.ok_or(Error::Unauthorized)?;
+        Ok(Principal {
+            user: Some(Arc::new(user)),
+            credential: Credential::Jwt {
+                auth_time: claims.auth_time,
+            },
+        })
+    }
+
+    /// Checks a project secret against the project's stored hash.
+    pub fn check_project_secret(
+        &self,
+        org_slug: &str,
+        project_slug: &str,
+        secret: &str,
+    ) -> Result<u64> {
+        let org = self
+            .store
+            .org_by_slug(org_slug)?
+            .ok_or(Error::Unauthorized)?;
+        let p = self
+            .store
+            .project_by_slug(org.id, project_slug)?
+            .ok_or(Error::Unauthorized)?;
+        if secrets::ct_eq(&p.secret_hash, &secrets::sha256(secret.as_bytes())) {
+            Ok(p.id)
+        } else {
+            Err(Error::Unauthorized)
+        }
+    }
+
+    fn touch(&self, key_id: u64) {
+        let now = now_ms();
+        let due = self
+            .touched
+            .get(&key_id)
+            .is_none_or(|last| now - *last >= TOUCH_EVERY_MS);
+        if due {
+            self.touched.insert(key_id, now);
+            let _ = self.touch_tx.send((key_id, now));
+        }
+    }
+
+    /// Drops the touch cache of keys not used for a while (called by the housekeeper).
+    pub fn prune(&self) {
+        let cutoff = now_ms() - 10 * TOUCH_EVERY_MS;
+        self.touched.retain(|_, t| *t > cutoff);
+    }
+
+    pub fn token_ttl(&self) -> Duration {
+        Duration::from_secs(self.cfg.token_ttl_seconds)
+    }
+}

@@ -1,0 +1,84 @@
+//! The parts of `config.toml` the runtime reads. Every field has a documented default so an
+//! empty file (or none) runs.
+
+use serde::Deserialize;
+
+/// `[supervision]`: how actors are restarted and bounded.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SupervisionConfig {
+    /// Restarts allowed per actor within `restart_window_seconds` before it is left down
+    /// (requests to it get 503) until the window has passed.
+    pub max_restarts: u32,
+    pub restart_window_seconds: u64,
+    /// Delay before the second and later restarts inside one window, doubling each time.
+    /// The first restart is immediate.
+    pub restart_backoff_ms: u64,
+    pub max_restart_backoff_ms: u64,
+    /// Deadline of every call to an actor; a timeout is 503 with `Retry-After`.
+    pub call_timeout_ms: u64,
+    /// Calls that may wait in one actor's mailbox; beyond it callers get 503 at once.
+    pub mailbox_limit: usize,
+}
+
+impl Default for SupervisionConfig {
+    fn default() -> Self {
+        Self {
+            max_restarts: 5,
+            restart_window_seconds: 60,
+            restart_backoff_ms: 100,
+            max_restart_backoff_ms: 5_000,
+            call_timeout_ms: 5_000,
+            mailbox_limit: 4_096,
+        }
+    }
+}
+
+/// `[devices]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DevicesConfig {
+    /// A device without a heartbeat for this long is `offline`.
+    pub offline_after_seconds: u64,
+}
+
+impl Default for DevicesConfig {
+    fn default() -> Self {
+        Self {
+            offline_after_seconds: 60,
+        }
+    }
+}
+
+/// `[auth]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AuthConfig {
+    /// HS256 key (UTF-8 bytes, at least 32). Empty: one is generated once and kept in the
+    /// data directory.
+    pub jwt_secret: String,
+    /// Lifetime of an access token.
+    pub token_ttl_seconds: u64,
+    /// How long after the original login a token may still be refreshed.
+    pub refresh_window_seconds: u64,
+}
+
+impl Default for AuthConfig {
+    fn default() -> Self {
+        Self {
+            jwt_secret: String::new(),
+            token_ttl_seconds: 3600,
+            refresh_window_seconds: 7 * 24 * 3600,
+        }
+    }
+}
+
+/// Everything the runtime needs, assembled by the binary from `config.toml` and env.
+#[derive(Debug, Clone, Default)]
+pub struct RuntimeConfig {
+    pub supervision: SupervisionConfig,
+    pub devices: DevicesConfig,
+    pub auth: AuthConfig,
+    /// Tier names that exist (from `[tiers.*]`), for validating organization tiers.
+    pub tiers: Vec<String>,
+}

@@ -1,0 +1,520 @@
+//! DirectoryActor: the single writer of users, organizations, memberships, projects and API
+//! keys, so that e-mails and slugs stay unique under concurrent requests.
+//!
+//! It holds no state beyond the store: a restart loses nothing. Reads do not pass through it;
+//! they go to the store directly (see `access`).
+
+use std::sync::Arc;
+
+use fleetops_storage::{
+    ApiKey, Membership, Organization, Project, Role, Store, User, accounts::Seq,
+};
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+
+use crate::clock::{fmt_ms, now_ms};
+use crate::error::{Error, Result};
+use crate::mailbox::Slot;
+use crate::rules;
+use crate::secrets;
+use crate::views::{
+    ApiKeyCreated, Bootstrapped, MemberView, OrgView, ProjectSecret, ProjectView, UserView,
+};
+
+type Reply<T> = RpcReplyPort<Result<T>>;
+
+/// What bootstrap creates; the password is hashed by the handle before it reaches the actor.
+#[derive(Debug, Clone)]
+pub struct BootstrapReq {
+    pub email: String,
+    pub password: String,
+    pub org: String,
+    pub project: String,
+    pub tier: String,
+}
+
+pub(crate) enum DirectoryMsg {
+    Bootstrap(BootstrapReq, String, Reply<Bootstrapped>),
+    CreateUser {
+        email: String,
+        password_hash: String,
+        is_superuser: bool,
+        reply: Reply<UserView>,
+    },
+    CreateOrg {
+        owner: u64,
+        slug: String,
+        name: Option<String>,
+        tier: String,
+        reply: Reply<OrgView>,
+    },
+    AddMember {
+        org_id: u64,
+        email: String,
+        role: Role,
+        caller_role: Role,
+        reply: Reply<MemberView>,
+    },
+    CreateProject {
+        org_id: u64,
+        slug: String,
+        name: Option<String>,
+        reply: Reply<ProjectView>,
+    },
+    RotateSecret {
+        project_id: u64,
+        reply: Reply<ProjectSecret>,
+    },
+    CreateApiKey {
+        user_id: u64,
+        name: String,
+        reply: Reply<ApiKeyCreated>,
+    },
+    DeleteApiKey {
+        user_id: u64,
+        key_id: u64,
+        reply: Reply<()>,
+    },
+    /// Records the last use of an API key (no reply; a lost touch only ages `last_used_at`).
+    TouchKey {
+        key_id: u64,
+        at: i64,
+    },
+    /// Fault injection for supervision tests.
+    Panic,
+}
+
+pub(crate) struct DirectoryActor;
+
+pub(crate) struct DirectoryState {
+    store: Store,
+    /// Tier names that exist.
+    tiers: Vec<String>,
+}
+
+impl Actor for DirectoryActor {
+    type Msg = DirectoryMsg;
+    type State = DirectoryState;
+    type Arguments = (Store, Vec<String>);
+
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        (store, tiers): Self::Arguments,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        Ok(DirectoryState { store, tiers })
+    }
+
+    async fn handle(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        msg: Self::Msg,
+        st: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            DirectoryMsg::Bootstrap(req, hash, reply) => {
+                let _ = reply.send(st.bootstrap(req, hash));
+            }
+            DirectoryMsg::CreateUser {
+                email,
+                password_hash,
+                is_superuser,
+                reply,
+            } => {
+                let _ = reply.send(
+                    st.create_user(&email, password_hash, is_superuser)
+                        .map(|u| UserView::from(&u)),
+                );
+            }
+            DirectoryMsg::CreateOrg {
+                owner,
+                slug,
+                name,
+                tier,
+                reply,
+            } => {
+                let _ = reply.send(
+                    st.create_org(owner, &slug, name, &tier)
+                        .map(|o| OrgView::from(&o)),
+                );
+            }
+            DirectoryMsg::AddMember {
+                org_id,
+                email,
+                role,
+                caller_role,
+                reply,
+            } => {
+                let _ = reply.send(st.add_member(org_id, &email, role, caller_role));
+            }
+            DirectoryMsg::CreateProject {
+                org_id,
+                slug,
+                name,
+                reply,
+            } => {
+                let _ = reply.send(
+                    st.create_project(org_id, &slug, name)
+                        .map(|(p, secret)| ProjectView::new(&p, Some(secret))),
+                );
+            }
+            DirectoryMsg::RotateSecret { project_id, reply } => {
+                let _ = reply.send(st.rotate_secret(project_id));
+            }
+            DirectoryMsg::CreateApiKey {
+                user_id,
+                name,
+                reply,
+            } => {
+                let _ = reply.send(st.create_api_key(user_id, &name));
+            }
+            DirectoryMsg::DeleteApiKey {
+                user_id,
+                key_id,
+                reply,
+            } => {
+                let _ = reply.send(st.delete_api_key(user_id, key_id));
+            }
+            DirectoryMsg::TouchKey { key_id, at } => {
+                if let Ok(Some(mut k)) = st.store.api_key(key_id) {
+                    k.last_used_at = Some(at);
+                    if let Err(e) = st.store.update_api_key(&k) {
+                        tracing::warn!(error = %e, "could not record API key use");
+                    }
+                }
+            }
+            DirectoryMsg::Panic => panic!("injected fault in DirectoryActor"),
+        }
+        Ok(())
+    }
+}
+
+impl DirectoryState {
+    fn create_user(&self, email: &str, password_hash: String, is_superuser: bool) -> Result<User> {
+        let email = rules::email("email", email)?;
+        if self.store.user_by_email(&email)?.is_some() {
+            return Err(Error::Conflict(
+                "A user with this email already exists".into(),
+            ));
+        }
+        let user = User {
+            id: self.store.new_id(Seq::User)?,
+            email,
+            password_hash,
+            is_superuser,
+            created_at: now_ms(),
+        };
+        self.store.insert_user(&user)?;
+        Ok(user)
+    }
+
+    fn check_tier(&self, tier: &str) -> Result<()> {
+        if self.tiers.iter().any(|t| t == tier) {
+            Ok(())
+        } else {
+            Err(Error::unprocessable(
+                "tier",
+                format!("must be one of {}", self.tiers.join(", ")),
+            ))
+        }
+    }
+
+    fn create_org(
+        &self,
+        owner: u64,
+        slug: &str,
+        name: Option<String>,
+        tier: &str,
+    ) -> Result<Organization> {
+        rules::slug("slug", slug)?;
+        self.check_tier(tier)?;
+        let name = match name {
+            Some(n) => rules::name("name", &n, 200)?,
+            None => slug.to_string(),
+        };
+        if self.store.org_by_slug(slug)?.is_some() {
+            return Err(Error::Conflict(
+                "An organization with this slug already exists".into(),
+            ));
+        }
+        let now = now_ms();
+        let org = Organization {
+            id: self.store.new_id(Seq::Org)?,
+            slug: slug.to_string(),
+            name,
+            tier: tier.to_string(),
+            created_at: now,
+        };
+        let m = Membership {
+            org_id: org.id,
+            user_id: owner,
+            role: Role::Owner,
+            created_at: now,
+        };
+        self.store.insert_org(&org, &m)?;
+        Ok(org)
+    }
+
+    fn add_member(
+        &self,
+        org_id: u64,
+        email: &str,
+        role: Role,
+        caller_role: Role,
+    ) -> Result<MemberView> {
+        if role == Role::Owner && caller_role != Role::Owner {
+            return Err(Error::Forbidden);
+        }
+        let email = rules::email("email", email)?;
+        let user = self
+            .store
+            .user_by_email(&email)?
+            .ok_or_else(|| Error::not_found("User"))?;
+        if self.store.membership(org_id, user.id)?.is_some() {
+            return Err(Error::Conflict(
+                "User is already a member of this organization".into(),
+            ));
+        }
+        self.store.upsert_membership(&Membership {
+            org_id,
+            user_id: user.id,
+            role,
+            created_at: now_ms(),
+        })?;
+        Ok(MemberView {
+            user_id: user.id,
+            email: user.email,
+            role: role.as_str(),
+        })
+    }
+
+    fn create_project(
+        &self,
+        org_id: u64,
+        slug: &str,
+        name: Option<String>,
+    ) -> Result<(Project, String)> {
+        rules::slug("slug", slug)?;
+        let name = match name {
+            Some(n) => rules::name("name", &n, 200)?,
+            None => slug.to_string(),
+        };
+        if self.store.project_by_slug(org_id, slug)?.is_some() {
+            return Err(Error::Conflict(
+                "A project with this slug already exists".into(),
+            ));
+        }
+        let secret = secrets::new_project_secret()?;
+        let p = Project {
+            id: self.store.new_id(Seq::Project)?,
+            org_id,
+            slug: slug.to_string(),
+            name,
+            secret_hash: secrets::sha256(secret.as_bytes()),
+            created_at: now_ms(),
+        };
+        self.store.insert_project(&p)?;
+        Ok((p, secret))
+    }
+
+    fn rotate_secret(&self, project_id: u64) -> Result<ProjectSecret> {
+        let mut p = self
+            .store
+            .project(project_id)?
+            .ok_or_else(|| Error::not_found("Project"))?;
+        let secret = secrets::new_project_secret()?;
+        p.secret_hash = secrets::sha256(secret.as_bytes());
+        self.store.update_project(&p)?;
+        Ok(ProjectSecret {
+            project_secret: secret,
+        })
+    }
+
+    fn create_api_key(&self, user_id: u64, name: &str) -> Result<ApiKeyCreated> {
+        let name = rules::name("name", name, 200)?;
+        let key = secrets::new_api_key()?;
+        let rec = ApiKey {
+            id: self.store.new_id(Seq::ApiKey)?,
+            user_id,
+            name,
+            prefix: key.chars().take(12).collect(),
+            hash: secrets::sha256(key.as_bytes()),
+            created_at: now_ms(),
+            last_used_at: None,
+        };
+        self.store.insert_api_key(&rec)?;
+        Ok(ApiKeyCreated {
+            id: rec.id,
+            name: rec.name,
+            key,
+            created_at: fmt_ms(rec.created_at),
+        })
+    }
+
+    fn delete_api_key(&self, user_id: u64, key_id: u64) -> Result<()> {
+        match self.store.api_key(key_id)? {
+            Some(k) if k.user_id == user_id => Ok(self.store.delete_api_key(&k)?),
+            _ => Err(Error::not_found("API key")),
+        }
+    }
+
+    fn bootstrap(&self, req: BootstrapReq, password_hash: String) -> Result<Bootstrapped> {
+        // Validate everything before writing anything, so a refused bootstrap changes nothing.
+        let email = rules::email("email", &req.email)?;
+        rules::slug("org", &req.org)?;
+        rules::slug("project", &req.project)?;
+        self.check_tier(&req.tier)?;
+        if self.store.user_by_email(&email)?.is_some() {
+            return Err(Error::Conflict(format!("a user {email} already exists")));
+        }
+        if self.store.org_by_slug(&req.org)?.is_some() {
+            return Err(Error::Conflict(format!(
+                "an organization {} already exists",
+                req.org
+            )));
+        }
+        let user = self.create_user(&email, password_hash, true)?;
+        let org = self.create_org(user.id, &req.org, None, &req.tier)?;
+        let (project, project_secret) = self.create_project(org.id, &req.project, None)?;
+        let key = self.create_api_key(user.id, "bootstrap")?;
+        Ok(Bootstrapped {
+            user_id: user.id,
+            email: user.email,
+            org: org.slug,
+            project: project.slug,
+            project_secret,
+            api_key: key.key,
+            generated_password: None,
+        })
+    }
+}
+
+/// The way in to the directory actor.
+#[derive(Clone)]
+pub struct DirectoryHandle {
+    pub(crate) slot: Arc<Slot<DirectoryMsg>>,
+    pub(crate) store: Store,
+}
+
+impl DirectoryHandle {
+    /// A write call, answered only once its effects are durable.
+    async fn write<T: Send + 'static>(
+        &self,
+        build: impl FnOnce(Reply<T>) -> DirectoryMsg,
+    ) -> Result<T> {
+        let r = self.slot.call(build).await?;
+        self.store.durable().await?;
+        Ok(r)
+    }
+
+    pub async fn bootstrap(&self, req: BootstrapReq) -> Result<Bootstrapped> {
+        rules::password("password", &req.password)?;
+        let hash = hash_blocking(req.password.clone()).await?;
+        self.write(|r| DirectoryMsg::Bootstrap(req, hash, r)).await
+    }
+
+    pub async fn create_user(
+        &self,
+        email: String,
+        password: String,
+        is_superuser: bool,
+    ) -> Result<UserView> {
+        rules::email("email", &email)?;
+        rules::password("password", &password)?;
+        let password_hash = hash_blocking(password).await?;
+        self.write(|reply| DirectoryMsg::CreateUser {
+            email,
+            password_hash,
+            is_superuser,
+            reply,
+        })
+        .await
+    }
+
+    pub async fn create_org(
+        &self,
+        owner: u64,
+        slug: String,
+        name: Option<String>,
+        tier: String,
+    ) -> Result<OrgView> {
+        self.write(|reply| DirectoryMsg::CreateOrg {
+            owner,
+            slug,
+            name,
+            tier,
+            reply,
+        })
+        .await
+    }
+
+    pub async fn add_member(
+        &self,
+        org_id: u64,
+        email: String,
+        role: Role,
+        caller_role: Role,
+    ) -> Result<MemberView> {
+        self.write(|reply| DirectoryMsg::AddMember {
+            org_id,
+            email,
+            role,
+            caller_role,
+            reply,
+        })
+        .await
+    }
+
+    pub async fn create_project(
+        &self,
+        org_id: u64,
+        slug: String,
+        name: Option<String>,
+    ) -> Result<ProjectView> {
+        self.write(|reply| DirectoryMsg::CreateProject {
+            org_id,
+            slug,
+            name,
+            reply,
+        })
+        .await
+    }
+
+    pub async fn rotate_secret(&self, project_id: u64) -> Result<ProjectSecret> {
+        self.write(|reply| DirectoryMsg::RotateSecret { project_id, reply })
+            .await
+    }
+
+    pub async fn create_api_key(&self, user_id: u64, name: String) -> Result<ApiKeyCreated> {
+        self.write(|reply| DirectoryMsg::CreateApiKey {
+            user_id,
+            name,
+            reply,
+        })
+        .await
+    }
+
+    pub async fn delete_api_key(&self, user_id: u64, key_id: u64) -> Result<()> {
+        self.write(|reply| DirectoryMsg::DeleteApiKey {
+            user_id,
+            key_id,
+            reply,
+        })
+        .await
+    }
+
+    pub(crate) fn touch_key(&self, key_id: u64, at: i64) {
+        self.slot.cast(DirectoryMsg::TouchKey { key_id, at });
+    }
+
+    /// Makes the actor panic in its handler (supervision tests only).
+    #[doc(hidden)]
+    pub fn inject_panic(&self) {
+        self.slot.cast(DirectoryMsg::Panic);
+    }
+}
+
+async fn hash_blocking(password: String) -> Result<String> {
+    tokio::task::spawn_blocking(move || secrets::hash_password(&password))
+        .await
+        .map_err(|e| Error::Internal(e.to_string()))?
+}

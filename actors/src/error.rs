@@ -1,0 +1,52 @@
+//! The domain error every handle returns. `http` maps each kind to one status and `detail`;
+//! 5xx causes go to tracing, never into the response.
+
+use fleetops_storage::StorageError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Missing, invalid or expired credentials.
+    #[error("Could not validate credentials")]
+    Unauthorized,
+    /// Valid credentials without the needed role or organization.
+    #[error("Not enough permissions")]
+    Forbidden,
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    Conflict(String),
+    /// Parsed input that breaks a rule; the text names the field.
+    #[error("{0}")]
+    Unprocessable(String),
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("{0}")]
+    TooLarge(String),
+    /// The owning actor is restarting, overloaded or did not answer in time.
+    #[error("Service temporarily unavailable")]
+    Unavailable { retry_after_secs: u64 },
+    #[error("Internal server error")]
+    Internal(String),
+}
+
+impl Error {
+    pub fn not_found(what: &str) -> Self {
+        Error::NotFound(format!("{what} not found"))
+    }
+    pub fn unprocessable(field: &str, why: impl std::fmt::Display) -> Self {
+        Error::Unprocessable(format!("{field}: {why}"))
+    }
+}
+
+impl From<StorageError> for Error {
+    fn from(e: StorageError) -> Self {
+        match e {
+            StorageError::FlushFailed => Error::Unavailable {
+                retry_after_secs: 1,
+            },
+            other => Error::Internal(other.to_string()),
+        }
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

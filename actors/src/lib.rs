@@ -1,0 +1,165 @@
+//! The fleetops supervision tree: every behaviour and state change lives here.
+//!
+//! ```text
+//! RootSupervisor
+//!  ├─ DirectoryActor        single writer: users, organizations, members, projects, API keys
+//!  └─ ProjectsSupervisor
+//!      └─ ProjectActor      one per project (started on first use): devices, groups, heartbeats
+//! ```
+//!
+//! Later issues add, beside these: SessionsSupervisor → SessionActor (one per active session),
+//! WebhookIntake → InstallationActor → JobDispatcher, AlertsSupervisor → RuleEvaluator, and a
+//! Housekeeper.
+//!
+//! A panic inside an actor's handler is caught by ractor and reported to its supervisor, which
+//! restarts the actor from storage within the `[supervision]` budget; the request being handled
+//! gets a 500, every other request goes on. Handles are the only way in: writes pass through
+//! the owning actor and are answered once durable (group commit); reads go to the store.
+//!
+//! This crate never touches hyper; `http` never touches sled.
+
+pub mod access;
+pub mod auth;
+pub mod clock;
+pub mod config;
+mod directory;
+pub mod error;
+mod mailbox;
+mod project;
+pub mod projects;
+mod root;
+pub mod rules;
+pub mod secrets;
+mod supervision;
+pub mod views;
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
+
+use dashmap::DashMap;
+use fleetops_storage::Store;
+use ractor::{Actor, ActorRef};
+
+pub use access::{Access, OrgScope, ProjectScope};
+pub use auth::{Authenticator, Credential, Principal};
+pub use config::RuntimeConfig;
+pub use directory::{BootstrapReq, DirectoryHandle};
+pub use error::{Error, Result};
+pub use fleetops_storage::Role;
+pub use projects::ProjectsHandle;
+
+use mailbox::Slot;
+use root::{RootArgs, RootMsg, RootSupervisor};
+
+/// The running tree and the handles into it. Cheap to clone.
+#[derive(Clone)]
+pub struct Runtime {
+    pub store: Store,
+    pub auth: Arc<Authenticator>,
+    pub access: Access,
+    pub directory: DirectoryHandle,
+    pub projects: ProjectsHandle,
+    root: ActorRef<RootMsg>,
+    restarts: Arc<AtomicU64>,
+}
+
+/// The meta key of the generated JWT secret.
+const JWT_SECRET_META: &str = "jwt_secret";
+
+impl Runtime {
+    /// Starts the supervision tree over an open store.
+    pub async fn start(store: Store, cfg: RuntimeConfig) -> anyhow::Result<Self> {
+        let secret = if cfg.auth.jwt_secret.is_empty() {
+            store.meta_get_or_init(JWT_SECRET_META, || {
+                secrets::random_bytes(32).unwrap_or_default()
+            })?
+        } else {
+            if cfg.auth.jwt_secret.len() < 32 {
+                anyhow::bail!("the configured JWT secret is shorter than 32 bytes");
+            }
+            cfg.auth.jwt_secret.as_bytes().to_vec()
+        };
+        if secret.len() < 32 {
+            anyhow::bail!("could not generate a JWT secret");
+        }
+        let (touch_tx, mut touch_rx) = tokio::sync::mpsc::unbounded_channel();
+        let auth = Arc::new(Authenticator::new(
+            store.clone(),
+            cfg.auth.clone(),
+            &secret,
+            touch_tx,
+        )?);
+
+        let timeout = Duration::from_millis(cfg.supervision.call_timeout_ms);
+        let limit = cfg.supervision.mailbox_limit.max(1);
+        let directory_slot = Arc::new(Slot::new(limit, timeout));
+        let projects_slot = Arc::new(Slot::new(limit, timeout));
+        let registry = Arc::new(DashMap::new());
+        let restarts = Arc::new(AtomicU64::new(0));
+        let (root, _) = Actor::spawn(
+            None,
+            RootSupervisor,
+            RootArgs {
+                store: store.clone(),
+                cfg: cfg.supervision.clone(),
+                tiers: cfg.tiers.clone(),
+                directory: directory_slot.clone(),
+                projects: projects_slot.clone(),
+                registry: registry.clone(),
+                restarts: restarts.clone(),
+            },
+        )
+        .await
+        .map_err(|e| anyhow::anyhow!("supervision tree failed to start: {e}"))?;
+
+        let directory = DirectoryHandle {
+            slot: directory_slot,
+            store: store.clone(),
+        };
+        let touch_dir = directory.clone();
+        tokio::spawn(async move {
+            while let Some((id, at)) = touch_rx.recv().await {
+                touch_dir.touch_key(id, at);
+            }
+        });
+        let projects = ProjectsHandle {
+            sup: projects_slot,
+            registry,
+            gates: Arc::new(DashMap::new()),
+            store: store.clone(),
+            cfg: cfg.supervision.clone(),
+            devices: cfg.devices.clone(),
+            restarts: restarts.clone(),
+        };
+        let access = Access {
+            store: store.clone(),
+            tier_rank: Arc::new(cfg.tiers.iter().rev().cloned().collect()),
+        };
+        Ok(Self {
+            store,
+            auth,
+            access,
+            directory,
+            projects,
+            root,
+            restarts,
+        })
+    }
+
+    /// Actor restarts since start-up, all supervisors together.
+    pub fn restarts(&self) -> u64 {
+        self.restarts.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Stops the tree (supervisors stop their children first) and flushes storage.
+    pub async fn shutdown(&self) {
+        let _ = self
+            .root
+            .stop_and_wait(None, Some(Duration::from_secs(10)))
+            .await;
+        if let Err(e) = self.store.flush_blocking() {
+            tracing::error!(error = %e, "final flush failed");
+        }
+    }
+}

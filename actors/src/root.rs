@@ -1,0 +1,159 @@
+//! RootSupervisor: the top of the tree. It starts the singleton actors and the per-entity
+//! supervisors, and restarts any of them that fails, within the `[supervision]` budget.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use dashmap::DashMap;
+use fleetops_storage::Store;
+use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, SupervisionEvent};
+
+use crate::config::SupervisionConfig;
+use crate::directory::{DirectoryActor, DirectoryMsg};
+use crate::mailbox::Slot;
+use crate::project::ProjectMsg;
+use crate::projects::{ProjectsArgs, ProjectsMsg, ProjectsSupervisor};
+use crate::supervision::{RestartBudget, Verdict};
+
+/// The children of the root, each restarted in place.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Child {
+    Directory,
+    Projects,
+}
+
+pub(crate) enum RootMsg {
+    Restart(Child),
+}
+
+pub(crate) struct RootSupervisor;
+
+pub(crate) struct RootArgs {
+    pub store: Store,
+    pub cfg: SupervisionConfig,
+    pub tiers: Vec<String>,
+    pub directory: Arc<Slot<DirectoryMsg>>,
+    pub projects: Arc<Slot<ProjectsMsg>>,
+    pub registry: Arc<DashMap<u64, ActorRef<ProjectMsg>>>,
+    pub restarts: Arc<AtomicU64>,
+}
+
+pub(crate) struct RootState {
+    args: RootArgs,
+    children: HashMap<ractor::ActorId, Child>,
+    budgets: HashMap<Child, RestartBudget>,
+}
+
+impl RootState {
+    async fn start(
+        &mut self,
+        myself: &ActorRef<RootMsg>,
+        child: Child,
+    ) -> Result<(), ActorProcessingErr> {
+        let cell: ActorCell = match child {
+            Child::Directory => {
+                let (a, _) = Actor::spawn_linked(
+                    None,
+                    DirectoryActor,
+                    (self.args.store.clone(), self.args.tiers.clone()),
+                    myself.get_cell(),
+                )
+                .await?;
+                self.args.directory.set(Some(a.clone()));
+                a.get_cell()
+            }
+            Child::Projects => {
+                let (a, _) = Actor::spawn_linked(
+                    None,
+                    ProjectsSupervisor,
+                    ProjectsArgs {
+                        store: self.args.store.clone(),
+                        cfg: self.args.cfg.clone(),
+                        registry: self.args.registry.clone(),
+                        restarts: self.args.restarts.clone(),
+                    },
+                    myself.get_cell(),
+                )
+                .await?;
+                self.args.projects.set(Some(a.clone()));
+                a.get_cell()
+            }
+        };
+        self.children.insert(cell.get_id(), child);
+        Ok(())
+    }
+}
+
+impl Actor for RootSupervisor {
+    type Msg = RootMsg;
+    type State = RootState;
+    type Arguments = RootArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        args: Self::Arguments,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        let mut st = RootState {
+            args,
+            children: HashMap::new(),
+            budgets: HashMap::new(),
+        };
+        st.start(&myself, Child::Directory).await?;
+        st.start(&myself, Child::Projects).await?;
+        Ok(st)
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        msg: Self::Msg,
+        st: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        let RootMsg::Restart(child) = msg;
+        if let Err(e) = st.start(&myself, child).await {
+            tracing::error!(?child, error = %e, "restart failed; retrying");
+            myself.send_after(std::time::Duration::from_secs(1), move || {
+                RootMsg::Restart(child)
+            });
+        }
+        Ok(())
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        evt: SupervisionEvent,
+        st: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        let SupervisionEvent::ActorFailed(cell, err) = evt else {
+            return Ok(());
+        };
+        let Some(child) = st.children.remove(&cell.get_id()) else {
+            return Ok(());
+        };
+        match child {
+            Child::Directory => st.args.directory.set(None),
+            Child::Projects => st.args.projects.set(None),
+        }
+        st.args.restarts.fetch_add(1, Ordering::Relaxed);
+        let verdict = st
+            .budgets
+            .entry(child)
+            .or_default()
+            .on_failure(&st.args.cfg, Instant::now());
+        tracing::error!(?child, error = %err, ?verdict, "actor failed");
+        let delay = match verdict {
+            Verdict::Restart(d) => d,
+            Verdict::GiveUpUntil(t) => t.saturating_duration_since(Instant::now()),
+        };
+        if delay.is_zero() {
+            st.start(&myself, child).await?;
+        } else {
+            myself.send_after(delay, move || RootMsg::Restart(child));
+        }
+        Ok(())
+    }
+}

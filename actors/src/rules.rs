@@ -1,0 +1,104 @@
+//! Input rules shared by the actors (the contract's formats), each failing with a 422 that
+//! names the field.
+
+use crate::error::{Error, Result};
+
+/// `[a-z0-9][a-z0-9-]{0,62}`.
+pub fn slug(field: &str, s: &str) -> Result<()> {
+    let ok = !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .enumerate()
+            .all(|(i, b)| b.is_ascii_lowercase() || b.is_ascii_digit() || (i > 0 && b == b'-'));
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::unprocessable(
+            field,
+            "must match [a-z0-9][a-z0-9-]{0,62}",
+        ))
+    }
+}
+
+/// A plausible address: one `@`, non-empty local part and a dotted domain, no spaces.
+pub fn email(field: &str, s: &str) -> Result<String> {
+    let s = s.trim().to_lowercase();
+    let valid = s.len() <= 254
+        && !s.chars().any(char::is_whitespace)
+        && match s.split_once('@') {
+            Some((local, domain)) => {
+                !local.is_empty()
+                    && !domain.is_empty()
+                    && !domain.contains('@')
+                    && !domain.starts_with('.')
+                    && !domain.ends_with('.')
+            }
+            None => false,
+        };
+    if valid {
+        Ok(s)
+    } else {
+        Err(Error::unprocessable(field, "not a valid e-mail address"))
+    }
+}
+
+/// A display name: 1 to `max` characters after trimming.
+pub fn name(field: &str, s: &str, max: usize) -> Result<String> {
+    let t = s.trim();
+    if t.is_empty() || t.chars().count() > max {
+        return Err(Error::unprocessable(
+            field,
+            format!("must be 1 to {max} characters"),
+        ));
+    }
+    Ok(t.to_string())
+}
+
+pub fn password(field: &str, s: &str) -> Result<()> {
+    if s.is_empty() || s.len() > 1024 {
+        return Err(Error::unprocessable(field, "must be 1 to 1024 bytes"));
+    }
+    Ok(())
+}
+
+/// Device labels: at most 64, keys 1-128 characters, values up to 256.
+pub fn labels(labels: &std::collections::BTreeMap<String, String>) -> Result<()> {
+    if labels.len() > 64 {
+        return Err(Error::unprocessable("labels", "at most 64 labels"));
+    }
+    for (k, v) in labels {
+        if k.is_empty() || k.chars().count() > 128 || v.chars().count() > 256 {
+            return Err(Error::unprocessable(
+                "labels",
+                "keys must be 1-128 characters and values at most 256",
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slugs() {
+        assert!(slug("s", "a").is_ok());
+        assert!(slug("s", "robot-fleet-01").is_ok());
+        assert!(slug("s", &"a".repeat(63)).is_ok());
+        assert!(slug("s", &"a".repeat(64)).is_err());
+        assert!(slug("s", "-a").is_err());
+        assert!(slug("s", "A").is_err());
+        assert!(slug("s", "").is_err());
+        assert!(slug("s", "a_b").is_err());
+    }
+
+    #[test]
+    fn emails() {
+        assert_eq!(email("e", " A@B.io ").unwrap(), "a@b.io");
+        assert!(email("e", "admin@localhost").is_ok());
+        assert!(email("e", "nope").is_err());
+        assert!(email("e", "a@@b").is_err());
+        assert!(email("e", "a b@c").is_err());
+    }
+}

@@ -1,0 +1,245 @@
+//! Response shapes: what the handles return and `http` serializes as they are. Times are
+//! already formatted (RFC 3339, milliseconds, `Z`).
+
+use std::collections::BTreeMap;
+
+use fleetops_storage::{ApiKey, Device, DeviceGroup, Organization, Project, User};
+use serde::Serialize;
+
+use crate::clock::fmt_ms;
+
+#[derive(Debug, Serialize)]
+pub struct Page<T> {
+    pub items: Vec<T>,
+    pub total: usize,
+    pub page: usize,
+    pub page_size: usize,
+    pub has_more: bool,
+}
+
+/// Page and page size as the contract bounds them (1-based page; 1..=500).
+#[derive(Debug, Clone, Copy)]
+pub struct PageReq {
+    pub page: usize,
+    pub page_size: usize,
+}
+
+impl Default for PageReq {
+    fn default() -> Self {
+        Self {
+            page: 1,
+            page_size: 50,
+        }
+    }
+}
+
+impl PageReq {
+    pub const MAX_PAGE_SIZE: usize = 500;
+
+    pub fn slice<T>(&self, all: Vec<T>) -> Page<T> {
+        let total = all.len();
+        let start = (self.page - 1).saturating_mul(self.page_size);
+        let items: Vec<T> = all.into_iter().skip(start).take(self.page_size).collect();
+        Page {
+            items,
+            total,
+            page: self.page,
+            page_size: self.page_size,
+            has_more: self.page.saturating_mul(self.page_size) < total,
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct Items<T> {
+    pub items: Vec<T>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct UserView {
+    pub id: u64,
+    pub email: String,
+    pub is_superuser: bool,
+}
+
+impl From<&User> for UserView {
+    fn from(u: &User) -> Self {
+        Self {
+            id: u.id,
+            email: u.email.clone(),
+            is_superuser: u.is_superuser,
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct OrgRole {
+    pub slug: String,
+    pub role: &'static str,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Me {
+    pub id: u64,
+    pub email: String,
+    pub is_superuser: bool,
+    pub organizations: Vec<OrgRole>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct OrgView {
+    pub id: u64,
+    pub slug: String,
+    pub name: String,
+    pub tier: String,
+    pub created_at: String,
+}
+
+impl From<&Organization> for OrgView {
+    fn from(o: &Organization) -> Self {
+        Self {
+            id: o.id,
+            slug: o.slug.clone(),
+            name: o.name.clone(),
+            tier: o.tier.clone(),
+            created_at: fmt_ms(o.created_at),
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct MemberView {
+    pub user_id: u64,
+    pub email: String,
+    pub role: &'static str,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ProjectView {
+    pub id: u64,
+    pub slug: String,
+    pub name: String,
+    pub created_at: String,
+    /// Only in the creation response.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub project_secret: Option<String>,
+}
+
+impl ProjectView {
+    pub fn new(p: &Project, secret: Option<String>) -> Self {
+        Self {
+            id: p.id,
+            slug: p.slug.clone(),
+            name: p.name.clone(),
+            created_at: fmt_ms(p.created_at),
+            project_secret: secret,
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct ProjectSecret {
+    pub project_secret: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ApiKeyCreated {
+    pub id: u64,
+    pub name: String,
+    pub key: String,
+    pub created_at: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ApiKeyView {
+    pub id: u64,
+    pub name: String,
+    pub prefix: String,
+    pub created_at: String,
+    pub last_used_at: Option<String>,
+}
+
+impl From<&ApiKey> for ApiKeyView {
+    fn from(k: &ApiKey) -> Self {
+        Self {
+            id: k.id,
+            name: k.name.clone(),
+            prefix: k.prefix.clone(),
+            created_at: fmt_ms(k.created_at),
+            last_used_at: k.last_used_at.map(fmt_ms),
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct DeviceView {
+    pub id: u64,
+    pub name: String,
+    pub status: &'static str,
+    pub labels: BTreeMap<String, String>,
+    pub group_ids: Vec<u64>,
+    pub metrics: BTreeMap<String, f64>,
+    pub created_at: String,
+    pub last_seen_at: Option<String>,
+    /// Only in the creation response.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device_token: Option<String>,
+    /// Only in the organization-wide list.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub project: Option<String>,
+}
+
+impl DeviceView {
+    pub fn new(d: &Device, status: &'static str, group_ids: Vec<u64>) -> Self {
+        Self {
+            id: d.id,
+            name: d.name.clone(),
+            status,
+            labels: d.labels.clone(),
+            group_ids,
+            metrics: d.metrics.clone(),
+            created_at: fmt_ms(d.created_at),
+            last_seen_at: d.last_seen_at.map(fmt_ms),
+            device_token: None,
+            project: None,
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct GroupView {
+    pub id: u64,
+    pub name: String,
+    pub device_ids: Vec<u64>,
+    pub created_at: String,
+}
+
+impl From<&DeviceGroup> for GroupView {
+    fn from(g: &DeviceGroup) -> Self {
+        Self {
+            id: g.id,
+            name: g.name.clone(),
+            device_ids: g.device_ids.clone(),
+            created_at: fmt_ms(g.created_at),
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct HeartbeatAck {
+    pub status: &'static str,
+}
+
+/// What bootstrap (the CLI command and the first start of `serve`) created.
+#[derive(Debug, Clone, Serialize)]
+pub struct Bootstrapped {
+    pub user_id: u64,
+    pub email: String,
+    pub org: String,
+    pub project: String,
+    pub project_secret: String,
+    pub api_key: String,
+    /// Set only when the password was generated (first start); never part of the JSON.
+    #[serde(skip)]
+    pub generated_password: Option<String>,
+}

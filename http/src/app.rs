@@ -1,0 +1,195 @@
+//! What every handler gets: the shared [`App`], the request as [`Req`], and a per-request
+//! [`Cx`] that authenticates, rate-limits and authorizes in the contract's order
+//! (401 → 429 → 403 → 404), remembering the rate-limit headers for the response.
+
+use std::net::{IpAddr, SocketAddr};
+
+use bytes::Bytes;
+use fleetops_actors::{OrgScope, Principal, ProjectScope, Role, Runtime};
+use hyper::body::Incoming;
+use serde::de::DeserializeOwned;
+
+use crate::body;
+use crate::config::{HttpConfig, Tier};
+use crate::error::{ApiError, ApiResult};
+use crate::metrics::Metrics;
+use crate::query::Query;
+use crate::rate_limit::{RateHeaders, RateLimits};
+use crate::router::{Router, routes};
+
+/// Shared by every connection.
+pub struct App {
+    pub rt: Runtime,
+    pub cfg: HttpConfig,
+    pub tiers: Vec<Tier>,
+    pub limits: RateLimits,
+    pub metrics: Metrics,
+    pub router: Router,
+    /// The OpenAPI document, rendered once.
+    pub openapi: Bytes,
+}
+
+impl App {
+    pub fn new(rt: Runtime, cfg: HttpConfig, tiers: Vec<Tier>) -> anyhow::Result<Self> {
+        let defs = routes();
+        let router = Router::new(&defs)?;
+        let openapi = Bytes::from(serde_json::to_vec(&crate::openapi::document(&defs))?);
+        Ok(Self {
+            limits: RateLimits::new(&tiers, cfg.login_per_minute),
+            rt,
+            cfg,
+            tiers,
+            metrics: Metrics::new(),
+            router,
+            openapi,
+        })
+    }
+}
+
+/// One request, split for handlers.
+pub struct Req {
+    pub parts: http::request::Parts,
+    body: Option<Incoming>,
+    pub params: Vec<(String, String)>,
+    pub query: Query,
+    pub peer: SocketAddr,
+}
+
+impl Req {
+    pub fn new(
+        parts: http::request::Parts,
+        body: Incoming,
+        params: Vec<(String, String)>,
+        peer: SocketAddr,
+    ) -> ApiResult<Self> {
+        let params = params
+            .into_iter()
+            .map(|(k, v)| {
+                percent_encoding::percent_decode_str(&v)
+                    .decode_utf8()
+                    .map(|d| (k, d.into_owned()))
+                    .map_err(|_| ApiError::bad_request("Path is not valid UTF-8"))
+            })
+            .collect::<ApiResult<_>>()?;
+        let query = Query::parse(parts.uri.query());
+        Ok(Self {
+            parts,
+            body: Some(body),
+            params,
+            query,
+            peer,
+        })
+    }
+
+    pub fn param(&self, k: &str) -> &str {
+        self.params
+            .iter()
+            .find(|(key, _)| key == k)
+            .map_or("", |(_, v)| v.as_str())
+    }
+
+    /// An integer path id; anything else cannot name a record.
+    pub fn id(&self, k: &str, what: &str) -> ApiResult<u64> {
+        self.param(k)
+            .parse()
+            .map_err(|_| ApiError::Domain(fleetops_actors::Error::not_found(what)))
+    }
+
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.parts.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+
+    /// The client address, believing `X-Forwarded-For` only from trusted proxies.
+    pub fn client_ip(&self, trusted: &[IpAddr]) -> IpAddr {
+        let peer = self.peer.ip();
+        if trusted.contains(&peer)
+            && let Some(ip) = self
+                .header("x-forwarded-for")
+                .and_then(|v| v.split(',').next_back())
+                .and_then(|v| v.trim().parse().ok())
+        {
+            return ip;
+        }
+        peer
+    }
+
+    /// The bearer value from `Authorization: Bearer` or `X-API-Key`.
+    pub fn credential(&self) -> Option<&str> {
+        if let Some(v) = self.header("authorization") {
+            let (scheme, rest) = v.split_once(' ')?;
+            if scheme.eq_ignore_ascii_case("bearer") && !rest.trim().is_empty() {
+                return Some(rest.trim());
+            }
+            return None;
+        }
+        self.header("x-api-key")
+            .map(str::trim)
+            .filter(|v| !v.is_empty())
+    }
+
+    pub async fn body_bytes(&mut self, limit: usize) -> ApiResult<Bytes> {
+        match self.body.take() {
+            Some(b) => body::read(&self.parts.headers, b, limit).await,
+            None => Ok(Bytes::new()),
+        }
+    }
+}
+
+/// Per-request state carried through a handler.
+pub struct Cx<'a> {
+    pub app: &'a App,
+    /// Set once the caller is authenticated; added to every response after that.
+    pub rate: Option<RateHeaders>,
+}
+
+impl<'a> Cx<'a> {
+    pub fn rt(&self) -> &'a Runtime {
+        &self.app.rt
+    }
+
+    /// 401 for bad or missing credentials, then 429 over the caller's tier.
+    pub fn authenticate(&mut self, req: &Req, org: Option<&str>) -> ApiResult<Principal> {
+        let value = req
+            .credential()
+            .ok_or(ApiError::Domain(fleetops_actors::Error::Unauthorized))?;
+        let p = self.app.rt.auth.resolve(value)?;
+        let tier = self.app.rt.access.tier_for(&p, org)?;
+        let bucket = format!("{}@{}", p.bucket(), org.unwrap_or("-"));
+        match self.app.limits.check(&tier, bucket) {
+            Ok(h) => {
+                self.rate = Some(h);
+                Ok(p)
+            }
+            Err((e, h)) => {
+                self.rate = Some(h);
+                Err(e)
+            }
+        }
+    }
+
+    /// Authenticated, rate-limited and at least `min` in the path's organization.
+    pub fn org(&mut self, req: &Req, min: Role) -> ApiResult<(Principal, OrgScope)> {
+        let org = req.param("org");
+        let p = self.authenticate(req, Some(org))?;
+        let s = self.app.rt.access.org(&p, org, min)?;
+        Ok((p, s))
+    }
+
+    /// As [`Cx::org`], then the path's project (404 when absent).
+    pub fn project(&mut self, req: &Req, min: Role) -> ApiResult<(Principal, ProjectScope)> {
+        let org = req.param("org");
+        let p = self.authenticate(req, Some(org))?;
+        let s = self
+            .app
+            .rt
+            .access
+            .project(&p, org, req.param("project"), min)?;
+        Ok((p, s))
+    }
+
+    /// Reads and parses the JSON body under the ordinary limit.
+    pub async fn json<T: DeserializeOwned>(&self, req: &mut Req) -> ApiResult<T> {
+        let bytes = req.body_bytes(self.app.cfg.max_body_bytes).await?;
+        body::parse(&bytes)
+    }
+}

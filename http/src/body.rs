@@ -1,0 +1,144 @@
+//! Request bodies in (size-capped, then JSON with 400 for syntax and 422 naming the field for
+//! anything that parses but does not fit) and response bodies out.
+
+use bytes::Bytes;
+use http::{Response, StatusCode, header};
+use http_body_util::{BodyExt, Full, Limited, combinators::BoxBody};
+use hyper::body::Incoming;
+use serde::de::DeserializeOwned;
+
+use crate::error::{ApiError, ApiResult, json_bytes};
+
+/// Every response body: a full buffer now, streams in later issues.
+pub type Body = BoxBody<Bytes, std::io::Error>;
+
+pub fn full(b: impl Into<Bytes>) -> Body {
+    Full::new(b.into()).map_err(|never| match never {}).boxed()
+}
+
+pub fn empty() -> Body {
+    full(Bytes::new())
+}
+
+/// Reads the whole body, refusing (413) anything over `limit` bytes, by its declared length
+/// before reading and by counting while reading.
+pub async fn read(headers: &http::HeaderMap, body: Incoming, limit: usize) -> ApiResult<Bytes> {
+    if let Some(len) = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+        && len > limit as u64
+    {
+        return Err(too_large(limit));
+    }
+    match Limited::new(body, limit).collect().await {
+        Ok(c) => Ok(c.to_bytes()),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(too_large(limit)),
+        Err(_) => Err(ApiError::bad_request("Could not read the request body")),
+    }
+}
+
+fn too_large(limit: usize) -> ApiError {
+    ApiError::too_large(format!("Request body exceeds the limit of {limit} bytes"))
+}
+
+/// Parses JSON: syntax errors are 400, type and missing-field errors 422 with the field path.
+pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> ApiResult<T> {
+    let de = &mut serde_json::Deserializer::from_slice(bytes);
+    match serde_path_to_error::deserialize(de) {
+        Ok(v) => Ok(v),
+        Err(e) => {
+            let path = e.path().to_string();
+            let inner = e.into_inner();
+            match inner.classify() {
+                serde_json::error::Category::Data => {
+                    let msg = strip_position(&inner.to_string());
+                    let detail = if path == "." || path.is_empty() {
+                        msg
+                    } else {
+                        format!("{path}: {msg}")
+                    };
+                    Err(ApiError::unprocessable(detail))
+                }
+                _ => Err(ApiError::bad_request(format!(
+                    "Malformed JSON body: {}",
+                    strip_position(&inner.to_string())
+                ))),
+            }
+        }
+    }
+}
+
+/// serde_json appends " at line L column C"; the field path says more.
+fn strip_position(s: &str) -> String {
+    match s.rfind(" at line ") {
+        Some(i) => s[..i].to_string(),
+        None => s.to_string(),
+    }
+}
+
+/// Reads and parses a JSON body with the ordinary limit.
+pub async fn json<T: DeserializeOwned>(
+    headers: &http::HeaderMap,
+    body: Incoming,
+    limit: usize,
+) -> ApiResult<T> {
+    let bytes = read(headers, body, limit).await?;
+    parse(&bytes)
+}
+
+pub fn ok<T: serde::Serialize>(v: &T) -> ApiResult<Response<Body>> {
+    with_status(StatusCode::OK, v)
+}
+
+pub fn created<T: serde::Serialize>(v: &T) -> ApiResult<Response<Body>> {
+    with_status(StatusCode::CREATED, v)
+}
+
+pub fn accepted<T: serde::Serialize>(v: &T) -> ApiResult<Response<Body>> {
+    with_status(StatusCode::ACCEPTED, v)
+}
+
+pub fn no_content() -> ApiResult<Response<Body>> {
+    let mut r = Response::new(empty());
+    *r.status_mut() = StatusCode::NO_CONTENT;
+    Ok(r)
+}
+
+pub fn with_status<T: serde::Serialize>(status: StatusCode, v: &T) -> ApiResult<Response<Body>> {
+    let bytes = serde_json::to_vec(v)
+        .map_err(|e| ApiError::Domain(fleetops_actors::Error::Internal(e.to_string())))?;
+    Ok(json_bytes(status, Bytes::from(bytes)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(serde::Deserialize, Debug)]
+    #[allow(dead_code)]
+    struct B {
+        name: String,
+        n: Option<u32>,
+    }
+
+    #[test]
+    fn syntax_is_400_and_types_are_422_with_field() {
+        assert_eq!(
+            parse::<B>(b"{").unwrap_err().status(),
+            StatusCode::BAD_REQUEST
+        );
+        assert_eq!(
+            parse::<B>(b"").unwrap_err().status(),
+            StatusCode::BAD_REQUEST
+        );
+        let e = parse::<B>(br#"{"name": 1}"#).unwrap_err();
+        assert_eq!(e.status(), StatusCode::UNPROCESSABLE_ENTITY);
+        assert!(format!("{e:?}").contains("name"));
+        let e = parse::<B>(br#"{"n": 1}"#).unwrap_err();
+        assert_eq!(e.status(), StatusCode::UNPROCESSABLE_ENTITY);
+        assert!(format!("{e:?}").contains("name"));
+        let e = parse::<B>(br#"{"name": "x", "n": -1}"#).unwrap_err();
+        assert!(format!("{e:?}").contains("n:"));
+    }
+}

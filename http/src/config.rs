@@ -1,0 +1,41 @@
+//! The parts of `config.toml` the edge reads.
+
+use std::net::IpAddr;
+
+use serde::Deserialize;
+
+/// `[http]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HttpConfig {
+    /// Largest ordinary JSON body (413 beyond).
+    pub max_body_bytes: usize,
+    /// Peers whose `X-Forwarded-For` is believed (for the login limiter).
+    pub trusted_proxies: Vec<IpAddr>,
+    /// Login attempts per client address per minute.
+    pub login_per_minute: u32,
+    /// When set, `/metrics` needs `Authorization: Bearer <token>`.
+    pub metrics_token: String,
+    /// How long shutdown waits for in-flight requests.
+    pub shutdown_grace_seconds: u64,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        Self {
+            max_body_bytes: 1024 * 1024,
+            trusted_proxies: Vec::new(),
+            login_per_minute: 10,
+            metrics_token: String::new(),
+            shutdown_grace_seconds: 10,
+        }
+    }
+}
+
+/// One rate-limit and storage tier.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Tier {
+    pub name: String,
+    pub requests_per_minute: u32,
+    pub storage_bytes: u64,
+}

@@ -1,0 +1,106 @@
+//! One table from error kind to status and `detail`, and the one error envelope
+//! `{"detail", "status_code"}` (429 adds `retry_after`). 5xx bodies say nothing internal; the
+//! cause goes to tracing.
+
+use bytes::Bytes;
+use fleetops_actors::Error;
+use http::{HeaderValue, Response, StatusCode, header};
+
+use crate::body::{Body, full};
+
+/// An error answered by the edge itself (before or after the actors).
+#[derive(Debug)]
+pub enum ApiError {
+    Domain(Error),
+    NotFoundRoute,
+    MethodNotAllowed(String),
+    RateLimited { retry_after: u64 },
+}
+
+impl From<Error> for ApiError {
+    fn from(e: Error) -> Self {
+        ApiError::Domain(e)
+    }
+}
+
+impl ApiError {
+    pub fn bad_request(detail: impl Into<String>) -> Self {
+        ApiError::Domain(Error::BadRequest(detail.into()))
+    }
+    pub fn unprocessable(detail: impl Into<String>) -> Self {
+        ApiError::Domain(Error::Unprocessable(detail.into()))
+    }
+    pub fn too_large(detail: impl Into<String>) -> Self {
+        ApiError::Domain(Error::TooLarge(detail.into()))
+    }
+
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ApiError::Domain(e) => match e {
+                Error::Unauthorized => StatusCode::UNAUTHORIZED,
+                Error::Forbidden => StatusCode::FORBIDDEN,
+                Error::NotFound(_) => StatusCode::NOT_FOUND,
+                Error::Conflict(_) => StatusCode::CONFLICT,
+                Error::Unprocessable(_) => StatusCode::UNPROCESSABLE_ENTITY,
+                Error::BadRequest(_) => StatusCode::BAD_REQUEST,
+                Error::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+                Error::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
+                Error::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            },
+            ApiError::NotFoundRoute => StatusCode::NOT_FOUND,
+            ApiError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
+            ApiError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
+        }
+    }
+
+    pub fn into_response(self) -> Response<Body> {
+        let status = self.status();
+        let mut extra = serde_json::Map::new();
+        let mut headers: Vec<(header::HeaderName, String)> = Vec::new();
+        let detail = match &self {
+            ApiError::Domain(Error::Internal(cause)) => {
+                tracing::error!(%cause, "internal error");
+                "Internal server error".to_string()
+            }
+            ApiError::Domain(e @ Error::Unavailable { retry_after_secs }) => {
+                headers.push((header::RETRY_AFTER, retry_after_secs.to_string()));
+                e.to_string()
+            }
+            ApiError::Domain(e) => e.to_string(),
+            ApiError::NotFoundRoute => "Not found".into(),
+            ApiError::MethodNotAllowed(allow) => {
+                headers.push((header::ALLOW, allow.clone()));
+                "Method not allowed".into()
+            }
+            ApiError::RateLimited { retry_after } => {
+                extra.insert("retry_after".into(), (*retry_after).into());
+                headers.push((header::RETRY_AFTER, retry_after.to_string()));
+                format!("Rate limit exceeded. Try again in {retry_after} seconds.")
+            }
+        };
+        let mut body = serde_json::Map::new();
+        body.insert("detail".into(), detail.into());
+        body.insert("status_code".into(), status.as_u16().into());
+        body.extend(extra);
+        let bytes = serde_json::to_vec(&body).unwrap_or_default();
+        let mut resp = json_bytes(status, Bytes::from(bytes));
+        for (k, v) in headers {
+            if let Ok(v) = HeaderValue::from_str(&v) {
+                resp.headers_mut().insert(k, v);
+            }
+        }
+        resp
+    }
+}
+
+pub fn json_bytes(status: StatusCode, bytes: Bytes) -> Response<Body> {
+    let mut resp = Response::new(full(bytes));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    resp
+}
+
+pub type ApiResult<T = Response<Body>> = Result<T, ApiError>;

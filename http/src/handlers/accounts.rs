@@ -1,0 +1,174 @@
+//! Login, tokens, API keys, users, organizations, members and projects.
+
+use fleetops_actors::Role;
+use http::Response;
+use serde::Deserialize;
+
+use crate::app::{Cx, Req};
+use crate::body::{self, Body};
+use crate::error::ApiResult;
+
+#[derive(Deserialize)]
+struct LoginBody {
+    email: String,
+    password: String,
+}
+
+pub async fn login(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
+    cx.app
+        .limits
+        .check_login(req.client_ip(&cx.app.cfg.trusted_proxies))?;
+    let b: LoginBody = cx.json(&mut req).await?;
+    body::ok(&cx.rt().auth.login(&b.email, &b.password).await?)
+}
+
+pub fn refresh(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    let p = cx.authenticate(&req, None)?;
+    cx.rt().access.require_jwt(&p)?;
+    body::ok(&cx.rt().auth.refresh(&p)?)
+}
+
+#[derive(Deserialize)]
+struct NameBody {
+    name: String,
+}
+
+pub async fn create_api_key(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
+    let p = cx.authenticate(&req, None)?;
+    cx.rt().access.require_jwt(&p)?;
+    let user = cx.rt().access.require_user(&p)?;
+    let b: NameBody = cx.json(&mut req).await?;
+    body::created(&cx.rt().directory.create_api_key(user.id, b.name).await?)
+}
+
+pub fn list_api_keys(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    let p = cx.authenticate(&req, None)?;
+    body::ok(&fleetops_actors::views::Items {
+        items: cx.rt().access.api_keys(&p)?,
+    })
+}
+
+pub async fn delete_api_key(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    let p = cx.authenticate(&req, None)?;
+    cx.rt().access.require_jwt(&p)?;
+    let user = cx.rt().access.require_user(&p)?;
+    let id = req.id("key_id", "API key")?;
+    cx.rt().directory.delete_api_key(user.id, id).await?;
+    body::no_content()
+}
+
+pub fn me(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    let p = cx.authenticate(&req, None)?;
+    body::ok(&cx.rt().access.me(&p)?)
+}
+
+#[derive(Deserialize)]
+struct UserBody {
+    email: String,
+    password: String,
+    #[serde(default)]
+    is_superuser: bool,
+}
+
+pub async fn create_user(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
+    let p = cx.authenticate(&req, None)?;
+    cx.rt().access.require_superuser(&p)?;
+    let b: UserBody = cx.json(&mut req).await?;
+    body::created(
+        &cx.rt()
+            .directory
+            .create_user(b.email, b.password, b.is_superuser)
+            .await?,
+    )
+}
+
+#[derive(Deserialize)]
+struct OrgBody {
+    slug: String,
+    name: Option<String>,
+    tier: Option<String>,
+}
+
+pub async fn create_org(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
+    let p = cx.authenticate(&req, None)?;
+    let user = cx.rt().access.require_user(&p)?;
+    let b: OrgBody = cx.json(&mut req).await?;
+    let tier = b.tier.unwrap_or_else(|| "free".into());
+    if tier != "free" {
+        cx.rt().access.require_superuser(&p)?;
+    }
+    body::created(
+        &cx.rt()
+            .directory
+            .create_org(user.id, b.slug, b.name, tier)
+            .await?,
+    )
+}
+
+pub fn list_orgs(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    let p = cx.authenticate(&req, None)?;
+    body::ok(&fleetops_actors::views::Items {
+        items: cx.rt().access.orgs(&p)?,
+    })
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum RoleBody {
+    Owner,
+    Admin,
+    Member,
+    Viewer,
+}
+
+#[derive(Deserialize)]
+struct MemberBody {
+    email: String,
+    role: RoleBody,
+}
+
+pub async fn add_member(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.org(&req, Role::Admin)?;
+    let b: MemberBody = cx.json(&mut req).await?;
+    let role = match b.role {
+        RoleBody::Owner => Role::Owner,
+        RoleBody::Admin => Role::Admin,
+        RoleBody::Member => Role::Member,
+        RoleBody::Viewer => Role::Viewer,
+    };
+    body::created(
+        &cx.rt()
+            .directory
+            .add_member(s.org.id, b.email, role, s.role)
+            .await?,
+    )
+}
+
+#[derive(Deserialize)]
+struct ProjectBody {
+    slug: String,
+    name: Option<String>,
+}
+
+pub async fn create_project(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.org(&req, Role::Admin)?;
+    let b: ProjectBody = cx.json(&mut req).await?;
+    body::created(
+        &cx.rt()
+            .directory
+            .create_project(s.org.id, b.slug, b.name)
+            .await?,
+    )
+}
+
+pub fn list_projects(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.org(&req, Role::Viewer)?;
+    body::ok(&fleetops_actors::views::Items {
+        items: cx.rt().access.projects(s.org.id)?,
+    })
+}
+
+pub async fn rotate_secret(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.project(&req, Role::Admin)?;
+    body::ok(&cx.rt().directory.rotate_secret(s.project.id).await?)
+}

@@ -1,0 +1,183 @@
+//! Devices, heartbeats and device groups (project-scoped), and the organization-wide list.
+
+use std::collections::BTreeMap;
+
+use fleetops_actors::Role;
+use fleetops_actors::projects::{DeviceFilter, DeviceStatus};
+use fleetops_actors::views::Items;
+use http::Response;
+use serde::Deserialize;
+
+use crate::app::{Cx, Req};
+use crate::body::{self, Body};
+use crate::error::{ApiError, ApiResult};
+
+fn filter(req: &Req) -> ApiResult<DeviceFilter> {
+    let status = req
+        .query
+        .get("status")
+        .map(|s| {
+            DeviceStatus::parse(s)
+                .ok_or_else(|| ApiError::unprocessable("status: must be online or offline"))
+        })
+        .transpose()?;
+    Ok(DeviceFilter {
+        status,
+        name: req.query.get("name").map(str::to_string),
+    })
+}
+
+pub fn org_devices(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.org(&req, Role::Viewer)?;
+    let (f, page) = (filter(&req)?, req.query.page()?);
+    let projects: Vec<(u64, String)> = cx
+        .rt()
+        .access
+        .projects(s.org.id)?
+        .into_iter()
+        .map(|p| (p.id, p.slug))
+        .collect();
+    body::ok(&cx.rt().projects.org_devices(&projects, &f, page)?)
+}
+
+#[derive(Deserialize)]
+struct CreateBody {
+    name: String,
+    #[serde(default)]
+    labels: BTreeMap<String, String>,
+}
+
+pub async fn create(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.project(&req, Role::Member)?;
+    let b: CreateBody = cx.json(&mut req).await?;
+    body::created(
+        &cx.rt()
+            .projects
+            .create_device(s.project.id, b.name, b.labels)
+            .await?,
+    )
+}
+
+pub fn list(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.project(&req, Role::Viewer)?;
+    let (f, page) = (filter(&req)?, req.query.page()?);
+    body::ok(&cx.rt().projects.devices(s.project.id, &f, page)?)
+}
+
+pub fn get(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.project(&req, Role::Viewer)?;
+    let id = req.id("device_id", "Device")?;
+    body::ok(&cx.rt().projects.device(s.project.id, id)?)
+}
+
+#[derive(Deserialize)]
+struct PatchBody {
+    name: Option<String>,
+    labels: Option<BTreeMap<String, String>>,
+}
+
+pub async fn patch(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.project(&req, Role::Member)?;
+    let id = req.id("device_id", "Device")?;
+    cx.rt().projects.device_exists(s.project.id, id)?;
+    let b: PatchBody = cx.json(&mut req).await?;
+    body::ok(
+        &cx.rt()
+            .projects
+            .update_device(s.project.id, id, b.name, b.labels)
+            .await?,
+    )
+}
+
+pub async fn delete(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.project(&req, Role::Member)?;
+    let id = req.id("device_id", "Device")?;
+    cx.rt().projects.delete_device(s.project.id, id).await?;
+    body::no_content()
+}
+
+#[derive(Deserialize, Default)]
+struct HeartbeatBody {
+    #[serde(default)]
+    metrics: BTreeMap<String, f64>,
+}
+
+pub async fn heartbeat(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
+    let org = req.param("org").to_string();
+    let p = cx.authenticate(&req, Some(&org))?;
+    let id = req.id("device_id", "Device")?;
+    let s = cx
+        .rt()
+        .access
+        .device_route(&p, &org, req.param("project"), id, Role::Member)?;
+    cx.rt().projects.device_exists(s.project.id, id)?;
+    let bytes = req.body_bytes(cx.app.cfg.max_body_bytes).await?;
+    let b: HeartbeatBody = if bytes.iter().all(u8::is_ascii_whitespace) {
+        HeartbeatBody::default()
+    } else {
+        body::parse(&bytes)?
+    };
+    body::accepted(
+        &cx.rt()
+            .projects
+            .heartbeat(s.project.id, id, b.metrics)
+            .await?,
+    )
+}
+
+#[derive(Deserialize)]
+struct GroupBody {
+    name: String,
+    #[serde(default)]
+    device_ids: Vec<u64>,
+}
+
+pub async fn create_group(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.project(&req, Role::Member)?;
+    let b: GroupBody = cx.json(&mut req).await?;
+    body::created(
+        &cx.rt()
+            .projects
+            .create_group(s.project.id, b.name, b.device_ids)
+            .await?,
+    )
+}
+
+pub fn list_groups(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.project(&req, Role::Viewer)?;
+    body::ok(&Items {
+        items: cx.rt().projects.groups(s.project.id)?,
+    })
+}
+
+pub fn get_group(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.project(&req, Role::Viewer)?;
+    let id = req.id("group_id", "Device group")?;
+    body::ok(&cx.rt().projects.group(s.project.id, id)?)
+}
+
+#[derive(Deserialize)]
+struct GroupPatch {
+    name: Option<String>,
+    device_ids: Option<Vec<u64>>,
+}
+
+pub async fn patch_group(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.project(&req, Role::Member)?;
+    let id = req.id("group_id", "Device group")?;
+    cx.rt().projects.group_exists(s.project.id, id)?;
+    let b: GroupPatch = cx.json(&mut req).await?;
+    body::ok(
+        &cx.rt()
+            .projects
+            .update_group(s.project.id, id, b.name, b.device_ids)
+            .await?,
+    )
+}
+
+pub async fn delete_group(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.project(&req, Role::Member)?;
+    let id = req.id("group_id", "Device group")?;
+    cx.rt().projects.delete_group(s.project.id, id).await?;
+    body::no_content()
+}

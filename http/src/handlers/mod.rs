@@ -1,0 +1,46 @@
+//! One file per resource family. A handler parses, authorizes, makes one call into the
+//! runtime and maps the reply; no business rule lives here.
+
+mod accounts;
+mod devices;
+mod ops;
+
+use http::Response;
+
+use crate::app::{Cx, Req};
+use crate::body::Body;
+use crate::error::ApiResult;
+use crate::router::Op;
+
+pub async fn dispatch(op: Op, cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    match op {
+        Op::Healthz => ops::healthz(),
+        Op::Metrics => ops::metrics(cx, &req),
+        Op::OpenApi => ops::openapi(cx),
+        Op::Login => accounts::login(cx, req).await,
+        Op::Refresh => accounts::refresh(cx, req),
+        Op::CreateApiKey => accounts::create_api_key(cx, req).await,
+        Op::ListApiKeys => accounts::list_api_keys(cx, req),
+        Op::DeleteApiKey => accounts::delete_api_key(cx, req).await,
+        Op::Me => accounts::me(cx, req),
+        Op::CreateUser => accounts::create_user(cx, req).await,
+        Op::CreateOrg => accounts::create_org(cx, req).await,
+        Op::ListOrgs => accounts::list_orgs(cx, req),
+        Op::AddMember => accounts::add_member(cx, req).await,
+        Op::CreateProject => accounts::create_project(cx, req).await,
+        Op::ListProjects => accounts::list_projects(cx, req),
+        Op::RotateSecret => accounts::rotate_secret(cx, req).await,
+        Op::OrgDevices => devices::org_devices(cx, req),
+        Op::CreateDevice => devices::create(cx, req).await,
+        Op::ListDevices => devices::list(cx, req),
+        Op::GetDevice => devices::get(cx, req),
+        Op::PatchDevice => devices::patch(cx, req).await,
+        Op::DeleteDevice => devices::delete(cx, req).await,
+        Op::Heartbeat => devices::heartbeat(cx, req).await,
+        Op::CreateGroup => devices::create_group(cx, req).await,
+        Op::ListGroups => devices::list_groups(cx, req),
+        Op::GetGroup => devices::get_group(cx, req),
+        Op::PatchGroup => devices::patch_group(cx, req).await,
+        Op::DeleteGroup => devices::delete_group(cx, req).await,
+    }
+}

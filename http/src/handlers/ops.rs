@@ -1,0 +1,36 @@
+//! Operational endpoints: health, metrics, the OpenAPI document.
+
+use fleetops_actors::secrets::ct_eq;
+use http::{HeaderValue, Response, StatusCode, header};
+
+use crate::app::{Cx, Req};
+use crate::body::{self, Body, full};
+use crate::error::{ApiError, ApiResult, json_bytes};
+
+pub fn healthz() -> ApiResult<Response<Body>> {
+    body::ok(&serde_json::json!({"status": "ok"}))
+}
+
+pub fn openapi(cx: &Cx<'_>) -> ApiResult<Response<Body>> {
+    Ok(json_bytes(StatusCode::OK, cx.app.openapi.clone()))
+}
+
+pub fn metrics(cx: &Cx<'_>, req: &Req) -> ApiResult<Response<Body>> {
+    let token = &cx.app.cfg.metrics_token;
+    if !token.is_empty() {
+        let given = req
+            .header("authorization")
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or("");
+        if !ct_eq(given.as_bytes(), token.as_bytes()) {
+            return Err(ApiError::Domain(fleetops_actors::Error::Unauthorized));
+        }
+    }
+    let text = cx.app.metrics.render(cx.rt().restarts());
+    let mut r = Response::new(full(text));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
+    );
+    Ok(r)
+}

@@ -1,0 +1,179 @@
+//! Per-tier rate limits (governor, GCRA): one bucket per credential and organization, the
+//! three `X-RateLimit-*` headers on every authenticated response, and a per-address login
+//! limiter against password guessing.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::num::NonZeroU32;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use governor::clock::{Clock, DefaultClock};
+use governor::middleware::StateInformationMiddleware;
+use governor::state::keyed::DefaultKeyedStateStore;
+use governor::{Quota, RateLimiter};
+use http::HeaderValue;
+
+use crate::config::Tier;
+use crate::error::ApiError;
+
+type Keyed<K> = RateLimiter<K, DefaultKeyedStateStore<K>, DefaultClock, StateInformationMiddleware>;
+
+/// The values of the three headers.
+#[derive(Debug, Clone, Copy)]
+pub struct RateHeaders {
+    pub limit: u32,
+    pub remaining: u32,
+    pub reset: u64,
+}
+
+impl RateHeaders {
+    pub fn apply(&self, h: &mut http::HeaderMap) {
+        h.insert("x-ratelimit-limit", HeaderValue::from(self.limit));
+        h.insert("x-ratelimit-remaining", HeaderValue::from(self.remaining));
+        h.insert("x-ratelimit-reset", HeaderValue::from(self.reset));
+    }
+}
+
+struct TierLimiter {
+    limit: u32,
+    /// Time for one request to be replenished.
+    period: Duration,
+    limiter: Keyed<String>,
+}
+
+pub struct RateLimits {
+    tiers: HashMap<String, TierLimiter>,
+    login: Keyed<IpAddr>,
+    clock: DefaultClock,
+}
+
+fn quota(per_minute: u32) -> (Quota, u32, Duration) {
+    let n = NonZeroU32::new(per_minute.max(1)).unwrap_or(NonZeroU32::MIN);
+    let q = Quota::per_minute(n);
+    (q, n.get(), q.replenish_interval())
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+impl RateLimits {
+    pub fn new(tiers: &[Tier], login_per_minute: u32) -> Self {
+        let tiers = tiers
+            .iter()
+            .map(|t| {
+                let (q, limit, period) = quota(t.requests_per_minute);
+                let limiter = RateLimiter::keyed(q).with_middleware::<StateInformationMiddleware>();
+                (
+                    t.name.clone(),
+                    TierLimiter {
+                        limit,
+                        period,
+                        limiter,
+                    },
+                )
+            })
+            .collect();
+        let (q, _, _) = quota(login_per_minute);
+        Self {
+            tiers,
+            login: RateLimiter::keyed(q).with_middleware::<StateInformationMiddleware>(),
+            clock: DefaultClock::default(),
+        }
+    }
+
+    /// Takes one request from `bucket` under `tier`. On success returns the headers; over the
+    /// limit, the 429 (whose response also carries the headers).
+    pub fn check(
+        &self,
+        tier: &str,
+        bucket: String,
+    ) -> Result<RateHeaders, (ApiError, RateHeaders)> {
+        let Some(t) = self.tiers.get(tier).or_else(|| self.tiers.get("free")) else {
+            return Ok(RateHeaders {
+                limit: 0,
+                remaining: 0,
+                reset: unix_now(),
+            });
+        };
+        match t.limiter.check_key(&bucket) {
+            Ok(snap) => {
+                let remaining = snap.remaining_burst_capacity();
+                let empty = t.period * (t.limit - remaining.min(t.limit));
+                Ok(RateHeaders {
+                    limit: t.limit,
+                    remaining,
+                    reset: unix_now() + empty.as_secs_f64().ceil() as u64,
+                })
+            }
+            Err(not_until) => {
+                let wait = not_until.wait_time_from(self.clock.now());
+                let retry_after = wait.as_secs_f64().ceil().max(1.0) as u64;
+                let h = RateHeaders {
+                    limit: t.limit,
+                    remaining: 0,
+                    reset: unix_now() + (t.period * t.limit).as_secs_f64().ceil() as u64,
+                };
+                Err((ApiError::RateLimited { retry_after }, h))
+            }
+        }
+    }
+
+    /// One login attempt from `addr`.
+    pub fn check_login(&self, addr: IpAddr) -> Result<(), ApiError> {
+        match self.login.check_key(&addr) {
+            Ok(_) => Ok(()),
+            Err(n) => {
+                let retry_after = n
+                    .wait_time_from(self.clock.now())
+                    .as_secs_f64()
+                    .ceil()
+                    .max(1.0) as u64;
+                Err(ApiError::RateLimited { retry_after })
+            }
+        }
+    }
+
+    /// Forgets buckets that are back to full, so keyed state does not grow without bound.
+    pub fn prune(&self) {
+        for t in self.tiers.values() {
+            t.limiter.retain_recent();
+            t.limiter.shrink_to_fit();
+        }
+        self.login.retain_recent();
+        self.login.shrink_to_fit();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_down_then_429_with_retry_after() {
+        let rl = RateLimits::new(
+            &[Tier {
+                name: "free".into(),
+                requests_per_minute: 3,
+                storage_bytes: 0,
+            }],
+            10,
+        );
+        let h = rl.check("free", "k1".into()).unwrap();
+        assert_eq!((h.limit, h.remaining), (3, 2));
+        rl.check("free", "k1".into()).unwrap();
+        let h = rl.check("free", "k1".into()).unwrap();
+        assert_eq!(h.remaining, 0);
+        let (e, h) = rl.check("free", "k1".into()).unwrap_err();
+        assert_eq!(h.remaining, 0);
+        match e {
+            ApiError::RateLimited { retry_after } => assert!((1..=20).contains(&retry_after)),
+            other => panic!("{other:?}"),
+        }
+        // Another bucket is untouched.
+        assert_eq!(rl.check("free", "k2".into()).unwrap().remaining, 2);
+    }
+}

@@ -1,0 +1,224 @@
+//! The one route table. Every route is listed here once, with what the OpenAPI document says
+//! about it, so the document cannot miss a route. matchit finds the path; the method is
+//! checked after, so a known path with another method is 405 with `Allow`.
+
+use http::Method;
+
+/// Every operation the server answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    Healthz,
+    Metrics,
+    OpenApi,
+    Login,
+    Refresh,
+    CreateApiKey,
+    ListApiKeys,
+    DeleteApiKey,
+    Me,
+    CreateUser,
+    CreateOrg,
+    ListOrgs,
+    AddMember,
+    CreateProject,
+    ListProjects,
+    RotateSecret,
+    OrgDevices,
+    CreateDevice,
+    ListDevices,
+    GetDevice,
+    PatchDevice,
+    DeleteDevice,
+    Heartbeat,
+    CreateGroup,
+    ListGroups,
+    GetGroup,
+    PatchGroup,
+    DeleteGroup,
+}
+
+/// How a route authenticates, for the OpenAPI document.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Security {
+    None,
+    /// JWT or API key (or a device token where the route allows it).
+    Bearer,
+    /// A JWT only.
+    Jwt,
+}
+
+pub struct RouteDef {
+    pub method: Method,
+    pub path: &'static str,
+    pub op: Op,
+    pub tag: &'static str,
+    pub summary: &'static str,
+    pub security: Security,
+    /// The success status.
+    pub status: u16,
+    /// Whether the route takes a JSON body.
+    pub body: bool,
+}
+
+macro_rules! route {
+    ($m:ident $path:expr, $op:ident, $tag:literal, $sec:ident, $status:literal, $body:literal, $summary:literal) => {
+        RouteDef {
+            method: Method::$m,
+            path: $path,
+            op: Op::$op,
+            tag: $tag,
+            summary: $summary,
+            security: Security::$sec,
+            status: $status,
+            body: $body,
+        }
+    };
+}
+
+/// The route table.
+pub fn routes() -> Vec<RouteDef> {
+    vec![
+        route!(GET "/healthz", Healthz, "operations", None, 200, false, "Liveness: 200 once the server accepts requests"),
+        route!(GET "/metrics", Metrics, "operations", None, 200, false, "Prometheus metrics"),
+        route!(GET "/api/v1/openapi.json", OpenApi, "operations", None, 200, false, "This document"),
+        route!(POST "/api/v1/auth/login", Login, "auth", None, 200, true, "Log in with e-mail and password"),
+        route!(POST "/api/v1/auth/refresh", Refresh, "auth", Jwt, 200, false, "A new access token (within 7 days of login)"),
+        route!(POST "/api/v1/auth/api-keys", CreateApiKey, "auth", Jwt, 201, true, "Create an API key (shown once)"),
+        route!(GET "/api/v1/auth/api-keys", ListApiKeys, "auth", Bearer, 200, false, "List the caller's API keys"),
+        route!(DELETE "/api/v1/auth/api-keys/{key_id}", DeleteApiKey, "auth", Jwt, 204, false, "Revoke an API key"),
+        route!(GET "/api/v1/users/me", Me, "users", Bearer, 200, false, "The caller and their organizations"),
+        route!(POST "/api/v1/users", CreateUser, "users", Bearer, 201, true, "Create a user (superuser)"),
+        route!(POST "/api/v1/organizations", CreateOrg, "organizations", Bearer, 201, true, "Create an organization"),
+        route!(GET "/api/v1/organizations", ListOrgs, "organizations", Bearer, 200, false, "The caller's organizations"),
+        route!(POST "/api/v1/organizations/{org}/members", AddMember, "organizations", Bearer, 201, true, "Add a member (admin)"),
+        route!(POST "/api/v1/organizations/{org}/projects", CreateProject, "organizations", Bearer, 201, true, "Create a project (admin); the secret is shown once"),
+        route!(GET "/api/v1/organizations/{org}/projects", ListProjects, "organizations", Bearer, 200, false, "List projects"),
+        route!(POST "/api/v1/organizations/{org}/projects/{project}/rotate-secret", RotateSecret, "organizations", Bearer, 200, false, "Rotate the project secret (admin)"),
+        route!(GET "/api/v1/organizations/{org}/devices", OrgDevices, "devices", Bearer, 200, false, "Devices of every project of the organization"),
+        route!(POST "/api/v1/organizations/{org}/projects/{project}/devices", CreateDevice, "devices", Bearer, 201, true, "Register a device; its token is shown once"),
+        route!(GET "/api/v1/organizations/{org}/projects/{project}/devices", ListDevices, "devices", Bearer, 200, false, "List devices (status, name, page, page_size)"),
+        route!(GET "/api/v1/organizations/{org}/projects/{project}/devices/{device_id}", GetDevice, "devices", Bearer, 200, false, "A device"),
+        route!(PATCH "/api/v1/organizations/{org}/projects/{project}/devices/{device_id}", PatchDevice, "devices", Bearer, 200, true, "Rename or relabel a device"),
+        route!(DELETE "/api/v1/organizations/{org}/projects/{project}/devices/{device_id}", DeleteDevice, "devices", Bearer, 204, false, "Delete a device (its sessions are kept)"),
+        route!(POST "/api/v1/organizations/{org}/projects/{project}/devices/{device_id}/heartbeat", Heartbeat, "devices", Bearer, 202, true, "Heartbeat with metrics (device token or member)"),
+        route!(POST "/api/v1/organizations/{org}/projects/{project}/device-groups", CreateGroup, "devices", Bearer, 201, true, "Create a device group"),
+        route!(GET "/api/v1/organizations/{org}/projects/{project}/device-groups", ListGroups, "devices", Bearer, 200, false, "List device groups"),
+        route!(GET "/api/v1/organizations/{org}/projects/{project}/device-groups/{group_id}", GetGroup, "devices", Bearer, 200, false, "A device group"),
+        route!(PATCH "/api/v1/organizations/{org}/projects/{project}/device-groups/{group_id}", PatchGroup, "devices", Bearer, 200, true, "Rename a group or replace its devices"),
+        route!(DELETE "/api/v1/organizations/{org}/projects/{project}/device-groups/{group_id}", DeleteGroup, "devices", Bearer, 204, false, "Delete a device group"),
+    ]
+}
+
+/// What a request path and method resolve to.
+pub enum Resolved {
+    Found(Op, Vec<(String, String)>),
+    /// The path exists with other methods (the `Allow` value).
+    WrongMethod(String),
+    NotFound,
+}
+
+pub struct Router {
+    paths: matchit::Router<usize>,
+    /// Per path: its methods and operations.
+    methods: Vec<Vec<(Method, Op)>>,
+}
+
+impl Router {
+    pub fn new(routes: &[RouteDef]) -> Result<Self, matchit::InsertError> {
+        let mut paths = matchit::Router::new();
+        let mut methods: Vec<Vec<(Method, Op)>> = Vec::new();
+        let mut index: Vec<&str> = Vec::new();
+        for r in routes {
+            match index.iter().position(|p| *p == r.path) {
+                Some(i) => {
+                    if let Some(m) = methods.get_mut(i) {
+                        m.push((r.method.clone(), r.op));
+                    }
+                }
+                None => {
+                    paths.insert(r.path, index.len())?;
+                    index.push(r.path);
+                    methods.push(vec![(r.method.clone(), r.op)]);
+                }
+            }
+        }
+        Ok(Self { paths, methods })
+    }
+
+    pub fn resolve(&self, method: &Method, path: &str) -> Resolved {
+        let Ok(m) = self.paths.at(path) else {
+            return Resolved::NotFound;
+        };
+        let Some(ops) = self.methods.get(*m.value) else {
+            return Resolved::NotFound;
+        };
+        // HEAD is answered like GET (hyper drops the body).
+        let want = if method == Method::HEAD {
+            &Method::GET
+        } else {
+            method
+        };
+        match ops.iter().find(|(mm, _)| mm == want) {
+            Some((_, op)) => Resolved::Found(
+                *op,
+                m.params
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            ),
+            None => Resolved::WrongMethod(
+                ops.iter()
+                    .map(|(m, _)| m.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            ),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_route_resolves_to_itself() {
+        let routes = routes();
+        let r = Router::new(&routes).unwrap();
+        for def in &routes {
+            let path = def
+                .path
+                .replace("{org}", "acme")
+                .replace("{project}", "p1")
+                .replace("{device_id}", "7")
+                .replace("{group_id}", "8")
+                .replace("{key_id}", "9");
+            match r.resolve(&def.method, &path) {
+                Resolved::Found(op, _) => assert_eq!(op, def.op, "{path}"),
+                _ => panic!("{} {path} does not resolve", def.method),
+            }
+        }
+    }
+
+    #[test]
+    fn wrong_method_and_unknown_path() {
+        let r = Router::new(&routes()).unwrap();
+        match r.resolve(&Method::PUT, "/api/v1/organizations") {
+            Resolved::WrongMethod(allow) => assert_eq!(allow, "POST, GET"),
+            _ => panic!(),
+        }
+        assert!(matches!(
+            r.resolve(&Method::GET, "/api/v1/nope"),
+            Resolved::NotFound
+        ));
+        match r.resolve(
+            &Method::GET,
+            "/api/v1/organizations/acme/projects/p/devices/3",
+        ) {
+            Resolved::Found(Op::GetDevice, params) => {
+                assert_eq!(params[0], ("org".into(), "acme".into()));
+                assert_eq!(params[2], ("device_id".into(), "3".into()));
+            }
+            _ => panic!(),
+        }
+    }
+}

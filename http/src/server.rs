@@ -1,0 +1,109 @@
+//! The accept loop: HTTP/1.1 and HTTP/2 with upgrade support (WebSockets), graceful shutdown,
+//! and the per-request path from route to handler to response, with metrics and a catch for
+//! handler panics so that no request is left without an answer.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::FutureExt;
+use http::{Request, Response};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::net::TcpListener;
+
+use crate::app::{App, Cx, Req};
+use crate::body::Body;
+use crate::error::ApiError;
+use crate::handlers;
+use crate::router::Resolved;
+
+/// Serves until `shutdown` resolves, then stops accepting and waits (up to the configured
+/// grace) for in-flight requests.
+pub async fn serve(listener: TcpListener, app: Arc<App>, shutdown: impl Future<Output = ()>) {
+    let graceful = GracefulShutdown::new();
+    let builder = auto::Builder::new(TokioExecutor::new());
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let (stream, peer) = match accepted {
+                    Ok(x) => x,
+                    Err(e) => {
+                        // Out of file descriptors and the like: back off instead of spinning.
+                        tracing::warn!(error = %e, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let _ = stream.set_nodelay(true);
+                let app = app.clone();
+                let svc = service_fn(move |req| {
+                    let app = app.clone();
+                    async move { Ok::<_, Infallible>(handle(&app, req, peer).await) }
+                });
+                let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), svc);
+                let conn = graceful.watch(conn.into_owned());
+                tokio::spawn(async move {
+                    let _ = conn.await;
+                });
+            }
+            _ = &mut shutdown => break,
+        }
+    }
+    drop(listener);
+    let grace = Duration::from_secs(app.cfg.shutdown_grace_seconds);
+    tokio::select! {
+        _ = graceful.shutdown() => {}
+        _ = tokio::time::sleep(grace) => {
+            tracing::warn!("in-flight requests did not finish within the shutdown grace period");
+        }
+    }
+}
+
+/// One request: route, handler, envelope, rate-limit headers, metrics.
+pub async fn handle(app: &App, req: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
+    let start = Instant::now();
+    let method = req.method().clone();
+    let (parts, body) = req.into_parts();
+    let resolved = app.router.resolve(&method, parts.uri.path());
+    let (op, resp) = match resolved {
+        Resolved::Found(op, params) => {
+            let mut cx = Cx { app, rate: None };
+            let fut = async {
+                let req = Req::new(parts, body, params, peer)?;
+                handlers::dispatch(op, &mut cx, req).await
+            };
+            let result = match AssertUnwindSafe(fut).catch_unwind().await {
+                Ok(r) => r,
+                Err(_) => Err(ApiError::Domain(fleetops_actors::Error::Internal(format!(
+                    "handler of {op:?} panicked"
+                )))),
+            };
+            let mut resp = result.unwrap_or_else(ApiError::into_response);
+            if let Some(h) = cx.rate {
+                h.apply(resp.headers_mut());
+            }
+            (format!("{op:?}"), resp)
+        }
+        Resolved::WrongMethod(allow) => (
+            "unmatched".to_string(),
+            ApiError::MethodNotAllowed(allow).into_response(),
+        ),
+        Resolved::NotFound => (
+            "unmatched".to_string(),
+            ApiError::NotFoundRoute.into_response(),
+        ),
+    };
+    let status = resp.status().as_u16();
+    let secs = start.elapsed().as_secs_f64();
+    app.metrics.observe(&op, method.as_str(), status, secs);
+    tracing::debug!(%method, op, status, ms = secs * 1000.0, "request");
+    resp
+}

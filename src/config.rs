@@ -1,0 +1,221 @@
+//! One typed configuration tree, read from `config.toml` (or `--config PATH`) and overridden
+//! by `FLEETOPS_*` environment variables. Every key is optional; `config.toml` at the top of
+//! the repository documents each default. Unknown keys are an error, so a typo never passes
+//! silently.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use fleetops_actors::config::{AuthConfig, DevicesConfig, RuntimeConfig, SupervisionConfig};
+use fleetops_http::{HttpConfig, Tier};
+use serde::Deserialize;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// Address to listen on (`FLEETOPS_LISTEN`); port 0 picks a free port.
+    pub listen: String,
+    /// Where sled and the local blobs live (`FLEETOPS_DATA_DIR`).
+    pub data_dir: PathBuf,
+    /// Base of absolute URLs the server hands out (`FLEETOPS_PUBLIC_URL`); empty: derived from
+    /// the listening address.
+    pub public_url: String,
+    /// tracing filter (`FLEETOPS_LOG`), e.g. `info` or `fleetops=debug`.
+    pub log: String,
+    pub http: HttpConfig,
+    pub auth: AuthConfig,
+    pub supervision: SupervisionConfig,
+    pub devices: DevicesConfig,
+    /// `[tiers.<name>]`; a table given here replaces only the keys it sets.
+    pub tiers: BTreeMap<String, TierFile>,
+    pub admin: AdminConfig,
+}
+
+/// A tier as written in the file: any key may be left out.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TierFile {
+    pub requests_per_minute: Option<u32>,
+    pub storage_bytes: Option<u64>,
+}
+
+/// `[admin]`: the superuser created on the first start of an empty data directory.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AdminConfig {
+    /// `FLEETOPS_ADMIN_EMAIL`.
+    pub email: String,
+    /// `FLEETOPS_ADMIN_PASSWORD`; empty: generated and printed once.
+    pub password: String,
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        Self {
+            email: "admin@localhost".into(),
+            password: String::new(),
+        }
+    }
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            listen: "127.0.0.1:8080".into(),
+            data_dir: PathBuf::from("./data"),
+            public_url: String::new(),
+            log: "info".into(),
+            http: HttpConfig::default(),
+            auth: AuthConfig::default(),
+            supervision: SupervisionConfig::default(),
+            devices: DevicesConfig::default(),
+            tiers: BTreeMap::new(),
+            admin: AdminConfig::default(),
+        }
+    }
+}
+
+/// The built-in tiers (contract 8), best last.
+const DEFAULT_TIERS: [(&str, u32, u64); 4] = [
+    ("free", 60, 1_000_000_000),
+    ("personal", 300, 50_000_000_000),
+    ("team", 1000, 50_000_000_000),
+    ("enterprise", 10_000, 500_000_000_000),
+];
+
+impl Config {
+    /// Reads `path` if given (it must exist), else `./config.toml` if present, else
+    /// defaults; then applies the environment.
+    pub fn load(path: Option<&Path>) -> anyhow::Result<Self> {
+        let mut cfg = match path {
+            Some(p) => Self::from_file(p)?,
+            None if Path::new("config.toml").exists() => Self::from_file(Path::new("config.toml"))?,
+            None => Self::default(),
+        };
+        cfg.apply_env(|k| std::env::var(k).ok())?;
+        Ok(cfg)
+    }
+
+    pub fn from_file(p: &Path) -> anyhow::Result<Self> {
+        let text =
+            std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+        toml::from_str(&text).with_context(|| format!("parsing {}", p.display()))
+    }
+
+    pub fn apply_env(&mut self, get: impl Fn(&str) -> Option<String>) -> anyhow::Result<()> {
+        if let Some(v) = get("FLEETOPS_LISTEN") {
+            self.listen = v;
+        }
+        if let Some(v) = get("FLEETOPS_DATA_DIR") {
+            self.data_dir = PathBuf::from(v);
+        }
+        if let Some(v) = get("FLEETOPS_PUBLIC_URL") {
+            self.public_url = v;
+        }
+        if let Some(v) = get("FLEETOPS_JWT_SECRET") {
+            self.auth.jwt_secret = v;
+        }
+        if let Some(v) = get("FLEETOPS_LOG") {
+            self.log = v;
+        }
+        if let Some(v) = get("FLEETOPS_ADMIN_EMAIL") {
+            self.admin.email = v;
+        }
+        if let Some(v) = get("FLEETOPS_ADMIN_PASSWORD") {
+            self.admin.password = v;
+        }
+        Ok(())
+    }
+
+    /// Checks what can be checked before anything starts.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        if !self.auth.jwt_secret.is_empty() && self.auth.jwt_secret.len() < 32 {
+            anyhow::bail!("the configured JWT secret is shorter than 32 bytes");
+        }
+        for (name, t) in self.tiers().iter().map(|t| (&t.name, t)) {
+            if t.requests_per_minute == 0 {
+                anyhow::bail!("tiers.{name}.requests_per_minute must be at least 1");
+            }
+        }
+        Ok(())
+    }
+
+    /// The built-in tiers with the file's tables laid over them, plus any new tier the file
+    /// names (missing keys then take the free tier's values).
+    pub fn tiers(&self) -> Vec<Tier> {
+        let mut out: Vec<Tier> = DEFAULT_TIERS
+            .iter()
+            .map(|(n, rpm, bytes)| Tier {
+                name: n.to_string(),
+                requests_per_minute: *rpm,
+                storage_bytes: *bytes,
+            })
+            .collect();
+        for (name, f) in &self.tiers {
+            let idx = match out.iter().position(|t| &t.name == name) {
+                Some(i) => i,
+                None => {
+                    out.push(Tier {
+                        name: name.clone(),
+                        requests_per_minute: DEFAULT_TIERS[0].1,
+                        storage_bytes: DEFAULT_TIERS[0].2,
+                    });
+                    out.len() - 1
+                }
+            };
+            if let Some(t) = out.get_mut(idx) {
+                if let Some(v) = f.requests_per_minute {
+                    t.requests_per_minute = v;
+                }
+                if let Some(v) = f.storage_bytes {
+                    t.storage_bytes = v;
+                }
+            }
+        }
+        out
+    }
+
+    pub fn runtime(&self) -> RuntimeConfig {
+        RuntimeConfig {
+            supervision: self.supervision.clone(),
+            devices: self.devices.clone(),
+            auth: self.auth.clone(),
+            tiers: self.tiers().into_iter().map(|t| t.name).collect(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn partial_tier_keeps_other_defaults_and_env_wins() {
+        let mut c: Config =
+            toml::from_str("listen = \"0.0.0.0:1\"\n[tiers.free]\nrequests_per_minute = 100000\n")
+                .unwrap();
+        let free = c.tiers().into_iter().find(|t| t.name == "free").unwrap();
+        assert_eq!(free.requests_per_minute, 100_000);
+        assert_eq!(free.storage_bytes, 1_000_000_000);
+        c.apply_env(|k| (k == "FLEETOPS_LISTEN").then(|| "127.0.0.1:9".to_string()))
+            .unwrap();
+        assert_eq!(c.listen, "127.0.0.1:9");
+    }
+
+    #[test]
+    fn unknown_keys_and_short_secrets_are_refused() {
+        assert!(toml::from_str::<Config>("lissten = 1").is_err());
+        let mut c = Config::default();
+        c.auth.jwt_secret = "short".into();
+        assert!(c.validate().is_err());
+    }
+
+    #[test]
+    fn the_shipped_config_toml_parses() {
+        let text =
+            std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/config.toml")).unwrap();
+        let c: Config = toml::from_str(&text).unwrap();
+        c.validate().unwrap();
+    }
+}

@@ -1,0 +1,118 @@
+//! Wiring: open storage, start the supervision tree, create the first administrator on an
+//! empty data directory, bind, serve; and the ordered stop.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use fleetops_actors::views::Bootstrapped;
+use fleetops_actors::{BootstrapReq, Runtime};
+use fleetops_storage::Store;
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+use crate::config::Config;
+
+/// A server that is accepting requests.
+pub struct Running {
+    pub addr: SocketAddr,
+    /// What the first start created (only on an empty data directory).
+    pub initial: Option<Bootstrapped>,
+    pub runtime: Runtime,
+    stop_tx: Option<oneshot::Sender<()>>,
+    serving: JoinHandle<()>,
+    housekeeping: JoinHandle<()>,
+}
+
+/// Opens the data directory; a directory held by another process is a clear error.
+pub async fn open_store(cfg: &Config) -> anyhow::Result<Store> {
+    let dir = cfg.data_dir.clone();
+    tokio::task::spawn_blocking(move || Store::open(&dir))
+        .await?
+        .map_err(anyhow::Error::from)
+}
+
+pub async fn start_runtime(cfg: &Config) -> anyhow::Result<Runtime> {
+    cfg.validate()?;
+    let store = open_store(cfg).await?;
+    Runtime::start(store, cfg.runtime()).await
+}
+
+pub async fn start(cfg: Config) -> anyhow::Result<Running> {
+    let runtime = start_runtime(&cfg).await?;
+    let initial = first_start(&runtime, &cfg).await?;
+    let listener = TcpListener::bind(&cfg.listen)
+        .await
+        .with_context(|| format!("binding {}", cfg.listen))?;
+    let addr = listener.local_addr()?;
+    let app = Arc::new(fleetops_http::App::new(
+        runtime.clone(),
+        cfg.http.clone(),
+        cfg.tiers(),
+    )?);
+    let (stop_tx, stop_rx) = oneshot::channel::<()>();
+    let serving = tokio::spawn(fleetops_http::serve(listener, app.clone(), async {
+        let _ = stop_rx.await;
+    }));
+    let housekeeping = tokio::spawn(housekeeping(app));
+    Ok(Running {
+        addr,
+        initial,
+        runtime,
+        stop_tx: Some(stop_tx),
+        serving,
+        housekeeping,
+    })
+}
+
+/// Periodic pruning of in-memory state that would otherwise grow with the number of callers.
+async fn housekeeping(app: Arc<fleetops_http::App>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(60));
+    loop {
+        tick.tick().await;
+        app.limits.prune();
+        app.rt.auth.prune();
+    }
+}
+
+/// On a data directory without users: organization `default`, project `default`, a
+/// superuser, a project secret and an API key.
+async fn first_start(rt: &Runtime, cfg: &Config) -> anyhow::Result<Option<Bootstrapped>> {
+    if rt.store.any_user_exists()? {
+        return Ok(None);
+    }
+    let (password, generated) = if cfg.admin.password.is_empty() {
+        (fleetops_actors::secrets::random_token(18)?, true)
+    } else {
+        (cfg.admin.password.clone(), false)
+    };
+    let mut b = rt
+        .directory
+        .bootstrap(BootstrapReq {
+            email: cfg.admin.email.clone(),
+            password: password.clone(),
+            org: "default".into(),
+            project: "default".into(),
+            tier: "free".into(),
+        })
+        .await
+        .context("creating the initial administrator")?;
+    if generated {
+        b.generated_password = Some(password);
+    }
+    Ok(Some(b))
+}
+
+impl Running {
+    /// Stop accepting, drain in-flight requests, stop the actors (children first), flush.
+    pub async fn stop(mut self) {
+        if let Some(tx) = self.stop_tx.take() {
+            let _ = tx.send(());
+        }
+        let _ = (&mut self.serving).await;
+        self.housekeeping.abort();
+        self.runtime.shutdown().await;
+    }
+}

@@ -1,0 +1,220 @@
+//! Users, organizations, memberships, projects and API keys.
+//!
+//! Uniqueness (email, slugs) is enforced by the single writer that calls these functions;
+//! each write here is one atomic batch of the record and its index entries.
+
+use crate::{ApiKey, Membership, Organization, Project, Result, Role, Store, User, Writes, keys};
+
+/// Which id sequence to draw from.
+#[derive(Debug, Clone, Copy)]
+pub enum Seq {
+    User,
+    Org,
+    Project,
+    ApiKey,
+    Device,
+    Group,
+}
+
+impl Seq {
+    fn name(self) -> &'static str {
+        match self {
+            Seq::User => "user",
+            Seq::Org => "org",
+            Seq::Project => "project",
+            Seq::ApiKey => "api_key",
+            Seq::Device => "device",
+            Seq::Group => "group",
+        }
+    }
+}
+
+impl Store {
+    pub fn new_id(&self, seq: Seq) -> Result<u64> {
+        self.next_id(seq.name())
+    }
+
+    // ---- users ----
+
+    pub fn user(&self, id: u64) -> Result<Option<User>> {
+        self.get(&keys::user(id))
+    }
+
+    pub fn user_by_email(&self, email: &str) -> Result<Option<User>> {
+        match self.get_id(&keys::user_by_email(email))? {
+            Some(id) => self.user(id),
+            None => Ok(None),
+        }
+    }
+
+    pub fn any_user_exists(&self) -> Result<bool> {
+        Ok(self
+            .inner
+            .records
+            .scan_prefix(keys::user_prefix())
+            .next()
+            .transpose()?
+            .is_some())
+    }
+
+    pub fn insert_user(&self, user: &User) -> Result<()> {
+        let mut w = Writes::new();
+        w.put(keys::user(user.id), user)?;
+        w.put_id(keys::user_by_email(&user.email), user.id);
+        self.apply(w.0)
+    }
+
+    // ---- organizations ----
+
+    pub fn org(&self, id: u64) -> Result<Option<Organization>> {
+        self.get(&keys::org(id))
+    }
+
+    pub fn org_by_slug(&self, slug: &str) -> Result<Option<Organization>> {
+        match self.get_id(&keys::org_by_slug(slug))? {
+            Some(id) => self.org(id),
+            None => Ok(None),
+        }
+    }
+
+    /// Creates the organization with its first owner in one batch.
+    pub fn insert_org(&self, org: &Organization, owner: &Membership) -> Result<()> {
+        let mut w = Writes::new();
+        w.put(keys::org(org.id), org)?;
+        w.put_id(keys::org_by_slug(&org.slug), org.id);
+        put_membership(&mut w, owner)?;
+        self.apply(w.0)
+    }
+
+    pub fn membership(&self, org: u64, user: u64) -> Result<Option<Membership>> {
+        self.get(&keys::member(org, user))
+    }
+
+    pub fn upsert_membership(&self, m: &Membership) -> Result<()> {
+        let mut w = Writes::new();
+        put_membership(&mut w, m)?;
+        self.apply(w.0)
+    }
+
+    /// The organizations a user belongs to, with the user's role, in creation order.
+    pub fn user_orgs(&self, user: u64) -> Result<Vec<(Organization, Role)>> {
+        let mut out = Vec::new();
+        for k in self.scan_keys(&keys::user_org_prefix(user))? {
+            let Some(org_id) = keys::trailing_id(&k) else {
+                continue;
+            };
+            if let (Some(org), Some(m)) = (self.org(org_id)?, self.membership(org_id, user)?) {
+                out.push((org, m.role));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Every organization (for superusers), in creation order.
+    pub fn all_orgs(&self) -> Result<Vec<Organization>> {
+        let mut v: Vec<Organization> = self.scan_rev(&keys::org(0)[..keys::org(0).len() - 8])?;
+        v.reverse();
+        Ok(v)
+    }
+
+    pub fn org_members(&self, org: u64) -> Result<Vec<Membership>> {
+        let mut v: Vec<Membership> = self.scan_rev(&keys::member_prefix(org))?;
+        v.reverse();
+        Ok(v)
+    }
+
+    // ---- projects ----
+
+    pub fn project(&self, id: u64) -> Result<Option<Project>> {
+        self.get(&keys::project(id))
+    }
+
+    pub fn project_by_slug(&self, org: u64, slug: &str) -> Result<Option<Project>> {
+        match self.get_id(&keys::project_by_slug(org, slug))? {
+            Some(id) => self.project(id),
+            None => Ok(None),
+        }
+    }
+
+    pub fn insert_project(&self, p: &Project) -> Result<()> {
+        let mut w = Writes::new();
+        w.put(keys::project(p.id), p)?;
+        w.put_id(keys::project_by_slug(p.org_id, &p.slug), p.id);
+        w.put_id(keys::org_project(p.org_id, p.id), p.id);
+        self.apply(w.0)
+    }
+
+    /// Replaces a project record whose slug did not change (secret rotation).
+    pub fn update_project(&self, p: &Project) -> Result<()> {
+        let mut w = Writes::new();
+        w.put(keys::project(p.id), p)?;
+        self.apply(w.0)
+    }
+
+    /// Projects of an organization, newest first.
+    pub fn org_projects(&self, org: u64) -> Result<Vec<Project>> {
+        let mut out = Vec::new();
+        for k in self.scan_keys(&keys::org_project_prefix(org))?.iter().rev() {
+            if let Some(p) = keys::trailing_id(k)
+                .map(|id| self.project(id))
+                .transpose()?
+            {
+                out.extend(p);
+            }
+        }
+        Ok(out)
+    }
+
+    // ---- API keys ----
+
+    pub fn api_key_by_hash(&self, hash: &[u8; 32]) -> Result<Option<ApiKey>> {
+        match self.get_id(&keys::api_key_by_hash(hash))? {
+            Some(id) => self.get(&keys::api_key(id)),
+            None => Ok(None),
+        }
+    }
+
+    pub fn api_key(&self, id: u64) -> Result<Option<ApiKey>> {
+        self.get(&keys::api_key(id))
+    }
+
+    pub fn insert_api_key(&self, k: &ApiKey) -> Result<()> {
+        let mut w = Writes::new();
+        w.put(keys::api_key(k.id), k)?;
+        w.put_id(keys::api_key_by_hash(&k.hash), k.id);
+        w.put_id(keys::user_key(k.user_id, k.id), k.id);
+        self.apply(w.0)
+    }
+
+    /// Rewrites a key record (last use); its hash and owner never change.
+    pub fn update_api_key(&self, k: &ApiKey) -> Result<()> {
+        let mut w = Writes::new();
+        w.put(keys::api_key(k.id), k)?;
+        self.apply(w.0)
+    }
+
+    pub fn delete_api_key(&self, k: &ApiKey) -> Result<()> {
+        let mut w = Writes::new();
+        w.delete(keys::api_key(k.id));
+        w.delete(keys::api_key_by_hash(&k.hash));
+        w.delete(keys::user_key(k.user_id, k.id));
+        self.apply(w.0)
+    }
+
+    /// A user's keys, newest first.
+    pub fn user_api_keys(&self, user: u64) -> Result<Vec<ApiKey>> {
+        let mut out = Vec::new();
+        for k in self.scan_keys(&keys::user_key_prefix(user))?.iter().rev() {
+            if let Some(id) = keys::trailing_id(k) {
+                out.extend(self.api_key(id)?);
+            }
+        }
+        Ok(out)
+    }
+}
+
+fn put_membership(w: &mut Writes, m: &Membership) -> Result<()> {
+    w.put(keys::member(m.org_id, m.user_id), m)?;
+    w.put_id(keys::user_org(m.user_id, m.org_id), m.org_id);
+    Ok(())
+}

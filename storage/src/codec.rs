@@ -1,0 +1,53 @@
+//! One versioned value envelope for every record: a format byte, then postcard.
+//!
+//! Free-form JSON never goes through postcard as `serde_json::Value` (it cannot be decoded
+//! again); records hold it as JSON bytes instead.
+
+use crate::{Result, StorageError};
+
+/// Bumped when a record layout changes incompatibly; old values are then migrated on read.
+const FORMAT_V1: u8 = 1;
+
+pub(crate) fn encode<T: serde::Serialize>(value: &T) -> Result<Vec<u8>> {
+    let mut out = vec![FORMAT_V1];
+    let body = postcard::to_stdvec(value).map_err(|e| StorageError::Corrupt(e.to_string()))?;
+    out.extend_from_slice(&body);
+    Ok(out)
+}
+
+pub(crate) fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T> {
+    match bytes.split_first() {
+        Some((&FORMAT_V1, body)) => {
+            postcard::from_bytes(body).map_err(|e| StorageError::Corrupt(e.to_string()))
+        }
+        Some((v, _)) => Err(StorageError::Corrupt(format!("unknown record format {v}"))),
+        None => Err(StorageError::Corrupt("empty record".into())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(serde::Serialize, serde::Deserialize, PartialEq, Debug)]
+    struct R {
+        a: u64,
+        s: String,
+        json: Vec<u8>,
+    }
+
+    #[test]
+    fn round_trip_and_reject_unknown_format() {
+        let r = R {
+            a: 7,
+            s: "x".into(),
+            json: br#"{"k":[1,2]}"#.to_vec(),
+        };
+        let bytes = encode(&r).unwrap();
+        assert_eq!(decode::<R>(&bytes).unwrap(), r);
+        let mut bad = bytes.clone();
+        bad[0] = 9;
+        assert!(decode::<R>(&bad).is_err());
+        assert!(decode::<R>(&[]).is_err());
+    }
+}

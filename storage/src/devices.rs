@@ -1,0 +1,76 @@
+//! Devices and device groups of a project.
+
+use crate::{Device, DeviceGroup, Result, Store, Writes, keys};
+
+impl Store {
+    pub fn device(&self, project: u64, id: u64) -> Result<Option<Device>> {
+        self.get(&keys::device(project, id))
+    }
+
+    /// The (project, device) a device token belongs to.
+    pub fn device_by_token(&self, hash: &[u8; 32]) -> Result<Option<Device>> {
+        let Some(v) = self.inner.records.get(keys::device_by_token(hash))? else {
+            return Ok(None);
+        };
+        let (Some(p), Some(d)) = (
+            v.get(..8).and_then(|b| <[u8; 8]>::try_from(b).ok()),
+            v.get(8..16).and_then(|b| <[u8; 8]>::try_from(b).ok()),
+        ) else {
+            return Ok(None);
+        };
+        self.device(u64::from_be_bytes(p), u64::from_be_bytes(d))
+    }
+
+    pub fn insert_device(&self, d: &Device) -> Result<()> {
+        let mut w = Writes::new();
+        w.put(keys::device(d.project_id, d.id), d)?;
+        let mut loc = d.project_id.to_be_bytes().to_vec();
+        loc.extend_from_slice(&d.id.to_be_bytes());
+        w.0.insert(keys::device_by_token(&d.token_hash), loc);
+        self.apply(w.0)
+    }
+
+    /// Rewrites a device whose token did not change.
+    pub fn update_device(&self, d: &Device) -> Result<()> {
+        let mut w = Writes::new();
+        w.put(keys::device(d.project_id, d.id), d)?;
+        self.apply(w.0)
+    }
+
+    /// Deletes a device and takes it out of the given (already updated) groups, atomically.
+    pub fn delete_device(&self, d: &Device, groups: &[DeviceGroup]) -> Result<()> {
+        let mut w = Writes::new();
+        w.delete(keys::device(d.project_id, d.id));
+        w.delete(keys::device_by_token(&d.token_hash));
+        for g in groups {
+            w.put(keys::group(g.project_id, g.id), g)?;
+        }
+        self.apply(w.0)
+    }
+
+    /// A project's devices, newest first.
+    pub fn project_devices(&self, project: u64) -> Result<Vec<Device>> {
+        self.scan_rev(&keys::device_prefix(project))
+    }
+
+    pub fn group(&self, project: u64, id: u64) -> Result<Option<DeviceGroup>> {
+        self.get(&keys::group(project, id))
+    }
+
+    pub fn put_group(&self, g: &DeviceGroup) -> Result<()> {
+        let mut w = Writes::new();
+        w.put(keys::group(g.project_id, g.id), g)?;
+        self.apply(w.0)
+    }
+
+    pub fn delete_group(&self, g: &DeviceGroup) -> Result<()> {
+        let mut w = Writes::new();
+        w.delete(keys::group(g.project_id, g.id));
+        self.apply(w.0)
+    }
+
+    /// A project's groups, newest first.
+    pub fn project_groups(&self, project: u64) -> Result<Vec<DeviceGroup>> {
+        self.scan_rev(&keys::group_prefix(project))
+    }
+}

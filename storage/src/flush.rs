@@ -1,0 +1,91 @@
+//! Group commit: many writers waiting for durability share one `sled::Db::flush`.
+//!
+//! A writer takes a ticket after its write and waits until a flush that began after the ticket
+//! was issued has finished. The flusher reads the newest ticket *before* flushing, so every
+//! ticket up to it belongs to a write that the flush covers.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use tokio::sync::{Notify, watch};
+
+use crate::{Result, StorageError};
+
+#[derive(Clone, Copy)]
+struct Done {
+    /// Every ticket up to this one is settled.
+    upto: u64,
+    /// Tickets above this one were flushed successfully; at or below, the flush that settled
+    /// them may have failed.
+    failed_upto: u64,
+}
+
+pub(crate) struct GroupCommit {
+    requested: Arc<AtomicU64>,
+    wake: Arc<Notify>,
+    done: watch::Receiver<Done>,
+}
+
+impl GroupCommit {
+    pub(crate) fn start(db: sled::Db) -> Self {
+        let requested = Arc::new(AtomicU64::new(0));
+        let wake = Arc::new(Notify::new());
+        let (tx, rx) = watch::channel(Done {
+            upto: 0,
+            failed_upto: 0,
+        });
+        let (req, w) = (requested.clone(), wake.clone());
+        // A dedicated thread, not a tokio task: it must outlive any one runtime (offline
+        // commands and tests create several) and fsync is blocking anyway.
+        std::thread::Builder::new()
+            .name("fleetops-flush".into())
+            .spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread().build();
+                let Ok(rt) = rt else { return };
+                rt.block_on(async move {
+                    let mut failed_upto = 0;
+                    loop {
+                        w.notified().await;
+                        if tx.is_closed() {
+                            return;
+                        }
+                        let upto = req.load(Ordering::SeqCst);
+                        if let Err(e) = db.flush() {
+                            tracing::error!(error = %e, "durable flush failed");
+                            failed_upto = upto;
+                        }
+                        if tx.send(Done { upto, failed_upto }).is_err() {
+                            return;
+                        }
+                    }
+                });
+            })
+            .ok();
+        Self {
+            requested,
+            wake,
+            done: rx,
+        }
+    }
+
+    pub(crate) async fn wait(&self) -> Result<()> {
+        let ticket = self.requested.fetch_add(1, Ordering::SeqCst) + 1;
+        self.wake.notify_one();
+        let mut rx = self.done.clone();
+        let done = *rx
+            .wait_for(|d| d.upto >= ticket)
+            .await
+            .map_err(|_| StorageError::FlushFailed)?;
+        if ticket <= done.failed_upto {
+            return Err(StorageError::FlushFailed);
+        }
+        Ok(())
+    }
+}
+
+impl Drop for GroupCommit {
+    fn drop(&mut self) {
+        // Let the flusher thread notice the closed channel and exit.
+        self.wake.notify_one();
+    }
+}

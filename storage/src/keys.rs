@@ -1,0 +1,117 @@
+//! Every key layout, in one place. All keys start with `v1/`; ids are big-endian so that a
+//! prefix scan returns them in id order (creation order).
+
+pub(crate) const V: &[u8] = b"v1/";
+
+fn key(parts: &[&[u8]]) -> Vec<u8> {
+    let mut k = V.to_vec();
+    for (i, p) in parts.iter().enumerate() {
+        if i > 0 {
+            k.push(b'/');
+        }
+        k.extend_from_slice(p);
+    }
+    k
+}
+
+fn be(id: u64) -> [u8; 8] {
+    id.to_be_bytes()
+}
+
+// Users.
+pub(crate) fn user(id: u64) -> Vec<u8> {
+    key(&[b"u", &be(id)])
+}
+pub(crate) fn user_by_email(email: &str) -> Vec<u8> {
+    key(&[b"ix-email", email.as_bytes()])
+}
+pub(crate) fn user_prefix() -> Vec<u8> {
+    key(&[b"u", b""])
+}
+
+// Organizations and memberships.
+pub(crate) fn org(id: u64) -> Vec<u8> {
+    key(&[b"o", &be(id)])
+}
+pub(crate) fn org_by_slug(slug: &str) -> Vec<u8> {
+    key(&[b"ix-oslug", slug.as_bytes()])
+}
+pub(crate) fn member(org: u64, user: u64) -> Vec<u8> {
+    key(&[b"m", &be(org), &be(user)])
+}
+pub(crate) fn member_prefix(org: u64) -> Vec<u8> {
+    key(&[b"m", &be(org), b""])
+}
+pub(crate) fn user_org(user: u64, org: u64) -> Vec<u8> {
+    key(&[b"um", &be(user), &be(org)])
+}
+pub(crate) fn user_org_prefix(user: u64) -> Vec<u8> {
+    key(&[b"um", &be(user), b""])
+}
+
+// Projects.
+pub(crate) fn project(id: u64) -> Vec<u8> {
+    key(&[b"p", &be(id)])
+}
+pub(crate) fn project_by_slug(org: u64, slug: &str) -> Vec<u8> {
+    key(&[b"ix-pslug", &be(org), slug.as_bytes()])
+}
+pub(crate) fn org_project(org: u64, project: u64) -> Vec<u8> {
+    key(&[b"op", &be(org), &be(project)])
+}
+pub(crate) fn org_project_prefix(org: u64) -> Vec<u8> {
+    key(&[b"op", &be(org), b""])
+}
+
+// API keys.
+pub(crate) fn api_key(id: u64) -> Vec<u8> {
+    key(&[b"k", &be(id)])
+}
+pub(crate) fn api_key_by_hash(hash: &[u8; 32]) -> Vec<u8> {
+    key(&[b"ix-khash", hash])
+}
+pub(crate) fn user_key(user: u64, id: u64) -> Vec<u8> {
+    key(&[b"uk", &be(user), &be(id)])
+}
+pub(crate) fn user_key_prefix(user: u64) -> Vec<u8> {
+    key(&[b"uk", &be(user), b""])
+}
+
+// Devices and groups.
+pub(crate) fn device(project: u64, id: u64) -> Vec<u8> {
+    key(&[b"d", &be(project), &be(id)])
+}
+pub(crate) fn device_prefix(project: u64) -> Vec<u8> {
+    key(&[b"d", &be(project), b""])
+}
+pub(crate) fn device_by_token(hash: &[u8; 32]) -> Vec<u8> {
+    key(&[b"ix-dtok", hash])
+}
+pub(crate) fn group(project: u64, id: u64) -> Vec<u8> {
+    key(&[b"g", &be(project), &be(id)])
+}
+pub(crate) fn group_prefix(project: u64) -> Vec<u8> {
+    key(&[b"g", &be(project), b""])
+}
+
+/// The trailing big-endian id of a key built above.
+pub(crate) fn trailing_id(k: &[u8]) -> Option<u64> {
+    let n = k.len().checked_sub(8)?;
+    k.get(n..)
+        .and_then(|b| <[u8; 8]>::try_from(b).ok())
+        .map(u64::from_be_bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_sort_numerically_and_prefixes_do_not_overlap() {
+        assert!(device(1, 2) < device(1, 256));
+        assert!(device(1, 2).starts_with(&device_prefix(1)));
+        assert!(!device(2, 1).starts_with(&device_prefix(1)));
+        assert!(!user_by_email("a").starts_with(&user_prefix()));
+        assert_eq!(trailing_id(&group(3, 99)), Some(99));
+    }
+}

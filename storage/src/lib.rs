@@ -1,0 +1,184 @@
+//! Persistence for fleetops: typed records and indexes in sled, blobs in `object_store`.
+//!
+//! Owns every key layout and codec; nothing outside this crate sees a sled type. The rest of
+//! the code calls typed operations (`accounts`, `devices`) so that another backend could later
+//! sit behind the same functions and pass the same tests.
+//!
+//! Durability: sled fsyncs on its own only every ~500 ms, so every acknowledged write is
+//! followed by [`Store::durable`], a group commit shared by all writers waiting at that moment.
+
+pub mod accounts;
+pub mod blobs;
+mod codec;
+pub mod devices;
+mod flush;
+mod keys;
+pub mod meta;
+pub mod model;
+
+use std::path::Path;
+use std::sync::Arc;
+
+pub use blobs::BlobStore;
+pub use model::*;
+
+/// Errors from the storage layer. Callers map them to 5xx; domain conflicts are decided by the
+/// single-writer actors before they write, never by catching a storage error.
+#[derive(Debug, thiserror::Error)]
+pub enum StorageError {
+    #[error("the data directory is in use by another fleetops process ({0})")]
+    Locked(String),
+    #[error("sled: {0}")]
+    Sled(#[from] sled::Error),
+    #[error("a stored record could not be decoded: {0}")]
+    Corrupt(String),
+    #[error("the durable flush failed")]
+    FlushFailed,
+    #[error("blob store: {0}")]
+    Blob(#[from] object_store::Error),
+    #[error("io: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+pub type Result<T, E = StorageError> = std::result::Result<T, E>;
+
+/// One open data directory. Cheap to clone; all clones share the same sled instance and
+/// group-commit flusher.
+#[derive(Clone)]
+pub struct Store {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    db: sled::Db,
+    /// Records and their secondary indexes share one tree so that a record and its index
+    /// entries are written in one atomic `Batch`.
+    records: sled::Tree,
+    /// Monotonic id counters (gaps after a crash are harmless).
+    seq: sled::Tree,
+    /// Server-wide settings generated once (secrets) and markers.
+    meta: sled::Tree,
+    flusher: flush::GroupCommit,
+}
+
+impl Store {
+    /// Opens (or creates) the sled database under `dir/db`. Fails with [`StorageError::Locked`]
+    /// when another process holds it, without touching anything.
+    pub fn open(dir: &Path) -> Result<Self> {
+        std::fs::create_dir_all(dir)?;
+        let db = sled::Config::new()
+            .path(dir.join("db"))
+            .mode(sled::Mode::HighThroughput)
+            .open()
+            .map_err(|e| match e {
+                sled::Error::Io(io) if io.kind() == std::io::ErrorKind::WouldBlock => {
+                    StorageError::Locked(dir.display().to_string())
+                }
+                sled::Error::Io(io) if io.to_string().contains("lock") => {
+                    StorageError::Locked(dir.display().to_string())
+                }
+                other => StorageError::Sled(other),
+            })?;
+        let records = db.open_tree("records")?;
+        let seq = db.open_tree("seq")?;
+        let meta = db.open_tree("meta")?;
+        let flusher = flush::GroupCommit::start(db.clone());
+        Ok(Self {
+            inner: Arc::new(Inner {
+                db,
+                records,
+                seq,
+                meta,
+                flusher,
+            }),
+        })
+    }
+
+    /// Waits until everything written before this call is on disk. Concurrent callers share
+    /// one fsync (group commit).
+    pub async fn durable(&self) -> Result<()> {
+        self.inner.flusher.wait().await
+    }
+
+    /// Synchronous flush for shutdown and offline commands.
+    pub fn flush_blocking(&self) -> Result<()> {
+        self.inner.db.flush()?;
+        Ok(())
+    }
+
+    /// Bytes sled uses on disk, for the space figures in the benches.
+    pub fn size_on_disk(&self) -> Result<u64> {
+        Ok(self.inner.db.size_on_disk()?)
+    }
+
+    fn next_id(&self, counter: &str) -> Result<u64> {
+        let v = self.inner.seq.update_and_fetch(counter.as_bytes(), |old| {
+            let n = old
+                .and_then(|b| <[u8; 8]>::try_from(b).ok())
+                .map(u64::from_be_bytes)
+                .unwrap_or(0);
+            Some((n + 1).to_be_bytes().to_vec())
+        })?;
+        v.and_then(|b| <[u8; 8]>::try_from(b.as_ref()).ok())
+            .map(u64::from_be_bytes)
+            .ok_or_else(|| StorageError::Corrupt(format!("counter {counter}")))
+    }
+
+    fn get<T: serde::de::DeserializeOwned>(&self, key: &[u8]) -> Result<Option<T>> {
+        match self.inner.records.get(key)? {
+            Some(v) => codec::decode(&v).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    fn get_id(&self, key: &[u8]) -> Result<Option<u64>> {
+        Ok(self
+            .inner
+            .records
+            .get(key)?
+            .and_then(|v| <[u8; 8]>::try_from(v.as_ref()).ok())
+            .map(u64::from_be_bytes))
+    }
+
+    fn apply(&self, batch: sled::Batch) -> Result<()> {
+        self.inner.records.apply_batch(batch)?;
+        Ok(())
+    }
+
+    /// Records under `prefix`, newest (highest key) first.
+    fn scan_rev<T: serde::de::DeserializeOwned>(&self, prefix: &[u8]) -> Result<Vec<T>> {
+        let mut out = Vec::new();
+        for kv in self.inner.records.scan_prefix(prefix).rev() {
+            let (_, v) = kv?;
+            out.push(codec::decode(&v)?);
+        }
+        Ok(out)
+    }
+
+    fn scan_keys(&self, prefix: &[u8]) -> Result<Vec<sled::IVec>> {
+        let mut out = Vec::new();
+        for kv in self.inner.records.scan_prefix(prefix) {
+            out.push(kv?.0);
+        }
+        Ok(out)
+    }
+}
+
+/// Writes accumulated by a typed operation, applied atomically by [`Store::apply`].
+struct Writes(sled::Batch);
+
+impl Writes {
+    fn new() -> Self {
+        Self(sled::Batch::default())
+    }
+    fn put<T: serde::Serialize>(&mut self, key: Vec<u8>, value: &T) -> Result<()> {
+        self.0.insert(key, codec::encode(value)?);
+        Ok(())
+    }
+    fn put_id(&mut self, key: Vec<u8>, id: u64) {
+        self.0.insert(key, id.to_be_bytes().to_vec());
+    }
+    fn delete(&mut self, key: Vec<u8>) {
+        self.0.remove(key);
+    }
+}

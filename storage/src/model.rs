@@ -1,0 +1,109 @@
+//! Persisted records. Times are Unix milliseconds (UTC). Field order is part of the postcard
+//! format: append new fields only with a format bump in `codec`.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum Role {
+    Viewer,
+    Member,
+    Admin,
+    Owner,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Viewer => "viewer",
+            Role::Member => "member",
+            Role::Admin => "admin",
+            Role::Owner => "owner",
+        }
+    }
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "viewer" => Role::Viewer,
+            "member" => Role::Member,
+            "admin" => Role::Admin,
+            "owner" => Role::Owner,
+            _ => return None,
+        })
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct User {
+    pub id: u64,
+    /// Lower-cased; unique.
+    pub email: String,
+    /// argon2id PHC string.
+    pub password_hash: String,
+    pub is_superuser: bool,
+    pub created_at: i64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Organization {
+    pub id: u64,
+    pub slug: String,
+    pub name: String,
+    pub tier: String,
+    pub created_at: i64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Membership {
+    pub org_id: u64,
+    pub user_id: u64,
+    pub role: Role,
+    pub created_at: i64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Project {
+    pub id: u64,
+    pub org_id: u64,
+    pub slug: String,
+    pub name: String,
+    /// SHA-256 of the current project secret; the secret itself is never stored.
+    pub secret_hash: [u8; 32],
+    pub created_at: i64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ApiKey {
+    pub id: u64,
+    pub user_id: u64,
+    pub name: String,
+    /// The first characters of the key (`fops_` and a few more), shown in lists.
+    pub prefix: String,
+    pub hash: [u8; 32],
+    pub created_at: i64,
+    pub last_used_at: Option<i64>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Device {
+    pub id: u64,
+    pub project_id: u64,
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    pub token_hash: [u8; 32],
+    pub created_at: i64,
+    /// Time of the last heartbeat; `None` until the first one.
+    pub last_seen_at: Option<i64>,
+    /// Metrics of the last heartbeat.
+    pub metrics: BTreeMap<String, f64>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DeviceGroup {
+    pub id: u64,
+    pub project_id: u64,
+    pub name: String,
+    /// Sorted, unique; only devices of the same project.
+    pub device_ids: Vec<u64>,
+    pub created_at: i64,
+}
