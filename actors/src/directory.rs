@@ -399,7 +399,7 @@ impl DirectoryHandle {
     /// A write call, answered only once its effects are durable.
     async fn write<T: Send + 'static>(
         &self,
-        build: impl FnOnce(Reply<T>) -> DirectoryMsg,
+        build: impl Fn(Reply<T>) -> DirectoryMsg,
     ) -> Result<T> {
         let r = self.slot.call(build).await?;
         self.store.durable().await?;
@@ -409,7 +409,8 @@ impl DirectoryHandle {
     pub async fn bootstrap(&self, req: BootstrapReq) -> Result<Bootstrapped> {
         rules::password("password", &req.password)?;
         let hash = hash_blocking(req.password.clone()).await?;
-        self.write(|r| DirectoryMsg::Bootstrap(req, hash, r)).await
+        self.write(|r| DirectoryMsg::Bootstrap(req.clone(), hash.clone(), r))
+            .await
     }
 
     pub async fn create_user(
@@ -422,8 +423,8 @@ impl DirectoryHandle {
         rules::password("password", &password)?;
         let password_hash = hash_blocking(password).await?;
         self.write(|reply| DirectoryMsg::CreateUser {
-            email,
-            password_hash,
+            email: email.clone(),
+            password_hash: password_hash.clone(),
             is_superuser,
             reply,
         })
@@ -439,9 +440,9 @@ impl DirectoryHandle {
     ) -> Result<OrgView> {
         self.write(|reply| DirectoryMsg::CreateOrg {
             owner,
-            slug,
-            name,
-            tier,
+            slug: slug.clone(),
+            name: name.clone(),
+            tier: tier.clone(),
             reply,
         })
         .await
@@ -456,7 +457,7 @@ impl DirectoryHandle {
     ) -> Result<MemberView> {
         self.write(|reply| DirectoryMsg::AddMember {
             org_id,
-            email,
+            email: email.clone(),
             role,
             caller_role,
             reply,
@@ -472,8 +473,8 @@ impl DirectoryHandle {
     ) -> Result<ProjectView> {
         self.write(|reply| DirectoryMsg::CreateProject {
             org_id,
-            slug,
-            name,
+            slug: slug.clone(),
+            name: name.clone(),
             reply,
         })
         .await
@@ -487,7 +488,7 @@ impl DirectoryHandle {
     pub async fn create_api_key(&self, user_id: u64, name: String) -> Result<ApiKeyCreated> {
         self.write(|reply| DirectoryMsg::CreateApiKey {
             user_id,
-            name,
+            name: name.clone(),
             reply,
         })
         .await

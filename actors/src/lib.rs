@@ -152,12 +152,15 @@ impl Runtime {
         self.restarts.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// Stops the tree (supervisors stop their children first) and flushes storage.
+    /// Stops the tree, leaves first (project actors, then the root's children, then the
+    /// root), and flushes storage.
     pub async fn shutdown(&self) {
-        let _ = self
-            .root
-            .stop_and_wait(None, Some(Duration::from_secs(10)))
-            .await;
+        let t = Some(Duration::from_secs(10));
+        if let Some(sup) = self.projects.sup.get() {
+            sup.stop_children_and_wait(None, t).await;
+        }
+        self.root.stop_children_and_wait(None, t).await;
+        let _ = self.root.stop_and_wait(None, t).await;
         if let Err(e) = self.store.flush_blocking() {
             tracing::error!(error = %e, "final flush failed");
         }

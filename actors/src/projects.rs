@@ -143,8 +143,15 @@ impl Actor for ProjectsSupervisor {
                 let Some(pid) = st.children.remove(&cell.get_id()) else {
                     return Ok(());
                 };
-                st.args.registry.remove(&pid);
+                st.args
+                    .registry
+                    .remove_if(&pid, |_, a| a.get_id() == cell.get_id());
                 st.args.restarts.fetch_add(1, Ordering::Relaxed);
+                if st.args.registry.contains_key(&pid) {
+                    // A caller already had it started again on demand.
+                    tracing::error!(project = pid, error = %err, "project actor failed; already replaced");
+                    return Ok(());
+                }
                 let verdict = st
                     .budgets
                     .entry(pid)
@@ -168,7 +175,9 @@ impl Actor for ProjectsSupervisor {
             }
             SupervisionEvent::ActorTerminated(cell, _, _) => {
                 if let Some(pid) = st.children.remove(&cell.get_id()) {
-                    st.args.registry.remove(&pid);
+                    st.args
+                        .registry
+                        .remove_if(&pid, |_, a| a.get_id() == cell.get_id());
                 }
             }
             _ => {}
@@ -242,12 +251,16 @@ impl ProjectsHandle {
         let timeout = Duration::from_millis(self.cfg.call_timeout_ms);
         let actor = self.actor(pid).await?;
         let r = match mailbox::deliver(&actor, &gate, timeout, &build).await {
-            Ok(r) => r?,
-            Err(mailbox::Undelivered) => {
+            mailbox::Outcome::Replied(r) => r?,
+            mailbox::Outcome::Lost => {
+                // Forget the dead incarnation (unless already replaced) and ask again.
                 self.registry
                     .remove_if(&pid, |_, a| a.get_id() == actor.get_id());
-                let actor = self.actor(pid).await?;
-                mailbox::call(&actor, &gate, timeout, &build).await?
+                let next = self.actor(pid).await?;
+                match mailbox::deliver(&next, &gate, timeout, &build).await {
+                    mailbox::Outcome::Replied(r) => r?,
+                    mailbox::Outcome::Lost => return Err(mailbox::lost_twice()),
+                }
             }
         };
         self.store.durable().await?;

@@ -44,6 +44,14 @@ fn too_large(limit: usize) -> ApiError {
 
 /// Parses JSON: syntax errors are 400, type and missing-field errors 422 with the field path.
 pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> ApiResult<T> {
+    // Syntax first, so that a truncated document is 400 even when its first values already
+    // break the expected types.
+    if let Err(e) = serde_json::from_slice::<serde::de::IgnoredAny>(bytes) {
+        return Err(ApiError::bad_request(format!(
+            "Malformed JSON body: {}",
+            strip_position(&e.to_string())
+        )));
+    }
     let de = &mut serde_json::Deserializer::from_slice(bytes);
     match serde_path_to_error::deserialize(de) {
         Ok(v) => Ok(v),

@@ -5,7 +5,7 @@
 //! ticket up to it belongs to a write that the flush covers.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use tokio::sync::{Notify, watch};
 
@@ -22,6 +22,9 @@ struct Done {
 
 pub(crate) struct GroupCommit {
     requested: Arc<AtomicU64>,
+    /// Set on drop so the flusher thread exits and releases its handle on the database (and
+    /// with it the data directory's lock).
+    closed: Arc<AtomicBool>,
     wake: Arc<Notify>,
     done: watch::Receiver<Done>,
 }
@@ -34,7 +37,8 @@ impl GroupCommit {
             upto: 0,
             failed_upto: 0,
         });
-        let (req, w) = (requested.clone(), wake.clone());
+        let closed = Arc::new(AtomicBool::new(false));
+        let (req, w, stop) = (requested.clone(), wake.clone(), closed.clone());
         // A dedicated thread, not a tokio task: it must outlive any one runtime (offline
         // commands and tests create several) and fsync is blocking anyway.
         std::thread::Builder::new()
@@ -46,7 +50,7 @@ impl GroupCommit {
                     let mut failed_upto = 0;
                     loop {
                         w.notified().await;
-                        if tx.is_closed() {
+                        if stop.load(Ordering::SeqCst) {
                             return;
                         }
                         let upto = req.load(Ordering::SeqCst);
@@ -63,6 +67,7 @@ impl GroupCommit {
             .ok();
         Self {
             requested,
+            closed,
             wake,
             done: rx,
         }
@@ -85,7 +90,7 @@ impl GroupCommit {
 
 impl Drop for GroupCommit {
     fn drop(&mut self) {
-        // Let the flusher thread notice the closed channel and exit.
+        self.closed.store(true, Ordering::SeqCst);
         self.wake.notify_one();
     }
 }

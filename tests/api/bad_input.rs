@@ -1,0 +1,152 @@
+//! Malformed and hostile input: each gets the contract's envelope and status, never a 500.
+
+use reqwest::Method;
+use serde_json::json;
+
+use crate::common::*;
+
+#[tokio::test]
+async fn malformed_bodies_types_sizes_routes_and_methods() {
+    let s = start().await;
+    let k = s.key();
+    let url = s.url(&format!("{DEV}/devices"));
+
+    // Malformed JSON: 400.
+    for body in ["{", "", "not json", "{\"name\": }", "[1,"] {
+        let r = s
+            .raw(
+                s.http
+                    .post(&url)
+                    .bearer_auth(k)
+                    .header("content-type", "application/json")
+                    .body(body),
+            )
+            .await;
+        assert!(r.assert_error(400).starts_with("Malformed JSON"), "{body}");
+    }
+    // Invalid UTF-8: 400.
+    let r = s
+        .raw(
+            s.http
+                .post(&url)
+                .bearer_auth(k)
+                .body(vec![b'"', 0xff, 0xfe, b'"']),
+        )
+        .await;
+    r.assert_error(400);
+    // Wrong types and missing fields: 422 naming the field.
+    let r = s
+        .post(&format!("{DEV}/devices"), k, json!({"name": 7}))
+        .await;
+    assert!(r.assert_error(422).contains("name"));
+    let r = s
+        .post(&format!("{DEV}/devices"), k, json!({"labels": {}}))
+        .await;
+    assert!(r.assert_error(422).contains("name"));
+    let r = s
+        .post(
+            &format!("{DEV}/devices"),
+            k,
+            json!({"name": "x", "labels": {"a": 1}}),
+        )
+        .await;
+    assert!(r.assert_error(422).contains("labels"));
+    let r = s.post(&format!("{DEV}/devices"), k, json!([1, 2])).await;
+    r.assert_error(422);
+    // Unknown enum value: 422.
+    let r = s
+        .post(
+            "/api/v1/organizations/default/members",
+            k,
+            json!({"email": "admin@localhost", "role": "king"}),
+        )
+        .await;
+    assert!(r.assert_error(422).contains("role"));
+    // Oversized body: 413, with and without a declared length.
+    let big = format!("{{\"name\": \"{}\"}}", "x".repeat(2 * 1024 * 1024));
+    let r = s
+        .raw(s.http.post(&url).bearer_auth(k).body(big.clone()))
+        .await;
+    r.assert_error(413);
+    let stream = futures_body(big.into_bytes());
+    let r = s.raw(s.http.post(&url).bearer_auth(k).body(stream)).await;
+    r.assert_error(413);
+    // Unknown route: 404; wrong method: 405 with Allow.
+    let r = s.get("/api/v1/nothing-here", k).await;
+    r.assert_error(404);
+    let r = s
+        .send(Method::PUT, &format!("{DEV}/devices"), Some(k), None)
+        .await;
+    r.assert_error(405);
+    let allow = r.header("allow").unwrap();
+    assert!(allow.contains("GET") && allow.contains("POST"), "{allow}");
+    // Percent-encoded garbage in the path.
+    let r = s.get(&format!("{DEV}/devices/%FF"), k).await;
+    assert!(r.status == 400 || r.status == 404, "{}", r.status);
+    // Nothing above was stored.
+    assert_eq!(s.get(&format!("{DEV}/devices"), k).await.body["total"], 0);
+    // And the server is still fine.
+    assert_eq!(
+        s.send(Method::GET, "/healthz", None, None).await.status,
+        200
+    );
+}
+
+#[tokio::test]
+async fn order_of_checks_401_then_403_then_404_then_413_then_422() {
+    let s = start().await;
+    let viewer = s.user("v@x.io").await;
+    s.post(
+        "/api/v1/organizations/default/members",
+        s.key(),
+        json!({"email": "v@x.io", "role": "viewer"}),
+    )
+    .await;
+    let big = "x".repeat(2 * 1024 * 1024);
+    let url = s.url(&format!("{DEV}/devices"));
+    // No credentials with a huge malformed body: 401.
+    s.raw(s.http.post(&url).body(big.clone()))
+        .await
+        .assert_error(401);
+    // A viewer writing with a huge body: 403.
+    s.raw(s.http.post(&url).bearer_auth(&viewer).body(big.clone()))
+        .await
+        .assert_error(403);
+    // A missing project with a huge body: 404.
+    let missing = s.url("/api/v1/organizations/default/projects/nope/devices");
+    s.raw(s.http.post(&missing).bearer_auth(s.key()).body(big.clone()))
+        .await
+        .assert_error(404);
+    // A missing device on patch with a bad body: 404.
+    s.raw(
+        s.http
+            .patch(s.url(&format!("{DEV}/devices/4242")))
+            .bearer_auth(s.key())
+            .body("{"),
+    )
+    .await
+    .assert_error(404);
+    // Then 413 before parsing, then 400, then 422.
+    s.raw(s.http.post(&url).bearer_auth(s.key()).body(big))
+        .await
+        .assert_error(413);
+    s.raw(s.http.post(&url).bearer_auth(s.key()).body("{"))
+        .await
+        .assert_error(400);
+    s.post(&format!("{DEV}/devices"), s.key(), json!({}))
+        .await
+        .assert_error(422);
+}
+
+fn futures_body(bytes: Vec<u8>) -> reqwest::Body {
+    // A body without Content-Length, sent in chunks.
+    let chunks: Vec<Result<Vec<u8>, std::io::Error>> =
+        bytes.chunks(64 * 1024).map(|c| Ok(c.to_vec())).collect();
+    reqwest::Body::wrap_stream(futures_util_stream(chunks))
+}
+
+fn futures_util_stream(
+    chunks: Vec<Result<Vec<u8>, std::io::Error>>,
+) -> impl futures::Stream<Item = Result<Vec<u8>, std::io::Error>> + Send + 'static {
+    futures::stream::iter(chunks)
+}

@@ -1,0 +1,338 @@
+//! The binary itself: first-start credentials, `admin bootstrap`, a locked data directory, and
+//! a kill -9 right after acknowledged writes followed by a restart on the same data.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use serde_json::json;
+
+use crate::common::DEV;
+
+const BIN: &str = env!("CARGO_BIN_EXE_fleetops");
+
+struct Proc {
+    child: Child,
+    base: String,
+    stdout: Vec<String>,
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts `fleetops serve` on port 0 and reads stdout up to the listening line.
+fn serve(dir: &std::path::Path, extra_env: &[(&str, &str)]) -> Proc {
+    let mut cmd = Command::new(BIN);
+    cmd.arg("serve")
+        .current_dir(dir)
+        .env("FLEETOPS_LISTEN", "127.0.0.1:0")
+        .env("FLEETOPS_DATA_DIR", dir.join("data"))
+        .env("FLEETOPS_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    for (k, v) in extra_env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().unwrap();
+    let mut reader = BufReader::new(child.stdout.take().unwrap());
+    let mut stdout = Vec::new();
+    let mut base = String::new();
+    for _ in 0..50 {
+        let mut line = String::new();
+        if reader.read_line(&mut line).unwrap() == 0 {
+            break;
+        }
+        let line = line.trim_end().to_string();
+        if let Some(addr) = line.strip_prefix("fleetops: listening on ") {
+            base = addr.to_string();
+            stdout.push(line);
+            break;
+        }
+        stdout.push(line);
+    }
+    assert!(!base.is_empty(), "no listening line in {stdout:?}");
+    // Keep draining stdout so the child never blocks on a full pipe.
+    std::thread::spawn(move || for _ in reader.lines() {});
+    Proc {
+        child,
+        base,
+        stdout,
+    }
+}
+
+fn field<'a>(lines: &'a [String], label: &str) -> Option<&'a str> {
+    lines
+        .iter()
+        .find_map(|l| l.trim_start().strip_prefix(label).map(str::trim))
+}
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn first_start_prints_credentials_once_and_they_work() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = serve(dir.path(), &[]);
+    let key = field(&p.stdout, "API key:")
+        .expect("API key printed")
+        .to_string();
+    assert!(key.starts_with("fops_"));
+    let password = field(&p.stdout, "admin password:")
+        .expect("generated password printed")
+        .to_string();
+    assert!(field(&p.stdout, "project secret:").unwrap().len() >= 32);
+    assert_eq!(field(&p.stdout, "admin email:"), Some("admin@localhost"));
+    assert_eq!(field(&p.stdout, "organization:"), Some("default"));
+    assert_eq!(field(&p.stdout, "project:"), Some("default"));
+
+    let c = client();
+    let r = c
+        .get(format!("{}/api/v1/users/me", p.base))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let r = c
+        .post(format!("{}/api/v1/auth/login", p.base))
+        .json(&json!({"email": "admin@localhost", "password": password}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    drop(p);
+
+    // The second start on the same data creates and prints nothing new.
+    let p = serve(dir.path(), &[]);
+    assert!(field(&p.stdout, "API key:").is_none(), "{:?}", p.stdout);
+    let r = c
+        .get(format!("{}/api/v1/users/me", p.base))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+}
+
+#[tokio::test]
+async fn configured_admin_password_is_not_printed() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = serve(
+        dir.path(),
+        &[
+            ("FLEETOPS_ADMIN_PASSWORD", "given-pass"),
+            ("FLEETOPS_ADMIN_EMAIL", "ops@robots.io"),
+        ],
+    );
+    assert!(field(&p.stdout, "admin password:").is_none());
+    assert_eq!(field(&p.stdout, "admin email:"), Some("ops@robots.io"));
+    let r = client()
+        .post(format!("{}/api/v1/auth/login", p.base))
+        .json(&json!({"email": "ops@robots.io", "password": "given-pass"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+}
+
+#[tokio::test]
+async fn admin_bootstrap_prints_one_json_object_and_refuses_a_locked_dir() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(BIN)
+        .args([
+            "admin",
+            "bootstrap",
+            "--email",
+            "root@acme.io",
+            "--password",
+            "pw",
+            "--org",
+            "acme",
+            "--project",
+            "arms",
+            "--tier",
+            "team",
+        ])
+        .env("FLEETOPS_DATA_DIR", dir.path().join("data"))
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(stdout.trim().lines().count(), 1, "{stdout}");
+    let v: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    let keys: Vec<_> = v.as_object().unwrap().keys().cloned().collect();
+    assert_eq!(keys.len(), 6, "{v}");
+    assert_eq!(v["email"], "root@acme.io");
+    assert_eq!(v["org"], "acme");
+    assert_eq!(v["project"], "arms");
+    assert!(v["user_id"].as_u64().is_some());
+    assert!(v["project_secret"].as_str().unwrap().len() >= 32);
+    let key = v["api_key"].as_str().unwrap().to_string();
+    assert!(key.starts_with("fops_"));
+
+    // A server on that data dir accepts the key and creates no default admin.
+    let p = serve(dir.path(), &[]);
+    assert!(field(&p.stdout, "API key:").is_none());
+    let c = client();
+    let r = c
+        .get(format!(
+            "{}/api/v1/organizations/acme/projects/arms/devices",
+            p.base
+        ))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["x-ratelimit-limit"], "1000", "team tier");
+
+    // While it runs, bootstrap refuses the locked data dir and changes nothing.
+    let out = Command::new(BIN)
+        .args([
+            "admin",
+            "bootstrap",
+            "--email",
+            "b@acme.io",
+            "--password",
+            "pw",
+            "--org",
+            "other",
+            "--project",
+            "p",
+        ])
+        .env("FLEETOPS_DATA_DIR", dir.path().join("data"))
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(out.stdout.is_empty());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("in use by another fleetops process"), "{err}");
+    let r = c
+        .get(format!("{}/api/v1/organizations", p.base))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap();
+    let body: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(body["items"].as_array().unwrap().len(), 1);
+    drop(p);
+
+    // A duplicate bootstrap is refused with a message.
+    let out = Command::new(BIN)
+        .args([
+            "admin",
+            "bootstrap",
+            "--email",
+            "root@acme.io",
+            "--password",
+            "pw",
+            "--org",
+            "acme2",
+            "--project",
+            "p",
+        ])
+        .env("FLEETOPS_DATA_DIR", dir.path().join("data"))
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("already exists"));
+}
+
+#[tokio::test]
+async fn kill_9_after_acknowledged_writes_then_restart_keeps_everything() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut p = serve(dir.path(), &[]);
+    let key = field(&p.stdout, "API key:").unwrap().to_string();
+    let c = client();
+    let mut ids = Vec::new();
+    for i in 0..20 {
+        let r = c
+            .post(format!("{}{DEV}/devices", p.base))
+            .bearer_auth(&key)
+            .json(&json!({"name": format!("d{i}")}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 201);
+        let v: serde_json::Value = r.json().await.unwrap();
+        ids.push(v["id"].as_u64().unwrap());
+    }
+    let r = c
+        .post(format!("{}{DEV}/device-groups", p.base))
+        .bearer_auth(&key)
+        .json(&json!({"name": "g", "device_ids": ids}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let r = c
+        .post(format!("{}/api/v1/auth/login", p.base))
+        .json(&json!({"email": "admin@localhost", "password": field(&p.stdout, "admin password:").unwrap()}))
+        .send()
+        .await
+        .unwrap();
+    let jwt: serde_json::Value = r.json().await.unwrap();
+    let r = c
+        .post(format!("{}/api/v1/auth/api-keys", p.base))
+        .bearer_auth(jwt["access_token"].as_str().unwrap())
+        .json(&json!({"name": "late"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let late: serde_json::Value = r.json().await.unwrap();
+    // SIGKILL right after the last acknowledgement: no graceful flush.
+    p.child.kill().unwrap();
+    p.child.wait().unwrap();
+    drop(p);
+
+    let p = serve(dir.path(), &[]);
+    let r = c
+        .get(format!("{}{DEV}/devices?page_size=100", p.base))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap();
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(v["total"], 20);
+    let r = c
+        .get(format!("{}{DEV}/device-groups", p.base))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap();
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(v["items"][0]["device_ids"].as_array().unwrap().len(), 20);
+    let r = c
+        .get(format!("{}/api/v1/users/me", p.base))
+        .bearer_auth(late["key"].as_str().unwrap())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    // New ids continue after the old ones.
+    let r = c
+        .post(format!("{}{DEV}/devices", p.base))
+        .bearer_auth(&key)
+        .json(&json!({"name": "new"}))
+        .send()
+        .await
+        .unwrap();
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert!(v["id"].as_u64().unwrap() > *ids.iter().max().unwrap());
+}

@@ -1,0 +1,217 @@
+//! The test server and a small JSON client.
+
+use std::time::Duration;
+
+use fleetops::config::{Config, TierFile};
+use fleetops::startup::{self, Running};
+use fleetops_actors::views::Bootstrapped;
+use reqwest::{Method, StatusCode, header::HeaderMap};
+use serde_json::{Value, json};
+
+pub const ADMIN_PASSWORD: &str = "admin-password";
+pub const JWT_SECRET: &str = "test-jwt-secret-that-is-long-enough-0123456789";
+
+pub struct Srv {
+    pub base: String,
+    pub running: Option<Running>,
+    pub admin: Bootstrapped,
+    pub http: reqwest::Client,
+    pub _dir: tempfile::TempDir,
+}
+
+/// A server with limits high enough that tests never meet them by accident.
+pub async fn start() -> Srv {
+    start_with(|_| {}).await
+}
+
+pub async fn start_with(f: impl FnOnce(&mut Config)) -> Srv {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = test_config(&dir, f);
+    let running = startup::start(cfg).await.unwrap();
+    let admin = running
+        .initial
+        .clone()
+        .expect("first start creates the admin");
+    Srv {
+        base: format!("http://{}", running.addr),
+        running: Some(running),
+        admin,
+        http: reqwest::Client::builder()
+            .timeout(Duration::from_secs(30))
+            .build()
+            .unwrap(),
+        _dir: dir,
+    }
+}
+
+fn test_config(dir: &tempfile::TempDir, f: impl FnOnce(&mut Config)) -> Config {
+    let mut cfg = Config {
+        listen: "127.0.0.1:0".into(),
+        data_dir: dir.path().join("data"),
+        ..Config::default()
+    };
+    cfg.admin.password = ADMIN_PASSWORD.into();
+    cfg.auth.jwt_secret = JWT_SECRET.into();
+    for tier in ["free", "personal", "team", "enterprise"] {
+        cfg.tiers.insert(
+            tier.into(),
+            TierFile {
+                requests_per_minute: Some(1_000_000),
+                storage_bytes: None,
+            },
+        );
+    }
+    f(&mut cfg);
+    cfg
+}
+
+/// A response: status, JSON body (Null when empty or not JSON), headers.
+pub struct Resp {
+    pub status: StatusCode,
+    pub body: Value,
+    pub headers: HeaderMap,
+}
+
+impl Resp {
+    pub fn header(&self, k: &str) -> Option<&str> {
+        self.headers.get(k).and_then(|v| v.to_str().ok())
+    }
+
+    /// Asserts the contract's error envelope with this status.
+    #[track_caller]
+    pub fn assert_error(&self, status: u16) -> &str {
+        assert_eq!(self.status.as_u16(), status, "body: {}", self.body);
+        assert_eq!(
+            self.body["status_code"],
+            json!(status),
+            "body: {}",
+            self.body
+        );
+        self.body["detail"].as_str().expect("detail is a string")
+    }
+}
+
+impl Srv {
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{}", self.base, path)
+    }
+
+    pub fn key(&self) -> &str {
+        &self.admin.api_key
+    }
+
+    pub async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        cred: Option<&str>,
+        body: Option<Value>,
+    ) -> Resp {
+        let mut rb = self.http.request(method, self.url(path));
+        if let Some(c) = cred {
+            rb = rb.bearer_auth(c);
+        }
+        if let Some(b) = body {
+            rb = rb.json(&b);
+        }
+        into_resp(rb.send().await.unwrap()).await
+    }
+
+    pub async fn raw(&self, rb: reqwest::RequestBuilder) -> Resp {
+        into_resp(rb.send().await.unwrap()).await
+    }
+
+    pub async fn get(&self, path: &str, cred: &str) -> Resp {
+        self.send(Method::GET, path, Some(cred), None).await
+    }
+    pub async fn post(&self, path: &str, cred: &str, body: Value) -> Resp {
+        self.send(Method::POST, path, Some(cred), Some(body)).await
+    }
+    pub async fn patch(&self, path: &str, cred: &str, body: Value) -> Resp {
+        self.send(Method::PATCH, path, Some(cred), Some(body)).await
+    }
+    pub async fn delete(&self, path: &str, cred: &str) -> Resp {
+        self.send(Method::DELETE, path, Some(cred), None).await
+    }
+
+    pub async fn login(&self, email: &str, password: &str) -> String {
+        let r = self
+            .send(
+                Method::POST,
+                "/api/v1/auth/login",
+                None,
+                Some(json!({"email": email, "password": password})),
+            )
+            .await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        r.body["access_token"].as_str().unwrap().to_string()
+    }
+
+    /// Creates a user (as the admin) and returns a JWT for it.
+    pub async fn user(&self, email: &str) -> String {
+        let r = self
+            .post(
+                "/api/v1/users",
+                self.key(),
+                json!({"email": email, "password": "pw-123456"}),
+            )
+            .await;
+        assert_eq!(r.status, 201, "{}", r.body);
+        self.login(email, "pw-123456").await
+    }
+
+    /// Graceful stop, then a new server on the same data directory (and a new port).
+    pub async fn restart(mut self) -> Srv {
+        if let Some(r) = self.running.take() {
+            r.stop().await;
+        }
+        let cfg = test_config(&self._dir, |_| {});
+        // The previous instance released its lock on stop; allow its flusher thread a moment.
+        let mut attempt = 0;
+        let running = loop {
+            match startup::start(cfg.clone()).await {
+                Ok(r) => break r,
+                Err(e) if attempt < 50 => {
+                    attempt += 1;
+                    let _ = e;
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Err(e) => panic!("restart failed: {e:#}"),
+            }
+        };
+        assert!(running.initial.is_none(), "a restart creates no new admin");
+        self.base = format!("http://{}", running.addr);
+        self.running = Some(running);
+        self
+    }
+}
+
+async fn into_resp(r: reqwest::Response) -> Resp {
+    let status = r.status();
+    let headers = r.headers().clone();
+    let bytes = r.bytes().await.unwrap();
+    let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    Resp {
+        status,
+        body,
+        headers,
+    }
+}
+
+/// Polls `f` until it returns true or `secs` pass.
+pub async fn eventually<F, Fut>(secs: u64, mut f: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = std::time::Instant::now() + Duration::from_secs(secs);
+    while std::time::Instant::now() < deadline {
+        if f().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    false
+}
+
+pub const DEV: &str = "/api/v1/organizations/default/projects/default";

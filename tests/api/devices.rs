@@ -1,0 +1,368 @@
+//! Devices and groups CRUD, pagination and filters, heartbeats (online → offline), device
+//! tokens, and the organization-wide list.
+
+use reqwest::Method;
+use serde_json::json;
+
+use crate::common::*;
+
+#[tokio::test]
+async fn device_crud_pagination_and_filters() {
+    let s = start().await;
+    let k = s.key();
+    let r = s
+        .post(
+            &format!("{DEV}/devices"),
+            k,
+            json!({"name": "arm-1", "labels": {"site": "lyon"}}),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.body);
+    let d1 = r.body.clone();
+    assert_eq!(d1["name"], "arm-1");
+    assert_eq!(d1["status"], "offline");
+    assert_eq!(d1["labels"], json!({"site": "lyon"}));
+    assert_eq!(d1["group_ids"], json!([]));
+    assert_eq!(d1["last_seen_at"], json!(null));
+    assert!(d1["device_token"].as_str().unwrap().starts_with("fopsd_"));
+    let created = d1["created_at"].as_str().unwrap();
+    assert_eq!(created.len(), "2026-01-02T03:04:05.678Z".len(), "{created}");
+    assert!(created.ends_with('Z'));
+    let id1 = d1["id"].as_u64().unwrap();
+
+    for i in 2..=5 {
+        let r = s
+            .post(
+                &format!("{DEV}/devices"),
+                k,
+                json!({"name": format!("arm-{i}")}),
+            )
+            .await;
+        assert_eq!(r.status, 201);
+    }
+    // Newest first, paginated.
+    let r = s.get(&format!("{DEV}/devices?page=1&page_size=2"), k).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body["total"], 5);
+    assert_eq!(r.body["page"], 1);
+    assert_eq!(r.body["page_size"], 2);
+    assert_eq!(r.body["has_more"], true);
+    let names: Vec<_> = r.body["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["name"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(names, ["arm-5", "arm-4"]);
+    assert!(
+        r.body["items"][0].get("device_token").is_none(),
+        "token only at creation"
+    );
+    let r = s.get(&format!("{DEV}/devices?page=3&page_size=2"), k).await;
+    assert_eq!(r.body["items"].as_array().unwrap().len(), 1);
+    assert_eq!(r.body["has_more"], false);
+    let r = s.get(&format!("{DEV}/devices?page=9"), k).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body["items"], json!([]));
+    s.get(&format!("{DEV}/devices?page=0"), k)
+        .await
+        .assert_error(422);
+    s.get(&format!("{DEV}/devices?page_size=501"), k)
+        .await
+        .assert_error(422);
+    s.get(&format!("{DEV}/devices?status=sleeping"), k)
+        .await
+        .assert_error(422);
+    let r = s.get(&format!("{DEV}/devices?name=arm-3"), k).await;
+    assert_eq!(r.body["total"], 1);
+    assert_eq!(r.body["items"][0]["name"], "arm-3");
+    assert_eq!(
+        s.get(&format!("{DEV}/devices?status=offline"), k)
+            .await
+            .body["total"],
+        5
+    );
+    assert_eq!(
+        s.get(&format!("{DEV}/devices?status=online"), k).await.body["total"],
+        0
+    );
+
+    // Get, patch, delete.
+    let r = s.get(&format!("{DEV}/devices/{id1}"), k).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body["name"], "arm-1");
+    let r = s
+        .patch(
+            &format!("{DEV}/devices/{id1}"),
+            k,
+            json!({"name": "arm-one", "labels": {"site": "nice"}}),
+        )
+        .await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body["name"], "arm-one");
+    assert_eq!(r.body["labels"], json!({"site": "nice"}));
+    assert_eq!(
+        s.get(&format!("{DEV}/devices/{id1}"), k).await.body["name"],
+        "arm-one"
+    );
+    s.patch(&format!("{DEV}/devices/{id1}"), k, json!({"name": ""}))
+        .await
+        .assert_error(422);
+    assert_eq!(
+        s.delete(&format!("{DEV}/devices/{id1}"), k).await.status,
+        204
+    );
+    assert_eq!(
+        s.get(&format!("{DEV}/devices/{id1}"), k)
+            .await
+            .assert_error(404),
+        "Device not found"
+    );
+    s.delete(&format!("{DEV}/devices/{id1}"), k)
+        .await
+        .assert_error(404);
+    s.patch(&format!("{DEV}/devices/{id1}"), k, json!({"name": "x"}))
+        .await
+        .assert_error(404);
+    s.get(&format!("{DEV}/devices/abc"), k)
+        .await
+        .assert_error(404);
+}
+
+#[tokio::test]
+async fn another_projects_device_is_404() {
+    let s = start().await;
+    let k = s.key();
+    let r = s
+        .post(
+            "/api/v1/organizations/default/projects",
+            k,
+            json!({"slug": "other"}),
+        )
+        .await;
+    assert_eq!(r.status, 201);
+    let id = s
+        .post(&format!("{DEV}/devices"), k, json!({"name": "a"}))
+        .await
+        .body["id"]
+        .as_u64()
+        .unwrap();
+    s.get(
+        &format!("/api/v1/organizations/default/projects/other/devices/{id}"),
+        k,
+    )
+    .await
+    .assert_error(404);
+    s.delete(
+        &format!("/api/v1/organizations/default/projects/other/devices/{id}"),
+        k,
+    )
+    .await
+    .assert_error(404);
+    assert_eq!(s.get(&format!("{DEV}/devices/{id}"), k).await.status, 200);
+}
+
+#[tokio::test]
+async fn groups_crud_and_membership() {
+    let s = start().await;
+    let k = s.key();
+    let a = s
+        .post(&format!("{DEV}/devices"), k, json!({"name": "a"}))
+        .await
+        .body["id"]
+        .as_u64()
+        .unwrap();
+    let b = s
+        .post(&format!("{DEV}/devices"), k, json!({"name": "b"}))
+        .await
+        .body["id"]
+        .as_u64()
+        .unwrap();
+    let r = s
+        .post(
+            &format!("{DEV}/device-groups"),
+            k,
+            json!({"name": "line-1", "device_ids": [b, a, a]}),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.body);
+    let mut ids = vec![a, b];
+    ids.sort();
+    assert_eq!(r.body["device_ids"], json!(ids));
+    assert_eq!(r.body["name"], "line-1");
+    let g = r.body["id"].as_u64().unwrap();
+    assert_eq!(
+        s.get(&format!("{DEV}/devices/{a}"), k).await.body["group_ids"],
+        json!([g])
+    );
+    s.post(
+        &format!("{DEV}/device-groups"),
+        k,
+        json!({"name": "bad", "device_ids": [999_999]}),
+    )
+    .await
+    .assert_error(422);
+    s.post(
+        &format!("{DEV}/device-groups"),
+        k,
+        json!({"device_ids": []}),
+    )
+    .await
+    .assert_error(422);
+
+    let r = s.get(&format!("{DEV}/device-groups"), k).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body["items"].as_array().unwrap().len(), 1);
+    let r = s
+        .patch(
+            &format!("{DEV}/device-groups/{g}"),
+            k,
+            json!({"device_ids": [b]}),
+        )
+        .await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body["device_ids"], json!([b]));
+    assert_eq!(
+        s.get(&format!("{DEV}/devices/{a}"), k).await.body["group_ids"],
+        json!([])
+    );
+    // Deleting a device takes it out of its groups.
+    assert_eq!(s.delete(&format!("{DEV}/devices/{b}"), k).await.status, 204);
+    assert_eq!(
+        s.get(&format!("{DEV}/device-groups/{g}"), k).await.body["device_ids"],
+        json!([])
+    );
+    assert_eq!(
+        s.delete(&format!("{DEV}/device-groups/{g}"), k)
+            .await
+            .status,
+        204
+    );
+    assert_eq!(
+        s.get(&format!("{DEV}/device-groups/{g}"), k)
+            .await
+            .assert_error(404),
+        "Device group not found"
+    );
+}
+
+#[tokio::test]
+async fn heartbeat_online_then_offline_and_device_tokens() {
+    let s = start_with(|c| c.devices.offline_after_seconds = 1).await;
+    let k = s.key();
+    let r = s
+        .post(&format!("{DEV}/devices"), k, json!({"name": "rover"}))
+        .await;
+    let id = r.body["id"].as_u64().unwrap();
+    let token = r.body["device_token"].as_str().unwrap().to_string();
+    let other = s
+        .post(&format!("{DEV}/devices"), k, json!({"name": "other"}))
+        .await
+        .body["id"]
+        .as_u64()
+        .unwrap();
+
+    let r = s
+        .post(
+            &format!("{DEV}/devices/{id}/heartbeat"),
+            &token,
+            json!({"metrics": {"cpu": 0.5, "battery": 88}}),
+        )
+        .await;
+    assert_eq!(r.status, 202, "{}", r.body);
+    assert_eq!(r.body, json!({"status": "online"}));
+    assert!(r.header("x-ratelimit-limit").is_some());
+    let d = s.get(&format!("{DEV}/devices/{id}"), k).await.body;
+    assert_eq!(d["status"], "online");
+    assert_eq!(d["metrics"], json!({"battery": 88.0, "cpu": 0.5}));
+    assert!(d["last_seen_at"].as_str().unwrap().ends_with('Z'));
+    assert_eq!(
+        s.get(&format!("{DEV}/devices?status=online"), k).await.body["total"],
+        1
+    );
+
+    let went_offline = eventually(5, || async {
+        s.get(&format!("{DEV}/devices/{id}"), k).await.body["status"] == "offline"
+    })
+    .await;
+    assert!(went_offline);
+
+    // A heartbeat with no body is fine; a member's key works too.
+    let r = s
+        .send(
+            Method::POST,
+            &format!("{DEV}/devices/{id}/heartbeat"),
+            Some(&token),
+            None,
+        )
+        .await;
+    assert_eq!(r.status, 202);
+    assert_eq!(
+        s.post(&format!("{DEV}/devices/{id}/heartbeat"), k, json!({}))
+            .await
+            .status,
+        202
+    );
+    // A device token reaches only its own ingestion routes.
+    s.post(
+        &format!("{DEV}/devices/{other}/heartbeat"),
+        &token,
+        json!({}),
+    )
+    .await
+    .assert_error(403);
+    s.get(&format!("{DEV}/devices/{id}"), &token)
+        .await
+        .assert_error(403);
+    s.get("/api/v1/users/me", &token).await.assert_error(403);
+    s.post(
+        &format!("{DEV}/devices/{id}/heartbeat"),
+        &token,
+        json!({"metrics": {"cpu": "hot"}}),
+    )
+    .await
+    .assert_error(422);
+    s.post(&format!("{DEV}/devices/999999/heartbeat"), k, json!({}))
+        .await
+        .assert_error(404);
+    // Deleting the device revokes its token.
+    assert_eq!(
+        s.delete(&format!("{DEV}/devices/{id}"), k).await.status,
+        204
+    );
+    s.post(&format!("{DEV}/devices/{id}/heartbeat"), &token, json!({}))
+        .await
+        .assert_error(401);
+}
+
+#[tokio::test]
+async fn organization_wide_device_list() {
+    let s = start().await;
+    let k = s.key();
+    s.post(
+        "/api/v1/organizations/default/projects",
+        k,
+        json!({"slug": "second"}),
+    )
+    .await;
+    s.post(&format!("{DEV}/devices"), k, json!({"name": "one"}))
+        .await;
+    s.post(
+        "/api/v1/organizations/default/projects/second/devices",
+        k,
+        json!({"name": "two"}),
+    )
+    .await;
+    let r = s.get("/api/v1/organizations/default/devices", k).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body["total"], 2);
+    assert_eq!(r.body["items"][0]["name"], "two");
+    assert_eq!(r.body["items"][0]["project"], "second");
+    assert_eq!(r.body["items"][1]["project"], "default");
+    assert_eq!(
+        s.get("/api/v1/organizations/default/devices?page_size=1", k)
+            .await
+            .body["has_more"],
+        true
+    );
+}

@@ -1,0 +1,14 @@
+//! Integration tests: the real server, in-process on 127.0.0.1:0 with its own temporary data
+//! directory (or the built binary where the process itself is under test), spoken to over
+//! HTTP with a real client.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod accounts;
+mod bad_input;
+mod cli;
+mod common;
+mod devices;
+mod ops;
+mod rate_limits;
+mod supervision;

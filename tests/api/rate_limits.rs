@@ -1,0 +1,122 @@
+//! Tier limits with the three headers and 429; the login limiter per address.
+
+use fleetops::config::TierFile;
+use reqwest::Method;
+use serde_json::json;
+
+use crate::common::*;
+
+#[tokio::test]
+async fn headers_count_down_then_429_with_retry_after() {
+    let s = start_with(|c| {
+        c.tiers.insert(
+            "free".into(),
+            TierFile {
+                requests_per_minute: Some(3),
+                storage_bytes: None,
+            },
+        );
+    })
+    .await;
+    let k = s.key();
+    let before = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    for remaining in [2, 1, 0] {
+        let r = s.get(&format!("{DEV}/devices"), k).await;
+        assert_eq!(r.status, 200);
+        assert_eq!(r.header("x-ratelimit-limit"), Some("3"));
+        assert_eq!(
+            r.header("x-ratelimit-remaining"),
+            Some(remaining.to_string().as_str())
+        );
+        let reset: u64 = r.header("x-ratelimit-reset").unwrap().parse().unwrap();
+        assert!(reset >= before && reset <= before + 61, "{reset}");
+    }
+    let r = s.get(&format!("{DEV}/devices"), k).await;
+    let detail = r.assert_error(429).to_string();
+    let retry = r.body["retry_after"].as_u64().unwrap();
+    assert!((1..=20).contains(&retry), "{retry}");
+    assert_eq!(
+        detail,
+        format!("Rate limit exceeded. Try again in {retry} seconds.")
+    );
+    assert_eq!(r.header("retry-after"), Some(retry.to_string().as_str()));
+    assert_eq!(r.header("x-ratelimit-remaining"), Some("0"));
+    assert_eq!(r.header("x-ratelimit-limit"), Some("3"));
+
+    // 401 comes before 429: bad credentials are not counted as this caller.
+    s.get(&format!("{DEV}/devices"), "fops_bad")
+        .await
+        .assert_error(401);
+    // Another credential has its own bucket.
+    let jwt = s.login("admin@localhost", ADMIN_PASSWORD).await;
+    let r = s.get(&format!("{DEV}/devices"), &jwt).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("x-ratelimit-remaining"), Some("2"));
+    // Unauthenticated operational routes carry no rate-limit headers.
+    let r = s.send(Method::GET, "/healthz", None, None).await;
+    assert!(r.header("x-ratelimit-limit").is_none());
+}
+
+#[tokio::test]
+async fn tier_of_the_organization_in_the_path_applies() {
+    let s = start_with(|c| {
+        c.tiers.insert(
+            "free".into(),
+            TierFile {
+                requests_per_minute: Some(2),
+                storage_bytes: None,
+            },
+        );
+        c.tiers.insert(
+            "team".into(),
+            TierFile {
+                requests_per_minute: Some(5),
+                storage_bytes: None,
+            },
+        );
+    })
+    .await;
+    let k = s.key();
+    let r = s
+        .post(
+            "/api/v1/organizations",
+            k,
+            json!({"slug": "big", "tier": "team"}),
+        )
+        .await;
+    assert_eq!(r.status, 201);
+    let r = s.get("/api/v1/organizations/big/projects", k).await;
+    assert_eq!(r.header("x-ratelimit-limit"), Some("5"));
+    let r = s.get("/api/v1/organizations/default/projects", k).await;
+    assert_eq!(r.header("x-ratelimit-limit"), Some("2"));
+}
+
+#[tokio::test]
+async fn login_is_limited_per_address() {
+    let s = start_with(|c| c.http.login_per_minute = 3).await;
+    for _ in 0..3 {
+        let r = s
+            .send(
+                Method::POST,
+                "/api/v1/auth/login",
+                None,
+                Some(json!({"email": "admin@localhost", "password": "bad"})),
+            )
+            .await;
+        r.assert_error(401);
+    }
+    let r = s
+        .send(
+            Method::POST,
+            "/api/v1/auth/login",
+            None,
+            Some(json!({"email": "admin@localhost", "password": ADMIN_PASSWORD})),
+        )
+        .await;
+    r.assert_error(429);
+    assert!(r.body["retry_after"].as_u64().unwrap() >= 1);
+    assert!(r.header("retry-after").is_some());
+}

@@ -1,0 +1,213 @@
+//! A panic inside an actor is contained: the actor restarts from storage, requests queued
+//! behind the panic are answered by its replacement, and the server keeps answering.
+
+use serde_json::json;
+
+use crate::common::*;
+
+fn project_id(s: &Srv) -> u64 {
+    let rt = &s.running.as_ref().unwrap().runtime;
+    let org = rt.store.org_by_slug("default").unwrap().unwrap();
+    rt.store
+        .project_by_slug(org.id, "default")
+        .unwrap()
+        .unwrap()
+        .id
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn project_actor_panic_is_contained_and_restarts_from_storage() {
+    let s = start().await;
+    let k = s.key().to_string();
+    let r = s
+        .post(&format!("{DEV}/devices"), &k, json!({"name": "before"}))
+        .await;
+    assert_eq!(r.status, 201);
+    let before = r.body["id"].as_u64().unwrap();
+    let pid = project_id(&s);
+    let rt = s.running.as_ref().unwrap().runtime.clone();
+    assert_eq!(rt.restarts(), 0);
+
+    // Writes in flight while the actor panics: every one must still be answered 201.
+    let s = std::sync::Arc::new(s);
+    let mut tasks = Vec::new();
+    for i in 0..40 {
+        let s = s.clone();
+        let k = k.clone();
+        tasks.push(tokio::spawn(async move {
+            s.post(
+                &format!("{DEV}/devices"),
+                &k,
+                json!({"name": format!("during-{i}")}),
+            )
+            .await
+            .status
+        }));
+        if i == 10 {
+            rt.projects.inject_panic(pid).await.unwrap();
+        }
+    }
+    for t in tasks {
+        assert_eq!(t.await.unwrap(), 201);
+    }
+    assert!(
+        eventually(5, || async { rt.restarts() >= 1 }).await,
+        "the supervisor restarted it"
+    );
+
+    // State survived (it lives in storage), and the project keeps working.
+    assert_eq!(
+        s.get(&format!("{DEV}/devices/{before}"), &k).await.status,
+        200
+    );
+    assert_eq!(s.get(&format!("{DEV}/devices"), &k).await.body["total"], 41);
+    let r = s
+        .post(&format!("{DEV}/devices"), &k, json!({"name": "after"}))
+        .await;
+    assert_eq!(r.status, 201);
+    let text = s
+        .http
+        .get(s.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(!text.contains("fleetops_actor_restarts 0\n"), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn directory_actor_panic_is_contained() {
+    let s = start().await;
+    let rt = s.running.as_ref().unwrap().runtime.clone();
+    rt.directory.inject_panic();
+    assert!(eventually(5, || async { rt.restarts() >= 1 }).await);
+    // Writes through the restarted actor work, and reads never stopped.
+    let r = s
+        .post(
+            "/api/v1/organizations",
+            s.key(),
+            json!({"slug": "after-panic"}),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.body);
+    assert_eq!(s.get("/api/v1/users/me", s.key()).await.status, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_budget_leaves_a_crashing_actor_down_then_recovers() {
+    let s = start_with(|c| {
+        c.supervision.max_restarts = 2;
+        c.supervision.restart_window_seconds = 2;
+        c.supervision.restart_backoff_ms = 10;
+    })
+    .await;
+    let k = s.key();
+    assert_eq!(
+        s.post(&format!("{DEV}/devices"), k, json!({"name": "x"}))
+            .await
+            .status,
+        201
+    );
+    let pid = project_id(&s);
+    let rt = s.running.as_ref().unwrap().runtime.clone();
+    for n in 1..=3 {
+        // Wait for the actor to be back before crashing it again.
+        assert!(eventually(5, || async { rt.projects.inject_panic(pid).await.is_ok() }).await);
+        assert!(eventually(5, || async { rt.restarts() >= n }).await);
+    }
+    // Budget spent: writes to this project are 503 with Retry-After for the rest of the window
+    // (or already answered again, if the window has passed on a slow machine).
+    let r = s
+        .post(&format!("{DEV}/devices"), k, json!({"name": "y"}))
+        .await;
+    if r.status == 503 {
+        assert!(r.header("retry-after").is_some());
+        r.assert_error(503);
+    } else {
+        assert_eq!(r.status, 201);
+    }
+    // Reads never stopped, other projects never noticed.
+    assert_eq!(s.get(&format!("{DEV}/devices"), k).await.status, 200);
+    s.post(
+        "/api/v1/organizations/default/projects",
+        k,
+        json!({"slug": "other"}),
+    )
+    .await;
+    let r = s
+        .post(
+            "/api/v1/organizations/default/projects/other/devices",
+            k,
+            json!({"name": "z"}),
+        )
+        .await;
+    assert_eq!(r.status, 201);
+    // After the window the project works again.
+    assert!(
+        eventually(10, || async {
+            s.post(&format!("{DEV}/devices"), k, json!({"name": "later"}))
+                .await
+                .status
+                == 201
+        })
+        .await
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn graceful_stop_and_restart_on_the_same_data_keeps_everything() {
+    let s = start().await;
+    let k = s.key().to_string();
+    let jwt = s.login("admin@localhost", ADMIN_PASSWORD).await;
+    let r = s
+        .post("/api/v1/auth/api-keys", &jwt, json!({"name": "kept"}))
+        .await;
+    let kept = r.body["key"].as_str().unwrap().to_string();
+    s.post("/api/v1/organizations", &k, json!({"slug": "acme"}))
+        .await;
+    let d = s
+        .post(
+            &format!("{DEV}/devices"),
+            &k,
+            json!({"name": "d", "labels": {"a": "b"}}),
+        )
+        .await;
+    let token = d.body["device_token"].as_str().unwrap().to_string();
+    let id = d.body["id"].as_u64().unwrap();
+    s.post(
+        &format!("{DEV}/devices/{id}/heartbeat"),
+        &token,
+        json!({"metrics": {"t": 1.5}}),
+    )
+    .await;
+    s.post(
+        &format!("{DEV}/device-groups"),
+        &k,
+        json!({"name": "g", "device_ids": [id]}),
+    )
+    .await;
+
+    let s = s.restart().await;
+    let d = s.get(&format!("{DEV}/devices/{id}"), &k).await;
+    assert_eq!(d.status, 200);
+    assert_eq!(d.body["labels"], json!({"a": "b"}));
+    assert_eq!(d.body["metrics"], json!({"t": 1.5}));
+    assert_eq!(d.body["group_ids"].as_array().unwrap().len(), 1);
+    assert_eq!(s.get("/api/v1/users/me", &kept).await.status, 200);
+    assert_eq!(
+        s.post(&format!("{DEV}/devices/{id}/heartbeat"), &token, json!({}))
+            .await
+            .status,
+        202
+    );
+    let orgs = s.get("/api/v1/organizations", &k).await;
+    assert_eq!(orgs.body["items"].as_array().unwrap().len(), 2);
+    // Tokens signed before the restart still verify (the generated secret is kept).
+    assert_eq!(s.get("/api/v1/users/me", &jwt).await.status, 200);
+    assert_eq!(
+        s.login("admin@localhost", ADMIN_PASSWORD).await.is_empty(),
+        false
+    );
+}
