@@ -111,7 +111,8 @@ pub fn routes() -> Vec<RouteDef> {
 
 /// What a request path and method resolve to.
 pub enum Resolved {
-    Found(Op, Vec<(String, String)>),
+    /// The operation, its path template (a metrics label) and the path's parameters.
+    Found(Op, &'static str, Vec<(String, String)>),
     /// The path exists with other methods (the `Allow` value).
     WrongMethod(String),
     NotFound,
@@ -119,26 +120,26 @@ pub enum Resolved {
 
 pub struct Router {
     paths: matchit::Router<usize>,
-    /// Per path: its methods and operations.
-    methods: Vec<Vec<(Method, Op)>>,
+    /// Per path: its template, methods and operations.
+    methods: Vec<(&'static str, Vec<(Method, Op)>)>,
 }
 
 impl Router {
     pub fn new(routes: &[RouteDef]) -> Result<Self, matchit::InsertError> {
         let mut paths = matchit::Router::new();
-        let mut methods: Vec<Vec<(Method, Op)>> = Vec::new();
+        let mut methods: Vec<(&'static str, Vec<(Method, Op)>)> = Vec::new();
         let mut index: Vec<&str> = Vec::new();
         for r in routes {
             match index.iter().position(|p| *p == r.path) {
                 Some(i) => {
-                    if let Some(m) = methods.get_mut(i) {
+                    if let Some((_, m)) = methods.get_mut(i) {
                         m.push((r.method.clone(), r.op));
                     }
                 }
                 None => {
                     paths.insert(r.path, index.len())?;
                     index.push(r.path);
-                    methods.push(vec![(r.method.clone(), r.op)]);
+                    methods.push((r.path, vec![(r.method.clone(), r.op)]));
                 }
             }
         }
@@ -149,7 +150,7 @@ impl Router {
         let Ok(m) = self.paths.at(path) else {
             return Resolved::NotFound;
         };
-        let Some(ops) = self.methods.get(*m.value) else {
+        let Some((template, ops)) = self.methods.get(*m.value) else {
             return Resolved::NotFound;
         };
         // HEAD is answered like GET (hyper drops the body).
@@ -161,6 +162,7 @@ impl Router {
         match ops.iter().find(|(mm, _)| mm == want) {
             Some((_, op)) => Resolved::Found(
                 *op,
+                template,
                 m.params
                     .iter()
                     .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -193,7 +195,7 @@ mod tests {
                 .replace("{group_id}", "8")
                 .replace("{key_id}", "9");
             match r.resolve(&def.method, &path) {
-                Resolved::Found(op, _) => assert_eq!(op, def.op, "{path}"),
+                Resolved::Found(op, _, _) => assert_eq!(op, def.op, "{path}"),
                 _ => panic!("{} {path} does not resolve", def.method),
             }
         }
@@ -214,7 +216,7 @@ mod tests {
             &Method::GET,
             "/api/v1/organizations/acme/projects/p/devices/3",
         ) {
-            Resolved::Found(Op::GetDevice, params) => {
+            Resolved::Found(Op::GetDevice, _, params) => {
                 assert_eq!(params[0], ("org".into(), "acme".into()));
                 assert_eq!(params[2], ("device_id".into(), "3".into()));
             }

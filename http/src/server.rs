@@ -73,8 +73,8 @@ pub async fn handle(app: &App, req: Request<Incoming>, peer: SocketAddr) -> Resp
     let method = req.method().clone();
     let (parts, body) = req.into_parts();
     let resolved = app.router.resolve(&method, parts.uri.path());
-    let (op, resp) = match resolved {
-        Resolved::Found(op, params) => {
+    let (route, resp) = match resolved {
+        Resolved::Found(op, template, params) => {
             let mut cx = Cx { app, rate: None };
             let fut = async {
                 let req = Req::new(parts, body, params, peer)?;
@@ -90,20 +90,17 @@ pub async fn handle(app: &App, req: Request<Incoming>, peer: SocketAddr) -> Resp
             if let Some(h) = cx.rate {
                 h.apply(resp.headers_mut());
             }
-            (format!("{op:?}"), resp)
+            (template, resp)
         }
         Resolved::WrongMethod(allow) => (
-            "unmatched".to_string(),
+            "unmatched",
             ApiError::MethodNotAllowed(allow).into_response(),
         ),
-        Resolved::NotFound => (
-            "unmatched".to_string(),
-            ApiError::NotFoundRoute.into_response(),
-        ),
+        Resolved::NotFound => ("unmatched", ApiError::NotFoundRoute.into_response()),
     };
     let status = resp.status().as_u16();
     let secs = start.elapsed().as_secs_f64();
-    app.metrics.observe(&op, method.as_str(), status, secs);
-    tracing::debug!(%method, op, status, ms = secs * 1000.0, "request");
+    app.metrics.observe(route, &method, status, secs);
+    tracing::debug!(%method, route, status, ms = secs * 1000.0, "request");
     resp
 }

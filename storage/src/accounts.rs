@@ -3,6 +3,7 @@
 //! Uniqueness (email, slugs) is enforced by the single writer that calls these functions;
 //! each write here is one atomic batch of the record and its index entries.
 
+use crate::cache::put;
 use crate::{ApiKey, Membership, Organization, Project, Result, Role, Store, User, Writes, keys};
 
 /// Which id sequence to draw from.
@@ -37,7 +38,15 @@ impl Store {
     // ---- users ----
 
     pub fn user(&self, id: u64) -> Result<Option<User>> {
-        self.get(&keys::user(id))
+        let c = &self.inner.cache.users;
+        if let Some(u) = c.get(&id) {
+            return Ok(Some(u.clone()));
+        }
+        let u: Option<User> = self.get(&keys::user(id))?;
+        if let Some(u) = &u {
+            put(c, id, u.clone());
+        }
+        Ok(u)
     }
 
     pub fn user_by_email(&self, email: &str) -> Result<Option<User>> {
@@ -61,7 +70,10 @@ impl Store {
         let mut w = Writes::new();
         w.put(keys::user(user.id), user)?;
         w.put_id(keys::user_by_email(&user.email), user.id);
-        self.apply(w.0)
+        self.inner.cache.users.remove(&user.id);
+        self.apply(w.0)?;
+        self.inner.cache.users.remove(&user.id);
+        Ok(())
     }
 
     // ---- organizations ----
@@ -71,10 +83,18 @@ impl Store {
     }
 
     pub fn org_by_slug(&self, slug: &str) -> Result<Option<Organization>> {
-        match self.get_id(&keys::org_by_slug(slug))? {
-            Some(id) => self.org(id),
-            None => Ok(None),
+        let c = &self.inner.cache.orgs_by_slug;
+        if let Some(o) = c.get(slug) {
+            return Ok(Some(o.clone()));
         }
+        let o = match self.get_id(&keys::org_by_slug(slug))? {
+            Some(id) => self.org(id)?,
+            None => None,
+        };
+        if let Some(o) = &o {
+            put(c, slug.to_string(), o.clone());
+        }
+        Ok(o)
     }
 
     /// Creates the organization with its first owner in one batch.
@@ -83,17 +103,40 @@ impl Store {
         w.put(keys::org(org.id), org)?;
         w.put_id(keys::org_by_slug(&org.slug), org.id);
         put_membership(&mut w, owner)?;
-        self.apply(w.0)
+        self.forget_org(org, owner);
+        self.apply(w.0)?;
+        self.forget_org(org, owner);
+        Ok(())
+    }
+
+    fn forget_org(&self, org: &Organization, owner: &Membership) {
+        self.inner.cache.orgs_by_slug.remove(&org.slug);
+        self.inner
+            .cache
+            .members
+            .remove(&(owner.org_id, owner.user_id));
     }
 
     pub fn membership(&self, org: u64, user: u64) -> Result<Option<Membership>> {
-        self.get(&keys::member(org, user))
+        let c = &self.inner.cache.members;
+        if let Some(m) = c.get(&(org, user)) {
+            return Ok(Some(m.clone()));
+        }
+        let m: Option<Membership> = self.get(&keys::member(org, user))?;
+        if let Some(m) = &m {
+            put(c, (org, user), m.clone());
+        }
+        Ok(m)
     }
 
     pub fn upsert_membership(&self, m: &Membership) -> Result<()> {
         let mut w = Writes::new();
         put_membership(&mut w, m)?;
-        self.apply(w.0)
+        let k = (m.org_id, m.user_id);
+        self.inner.cache.members.remove(&k);
+        self.apply(w.0)?;
+        self.inner.cache.members.remove(&k);
+        Ok(())
     }
 
     /// The organizations a user belongs to, with the user's role, in creation order.
@@ -130,10 +173,19 @@ impl Store {
     }
 
     pub fn project_by_slug(&self, org: u64, slug: &str) -> Result<Option<Project>> {
-        match self.get_id(&keys::project_by_slug(org, slug))? {
-            Some(id) => self.project(id),
-            None => Ok(None),
+        let c = &self.inner.cache.projects_by_slug;
+        let k = (org, slug.to_string());
+        if let Some(p) = c.get(&k) {
+            return Ok(Some(p.clone()));
         }
+        let p = match self.get_id(&keys::project_by_slug(org, slug))? {
+            Some(id) => self.project(id)?,
+            None => None,
+        };
+        if let Some(p) = &p {
+            put(c, k, p.clone());
+        }
+        Ok(p)
     }
 
     pub fn insert_project(&self, p: &Project) -> Result<()> {
@@ -141,14 +193,22 @@ impl Store {
         w.put(keys::project(p.id), p)?;
         w.put_id(keys::project_by_slug(p.org_id, &p.slug), p.id);
         w.put_id(keys::org_project(p.org_id, p.id), p.id);
-        self.apply(w.0)
+        self.write_project(p, w)
     }
 
     /// Replaces a project record whose slug did not change (secret rotation).
     pub fn update_project(&self, p: &Project) -> Result<()> {
         let mut w = Writes::new();
         w.put(keys::project(p.id), p)?;
-        self.apply(w.0)
+        self.write_project(p, w)
+    }
+
+    fn write_project(&self, p: &Project, w: Writes) -> Result<()> {
+        let k = (p.org_id, p.slug.clone());
+        self.inner.cache.projects_by_slug.remove(&k);
+        self.apply(w.0)?;
+        self.inner.cache.projects_by_slug.remove(&k);
+        Ok(())
     }
 
     /// Projects of an organization, newest first.
@@ -168,10 +228,18 @@ impl Store {
     // ---- API keys ----
 
     pub fn api_key_by_hash(&self, hash: &[u8; 32]) -> Result<Option<ApiKey>> {
-        match self.get_id(&keys::api_key_by_hash(hash))? {
-            Some(id) => self.get(&keys::api_key(id)),
-            None => Ok(None),
+        let c = &self.inner.cache.keys_by_hash;
+        if let Some(k) = c.get(hash) {
+            return Ok(Some(k.clone()));
         }
+        let k: Option<ApiKey> = match self.get_id(&keys::api_key_by_hash(hash))? {
+            Some(id) => self.get(&keys::api_key(id))?,
+            None => None,
+        };
+        if let Some(k) = &k {
+            put(c, *hash, k.clone());
+        }
+        Ok(k)
     }
 
     pub fn api_key(&self, id: u64) -> Result<Option<ApiKey>> {
@@ -183,14 +251,21 @@ impl Store {
         w.put(keys::api_key(k.id), k)?;
         w.put_id(keys::api_key_by_hash(&k.hash), k.id);
         w.put_id(keys::user_key(k.user_id, k.id), k.id);
-        self.apply(w.0)
+        self.write_key(k, w)
+    }
+
+    fn write_key(&self, k: &ApiKey, w: Writes) -> Result<()> {
+        self.inner.cache.keys_by_hash.remove(&k.hash);
+        self.apply(w.0)?;
+        self.inner.cache.keys_by_hash.remove(&k.hash);
+        Ok(())
     }
 
     /// Rewrites a key record (last use); its hash and owner never change.
     pub fn update_api_key(&self, k: &ApiKey) -> Result<()> {
         let mut w = Writes::new();
         w.put(keys::api_key(k.id), k)?;
-        self.apply(w.0)
+        self.write_key(k, w)
     }
 
     pub fn delete_api_key(&self, k: &ApiKey) -> Result<()> {
@@ -198,7 +273,7 @@ impl Store {
         w.delete(keys::api_key(k.id));
         w.delete(keys::api_key_by_hash(&k.hash));
         w.delete(keys::user_key(k.user_id, k.id));
-        self.apply(w.0)
+        self.write_key(k, w)
     }
 
     /// A user's keys, newest first.

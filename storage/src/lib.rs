@@ -9,6 +9,7 @@
 
 pub mod accounts;
 pub mod blobs;
+mod cache;
 mod codec;
 pub mod devices;
 mod flush;
@@ -59,6 +60,7 @@ struct Inner {
     /// Server-wide settings generated once (secrets) and markers.
     meta: sled::Tree,
     flusher: flush::GroupCommit,
+    cache: cache::Caches,
 }
 
 impl Store {
@@ -90,6 +92,7 @@ impl Store {
                 seq,
                 meta,
                 flusher,
+                cache: cache::Caches::default(),
             }),
         })
     }

@@ -22,7 +22,10 @@ async fn healthz_metrics_openapi() {
         .await
         .unwrap();
     assert!(text.contains("fleetops_http_requests_total{"), "{text}");
-    assert!(text.contains("op=\"ListDevices\""), "{text}");
+    assert!(
+        text.contains("route=\"/api/v1/organizations/{org}/projects/{project}/devices\""),
+        "{text}"
+    );
     assert!(text.contains("fleetops_actor_restarts"), "{text}");
 
     let r = s

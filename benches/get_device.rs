@@ -1,0 +1,112 @@
+//! Issue 1's figures: authenticated `GET .../devices/{id}` requests per second at 64
+//! connections next to a bare hyper hello-world in the same run, and the idle resident memory
+//! of `fleetops serve`.
+//!
+//! Run: `cargo bench --bench get_device` (needs `wrk`: `apt-get install wrk`).
+//! Knobs: BENCH_SECS (default 10), BENCH_CONNECTIONS (default 64).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::time::Duration;
+
+use fleetops::config::{Config, TierFile};
+use serde_json::json;
+use support::*;
+
+fn main() {
+    // `cargo bench` passes --bench; nothing else to parse.
+    let secs = env_u32("BENCH_SECS", 10);
+    let conns = env_u32("BENCH_CONNECTIONS", 64);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    println!("machine: {}", machine());
+
+    // Baseline.
+    let (addr, task) = rt.block_on(start_baseline());
+    wrk(&format!("http://{addr}/"), &[], conns, 2, None); // warm-up
+    let base = wrk(&format!("http://{addr}/"), &[], conns, secs, None);
+    task.abort();
+
+    // fleetops, in-process, with the limiter raised out of the way.
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = Config {
+        listen: "127.0.0.1:0".into(),
+        data_dir: dir.path().join("data"),
+        log: "warn".into(),
+        ..Config::default()
+    };
+    cfg.admin.password = "bench-password".into();
+    cfg.tiers.insert(
+        "free".into(),
+        TierFile {
+            requests_per_minute: Some(1_000_000_000),
+            storage_bytes: None,
+        },
+    );
+    let running = rt.block_on(fleetops::startup::start(cfg)).unwrap();
+    let key = running.initial.clone().unwrap().api_key;
+    let base_url = format!("http://{}", running.addr);
+    let dev = "/api/v1/organizations/default/projects/default/devices";
+    let id = rt.block_on(async {
+        let c = reqwest::Client::new();
+        let mut id = 0;
+        for i in 0..100 {
+            let r: serde_json::Value = c
+                .post(format!("{base_url}{dev}"))
+                .bearer_auth(&key)
+                .json(&json!({"name": format!("robot-{i}"), "labels": {"site": "bench"}}))
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            id = r["id"].as_u64().unwrap();
+        }
+        id
+    });
+    let url = format!("{base_url}{dev}/{id}");
+    let auth = vec![format!("Authorization: Bearer {key}")];
+    wrk(&url, &auth, conns, 2, None); // warm-up
+    let fleet = wrk(&url, &auth, conns, secs, None);
+    rt.block_on(running.stop());
+
+    println!();
+    println!("| server | requests/s | p50 ms | p99 ms | non-2xx |");
+    println!("|---|---|---|---|---|");
+    for (name, r) in [
+        ("bare hyper hello-world", &base),
+        ("fleetops GET device (API key)", &fleet),
+    ] {
+        println!(
+            "| {name} | {:.0} | {:.2} | {:.2} | {} |",
+            r.requests_per_sec, r.p50_ms, r.p99_ms, r.non_2xx
+        );
+    }
+    println!(
+        "ratio fleetops / bare hyper: {:.1}% (goal >= 50%), {conns} connections, {secs} s each",
+        100.0 * fleet.requests_per_sec / base.requests_per_sec
+    );
+
+    // Idle resident memory of the real binary.
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_fleetops"))
+        .arg("serve")
+        .current_dir(dir.path())
+        .env("FLEETOPS_LISTEN", "127.0.0.1:0")
+        .env("FLEETOPS_DATA_DIR", dir.path().join("data"))
+        .env("FLEETOPS_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(3));
+    let rss = rss_mb(child.id());
+    let _ = child.kill();
+    let _ = child.wait();
+    println!("idle RSS of `fleetops serve` after start-up: {rss:.1} MB (goal < 50 MB)");
+}

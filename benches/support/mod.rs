@@ -1,0 +1,180 @@
+//! Shared by the benches: the bare-hyper baseline server, a wrk runner and parser, and a
+//! probe of the disk's fsync latency (printed beside durable-write figures).
+
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::Response;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use tokio::net::TcpListener;
+
+/// A bare hyper 1 hello-world server: the ceiling this machine allows for HTTP/1.1 on
+/// loopback, measured in the same run as fleetops so the ratio survives noisy machines.
+pub async fn start_baseline() -> (SocketAddr, tokio::task::JoinHandle<()>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            let _ = stream.set_nodelay(true);
+            tokio::spawn(async move {
+                let svc = service_fn(|_req| async {
+                    let mut r =
+                        Response::new(Full::new(Bytes::from_static(b"{\"hello\":\"world\"}")));
+                    r.headers_mut()
+                        .insert("content-type", "application/json".parse().unwrap());
+                    Ok::<_, Infallible>(r)
+                });
+                let _ = auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+    (addr, task)
+}
+
+/// One wrk run's figures.
+#[derive(Debug, Clone)]
+pub struct WrkResult {
+    pub requests_per_sec: f64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub non_2xx: u64,
+    pub errors: String,
+}
+
+/// Runs wrk (Debian's `wrk`) against `url` with `connections` connections for `secs`.
+/// `script` is an optional Lua file (for methods and bodies).
+pub fn wrk(
+    url: &str,
+    headers: &[String],
+    connections: u32,
+    secs: u32,
+    script: Option<&str>,
+) -> WrkResult {
+    let mut cmd = Command::new("wrk");
+    cmd.args([
+        "-t2",
+        &format!("-c{connections}"),
+        &format!("-d{secs}s"),
+        "--latency",
+        "--timeout",
+        "10s",
+    ]);
+    for h in headers {
+        cmd.args(["-H", h]);
+    }
+    if let Some(s) = script {
+        cmd.args(["-s", s]);
+    }
+    cmd.arg(url);
+    let out = cmd
+        .output()
+        .expect("wrk not found: install it with `apt-get install wrk`");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    parse_wrk(&text)
+}
+
+fn ms(v: &str) -> f64 {
+    let v = v.trim();
+    let (num, unit) = v.split_at(v.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(v.len()));
+    let n: f64 = num.parse().unwrap_or(f64::NAN);
+    match unit {
+        "us" => n / 1000.0,
+        "ms" => n,
+        "s" => n * 1000.0,
+        "m" => n * 60_000.0,
+        _ => f64::NAN,
+    }
+}
+
+pub fn parse_wrk(text: &str) -> WrkResult {
+    let mut r = WrkResult {
+        requests_per_sec: 0.0,
+        p50_ms: f64::NAN,
+        p99_ms: f64::NAN,
+        non_2xx: 0,
+        errors: String::new(),
+    };
+    for line in text.lines() {
+        let t = line.trim();
+        if let Some(v) = t.strip_prefix("Requests/sec:") {
+            r.requests_per_sec = v.trim().parse().unwrap_or(0.0);
+        } else if let Some(v) = t.strip_prefix("50%") {
+            r.p50_ms = ms(v);
+        } else if let Some(v) = t.strip_prefix("99%") {
+            r.p99_ms = ms(v);
+        } else if let Some(v) = t.strip_prefix("Non-2xx or 3xx responses:") {
+            r.non_2xx = v.trim().parse().unwrap_or(0);
+        } else if t.starts_with("Socket errors:") {
+            r.errors = t.to_string();
+        }
+    }
+    if r.requests_per_sec == 0.0 {
+        eprintln!("wrk output not understood:\n{text}");
+    }
+    r
+}
+
+/// Median latency of write + fsync of 4 KiB in `dir`, over `n` rounds.
+pub fn fsync_latency_ms(dir: &std::path::Path, n: usize) -> f64 {
+    use std::io::Write;
+    let path = dir.join("fsync-probe");
+    let mut f = std::fs::File::create(&path).unwrap();
+    let buf = vec![7u8; 4096];
+    let mut v = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = Instant::now();
+        f.write_all(&buf).unwrap();
+        f.sync_data().unwrap();
+        v.push(t.elapsed());
+    }
+    let _ = std::fs::remove_file(&path);
+    v.sort();
+    v.get(n / 2)
+        .copied()
+        .unwrap_or(Duration::ZERO)
+        .as_secs_f64()
+        * 1000.0
+}
+
+/// Resident memory of a process in MB, from /proc.
+pub fn rss_mb(pid: u32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .map_or(f64::NAN, |kb| kb / 1024.0)
+}
+
+pub fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("model name")
+                .map(|v| v.trim_start_matches([' ', '\t', ':']).to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    format!("{cores} cores, {cpu}")
+}
+
+pub fn env_u32(name: &str, default: u32) -> u32 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
