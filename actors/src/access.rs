@@ -15,15 +15,15 @@ use crate::error::{Error, Result};
 
 #[derive(Debug, Clone)]
 pub struct OrgScope {
-    pub org: Organization,
+    pub org: Arc<Organization>,
     /// The caller's effective role (owner for superusers).
     pub role: Role,
 }
 
 #[derive(Debug, Clone)]
 pub struct ProjectScope {
-    pub org: Organization,
-    pub project: Project,
+    pub org: Arc<Organization>,
+    pub project: Arc<Project>,
     pub role: Role,
 }
 
@@ -42,13 +42,13 @@ impl Access {
         if let Some(slug) = org_slug
             && let Some(org) = self.store.org_by_slug(slug)?
         {
-            return Ok(org.tier);
+            return Ok(org.tier.clone());
         }
         if let Credential::Device { project_id, .. } = p.credential
             && let Some(pr) = self.store.project(project_id)?
             && let Some(org) = self.store.org(pr.org_id)?
         {
-            return Ok(org.tier);
+            return Ok(org.tier.clone());
         }
         let tiers: Vec<String> = match &p.user {
             Some(u) => self

@@ -193,7 +193,7 @@ impl Authenticator {
             let user = self.store.user(key.user_id)?.ok_or(Error::Unauthorized)?;
             self.touch(key.id);
             return Ok(Principal {
-                user: Some(Arc::new(user)),
+                user: Some(user),
                 credential: Credential::ApiKey { key_id: key.id },
             });
         }
@@ -201,7 +201,7 @@ impl Authenticator {
         let uid: u64 = claims.sub.parse().map_err(|_| Error::Unauthorized)?;
         let user = self.store.user(uid)?.ok_or(Error::Unauthorized)?;
         Ok(Principal {
-            user: Some(Arc::new(user)),
+            user: Some(user),
             credential: Credential::Jwt {
                 auth_time: claims.auth_time,
             },

@@ -11,12 +11,42 @@ pub fn now_ms() -> i64 {
 
 /// `2026-01-02T03:04:05.678Z`.
 pub fn fmt_ms(ms: i64) -> String {
-    let fmt =
-        format_description!("[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:3]Z");
-    OffsetDateTime::from_unix_timestamp_nanos(ms as i128 * 1_000_000)
-        .ok()
-        .and_then(|t| t.format(&fmt).ok())
-        .unwrap_or_else(|| "1970-01-01T00:00:00.000Z".into())
+    let mut s = String::with_capacity(24);
+    write_ms(&mut s, ms);
+    s
+}
+
+/// Appends `fmt_ms(ms)` to `out` without allocating (log export formats millions of these).
+pub fn write_ms(out: &mut String, ms: i64) {
+    let Ok(t) = OffsetDateTime::from_unix_timestamp_nanos(ms as i128 * 1_000_000) else {
+        out.push_str("1970-01-01T00:00:00.000Z");
+        return;
+    };
+    let year = t.year();
+    if !(0..=9999).contains(&year) {
+        let fmt = format_description!(
+            "[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:3]Z"
+        );
+        out.push_str(&t.format(&fmt).unwrap_or_default());
+        return;
+    }
+    let mut buf = *b"0000-00-00T00:00:00.000Z";
+    let mut put = |at: usize, width: usize, mut v: u32| {
+        for i in (0..width).rev() {
+            if let Some(b) = buf.get_mut(at + i) {
+                *b = b'0' + (v % 10) as u8;
+            }
+            v /= 10;
+        }
+    };
+    put(0, 4, year as u32);
+    put(5, 2, u8::from(t.month()) as u32);
+    put(8, 2, t.day() as u32);
+    put(11, 2, t.hour() as u32);
+    put(14, 2, t.minute() as u32);
+    put(17, 2, t.second() as u32);
+    put(20, 3, t.millisecond() as u32);
+    out.push_str(std::str::from_utf8(&buf).unwrap_or("1970-01-01T00:00:00.000Z"));
 }
 
 /// Accepts RFC 3339 with `Z` or an offset; anything else is `None`.
@@ -32,6 +62,9 @@ mod tests {
     #[test]
     fn formats_and_parses() {
         assert_eq!(fmt_ms(1_767_323_045_678), "2026-01-02T03:04:05.678Z");
+        assert_eq!(fmt_ms(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(fmt_ms(1_767_323_045_008), "2026-01-02T03:04:05.008Z");
+        assert_eq!(fmt_ms(253_402_300_799_999), "9999-12-31T23:59:59.999Z");
         assert_eq!(
             parse_ms("2026-01-02T03:04:05.678Z"),
             Some(1_767_323_045_678)

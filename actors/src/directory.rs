@@ -282,7 +282,7 @@ impl DirectoryState {
         })?;
         Ok(MemberView {
             user_id: user.id,
-            email: user.email,
+            email: user.email.clone(),
             role: role.as_str(),
         })
     }
@@ -378,7 +378,7 @@ impl DirectoryState {
         let key = self.create_api_key(user.id, "bootstrap")?;
         Ok(Bootstrapped {
             user_id: user.id,
-            email: user.email,
+            email: user.email.clone(),
             org: org.slug,
             project: project.slug,
             project_secret,

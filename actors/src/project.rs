@@ -192,7 +192,8 @@ impl ProjectState {
     fn delete_device(&self, id: u64) -> Result<()> {
         let d = self.device(id)?;
         let mut touched = Vec::new();
-        for mut g in self.store.project_groups(self.pid())? {
+        for g in self.store.project_groups(self.pid())?.iter() {
+            let mut g = g.clone();
             if g.device_ids.contains(&id) {
                 g.device_ids.retain(|x| *x != id);
                 touched.push(g);

@@ -3,6 +3,8 @@
 //! Uniqueness (email, slugs) is enforced by the single writer that calls these functions;
 //! each write here is one atomic batch of the record and its index entries.
 
+use std::sync::Arc;
+
 use crate::cache::put;
 use crate::{ApiKey, Membership, Organization, Project, Result, Role, Store, User, Writes, keys};
 
@@ -37,19 +39,19 @@ impl Store {
 
     // ---- users ----
 
-    pub fn user(&self, id: u64) -> Result<Option<User>> {
+    pub fn user(&self, id: u64) -> Result<Option<Arc<User>>> {
         let c = &self.inner.cache.users;
         if let Some(u) = c.get(&id) {
             return Ok(Some(u.clone()));
         }
-        let u: Option<User> = self.get(&keys::user(id))?;
+        let u: Option<Arc<User>> = self.get::<User>(&keys::user(id))?.map(Arc::new);
         if let Some(u) = &u {
             put(c, id, u.clone());
         }
         Ok(u)
     }
 
-    pub fn user_by_email(&self, email: &str) -> Result<Option<User>> {
+    pub fn user_by_email(&self, email: &str) -> Result<Option<Arc<User>>> {
         match self.get_id(&keys::user_by_email(email))? {
             Some(id) => self.user(id),
             None => Ok(None),
@@ -82,13 +84,13 @@ impl Store {
         self.get(&keys::org(id))
     }
 
-    pub fn org_by_slug(&self, slug: &str) -> Result<Option<Organization>> {
+    pub fn org_by_slug(&self, slug: &str) -> Result<Option<Arc<Organization>>> {
         let c = &self.inner.cache.orgs_by_slug;
         if let Some(o) = c.get(slug) {
             return Ok(Some(o.clone()));
         }
         let o = match self.get_id(&keys::org_by_slug(slug))? {
-            Some(id) => self.org(id)?,
+            Some(id) => self.org(id)?.map(Arc::new),
             None => None,
         };
         if let Some(o) = &o {
@@ -117,12 +119,14 @@ impl Store {
             .remove(&(owner.org_id, owner.user_id));
     }
 
-    pub fn membership(&self, org: u64, user: u64) -> Result<Option<Membership>> {
+    pub fn membership(&self, org: u64, user: u64) -> Result<Option<Arc<Membership>>> {
         let c = &self.inner.cache.members;
         if let Some(m) = c.get(&(org, user)) {
             return Ok(Some(m.clone()));
         }
-        let m: Option<Membership> = self.get(&keys::member(org, user))?;
+        let m: Option<Arc<Membership>> = self
+            .get::<Membership>(&keys::member(org, user))?
+            .map(Arc::new);
         if let Some(m) = &m {
             put(c, (org, user), m.clone());
         }
@@ -172,14 +176,14 @@ impl Store {
         self.get(&keys::project(id))
     }
 
-    pub fn project_by_slug(&self, org: u64, slug: &str) -> Result<Option<Project>> {
+    pub fn project_by_slug(&self, org: u64, slug: &str) -> Result<Option<Arc<Project>>> {
         let c = &self.inner.cache.projects_by_slug;
         let k = (org, slug.to_string());
         if let Some(p) = c.get(&k) {
             return Ok(Some(p.clone()));
         }
         let p = match self.get_id(&keys::project_by_slug(org, slug))? {
-            Some(id) => self.project(id)?,
+            Some(id) => self.project(id)?.map(Arc::new),
             None => None,
         };
         if let Some(p) = &p {
@@ -227,13 +231,13 @@ impl Store {
 
     // ---- API keys ----
 
-    pub fn api_key_by_hash(&self, hash: &[u8; 32]) -> Result<Option<ApiKey>> {
+    pub fn api_key_by_hash(&self, hash: &[u8; 32]) -> Result<Option<Arc<ApiKey>>> {
         let c = &self.inner.cache.keys_by_hash;
         if let Some(k) = c.get(hash) {
             return Ok(Some(k.clone()));
         }
-        let k: Option<ApiKey> = match self.get_id(&keys::api_key_by_hash(hash))? {
-            Some(id) => self.get(&keys::api_key(id))?,
+        let k: Option<Arc<ApiKey>> = match self.get_id(&keys::api_key_by_hash(hash))? {
+            Some(id) => self.get::<ApiKey>(&keys::api_key(id))?.map(Arc::new),
             None => None,
         };
         if let Some(k) = &k {

@@ -1,5 +1,8 @@
 //! Devices and device groups of a project.
 
+use std::sync::Arc;
+
+use crate::cache::put;
 use crate::{Device, DeviceGroup, Result, Store, Writes, keys};
 
 impl Store {
@@ -45,7 +48,7 @@ impl Store {
         for g in groups {
             w.put(keys::group(g.project_id, g.id), g)?;
         }
-        self.apply(w.0)
+        self.write_groups(d.project_id, w)
     }
 
     /// A project's devices, newest first.
@@ -60,17 +63,30 @@ impl Store {
     pub fn put_group(&self, g: &DeviceGroup) -> Result<()> {
         let mut w = Writes::new();
         w.put(keys::group(g.project_id, g.id), g)?;
-        self.apply(w.0)
+        self.write_groups(g.project_id, w)
     }
 
     pub fn delete_group(&self, g: &DeviceGroup) -> Result<()> {
         let mut w = Writes::new();
         w.delete(keys::group(g.project_id, g.id));
-        self.apply(w.0)
+        self.write_groups(g.project_id, w)
+    }
+
+    fn write_groups(&self, project: u64, w: Writes) -> Result<()> {
+        self.inner.cache.groups.remove(&project);
+        self.apply(w.0)?;
+        self.inner.cache.groups.remove(&project);
+        Ok(())
     }
 
     /// A project's groups, newest first.
-    pub fn project_groups(&self, project: u64) -> Result<Vec<DeviceGroup>> {
-        self.scan_rev(&keys::group_prefix(project))
+    pub fn project_groups(&self, project: u64) -> Result<Arc<Vec<DeviceGroup>>> {
+        let c = &self.inner.cache.groups;
+        if let Some(g) = c.get(&project) {
+            return Ok(g.clone());
+        }
+        let g = Arc::new(self.scan_rev(&keys::group_prefix(project))?);
+        put(c, project, g.clone());
+        Ok(g)
     }
 }

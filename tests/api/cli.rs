@@ -336,3 +336,66 @@ async fn kill_9_after_acknowledged_writes_then_restart_keeps_everything() {
     let v: serde_json::Value = r.json().await.unwrap();
     assert!(v["id"].as_u64().unwrap() > *ids.iter().max().unwrap());
 }
+
+#[tokio::test]
+async fn config_flag_before_or_after_the_subcommand() {
+    for before in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = dir.path().join("c.toml");
+        std::fs::write(
+            &cfg,
+            format!(
+                "listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\nlog = \"warn\"\n[tiers.free]\nrequests_per_minute = 7\n",
+                dir.path().join("d").display()
+            ),
+        )
+        .unwrap();
+        let mut cmd = Command::new(BIN);
+        if before {
+            cmd.arg("--config").arg(&cfg).arg("serve");
+        } else {
+            cmd.arg("serve").arg("--config").arg(&cfg);
+        }
+        let mut child = cmd
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut reader = BufReader::new(child.stdout.take().unwrap());
+        let mut lines = Vec::new();
+        let mut base = String::new();
+        for _ in 0..20 {
+            let mut line = String::new();
+            if reader.read_line(&mut line).unwrap() == 0 {
+                break;
+            }
+            if let Some(a) = line.trim().strip_prefix("fleetops: listening on ") {
+                base = a.to_string();
+                break;
+            }
+            lines.push(line.trim().to_string());
+        }
+        let key = field(&lines, "API key:").unwrap().to_string();
+        let r = client()
+            .get(format!("{base}/api/v1/users/me"))
+            .bearer_auth(&key)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            r.headers()["x-ratelimit-limit"],
+            "7",
+            "the file's tier applies"
+        );
+        assert!(dir.path().join("d").exists());
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    // A missing config file is a clear error, not a silent default.
+    let out = Command::new(BIN)
+        .args(["--config", "/nonexistent/c.toml", "serve"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/c.toml"));
+}
