@@ -35,20 +35,21 @@ pub struct Access {
 }
 
 impl Access {
-    /// The tier whose limit applies to this caller on a route naming `org_slug` (if any): the
-    /// organization's own tier when it exists, else the best tier among the caller's
+    /// The tier whose limit applies to this caller on a route naming `org_slug` (if any), and
+    /// the organization id that scopes its bucket (0 when the path names none that exists):
+    /// the organization's own tier when it exists, else the best tier among the caller's
     /// organizations.
-    pub fn tier_for(&self, p: &Principal, org_slug: Option<&str>) -> Result<String> {
+    pub fn tier_for(&self, p: &Principal, org_slug: Option<&str>) -> Result<(String, u64)> {
         if let Some(slug) = org_slug
             && let Some(org) = self.store.org_by_slug(slug)?
         {
-            return Ok(org.tier.clone());
+            return Ok((org.tier.clone(), org.id));
         }
         if let Credential::Device { project_id, .. } = p.credential
             && let Some(pr) = self.store.project(project_id)?
             && let Some(org) = self.store.org(pr.org_id)?
         {
-            return Ok(org.tier.clone());
+            return Ok((org.tier, org.id));
         }
         let tiers: Vec<String> = match &p.user {
             Some(u) => self
@@ -59,13 +60,14 @@ impl Access {
                 .collect(),
             None => Vec::new(),
         };
-        Ok(self
+        let best = self
             .tier_rank
             .iter()
             .find(|t| tiers.contains(t))
             .or(self.tier_rank.last())
             .cloned()
-            .unwrap_or_else(|| "free".into()))
+            .unwrap_or_else(|| "free".into());
+        Ok((best, 0))
     }
 
     /// The caller's scope in an organization, requiring at least `min`.

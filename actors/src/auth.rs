@@ -42,12 +42,12 @@ pub struct Principal {
 }
 
 impl Principal {
-    /// The rate-limit bucket of this credential.
-    pub fn bucket(&self) -> String {
+    /// The rate-limit bucket of this credential: (kind, id).
+    pub fn bucket(&self) -> (u8, u64) {
         match &self.credential {
-            Credential::ApiKey { key_id } => format!("k{key_id}"),
-            Credential::Jwt { .. } => format!("u{}", self.user.as_ref().map_or(0, |u| u.id)),
-            Credential::Device { device_id, .. } => format!("d{device_id}"),
+            Credential::ApiKey { key_id } => (b'k', *key_id),
+            Credential::Jwt { .. } => (b'u', self.user.as_ref().map_or(0, |u| u.id)),
+            Credential::Device { device_id, .. } => (b'd', *device_id),
         }
     }
 

@@ -153,9 +153,9 @@ impl<'a> Cx<'a> {
             .credential()
             .ok_or(ApiError::Domain(fleetops_actors::Error::Unauthorized))?;
         let p = self.app.rt.auth.resolve(value)?;
-        let tier = self.app.rt.access.tier_for(&p, org)?;
-        let bucket = format!("{}@{}", p.bucket(), org.unwrap_or("-"));
-        match self.app.limits.check(&tier, bucket) {
+        let (tier, org_id) = self.app.rt.access.tier_for(&p, org)?;
+        let (kind, id) = p.bucket();
+        match self.app.limits.check(&tier, (kind, id, org_id)) {
             Ok(h) => {
                 self.rate = Some(h);
                 Ok(p)

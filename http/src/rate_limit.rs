@@ -16,6 +16,9 @@ use http::HeaderValue;
 use crate::config::Tier;
 use crate::error::ApiError;
 
+/// One bucket: credential kind (`k`ey, `u`ser, `d`evice), its id, and the organization id.
+pub type Bucket = (u8, u64, u64);
+
 type Keyed<K> = RateLimiter<K, DefaultKeyedStateStore<K>, DefaultClock, StateInformationMiddleware>;
 
 /// The values of the three headers.
@@ -38,7 +41,7 @@ struct TierLimiter {
     limit: u32,
     /// Time for one request to be replenished.
     period: Duration,
-    limiter: Keyed<String>,
+    limiter: Keyed<Bucket>,
 }
 
 pub struct RateLimits {
@@ -90,7 +93,7 @@ impl RateLimits {
     pub fn check(
         &self,
         tier: &str,
-        bucket: String,
+        bucket: Bucket,
     ) -> Result<RateHeaders, (ApiError, RateHeaders)> {
         let Some(t) = self.tiers.get(tier).or_else(|| self.tiers.get("free")) else {
             return Ok(RateHeaders {
@@ -162,18 +165,18 @@ mod tests {
             }],
             10,
         );
-        let h = rl.check("free", "k1".into()).unwrap();
+        let h = rl.check("free", (b'k', 1, 0)).unwrap();
         assert_eq!((h.limit, h.remaining), (3, 2));
-        rl.check("free", "k1".into()).unwrap();
-        let h = rl.check("free", "k1".into()).unwrap();
+        rl.check("free", (b'k', 1, 0)).unwrap();
+        let h = rl.check("free", (b'k', 1, 0)).unwrap();
         assert_eq!(h.remaining, 0);
-        let (e, h) = rl.check("free", "k1".into()).unwrap_err();
+        let (e, h) = rl.check("free", (b'k', 1, 0)).unwrap_err();
         assert_eq!(h.remaining, 0);
         match e {
             ApiError::RateLimited { retry_after } => assert!((1..=20).contains(&retry_after)),
             other => panic!("{other:?}"),
         }
         // Another bucket is untouched.
-        assert_eq!(rl.check("free", "k2".into()).unwrap().remaining, 2);
+        assert_eq!(rl.check("free", (b'k', 2, 0)).unwrap().remaining, 2);
     }
 }
