@@ -146,6 +146,42 @@ impl Access {
         })
     }
 
+    /// The scope of a device ingestion route whose device is known only later (sessions):
+    /// a user needs `min`; a device token must belong to this project (403 otherwise) and is
+    /// then checked against the device with [`Access::check_device`].
+    pub fn ingestion(
+        &self,
+        p: &Principal,
+        org: &str,
+        project: &str,
+        min: Role,
+    ) -> Result<ProjectScope> {
+        let Credential::Device { project_id, .. } = p.credential else {
+            return self.project(p, org, project, min);
+        };
+        let o = self.store.org_by_slug(org)?.ok_or(Error::Forbidden)?;
+        let pr = self
+            .store
+            .project_by_slug(o.id, project)?
+            .ok_or(Error::Forbidden)?;
+        if pr.id != project_id {
+            return Err(Error::Forbidden);
+        }
+        Ok(ProjectScope {
+            org: o,
+            project: pr,
+            role: Role::Member,
+        })
+    }
+
+    /// A device token may act only for its own device.
+    pub fn check_device(&self, p: &Principal, device_id: u64) -> Result<()> {
+        match p.credential {
+            Credential::Device { device_id: own, .. } if own != device_id => Err(Error::Forbidden),
+            _ => Ok(()),
+        }
+    }
+
     /// A JWT is required (API keys and device tokens get 403).
     pub fn require_jwt(&self, p: &Principal) -> Result<()> {
         match p.credential {

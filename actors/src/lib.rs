@@ -3,13 +3,15 @@
 //! ```text
 //! RootSupervisor
 //!  ├─ DirectoryActor        single writer: users, organizations, members, projects, API keys
-//!  └─ ProjectsSupervisor
-//!      └─ ProjectActor      one per project (started on first use): devices, groups, heartbeats
+//!  ├─ ProjectsSupervisor
+//!  │   └─ ProjectActor      one per project (started on first use): devices, groups, heartbeats,
+//!  │                        session records (status, tags, deletion)
+//!  └─ SessionsSupervisor
+//!      └─ SessionActor      one per active session: its log chunks and counters
 //! ```
 //!
-//! Later issues add, beside these: SessionsSupervisor → SessionActor (one per active session),
-//! WebhookIntake → InstallationActor → JobDispatcher, AlertsSupervisor → RuleEvaluator, and a
-//! Housekeeper.
+//! Later issues add, beside these: WebhookIntake → InstallationActor → JobDispatcher,
+//! AlertsSupervisor → RuleEvaluator, and a Housekeeper.
 //!
 //! A panic inside an actor's handler is caught by ractor and reported to its supervisor, which
 //! restarts the actor from storage within the `[supervision]` budget; the request being handled
@@ -24,12 +26,16 @@ pub mod clock;
 pub mod config;
 mod directory;
 pub mod error;
+mod keyed;
+pub mod logs;
 mod mailbox;
 mod project;
 pub mod projects;
 mod root;
 pub mod rules;
 pub mod secrets;
+mod session;
+pub mod sessions;
 mod supervision;
 pub mod views;
 
@@ -48,7 +54,9 @@ pub use directory::{BootstrapReq, DirectoryHandle};
 pub use error::{Error, Result};
 pub use fleetops_storage::Role;
 pub use projects::ProjectsHandle;
+pub use sessions::SessionsHandle;
 
+use keyed::{Keyed, KeyedArgs};
 use mailbox::Slot;
 use root::{RootArgs, RootMsg, RootSupervisor};
 
@@ -60,6 +68,7 @@ pub struct Runtime {
     pub access: Access,
     pub directory: DirectoryHandle,
     pub projects: ProjectsHandle,
+    pub sessions: SessionsHandle,
     root: ActorRef<RootMsg>,
     restarts: Arc<AtomicU64>,
 }
@@ -95,8 +104,30 @@ impl Runtime {
         let limit = cfg.supervision.mailbox_limit.max(1);
         let directory_slot = Arc::new(Slot::new(limit, timeout));
         let projects_slot = Arc::new(Slot::new(limit, timeout));
-        let registry = Arc::new(DashMap::new());
+        let sessions_slot = Arc::new(Slot::new(limit, timeout));
         let restarts = Arc::new(AtomicU64::new(0));
+        let project_args = KeyedArgs::<project::ProjectActor> {
+            ctx: store.clone(),
+            cfg: cfg.supervision.clone(),
+            registry: Arc::new(DashMap::new()),
+            restarts: restarts.clone(),
+        };
+        let session_args = KeyedArgs::<session::SessionActor> {
+            ctx: store.clone(),
+            cfg: cfg.supervision.clone(),
+            registry: Arc::new(DashMap::new()),
+            restarts: restarts.clone(),
+        };
+        let project_actors = Keyed::new(
+            projects_slot.clone(),
+            project_args.registry.clone(),
+            cfg.supervision.clone(),
+        );
+        let session_actors = Keyed::new(
+            sessions_slot.clone(),
+            session_args.registry.clone(),
+            cfg.supervision.clone(),
+        );
         let (root, _) = Actor::spawn(
             None,
             RootSupervisor,
@@ -105,8 +136,10 @@ impl Runtime {
                 cfg: cfg.supervision.clone(),
                 tiers: cfg.tiers.clone(),
                 directory: directory_slot.clone(),
-                projects: projects_slot.clone(),
-                registry: registry.clone(),
+                projects: projects_slot,
+                project_args,
+                sessions: sessions_slot,
+                session_args,
                 restarts: restarts.clone(),
             },
         )
@@ -124,13 +157,15 @@ impl Runtime {
             }
         });
         let projects = ProjectsHandle {
-            sup: projects_slot,
-            registry,
-            gates: Arc::new(DashMap::new()),
+            actors: project_actors,
             store: store.clone(),
-            cfg: cfg.supervision.clone(),
             devices: cfg.devices.clone(),
             restarts: restarts.clone(),
+        };
+        let sessions = SessionsHandle {
+            actors: session_actors,
+            projects: projects.clone(),
+            store: store.clone(),
         };
         let access = Access {
             store: store.clone(),
@@ -142,6 +177,7 @@ impl Runtime {
             access,
             directory,
             projects,
+            sessions,
             root,
             restarts,
         })
@@ -156,7 +192,13 @@ impl Runtime {
     /// root), and flushes storage.
     pub async fn shutdown(&self) {
         let t = Some(Duration::from_secs(10));
-        if let Some(sup) = self.projects.sup.get() {
+        for sup in [
+            self.sessions.actors.sup.get().map(|a| a.get_cell()),
+            self.projects.actors.sup.get().map(|a| a.get_cell()),
+        ]
+        .into_iter()
+        .flatten()
+        {
             sup.stop_children_and_wait(None, t).await;
         }
         self.root.stop_children_and_wait(None, t).await;

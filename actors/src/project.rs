@@ -6,7 +6,9 @@
 
 use std::collections::BTreeMap;
 
-use fleetops_storage::{Device, DeviceGroup, Project, Store, accounts::Seq};
+use fleetops_storage::{
+    Device, DeviceGroup, Project, Session, SessionStatus, Store, accounts::Seq,
+};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
 use crate::clock::now_ms;
@@ -52,11 +54,39 @@ pub(crate) enum ProjectMsg {
         id: u64,
         reply: Reply<()>,
     },
+    CreateSession {
+        device_id: u64,
+        tags: Vec<String>,
+        package_id: Option<u64>,
+        reply: Reply<Session>,
+    },
+    /// Marks an active session completed or failed.
+    EndSession {
+        id: u64,
+        status: SessionStatus,
+        reply: Reply<Session>,
+    },
+    Tag {
+        id: u64,
+        tag: String,
+        add: bool,
+        reply: Reply<Session>,
+    },
+    DeleteSession {
+        id: u64,
+        reply: Reply<Session>,
+    },
     /// Fault injection for supervision tests.
     Panic,
 }
 
+#[derive(Default)]
 pub(crate) struct ProjectActor;
+
+impl crate::keyed::KeyedChild for ProjectActor {
+    type Ctx = Store;
+    const KIND: &'static str = "project";
+}
 
 pub(crate) struct ProjectState {
     /// The project as stored when the actor (re)started.
@@ -125,6 +155,28 @@ impl Actor for ProjectActor {
             }
             ProjectMsg::DeleteGroup { id, reply } => {
                 let _ = reply.send(st.delete_group(id));
+            }
+            ProjectMsg::CreateSession {
+                device_id,
+                tags,
+                package_id,
+                reply,
+            } => {
+                let _ = reply.send(st.create_session(device_id, tags, package_id));
+            }
+            ProjectMsg::EndSession { id, status, reply } => {
+                let _ = reply.send(st.end_session(id, status));
+            }
+            ProjectMsg::Tag {
+                id,
+                tag,
+                add,
+                reply,
+            } => {
+                let _ = reply.send(st.tag(id, tag, add));
+            }
+            ProjectMsg::DeleteSession { id, reply } => {
+                let _ = reply.send(st.delete_session(id));
             }
             ProjectMsg::Panic => panic!("injected fault in ProjectActor {}", st.project.id),
         }
@@ -261,6 +313,84 @@ impl ProjectState {
         }
         self.store.put_group(&g)?;
         Ok(g)
+    }
+
+    fn session(&self, id: u64) -> Result<Session> {
+        self.store
+            .session(self.pid(), id)?
+            .ok_or_else(|| Error::not_found("Session"))
+    }
+
+    fn create_session(
+        &self,
+        device_id: u64,
+        tags: Vec<String>,
+        package_id: Option<u64>,
+    ) -> Result<Session> {
+        let device = self.store.device(self.pid(), device_id)?.ok_or_else(|| {
+            Error::unprocessable(
+                "device_id",
+                format!("device {device_id} does not exist in this project"),
+            )
+        })?;
+        if let Some(p) = package_id {
+            // Deployment packages arrive with the deployment pipeline; until then none exists.
+            return Err(Error::unprocessable(
+                "package_id",
+                format!("deployment package {p} does not exist"),
+            ));
+        }
+        let mut tags: Vec<String> = tags
+            .into_iter()
+            .map(|t| rules::tag("tags", &t).map(|()| t))
+            .collect::<Result<_>>()?;
+        tags.sort();
+        tags.dedup();
+        let s = Session {
+            id: self.store.new_id(Seq::Session)?,
+            project_id: self.pid(),
+            device_id,
+            device_name: device.name,
+            status: SessionStatus::Active,
+            started_at: now_ms(),
+            ended_at: None,
+            tags,
+            package_id,
+        };
+        self.store.put_session(&s)?;
+        Ok(s)
+    }
+
+    fn end_session(&self, id: u64, status: SessionStatus) -> Result<Session> {
+        let mut s = self.session(id)?;
+        if s.status != SessionStatus::Active {
+            return Err(Error::Conflict("Session is not active".into()));
+        }
+        s.status = status;
+        s.ended_at = Some(now_ms().max(s.started_at));
+        self.store.put_session(&s)?;
+        Ok(s)
+    }
+
+    fn tag(&self, id: u64, tag: String, add: bool) -> Result<Session> {
+        let mut s = self.session(id)?;
+        if add {
+            rules::tag("tag", &tag)?;
+            if let Err(at) = s.tags.binary_search(&tag) {
+                s.tags.insert(at, tag);
+                self.store.put_session(&s)?;
+            }
+        } else if let Ok(at) = s.tags.binary_search(&tag) {
+            s.tags.remove(at);
+            self.store.put_session(&s)?;
+        }
+        Ok(s)
+    }
+
+    fn delete_session(&self, id: u64) -> Result<Session> {
+        let s = self.session(id)?;
+        self.store.delete_session(&s)?;
+        Ok(s)
     }
 
     fn delete_group(&self, id: u64) -> Result<()> {

@@ -1,190 +1,20 @@
-//! ProjectsSupervisor: starts a ProjectActor on first use of a project, restarts it (within its
-//! budget) when it fails, and keeps the typed map from project id to the live actor.
-//!
-//! [`ProjectsHandle`] is the way in for everything project-scoped: writes go to the project's
-//! actor and are answered once durable; reads go to the store directly, since sled reads are
-//! safe concurrently and need no single writer.
+//! [`ProjectsHandle`]: the way in for a project's devices and groups. Writes go to the
+//! project's actor (under its keyed supervisor) and are answered once durable; reads go to the
+//! store directly, since sled reads are safe concurrently and need no single writer.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
 
-use dashmap::DashMap;
 use fleetops_storage::{Device, DeviceGroup, Store};
-use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
-use tokio::sync::Semaphore;
+use ractor::RpcReplyPort;
 
 use crate::clock::now_ms;
-use crate::config::{DevicesConfig, SupervisionConfig};
+use crate::config::DevicesConfig;
 use crate::error::{Error, Result};
-use crate::mailbox::{self, Slot};
+use crate::keyed::Keyed;
 use crate::project::{ProjectActor, ProjectMsg};
-use crate::supervision::{RestartBudget, Verdict};
 use crate::views::{DeviceView, GroupView, HeartbeatAck, Page, PageReq};
-
-pub(crate) enum ProjectsMsg {
-    /// The live actor of a project, started if needed.
-    Get(u64, RpcReplyPort<Result<ActorRef<ProjectMsg>>>),
-    /// A delayed restart is due.
-    Respawn(u64),
-}
-
-pub(crate) struct ProjectsSupervisor;
-
-pub(crate) struct ProjectsArgs {
-    pub store: Store,
-    pub cfg: SupervisionConfig,
-    pub registry: Arc<DashMap<u64, ActorRef<ProjectMsg>>>,
-    pub restarts: Arc<AtomicU64>,
-}
-
-pub(crate) struct ProjectsState {
-    args: ProjectsArgs,
-    /// Which project each live child serves (the key of a supervision event).
-    children: HashMap<ActorId, u64>,
-    budgets: HashMap<u64, RestartBudget>,
-    /// Projects whose actor is down until the instant (backoff or spent budget).
-    down_until: HashMap<u64, Instant>,
-}
-
-impl ProjectsState {
-    async fn spawn(
-        &mut self,
-        myself: &ActorRef<ProjectsMsg>,
-        pid: u64,
-    ) -> Result<ActorRef<ProjectMsg>> {
-        if let Some(a) = self.args.registry.get(&pid) {
-            return Ok(a.clone());
-        }
-        if let Some(until) = self.down_until.get(&pid) {
-            let now = Instant::now();
-            if *until > now {
-                return Err(Error::Unavailable {
-                    retry_after_secs: until.duration_since(now).as_secs().max(1),
-                });
-            }
-            self.down_until.remove(&pid);
-        }
-        let (actor, _) = Actor::spawn_linked(
-            None,
-            ProjectActor,
-            (self.args.store.clone(), pid),
-            myself.get_cell(),
-        )
-        .await
-        .map_err(|e| {
-            if e.to_string().contains("does not exist") {
-                Error::not_found("Project")
-            } else {
-                Error::Internal(format!("project actor failed to start: {e}"))
-            }
-        })?;
-        self.children.insert(actor.get_id(), pid);
-        self.args.registry.insert(pid, actor.clone());
-        Ok(actor)
-    }
-}
-
-impl Actor for ProjectsSupervisor {
-    type Msg = ProjectsMsg;
-    type State = ProjectsState;
-    type Arguments = ProjectsArgs;
-
-    async fn pre_start(
-        &self,
-        _myself: ActorRef<Self::Msg>,
-        args: Self::Arguments,
-    ) -> Result<Self::State, ActorProcessingErr> {
-        // Children of an earlier incarnation are gone with it; start from an empty map.
-        for a in args.registry.iter() {
-            a.value().stop(None);
-        }
-        args.registry.clear();
-        Ok(ProjectsState {
-            args,
-            children: HashMap::new(),
-            budgets: HashMap::new(),
-            down_until: HashMap::new(),
-        })
-    }
-
-    async fn handle(
-        &self,
-        myself: ActorRef<Self::Msg>,
-        msg: Self::Msg,
-        st: &mut Self::State,
-    ) -> Result<(), ActorProcessingErr> {
-        match msg {
-            ProjectsMsg::Get(pid, reply) => {
-                let r = st.spawn(&myself, pid).await;
-                let _ = reply.send(r);
-            }
-            ProjectsMsg::Respawn(pid) => {
-                st.down_until.remove(&pid);
-                if !st.args.registry.contains_key(&pid)
-                    && let Err(e) = st.spawn(&myself, pid).await
-                {
-                    tracing::warn!(project = pid, error = %e, "project actor restart failed");
-                }
-            }
-        }
-        Ok(())
-    }
-
-    async fn handle_supervisor_evt(
-        &self,
-        myself: ActorRef<Self::Msg>,
-        evt: SupervisionEvent,
-        st: &mut Self::State,
-    ) -> Result<(), ActorProcessingErr> {
-        match evt {
-            SupervisionEvent::ActorFailed(cell, err) => {
-                let Some(pid) = st.children.remove(&cell.get_id()) else {
-                    return Ok(());
-                };
-                st.args
-                    .registry
-                    .remove_if(&pid, |_, a| a.get_id() == cell.get_id());
-                st.args.restarts.fetch_add(1, Ordering::Relaxed);
-                if st.args.registry.contains_key(&pid) {
-                    // A caller already had it started again on demand.
-                    tracing::error!(project = pid, error = %err, "project actor failed; already replaced");
-                    return Ok(());
-                }
-                let verdict = st
-                    .budgets
-                    .entry(pid)
-                    .or_default()
-                    .on_failure(&st.args.cfg, Instant::now());
-                tracing::error!(project = pid, error = %err, ?verdict, "project actor failed");
-                match verdict {
-                    Verdict::Restart(d) if d.is_zero() => {
-                        if let Err(e) = st.spawn(&myself, pid).await {
-                            tracing::warn!(project = pid, error = %e, "project actor restart failed");
-                        }
-                    }
-                    Verdict::Restart(d) => {
-                        st.down_until.insert(pid, Instant::now() + d);
-                        myself.send_after(d, move || ProjectsMsg::Respawn(pid));
-                    }
-                    Verdict::GiveUpUntil(t) => {
-                        st.down_until.insert(pid, t);
-                    }
-                }
-            }
-            SupervisionEvent::ActorTerminated(cell, _, _) => {
-                if let Some(pid) = st.children.remove(&cell.get_id()) {
-                    st.args
-                        .registry
-                        .remove_if(&pid, |_, a| a.get_id() == cell.get_id());
-                }
-            }
-            _ => {}
-        }
-        Ok(())
-    }
-}
 
 /// Filters of the device lists.
 #[derive(Debug, Default, Clone)]
@@ -218,51 +48,20 @@ impl DeviceStatus {
 /// The way in for project-scoped records.
 #[derive(Clone)]
 pub struct ProjectsHandle {
-    pub(crate) sup: Arc<Slot<ProjectsMsg>>,
-    pub(crate) registry: Arc<DashMap<u64, ActorRef<ProjectMsg>>>,
-    /// One mailbox bound per project, kept across restarts of its actor.
-    pub(crate) gates: Arc<DashMap<u64, Arc<Semaphore>>>,
+    pub(crate) actors: Keyed<ProjectActor>,
     pub(crate) store: Store,
-    pub(crate) cfg: SupervisionConfig,
     pub(crate) devices: DevicesConfig,
     pub(crate) restarts: Arc<AtomicU64>,
 }
 
 impl ProjectsHandle {
-    async fn actor(&self, pid: u64) -> Result<ActorRef<ProjectMsg>> {
-        if let Some(a) = self.registry.get(&pid) {
-            return Ok(a.clone());
-        }
-        self.sup.call(|r| ProjectsMsg::Get(pid, r)).await
-    }
-
-    /// One write to a project's actor, answered once durable. A send to an actor that has
-    /// just died is retried once against its replacement.
-    async fn write<T: Send + 'static>(
+    /// One write to a project's actor, answered once durable.
+    pub(crate) async fn write<T: Send + 'static>(
         &self,
         pid: u64,
         build: impl Fn(RpcReplyPort<Result<T>>) -> ProjectMsg,
     ) -> Result<T> {
-        let gate = self
-            .gates
-            .entry(pid)
-            .or_insert_with(|| Arc::new(Semaphore::new(self.cfg.mailbox_limit)))
-            .clone();
-        let timeout = Duration::from_millis(self.cfg.call_timeout_ms);
-        let actor = self.actor(pid).await?;
-        let r = match mailbox::deliver(&actor, &gate, timeout, &build).await {
-            mailbox::Outcome::Replied(r) => r?,
-            mailbox::Outcome::Lost => {
-                // Forget the dead incarnation (unless already replaced) and ask again.
-                self.registry
-                    .remove_if(&pid, |_, a| a.get_id() == actor.get_id());
-                let next = self.actor(pid).await?;
-                match mailbox::deliver(&next, &gate, timeout, &build).await {
-                    mailbox::Outcome::Replied(r) => r?,
-                    mailbox::Outcome::Lost => return Err(mailbox::lost_twice()),
-                }
-            }
-        };
+        let r = self.actors.call(pid, build).await?;
         self.store.durable().await?;
         Ok(r)
     }
@@ -275,7 +74,7 @@ impl ProjectsHandle {
     /// Makes the project's actor panic in its handler (supervision tests only).
     #[doc(hidden)]
     pub async fn inject_panic(&self, pid: u64) -> Result<()> {
-        let a = self.actor(pid).await?;
+        let a = self.actors.actor(pid).await?;
         a.cast(ProjectMsg::Panic).map_err(|_| Error::Unavailable {
             retry_after_secs: 1,
         })

@@ -6,15 +6,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use dashmap::DashMap;
 use fleetops_storage::Store;
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, SupervisionEvent};
 
 use crate::config::SupervisionConfig;
 use crate::directory::{DirectoryActor, DirectoryMsg};
+use crate::keyed::{KeyedArgs, KeyedChild, KeyedMsg, KeyedSupervisor};
 use crate::mailbox::Slot;
-use crate::project::ProjectMsg;
-use crate::projects::{ProjectsArgs, ProjectsMsg, ProjectsSupervisor};
+use crate::project::{ProjectActor, ProjectMsg};
+use crate::session::{SessionActor, SessionMsg};
 use crate::supervision::{RestartBudget, Verdict};
 
 /// The children of the root, each restarted in place.
@@ -22,6 +22,7 @@ use crate::supervision::{RestartBudget, Verdict};
 pub(crate) enum Child {
     Directory,
     Projects,
+    Sessions,
 }
 
 pub(crate) enum RootMsg {
@@ -35,8 +36,10 @@ pub(crate) struct RootArgs {
     pub cfg: SupervisionConfig,
     pub tiers: Vec<String>,
     pub directory: Arc<Slot<DirectoryMsg>>,
-    pub projects: Arc<Slot<ProjectsMsg>>,
-    pub registry: Arc<DashMap<u64, ActorRef<ProjectMsg>>>,
+    pub projects: Arc<Slot<KeyedMsg<ProjectMsg>>>,
+    pub project_args: KeyedArgs<ProjectActor>,
+    pub sessions: Arc<Slot<KeyedMsg<SessionMsg>>>,
+    pub session_args: KeyedArgs<SessionActor>,
     pub restarts: Arc<AtomicU64>,
 }
 
@@ -44,6 +47,22 @@ pub(crate) struct RootState {
     args: RootArgs,
     children: HashMap<ractor::ActorId, Child>,
     budgets: HashMap<Child, RestartBudget>,
+}
+
+async fn spawn_keyed<C: KeyedChild>(
+    myself: &ActorRef<RootMsg>,
+    slot: &Slot<KeyedMsg<C::Msg>>,
+    args: KeyedArgs<C>,
+) -> Result<ActorCell, ActorProcessingErr> {
+    let (a, _) = Actor::spawn_linked(
+        None,
+        KeyedSupervisor::<C>::default(),
+        args,
+        myself.get_cell(),
+    )
+    .await?;
+    slot.set(Some(a.clone()));
+    Ok(a.get_cell())
 }
 
 impl RootState {
@@ -65,24 +84,22 @@ impl RootState {
                 a.get_cell()
             }
             Child::Projects => {
-                let (a, _) = Actor::spawn_linked(
-                    None,
-                    ProjectsSupervisor,
-                    ProjectsArgs {
-                        store: self.args.store.clone(),
-                        cfg: self.args.cfg.clone(),
-                        registry: self.args.registry.clone(),
-                        restarts: self.args.restarts.clone(),
-                    },
-                    myself.get_cell(),
-                )
-                .await?;
-                self.args.projects.set(Some(a.clone()));
-                a.get_cell()
+                spawn_keyed(myself, &self.args.projects, self.args.project_args.clone()).await?
+            }
+            Child::Sessions => {
+                spawn_keyed(myself, &self.args.sessions, self.args.session_args.clone()).await?
             }
         };
         self.children.insert(cell.get_id(), child);
         Ok(())
+    }
+
+    fn clear_slot(&self, child: Child) {
+        match child {
+            Child::Directory => self.args.directory.set(None),
+            Child::Projects => self.args.projects.set(None),
+            Child::Sessions => self.args.sessions.set(None),
+        }
     }
 }
 
@@ -101,8 +118,9 @@ impl Actor for RootSupervisor {
             children: HashMap::new(),
             budgets: HashMap::new(),
         };
-        st.start(&myself, Child::Directory).await?;
-        st.start(&myself, Child::Projects).await?;
+        for child in [Child::Directory, Child::Projects, Child::Sessions] {
+            st.start(&myself, child).await?;
+        }
         Ok(st)
     }
 
@@ -134,10 +152,7 @@ impl Actor for RootSupervisor {
         let Some(child) = st.children.remove(&cell.get_id()) else {
             return Ok(());
         };
-        match child {
-            Child::Directory => st.args.directory.set(None),
-            Child::Projects => st.args.projects.set(None),
-        }
+        st.clear_slot(child);
         st.args.restarts.fetch_add(1, Ordering::Relaxed);
         let verdict = st
             .budgets

@@ -77,6 +77,22 @@ pub fn labels(labels: &std::collections::BTreeMap<String, String>) -> Result<()>
     Ok(())
 }
 
+/// A session tag: 1-64 characters of `[A-Za-z0-9._:-]`.
+pub fn tag(field: &str, s: &str) -> Result<()> {
+    let ok = !s.is_empty()
+        && s.len() <= 64
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'));
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::unprocessable(
+            field,
+            "tags are 1-64 characters of [A-Za-z0-9._:-]",
+        ))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

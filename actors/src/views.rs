@@ -243,3 +243,87 @@ pub struct Bootstrapped {
     #[serde(skip)]
     pub generated_password: Option<String>,
 }
+
+#[derive(Debug, Serialize)]
+pub struct SessionItem {
+    pub id: u64,
+    pub device_id: u64,
+    pub device_name: String,
+    pub status: &'static str,
+    pub started_at: String,
+    pub ended_at: Option<String>,
+    pub duration_seconds: i64,
+    pub tags: Vec<String>,
+    pub artifact_count: u64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct SessionMetrics {
+    pub log_count: u64,
+    pub artifact_count: u64,
+    pub artifact_size_bytes: u64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct PackageRef {
+    pub id: u64,
+    pub name: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct SessionDetail {
+    #[serde(flatten)]
+    pub item: SessionItem,
+    pub metrics: SessionMetrics,
+    pub package: Option<PackageRef>,
+}
+
+impl SessionItem {
+    pub fn new(
+        s: &fleetops_storage::Session,
+        c: &fleetops_storage::SessionCounters,
+        now: i64,
+    ) -> Self {
+        let end = s.ended_at.unwrap_or(now);
+        Self {
+            id: s.id,
+            device_id: s.device_id,
+            device_name: s.device_name.clone(),
+            status: s.status.as_str(),
+            started_at: fmt_ms(s.started_at),
+            ended_at: s.ended_at.map(fmt_ms),
+            duration_seconds: ((end - s.started_at).max(0)) / 1000,
+            tags: s.tags.clone(),
+            artifact_count: c.artifact_count,
+        }
+    }
+}
+
+impl SessionDetail {
+    pub fn new(
+        s: &fleetops_storage::Session,
+        c: &fleetops_storage::SessionCounters,
+        now: i64,
+    ) -> Self {
+        Self {
+            item: SessionItem::new(s, c, now),
+            metrics: SessionMetrics {
+                log_count: c.log_count,
+                artifact_count: c.artifact_count,
+                artifact_size_bytes: c.artifact_size_bytes,
+            },
+            package: None,
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct Accepted {
+    pub accepted: usize,
+}
+
+#[derive(Debug, Serialize)]
+pub struct LogPage {
+    pub items: Vec<crate::logs::LogEntryView>,
+    pub total: usize,
+}

@@ -35,6 +35,15 @@ pub enum Op {
     GetGroup,
     PatchGroup,
     DeleteGroup,
+    CreateSession,
+    ListSessions,
+    GetSession,
+    DeleteSession,
+    AddTag,
+    RemoveTag,
+    AppendLogs,
+    QueryLogs,
+    CompleteSession,
 }
 
 /// How a route authenticates, for the OpenAPI document.
@@ -106,6 +115,15 @@ pub fn routes() -> Vec<RouteDef> {
         route!(GET "/api/v1/organizations/{org}/projects/{project}/device-groups/{group_id}", GetGroup, "devices", Bearer, 200, false, "A device group"),
         route!(PATCH "/api/v1/organizations/{org}/projects/{project}/device-groups/{group_id}", PatchGroup, "devices", Bearer, 200, true, "Rename a group or replace its devices"),
         route!(DELETE "/api/v1/organizations/{org}/projects/{project}/device-groups/{group_id}", DeleteGroup, "devices", Bearer, 204, false, "Delete a device group"),
+        route!(POST "/api/v1/organizations/{org}/projects/{project}/sessions", CreateSession, "sessions", Bearer, 201, true, "Start a session (device token or member)"),
+        route!(GET "/api/v1/organizations/{org}/projects/{project}/sessions", ListSessions, "sessions", Bearer, 200, false, "List sessions (device_id, status, since, until, page, page_size)"),
+        route!(GET "/api/v1/organizations/{org}/projects/{project}/sessions/{session_id}", GetSession, "sessions", Bearer, 200, false, "Session detail with metrics"),
+        route!(DELETE "/api/v1/organizations/{org}/projects/{project}/sessions/{session_id}", DeleteSession, "sessions", Bearer, 204, false, "Delete a session with its logs and artifacts, for good"),
+        route!(POST "/api/v1/organizations/{org}/projects/{project}/sessions/{session_id}/tags", AddTag, "sessions", Bearer, 200, true, "Add a tag"),
+        route!(DELETE "/api/v1/organizations/{org}/projects/{project}/sessions/{session_id}/tags/{tag}", RemoveTag, "sessions", Bearer, 200, false, "Remove a tag"),
+        route!(POST "/api/v1/organizations/{org}/projects/{project}/sessions/{session_id}/logs", AppendLogs, "logs", Bearer, 202, true, "Append a batch of log entries (JSON array or NDJSON), durable on 202"),
+        route!(GET "/api/v1/organizations/{org}/projects/{project}/sessions/{session_id}/logs", QueryLogs, "logs", Bearer, 200, false, "Query logs (level, module, search, since, until, limit, offset)"),
+        route!(POST "/api/v1/organizations/{org}/projects/{project}/sessions/{session_id}/complete", CompleteSession, "sessions", Bearer, 200, true, "End a session as completed or failed"),
     ]
 }
 
@@ -193,7 +211,9 @@ mod tests {
                 .replace("{project}", "p1")
                 .replace("{device_id}", "7")
                 .replace("{group_id}", "8")
-                .replace("{key_id}", "9");
+                .replace("{key_id}", "9")
+                .replace("{session_id}", "10")
+                .replace("{tag}", "t");
             match r.resolve(&def.method, &path) {
                 Resolved::Found(op, _, _) => assert_eq!(op, def.op, "{path}"),
                 _ => panic!("{} {path} does not resolve", def.method),

@@ -17,6 +17,7 @@ pub enum Seq {
     ApiKey,
     Device,
     Group,
+    Session,
 }
 
 impl Seq {
@@ -28,6 +29,7 @@ impl Seq {
             Seq::ApiKey => "api_key",
             Seq::Device => "device",
             Seq::Group => "group",
+            Seq::Session => "session",
         }
     }
 }

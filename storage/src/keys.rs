@@ -94,6 +94,26 @@ pub(crate) fn group_prefix(project: u64) -> Vec<u8> {
     key(&[b"g", &be(project), b""])
 }
 
+// Sessions: the record, its counters, its log chunks (in the `logs` tree).
+pub(crate) fn session(project: u64, id: u64) -> Vec<u8> {
+    key(&[b"s", &be(project), &be(id)])
+}
+pub(crate) fn session_prefix(project: u64) -> Vec<u8> {
+    key(&[b"s", &be(project), b""])
+}
+pub(crate) fn session_project(id: u64) -> Vec<u8> {
+    key(&[b"ix-sproj", &be(id)])
+}
+pub(crate) fn session_counters(id: u64) -> Vec<u8> {
+    key(&[b"sc", &be(id)])
+}
+pub(crate) fn log_chunk(session: u64, seq: u64) -> Vec<u8> {
+    key(&[b"l", &be(session), &be(seq)])
+}
+pub(crate) fn log_prefix(session: u64) -> Vec<u8> {
+    key(&[b"l", &be(session), b""])
+}
+
 /// The trailing big-endian id of a key built above.
 pub(crate) fn trailing_id(k: &[u8]) -> Option<u64> {
     let n = k.len().checked_sub(8)?;

@@ -16,6 +16,7 @@ mod flush;
 mod keys;
 pub mod meta;
 pub mod model;
+pub mod sessions;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -55,6 +56,8 @@ struct Inner {
     /// Records and their secondary indexes share one tree so that a record and its index
     /// entries are written in one atomic `Batch`.
     records: sled::Tree,
+    /// Log chunks: the bulk of the data, apart from the records so record scans stay small.
+    logs: sled::Tree,
     /// Monotonic id counters (gaps after a crash are harmless).
     seq: sled::Tree,
     /// Server-wide settings generated once (secrets) and markers.
@@ -82,6 +85,7 @@ impl Store {
                 other => StorageError::Sled(other),
             })?;
         let records = db.open_tree("records")?;
+        let logs = db.open_tree("logs")?;
         let seq = db.open_tree("seq")?;
         let meta = db.open_tree("meta")?;
         let flusher = flush::GroupCommit::start(db.clone());
@@ -89,6 +93,7 @@ impl Store {
             inner: Arc::new(Inner {
                 db,
                 records,
+                logs,
                 seq,
                 meta,
                 flusher,

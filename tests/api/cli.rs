@@ -399,3 +399,85 @@ async fn config_flag_before_or_after_the_subcommand() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/c.toml"));
 }
+
+#[tokio::test]
+async fn kill_9_after_acknowledged_log_batches_keeps_every_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut p = serve(dir.path(), &[]);
+    let key = field(&p.stdout, "API key:").unwrap().to_string();
+    let c = client();
+    let r = c
+        .post(format!("{}{DEV}/devices", p.base))
+        .bearer_auth(&key)
+        .json(&json!({"name": "d"}))
+        .send()
+        .await
+        .unwrap();
+    let d: serde_json::Value = r.json().await.unwrap();
+    let r = c
+        .post(format!("{}{DEV}/sessions", p.base))
+        .bearer_auth(d["device_token"].as_str().unwrap())
+        .json(&json!({"device_id": d["id"]}))
+        .send()
+        .await
+        .unwrap();
+    let sess: serde_json::Value = r.json().await.unwrap();
+    let sid = sess["id"].as_u64().unwrap();
+    // Concurrent batches, each acknowledged 202, then SIGKILL at once.
+    let mut tasks = Vec::new();
+    for i in 0..16 {
+        let (c, url, key) = (
+            c.clone(),
+            format!("{}{DEV}/sessions/{sid}/logs", p.base),
+            key.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            let batch: Vec<_> = (0..500)
+                .map(|j| json!({"level": "info", "message": format!("line {i}-{j}")}))
+                .collect();
+            c.post(url)
+                .bearer_auth(key)
+                .json(&batch)
+                .send()
+                .await
+                .unwrap()
+                .status()
+        }));
+    }
+    for t in tasks {
+        assert_eq!(t.await.unwrap(), 202);
+    }
+    p.child.kill().unwrap();
+    p.child.wait().unwrap();
+    drop(p);
+
+    let p = serve(dir.path(), &[]);
+    let r = c
+        .get(format!(
+            "{}{DEV}/sessions/{sid}/logs?limit=1&search=line",
+            p.base
+        ))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap();
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(v["total"], 16 * 500);
+    // The session is still active and takes more lines after the restart.
+    let r = c
+        .post(format!("{}{DEV}/sessions/{sid}/logs", p.base))
+        .bearer_auth(&key)
+        .json(&json!([{"level": "info", "message": "after"}]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 202);
+    let r = c
+        .get(format!("{}{DEV}/sessions/{sid}", p.base))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap();
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(v["metrics"]["log_count"], 16 * 500 + 1);
+}

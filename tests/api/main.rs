@@ -11,4 +11,5 @@ mod common;
 mod devices;
 mod ops;
 mod rate_limits;
+mod sessions;
 mod supervision;

@@ -208,3 +208,49 @@ async fn graceful_stop_and_restart_on_the_same_data_keeps_everything() {
     assert_eq!(s.get("/api/v1/users/me", &jwt).await.status, 200);
     assert!(!s.login("admin@localhost", ADMIN_PASSWORD).await.is_empty());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_actor_panic_loses_no_acknowledged_line() {
+    let s = start().await;
+    let k = s.key().to_string();
+    let d = s
+        .post(&format!("{DEV}/devices"), &k, json!({"name": "d"}))
+        .await
+        .body["id"]
+        .as_u64()
+        .unwrap();
+    let sid = s
+        .post(&format!("{DEV}/sessions"), &k, json!({"device_id": d}))
+        .await
+        .body["id"]
+        .as_u64()
+        .unwrap();
+    let logs = format!("{DEV}/sessions/{sid}/logs");
+    let rt = s.running.as_ref().unwrap().runtime.clone();
+    let s = std::sync::Arc::new(s);
+    let mut tasks = Vec::new();
+    for i in 0..30 {
+        let (s, k, logs) = (s.clone(), k.clone(), logs.clone());
+        tasks.push(tokio::spawn(async move {
+            let batch: Vec<_> = (0..10)
+                .map(|j| json!({"level": "info", "message": format!("b{i}-{j}")}))
+                .collect();
+            s.post(&logs, &k, serde_json::Value::Array(batch))
+                .await
+                .status
+        }));
+        if i == 5 {
+            rt.sessions.inject_panic(sid).await.unwrap();
+        }
+    }
+    for t in tasks {
+        assert_eq!(t.await.unwrap(), 202);
+    }
+    assert!(eventually(5, || async { rt.restarts() >= 1 }).await);
+    let r = s.get(&format!("{logs}?limit=1"), &k).await;
+    assert_eq!(r.body["total"], 300);
+    assert_eq!(
+        s.get(&format!("{DEV}/sessions/{sid}"), &k).await.body["metrics"]["log_count"],
+        300
+    );
+}

@@ -4,6 +4,7 @@
 mod accounts;
 mod devices;
 mod ops;
+mod sessions;
 
 use http::Response;
 
@@ -42,5 +43,14 @@ pub async fn dispatch(op: Op, cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<B
         Op::GetGroup => devices::get_group(cx, req),
         Op::PatchGroup => devices::patch_group(cx, req).await,
         Op::DeleteGroup => devices::delete_group(cx, req).await,
+        Op::CreateSession => sessions::create(cx, req).await,
+        Op::ListSessions => sessions::list(cx, req),
+        Op::GetSession => sessions::get(cx, req),
+        Op::DeleteSession => sessions::delete(cx, req).await,
+        Op::AddTag => sessions::add_tag(cx, req).await,
+        Op::RemoveTag => sessions::remove_tag(cx, req).await,
+        Op::AppendLogs => sessions::append_logs(cx, req).await,
+        Op::QueryLogs => sessions::query_logs(cx, req).await,
+        Op::CompleteSession => sessions::complete(cx, req).await,
     }
 }

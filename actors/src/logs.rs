@@ -1,0 +1,323 @@
+//! Log entries: the rules for what a device may send, how a batch becomes a stored chunk, and
+//! how a query walks the chunks. Pure functions; the session actor and the sessions handle
+//! call them.
+
+use std::collections::HashMap;
+
+use fleetops_storage::LogChunk;
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+
+use crate::clock::{now_ms, parse_ms, write_ms};
+use crate::error::{Error, Result};
+
+/// Most entries in one batch.
+pub const MAX_BATCH_ENTRIES: usize = 10_000;
+/// Largest batch body.
+pub const MAX_BATCH_BYTES: usize = 8 * 1024 * 1024;
+/// Largest `limit` of a query.
+pub const MAX_QUERY_LIMIT: usize = 10_000;
+
+pub const LEVELS: [&str; 4] = ["DEBUG", "INFO", "WARN", "ERROR"];
+
+/// One entry as a device sends it.
+#[derive(Debug, Deserialize)]
+pub struct RawEntry {
+    pub timestamp: Option<String>,
+    pub level: String,
+    pub module: Option<String>,
+    pub message: String,
+    pub metadata: Option<Box<RawValue>>,
+}
+
+/// `debug`, `info`, `warn` (or `warning`), `error`, in any case.
+pub fn parse_level(s: &str) -> Option<u8> {
+    match s.to_ascii_lowercase().as_str() {
+        "debug" => Some(0),
+        "info" => Some(1),
+        "warn" | "warning" => Some(2),
+        "error" => Some(3),
+        _ => None,
+    }
+}
+
+/// Checks every entry (all or nothing) and lays the batch out as one chunk.
+pub fn build_chunk(entries: Vec<RawEntry>) -> Result<LogChunk> {
+    if entries.len() > MAX_BATCH_ENTRIES {
+        return Err(Error::TooLarge(format!(
+            "A batch holds at most {MAX_BATCH_ENTRIES} entries"
+        )));
+    }
+    let now = now_ms();
+    let n = entries.len();
+    let mut c = LogChunk {
+        min_ts: i64::MAX,
+        max_ts: i64::MIN,
+        ts: Vec::with_capacity(n),
+        levels: Vec::with_capacity(n),
+        module_idx: Vec::with_capacity(n),
+        text_ends: Vec::with_capacity(n),
+        meta_ends: Vec::with_capacity(n),
+        ..LogChunk::default()
+    };
+    let mut modules: HashMap<String, u32> = HashMap::new();
+    for (i, e) in entries.into_iter().enumerate() {
+        let bad = |why: String| Error::Unprocessable(format!("entry {i}: {why}"));
+        let ts = match &e.timestamp {
+            None => now,
+            Some(t) => parse_ms(t)
+                .ok_or_else(|| bad(format!("timestamp: not an RFC 3339 datetime: {t:?}")))?,
+        };
+        let level = parse_level(&e.level).ok_or_else(|| {
+            bad(format!(
+                "level: must be debug, info, warn or error, not {:?}",
+                e.level
+            ))
+        })?;
+        let meta = match &e.metadata {
+            None => "{}",
+            Some(m) if m.get().trim_start().starts_with('{') => m.get(),
+            Some(m) if m.get().trim() == "null" => "{}",
+            Some(_) => return Err(bad("metadata: must be an object".into())),
+        };
+        let module = e.module.unwrap_or_default();
+        let next = modules.len() as u32;
+        let mi = *modules.entry(module).or_insert(next);
+        c.min_ts = c.min_ts.min(ts);
+        c.max_ts = c.max_ts.max(ts);
+        c.level_mask |= 1 << level;
+        c.ts.push(ts);
+        c.levels.push(level);
+        c.module_idx.push(mi);
+        c.text.push_str(&e.message);
+        c.text_ends
+            .push(u32::try_from(c.text.len()).map_err(|_| bad("batch too large".into()))?);
+        c.meta.extend_from_slice(meta.as_bytes());
+        c.meta_ends
+            .push(u32::try_from(c.meta.len()).map_err(|_| bad("batch too large".into()))?);
+    }
+    let mut names: Vec<(String, u32)> = modules.into_iter().collect();
+    names.sort_by_key(|(_, i)| *i);
+    c.modules = names.into_iter().map(|(m, _)| m).collect();
+    Ok(c)
+}
+
+/// One entry as it is returned (levels upper-case, milliseconds).
+#[derive(Debug, Clone, Serialize)]
+pub struct LogEntryView {
+    pub timestamp: String,
+    pub level: &'static str,
+    pub module: String,
+    pub message: String,
+    pub metadata: Box<RawValue>,
+}
+
+/// Entry `i` of a chunk.
+pub fn entry(c: &LogChunk, i: usize) -> Option<LogEntryView> {
+    let mut timestamp = String::with_capacity(24);
+    write_ms(&mut timestamp, *c.ts.get(i)?);
+    let level = LEVELS.get(*c.levels.get(i)? as usize).copied()?;
+    let module = c.modules.get(*c.module_idx.get(i)? as usize)?.clone();
+    let start = if i == 0 {
+        0
+    } else {
+        *c.text_ends.get(i - 1)? as usize
+    };
+    let message = c
+        .text
+        .get(start..*c.text_ends.get(i)? as usize)?
+        .to_string();
+    let mstart = if i == 0 {
+        0
+    } else {
+        *c.meta_ends.get(i - 1)? as usize
+    };
+    let meta = c.meta.get(mstart..*c.meta_ends.get(i)? as usize)?;
+    let metadata = RawValue::from_string(String::from_utf8_lossy(meta).into_owned()).ok()?;
+    Some(LogEntryView {
+        timestamp,
+        level,
+        module,
+        message,
+        metadata,
+    })
+}
+
+/// The filters of the log query, the export and the live stream.
+#[derive(Debug, Clone, Default)]
+pub struct LogFilter {
+    /// Bit `1 << level` per wanted level; 0 means any.
+    pub levels: u8,
+    pub module: Option<String>,
+    /// Lower-cased needle of a case-insensitive substring search of the message.
+    pub search: Option<String>,
+    /// Inclusive.
+    pub since: Option<i64>,
+    /// Exclusive.
+    pub until: Option<i64>,
+}
+
+impl LogFilter {
+    /// Whether the chunk could hold a match at all.
+    fn may_match(&self, c: &LogChunk) -> bool {
+        if c.is_empty() || (self.levels != 0 && c.level_mask & self.levels == 0) {
+            return false;
+        }
+        if self.since.is_some_and(|s| c.max_ts < s) || self.until.is_some_and(|u| c.min_ts >= u) {
+            return false;
+        }
+        true
+    }
+
+    /// Indices of the chunk's entries that match, in arrival order.
+    pub fn matches(&self, c: &LogChunk) -> Vec<usize> {
+        if !self.may_match(c) {
+            return Vec::new();
+        }
+        let module = match &self.module {
+            Some(m) => match c.modules.iter().position(|x| x == m) {
+                Some(i) => Some(i as u32),
+                None => return Vec::new(),
+            },
+            None => None,
+        };
+        let searched = self.search.as_deref().map(|needle| search_hits(c, needle));
+        (0..c.len())
+            .filter(|&i| {
+                let lv = c.levels.get(i).copied().unwrap_or(0);
+                let ts = c.ts.get(i).copied().unwrap_or(0);
+                (self.levels == 0 || self.levels & (1 << lv) != 0)
+                    && module.is_none_or(|m| c.module_idx.get(i) == Some(&m))
+                    && self.since.is_none_or(|s| ts >= s)
+                    && self.until.is_none_or(|u| ts < u)
+                    && searched
+                        .as_ref()
+                        .is_none_or(|h| h.get(i).copied().unwrap_or(false))
+            })
+            .collect()
+    }
+}
+
+/// Which messages of the chunk contain `needle` (already lower-case), case-insensitively:
+/// one pass of memmem over the chunk's lower-cased text, mapped back to entries.
+fn search_hits(c: &LogChunk, needle: &str) -> Vec<bool> {
+    let mut hits = vec![false; c.len()];
+    if needle.is_empty() {
+        hits.iter_mut().for_each(|h| *h = true);
+        return hits;
+    }
+    if c.text.is_ascii() && needle.is_ascii() {
+        let hay = c.text.to_ascii_lowercase();
+        let finder = memchr::memmem::Finder::new(needle.as_bytes());
+        let mut from = 0;
+        while let Some(pos) = finder.find(hay.as_bytes().get(from..).unwrap_or_default()) {
+            let at = from + pos;
+            // The entry whose message holds byte `at`.
+            let i = c.text_ends.partition_point(|&e| (e as usize) <= at);
+            let end = c.text_ends.get(i).copied().unwrap_or(0) as usize;
+            if at + needle.len() <= end {
+                if let Some(h) = hits.get_mut(i) {
+                    *h = true;
+                }
+                // Nothing more to learn from this entry.
+                from = end;
+            } else {
+                // The occurrence crosses into the next message: try again just after it.
+                from = at + 1;
+            }
+            if from >= hay.len() {
+                break;
+            }
+        }
+        return hits;
+    }
+    let mut start = 0;
+    for (i, &end) in c.text_ends.iter().enumerate() {
+        let msg = c.text.get(start..end as usize).unwrap_or_default();
+        if let Some(h) = hits.get_mut(i) {
+            *h = msg.to_lowercase().contains(needle);
+        }
+        start = end as usize;
+    }
+    hits
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn raw(ts: Option<&str>, level: &str, module: &str, msg: &str) -> RawEntry {
+        RawEntry {
+            timestamp: ts.map(str::to_string),
+            level: level.into(),
+            module: Some(module.into()),
+            message: msg.into(),
+            metadata: None,
+        }
+    }
+
+    #[test]
+    fn build_and_filter() {
+        let c = build_chunk(vec![
+            raw(Some("2026-01-01T00:00:00Z"), "INFO", "nav", "Motor started"),
+            raw(Some("2026-01-01T00:00:01Z"), "warning", "arm", "MOTOR hot"),
+            raw(Some("2026-01-01T00:00:02Z"), "Error", "arm", "gripper jam"),
+            raw(
+                Some("2026-01-01T00:00:03Z"),
+                "debug",
+                "nav",
+                "motorway ahead, café",
+            ),
+        ])
+        .unwrap();
+        assert_eq!(c.modules, vec!["nav", "arm"]);
+        assert_eq!(c.levels, vec![1, 2, 3, 0]);
+        let f = LogFilter {
+            search: Some("motor".into()),
+            ..Default::default()
+        };
+        assert_eq!(f.matches(&c), vec![0, 1, 3]);
+        let f = LogFilter {
+            levels: 1 << 2 | 1 << 3,
+            module: Some("arm".into()),
+            ..Default::default()
+        };
+        assert_eq!(f.matches(&c), vec![1, 2]);
+        let f = LogFilter {
+            since: parse_ms("2026-01-01T00:00:01Z"),
+            until: parse_ms("2026-01-01T00:00:03Z"),
+            ..Default::default()
+        };
+        assert_eq!(f.matches(&c), vec![1, 2]);
+        let f = LogFilter {
+            search: Some("é".into()),
+            ..Default::default()
+        };
+        assert_eq!(f.matches(&c), vec![3]);
+        // A match must not straddle two messages ("started" + "MOTOR" -> "dmo").
+        let f = LogFilter {
+            search: Some("dmotor".into()),
+            ..Default::default()
+        };
+        assert!(f.matches(&c).is_empty());
+        let e = entry(&c, 1).unwrap();
+        assert_eq!(e.level, "WARN");
+        assert_eq!(e.timestamp, "2026-01-01T00:00:01.000Z");
+        assert_eq!(e.metadata.get(), "{}");
+    }
+
+    #[test]
+    fn invalid_entries_name_their_index() {
+        let e = build_chunk(vec![
+            raw(None, "info", "", "ok"),
+            raw(None, "loud", "", "x"),
+        ])
+        .unwrap_err();
+        assert!(e.to_string().starts_with("entry 1: level"), "{e}");
+        let e = build_chunk(vec![raw(Some("yesterday"), "info", "", "x")]).unwrap_err();
+        assert!(e.to_string().starts_with("entry 0: timestamp"), "{e}");
+        let mut bad_meta = raw(None, "info", "", "x");
+        bad_meta.metadata = Some(RawValue::from_string("[1]".into()).unwrap());
+        assert!(build_chunk(vec![bad_meta]).is_err());
+    }
+}

@@ -1,0 +1,273 @@
+//! [`SessionsHandle`]: the way in for sessions and their logs.
+//!
+//! Writers: a session's record (status, tags) belongs to its project's actor; its log chunks
+//! and counters to its own SessionActor while it is active. Completion seals the session
+//! actor (no more appends), then ends the record through the project actor, then stops the
+//! session actor. Reads (lists, details, log queries) go to the store directly; log queries run
+//! on a blocking thread since they scan.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use fleetops_storage::{Session, SessionStatus, Store};
+
+use crate::clock::now_ms;
+use crate::error::{Error, Result};
+use crate::keyed::Keyed;
+use crate::logs::{self, LogFilter, RawEntry};
+use crate::project::ProjectMsg;
+use crate::projects::ProjectsHandle;
+use crate::session::{SessionActor, SessionMsg};
+use crate::views::{Accepted, LogPage, Page, PageReq, SessionDetail, SessionItem};
+
+/// Filters of the session list (`since` inclusive, `until` exclusive, on `started_at`).
+#[derive(Debug, Default, Clone)]
+pub struct SessionFilter {
+    pub device_id: Option<u64>,
+    pub status: Option<SessionStatus>,
+    pub since: Option<i64>,
+    pub until: Option<i64>,
+}
+
+pub fn parse_status(s: &str) -> Option<SessionStatus> {
+    match s {
+        "active" => Some(SessionStatus::Active),
+        "completed" => Some(SessionStatus::Completed),
+        "failed" => Some(SessionStatus::Failed),
+        _ => None,
+    }
+}
+
+/// How a session ends (the body of `complete`).
+#[derive(Debug, Clone, Copy)]
+pub enum EndStatus {
+    Completed,
+    Failed,
+}
+
+impl From<EndStatus> for SessionStatus {
+    fn from(e: EndStatus) -> Self {
+        match e {
+            EndStatus::Completed => SessionStatus::Completed,
+            EndStatus::Failed => SessionStatus::Failed,
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct SessionsHandle {
+    pub(crate) actors: Keyed<SessionActor>,
+    pub(crate) projects: ProjectsHandle,
+    pub(crate) store: Store,
+}
+
+impl SessionsHandle {
+    fn record(&self, pid: u64, id: u64) -> Result<Session> {
+        self.store
+            .session(pid, id)?
+            .ok_or_else(|| Error::not_found("Session"))
+    }
+
+    fn detail_of(&self, s: &Session) -> Result<SessionDetail> {
+        let c = self.store.session_counters(s.id)?;
+        Ok(SessionDetail::new(s, &c, now_ms()))
+    }
+
+    /// The device a session belongs to (for device-token checks); 404 when absent.
+    pub fn device_of(&self, pid: u64, id: u64) -> Result<u64> {
+        Ok(self.record(pid, id)?.device_id)
+    }
+
+    pub fn detail(&self, pid: u64, id: u64) -> Result<SessionDetail> {
+        self.detail_of(&self.record(pid, id)?)
+    }
+
+    pub fn list(&self, pid: u64, f: &SessionFilter, page: PageReq) -> Result<Page<SessionItem>> {
+        let now = now_ms();
+        let mut items = Vec::new();
+        for s in self.store.project_sessions(pid)? {
+            let keep = f.device_id.is_none_or(|d| s.device_id == d)
+                && f.status.is_none_or(|st| s.status == st)
+                && f.since.is_none_or(|t| s.started_at >= t)
+                && f.until.is_none_or(|t| s.started_at < t);
+            if keep {
+                items.push(s);
+            }
+        }
+        // Newest first by start, id breaking ties.
+        items.sort_by(|a, b| b.started_at.cmp(&a.started_at).then(b.id.cmp(&a.id)));
+        let page = page.slice(items);
+        let mut out = Vec::with_capacity(page.items.len());
+        for s in &page.items {
+            out.push(SessionItem::new(
+                s,
+                &self.store.session_counters(s.id)?,
+                now,
+            ));
+        }
+        Ok(Page {
+            items: out,
+            total: page.total,
+            page: page.page,
+            page_size: page.page_size,
+            has_more: page.has_more,
+        })
+    }
+
+    pub async fn create(
+        &self,
+        pid: u64,
+        device_id: u64,
+        tags: Vec<String>,
+        package_id: Option<u64>,
+    ) -> Result<SessionDetail> {
+        let s = self
+            .projects
+            .write(pid, |reply| ProjectMsg::CreateSession {
+                device_id,
+                tags: tags.clone(),
+                package_id,
+                reply,
+            })
+            .await?;
+        self.detail_of(&s)
+    }
+
+    /// Appends one batch (all or nothing), answered once durable.
+    pub async fn append(&self, pid: u64, id: u64, entries: Vec<RawEntry>) -> Result<Accepted> {
+        let s = self.record(pid, id)?;
+        if s.status != SessionStatus::Active {
+            return Err(Error::Conflict("Session is not active".into()));
+        }
+        let chunk = Arc::new(logs::build_chunk(entries)?);
+        if chunk.is_empty() {
+            return Ok(Accepted { accepted: 0 });
+        }
+        let accepted = self
+            .actors
+            .call(id, |reply| SessionMsg::Append(chunk.clone(), reply))
+            .await?;
+        self.store.durable().await?;
+        Ok(Accepted { accepted })
+    }
+
+    /// Seals the session's actor (starting it if needed, so that no append that raced with
+    /// this call can land after it).
+    async fn seal(&self, id: u64) -> Result<()> {
+        self.actors.call(id, SessionMsg::Seal).await
+    }
+
+    fn stop_actor(&self, id: u64) {
+        if let Some(a) = self.actors.running(id) {
+            let _ = a.cast(SessionMsg::Stop);
+        }
+        self.actors.forget(id);
+    }
+
+    pub async fn complete(&self, pid: u64, id: u64, status: EndStatus) -> Result<SessionDetail> {
+        let status = SessionStatus::from(status);
+        let s = self.record(pid, id)?;
+        if s.status != SessionStatus::Active {
+            return Err(Error::Conflict("Session is not active".into()));
+        }
+        self.seal(id).await?;
+        let s = self
+            .projects
+            .write(pid, |reply| ProjectMsg::EndSession { id, status, reply })
+            .await?;
+        self.stop_actor(id);
+        self.detail_of(&s)
+    }
+
+    pub async fn tag(&self, pid: u64, id: u64, tag: String, add: bool) -> Result<SessionDetail> {
+        let s = self
+            .projects
+            .write(pid, |reply| ProjectMsg::Tag {
+                id,
+                tag: tag.clone(),
+                add,
+                reply,
+            })
+            .await?;
+        self.detail_of(&s)
+    }
+
+    /// Deletes the session with its logs, for good.
+    pub async fn delete(&self, pid: u64, id: u64) -> Result<()> {
+        self.record(pid, id)?;
+        self.seal(id).await?;
+        self.projects
+            .write(pid, |reply| ProjectMsg::DeleteSession { id, reply })
+            .await?;
+        self.stop_actor(id);
+        Ok(())
+    }
+
+    /// The log query: every match counted, one page returned, ascending by timestamp with
+    /// ties in arrival order.
+    pub async fn logs(
+        &self,
+        pid: u64,
+        id: u64,
+        filter: LogFilter,
+        limit: usize,
+        offset: usize,
+    ) -> Result<LogPage> {
+        self.record(pid, id)?;
+        let store = self.store.clone();
+        tokio::task::spawn_blocking(move || query(&store, id, &filter, limit, offset))
+            .await
+            .map_err(|e| Error::Internal(e.to_string()))?
+    }
+
+    /// Makes a session's actor panic in its handler (supervision tests only).
+    #[doc(hidden)]
+    pub async fn inject_panic(&self, id: u64) -> Result<()> {
+        let a = self.actors.actor(id).await?;
+        a.cast(SessionMsg::Panic).map_err(|_| Error::Unavailable {
+            retry_after_secs: 1,
+        })
+    }
+}
+
+fn query(
+    store: &Store,
+    session: u64,
+    f: &LogFilter,
+    limit: usize,
+    offset: usize,
+) -> Result<LogPage> {
+    // Pass 1: the sort key of every match.
+    let mut hits: Vec<(i64, u64, u32)> = Vec::new();
+    for item in store.log_chunks(session) {
+        let (seq, chunk) = item?;
+        for i in f.matches(&chunk) {
+            if let Some(ts) = chunk.ts.get(i) {
+                hits.push((*ts, seq, i as u32));
+            }
+        }
+    }
+    let total = hits.len();
+    hits.sort_unstable();
+    let page: Vec<(i64, u64, u32)> = hits.into_iter().skip(offset).take(limit).collect();
+    // Pass 2: decode only the chunks that hold the page.
+    let mut wanted: BTreeMap<u64, Vec<(usize, u32)>> = BTreeMap::new();
+    for (pos, (_, seq, i)) in page.iter().enumerate() {
+        wanted.entry(*seq).or_default().push((pos, *i));
+    }
+    let mut items: Vec<Option<logs::LogEntryView>> = vec![None; page.len()];
+    for (seq, entries) in wanted {
+        let Some(chunk) = store.log_chunk(session, seq)? else {
+            continue;
+        };
+        for (pos, i) in entries {
+            if let Some(slot) = items.get_mut(pos) {
+                *slot = logs::entry(&chunk, i as usize);
+            }
+        }
+    }
+    Ok(LogPage {
+        items: items.into_iter().flatten().collect(),
+        total,
+    })
+}

@@ -1,0 +1,240 @@
+//! Sessions, their tags, log ingestion (JSON array or NDJSON) and the log query.
+
+use fleetops_actors::logs::{LogFilter, MAX_BATCH_BYTES, MAX_QUERY_LIMIT, RawEntry, parse_level};
+use fleetops_actors::sessions::{SessionFilter, parse_status};
+use fleetops_actors::{Principal, ProjectScope, Role, clock};
+use http::Response;
+use serde::Deserialize;
+
+use crate::app::{Cx, Req};
+use crate::body::{self, Body};
+use crate::error::{ApiError, ApiResult};
+
+/// Authenticated on a session route a device may use: 401 → 429 → 403 (project) → 404
+/// (session) → 403 (another device's session). Returns the scope and the session id.
+fn ingestion(cx: &mut Cx<'_>, req: &Req) -> ApiResult<(Principal, ProjectScope, u64)> {
+    let org = req.param("org");
+    let p = cx.authenticate(req, Some(org))?;
+    let s = cx
+        .rt()
+        .access
+        .ingestion(&p, org, req.param("project"), Role::Member)?;
+    let id = req.id("session_id", "Session")?;
+    let device = cx.rt().sessions.device_of(s.project.id, id)?;
+    cx.rt().access.check_device(&p, device)?;
+    Ok((p, s, id))
+}
+
+fn session_id(req: &Req) -> ApiResult<u64> {
+    req.id("session_id", "Session")
+}
+
+fn time_param(req: &Req, k: &str) -> ApiResult<Option<i64>> {
+    req.query
+        .get(k)
+        .map(|v| {
+            clock::parse_ms(v).ok_or_else(|| {
+                ApiError::unprocessable(format!(
+                    "{k}: must be an RFC 3339 datetime with Z or an offset"
+                ))
+            })
+        })
+        .transpose()
+}
+
+#[derive(Deserialize)]
+struct CreateBody {
+    device_id: u64,
+    #[serde(default)]
+    tags: Vec<String>,
+    package_id: Option<u64>,
+}
+
+pub async fn create(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
+    let org = req.param("org").to_string();
+    let p = cx.authenticate(&req, Some(&org))?;
+    let s = cx
+        .rt()
+        .access
+        .ingestion(&p, &org, req.param("project"), Role::Member)?;
+    let b: CreateBody = cx.json(&mut req).await?;
+    cx.rt().access.check_device(&p, b.device_id)?;
+    body::created(
+        &cx.rt()
+            .sessions
+            .create(s.project.id, b.device_id, b.tags, b.package_id)
+            .await?,
+    )
+}
+
+pub fn list(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.project(&req, Role::Viewer)?;
+    let status = req
+        .query
+        .get("status")
+        .map(|v| {
+            parse_status(v).ok_or_else(|| {
+                ApiError::unprocessable("status: must be active, completed or failed")
+            })
+        })
+        .transpose()?;
+    let f = SessionFilter {
+        device_id: req.query.u64("device_id")?,
+        status,
+        since: time_param(&req, "since")?,
+        until: time_param(&req, "until")?,
+    };
+    body::ok(&cx.rt().sessions.list(s.project.id, &f, req.query.page()?)?)
+}
+
+pub fn get(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.project(&req, Role::Viewer)?;
+    body::ok(&cx.rt().sessions.detail(s.project.id, session_id(&req)?)?)
+}
+
+pub async fn delete(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.project(&req, Role::Member)?;
+    cx.rt()
+        .sessions
+        .delete(s.project.id, session_id(&req)?)
+        .await?;
+    body::no_content()
+}
+
+#[derive(Deserialize)]
+struct TagBody {
+    tag: String,
+}
+
+pub async fn add_tag(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.project(&req, Role::Member)?;
+    let id = session_id(&req)?;
+    cx.rt().sessions.device_of(s.project.id, id)?;
+    let b: TagBody = cx.json(&mut req).await?;
+    body::ok(&cx.rt().sessions.tag(s.project.id, id, b.tag, true).await?)
+}
+
+pub async fn remove_tag(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.project(&req, Role::Member)?;
+    let id = session_id(&req)?;
+    let tag = req.param("tag").to_string();
+    body::ok(&cx.rt().sessions.tag(s.project.id, id, tag, false).await?)
+}
+
+/// `application/x-ndjson` (or `application/jsonl`): one entry a line.
+fn is_ndjson(req: &Req) -> bool {
+    req.header("content-type").is_some_and(|v| {
+        let v = v.to_ascii_lowercase();
+        v.starts_with("application/x-ndjson")
+            || v.starts_with("application/jsonl")
+            || v.starts_with("application/ndjson")
+    })
+}
+
+fn parse_ndjson(bytes: &[u8]) -> ApiResult<Vec<RawEntry>> {
+    let mut out = Vec::new();
+    for (i, line) in bytes
+        .split(|b| *b == b'\n')
+        .filter(|l| !l.iter().all(u8::is_ascii_whitespace))
+        .enumerate()
+    {
+        if i >= fleetops_actors::logs::MAX_BATCH_ENTRIES {
+            return Err(ApiError::too_large(format!(
+                "A batch holds at most {} entries",
+                fleetops_actors::logs::MAX_BATCH_ENTRIES
+            )));
+        }
+        let e: RawEntry = serde_json::from_slice(line).map_err(|e| {
+            let msg = e.to_string();
+            let msg = msg
+                .split(" at line ")
+                .next()
+                .unwrap_or_default()
+                .to_string();
+            ApiError::unprocessable(format!("entry {i}: {msg}"))
+        })?;
+        out.push(e);
+    }
+    Ok(out)
+}
+
+pub async fn append_logs(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
+    let (_, s, id) = ingestion(cx, &req)?;
+    let ndjson = is_ndjson(&req);
+    let bytes = req.body_bytes(MAX_BATCH_BYTES).await?;
+    let entries: Vec<RawEntry> = if ndjson {
+        parse_ndjson(&bytes)?
+    } else {
+        body::parse(&bytes).map_err(|e| match e {
+            // "[3].level: ..." names the entry's index already; say it plainly.
+            ApiError::Domain(fleetops_actors::Error::Unprocessable(d)) if d.starts_with('[') => {
+                let (idx, rest) = d
+                    .trim_start_matches('[')
+                    .split_once(']')
+                    .unwrap_or(("?", &d));
+                ApiError::unprocessable(format!("entry {idx}: {}", rest.trim_start_matches('.')))
+            }
+            other => other,
+        })?
+    };
+    body::accepted(&cx.rt().sessions.append(s.project.id, id, entries).await?)
+}
+
+pub async fn query_logs(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.project(&req, Role::Viewer)?;
+    let id = session_id(&req)?;
+    let mut levels = 0u8;
+    if let Some(v) = req.query.get("level") {
+        for part in v.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let l = parse_level(part).ok_or_else(|| {
+                ApiError::unprocessable(
+                    "level: must be debug, info, warn or error (comma-separated)",
+                )
+            })?;
+            levels |= 1 << l;
+        }
+    }
+    let limit = req.query.u64("limit")?.unwrap_or(100) as usize;
+    if limit == 0 || limit > MAX_QUERY_LIMIT {
+        return Err(ApiError::unprocessable(format!(
+            "limit: must be between 1 and {MAX_QUERY_LIMIT}"
+        )));
+    }
+    let offset = req.query.u64("offset")?.unwrap_or(0) as usize;
+    let f = LogFilter {
+        levels,
+        module: req.query.get("module").map(str::to_string),
+        search: req.query.get("search").map(str::to_lowercase),
+        since: time_param(&req, "since")?,
+        until: time_param(&req, "until")?,
+    };
+    body::ok(
+        &cx.rt()
+            .sessions
+            .logs(s.project.id, id, f, limit, offset)
+            .await?,
+    )
+}
+
+/// The two ways a session can end.
+#[derive(Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum SessionStatusBody {
+    Completed,
+    Failed,
+}
+
+#[derive(Deserialize)]
+struct CompleteBody {
+    status: SessionStatusBody,
+}
+
+pub async fn complete(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
+    let (_, s, id) = ingestion(cx, &req)?;
+    let b: CompleteBody = cx.json(&mut req).await?;
+    let status = match b.status {
+        SessionStatusBody::Completed => fleetops_actors::sessions::EndStatus::Completed,
+        SessionStatusBody::Failed => fleetops_actors::sessions::EndStatus::Failed,
+    };
+    body::ok(&cx.rt().sessions.complete(s.project.id, id, status).await?)
+}

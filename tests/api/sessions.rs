@@ -1,0 +1,603 @@
+//! Sessions, log ingestion (JSON and NDJSON, atomic batches, limits), the log query with every
+//! filter against a known data set, tags, completion, deletion and tenancy.
+
+use reqwest::Method;
+use serde_json::{Value, json};
+
+use crate::common::*;
+
+pub async fn device(s: &Srv, name: &str) -> (u64, String) {
+    let r = s
+        .post(&format!("{DEV}/devices"), s.key(), json!({"name": name}))
+        .await;
+    assert_eq!(r.status, 201, "{}", r.body);
+    (
+        r.body["id"].as_u64().unwrap(),
+        r.body["device_token"].as_str().unwrap().to_string(),
+    )
+}
+
+pub async fn session(s: &Srv, device: u64, cred: &str) -> u64 {
+    let r = s
+        .post(
+            &format!("{DEV}/sessions"),
+            cred,
+            json!({"device_id": device}),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.body);
+    r.body["id"].as_u64().unwrap()
+}
+
+async fn ndjson(s: &Srv, sid: u64, cred: &str, body: String) -> Resp {
+    s.raw(
+        s.http
+            .post(s.url(&format!("{DEV}/sessions/{sid}/logs")))
+            .bearer_auth(cred)
+            .header("content-type", "application/x-ndjson")
+            .body(body),
+    )
+    .await
+}
+
+#[tokio::test]
+async fn create_detail_complete_and_list() {
+    let s = start().await;
+    let (d1, tok1) = device(&s, "arm-1").await;
+    let (d2, _) = device(&s, "arm-2").await;
+    let r = s
+        .post(
+            &format!("{DEV}/sessions"),
+            &tok1,
+            json!({"device_id": d1, "tags": ["run:7", "calib", "calib"]}),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.body);
+    let b = &r.body;
+    assert_eq!(b["status"], "active");
+    assert_eq!(b["ended_at"], Value::Null);
+    assert_eq!(b["device_id"], d1);
+    assert_eq!(b["device_name"], "arm-1");
+    assert_eq!(b["tags"], json!(["calib", "run:7"]));
+    assert_eq!(
+        b["metrics"],
+        json!({"log_count": 0, "artifact_count": 0, "artifact_size_bytes": 0})
+    );
+    assert_eq!(b["package"], Value::Null);
+    assert_eq!(b["artifact_count"], 0);
+    assert!(b["duration_seconds"].as_i64().unwrap() >= 0);
+    let s1 = b["id"].as_u64().unwrap();
+    // A device token creates sessions only for its own device.
+    s.post(&format!("{DEV}/sessions"), &tok1, json!({"device_id": d2}))
+        .await
+        .assert_error(403);
+    s.post(
+        &format!("{DEV}/sessions"),
+        s.key(),
+        json!({"device_id": 999_999}),
+    )
+    .await
+    .assert_error(422);
+    s.post(
+        &format!("{DEV}/sessions"),
+        s.key(),
+        json!({"device_id": d1, "tags": ["bad tag"]}),
+    )
+    .await
+    .assert_error(422);
+    s.post(
+        &format!("{DEV}/sessions"),
+        s.key(),
+        json!({"device_id": "x"}),
+    )
+    .await
+    .assert_error(422);
+    let s2 = session(&s, d2, s.key()).await;
+
+    // Complete: 200 with ended_at and duration; then 409 for more logs or another completion.
+    let r = s
+        .post(
+            &format!("{DEV}/sessions/{s1}/complete"),
+            &tok1,
+            json!({"status": "completed"}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.body["status"], "completed");
+    assert!(r.body["ended_at"].as_str().unwrap().ends_with('Z'));
+    assert!(r.body["duration_seconds"].as_i64().is_some());
+    s.post(
+        &format!("{DEV}/sessions/{s1}/complete"),
+        &tok1,
+        json!({"status": "failed"}),
+    )
+    .await
+    .assert_error(409);
+    s.post(
+        &format!("{DEV}/sessions/{s1}/logs"),
+        &tok1,
+        json!([{"level": "info", "message": "late"}]),
+    )
+    .await
+    .assert_error(409);
+    s.post(
+        &format!("{DEV}/sessions/{s2}/complete"),
+        s.key(),
+        json!({"status": "done"}),
+    )
+    .await
+    .assert_error(422);
+    // A device token cannot complete another device's session.
+    s.post(
+        &format!("{DEV}/sessions/{s2}/complete"),
+        &tok1,
+        json!({"status": "failed"}),
+    )
+    .await
+    .assert_error(403);
+
+    // List: newest first, filters, pagination.
+    let r = s.get(&format!("{DEV}/sessions"), s.key()).await;
+    assert_eq!(r.body["total"], 2);
+    assert_eq!(r.body["items"][0]["id"], s2);
+    assert!(r.body["items"][0].get("metrics").is_none());
+    assert_eq!(
+        s.get(&format!("{DEV}/sessions?status=completed"), s.key())
+            .await
+            .body["total"],
+        1
+    );
+    assert_eq!(
+        s.get(&format!("{DEV}/sessions?status=active"), s.key())
+            .await
+            .body["items"][0]["id"],
+        s2
+    );
+    assert_eq!(
+        s.get(&format!("{DEV}/sessions?device_id={d1}"), s.key())
+            .await
+            .body["items"][0]["id"],
+        s1
+    );
+    s.get(&format!("{DEV}/sessions?status=paused"), s.key())
+        .await
+        .assert_error(422);
+    s.get(&format!("{DEV}/sessions?since=yesterday"), s.key())
+        .await
+        .assert_error(422);
+    let r = s
+        .get(&format!("{DEV}/sessions?page=2&page_size=1"), s.key())
+        .await;
+    assert_eq!(r.body["items"][0]["id"], s1);
+    assert_eq!(r.body["has_more"], false);
+    let future = "2999-01-01T00:00:00Z";
+    assert_eq!(
+        s.get(&format!("{DEV}/sessions?since={future}"), s.key())
+            .await
+            .body["total"],
+        0
+    );
+    assert_eq!(
+        s.get(&format!("{DEV}/sessions?until={future}"), s.key())
+            .await
+            .body["total"],
+        2
+    );
+    let started = s.get(&format!("{DEV}/sessions/{s2}"), s.key()).await.body["started_at"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let enc = started.replace(':', "%3A");
+    let r = s.get(&format!("{DEV}/sessions?since={enc}"), s.key()).await;
+    assert!(
+        r.body["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|i| i["id"] == s2),
+        "since is inclusive"
+    );
+    let r = s.get(&format!("{DEV}/sessions?until={enc}"), s.key()).await;
+    assert!(
+        !r.body["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|i| i["id"] == s2),
+        "until is exclusive"
+    );
+}
+
+#[tokio::test]
+async fn ingestion_formats_atomicity_and_limits() {
+    let s = start().await;
+    let (d, tok) = device(&s, "rover").await;
+    let sid = session(&s, d, &tok).await;
+    let logs = format!("{DEV}/sessions/{sid}/logs");
+    let r = s
+        .post(
+            &logs,
+            &tok,
+            json!([
+                {"level": "INFO", "message": "boot", "module": "sys", "metadata": {"v": [1, 2]}},
+                {"level": "Warning", "message": "low battery"}
+            ]),
+        )
+        .await;
+    assert_eq!(r.status, 202, "{}", r.body);
+    assert_eq!(r.body, json!({"accepted": 2}));
+    let r = ndjson(
+        &s,
+        sid,
+        &tok,
+        "{\"level\":\"error\",\"message\":\"a\"}\n\n{\"level\":\"debug\",\"message\":\"b\"}\n"
+            .into(),
+    )
+    .await;
+    assert_eq!(r.status, 202, "{}", r.body);
+    assert_eq!(r.body["accepted"], 2);
+
+    // One invalid entry rejects the whole batch, naming its index.
+    let r = s
+        .post(
+            &logs,
+            &tok,
+            json!([{"level": "info", "message": "ok"}, {"level": "loud", "message": "x"}]),
+        )
+        .await;
+    assert!(r.assert_error(422).starts_with("entry 1"), "{}", r.body);
+    let r = s
+        .post(
+            &logs,
+            &tok,
+            json!([{"level": "info", "message": "ok"}, {"level": "info"}]),
+        )
+        .await;
+    assert!(r.assert_error(422).starts_with("entry 1"), "{}", r.body);
+    let r = s
+        .post(
+            &logs,
+            &tok,
+            json!([{"level": "info", "message": "x", "timestamp": "soon"}]),
+        )
+        .await;
+    assert!(r.assert_error(422).contains("timestamp"));
+    let r = s
+        .post(
+            &logs,
+            &tok,
+            json!([{"level": "info", "message": "x", "metadata": [1]}]),
+        )
+        .await;
+    assert!(r.assert_error(422).contains("metadata"));
+    let r = ndjson(
+        &s,
+        sid,
+        &tok,
+        "{\"level\":\"info\",\"message\":\"ok\"}\nnot json\n".into(),
+    )
+    .await;
+    assert!(r.assert_error(422).starts_with("entry 1"), "{}", r.body);
+    let r = ndjson(
+        &s,
+        sid,
+        &tok,
+        "{\"level\":\"info\",\"message\":\"\u{ff}\"}\n".into(),
+    )
+    .await;
+    assert_eq!(r.status, 202, "valid UTF-8 text is fine");
+    let bad_utf8 = s
+        .raw(
+            s.http
+                .post(s.url(&logs))
+                .bearer_auth(&tok)
+                .header("content-type", "application/x-ndjson")
+                .body(vec![b'{', 0xff, b'}']),
+        )
+        .await;
+    bad_utf8.assert_error(422);
+    s.raw(
+        s.http
+            .post(s.url(&logs))
+            .bearer_auth(&tok)
+            .header("content-type", "application/json")
+            .body("[{"),
+    )
+    .await
+    .assert_error(400);
+    s.post(&logs, &tok, json!({"level": "info"}))
+        .await
+        .assert_error(422);
+    // Limits: 10,000 entries, 8 MiB.
+    let many: Vec<Value> = (0..10_001)
+        .map(|i| json!({"level": "info", "message": format!("m{i}")}))
+        .collect();
+    s.post(&logs, &tok, Value::Array(many))
+        .await
+        .assert_error(413);
+    let lines: String = (0..10_001)
+        .map(|i| format!("{{\"level\":\"info\",\"message\":\"m{i}\"}}\n"))
+        .collect();
+    ndjson(&s, sid, &tok, lines).await.assert_error(413);
+    let huge = json!([{"level": "info", "message": "x".repeat(9 * 1024 * 1024)}]);
+    s.post(&logs, &tok, huge).await.assert_error(413);
+    // Exactly 10,000 is fine.
+    let max: Vec<Value> = (0..10_000)
+        .map(|i| json!({"level": "info", "message": format!("m{i}")}))
+        .collect();
+    assert_eq!(
+        s.post(&logs, &tok, Value::Array(max)).await.body["accepted"],
+        10_000
+    );
+
+    // Nothing from the rejected batches was stored.
+    let r = s.get(&format!("{DEV}/sessions/{sid}"), s.key()).await;
+    assert_eq!(r.body["metrics"]["log_count"], 2 + 2 + 1 + 10_000);
+    let r = s.get(&format!("{logs}?limit=1"), s.key()).await;
+    assert_eq!(r.body["total"], 10_005);
+    // Unknown session: 404; another device's token: 403.
+    s.post(&format!("{DEV}/sessions/999999/logs"), s.key(), json!([]))
+        .await
+        .assert_error(404);
+    let (_, other) = device(&s, "other").await;
+    s.post(&logs, &other, json!([{"level": "info", "message": "x"}]))
+        .await
+        .assert_error(403);
+    // Device tokens cannot read.
+    s.get(&logs, &tok).await.assert_error(403);
+}
+
+/// A known data set: timestamps out of arrival order, ties, several modules and levels.
+async fn seeded(s: &Srv) -> u64 {
+    let (d, tok) = device(s, "probe").await;
+    let sid = session(s, d, &tok).await;
+    let logs = format!("{DEV}/sessions/{sid}/logs");
+    let batch1 = json!([
+        {"timestamp": "2026-03-01T10:00:05.000Z", "level": "warn", "module": "drive", "message": "Motor temperature high", "metadata": {"c": 81}},
+        {"timestamp": "2026-03-01T10:00:01.000Z", "level": "info", "module": "nav", "message": "route planned"},
+        {"timestamp": "2026-03-01T10:00:03.250Z", "level": "error", "module": "drive", "message": "MOTOR stall"},
+    ]);
+    let batch2 = json!([
+        {"timestamp": "2026-03-01T10:00:03.250Z", "level": "debug", "module": "drive", "message": "motor current 3A"},
+        {"timestamp": "2026-03-01T11:00:03+01:00", "level": "warn", "module": "nav", "message": "obstacle"},
+        {"timestamp": "2026-03-01T10:00:09.999Z", "level": "INFO", "module": "", "message": "done"},
+    ]);
+    assert_eq!(s.post(&logs, &tok, batch1).await.status, 202);
+    assert_eq!(s.post(&logs, &tok, batch2).await.status, 202);
+    sid
+}
+
+fn messages(v: &Value) -> Vec<String> {
+    v["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["message"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[tokio::test]
+async fn log_query_filters_against_a_known_data_set() {
+    let s = start().await;
+    let sid = seeded(&s).await;
+    let q = |query: &str| format!("{DEV}/sessions/{sid}/logs{query}");
+    let k = s.key();
+
+    // Everything, ascending by timestamp, ties in arrival order ("MOTOR stall" arrived first).
+    let r = s.get(&q(""), k).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body["total"], 6);
+    assert_eq!(
+        messages(&r.body),
+        [
+            "route planned",
+            "obstacle",
+            "MOTOR stall",
+            "motor current 3A",
+            "Motor temperature high",
+            "done"
+        ]
+    );
+    let first = &r.body["items"][4];
+    assert_eq!(first["timestamp"], "2026-03-01T10:00:05.000Z");
+    assert_eq!(first["level"], "WARN");
+    assert_eq!(first["module"], "drive");
+    assert_eq!(first["metadata"], json!({"c": 81}));
+    assert_eq!(r.body["items"][0]["metadata"], json!({}));
+    assert_eq!(
+        r.body["items"][1]["timestamp"], "2026-03-01T10:00:03.000Z",
+        "offset normalised to Z"
+    );
+
+    let cases: Vec<(&str, Vec<&str>, usize)> = vec![
+        ("?level=warn", vec!["obstacle", "Motor temperature high"], 2),
+        (
+            "?level=warn,error",
+            vec!["obstacle", "MOTOR stall", "Motor temperature high"],
+            3,
+        ),
+        ("?level=debug", vec!["motor current 3A"], 1),
+        (
+            "?module=drive",
+            vec!["MOTOR stall", "motor current 3A", "Motor temperature high"],
+            3,
+        ),
+        ("?module=", vec!["done"], 1),
+        ("?module=nope", vec![], 0),
+        (
+            "?search=motor",
+            vec!["MOTOR stall", "motor current 3A", "Motor temperature high"],
+            3,
+        ),
+        (
+            "?search=MoToR&level=warn",
+            vec!["Motor temperature high"],
+            1,
+        ),
+        (
+            "?search=motor&module=drive&level=error,debug",
+            vec!["MOTOR stall", "motor current 3A"],
+            2,
+        ),
+        (
+            "?since=2026-03-01T10:00:03.250Z",
+            vec![
+                "MOTOR stall",
+                "motor current 3A",
+                "Motor temperature high",
+                "done",
+            ],
+            4,
+        ),
+        (
+            "?until=2026-03-01T10:00:03.250Z",
+            vec!["route planned", "obstacle"],
+            2,
+        ),
+        (
+            "?since=2026-03-01T10:00:02Z&until=2026-03-01T10:00:06Z&search=motor",
+            vec!["MOTOR stall", "motor current 3A", "Motor temperature high"],
+            3,
+        ),
+        ("?limit=2", vec!["route planned", "obstacle"], 6),
+        (
+            "?limit=2&offset=2",
+            vec!["MOTOR stall", "motor current 3A"],
+            6,
+        ),
+        ("?limit=2&offset=5", vec!["done"], 6),
+        ("?offset=10", vec![], 6),
+        (
+            "?search=motor&limit=1&offset=1",
+            vec!["motor current 3A"],
+            3,
+        ),
+    ];
+    for (query, want, total) in cases {
+        let url = q(&query.replace('+', "%2B"));
+        let r = s.get(&url, k).await;
+        assert_eq!(r.status, 200, "{query}: {}", r.body);
+        assert_eq!(messages(&r.body), want, "{query}");
+        assert_eq!(r.body["total"], total, "{query}");
+    }
+    for bad in [
+        "?level=loud",
+        "?limit=0",
+        "?limit=10001",
+        "?since=noon",
+        "?offset=-1",
+        "?limit=x",
+    ] {
+        s.get(&q(bad), k).await.assert_error(422);
+    }
+    assert_eq!(s.get(&q("?limit=10000"), k).await.status, 200);
+}
+
+#[tokio::test]
+async fn tags_delete_and_tenancy() {
+    let s = start().await;
+    let sid = seeded(&s).await;
+    let k = s.key();
+    let base = format!("{DEV}/sessions/{sid}");
+    let r = s
+        .post(&format!("{base}/tags"), k, json!({"tag": "field-test"}))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.body["tags"], json!(["field-test"]));
+    assert_eq!(
+        s.post(&format!("{base}/tags"), k, json!({"tag": "field-test"}))
+            .await
+            .body["tags"],
+        json!(["field-test"])
+    );
+    s.post(&format!("{base}/tags"), k, json!({"tag": ""}))
+        .await
+        .assert_error(422);
+    s.post(&format!("{base}/tags"), k, json!({"tag": "x".repeat(65)}))
+        .await
+        .assert_error(422);
+    s.post(&format!("{base}/tags"), k, json!({"tag": "a/b"}))
+        .await
+        .assert_error(422);
+    let r = s.delete(&format!("{base}/tags/absent"), k).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body["tags"], json!(["field-test"]));
+    let r = s.delete(&format!("{base}/tags/field-test"), k).await;
+    assert_eq!(r.body["tags"], json!([]));
+    // Tags can be edited after completion.
+    s.post(&format!("{base}/complete"), k, json!({"status": "failed"}))
+        .await;
+    assert_eq!(
+        s.post(&format!("{base}/tags"), k, json!({"tag": "post.mortem"}))
+            .await
+            .status,
+        200
+    );
+
+    // Another project's session is 404.
+    s.post(
+        "/api/v1/organizations/default/projects",
+        k,
+        json!({"slug": "other"}),
+    )
+    .await;
+    s.get(
+        &format!("/api/v1/organizations/default/projects/other/sessions/{sid}"),
+        k,
+    )
+    .await
+    .assert_error(404);
+    s.get(
+        &format!("/api/v1/organizations/default/projects/other/sessions/{sid}/logs"),
+        k,
+    )
+    .await
+    .assert_error(404);
+    s.delete(
+        &format!("/api/v1/organizations/default/projects/other/sessions/{sid}"),
+        k,
+    )
+    .await
+    .assert_error(404);
+
+    // Delete for good.
+    assert_eq!(s.delete(&base, k).await.status, 204);
+    assert_eq!(s.get(&base, k).await.assert_error(404), "Session not found");
+    s.get(&format!("{base}/logs"), k).await.assert_error(404);
+    s.delete(&base, k).await.assert_error(404);
+    assert_eq!(s.get(&format!("{DEV}/sessions"), k).await.body["total"], 0);
+}
+
+#[tokio::test]
+async fn deleting_an_active_session_stops_its_ingestion() {
+    let s = start().await;
+    let (d, tok) = device(&s, "x").await;
+    let sid = session(&s, d, &tok).await;
+    let logs = format!("{DEV}/sessions/{sid}/logs");
+    assert_eq!(
+        s.post(&logs, &tok, json!([{"level": "info", "message": "a"}]))
+            .await
+            .status,
+        202
+    );
+    assert_eq!(
+        s.delete(&format!("{DEV}/sessions/{sid}"), s.key())
+            .await
+            .status,
+        204
+    );
+    s.post(&logs, &tok, json!([{"level": "info", "message": "b"}]))
+        .await
+        .assert_error(404);
+    // The device itself can be deleted; its other sessions keep its name.
+    let sid2 = session(&s, d, &tok).await;
+    assert_eq!(
+        s.delete(&format!("{DEV}/devices/{d}"), s.key())
+            .await
+            .status,
+        204
+    );
+    let r = s.get(&format!("{DEV}/sessions/{sid2}"), s.key()).await;
+    assert_eq!(r.body["device_name"], "x");
+    let _ = Method::GET;
+}
