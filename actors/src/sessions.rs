@@ -220,6 +220,27 @@ impl SessionsHandle {
             .map_err(|e| Error::Internal(e.to_string()))?
     }
 
+    /// Streams every matching entry as JSON or CSV through a small channel, ascending by
+    /// timestamp like the query; memory stays flat (the sort keys, 16 bytes a match, and a few
+    /// decoded chunks) however long the session.
+    pub fn export(
+        &self,
+        pid: u64,
+        id: u64,
+        filter: LogFilter,
+        format: ExportFormat,
+    ) -> Result<ExportStream> {
+        self.record(pid, id)?;
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        let store = self.store.clone();
+        tokio::task::spawn_blocking(move || {
+            if let Err(e) = export_into(&store, id, &filter, format, &tx) {
+                let _ = tx.blocking_send(Err(std::io::Error::other(e.to_string())));
+            }
+        });
+        Ok(rx)
+    }
+
     /// Makes a session's actor panic in its handler (supervision tests only).
     #[doc(hidden)]
     pub async fn inject_panic(&self, id: u64) -> Result<()> {
@@ -230,14 +251,23 @@ impl SessionsHandle {
     }
 }
 
-fn query(
-    store: &Store,
-    session: u64,
-    f: &LogFilter,
-    limit: usize,
-    offset: usize,
-) -> Result<LogPage> {
-    // Pass 1: the sort key of every match.
+/// Export formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExportFormat {
+    Json,
+    Csv,
+}
+
+/// Pieces of an export body, each about 64 KiB.
+pub type ExportStream = tokio::sync::mpsc::Receiver<std::io::Result<bytes::Bytes>>;
+
+const EXPORT_PIECE: usize = 64 * 1024;
+
+/// Chunks decoded and kept while exporting (timestamps out of arrival order revisit chunks).
+const EXPORT_CHUNK_CACHE: usize = 32;
+
+/// The sort keys (timestamp, chunk, index) of every match, ascending.
+fn sorted_hits(store: &Store, session: u64, f: &LogFilter) -> Result<Vec<(i64, u64, u32)>> {
     let mut hits: Vec<(i64, u64, u32)> = Vec::new();
     for item in store.log_chunks(session) {
         let (seq, chunk) = item?;
@@ -247,8 +277,102 @@ fn query(
             }
         }
     }
-    let total = hits.len();
     hits.sort_unstable();
+    Ok(hits)
+}
+
+/// The export's output buffer, shared between the CSV writer and the sender.
+#[derive(Clone, Default)]
+struct Shared(std::rc::Rc<std::cell::RefCell<Vec<u8>>>);
+
+impl std::io::Write for Shared {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        self.0.borrow_mut().extend_from_slice(data);
+        Ok(data.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+fn export_into(
+    store: &Store,
+    session: u64,
+    f: &LogFilter,
+    format: ExportFormat,
+    tx: &tokio::sync::mpsc::Sender<std::io::Result<bytes::Bytes>>,
+) -> Result<()> {
+    let internal = |e: &dyn std::fmt::Display| Error::Internal(e.to_string());
+    let hits = sorted_hits(store, session, f)?;
+    let mut cache: Vec<(u64, Arc<fleetops_storage::LogChunk>)> = Vec::new();
+    let buf = Shared::default();
+    let mut out = csv::WriterBuilder::new().from_writer(buf.clone());
+    if format == ExportFormat::Csv {
+        out.write_record(["timestamp", "level", "module", "message", "metadata"])
+            .map_err(|e| internal(&e))?;
+    } else {
+        buf.0.borrow_mut().push(b'[');
+    }
+    for (n, (_, seq, i)) in hits.iter().enumerate() {
+        let chunk = match cache.iter().find(|(s, _)| s == seq) {
+            Some((_, c)) => c.clone(),
+            None => {
+                let Some(c) = store.log_chunk(session, *seq)? else {
+                    continue;
+                };
+                let c = Arc::new(c);
+                if cache.len() >= EXPORT_CHUNK_CACHE {
+                    cache.remove(0);
+                }
+                cache.push((*seq, c.clone()));
+                c
+            }
+        };
+        let Some(e) = logs::entry(&chunk, *i as usize) else {
+            continue;
+        };
+        if format == ExportFormat::Csv {
+            out.write_record([
+                e.timestamp.as_str(),
+                e.level,
+                &e.module,
+                &e.message,
+                e.metadata.get(),
+            ])
+            .map_err(|e| internal(&e))?;
+        } else {
+            let mut b = buf.0.borrow_mut();
+            if n > 0 {
+                b.push(b',');
+            }
+            serde_json::to_writer(&mut *b, &e).map_err(|e| internal(&e))?;
+        }
+        out.flush().map_err(|e| internal(&e))?;
+        if buf.0.borrow().len() >= EXPORT_PIECE {
+            let piece = std::mem::take(&mut *buf.0.borrow_mut());
+            if tx.blocking_send(Ok(bytes::Bytes::from(piece))).is_err() {
+                return Ok(()); // the client went away
+            }
+        }
+    }
+    out.flush().map_err(|e| internal(&e))?;
+    if format == ExportFormat::Json {
+        buf.0.borrow_mut().push(b']');
+    }
+    let rest = std::mem::take(&mut *buf.0.borrow_mut());
+    let _ = tx.blocking_send(Ok(bytes::Bytes::from(rest)));
+    Ok(())
+}
+
+fn query(
+    store: &Store,
+    session: u64,
+    f: &LogFilter,
+    limit: usize,
+    offset: usize,
+) -> Result<LogPage> {
+    let hits = sorted_hits(store, session, f)?;
+    let total = hits.len();
     let page: Vec<(i64, u64, u32)> = hits.into_iter().skip(offset).take(limit).collect();
     // Pass 2: decode only the chunks that hold the page.
     let mut wanted: BTreeMap<u64, Vec<(usize, u32)>> = BTreeMap::new();

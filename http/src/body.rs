@@ -16,6 +16,16 @@ pub fn full(b: impl Into<Bytes>) -> Body {
     Full::new(b.into()).map_err(|never| match never {}).boxed()
 }
 
+/// A body fed by a channel of pieces; the producer stops when the client goes away.
+pub fn channel(rx: tokio::sync::mpsc::Receiver<std::io::Result<Bytes>>) -> Body {
+    let stream = futures::stream::unfold(rx, |mut rx| async move {
+        rx.recv()
+            .await
+            .map(|piece| (piece.map(hyper::body::Frame::data), rx))
+    });
+    http_body_util::StreamBody::new(stream).boxed()
+}
+
 pub fn empty() -> Body {
     full(Bytes::new())
 }

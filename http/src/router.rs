@@ -44,6 +44,7 @@ pub enum Op {
     AppendLogs,
     QueryLogs,
     CompleteSession,
+    ExportLogs,
 }
 
 /// How a route authenticates, for the OpenAPI document.
@@ -123,6 +124,7 @@ pub fn routes() -> Vec<RouteDef> {
         route!(DELETE "/api/v1/organizations/{org}/projects/{project}/sessions/{session_id}/tags/{tag}", RemoveTag, "sessions", Bearer, 200, false, "Remove a tag"),
         route!(POST "/api/v1/organizations/{org}/projects/{project}/sessions/{session_id}/logs", AppendLogs, "logs", Bearer, 202, true, "Append a batch of log entries (JSON array or NDJSON), durable on 202"),
         route!(GET "/api/v1/organizations/{org}/projects/{project}/sessions/{session_id}/logs", QueryLogs, "logs", Bearer, 200, false, "Query logs (level, module, search, since, until, limit, offset)"),
+        route!(GET "/api/v1/organizations/{org}/projects/{project}/sessions/{session_id}/logs/export", ExportLogs, "logs", Bearer, 200, false, "Download matching logs as JSON or CSV (format=json|csv), streamed"),
         route!(POST "/api/v1/organizations/{org}/projects/{project}/sessions/{session_id}/complete", CompleteSession, "sessions", Bearer, 200, true, "End a session as completed or failed"),
     ]
 }

@@ -1,7 +1,6 @@
 //! Sessions, log ingestion (JSON and NDJSON, atomic batches, limits), the log query with every
 //! filter against a known data set, tags, completion, deletion and tenancy.
 
-use reqwest::Method;
 use serde_json::{Value, json};
 
 use crate::common::*;
@@ -599,5 +598,125 @@ async fn deleting_an_active_session_stops_its_ingestion() {
     );
     let r = s.get(&format!("{DEV}/sessions/{sid2}"), s.key()).await;
     assert_eq!(r.body["device_name"], "x");
-    let _ = Method::GET;
+}
+
+#[tokio::test]
+async fn export_round_trips_as_json_and_csv() {
+    let s = start().await;
+    let sid = seeded(&s).await;
+    let k = s.key();
+    let logs = format!("{DEV}/sessions/{sid}/logs");
+    let query = s.get(&format!("{logs}?limit=10000"), k).await.body["items"].clone();
+
+    let r = s
+        .http
+        .get(s.url(&format!("{logs}/export?format=json")))
+        .bearer_auth(k)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["content-type"], "application/json");
+    assert_eq!(
+        r.headers()["content-disposition"],
+        format!("attachment; filename=\"session-{sid}-logs.json\"")
+    );
+    let exported: Value = r.json().await.unwrap();
+    assert_eq!(exported, query);
+
+    let r = s
+        .http
+        .get(s.url(&format!("{logs}/export?format=csv")))
+        .bearer_auth(k)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(
+        r.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/csv")
+    );
+    assert_eq!(
+        r.headers()["content-disposition"],
+        format!("attachment; filename=\"session-{sid}-logs.csv\"")
+    );
+    let text = r.text().await.unwrap();
+    let mut rd = csv::Reader::from_reader(text.as_bytes());
+    assert_eq!(
+        rd.headers().unwrap(),
+        vec!["timestamp", "level", "module", "message", "metadata"]
+    );
+    let rows: Vec<csv::StringRecord> = rd.records().map(|r| r.unwrap()).collect();
+    assert_eq!(rows.len(), query.as_array().unwrap().len());
+    for (row, q) in rows.iter().zip(query.as_array().unwrap()) {
+        assert_eq!(&row[0], q["timestamp"].as_str().unwrap());
+        assert_eq!(&row[1], q["level"].as_str().unwrap());
+        assert_eq!(&row[2], q["module"].as_str().unwrap());
+        assert_eq!(&row[3], q["message"].as_str().unwrap());
+        assert_eq!(
+            serde_json::from_str::<Value>(&row[4]).unwrap(),
+            q["metadata"]
+        );
+    }
+    // Filters apply to the export too.
+    let r = s
+        .http
+        .get(s.url(&format!(
+            "{logs}/export?format=json&level=warn&search=motor"
+        )))
+        .bearer_auth(k)
+        .send()
+        .await
+        .unwrap();
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(messages(&json!({"items": v})), ["Motor temperature high"]);
+    s.get(&format!("{logs}/export?format=xml"), k)
+        .await
+        .assert_error(422);
+    s.get(&format!("{DEV}/sessions/999999/logs/export"), k)
+        .await
+        .assert_error(404);
+}
+
+#[tokio::test]
+async fn export_of_many_lines_with_quoting() {
+    let s = start().await;
+    let (d, tok) = device(&s, "bulk").await;
+    let sid = session(&s, d, &tok).await;
+    let logs = format!("{DEV}/sessions/{sid}/logs");
+    for b in 0..3 {
+        let batch: Vec<Value> = (0..5000)
+            .map(|i| json!({"level": "info", "module": "m,1", "message": format!("line \"{b}\"\n{i}, ok"), "metadata": {"i": i}}))
+            .collect();
+        assert_eq!(s.post(&logs, &tok, Value::Array(batch)).await.status, 202);
+    }
+    let text = s
+        .http
+        .get(s.url(&format!("{logs}/export?format=csv")))
+        .bearer_auth(s.key())
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let mut rd = csv::Reader::from_reader(text.as_bytes());
+    let rows: Vec<csv::StringRecord> = rd.records().map(|r| r.unwrap()).collect();
+    assert_eq!(rows.len(), 15_000);
+    assert_eq!(&rows[0][2], "m,1");
+    assert_eq!(&rows[0][3], "line \"0\"\n0, ok");
+    let v: Value = s
+        .http
+        .get(s.url(&format!("{logs}/export")))
+        .bearer_auth(s.key())
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(v.as_array().unwrap().len(), 15_000);
+    assert_eq!(v[14_999]["metadata"], json!({"i": 4999}));
 }

@@ -52,5 +52,6 @@ pub async fn dispatch(op: Op, cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<B
         Op::AppendLogs => sessions::append_logs(cx, req).await,
         Op::QueryLogs => sessions::query_logs(cx, req).await,
         Op::CompleteSession => sessions::complete(cx, req).await,
+        Op::ExportLogs => sessions::export_logs(cx, req),
     }
 }

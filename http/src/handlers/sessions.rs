@@ -1,7 +1,7 @@
 //! Sessions, their tags, log ingestion (JSON array or NDJSON) and the log query.
 
 use fleetops_actors::logs::{LogFilter, MAX_BATCH_BYTES, MAX_QUERY_LIMIT, RawEntry, parse_level};
-use fleetops_actors::sessions::{SessionFilter, parse_status};
+use fleetops_actors::sessions::{ExportFormat, SessionFilter, parse_status};
 use fleetops_actors::{Principal, ProjectScope, Role, clock};
 use http::Response;
 use serde::Deserialize;
@@ -180,9 +180,8 @@ pub async fn append_logs(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Bo
     body::accepted(&cx.rt().sessions.append(s.project.id, id, entries).await?)
 }
 
-pub async fn query_logs(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
-    let (_, s) = cx.project(&req, Role::Viewer)?;
-    let id = session_id(&req)?;
+/// The filters shared by the query and the export.
+fn log_filter(req: &Req) -> ApiResult<LogFilter> {
     let mut levels = 0u8;
     if let Some(v) = req.query.get("level") {
         for part in v.split(',').map(str::trim).filter(|p| !p.is_empty()) {
@@ -194,6 +193,19 @@ pub async fn query_logs(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> 
             levels |= 1 << l;
         }
     }
+    Ok(LogFilter {
+        levels,
+        module: req.query.get("module").map(str::to_string),
+        search: req.query.get("search").map(str::to_lowercase),
+        since: time_param(req, "since")?,
+        until: time_param(req, "until")?,
+    })
+}
+
+pub async fn query_logs(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.project(&req, Role::Viewer)?;
+    let id = session_id(&req)?;
+    let f = log_filter(&req)?;
     let limit = req.query.u64("limit")?.unwrap_or(100) as usize;
     if limit == 0 || limit > MAX_QUERY_LIMIT {
         return Err(ApiError::unprocessable(format!(
@@ -201,19 +213,36 @@ pub async fn query_logs(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> 
         )));
     }
     let offset = req.query.u64("offset")?.unwrap_or(0) as usize;
-    let f = LogFilter {
-        levels,
-        module: req.query.get("module").map(str::to_string),
-        search: req.query.get("search").map(str::to_lowercase),
-        since: time_param(&req, "since")?,
-        until: time_param(&req, "until")?,
-    };
     body::ok(
         &cx.rt()
             .sessions
             .logs(s.project.id, id, f, limit, offset)
             .await?,
     )
+}
+
+pub fn export_logs(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.project(&req, Role::Viewer)?;
+    let id = session_id(&req)?;
+    let (format, ext, mime) = match req.query.get("format").unwrap_or("json") {
+        "json" => (ExportFormat::Json, "json", "application/json"),
+        "csv" => (ExportFormat::Csv, "csv", "text/csv; charset=utf-8"),
+        _ => return Err(ApiError::unprocessable("format: must be json or csv")),
+    };
+    let f = log_filter(&req)?;
+    let rx = cx.rt().sessions.export(s.project.id, id, f, format)?;
+    let mut r = Response::new(body::channel(rx));
+    let h = r.headers_mut();
+    h.insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static(mime),
+    );
+    if let Ok(v) =
+        http::HeaderValue::from_str(&format!("attachment; filename=\"session-{id}-logs.{ext}\""))
+    {
+        h.insert(http::header::CONTENT_DISPOSITION, v);
+    }
+    Ok(r)
 }
 
 /// The two ways a session can end.
