@@ -7,7 +7,9 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
-use fleetops_actors::config::{AuthConfig, DevicesConfig, RuntimeConfig, SupervisionConfig};
+use fleetops_actors::config::{
+    AuthConfig, DevicesConfig, RuntimeConfig, SessionsConfig, SupervisionConfig,
+};
 use fleetops_http::{HttpConfig, Tier};
 use serde::Deserialize;
 
@@ -27,6 +29,7 @@ pub struct Config {
     pub auth: AuthConfig,
     pub supervision: SupervisionConfig,
     pub devices: DevicesConfig,
+    pub sessions: SessionsConfig,
     /// `[tiers.<name>]`; a table given here replaces only the keys it sets.
     pub tiers: BTreeMap<String, TierFile>,
     pub admin: AdminConfig,
@@ -70,6 +73,7 @@ impl Default for Config {
             auth: AuthConfig::default(),
             supervision: SupervisionConfig::default(),
             devices: DevicesConfig::default(),
+            sessions: SessionsConfig::default(),
             tiers: BTreeMap::new(),
             admin: AdminConfig::default(),
         }
@@ -180,6 +184,7 @@ impl Config {
         RuntimeConfig {
             supervision: self.supervision.clone(),
             devices: self.devices.clone(),
+            sessions: self.sessions.clone(),
             auth: self.auth.clone(),
             tiers: self.tiers().into_iter().map(|t| t.name).collect(),
         }

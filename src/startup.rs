@@ -37,7 +37,8 @@ pub async fn open_store(cfg: &Config) -> anyhow::Result<Store> {
 pub async fn start_runtime(cfg: &Config) -> anyhow::Result<Runtime> {
     cfg.validate()?;
     let store = open_store(cfg).await?;
-    Runtime::start(store, cfg.runtime()).await
+    let blobs = fleetops_storage::BlobStore::local(&cfg.data_dir.join("blobs"))?;
+    Runtime::start(store, blobs, cfg.runtime()).await
 }
 
 pub async fn start(cfg: Config) -> anyhow::Result<Running> {

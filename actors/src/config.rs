@@ -50,6 +50,22 @@ impl Default for DevicesConfig {
     }
 }
 
+/// `[sessions]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SessionsConfig {
+    /// Largest artifact file (413 beyond).
+    pub max_artifact_bytes: u64,
+}
+
+impl Default for SessionsConfig {
+    fn default() -> Self {
+        Self {
+            max_artifact_bytes: 1024 * 1024 * 1024,
+        }
+    }
+}
+
 /// `[auth]`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -78,6 +94,7 @@ impl Default for AuthConfig {
 pub struct RuntimeConfig {
     pub supervision: SupervisionConfig,
     pub devices: DevicesConfig,
+    pub sessions: SessionsConfig,
     pub auth: AuthConfig,
     /// Tier names that exist (from `[tiers.*]`), for validating organization tiers.
     pub tiers: Vec<String>,

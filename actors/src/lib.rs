@@ -44,7 +44,7 @@ use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use dashmap::DashMap;
-use fleetops_storage::Store;
+use fleetops_storage::{BlobStore, Store};
 use ractor::{Actor, ActorRef};
 
 pub use access::{Access, OrgScope, ProjectScope};
@@ -78,7 +78,7 @@ const JWT_SECRET_META: &str = "jwt_secret";
 
 impl Runtime {
     /// Starts the supervision tree over an open store.
-    pub async fn start(store: Store, cfg: RuntimeConfig) -> anyhow::Result<Self> {
+    pub async fn start(store: Store, blobs: BlobStore, cfg: RuntimeConfig) -> anyhow::Result<Self> {
         let secret = if cfg.auth.jwt_secret.is_empty() {
             store.meta_get_or_init(JWT_SECRET_META, || {
                 secrets::random_bytes(32).unwrap_or_default()
@@ -166,6 +166,8 @@ impl Runtime {
             actors: session_actors,
             projects: projects.clone(),
             store: store.clone(),
+            blobs,
+            cfg: cfg.sessions.clone(),
         };
         let access = Access {
             store: store.clone(),

@@ -74,7 +74,7 @@ pub(crate) enum ProjectMsg {
     },
     DeleteSession {
         id: u64,
-        reply: Reply<Session>,
+        reply: Reply<Vec<String>>,
     },
     /// Fault injection for supervision tests.
     Panic,
@@ -387,10 +387,10 @@ impl ProjectState {
         Ok(s)
     }
 
-    fn delete_session(&self, id: u64) -> Result<Session> {
+    /// Returns the blob keys of the session's artifacts, for deletion once durable.
+    fn delete_session(&self, id: u64) -> Result<Vec<String>> {
         let s = self.session(id)?;
-        self.store.delete_session(&s)?;
-        Ok(s)
+        Ok(self.store.delete_session(&s)?)
     }
 
     fn delete_group(&self, id: u64) -> Result<()> {

@@ -77,6 +77,25 @@ pub fn labels(labels: &std::collections::BTreeMap<String, String>) -> Result<()>
     Ok(())
 }
 
+/// An artifact path: relative, `/`-separated, at most 1024 bytes, without `..`, `.`, empty
+/// segments, backslashes or NUL (400 otherwise: it does not parse as a path).
+pub fn artifact_path(s: &str) -> Result<()> {
+    let bad = s.is_empty()
+        || s.len() > 1024
+        || s.starts_with('/')
+        || s.contains('\\')
+        || s.contains('\0')
+        || s.split('/')
+            .any(|seg| seg.is_empty() || seg == ".." || seg == ".");
+    if bad {
+        Err(Error::BadRequest(
+            "Invalid artifact path: relative, '/'-separated, without '..', empty segments, backslashes or NUL".into(),
+        ))
+    } else {
+        Ok(())
+    }
+}
+
 /// A session tag: 1-64 characters of `[A-Za-z0-9._:-]`.
 pub fn tag(field: &str, s: &str) -> Result<()> {
     let ok = !s.is_empty()
@@ -107,6 +126,26 @@ mod tests {
         assert!(slug("s", "A").is_err());
         assert!(slug("s", "").is_err());
         assert!(slug("s", "a_b").is_err());
+    }
+
+    #[test]
+    fn artifact_paths() {
+        for ok in ["a.txt", "logs/run 1/out.mcap", "download", "a..b"] {
+            assert!(artifact_path(ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "",
+            "/etc/passwd",
+            "../x",
+            "a/../b",
+            "a//b",
+            "a/",
+            "a\\b",
+            "a\0b",
+            "./a",
+        ] {
+            assert!(artifact_path(bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use fleetops_storage::{LogChunk, SessionCounters, SessionStatus, Store};
+use fleetops_storage::{Artifact, LogChunk, SessionCounters, SessionStatus, Store};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
 use crate::error::{Error, Result};
@@ -18,6 +18,8 @@ type Reply<T> = RpcReplyPort<Result<T>>;
 pub(crate) enum SessionMsg {
     /// Store a validated batch; replies with the number of entries accepted.
     Append(Arc<LogChunk>, Reply<usize>),
+    /// Record an uploaded artifact; replies with the blob key it replaced, if any.
+    PutArtifact(Artifact, Reply<Option<String>>),
     /// Refuse every later append (completion or deletion is under way).
     Seal(Reply<()>),
     /// The session ended or is gone: stop.
@@ -78,6 +80,9 @@ impl Actor for SessionActor {
             SessionMsg::Append(chunk, reply) => {
                 let _ = reply.send(st.append(chunk));
             }
+            SessionMsg::PutArtifact(a, reply) => {
+                let _ = reply.send(st.put_artifact(a));
+            }
             SessionMsg::Seal(reply) => {
                 st.open = false;
                 let _ = reply.send(Ok(()));
@@ -90,13 +95,38 @@ impl Actor for SessionActor {
 }
 
 impl SessionState {
-    fn append(&mut self, chunk: Arc<LogChunk>) -> Result<usize> {
+    fn check_open(&self) -> Result<()> {
         if self.gone {
             return Err(Error::not_found("Session"));
         }
         if !self.open {
             return Err(Error::Conflict("Session is not active".into()));
         }
+        Ok(())
+    }
+
+    fn put_artifact(&mut self, a: Artifact) -> Result<Option<String>> {
+        self.check_open()?;
+        let old = self.store.artifact(self.id, &a.path)?;
+        let mut next = self.counters;
+        match &old {
+            Some(o) => {
+                next.artifact_size_bytes = next.artifact_size_bytes
+                    - o.size_bytes.min(next.artifact_size_bytes)
+                    + a.size_bytes
+            }
+            None => {
+                next.artifact_count += 1;
+                next.artifact_size_bytes += a.size_bytes;
+            }
+        }
+        self.store.put_artifact(&a, &next)?;
+        self.counters = next;
+        Ok(old.map(|o| o.blob_key))
+    }
+
+    fn append(&mut self, chunk: Arc<LogChunk>) -> Result<usize> {
+        self.check_open()?;
         let n = chunk.len();
         let seq = self.counters.next_chunk;
         let next = SessionCounters {

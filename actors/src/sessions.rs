@@ -9,16 +9,22 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use fleetops_storage::{Session, SessionStatus, Store};
+use fleetops_storage::blobs::PutError;
+use fleetops_storage::{Artifact, BlobStore, Session, SessionStatus, Store};
+use futures::stream::BoxStream;
 
 use crate::clock::now_ms;
+use crate::config::SessionsConfig;
 use crate::error::{Error, Result};
 use crate::keyed::Keyed;
 use crate::logs::{self, LogFilter, RawEntry};
 use crate::project::ProjectMsg;
 use crate::projects::ProjectsHandle;
+use crate::rules;
 use crate::session::{SessionActor, SessionMsg};
-use crate::views::{Accepted, LogPage, Page, PageReq, SessionDetail, SessionItem};
+use crate::views::{
+    Accepted, ArtifactView, Items, LogPage, Page, PageReq, SessionDetail, SessionItem,
+};
 
 /// Filters of the session list (`since` inclusive, `until` exclusive, on `started_at`).
 #[derive(Debug, Default, Clone)]
@@ -59,6 +65,8 @@ pub struct SessionsHandle {
     pub(crate) actors: Keyed<SessionActor>,
     pub(crate) projects: ProjectsHandle,
     pub(crate) store: Store,
+    pub(crate) blobs: BlobStore,
+    pub(crate) cfg: SessionsConfig,
 }
 
 impl SessionsHandle {
@@ -196,10 +204,18 @@ impl SessionsHandle {
     pub async fn delete(&self, pid: u64, id: u64) -> Result<()> {
         self.record(pid, id)?;
         self.seal(id).await?;
-        self.projects
+        let blobs = self
+            .projects
             .write(pid, |reply| ProjectMsg::DeleteSession { id, reply })
             .await?;
         self.stop_actor(id);
+        // The records are gone for good; the bytes follow (a crash here leaves only
+        // unreferenced blobs, never a half-visible session).
+        for key in blobs {
+            if let Err(e) = self.blobs.delete(&key).await {
+                tracing::warn!(key, error = %e, "could not delete an artifact blob");
+            }
+        }
         Ok(())
     }
 
@@ -235,6 +251,115 @@ impl SessionsHandle {
         let store = self.store.clone();
         tokio::task::spawn_blocking(move || {
             if let Err(e) = export_into(&store, id, &filter, format, &tx) {
+                let _ = tx.blocking_send(Err(std::io::Error::other(e.to_string())));
+            }
+        });
+        Ok(rx)
+    }
+
+    /// Stores an artifact streamed from the request body (replacing the same path), answered
+    /// once the bytes and the record are durable.
+    pub async fn put_artifact(
+        &self,
+        pid: u64,
+        id: u64,
+        path: String,
+        content_type: Option<String>,
+        body: BoxStream<'static, std::io::Result<bytes::Bytes>>,
+    ) -> Result<ArtifactView> {
+        let s = self.record(pid, id)?;
+        rules::artifact_path(&path)?;
+        if s.status != SessionStatus::Active {
+            return Err(Error::Conflict("Session is not active".into()));
+        }
+        let content_type = content_type
+            .filter(|c| !c.trim().is_empty())
+            .unwrap_or_else(|| {
+                mime_guess::from_path(&path)
+                    .first_or_octet_stream()
+                    .essence_str()
+                    .to_string()
+            });
+        let blob_key = format!("artifacts/{id}/{}", uuid::Uuid::new_v4());
+        let size = self
+            .blobs
+            .put_stream(&blob_key, body, self.cfg.max_artifact_bytes)
+            .await
+            .map_err(|e| match e {
+                PutError::TooLarge(max) => {
+                    Error::TooLarge(format!("An artifact is at most {max} bytes"))
+                }
+                PutError::Body(e) => {
+                    Error::BadRequest(format!("Could not read the request body: {e}"))
+                }
+                PutError::Storage(e) => Error::from(e),
+            })?;
+        let a = Artifact {
+            session_id: id,
+            path,
+            size_bytes: size,
+            content_type,
+            blob_key: blob_key.clone(),
+            created_at: now_ms(),
+        };
+        let view = ArtifactView::from(&a);
+        let replaced = match self
+            .actors
+            .call(id, |reply| SessionMsg::PutArtifact(a.clone(), reply))
+            .await
+        {
+            Ok(r) => r,
+            Err(e) => {
+                let _ = self.blobs.delete(&blob_key).await;
+                return Err(e);
+            }
+        };
+        self.store.durable().await?;
+        if let Some(old) = replaced {
+            let _ = self.blobs.delete(&old).await;
+        }
+        Ok(view)
+    }
+
+    pub fn artifacts(&self, pid: u64, id: u64) -> Result<Items<ArtifactView>> {
+        self.record(pid, id)?;
+        Ok(Items {
+            items: self
+                .store
+                .artifacts(id)?
+                .iter()
+                .map(ArtifactView::from)
+                .collect(),
+        })
+    }
+
+    /// One artifact's record (404 "Artifact not found").
+    pub fn artifact(&self, pid: u64, id: u64, path: &str) -> Result<Artifact> {
+        self.record(pid, id)?;
+        self.store
+            .artifact(id, path)?
+            .ok_or_else(|| Error::not_found("Artifact"))
+    }
+
+    /// The bytes of an artifact, or of `range` of it.
+    pub async fn artifact_bytes(
+        &self,
+        a: &Artifact,
+        range: Option<std::ops::Range<u64>>,
+    ) -> Result<BoxStream<'static, std::io::Result<bytes::Bytes>>> {
+        Ok(self.blobs.stream(&a.blob_key, range).await?)
+    }
+
+    /// Every artifact of the session as one ZIP, streamed (each file is copied through in
+    /// pieces on a blocking thread; memory stays flat).
+    pub fn zip(&self, pid: u64, id: u64) -> Result<ExportStream> {
+        self.record(pid, id)?;
+        let artifacts = self.store.artifacts(id)?;
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        let blobs = self.blobs.clone();
+        let rt = tokio::runtime::Handle::current();
+        tokio::task::spawn_blocking(move || {
+            if let Err(e) = zip_into(&rt, &blobs, &artifacts, &tx) {
                 let _ = tx.blocking_send(Err(std::io::Error::other(e.to_string())));
             }
         });
@@ -279,6 +404,61 @@ fn sorted_hits(store: &Store, session: u64, f: &LogFilter) -> Result<Vec<(i64, u
     }
     hits.sort_unstable();
     Ok(hits)
+}
+
+/// A `Write` that sends what it is given down the channel in pieces.
+struct ChannelWriter<'a> {
+    buf: Vec<u8>,
+    tx: &'a tokio::sync::mpsc::Sender<std::io::Result<bytes::Bytes>>,
+}
+
+impl std::io::Write for ChannelWriter<'_> {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        self.buf.extend_from_slice(data);
+        if self.buf.len() >= EXPORT_PIECE {
+            self.flush()?;
+        }
+        Ok(data.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        let piece = bytes::Bytes::from(std::mem::take(&mut self.buf));
+        self.tx
+            .blocking_send(Ok(piece))
+            .map_err(|_| std::io::Error::new(std::io::ErrorKind::BrokenPipe, "client went away"))
+    }
+}
+
+fn zip_into(
+    rt: &tokio::runtime::Handle,
+    blobs: &BlobStore,
+    artifacts: &[Artifact],
+    tx: &tokio::sync::mpsc::Sender<std::io::Result<bytes::Bytes>>,
+) -> Result<()> {
+    use futures::StreamExt;
+    use std::io::Write;
+    let io = |e: &dyn std::fmt::Display| Error::Internal(e.to_string());
+    let out = ChannelWriter {
+        buf: Vec::with_capacity(EXPORT_PIECE * 2),
+        tx,
+    };
+    let mut zip = zip::ZipWriter::new_stream(out);
+    let opts = zip::write::SimpleFileOptions::default()
+        .compression_method(zip::CompressionMethod::Deflated)
+        .large_file(true);
+    for a in artifacts {
+        zip.start_file(a.path.as_str(), opts).map_err(|e| io(&e))?;
+        let mut stream = rt.block_on(blobs.stream(&a.blob_key, None))?;
+        while let Some(piece) = rt.block_on(stream.next()) {
+            let piece = piece.map_err(|e| io(&e))?;
+            zip.write_all(&piece).map_err(|e| io(&e))?;
+        }
+    }
+    let mut out = zip.finish().map_err(|e| io(&e))?;
+    out.flush().map_err(|e| io(&e))?;
+    Ok(())
 }
 
 /// The export's output buffer, shared between the CSV writer and the sender.

@@ -318,6 +318,25 @@ impl SessionDetail {
 }
 
 #[derive(Debug, Serialize)]
+pub struct ArtifactView {
+    pub path: String,
+    pub size_bytes: u64,
+    pub content_type: String,
+    pub created_at: String,
+}
+
+impl From<&fleetops_storage::Artifact> for ArtifactView {
+    fn from(a: &fleetops_storage::Artifact) -> Self {
+        Self {
+            path: a.path.clone(),
+            size_bytes: a.size_bytes,
+            content_type: a.content_type.clone(),
+            created_at: fmt_ms(a.created_at),
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
 pub struct Accepted {
     pub accepted: usize,
 }

@@ -127,6 +127,17 @@ impl Req {
             .filter(|v| !v.is_empty())
     }
 
+    /// The body as a stream of pieces (for uploads that must not be held in memory).
+    pub fn body_stream(&mut self) -> futures::stream::BoxStream<'static, std::io::Result<Bytes>> {
+        use futures::{StreamExt, TryStreamExt};
+        match self.body.take() {
+            Some(b) => http_body_util::BodyDataStream::new(b)
+                .map_err(std::io::Error::other)
+                .boxed(),
+            None => futures::stream::empty().boxed(),
+        }
+    }
+
     pub async fn body_bytes(&mut self, limit: usize) -> ApiResult<Bytes> {
         match self.body.take() {
             Some(b) => body::read(&self.parts.headers, b, limit).await,

@@ -3,17 +3,19 @@
 
 use bytes::Bytes;
 use http::{Response, StatusCode, header};
-use http_body_util::{BodyExt, Full, Limited, combinators::BoxBody};
+use http_body_util::{BodyExt, Full, Limited, combinators::UnsyncBoxBody};
 use hyper::body::Incoming;
 use serde::de::DeserializeOwned;
 
 use crate::error::{ApiError, ApiResult, json_bytes};
 
 /// Every response body: a full buffer now, streams in later issues.
-pub type Body = BoxBody<Bytes, std::io::Error>;
+pub type Body = UnsyncBoxBody<Bytes, std::io::Error>;
 
 pub fn full(b: impl Into<Bytes>) -> Body {
-    Full::new(b.into()).map_err(|never| match never {}).boxed()
+    Full::new(b.into())
+        .map_err(|never| match never {})
+        .boxed_unsync()
 }
 
 /// A body fed by a channel of pieces; the producer stops when the client goes away.
@@ -23,7 +25,13 @@ pub fn channel(rx: tokio::sync::mpsc::Receiver<std::io::Result<Bytes>>) -> Body 
             .await
             .map(|piece| (piece.map(hyper::body::Frame::data), rx))
     });
-    http_body_util::StreamBody::new(stream).boxed()
+    http_body_util::StreamBody::new(stream).boxed_unsync()
+}
+
+/// A body fed by a stream of pieces (a blob being read).
+pub fn stream(s: futures::stream::BoxStream<'static, std::io::Result<Bytes>>) -> Body {
+    use futures::TryStreamExt;
+    http_body_util::StreamBody::new(s.map_ok(hyper::body::Frame::data)).boxed_unsync()
 }
 
 pub fn empty() -> Body {

@@ -45,6 +45,10 @@ pub enum Op {
     QueryLogs,
     CompleteSession,
     ExportLogs,
+    PutFile,
+    ListFiles,
+    GetFile,
+    DownloadFiles,
 }
 
 /// How a route authenticates, for the OpenAPI document.
@@ -125,6 +129,11 @@ pub fn routes() -> Vec<RouteDef> {
         route!(POST "/api/v1/organizations/{org}/projects/{project}/sessions/{session_id}/logs", AppendLogs, "logs", Bearer, 202, true, "Append a batch of log entries (JSON array or NDJSON), durable on 202"),
         route!(GET "/api/v1/organizations/{org}/projects/{project}/sessions/{session_id}/logs", QueryLogs, "logs", Bearer, 200, false, "Query logs (level, module, search, since, until, limit, offset)"),
         route!(GET "/api/v1/organizations/{org}/projects/{project}/sessions/{session_id}/logs/export", ExportLogs, "logs", Bearer, 200, false, "Download matching logs as JSON or CSV (format=json|csv), streamed"),
+        route!(GET "/api/v1/organizations/{org}/projects/{project}/sessions/{session_id}/files", ListFiles, "artifacts", Bearer, 200, false, "List a session's artifact files, sorted by path"),
+        route!(GET "/api/v1/organizations/{org}/projects/{project}/sessions/{session_id}/files/download", DownloadFiles, "artifacts", Bearer, 200, false, "Every artifact as one ZIP, streamed"),
+        route!(PUT "/api/v1/organizations/{org}/projects/{project}/sessions/{session_id}/files/download", PutFile, "artifacts", Bearer, 201, true, "Upload a file whose path is exactly `download` (readable only through the ZIP)"),
+        route!(PUT "/api/v1/organizations/{org}/projects/{project}/sessions/{session_id}/files/{*path}", PutFile, "artifacts", Bearer, 201, true, "Upload an artifact (raw bytes; Content-Type kept or guessed), replacing the same path"),
+        route!(GET "/api/v1/organizations/{org}/projects/{project}/sessions/{session_id}/files/{*path}", GetFile, "artifacts", Bearer, 200, false, "Download an artifact (a single Range gives 206)"),
         route!(POST "/api/v1/organizations/{org}/projects/{project}/sessions/{session_id}/complete", CompleteSession, "sessions", Bearer, 200, true, "End a session as completed or failed"),
     ]
 }
@@ -215,7 +224,8 @@ mod tests {
                 .replace("{group_id}", "8")
                 .replace("{key_id}", "9")
                 .replace("{session_id}", "10")
-                .replace("{tag}", "t");
+                .replace("{tag}", "t")
+                .replace("{*path}", "dir/file.txt");
             match r.resolve(&def.method, &path) {
                 Resolved::Found(op, _, _) => assert_eq!(op, def.op, "{path}"),
                 _ => panic!("{} {path} does not resolve", def.method),

@@ -1,19 +1,41 @@
 //! Blobs (artifacts, capsules) through `object_store`: the local filesystem under the data
 //! directory by default. Keys are built from ids by callers, never from user-supplied names.
+//!
+//! Durability: a local put is followed by an fsync of the file and its directory, so a blob
+//! acknowledged with 201 survives a crash like the records that point at it.
 
-use std::path::Path;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use bytes::Bytes;
+use futures::stream::BoxStream;
+use futures::{StreamExt, TryStreamExt};
+use object_store::buffered::BufWriter;
 use object_store::{
-    ObjectStore, ObjectStoreExt, PutPayload, local::LocalFileSystem, path::Path as ObjPath,
+    GetOptions, GetRange, ObjectStore, ObjectStoreExt, PutPayload, local::LocalFileSystem,
+    path::Path as ObjPath,
 };
+use tokio::io::AsyncWriteExt;
 
-use crate::Result;
+use crate::{Result, StorageError};
 
 #[derive(Clone)]
 pub struct BlobStore {
     inner: Arc<dyn ObjectStore>,
+    /// The directory of the local backend (for fsync); `None` for remote stores.
+    local_root: Option<PathBuf>,
+}
+
+/// Why a streamed put stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum PutError {
+    #[error("the body exceeds {0} bytes")]
+    TooLarge(u64),
+    #[error("reading the body: {0}")]
+    Body(std::io::Error),
+    #[error(transparent)]
+    Storage(#[from] StorageError),
 }
 
 impl BlobStore {
@@ -22,6 +44,7 @@ impl BlobStore {
         std::fs::create_dir_all(dir)?;
         Ok(Self {
             inner: Arc::new(LocalFileSystem::new_with_prefix(dir)?),
+            local_root: Some(dir.to_path_buf()),
         })
     }
 
@@ -29,6 +52,60 @@ impl BlobStore {
         self.inner
             .put(&ObjPath::from(key), PutPayload::from_bytes(bytes))
             .await?;
+        self.sync(key).await
+    }
+
+    /// Streams a body into `key`, refusing more than `max` bytes (the partial object is
+    /// removed). Returns the size.
+    pub async fn put_stream(
+        &self,
+        key: &str,
+        mut body: BoxStream<'static, std::io::Result<Bytes>>,
+        max: u64,
+    ) -> std::result::Result<u64, PutError> {
+        let path = ObjPath::from(key);
+        let mut w = BufWriter::new(self.inner.clone(), path);
+        let mut size = 0u64;
+        let outcome = async {
+            while let Some(piece) = body.next().await {
+                let piece = piece.map_err(PutError::Body)?;
+                size += piece.len() as u64;
+                if size > max {
+                    return Err(PutError::TooLarge(max));
+                }
+                w.write_all(&piece)
+                    .await
+                    .map_err(|e| PutError::Storage(StorageError::Io(e)))?;
+            }
+            w.shutdown()
+                .await
+                .map_err(|e| PutError::Storage(StorageError::Io(e)))
+        }
+        .await;
+        if let Err(e) = outcome {
+            let _ = w.abort().await;
+            let _ = self.delete(key).await;
+            return Err(e);
+        }
+        self.sync(key).await?;
+        Ok(size)
+    }
+
+    /// fsync of a local blob and its directory.
+    async fn sync(&self, key: &str) -> Result<()> {
+        let Some(root) = &self.local_root else {
+            return Ok(());
+        };
+        let file = root.join(key);
+        tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+            std::fs::File::open(&file)?.sync_all()?;
+            if let Some(dir) = file.parent() {
+                std::fs::File::open(dir)?.sync_all()?;
+            }
+            Ok(())
+        })
+        .await
+        .map_err(|e| StorageError::Io(std::io::Error::other(e)))??;
         Ok(())
     }
 
@@ -38,6 +115,20 @@ impl BlobStore {
             Err(object_store::Error::NotFound { .. }) => Ok(None),
             Err(e) => Err(e.into()),
         }
+    }
+
+    /// The bytes of `range` (or all), as a stream.
+    pub async fn stream(
+        &self,
+        key: &str,
+        range: Option<Range<u64>>,
+    ) -> Result<BoxStream<'static, std::io::Result<Bytes>>> {
+        let opts = GetOptions {
+            range: range.map(GetRange::Bounded),
+            ..GetOptions::default()
+        };
+        let r = self.inner.get_opts(&ObjPath::from(key), opts).await?;
+        Ok(r.into_stream().map_err(std::io::Error::other).boxed())
     }
 
     pub async fn delete(&self, key: &str) -> Result<()> {
@@ -53,7 +144,7 @@ mod tests {
     use super::*;
 
     #[tokio::test]
-    async fn local_round_trip() {
+    async fn local_round_trip_stream_and_limit() {
         let dir = tempfile::tempdir().unwrap();
         let b = BlobStore::local(dir.path()).unwrap();
         b.put("a/1", Bytes::from_static(b"hello")).await.unwrap();
@@ -61,7 +152,32 @@ mod tests {
             b.get("a/1").await.unwrap().unwrap(),
             Bytes::from_static(b"hello")
         );
+        let s: Vec<Bytes> = b
+            .stream("a/1", Some(1..3))
+            .await
+            .unwrap()
+            .try_collect()
+            .await
+            .unwrap();
+        assert_eq!(s.concat(), b"el");
         b.delete("a/1").await.unwrap();
         assert!(b.get("a/1").await.unwrap().is_none());
+
+        let body = futures::stream::iter(vec![
+            Ok(Bytes::from_static(b"abc")),
+            Ok(Bytes::from_static(b"def")),
+        ])
+        .boxed();
+        assert_eq!(b.put_stream("s/1", body, 10).await.unwrap(), 6);
+        assert_eq!(
+            b.get("s/1").await.unwrap().unwrap(),
+            Bytes::from_static(b"abcdef")
+        );
+        let body = futures::stream::iter(vec![Ok(Bytes::from_static(b"abcdef"))]).boxed();
+        assert!(matches!(
+            b.put_stream("s/2", body, 5).await,
+            Err(PutError::TooLarge(5))
+        ));
+        assert!(b.get("s/2").await.unwrap().is_none());
     }
 }

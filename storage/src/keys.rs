@@ -114,6 +114,13 @@ pub(crate) fn log_prefix(session: u64) -> Vec<u8> {
     key(&[b"l", &be(session), b""])
 }
 
+pub(crate) fn artifact(session: u64, path: &str) -> Vec<u8> {
+    key(&[b"a", &be(session), path.as_bytes()])
+}
+pub(crate) fn artifact_prefix(session: u64) -> Vec<u8> {
+    key(&[b"a", &be(session), b""])
+}
+
 /// The trailing big-endian id of a key built above.
 pub(crate) fn trailing_id(k: &[u8]) -> Option<u64> {
     let n = k.len().checked_sub(8)?;

@@ -175,6 +175,19 @@ impl LogChunk {
     }
 }
 
+/// A file attached to a session; its bytes live in the blob store under `blob_key`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Artifact {
+    pub session_id: u64,
+    /// Relative, `/`-separated, validated.
+    pub path: String,
+    pub size_bytes: u64,
+    pub content_type: String,
+    /// Built from ids, never from the path.
+    pub blob_key: String,
+    pub created_at: i64,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct DeviceGroup {
     pub id: u64,

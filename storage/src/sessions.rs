@@ -7,7 +7,9 @@
 
 use sled::Transactional;
 
-use crate::{LogChunk, Result, Session, SessionCounters, StorageError, Store, Writes, codec, keys};
+use crate::{
+    Artifact, LogChunk, Result, Session, SessionCounters, StorageError, Store, Writes, codec, keys,
+};
 
 impl Store {
     pub fn session(&self, project: u64, id: u64) -> Result<Option<Session>> {
@@ -92,9 +94,34 @@ impl Store {
         }
     }
 
-    /// Removes the session record, its counters and every log chunk in one transaction, so a
-    /// crash leaves the session either whole or gone.
-    pub fn delete_session(&self, s: &Session) -> Result<()> {
+    pub fn artifact(&self, session: u64, path: &str) -> Result<Option<Artifact>> {
+        self.get(&keys::artifact(session, path))
+    }
+
+    /// A session's artifacts, sorted by path.
+    pub fn artifacts(&self, session: u64) -> Result<Vec<Artifact>> {
+        let mut v: Vec<Artifact> = self.scan_rev(&keys::artifact_prefix(session))?;
+        v.reverse();
+        Ok(v)
+    }
+
+    /// Records an artifact (replacing one at the same path) with the session's new counters.
+    pub fn put_artifact(&self, a: &Artifact, counters: &SessionCounters) -> Result<()> {
+        let mut w = Writes::new();
+        w.put(keys::artifact(a.session_id, &a.path), a)?;
+        w.put(keys::session_counters(a.session_id), counters)?;
+        self.apply(w.0)
+    }
+
+    /// Removes the session record, its counters, every log chunk and every artifact record in
+    /// one transaction, so a crash leaves the session either whole or gone. Returns the blob
+    /// keys, for the caller to delete afterwards.
+    pub fn delete_session(&self, s: &Session) -> Result<Vec<String>> {
+        let artifacts = self.artifacts(s.id)?;
+        let artifact_keys: Vec<Vec<u8>> = artifacts
+            .iter()
+            .map(|a| keys::artifact(s.id, &a.path))
+            .collect();
         let chunk_keys: Vec<sled::IVec> = self
             .inner
             .logs
@@ -112,6 +139,9 @@ impl Store {
                 records.remove(rec.as_slice())?;
                 records.remove(counters.as_slice())?;
                 records.remove(owner.as_slice())?;
+                for k in &artifact_keys {
+                    records.remove(k.as_slice())?;
+                }
                 Ok(())
             })
             .map_err(|e: sled::transaction::TransactionError<()>| match e {
@@ -119,6 +149,7 @@ impl Store {
                 sled::transaction::TransactionError::Abort(()) => {
                     StorageError::Corrupt("session delete aborted".into())
                 }
-            })
+            })?;
+        Ok(artifacts.into_iter().map(|a| a.blob_key).collect())
     }
 }

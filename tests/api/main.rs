@@ -5,6 +5,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod accounts;
+mod artifacts;
 mod bad_input;
 mod cli;
 mod common;

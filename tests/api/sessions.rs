@@ -347,7 +347,7 @@ async fn ingestion_formats_atomicity_and_limits() {
 }
 
 /// A known data set: timestamps out of arrival order, ties, several modules and levels.
-async fn seeded(s: &Srv) -> u64 {
+pub async fn seeded(s: &Srv) -> u64 {
     let (d, tok) = device(s, "probe").await;
     let sid = session(s, d, &tok).await;
     let logs = format!("{DEV}/sessions/{sid}/logs");

@@ -2,6 +2,7 @@
 //! runtime and maps the reply; no business rule lives here.
 
 mod accounts;
+mod artifacts;
 mod devices;
 mod ops;
 mod sessions;
@@ -53,5 +54,9 @@ pub async fn dispatch(op: Op, cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<B
         Op::QueryLogs => sessions::query_logs(cx, req).await,
         Op::CompleteSession => sessions::complete(cx, req).await,
         Op::ExportLogs => sessions::export_logs(cx, req),
+        Op::PutFile => artifacts::put(cx, req).await,
+        Op::ListFiles => artifacts::list(cx, req),
+        Op::GetFile => artifacts::get(cx, req).await,
+        Op::DownloadFiles => artifacts::download(cx, req),
     }
 }

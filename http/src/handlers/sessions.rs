@@ -12,7 +12,7 @@ use crate::error::{ApiError, ApiResult};
 
 /// Authenticated on a session route a device may use: 401 → 429 → 403 (project) → 404
 /// (session) → 403 (another device's session). Returns the scope and the session id.
-fn ingestion(cx: &mut Cx<'_>, req: &Req) -> ApiResult<(Principal, ProjectScope, u64)> {
+pub(super) fn ingestion(cx: &mut Cx<'_>, req: &Req) -> ApiResult<(Principal, ProjectScope, u64)> {
     let org = req.param("org");
     let p = cx.authenticate(req, Some(org))?;
     let s = cx
@@ -25,7 +25,7 @@ fn ingestion(cx: &mut Cx<'_>, req: &Req) -> ApiResult<(Principal, ProjectScope, 
     Ok((p, s, id))
 }
 
-fn session_id(req: &Req) -> ApiResult<u64> {
+pub(super) fn session_id(req: &Req) -> ApiResult<u64> {
     req.id("session_id", "Session")
 }
 

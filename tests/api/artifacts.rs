@@ -1,0 +1,253 @@
+//! Artifact files: upload, replace, list, content types, ranges, the ZIP, traversal paths,
+//! and what completion and deletion do to them.
+
+use std::io::Read;
+
+use serde_json::json;
+
+use crate::common::*;
+use crate::sessions::{device, session};
+
+async fn put(s: &Srv, sid: u64, path: &str, cred: &str, ct: Option<&str>, bytes: Vec<u8>) -> Resp {
+    let mut rb = s
+        .http
+        .put(s.url(&format!("{DEV}/sessions/{sid}/files/{path}")))
+        .bearer_auth(cred)
+        .body(bytes);
+    if let Some(ct) = ct {
+        rb = rb.header("content-type", ct);
+    }
+    s.raw(rb).await
+}
+
+#[tokio::test]
+async fn upload_list_get_range_zip_and_delete() {
+    let s = start().await;
+    let (d, tok) = device(&s, "cam").await;
+    let sid = session(&s, d, &tok).await;
+    let k = s.key();
+    let big: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+
+    let r = put(
+        &s,
+        sid,
+        "run/trace.mcap",
+        &tok,
+        Some("application/x-mcap"),
+        big.clone(),
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", r.body);
+    assert_eq!(r.body["path"], "run/trace.mcap");
+    assert_eq!(r.body["size_bytes"], 300_000);
+    assert_eq!(r.body["content_type"], "application/x-mcap");
+    assert!(r.body["created_at"].as_str().unwrap().ends_with('Z'));
+    let r = put(&s, sid, "notes.txt", k, None, b"first".to_vec()).await;
+    assert_eq!(r.body["content_type"], "text/plain");
+    let r = put(&s, sid, "notes.txt", k, None, b"second version".to_vec()).await;
+    assert_eq!(r.status, 201);
+    assert_eq!(r.body["size_bytes"], 14);
+    put(&s, sid, "a%20b/photo.png", k, None, vec![1, 2, 3]).await;
+    let r = put(
+        &s,
+        sid,
+        "download",
+        k,
+        Some("text/plain"),
+        b"named download".to_vec(),
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", r.body);
+
+    // List: sorted by path.
+    let r = s.get(&format!("{DEV}/sessions/{sid}/files"), k).await;
+    let paths: Vec<_> = r.body["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["path"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(
+        paths,
+        ["a b/photo.png", "download", "notes.txt", "run/trace.mcap"]
+    );
+    assert_eq!(r.body["items"][0]["content_type"], "image/png");
+    // Detail counts them (the replaced file once, at its new size).
+    let r = s.get(&format!("{DEV}/sessions/{sid}"), k).await;
+    assert_eq!(r.body["metrics"]["artifact_count"], 4);
+    assert_eq!(
+        r.body["metrics"]["artifact_size_bytes"],
+        300_000 + 14 + 3 + 14
+    );
+    assert_eq!(r.body["artifact_count"], 4);
+
+    // Whole file with type and length.
+    let resp = s
+        .http
+        .get(s.url(&format!("{DEV}/sessions/{sid}/files/run/trace.mcap")))
+        .bearer_auth(k)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["content-type"], "application/x-mcap");
+    assert_eq!(resp.headers()["content-length"], "300000");
+    assert_eq!(resp.bytes().await.unwrap().to_vec(), big);
+    // Ranges.
+    for (range, want) in [
+        ("bytes=0-9", 0..10),
+        ("bytes=299990-", 299_990..300_000),
+        ("bytes=-5", 299_995..300_000),
+        ("bytes=100-100", 100..101),
+    ] {
+        let resp = s
+            .http
+            .get(s.url(&format!("{DEV}/sessions/{sid}/files/run/trace.mcap")))
+            .bearer_auth(k)
+            .header("range", range)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 206, "{range}");
+        assert_eq!(
+            resp.headers()["content-range"],
+            format!("bytes {}-{}/300000", want.start, want.end - 1)
+        );
+        assert_eq!(
+            resp.headers()["content-length"],
+            (want.end - want.start).to_string()
+        );
+        assert_eq!(
+            resp.bytes().await.unwrap().to_vec(),
+            big[want.start..want.end].to_vec(),
+            "{range}"
+        );
+    }
+    let resp = s
+        .http
+        .get(s.url(&format!("{DEV}/sessions/{sid}/files/notes.txt")))
+        .bearer_auth(k)
+        .header("range", "bytes=14-")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 416);
+    assert_eq!(resp.headers()["content-range"], "bytes */14");
+    s.get(&format!("{DEV}/sessions/{sid}/files/missing.bin"), k)
+        .await
+        .assert_error(404);
+
+    // The ZIP holds every file, byte for byte (the file named `download` included).
+    let resp = s
+        .http
+        .get(s.url(&format!("{DEV}/sessions/{sid}/files/download")))
+        .bearer_auth(k)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["content-type"], "application/zip");
+    assert_eq!(
+        resp.headers()["content-disposition"],
+        format!("attachment; filename=\"session-{sid}-artifacts.zip\"")
+    );
+    let bytes = resp.bytes().await.unwrap();
+    let mut zip = zip::ZipArchive::new(std::io::Cursor::new(bytes.to_vec())).unwrap();
+    assert_eq!(zip.len(), 4);
+    let mut read = |name: &str| {
+        let mut f = zip.by_name(name).unwrap();
+        let mut v = Vec::new();
+        f.read_to_end(&mut v).unwrap();
+        v
+    };
+    assert_eq!(read("run/trace.mcap"), big);
+    assert_eq!(read("notes.txt"), b"second version");
+    assert_eq!(read("download"), b"named download");
+    assert_eq!(read("a b/photo.png"), vec![1, 2, 3]);
+
+    // Completed sessions take no more files; deletion takes them all away.
+    s.post(
+        &format!("{DEV}/sessions/{sid}/complete"),
+        &tok,
+        json!({"status": "completed"}),
+    )
+    .await;
+    put(&s, sid, "late.txt", k, None, b"x".to_vec())
+        .await
+        .assert_error(409);
+    assert_eq!(
+        s.delete(&format!("{DEV}/sessions/{sid}"), k).await.status,
+        204
+    );
+    s.get(&format!("{DEV}/sessions/{sid}/files/notes.txt"), k)
+        .await
+        .assert_error(404);
+    s.get(&format!("{DEV}/sessions/{sid}/files"), k)
+        .await
+        .assert_error(404);
+}
+
+#[tokio::test]
+async fn traversal_paths_and_foreign_devices_are_refused() {
+    let s = start().await;
+    let (d, tok) = device(&s, "cam").await;
+    let (_, other) = device(&s, "other").await;
+    let sid = session(&s, d, &tok).await;
+    // Sent byte for byte over TCP: an HTTP client library would normalise the dot segments.
+    for path in [
+        "a/../b",
+        "../etc/passwd",
+        "a/%2E%2E/b",
+        "a%5Cb",
+        "a%00b",
+        "a//b",
+        "dir/",
+        "%2Fabs",
+        "./x",
+    ] {
+        let status = raw_put(&s, &format!("{DEV}/sessions/{sid}/files/{path}"), &tok).await;
+        assert_eq!(status, 400, "{path}");
+    }
+    put(&s, sid, "ok.txt", &other, None, b"x".to_vec())
+        .await
+        .assert_error(403);
+    put(&s, 999_999, "ok.txt", s.key(), None, b"x".to_vec())
+        .await
+        .assert_error(404);
+    let r = s.get(&format!("{DEV}/sessions/{sid}/files"), s.key()).await;
+    assert_eq!(r.body["items"], json!([]));
+}
+
+#[tokio::test]
+async fn oversized_artifacts_are_413_and_leave_nothing() {
+    let s = start_with(|c| c.sessions.max_artifact_bytes = 1000).await;
+    let (d, tok) = device(&s, "cam").await;
+    let sid = session(&s, d, &tok).await;
+    put(&s, sid, "big.bin", &tok, None, vec![0; 1001])
+        .await
+        .assert_error(413);
+    assert_eq!(
+        put(&s, sid, "ok.bin", &tok, None, vec![0; 1000])
+            .await
+            .status,
+        201
+    );
+    let r = s.get(&format!("{DEV}/sessions/{sid}/files"), s.key()).await;
+    assert_eq!(r.body["items"].as_array().unwrap().len(), 1);
+}
+
+/// A PUT written by hand, so the path reaches the server exactly as given; returns the status.
+async fn raw_put(s: &Srv, path: &str, cred: &str) -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let addr = s.base.trim_start_matches("http://");
+    let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let req = format!(
+        "PUT {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {cred}\r\nContent-Length: 1\r\nConnection: close\r\n\r\nx"
+    );
+    conn.write_all(req.as_bytes()).await.unwrap();
+    let mut out = Vec::new();
+    conn.read_to_end(&mut out).await.unwrap();
+    let text = String::from_utf8_lossy(&out);
+    assert!(text.contains("\"status_code\""), "{text}");
+    text.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
