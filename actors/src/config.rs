@@ -56,12 +56,22 @@ impl Default for DevicesConfig {
 pub struct SessionsConfig {
     /// Largest artifact file (413 beyond).
     pub max_artifact_bytes: u64,
+    /// Recent entries an active session keeps in memory for live-stream replay (at least the
+    /// largest `replay`, 10,000).
+    pub buffer_entries: usize,
+    /// Batches a live subscriber may fall behind before it is told `lagged` and skipped ahead.
+    pub subscriber_queue: usize,
+    /// Seconds between WebSocket pings.
+    pub ping_interval_seconds: u64,
 }
 
 impl Default for SessionsConfig {
     fn default() -> Self {
         Self {
             max_artifact_bytes: 1024 * 1024 * 1024,
+            buffer_entries: 10_000,
+            subscriber_queue: 256,
+            ping_interval_seconds: 30,
         }
     }
 }

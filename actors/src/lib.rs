@@ -27,6 +27,7 @@ pub mod config;
 mod directory;
 pub mod error;
 mod keyed;
+pub mod live;
 pub mod logs;
 mod mailbox;
 mod project;
@@ -113,7 +114,7 @@ impl Runtime {
             restarts: restarts.clone(),
         };
         let session_args = KeyedArgs::<session::SessionActor> {
-            ctx: store.clone(),
+            ctx: (store.clone(), cfg.sessions.clone()),
             cfg: cfg.supervision.clone(),
             registry: Arc::new(DashMap::new()),
             restarts: restarts.clone(),

@@ -6,12 +6,17 @@
 //! Its state is rebuilt from storage in `pre_start` (counters, whether the session is still
 //! active), so a restart after a panic loses nothing that was acknowledged.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 use fleetops_storage::{Artifact, LogChunk, SessionCounters, SessionStatus, Store};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use tokio::sync::broadcast;
 
+use crate::config::SessionsConfig;
 use crate::error::{Error, Result};
+use crate::live::{self, LiveBatch, LiveEvent, Subscription};
+use crate::logs::LogFilter;
 
 type Reply<T> = RpcReplyPort<Result<T>>;
 
@@ -22,17 +27,31 @@ pub(crate) enum SessionMsg {
     PutArtifact(Artifact, Reply<Option<String>>),
     /// Refuse every later append (completion or deletion is under way).
     Seal(Reply<()>),
-    /// The session ended or is gone: stop.
-    Stop,
+    /// A live subscriber: its replay (the last `n` matching entries, or every buffered entry
+    /// from a sequence number on, after a restart of this actor) and the feed.
+    Subscribe {
+        replay: Replay,
+        filter: LogFilter,
+        reply: Reply<Subscription>,
+    },
+    /// The session ended with this status (`None`: deleted): tell subscribers and stop.
+    End(Option<&'static str>),
     /// Fault injection for supervision tests.
     Panic,
+}
+
+/// Which entries a new subscriber is sent first.
+#[derive(Debug, Clone, Copy)]
+pub enum Replay {
+    Last(usize),
+    Since(u64),
 }
 
 #[derive(Default)]
 pub(crate) struct SessionActor;
 
 impl crate::keyed::KeyedChild for SessionActor {
-    type Ctx = Store;
+    type Ctx = (Store, SessionsConfig);
     const KIND: &'static str = "session";
 }
 
@@ -45,20 +64,42 @@ pub(crate) struct SessionState {
     open: bool,
     /// The session no longer exists (deleted): appends are 404, not 409.
     gone: bool,
+    /// The status when not active, for subscribers that arrive late.
+    ended: Option<&'static str>,
+    /// The most recent batches with the arrival index of their first entry, holding at least
+    /// `cfg.buffer_entries` entries once the session has that many.
+    ring: VecDeque<(u64, Arc<LogChunk>)>,
+    ring_entries: usize,
+    cfg: SessionsConfig,
+    live: broadcast::Sender<LiveEvent>,
 }
 
 impl Actor for SessionActor {
     type Msg = SessionMsg;
     type State = SessionState;
-    type Arguments = (Store, u64);
+    type Arguments = ((Store, SessionsConfig), u64);
 
     async fn pre_start(
         &self,
         _myself: ActorRef<Self::Msg>,
-        (store, id): Self::Arguments,
+        ((store, cfg), id): Self::Arguments,
     ) -> Result<Self::State, ActorProcessingErr> {
         let session = store.session_by_id(id)?;
         let counters = store.session_counters(id)?;
+        // Rebuild the replay buffer from the newest stored batches.
+        let mut ring = VecDeque::new();
+        let mut ring_entries = 0;
+        let mut next = counters.log_count;
+        for item in store.log_chunks_rev(id) {
+            if ring_entries >= cfg.buffer_entries {
+                break;
+            }
+            let (_, chunk) = item?;
+            next = next.saturating_sub(chunk.len() as u64);
+            ring_entries += chunk.len();
+            ring.push_front((next, Arc::new(chunk)));
+        }
+        let (live, _) = broadcast::channel(cfg.subscriber_queue.max(1));
         Ok(SessionState {
             id,
             counters,
@@ -66,7 +107,15 @@ impl Actor for SessionActor {
                 .as_ref()
                 .is_some_and(|s| s.status == SessionStatus::Active),
             gone: session.is_none(),
+            ended: session
+                .as_ref()
+                .filter(|s| s.status != SessionStatus::Active)
+                .map(|s| s.status.as_str()),
             store,
+            ring,
+            ring_entries,
+            cfg,
+            live,
         })
     }
 
@@ -87,7 +136,21 @@ impl Actor for SessionActor {
                 st.open = false;
                 let _ = reply.send(Ok(()));
             }
-            SessionMsg::Stop => myself.stop(None),
+            SessionMsg::Subscribe {
+                replay,
+                filter,
+                reply,
+            } => {
+                let _ = reply.send(Ok(st.subscribe(replay, &filter)));
+                if !st.open {
+                    // Started only to answer a late subscriber: nothing more to do.
+                    myself.stop(None);
+                }
+            }
+            SessionMsg::End(status) => {
+                let _ = st.live.send(LiveEvent::Ended(status));
+                myself.stop(None);
+            }
             SessionMsg::Panic => panic!("injected fault in SessionActor {}", st.id),
         }
         Ok(())
@@ -135,7 +198,67 @@ impl SessionState {
             ..self.counters
         };
         self.store.append_chunk(self.id, &chunk, &next, seq)?;
+        let first_seq = self.counters.log_count;
         self.counters = next;
+        self.remember(first_seq, chunk.clone());
+        if self.live.receiver_count() > 0 {
+            let frames = live::frames(&chunk);
+            let _ = self.live.send(LiveEvent::Batch(Arc::new(LiveBatch {
+                first_seq,
+                chunk,
+                frames,
+            })));
+        }
         Ok(n)
+    }
+
+    /// Keeps the batch for replay, dropping the oldest while enough remain.
+    fn remember(&mut self, first_seq: u64, chunk: Arc<LogChunk>) {
+        self.ring_entries += chunk.len();
+        self.ring.push_back((first_seq, chunk));
+        while let Some((_, oldest)) = self.ring.front() {
+            if self.ring_entries - oldest.len() < self.cfg.buffer_entries {
+                break;
+            }
+            self.ring_entries -= oldest.len();
+            self.ring.pop_front();
+        }
+    }
+
+    fn subscribe(&self, replay: Replay, filter: &LogFilter) -> Subscription {
+        let frames = match replay {
+            Replay::Last(n) => {
+                let chunks: Vec<Arc<LogChunk>> = self.ring.iter().map(|(_, c)| c.clone()).collect();
+                live::replay_frames(&chunks, filter, n)
+            }
+            Replay::Since(from) => self
+                .ring
+                .iter()
+                .filter(|(first, c)| first + c.len() as u64 > from)
+                .flat_map(|(first, c)| {
+                    let skip = from.saturating_sub(*first) as usize;
+                    let wanted: Vec<usize> = filter
+                        .matches(c)
+                        .into_iter()
+                        .filter(|i| *i >= skip)
+                        .collect();
+                    live::frames(c)
+                        .into_iter()
+                        .enumerate()
+                        .filter(move |(i, _)| wanted.contains(i))
+                        .map(|(_, f)| f)
+                })
+                .collect(),
+        };
+        Subscription {
+            replay: frames,
+            next_seq: self.counters.log_count,
+            feed: self.open.then(|| self.live.subscribe()),
+            ended: if self.open {
+                None
+            } else {
+                self.ended.or(Some("completed"))
+            },
+        }
     }
 }

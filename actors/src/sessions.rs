@@ -17,11 +17,12 @@ use crate::clock::now_ms;
 use crate::config::SessionsConfig;
 use crate::error::{Error, Result};
 use crate::keyed::Keyed;
+use crate::live::{self, Subscription};
 use crate::logs::{self, LogFilter, RawEntry};
 use crate::project::ProjectMsg;
 use crate::projects::ProjectsHandle;
 use crate::rules;
-use crate::session::{SessionActor, SessionMsg};
+use crate::session::{Replay, SessionActor, SessionMsg};
 use crate::views::{
     Accepted, ArtifactView, Items, LogPage, Page, PageReq, SessionDetail, SessionItem,
 };
@@ -165,11 +166,71 @@ impl SessionsHandle {
         self.actors.call(id, SessionMsg::Seal).await
     }
 
-    fn stop_actor(&self, id: u64) {
+    /// Tells the session's subscribers how it ended (`None`: deleted) and stops its actor.
+    fn end_actor(&self, id: u64, status: Option<&'static str>) {
         if let Some(a) = self.actors.running(id) {
-            let _ = a.cast(SessionMsg::Stop);
+            let _ = a.cast(SessionMsg::End(status));
         }
         self.actors.forget(id);
+    }
+
+    /// A live subscriber: replay, then the feed; for a session that is not active, the
+    /// replay from storage and its end.
+    pub async fn subscribe(
+        &self,
+        pid: u64,
+        id: u64,
+        replay: usize,
+        filter: LogFilter,
+    ) -> Result<Subscription> {
+        let s = self.record(pid, id)?;
+        if s.status == SessionStatus::Active {
+            let f = filter.clone();
+            return self
+                .actors
+                .call(id, |reply| SessionMsg::Subscribe {
+                    replay: Replay::Last(replay),
+                    filter: f.clone(),
+                    reply,
+                })
+                .await;
+        }
+        let store = self.store.clone();
+        let frames = tokio::task::spawn_blocking(move || -> Result<Vec<bytes::Bytes>> {
+            let mut chunks = Vec::new();
+            let mut matched = 0;
+            for item in store.log_chunks_rev(id) {
+                if matched >= replay {
+                    break;
+                }
+                let (_, c) = item?;
+                matched += filter.matches(&c).len();
+                chunks.push(Arc::new(c));
+            }
+            chunks.reverse();
+            Ok(live::replay_frames(&chunks, &filter, replay))
+        })
+        .await
+        .map_err(|e| Error::Internal(e.to_string()))??;
+        let counters = self.store.session_counters(id)?;
+        Ok(Subscription {
+            replay: frames,
+            next_seq: counters.log_count,
+            feed: None,
+            ended: Some(s.status.as_str()),
+        })
+    }
+
+    /// Picks a live feed up again after the session's actor restarted: every buffered entry
+    /// from `from` on, then the new feed.
+    pub async fn resume(&self, id: u64, from: u64, filter: LogFilter) -> Result<Subscription> {
+        self.actors
+            .call(id, |reply| SessionMsg::Subscribe {
+                replay: Replay::Since(from),
+                filter: filter.clone(),
+                reply,
+            })
+            .await
     }
 
     pub async fn complete(&self, pid: u64, id: u64, status: EndStatus) -> Result<SessionDetail> {
@@ -183,7 +244,7 @@ impl SessionsHandle {
             .projects
             .write(pid, |reply| ProjectMsg::EndSession { id, status, reply })
             .await?;
-        self.stop_actor(id);
+        self.end_actor(id, Some(status.as_str()));
         self.detail_of(&s)
     }
 
@@ -208,7 +269,7 @@ impl SessionsHandle {
             .projects
             .write(pid, |reply| ProjectMsg::DeleteSession { id, reply })
             .await?;
-        self.stop_actor(id);
+        self.end_actor(id, None);
         // The records are gone for good; the bytes follow (a crash here leaves only
         // unreferenced blobs, never a half-visible session).
         for key in blobs {
@@ -364,6 +425,11 @@ impl SessionsHandle {
             }
         });
         Ok(rx)
+    }
+
+    /// The `[sessions]` configuration (live-stream settings).
+    pub fn config(&self) -> &SessionsConfig {
+        &self.cfg
     }
 
     /// Makes a session's actor panic in its handler (supervision tests only).

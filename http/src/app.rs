@@ -27,6 +27,8 @@ pub struct App {
     pub router: Router,
     /// The OpenAPI document, rendered once.
     pub openapi: Bytes,
+    /// Cancelled on shutdown: open WebSockets close with 1001.
+    pub closing: tokio_util::sync::CancellationToken,
 }
 
 impl App {
@@ -42,6 +44,7 @@ impl App {
             metrics: Metrics::new(),
             router,
             openapi,
+            closing: tokio_util::sync::CancellationToken::new(),
         })
     }
 }
@@ -160,9 +163,17 @@ impl<'a> Cx<'a> {
 
     /// 401 for bad or missing credentials, then 429 over the caller's tier.
     pub fn authenticate(&mut self, req: &Req, org: Option<&str>) -> ApiResult<Principal> {
-        let value = req
-            .credential()
-            .ok_or(ApiError::Domain(fleetops_actors::Error::Unauthorized))?;
+        self.authenticate_with(req.credential(), org)
+    }
+
+    /// As [`Cx::authenticate`], with the credential taken from elsewhere (a WebSocket's
+    /// `?token=`).
+    pub fn authenticate_with(
+        &mut self,
+        value: Option<&str>,
+        org: Option<&str>,
+    ) -> ApiResult<Principal> {
+        let value = value.ok_or(ApiError::Domain(fleetops_actors::Error::Unauthorized))?;
         let p = self.app.rt.auth.resolve(value)?;
         let (tier, org_id) = self.app.rt.access.tier_for(&p, org)?;
         let (kind, id) = p.bucket();

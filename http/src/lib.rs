@@ -9,13 +9,14 @@ pub mod app;
 pub mod body;
 pub mod config;
 pub mod error;
-mod handlers;
+pub(crate) mod handlers;
 pub mod metrics;
 pub mod openapi;
 pub mod query;
 pub mod rate_limit;
 pub mod router;
 pub mod server;
+mod ws;
 
 pub use app::App;
 pub use config::{HttpConfig, Tier};

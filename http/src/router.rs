@@ -49,6 +49,7 @@ pub enum Op {
     ListFiles,
     GetFile,
     DownloadFiles,
+    LiveLogs,
 }
 
 /// How a route authenticates, for the OpenAPI document.
@@ -134,6 +135,7 @@ pub fn routes() -> Vec<RouteDef> {
         route!(PUT "/api/v1/organizations/{org}/projects/{project}/sessions/{session_id}/files/download", PutFile, "artifacts", Bearer, 201, true, "Upload a file whose path is exactly `download` (readable only through the ZIP)"),
         route!(PUT "/api/v1/organizations/{org}/projects/{project}/sessions/{session_id}/files/{*path}", PutFile, "artifacts", Bearer, 201, true, "Upload an artifact (raw bytes; Content-Type kept or guessed), replacing the same path"),
         route!(GET "/api/v1/organizations/{org}/projects/{project}/sessions/{session_id}/files/{*path}", GetFile, "artifacts", Bearer, 200, false, "Download an artifact (a single Range gives 206)"),
+        route!(GET "/api/v1/ws/organizations/{org}/projects/{project}/sessions/{session_id}/logs", LiveLogs, "logs", Bearer, 101, false, "WebSocket: live logs (replay, level, module; token= for browsers)"),
         route!(POST "/api/v1/organizations/{org}/projects/{project}/sessions/{session_id}/complete", CompleteSession, "sessions", Bearer, 200, true, "End a session as completed or failed"),
     ]
 }

@@ -58,6 +58,7 @@ pub async fn serve(listener: TcpListener, app: Arc<App>, shutdown: impl Future<O
         }
     }
     drop(listener);
+    app.closing.cancel();
     let grace = Duration::from_secs(app.cfg.shutdown_grace_seconds);
     tokio::select! {
         _ = graceful.shutdown() => {}

@@ -87,6 +87,22 @@ impl Store {
             })
     }
 
+    /// The session's chunks from the newest back, with their sequence numbers.
+    pub fn log_chunks_rev(
+        &self,
+        session: u64,
+    ) -> impl Iterator<Item = Result<(u64, LogChunk)>> + use<> {
+        self.inner
+            .logs
+            .scan_prefix(keys::log_prefix(session))
+            .rev()
+            .map(|kv| {
+                let (k, v) = kv?;
+                let seq = keys::trailing_id(&k).unwrap_or(0);
+                Ok((seq, codec::decode::<LogChunk>(&v)?))
+            })
+    }
+
     pub fn log_chunk(&self, session: u64, seq: u64) -> Result<Option<LogChunk>> {
         match self.inner.logs.get(keys::log_chunk(session, seq))? {
             Some(v) => codec::decode(&v).map(Some),

@@ -10,6 +10,7 @@ mod bad_input;
 mod cli;
 mod common;
 mod devices;
+mod live;
 mod ops;
 mod rate_limits;
 mod sessions;

@@ -5,7 +5,7 @@ mod accounts;
 mod artifacts;
 mod devices;
 mod ops;
-mod sessions;
+pub(crate) mod sessions;
 
 use http::Response;
 
@@ -58,5 +58,6 @@ pub async fn dispatch(op: Op, cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<B
         Op::ListFiles => artifacts::list(cx, req),
         Op::GetFile => artifacts::get(cx, req).await,
         Op::DownloadFiles => artifacts::download(cx, req),
+        Op::LiveLogs => crate::ws::live_logs(cx, req).await,
     }
 }

@@ -25,7 +25,7 @@ pub(super) fn ingestion(cx: &mut Cx<'_>, req: &Req) -> ApiResult<(Principal, Pro
     Ok((p, s, id))
 }
 
-pub(super) fn session_id(req: &Req) -> ApiResult<u64> {
+pub(crate) fn session_id(req: &Req) -> ApiResult<u64> {
     req.id("session_id", "Session")
 }
 
@@ -181,7 +181,7 @@ pub async fn append_logs(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Bo
 }
 
 /// The filters shared by the query and the export.
-fn log_filter(req: &Req) -> ApiResult<LogFilter> {
+pub(crate) fn log_filter(req: &Req) -> ApiResult<LogFilter> {
     let mut levels = 0u8;
     if let Some(v) = req.query.get("level") {
         for part in v.split(',').map(str::trim).filter(|p| !p.is_empty()) {

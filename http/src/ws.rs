@@ -1,0 +1,214 @@
+//! The live log stream over WebSocket: authentication (header or `?token=`) and every check
+//! before the upgrade, so a refusal is a plain HTTP 401/403/404; then replay, the filtered
+//! feed, `lagged` when this subscriber fell behind, `session_ended` and close 1000; pings
+//! every `ping_interval_seconds`; close 1001 on shutdown.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use fleetops_actors::live::{LiveEvent, Subscription, ended_frame, lagged_frame, matching_frames};
+use fleetops_actors::logs::LogFilter;
+use fleetops_actors::{Role, SessionsHandle};
+use futures::{SinkExt, StreamExt};
+use http::{HeaderValue, Response, StatusCode, header};
+use hyper_util::rt::TokioIo;
+use tokio::sync::broadcast::error::RecvError;
+use tokio_tungstenite::WebSocketStream;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Role as WsRole};
+use tokio_tungstenite::tungstenite::{Message, Utf8Bytes};
+
+use crate::app::{Cx, Req};
+use crate::body::{Body, empty};
+use crate::error::{ApiError, ApiResult};
+use crate::handlers::sessions::{log_filter, session_id};
+
+/// Most entries a subscriber may ask to be replayed.
+const MAX_REPLAY: u64 = 10_000;
+
+pub async fn live_logs(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
+    // Credentials: header first, else `?token=` (browsers cannot set headers on WebSockets).
+    let token = req.query.get("token").map(str::to_string);
+    let cred = req.credential().map(str::to_string).or(token);
+    let org = req.param("org").to_string();
+    let p = cx.authenticate_with(cred.as_deref(), Some(&org))?;
+    let s = cx
+        .rt()
+        .access
+        .project(&p, &org, req.param("project"), Role::Viewer)?;
+    let id = session_id(&req)?;
+    let replay = req.query.u64("replay")?.unwrap_or(0);
+    if replay > MAX_REPLAY {
+        return Err(ApiError::unprocessable(format!(
+            "replay: at most {MAX_REPLAY}"
+        )));
+    }
+    let filter = LogFilter {
+        search: None,
+        since: None,
+        until: None,
+        ..log_filter(&req)?
+    };
+    let key = req
+        .header("sec-websocket-key")
+        .map(str::to_string)
+        .filter(|_| {
+            req.header("upgrade")
+                .is_some_and(|u| u.eq_ignore_ascii_case("websocket"))
+        })
+        .ok_or_else(|| ApiError::bad_request("Expected a WebSocket upgrade"))?;
+    let sub = cx
+        .rt()
+        .sessions
+        .subscribe(s.project.id, id, replay as usize, filter.clone())
+        .await?;
+    let on_upgrade = req
+        .parts
+        .extensions
+        .remove::<hyper::upgrade::OnUpgrade>()
+        .ok_or_else(|| ApiError::bad_request("This connection cannot be upgraded"))?;
+
+    let sessions = cx.rt().sessions.clone();
+    let closing = cx.app.closing.clone();
+    let ping = Duration::from_secs(cx.rt().sessions.config().ping_interval_seconds.max(1));
+    tokio::spawn(async move {
+        match on_upgrade.await {
+            Ok(upgraded) => {
+                let ws =
+                    WebSocketStream::from_raw_socket(TokioIo::new(upgraded), WsRole::Server, None)
+                        .await;
+                pump(ws, sub, filter, sessions, id, ping, closing).await;
+            }
+            Err(e) => tracing::debug!(error = %e, "WebSocket upgrade failed"),
+        }
+    });
+
+    let mut r = Response::new(empty());
+    *r.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+    let h = r.headers_mut();
+    h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+    h.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
+    let accept = tokio_tungstenite::tungstenite::handshake::derive_accept_key(key.as_bytes());
+    if let Ok(v) = HeaderValue::from_str(&accept) {
+        h.insert("sec-websocket-accept", v);
+    }
+    Ok(r)
+}
+
+fn text(b: Bytes) -> Option<Message> {
+    Utf8Bytes::try_from(b).ok().map(Message::Text)
+}
+
+fn close(code: CloseCode) -> Message {
+    Message::Close(Some(CloseFrame {
+        code,
+        reason: Utf8Bytes::from_static(""),
+    }))
+}
+
+type Ws = WebSocketStream<TokioIo<hyper::upgrade::Upgraded>>;
+
+async fn pump(
+    ws: Ws,
+    sub: Subscription,
+    filter: LogFilter,
+    sessions: SessionsHandle,
+    id: u64,
+    ping_every: Duration,
+    closing: tokio_util::sync::CancellationToken,
+) {
+    let (mut tx, mut rx) = ws.split();
+    let mut sub = sub;
+    let mut next = sub.next_seq;
+    loop {
+        for frame in std::mem::take(&mut sub.replay) {
+            if let Some(m) = text(frame)
+                && tx.send(m).await.is_err()
+            {
+                return;
+            }
+        }
+        if let Some(status) = sub.ended {
+            if let Some(m) = text(ended_frame(status)) {
+                let _ = tx.send(m).await;
+            }
+            let _ = tx.send(close(CloseCode::Normal)).await;
+            return;
+        }
+        let Some(mut feed) = sub.feed.take() else {
+            let _ = tx.send(close(CloseCode::Normal)).await;
+            return;
+        };
+        let mut ping = tokio::time::interval(ping_every);
+        ping.tick().await;
+        // Runs until the feed closes (the actor restarted) or the conversation ends.
+        let resumed = loop {
+            tokio::select! {
+                ev = feed.recv() => match ev {
+                    Ok(LiveEvent::Batch(b)) => {
+                        let end = b.first_seq + b.chunk.len() as u64;
+                        if end <= next {
+                            continue; // already sent (replayed after a resume)
+                        }
+                        if b.first_seq > next
+                            && let Some(m) = text(lagged_frame(b.first_seq - next))
+                            && tx.send(m).await.is_err()
+                        {
+                            return;
+                        }
+                        for frame in matching_frames(&b, &filter) {
+                            if let Some(m) = text(frame.clone())
+                                && tx.send(m).await.is_err()
+                            {
+                                return;
+                            }
+                        }
+                        next = end;
+                    }
+                    Ok(LiveEvent::Ended(status)) => {
+                        if let Some(s) = status
+                            && let Some(m) = text(ended_frame(s))
+                        {
+                            let _ = tx.send(m).await;
+                        }
+                        let _ = tx.send(close(CloseCode::Normal)).await;
+                        return;
+                    }
+                    // The next batch tells how many entries were skipped.
+                    Err(RecvError::Lagged(_)) => {}
+                    Err(RecvError::Closed) => break true,
+                },
+                msg = rx.next() => match msg {
+                    Some(Ok(Message::Close(_))) | None | Some(Err(_)) => return,
+                    // tungstenite queued the pong; flushing sends it.
+                    Some(Ok(Message::Ping(_))) => {
+                        if tx.flush().await.is_err() {
+                            return;
+                        }
+                    }
+                    Some(Ok(_)) => {}
+                },
+                _ = ping.tick() => {
+                    if tx.send(Message::Ping(Bytes::new())).await.is_err() {
+                        return;
+                    }
+                }
+                _ = closing.cancelled() => {
+                    let _ = tx.send(close(CloseCode::Away)).await;
+                    return;
+                }
+            }
+        };
+        if !resumed {
+            return;
+        }
+        // The session's actor restarted: pick up from the next entry.
+        match sessions.resume(id, next, filter.clone()).await {
+            Ok(s) => sub = s,
+            Err(_) => {
+                let _ = tx.send(close(CloseCode::Error)).await;
+                return;
+            }
+        }
+    }
+}

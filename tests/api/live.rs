@@ -1,0 +1,256 @@
+//! The live log stream over a real WebSocket: refusals before the upgrade, replay, order,
+//! filters, lagged, session_ended and close 1000.
+
+use std::time::Duration;
+
+use futures::{SinkExt, StreamExt};
+use serde_json::{Value, json};
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::{Error as WsError, Message};
+
+use crate::common::*;
+use crate::sessions::{device, session};
+
+type Ws =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+fn ws_url(s: &Srv, sid: u64, query: &str) -> String {
+    format!(
+        "{}/api/v1/ws/organizations/default/projects/default/sessions/{sid}/logs{query}",
+        s.base.replace("http://", "ws://")
+    )
+}
+
+async fn connect(url: &str) -> Result<Ws, u16> {
+    match tokio_tungstenite::connect_async(url).await {
+        Ok((ws, resp)) => {
+            assert_eq!(resp.status(), 101);
+            Ok(ws)
+        }
+        Err(WsError::Http(resp)) => Err(resp.status().as_u16()),
+        Err(e) => panic!("{e}"),
+    }
+}
+
+/// The next text frame as JSON (pings skipped), within 5 s.
+async fn next_json(ws: &mut Ws) -> Value {
+    loop {
+        let m = tokio::time::timeout(Duration::from_secs(5), ws.next())
+            .await
+            .expect("a frame within 5 s")
+            .expect("stream open")
+            .unwrap();
+        match m {
+            Message::Text(t) => return serde_json::from_str(&t).unwrap(),
+            Message::Ping(_) | Message::Pong(_) => continue,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+}
+
+async fn expect_close_1000(ws: &mut Ws) {
+    let m = tokio::time::timeout(Duration::from_secs(5), ws.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    match m {
+        Message::Close(Some(f)) => assert_eq!(u16::from(f.code), 1000),
+        other => panic!("expected close, got {other:?}"),
+    }
+}
+
+async fn send_lines(s: &Srv, sid: u64, cred: &str, lines: &[(&str, &str, &str)]) {
+    let batch: Vec<Value> = lines
+        .iter()
+        .map(|(level, module, msg)| json!({"level": level, "module": module, "message": msg}))
+        .collect();
+    let r = s
+        .post(
+            &format!("{DEV}/sessions/{sid}/logs"),
+            cred,
+            Value::Array(batch),
+        )
+        .await;
+    assert_eq!(r.status, 202, "{}", r.body);
+}
+
+#[tokio::test]
+async fn refusals_happen_before_the_upgrade() {
+    let s = start().await;
+    let (d, tok) = device(&s, "r").await;
+    let sid = session(&s, d, &tok).await;
+    assert_eq!(connect(&ws_url(&s, sid, "")).await.err(), Some(401));
+    assert_eq!(
+        connect(&ws_url(&s, sid, "?token=fops_wrong")).await.err(),
+        Some(401)
+    );
+    assert_eq!(
+        connect(&ws_url(&s, 999_999, &format!("?token={}", s.key())))
+            .await
+            .err(),
+        Some(404)
+    );
+    let outsider = s.user("out@x.io").await;
+    assert_eq!(
+        connect(&ws_url(&s, sid, &format!("?token={outsider}")))
+            .await
+            .err(),
+        Some(403)
+    );
+    assert_eq!(
+        connect(&ws_url(
+            &s,
+            sid,
+            &format!("?token={}&replay=10001", s.key())
+        ))
+        .await
+        .err(),
+        Some(422)
+    );
+    // A plain GET (no upgrade) is 400 once everything else is fine.
+    let r = s
+        .get(
+            &format!("/api/v1/ws/organizations/default/projects/default/sessions/{sid}/logs"),
+            s.key(),
+        )
+        .await;
+    r.assert_error(400);
+}
+
+#[tokio::test]
+async fn replay_live_order_filters_and_session_ended() {
+    let s = start().await;
+    let (d, tok) = device(&s, "r").await;
+    let sid = session(&s, d, &tok).await;
+    send_lines(
+        &s,
+        sid,
+        &tok,
+        &[
+            ("info", "a", "one"),
+            ("warn", "b", "two"),
+            ("error", "a", "three"),
+        ],
+    )
+    .await;
+
+    // Header auth, replay of the last 2.
+    let mut req = ws_url(&s, sid, "?replay=2").into_client_request().unwrap();
+    req.headers_mut().insert(
+        "authorization",
+        format!("Bearer {}", s.key()).parse().unwrap(),
+    );
+    let (mut all, _) = tokio_tungstenite::connect_async(req).await.unwrap();
+    // Token auth, a level filter and a module filter.
+    let mut warn_a = connect(&ws_url(
+        &s,
+        sid,
+        &format!("?token={}&replay=10&level=warn,error&module=a", s.key()),
+    ))
+    .await
+    .unwrap();
+
+    let f = next_json(&mut all).await;
+    assert_eq!(f["type"], "log");
+    assert_eq!(f["message"], "two");
+    assert_eq!(f["level"], "WARN");
+    assert_eq!(f["module"], "b");
+    assert!(f["timestamp"].as_str().unwrap().ends_with('Z'));
+    assert_eq!(f["metadata"], json!({}));
+    assert_eq!(next_json(&mut all).await["message"], "three");
+    assert_eq!(next_json(&mut warn_a).await["message"], "three");
+
+    send_lines(
+        &s,
+        sid,
+        &tok,
+        &[("info", "a", "four"), ("error", "a", "five")],
+    )
+    .await;
+    send_lines(&s, sid, &tok, &[("debug", "c", "six")]).await;
+    for want in ["four", "five", "six"] {
+        assert_eq!(next_json(&mut all).await["message"], want);
+    }
+    assert_eq!(next_json(&mut warn_a).await["message"], "five");
+
+    let r = s
+        .post(
+            &format!("{DEV}/sessions/{sid}/complete"),
+            &tok,
+            json!({"status": "failed"}),
+        )
+        .await;
+    assert_eq!(r.status, 200);
+    for ws in [&mut all, &mut warn_a] {
+        let f = next_json(ws).await;
+        assert_eq!(f, json!({"type": "session_ended", "status": "failed"}));
+        expect_close_1000(ws).await;
+    }
+
+    // A session that is no longer active: replay, session_ended, close.
+    let mut late = connect(&ws_url(&s, sid, &format!("?token={}&replay=2", s.key())))
+        .await
+        .unwrap();
+    assert_eq!(next_json(&mut late).await["message"], "five");
+    assert_eq!(next_json(&mut late).await["message"], "six");
+    assert_eq!(
+        next_json(&mut late).await,
+        json!({"type": "session_ended", "status": "failed"})
+    );
+    expect_close_1000(&mut late).await;
+}
+
+#[tokio::test]
+async fn a_stalled_subscriber_gets_lagged_and_slows_nobody() {
+    let s = start_with(|c| c.sessions.subscriber_queue = 2).await;
+    let (d, tok) = device(&s, "r").await;
+    let sid = session(&s, d, &tok).await;
+    let mut stalled = connect(&ws_url(&s, sid, &format!("?token={}", s.key())))
+        .await
+        .unwrap();
+    let mut healthy = connect(&ws_url(&s, sid, &format!("?token={}", s.key())))
+        .await
+        .unwrap();
+    // 50 batches of 200 lines of 2 KB (20 MB, more than socket buffers hold), each 202 at
+    // once, while `stalled` reads nothing.
+    let big = "x".repeat(2000);
+    let started = std::time::Instant::now();
+    for b in 0..50 {
+        let batch: Vec<Value> = (0..200)
+            .map(|i| json!({"level": "info", "message": format!("{b}-{i} {big}")}))
+            .collect();
+        let r = s
+            .post(
+                &format!("{DEV}/sessions/{sid}/logs"),
+                &tok,
+                Value::Array(batch),
+            )
+            .await;
+        assert_eq!(r.status, 202);
+        // The healthy one keeps up.
+        for i in 0..200 {
+            assert_eq!(
+                next_json(&mut healthy).await["message"],
+                format!("{b}-{i} {big}")
+            );
+        }
+    }
+    assert!(started.elapsed() < Duration::from_secs(30));
+    // The stalled one, read at last: some log frames, then a lagged frame with a count.
+    let mut dropped = 0;
+    let mut logs = 0;
+    while dropped == 0 {
+        let f = next_json(&mut stalled).await;
+        match f["type"].as_str().unwrap() {
+            "log" => logs += 1,
+            "lagged" => dropped = f["dropped"].as_u64().unwrap(),
+            other => panic!("{other}"),
+        }
+    }
+    assert!(
+        dropped > 0 && logs + dropped as usize <= 10_000,
+        "logs {logs} dropped {dropped}"
+    );
+    let _ = stalled.send(Message::Close(None)).await;
+}
