@@ -30,6 +30,8 @@ pub struct Config {
     pub supervision: SupervisionConfig,
     pub devices: DevicesConfig,
     pub sessions: SessionsConfig,
+    /// `[storage]`: where artifacts (and later capsules) live.
+    pub storage: fleetops_storage::blobs::BlobConfig,
     /// `[tiers.<name>]`; a table given here replaces only the keys it sets.
     pub tiers: BTreeMap<String, TierFile>,
     pub admin: AdminConfig,
@@ -74,6 +76,7 @@ impl Default for Config {
             supervision: SupervisionConfig::default(),
             devices: DevicesConfig::default(),
             sessions: SessionsConfig::default(),
+            storage: fleetops_storage::blobs::BlobConfig::default(),
             tiers: BTreeMap::new(),
             admin: AdminConfig::default(),
         }

@@ -37,7 +37,7 @@ pub async fn open_store(cfg: &Config) -> anyhow::Result<Store> {
 pub async fn start_runtime(cfg: &Config) -> anyhow::Result<Runtime> {
     cfg.validate()?;
     let store = open_store(cfg).await?;
-    let blobs = fleetops_storage::BlobStore::local(&cfg.data_dir.join("blobs"))?;
+    let blobs = fleetops_storage::BlobStore::from_config(&cfg.storage, &cfg.data_dir)?;
     Runtime::start(store, blobs, cfg.runtime()).await
 }
 

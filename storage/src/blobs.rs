@@ -20,6 +20,37 @@ use tokio::io::AsyncWriteExt;
 
 use crate::{Result, StorageError};
 
+/// `[storage]`: where blobs live.
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BlobConfig {
+    /// `local` (files under the data directory) or `s3` (any S3-compatible store).
+    pub backend: String,
+    pub bucket: String,
+    /// e.g. `http://127.0.0.1:9000` for MinIO; empty: AWS.
+    pub endpoint: String,
+    pub region: String,
+    /// Empty: taken from the standard `AWS_*` environment variables.
+    pub access_key_id: String,
+    pub secret_access_key: String,
+    /// Allow a plain-HTTP endpoint (local test servers).
+    pub allow_http: bool,
+}
+
+impl Default for BlobConfig {
+    fn default() -> Self {
+        Self {
+            backend: "local".into(),
+            bucket: String::new(),
+            endpoint: String::new(),
+            region: "us-east-1".into(),
+            access_key_id: String::new(),
+            secret_access_key: String::new(),
+            allow_http: false,
+        }
+    }
+}
+
 #[derive(Clone)]
 pub struct BlobStore {
     inner: Arc<dyn ObjectStore>,
@@ -39,6 +70,39 @@ pub enum PutError {
 }
 
 impl BlobStore {
+    /// The configured backend; `data_dir/blobs` for the local one.
+    pub fn from_config(cfg: &BlobConfig, data_dir: &Path) -> Result<Self> {
+        match cfg.backend.as_str() {
+            "local" => Self::local(&data_dir.join("blobs")),
+            "s3" => {
+                if cfg.bucket.is_empty() {
+                    return Err(StorageError::Config(
+                        "[storage] bucket is required for the s3 backend".into(),
+                    ));
+                }
+                let mut b = object_store::aws::AmazonS3Builder::from_env()
+                    .with_bucket_name(&cfg.bucket)
+                    .with_region(&cfg.region)
+                    .with_allow_http(cfg.allow_http);
+                if !cfg.endpoint.is_empty() {
+                    b = b.with_endpoint(&cfg.endpoint);
+                }
+                if !cfg.access_key_id.is_empty() {
+                    b = b
+                        .with_access_key_id(&cfg.access_key_id)
+                        .with_secret_access_key(&cfg.secret_access_key);
+                }
+                Ok(Self {
+                    inner: Arc::new(b.build()?),
+                    local_root: None,
+                })
+            }
+            other => Err(StorageError::Config(format!(
+                "[storage] backend must be \"local\" or \"s3\", not {other:?}"
+            ))),
+        }
+    }
+
     /// Blobs as files under `dir` (created if missing).
     pub fn local(dir: &Path) -> Result<Self> {
         std::fs::create_dir_all(dir)?;

@@ -38,6 +38,8 @@ pub enum StorageError {
     FlushFailed,
     #[error("blob store: {0}")]
     Blob(#[from] object_store::Error),
+    #[error("configuration: {0}")]
+    Config(String),
     #[error("io: {0}")]
     Io(#[from] std::io::Error),
 }

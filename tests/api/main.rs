@@ -13,5 +13,6 @@ mod devices;
 mod live;
 mod ops;
 mod rate_limits;
+mod s3;
 mod sessions;
 mod supervision;
