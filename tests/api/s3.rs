@@ -26,29 +26,33 @@ async fn moto() -> Moto {
         .local_addr()
         .unwrap()
         .port();
-    let child = Command::new("python3")
-        .args([
-            "-m",
-            "moto.server",
-            "-H",
-            "127.0.0.1",
-            "-p",
-            &port.to_string(),
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("python3 with moto[server] is needed: pip install 'moto[server]'");
-    let endpoint = format!("http://127.0.0.1:{port}");
+    // Owned by the guard at once, so it is killed and reaped whatever happens.
+    let m = Moto {
+        child: Command::new("python3")
+            .args([
+                "-m",
+                "moto.server",
+                "-H",
+                "127.0.0.1",
+                "-p",
+                &port.to_string(),
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("python3 with moto[server] is needed: pip install 'moto[server]'"),
+        endpoint: format!("http://127.0.0.1:{port}"),
+    };
     let c = reqwest::Client::new();
     for _ in 0..200 {
-        if c.get(&endpoint).send().await.is_ok() {
-            return Moto { child, endpoint };
+        if c.get(&m.endpoint).send().await.is_ok() {
+            return m;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     panic!(
-        "moto did not start on {endpoint} (is moto[server] installed? pip install 'moto[server]')"
+        "moto did not start on {} (is moto[server] installed? pip install 'moto[server]')",
+        m.endpoint
     );
 }
 
