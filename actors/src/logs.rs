@@ -51,13 +51,11 @@ pub fn build_chunk(entries: Vec<RawEntry>) -> Result<LogChunk> {
     let now = now_ms();
     let n = entries.len();
     let mut c = LogChunk {
-        min_ts: i64::MAX,
-        max_ts: i64::MIN,
-        ts: Vec::with_capacity(n),
+        ts: Vec::with_capacity(n * 8),
         levels: Vec::with_capacity(n),
-        module_idx: Vec::with_capacity(n),
-        text_ends: Vec::with_capacity(n),
-        meta_ends: Vec::with_capacity(n),
+        module_idx: Vec::with_capacity(n * 4),
+        text_ends: Vec::with_capacity(n * 4),
+        meta_ends: Vec::with_capacity(n * 4),
         ..LogChunk::default()
     };
     let mut modules: HashMap<String, u32> = HashMap::new();
@@ -83,18 +81,8 @@ pub fn build_chunk(entries: Vec<RawEntry>) -> Result<LogChunk> {
         let module = e.module.unwrap_or_default();
         let next = modules.len() as u32;
         let mi = *modules.entry(module).or_insert(next);
-        c.min_ts = c.min_ts.min(ts);
-        c.max_ts = c.max_ts.max(ts);
-        c.level_mask |= 1 << level;
-        c.ts.push(ts);
-        c.levels.push(level);
-        c.module_idx.push(mi);
-        c.text.push_str(&e.message);
-        c.text_ends
-            .push(u32::try_from(c.text.len()).map_err(|_| bad("batch too large".into()))?);
-        c.meta.extend_from_slice(meta.as_bytes());
-        c.meta_ends
-            .push(u32::try_from(c.meta.len()).map_err(|_| bad("batch too large".into()))?);
+        c.push(ts, level, mi, &e.message, meta.as_bytes())
+            .ok_or_else(|| bad("batch too large".into()))?;
     }
     let mut names: Vec<(String, u32)> = modules.into_iter().collect();
     names.sort_by_key(|(_, i)| *i);
@@ -115,24 +103,11 @@ pub struct LogEntryView {
 /// Entry `i` of a chunk.
 pub fn entry(c: &LogChunk, i: usize) -> Option<LogEntryView> {
     let mut timestamp = String::with_capacity(24);
-    write_ms(&mut timestamp, *c.ts.get(i)?);
-    let level = LEVELS.get(*c.levels.get(i)? as usize).copied()?;
-    let module = c.modules.get(*c.module_idx.get(i)? as usize)?.clone();
-    let start = if i == 0 {
-        0
-    } else {
-        *c.text_ends.get(i - 1)? as usize
-    };
-    let message = c
-        .text
-        .get(start..*c.text_ends.get(i)? as usize)?
-        .to_string();
-    let mstart = if i == 0 {
-        0
-    } else {
-        *c.meta_ends.get(i - 1)? as usize
-    };
-    let meta = c.meta.get(mstart..*c.meta_ends.get(i)? as usize)?;
+    write_ms(&mut timestamp, c.ts_at(i)?);
+    let level = LEVELS.get(c.level_at(i)? as usize).copied()?;
+    let module = c.modules.get(c.module_at(i)? as usize)?.clone();
+    let message = c.message(i)?.to_string();
+    let meta = c.metadata(i)?;
     let metadata = RawValue::from_string(String::from_utf8_lossy(meta).into_owned()).ok()?;
     Some(LogEntryView {
         timestamp,
@@ -184,10 +159,10 @@ impl LogFilter {
         let searched = self.search.as_deref().map(|needle| search_hits(c, needle));
         (0..c.len())
             .filter(|&i| {
-                let lv = c.levels.get(i).copied().unwrap_or(0);
-                let ts = c.ts.get(i).copied().unwrap_or(0);
+                let lv = c.level_at(i).unwrap_or(0);
+                let ts = c.ts_at(i).unwrap_or(0);
                 (self.levels == 0 || self.levels & (1 << lv) != 0)
-                    && module.is_none_or(|m| c.module_idx.get(i) == Some(&m))
+                    && module.is_none_or(|m| c.module_at(i) == Some(m))
                     && self.since.is_none_or(|s| ts >= s)
                     && self.until.is_none_or(|u| ts < u)
                     && searched
@@ -213,8 +188,8 @@ fn search_hits(c: &LogChunk, needle: &str) -> Vec<bool> {
         while let Some(pos) = finder.find(hay.as_bytes().get(from..).unwrap_or_default()) {
             let at = from + pos;
             // The entry whose message holds byte `at`.
-            let i = c.text_ends.partition_point(|&e| (e as usize) <= at);
-            let end = c.text_ends.get(i).copied().unwrap_or(0) as usize;
+            let i = c.entry_at_text(at);
+            let end = c.text_end(i).unwrap_or(0);
             if at + needle.len() <= end {
                 if let Some(h) = hits.get_mut(i) {
                     *h = true;
@@ -231,13 +206,8 @@ fn search_hits(c: &LogChunk, needle: &str) -> Vec<bool> {
         }
         return hits;
     }
-    let mut start = 0;
-    for (i, &end) in c.text_ends.iter().enumerate() {
-        let msg = c.text.get(start..end as usize).unwrap_or_default();
-        if let Some(h) = hits.get_mut(i) {
-            *h = msg.to_lowercase().contains(needle);
-        }
-        start = end as usize;
+    for (i, h) in hits.iter_mut().enumerate() {
+        *h = c.message(i).is_some_and(|m| m.to_lowercase().contains(needle));
     }
     hits
 }

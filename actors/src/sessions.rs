@@ -463,8 +463,8 @@ fn sorted_hits(store: &Store, session: u64, f: &LogFilter) -> Result<Vec<(i64, u
     for item in store.log_chunks(session) {
         let (seq, chunk) = item?;
         for i in f.matches(&chunk) {
-            if let Some(ts) = chunk.ts.get(i) {
-                hits.push((*ts, seq, i as u32));
+            if let Some(ts) = chunk.ts_at(i) {
+                hits.push((ts, seq, i as u32));
             }
         }
     }

@@ -144,34 +144,105 @@ pub struct SessionCounters {
 
 /// A batch of log entries stored together, column by column, so that a query can reject a
 /// chunk by its time range and level mask, and match levels, modules and message text
-/// without decoding what it does not return.
+/// without decoding what it does not return. Numeric columns are little-endian byte arrays
+/// (`serde_bytes`), so decoding a chunk is a few copies, not a varint per value.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct LogChunk {
     pub min_ts: i64,
     pub max_ts: i64,
     /// Bit `1 << level` for each level present.
     pub level_mask: u8,
-    /// Unix milliseconds, one per entry.
-    pub ts: Vec<i64>,
-    /// 0 debug, 1 info, 2 warn, 3 error.
+    /// Unix milliseconds, `i64` LE, one per entry.
+    #[serde(with = "serde_bytes")]
+    pub ts: Vec<u8>,
+    /// 0 debug, 1 info, 2 warn, 3 error; one byte per entry (this column defines `len`).
+    #[serde(with = "serde_bytes")]
     pub levels: Vec<u8>,
-    /// Distinct modules of the chunk, and each entry's index into them.
+    /// Distinct modules of the chunk.
     pub modules: Vec<String>,
-    pub module_idx: Vec<u32>,
-    /// Messages concatenated; entry `i` ends at `text_ends[i]`.
+    /// Each entry's index into `modules`, `u32` LE.
+    #[serde(with = "serde_bytes")]
+    pub module_idx: Vec<u8>,
+    /// Messages concatenated; entry `i` ends at `text_end(i)` (`u32` LE each).
     pub text: String,
-    pub text_ends: Vec<u32>,
+    #[serde(with = "serde_bytes")]
+    pub text_ends: Vec<u8>,
     /// Metadata as JSON, concatenated likewise (free-form JSON stays JSON bytes).
+    #[serde(with = "serde_bytes")]
     pub meta: Vec<u8>,
-    pub meta_ends: Vec<u32>,
+    #[serde(with = "serde_bytes")]
+    pub meta_ends: Vec<u8>,
+}
+
+fn u32_at(col: &[u8], i: usize) -> Option<u32> {
+    col.get(i * 4..i * 4 + 4)
+        .and_then(|b| <[u8; 4]>::try_from(b).ok())
+        .map(u32::from_le_bytes)
 }
 
 impl LogChunk {
     pub fn len(&self) -> usize {
-        self.ts.len()
+        self.levels.len()
     }
     pub fn is_empty(&self) -> bool {
-        self.ts.is_empty()
+        self.levels.is_empty()
+    }
+
+    /// Appends one entry's columns (texts already validated by the caller).
+    pub fn push(&mut self, ts: i64, level: u8, module: u32, message: &str, meta: &[u8]) -> Option<()> {
+        self.min_ts = if self.is_empty() { ts } else { self.min_ts.min(ts) };
+        self.max_ts = if self.is_empty() { ts } else { self.max_ts.max(ts) };
+        self.level_mask |= 1 << level;
+        self.ts.extend_from_slice(&ts.to_le_bytes());
+        self.levels.push(level);
+        self.module_idx.extend_from_slice(&module.to_le_bytes());
+        self.text.push_str(message);
+        self.text_ends.extend_from_slice(&u32::try_from(self.text.len()).ok()?.to_le_bytes());
+        self.meta.extend_from_slice(meta);
+        self.meta_ends.extend_from_slice(&u32::try_from(self.meta.len()).ok()?.to_le_bytes());
+        Some(())
+    }
+
+    pub fn ts_at(&self, i: usize) -> Option<i64> {
+        self.ts
+            .get(i * 8..i * 8 + 8)
+            .and_then(|b| <[u8; 8]>::try_from(b).ok())
+            .map(i64::from_le_bytes)
+    }
+    pub fn level_at(&self, i: usize) -> Option<u8> {
+        self.levels.get(i).copied()
+    }
+    pub fn module_at(&self, i: usize) -> Option<u32> {
+        u32_at(&self.module_idx, i)
+    }
+    pub fn text_end(&self, i: usize) -> Option<usize> {
+        u32_at(&self.text_ends, i).map(|v| v as usize)
+    }
+    pub fn meta_end(&self, i: usize) -> Option<usize> {
+        u32_at(&self.meta_ends, i).map(|v| v as usize)
+    }
+    /// Entry `i`'s message.
+    pub fn message(&self, i: usize) -> Option<&str> {
+        let start = if i == 0 { 0 } else { self.text_end(i - 1)? };
+        self.text.get(start..self.text_end(i)?)
+    }
+    /// Entry `i`'s metadata JSON.
+    pub fn metadata(&self, i: usize) -> Option<&[u8]> {
+        let start = if i == 0 { 0 } else { self.meta_end(i - 1)? };
+        self.meta.get(start..self.meta_end(i)?)
+    }
+    /// The entry whose message holds text byte `at`.
+    pub fn entry_at_text(&self, at: usize) -> usize {
+        let (mut lo, mut hi) = (0, self.len());
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            if self.text_end(mid).unwrap_or(usize::MAX) <= at {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        lo
     }
 }
 
