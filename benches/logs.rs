@@ -45,28 +45,67 @@ fn percentile(v: &mut [f64], p: f64) -> f64 {
 fn main() {
     let secs = env_u32("BENCH_SECS", 10);
     let lines = env_u32("BENCH_LINES", 1_000_000) as usize;
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
     let dir = tempfile::tempdir().unwrap();
     println!("machine: {}", machine());
-    println!("fsync latency (4 KiB write + fdatasync, median of 200) in the data dir: {:.2} ms", fsync_latency_ms(dir.path(), 200));
+    println!(
+        "fsync latency (4 KiB write + fdatasync, median of 200) in the data dir: {:.2} ms",
+        fsync_latency_ms(dir.path(), 200)
+    );
 
     let (addr, task) = rt.block_on(start_baseline());
     let base = wrk(&format!("http://{addr}/"), &[], 8, secs.min(5), None);
     task.abort();
-    println!("bare hyper hello-world, 8 connections: {:.0} req/s", base.requests_per_sec);
+    println!(
+        "bare hyper hello-world, 8 connections: {:.0} req/s",
+        base.requests_per_sec
+    );
 
-    let mut cfg = Config { listen: "127.0.0.1:0".into(), data_dir: dir.path().join("data"), log: "warn".into(), ..Config::default() };
+    let mut cfg = Config {
+        listen: "127.0.0.1:0".into(),
+        data_dir: dir.path().join("data"),
+        log: "warn".into(),
+        ..Config::default()
+    };
     cfg.admin.password = "bench-password".into();
-    cfg.tiers.insert("free".into(), TierFile { requests_per_minute: Some(1_000_000_000), storage_bytes: None });
+    cfg.tiers.insert(
+        "free".into(),
+        TierFile {
+            requests_per_minute: Some(1_000_000_000),
+            storage_bytes: None,
+        },
+    );
     let running = rt.block_on(fleetops::startup::start(cfg)).unwrap();
     let key = running.initial.clone().unwrap().api_key;
     let url = format!("http://{}", running.addr);
     let c = reqwest::Client::new();
     let (ingest_sid, query_sid) = rt.block_on(async {
-        let d: Value = c.post(format!("{url}{DEV}/devices")).bearer_auth(&key).json(&json!({"name": "bench"})).send().await.unwrap().json().await.unwrap();
+        let d: Value = c
+            .post(format!("{url}{DEV}/devices"))
+            .bearer_auth(&key)
+            .json(&json!({"name": "bench"}))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
         let mut ids = Vec::new();
         for _ in 0..2 {
-            let s: Value = c.post(format!("{url}{DEV}/sessions")).bearer_auth(&key).json(&json!({"device_id": d["id"]})).send().await.unwrap().json().await.unwrap();
+            let s: Value = c
+                .post(format!("{url}{DEV}/sessions"))
+                .bearer_auth(&key)
+                .json(&json!({"device_id": d["id"]}))
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
             ids.push(s["id"].as_u64().unwrap());
         }
         (ids[0], ids[1])
@@ -77,10 +116,20 @@ fn main() {
     let script = dir.path().join("ingest.lua");
     std::fs::write(&script, format!("wrk.method = \"POST\"\nwrk.headers[\"Content-Type\"] = \"application/json\"\nwrk.body = {}\n", lua_string(&body))).unwrap();
     let auth = vec![format!("Authorization: Bearer {key}")];
-    let ingest = wrk(&format!("{url}{DEV}/sessions/{ingest_sid}/logs"), &auth, 8, secs, script.to_str());
+    let ingest = wrk(
+        &format!("{url}{DEV}/sessions/{ingest_sid}/logs"),
+        &auth,
+        8,
+        secs,
+        script.to_str(),
+    );
     println!(
         "ingest: {:.0} lines/s ({:.0} batches/s of 1,000 lines, 8 connections, p50 {:.2} ms, p99 {:.2} ms, non-2xx {}) (goal >= 400,000)",
-        ingest.requests_per_sec * 1000.0, ingest.requests_per_sec, ingest.p50_ms, ingest.p99_ms, ingest.non_2xx
+        ingest.requests_per_sec * 1000.0,
+        ingest.requests_per_sec,
+        ingest.p50_ms,
+        ingest.p99_ms,
+        ingest.non_2xx
     );
 
     // 2. A session of `lines` lines, sent in 1,000-line batches by 8 concurrent clients.
@@ -93,7 +142,14 @@ fn main() {
                 let mut b = w;
                 while b * 1000 < lines {
                     let body = serde_json::to_vec(&batch(1000, b * 1000)).unwrap();
-                    let r = c.post(format!("{url}{DEV}/sessions/{query_sid}/logs")).bearer_auth(&key).header("content-type", "application/json").body(body).send().await.unwrap();
+                    let r = c
+                        .post(format!("{url}{DEV}/sessions/{query_sid}/logs"))
+                        .bearer_auth(&key)
+                        .header("content-type", "application/json")
+                        .body(body)
+                        .send()
+                        .await
+                        .unwrap();
                     assert_eq!(r.status(), 202);
                     b += 8;
                 }
@@ -103,10 +159,18 @@ fn main() {
             t.await.unwrap();
         }
     });
-    println!("loaded {lines} lines in {:.1} s (client formatting included)", started.elapsed().as_secs_f64());
+    println!(
+        "loaded {lines} lines in {:.1} s (client formatting included)",
+        started.elapsed().as_secs_f64()
+    );
     let on_disk = running.runtime.store.size_on_disk().unwrap();
     let total_lines = lines as f64 + ingest.requests_per_sec * 1000.0 * secs as f64;
-    println!("disk: {:.0} bytes per stored line ({:.1} MB sled size for about {:.0} lines)", on_disk as f64 / total_lines, on_disk as f64 / 1e6, total_lines);
+    println!(
+        "disk: {:.0} bytes per stored line ({:.1} MB sled size for about {:.0} lines)",
+        on_disk as f64 / total_lines,
+        on_disk as f64 / 1e6,
+        total_lines
+    );
 
     // 3. Query.
     let q = format!("{url}{DEV}/sessions/{query_sid}/logs?level=warn&search=motor&limit=100");
@@ -115,7 +179,15 @@ fn main() {
     rt.block_on(async {
         for i in 0..30 {
             let t = Instant::now();
-            let v: Value = c.get(&q).bearer_auth(&key).send().await.unwrap().json().await.unwrap();
+            let v: Value = c
+                .get(&q)
+                .bearer_auth(&key)
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
             if i > 0 {
                 times.push(t.elapsed().as_secs_f64() * 1000.0);
             }
@@ -149,7 +221,14 @@ fn main() {
     };
     let t = Instant::now();
     let (bytes, rows) = rt.block_on(async {
-        let mut resp = c.get(format!("{url}{DEV}/sessions/{query_sid}/logs/export?format=csv")).bearer_auth(&key).send().await.unwrap();
+        let mut resp = c
+            .get(format!(
+                "{url}{DEV}/sessions/{query_sid}/logs/export?format=csv"
+            ))
+            .bearer_auth(&key)
+            .send()
+            .await
+            .unwrap();
         let (mut bytes, mut rows) = (0usize, 0usize);
         while let Some(chunk) = resp.chunk().await.unwrap() {
             bytes += chunk.len();
@@ -163,7 +242,11 @@ fn main() {
     let growth = *peak.lock().unwrap() - before;
     println!(
         "export csv: {} rows ({:.1} MB) in {:.2} s = {:.0} lines/s, resident memory growth {:.1} MB (goals >= 1,000,000 lines/s, <= 64 MB)",
-        rows.saturating_sub(1), bytes as f64 / 1e6, el, (rows.saturating_sub(1)) as f64 / el, growth
+        rows.saturating_sub(1),
+        bytes as f64 / 1e6,
+        el,
+        (rows.saturating_sub(1)) as f64 / el,
+        growth
     );
     rt.block_on(running.stop());
 }

@@ -207,7 +207,9 @@ fn search_hits(c: &LogChunk, needle: &str) -> Vec<bool> {
         return hits;
     }
     for (i, h) in hits.iter_mut().enumerate() {
-        *h = c.message(i).is_some_and(|m| m.to_lowercase().contains(needle));
+        *h = c
+            .message(i)
+            .is_some_and(|m| m.to_lowercase().contains(needle));
     }
     hits
 }

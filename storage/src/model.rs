@@ -189,17 +189,34 @@ impl LogChunk {
     }
 
     /// Appends one entry's columns (texts already validated by the caller).
-    pub fn push(&mut self, ts: i64, level: u8, module: u32, message: &str, meta: &[u8]) -> Option<()> {
-        self.min_ts = if self.is_empty() { ts } else { self.min_ts.min(ts) };
-        self.max_ts = if self.is_empty() { ts } else { self.max_ts.max(ts) };
+    pub fn push(
+        &mut self,
+        ts: i64,
+        level: u8,
+        module: u32,
+        message: &str,
+        meta: &[u8],
+    ) -> Option<()> {
+        self.min_ts = if self.is_empty() {
+            ts
+        } else {
+            self.min_ts.min(ts)
+        };
+        self.max_ts = if self.is_empty() {
+            ts
+        } else {
+            self.max_ts.max(ts)
+        };
         self.level_mask |= 1 << level;
         self.ts.extend_from_slice(&ts.to_le_bytes());
         self.levels.push(level);
         self.module_idx.extend_from_slice(&module.to_le_bytes());
         self.text.push_str(message);
-        self.text_ends.extend_from_slice(&u32::try_from(self.text.len()).ok()?.to_le_bytes());
+        self.text_ends
+            .extend_from_slice(&u32::try_from(self.text.len()).ok()?.to_le_bytes());
         self.meta.extend_from_slice(meta);
-        self.meta_ends.extend_from_slice(&u32::try_from(self.meta.len()).ok()?.to_le_bytes());
+        self.meta_ends
+            .extend_from_slice(&u32::try_from(self.meta.len()).ok()?.to_le_bytes());
         Some(())
     }
 
