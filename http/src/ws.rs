@@ -121,12 +121,16 @@ async fn pump(
     let mut sub = sub;
     let mut next = sub.next_seq;
     loop {
+        // Frames are fed, then flushed once: one write per batch, not one per entry.
         for frame in std::mem::take(&mut sub.replay) {
             if let Some(m) = text(frame)
-                && tx.send(m).await.is_err()
+                && tx.feed(m).await.is_err()
             {
                 return;
             }
+        }
+        if tx.flush().await.is_err() {
+            return;
         }
         if let Some(status) = sub.ended {
             if let Some(m) = text(ended_frame(status)) {
@@ -152,16 +156,19 @@ async fn pump(
                         }
                         if b.first_seq > next
                             && let Some(m) = text(lagged_frame(b.first_seq - next))
-                            && tx.send(m).await.is_err()
+                            && tx.feed(m).await.is_err()
                         {
                             return;
                         }
                         for frame in matching_frames(&b, &filter) {
                             if let Some(m) = text(frame.clone())
-                                && tx.send(m).await.is_err()
+                                && tx.feed(m).await.is_err()
                             {
                                 return;
                             }
+                        }
+                        if tx.flush().await.is_err() {
+                            return;
                         }
                         next = end;
                     }
