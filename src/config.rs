@@ -31,7 +31,7 @@ pub struct Config {
     pub devices: DevicesConfig,
     pub sessions: SessionsConfig,
     /// `[storage]`: where artifacts (and later capsules) live.
-    pub storage: fleetops_storage::blobs::BlobConfig,
+    pub storage: fleetops_storage::blobs::StorageConfig,
     /// `[tiers.<name>]`; a table given here replaces only the keys it sets.
     pub tiers: BTreeMap<String, TierFile>,
     pub admin: AdminConfig,
@@ -76,7 +76,7 @@ impl Default for Config {
             supervision: SupervisionConfig::default(),
             devices: DevicesConfig::default(),
             sessions: SessionsConfig::default(),
-            storage: fleetops_storage::blobs::BlobConfig::default(),
+            storage: fleetops_storage::blobs::StorageConfig::default(),
             tiers: BTreeMap::new(),
             admin: AdminConfig::default(),
         }

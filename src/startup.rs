@@ -29,7 +29,8 @@ pub struct Running {
 /// Opens the data directory; a directory held by another process is a clear error.
 pub async fn open_store(cfg: &Config) -> anyhow::Result<Store> {
     let dir = cfg.data_dir.clone();
-    tokio::task::spawn_blocking(move || Store::open(&dir))
+    let delay = std::time::Duration::from_micros(cfg.storage.commit_delay_us);
+    tokio::task::spawn_blocking(move || Store::open_with(&dir, delay))
         .await?
         .map_err(anyhow::Error::from)
 }

@@ -20,10 +20,10 @@ use tokio::io::AsyncWriteExt;
 
 use crate::{Result, StorageError};
 
-/// `[storage]`: where blobs live.
+/// `[storage]`: where blobs live, and how writes are committed.
 #[derive(Debug, Clone, serde::Deserialize)]
 #[serde(default, deny_unknown_fields)]
-pub struct BlobConfig {
+pub struct StorageConfig {
     /// `local` (files under the data directory) or `s3` (any S3-compatible store).
     pub backend: String,
     pub bucket: String,
@@ -35,9 +35,13 @@ pub struct BlobConfig {
     pub secret_access_key: String,
     /// Allow a plain-HTTP endpoint (local test servers).
     pub allow_http: bool,
+    /// Group commit: how long the flusher waits after the first waiting writer before it
+    /// fsyncs, so that more writers share the fsync (like PostgreSQL's `commit_delay`). 0:
+    /// flush at once; writers that arrive during a flush share the next one anyway.
+    pub commit_delay_us: u64,
 }
 
-impl Default for BlobConfig {
+impl Default for StorageConfig {
     fn default() -> Self {
         Self {
             backend: "local".into(),
@@ -47,6 +51,7 @@ impl Default for BlobConfig {
             access_key_id: String::new(),
             secret_access_key: String::new(),
             allow_http: false,
+            commit_delay_us: 0,
         }
     }
 }
@@ -71,7 +76,7 @@ pub enum PutError {
 
 impl BlobStore {
     /// The configured backend; `data_dir/blobs` for the local one.
-    pub fn from_config(cfg: &BlobConfig, data_dir: &Path) -> Result<Self> {
+    pub fn from_config(cfg: &StorageConfig, data_dir: &Path) -> Result<Self> {
         match cfg.backend.as_str() {
             "local" => Self::local(&data_dir.join("blobs")),
             "s3" => {

@@ -30,7 +30,7 @@ pub(crate) struct GroupCommit {
 }
 
 impl GroupCommit {
-    pub(crate) fn start(db: sled::Db) -> Self {
+    pub(crate) fn start(db: sled::Db, delay: std::time::Duration) -> Self {
         let requested = Arc::new(AtomicU64::new(0));
         let wake = Arc::new(Notify::new());
         let (tx, rx) = watch::channel(Done {
@@ -44,7 +44,9 @@ impl GroupCommit {
         std::thread::Builder::new()
             .name("fleetops-flush".into())
             .spawn(move || {
-                let rt = tokio::runtime::Builder::new_current_thread().build();
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_time()
+                    .build();
                 let Ok(rt) = rt else { return };
                 rt.block_on(async move {
                     let mut failed_upto = 0;
@@ -52,6 +54,9 @@ impl GroupCommit {
                         w.notified().await;
                         if stop.load(Ordering::SeqCst) {
                             return;
+                        }
+                        if !delay.is_zero() {
+                            tokio::time::sleep(delay).await;
                         }
                         let upto = req.load(Ordering::SeqCst);
                         if let Err(e) = db.flush() {
@@ -92,5 +97,32 @@ impl Drop for GroupCommit {
     fn drop(&mut self) {
         self.closed.store(true, Ordering::SeqCst);
         self.wake.notify_one();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use crate::Store;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_waiters_share_flushes_with_and_without_delay() {
+        for delay in [Duration::ZERO, Duration::from_millis(2)] {
+            let dir = tempfile::tempdir().unwrap();
+            let store = Store::open_with(dir.path(), delay).unwrap();
+            let mut tasks = Vec::new();
+            for i in 0..64u64 {
+                let s = store.clone();
+                tasks.push(tokio::spawn(async move {
+                    s.meta_put(&format!("k{i}"), b"v").unwrap();
+                    s.durable().await
+                }));
+            }
+            for t in tasks {
+                t.await.unwrap().unwrap();
+            }
+            assert_eq!(store.meta_get("k63").unwrap().as_deref(), Some(&b"v"[..]));
+        }
     }
 }

@@ -72,6 +72,11 @@ impl Store {
     /// Opens (or creates) the sled database under `dir/db`. Fails with [`StorageError::Locked`]
     /// when another process holds it, without touching anything.
     pub fn open(dir: &Path) -> Result<Self> {
+        Self::open_with(dir, std::time::Duration::ZERO)
+    }
+
+    /// As [`Store::open`], with the group-commit delay of `[storage] commit_delay_us`.
+    pub fn open_with(dir: &Path, commit_delay: std::time::Duration) -> Result<Self> {
         std::fs::create_dir_all(dir)?;
         let db = sled::Config::new()
             .path(dir.join("db"))
@@ -90,7 +95,7 @@ impl Store {
         let logs = db.open_tree("logs")?;
         let seq = db.open_tree("seq")?;
         let meta = db.open_tree("meta")?;
-        let flusher = flush::GroupCommit::start(db.clone());
+        let flusher = flush::GroupCommit::start(db.clone(), commit_delay);
         Ok(Self {
             inner: Arc::new(Inner {
                 db,
