@@ -11,7 +11,6 @@ mod support;
 
 use std::time::Duration;
 
-use fleetops::config::{Config, TierFile};
 use serde_json::json;
 use support::*;
 
@@ -32,25 +31,7 @@ fn main() {
     let base = wrk(&format!("http://{addr}/"), &[], conns, secs, None);
     task.abort();
 
-    // fleetops, in-process, with the limiter raised out of the way.
-    let dir = tempfile::tempdir().unwrap();
-    let mut cfg = Config {
-        listen: "127.0.0.1:0".into(),
-        data_dir: dir.path().join("data"),
-        log: "warn".into(),
-        ..Config::default()
-    };
-    cfg.admin.password = "bench-password".into();
-    cfg.tiers.insert(
-        "free".into(),
-        TierFile {
-            requests_per_minute: Some(1_000_000_000),
-            storage_bytes: None,
-        },
-    );
-    let running = rt.block_on(fleetops::startup::start(cfg)).unwrap();
-    let key = running.initial.clone().unwrap().api_key;
-    let base_url = format!("http://{}", running.addr);
+    let (running, key, base_url, _data) = rt.block_on(start_fleetops());
     let dev = "/api/v1/organizations/default/projects/default/devices";
     let id = rt.block_on(async {
         let c = reqwest::Client::new();

@@ -9,10 +9,8 @@
 
 mod support;
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use fleetops::config::{Config, TierFile};
 use futures::StreamExt;
 use serde_json::{Value, json};
 use support::*;
@@ -137,25 +135,7 @@ fn main() {
         .build()
         .unwrap();
     println!("machine: {}", machine());
-    let dir = tempfile::tempdir().unwrap();
-    let mut cfg = Config {
-        listen: "127.0.0.1:0".into(),
-        data_dir: dir.path().join("data"),
-        log: "warn".into(),
-        ..Config::default()
-    };
-    cfg.admin.password = "bench-password".into();
-    cfg.tiers.insert(
-        "free".into(),
-        TierFile {
-            requests_per_minute: Some(1_000_000_000),
-            storage_bytes: None,
-        },
-    );
-    let running = rt.block_on(fleetops::startup::start(cfg)).unwrap();
-    let key = running.initial.clone().unwrap().api_key;
-    let url = format!("http://{}", running.addr);
-    let _ = Arc::new(());
+    let (running, key, url, _data) = rt.block_on(start_fleetops());
     for stalled in [false, true] {
         let r = rt.block_on(run(&url, &key, subs, stalled, secs));
         println!(

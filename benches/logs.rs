@@ -11,7 +11,6 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use fleetops::config::{Config, TierFile};
 use serde_json::{Value, json};
 use support::*;
 
@@ -65,23 +64,7 @@ fn main() {
         base.requests_per_sec
     );
 
-    let mut cfg = Config {
-        listen: "127.0.0.1:0".into(),
-        data_dir: dir.path().join("data"),
-        log: "warn".into(),
-        ..Config::default()
-    };
-    cfg.admin.password = "bench-password".into();
-    cfg.tiers.insert(
-        "free".into(),
-        TierFile {
-            requests_per_minute: Some(1_000_000_000),
-            storage_bytes: None,
-        },
-    );
-    let running = rt.block_on(fleetops::startup::start(cfg)).unwrap();
-    let key = running.initial.clone().unwrap().api_key;
-    let url = format!("http://{}", running.addr);
+    let (running, key, url, _data) = rt.block_on(start_fleetops());
     let c = reqwest::Client::new();
     let (ingest_sid, query_sid) = rt.block_on(async {
         let d: Value = c

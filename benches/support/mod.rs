@@ -178,3 +178,32 @@ pub fn env_u32(name: &str, default: u32) -> u32 {
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
 }
+
+/// fleetops in-process on a free port with a fresh data directory, the free tier's limit
+/// raised out of the way: (server, API key, base URL, the data directory guard).
+pub async fn start_fleetops() -> (
+    fleetops::startup::Running,
+    String,
+    String,
+    tempfile::TempDir,
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = fleetops::config::Config {
+        listen: "127.0.0.1:0".into(),
+        data_dir: dir.path().join("data"),
+        log: "warn".into(),
+        ..fleetops::config::Config::default()
+    };
+    cfg.admin.password = "bench-password".into();
+    cfg.tiers.insert(
+        "free".into(),
+        fleetops::config::TierFile {
+            requests_per_minute: Some(1_000_000_000),
+            storage_bytes: None,
+        },
+    );
+    let running = fleetops::startup::start(cfg).await.unwrap();
+    let key = running.initial.clone().unwrap().api_key;
+    let url = format!("http://{}", running.addr);
+    (running, key, url, dir)
+}
