@@ -38,6 +38,7 @@ pub mod secrets;
 mod session;
 pub mod sessions;
 mod supervision;
+pub mod versions;
 pub mod views;
 
 use std::sync::Arc;
