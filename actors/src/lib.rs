@@ -21,12 +21,14 @@
 //! This crate never touches hyper; `http` never touches sled.
 
 pub mod access;
+pub mod archives;
 pub mod auth;
 pub mod clock;
 pub mod config;
 mod directory;
 pub mod error;
 mod keyed;
+pub mod links;
 pub mod live;
 pub mod logs;
 mod mailbox;
