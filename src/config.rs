@@ -30,6 +30,7 @@ pub struct Config {
     pub supervision: SupervisionConfig,
     pub devices: DevicesConfig,
     pub sessions: SessionsConfig,
+    pub pipeline: fleetops_actors::pipeline::PipelineConfig,
     /// `[storage]`: where artifacts (and later capsules) live.
     pub storage: fleetops_storage::blobs::StorageConfig,
     /// `[tiers.<name>]`; a table given here replaces only the keys it sets.
@@ -76,6 +77,7 @@ impl Default for Config {
             supervision: SupervisionConfig::default(),
             devices: DevicesConfig::default(),
             sessions: SessionsConfig::default(),
+            pipeline: fleetops_actors::pipeline::PipelineConfig::default(),
             storage: fleetops_storage::blobs::StorageConfig::default(),
             tiers: BTreeMap::new(),
             admin: AdminConfig::default(),
@@ -189,7 +191,14 @@ impl Config {
             devices: self.devices.clone(),
             sessions: self.sessions.clone(),
             auth: self.auth.clone(),
-            tiers: self.tiers().into_iter().map(|t| t.name).collect(),
+            tiers: self.tiers().into_iter().map(|t| t.name.clone()).collect(),
+            quotas: self
+                .tiers()
+                .into_iter()
+                .map(|t| (t.name, t.storage_bytes))
+                .collect(),
+            pipeline: self.pipeline.clone(),
+            public_url: self.public_url.trim_end_matches('/').to_string(),
         }
     }
 }

@@ -49,6 +49,7 @@ pub async fn start(cfg: Config) -> anyhow::Result<Running> {
         .await
         .with_context(|| format!("binding {}", cfg.listen))?;
     let addr = listener.local_addr()?;
+    runtime.set_public_url(&format!("http://{addr}"));
     let app = Arc::new(fleetops_http::App::new(
         runtime.clone(),
         cfg.http.clone(),

@@ -214,7 +214,7 @@ impl Authenticator {
         org_slug: &str,
         project_slug: &str,
         secret: &str,
-    ) -> Result<u64> {
+    ) -> Result<(Arc<fleetops_storage::Organization>, u64)> {
         let org = self
             .store
             .org_by_slug(org_slug)?
@@ -224,7 +224,7 @@ impl Authenticator {
             .project_by_slug(org.id, project_slug)?
             .ok_or(Error::Unauthorized)?;
         if secrets::ct_eq(&p.secret_hash, &secrets::sha256(secret.as_bytes())) {
-            Ok(p.id)
+            Ok((org, p.id))
         } else {
             Err(Error::Unauthorized)
         }

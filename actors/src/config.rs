@@ -108,4 +108,9 @@ pub struct RuntimeConfig {
     pub auth: AuthConfig,
     /// Tier names that exist (from `[tiers.*]`), for validating organization tiers.
     pub tiers: Vec<String>,
+    /// Storage limit (bytes) per tier name.
+    pub quotas: std::collections::HashMap<String, u64>,
+    pub pipeline: crate::pipeline::PipelineConfig,
+    /// Base of the links handed out; empty until the server knows its address.
+    pub public_url: String,
 }

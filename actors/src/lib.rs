@@ -32,6 +32,7 @@ pub mod links;
 pub mod live;
 pub mod logs;
 mod mailbox;
+pub mod pipeline;
 mod project;
 pub mod projects;
 mod root;
@@ -56,7 +57,7 @@ pub use auth::{Authenticator, Credential, Principal};
 pub use config::RuntimeConfig;
 pub use directory::{BootstrapReq, DirectoryHandle};
 pub use error::{Error, Result};
-pub use fleetops_storage::Role;
+pub use fleetops_storage::{Organization, Role};
 pub use projects::ProjectsHandle;
 pub use sessions::SessionsHandle;
 
@@ -73,12 +74,15 @@ pub struct Runtime {
     pub directory: DirectoryHandle,
     pub projects: ProjectsHandle,
     pub sessions: SessionsHandle,
+    pub pipeline: pipeline::PipelineHandle,
     root: ActorRef<RootMsg>,
     restarts: Arc<AtomicU64>,
 }
 
 /// The meta key of the generated JWT secret.
 const JWT_SECRET_META: &str = "jwt_secret";
+/// The meta key of the key that signs upload and download links.
+const LINK_KEY_META: &str = "link_signing_key";
 
 impl Runtime {
     /// Starts the supervision tree over an open store.
@@ -173,6 +177,21 @@ impl Runtime {
             blobs,
             cfg: cfg.sessions.clone(),
         };
+        let signing_key = store.meta_get_or_init(LINK_KEY_META, || {
+            secrets::random_bytes(32).unwrap_or_default()
+        })?;
+        if signing_key.len() < 32 {
+            anyhow::bail!("could not generate the link signing key");
+        }
+        let pipeline = pipeline::PipelineHandle {
+            projects: projects.clone(),
+            store: store.clone(),
+            blobs: sessions.blobs.clone(),
+            signer: Arc::new(links::Signer::new(signing_key)),
+            public_url: Arc::new(std::sync::RwLock::new(cfg.public_url.clone())),
+            quotas: Arc::new(cfg.quotas.clone()),
+            cfg: cfg.pipeline.clone(),
+        };
         let access = Access {
             store: store.clone(),
             tier_rank: Arc::new(cfg.tiers.iter().rev().cloned().collect()),
@@ -184,9 +203,20 @@ impl Runtime {
             directory,
             projects,
             sessions,
+            pipeline,
             root,
             restarts,
         })
+    }
+
+    /// Sets the base of handed-out links once the listening address is known (when
+    /// `public_url` is not configured).
+    pub fn set_public_url(&self, url: &str) {
+        if let Ok(mut u) = self.pipeline.public_url.write()
+            && u.is_empty()
+        {
+            *u = url.trim_end_matches('/').to_string();
+        }
     }
 
     /// Actor restarts since start-up, all supervisors together.

@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 
 use fleetops_storage::{
-    Device, DeviceGroup, Project, Session, SessionStatus, Store, accounts::Seq,
+    Capsule, Device, DeviceGroup, Project, Session, SessionStatus, Store, accounts::Seq,
 };
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
@@ -75,6 +75,28 @@ pub(crate) enum ProjectMsg {
     DeleteSession {
         id: u64,
         reply: Reply<Vec<String>>,
+    },
+    CreateCapsule {
+        capsule: Box<Capsule>,
+        reply: Reply<Capsule>,
+    },
+    CapsuleUploaded {
+        id: u64,
+        size: u64,
+        reply: Reply<()>,
+    },
+    /// Records confirm's verdict and recomputes `is_latest` for the name.
+    SettleCapsule {
+        id: u64,
+        checksum: String,
+        passed: bool,
+        notes: String,
+        reply: Reply<Capsule>,
+    },
+    /// Replies with the blob key to delete once durable.
+    DeleteCapsule {
+        id: u64,
+        reply: Reply<String>,
     },
     /// Fault injection for supervision tests.
     Panic,
@@ -177,6 +199,24 @@ impl Actor for ProjectActor {
             }
             ProjectMsg::DeleteSession { id, reply } => {
                 let _ = reply.send(st.delete_session(id));
+            }
+            ProjectMsg::CreateCapsule { capsule, reply } => {
+                let _ = reply.send(st.create_capsule(*capsule));
+            }
+            ProjectMsg::CapsuleUploaded { id, size, reply } => {
+                let _ = reply.send(st.capsule_uploaded(id, size));
+            }
+            ProjectMsg::SettleCapsule {
+                id,
+                checksum,
+                passed,
+                notes,
+                reply,
+            } => {
+                let _ = reply.send(st.settle_capsule(id, checksum, passed, notes));
+            }
+            ProjectMsg::DeleteCapsule { id, reply } => {
+                let _ = reply.send(st.delete_capsule(id));
             }
             ProjectMsg::Panic => panic!("injected fault in ProjectActor {}", st.project.id),
         }
@@ -391,6 +431,124 @@ impl ProjectState {
     fn delete_session(&self, id: u64) -> Result<Vec<String>> {
         let s = self.session(id)?;
         Ok(self.store.delete_session(&s)?)
+    }
+
+    fn capsule(&self, id: u64) -> Result<Capsule> {
+        self.store
+            .capsule(self.pid(), id)?
+            .ok_or_else(|| Error::not_found("Capsule"))
+    }
+
+    fn create_capsule(&self, mut c: Capsule) -> Result<Capsule> {
+        if self
+            .store
+            .capsule_by_version(self.pid(), &c.name, &c.version)?
+            .is_some()
+        {
+            return Err(Error::Conflict(format!(
+                "Capsule {} {} already exists",
+                c.name, c.version
+            )));
+        }
+        c.id = self.store.new_id(Seq::Capsule)?;
+        c.project_id = self.pid();
+        c.blob_key = format!("capsules/{}/{}", self.pid(), c.id);
+        self.store.put_capsules(&[&c])?;
+        Ok(c)
+    }
+
+    fn capsule_uploaded(&self, id: u64, size: u64) -> Result<()> {
+        let mut c = self.capsule(id)?;
+        if c.confirmed {
+            return Err(Error::Conflict(
+                "Capsule already confirmed; its bytes are immutable".into(),
+            ));
+        }
+        c.uploaded_bytes = Some(size);
+        c.updated_at = now_ms();
+        Ok(self.store.put_capsules(&[&c])?)
+    }
+
+    /// The capsules of `name` whose `is_latest` must be rewritten (the highest passed version
+    /// is latest), given the changed one or without the deleted one; the changed one is always
+    /// among them.
+    fn relatest(
+        &self,
+        name: &str,
+        changed: Option<&Capsule>,
+        deleted: Option<u64>,
+    ) -> Result<Vec<Capsule>> {
+        let mut all: Vec<Capsule> = self
+            .store
+            .project_capsules(self.pid())?
+            .into_iter()
+            .filter(|c| c.name == name && Some(c.id) != deleted)
+            .map(|c| match changed {
+                Some(ch) if ch.id == c.id => ch.clone(),
+                _ => c,
+            })
+            .collect();
+        let best = all
+            .iter()
+            .filter(|c| c.validation_status == "passed")
+            .max_by_key(|c| (c.version_major, c.version_minor, c.version_patch))
+            .map(|c| c.id);
+        let mut moved = Vec::new();
+        for c in all.iter_mut() {
+            let latest = Some(c.id) == best;
+            if c.is_latest != latest || changed.is_some_and(|ch| ch.id == c.id) {
+                c.is_latest = latest;
+                moved.push(c.clone());
+            }
+        }
+        Ok(moved)
+    }
+
+    fn settle_capsule(
+        &self,
+        id: u64,
+        checksum: String,
+        passed: bool,
+        notes: String,
+    ) -> Result<Capsule> {
+        let mut c = self.capsule(id)?;
+        if c.confirmed {
+            return Err(Error::Conflict("Capsule already confirmed".into()));
+        }
+        c.checksum_sha256 = Some(checksum);
+        c.validation_status = if passed { "passed" } else { "failed" }.into();
+        c.validation_notes = if passed { "ok".into() } else { notes };
+        c.confirmed = true;
+        c.updated_at = now_ms();
+        let moved = self.relatest(&c.name, Some(&c), None)?;
+        let refs: Vec<&Capsule> = moved.iter().collect();
+        self.store.put_capsules(&refs)?;
+        Ok(moved.into_iter().find(|m| m.id == id).unwrap_or(c))
+    }
+
+    fn delete_capsule(&self, id: u64) -> Result<String> {
+        let c = self.capsule(id)?;
+        let v = semver::Version::new(c.version_major, c.version_minor, c.version_patch);
+        for o in self.store.project_capsules(self.pid())? {
+            if o.id == c.id {
+                continue;
+            }
+            for (name, constraint) in &o.dependencies {
+                if *name == c.name
+                    && crate::versions::Constraint::parse("dependency", constraint)
+                        .is_ok_and(|k| k.matches(&v))
+                {
+                    return Err(Error::Conflict(format!(
+                        "Capsule {} {} is a dependency of {} {}",
+                        c.name, c.version, o.name, o.version
+                    )));
+                }
+            }
+        }
+        let moved = self.relatest(&c.name, None, Some(c.id))?;
+        let refs: Vec<&Capsule> = moved.iter().collect();
+        self.store.delete_capsule(&c, &refs)?;
+        Ok(c.blob_key)
     }
 
     fn delete_group(&self, id: u64) -> Result<()> {

@@ -189,6 +189,33 @@ impl<'a> Cx<'a> {
         }
     }
 
+    /// The project-secret routes: `X-Project-Secret` only (a JWT or API key alone is 401; an
+    /// unknown organization or project is 401 too), then the organization's tier limit.
+    pub fn project_secret(
+        &mut self,
+        req: &Req,
+    ) -> ApiResult<(u64, std::sync::Arc<fleetops_actors::Organization>)> {
+        let secret = req
+            .header("x-project-secret")
+            .filter(|s| !s.is_empty())
+            .ok_or(ApiError::Domain(fleetops_actors::Error::Unauthorized))?;
+        let (org, pid) = self.app.rt.auth.check_project_secret(
+            req.param("org"),
+            req.param("project"),
+            secret,
+        )?;
+        match self.app.limits.check(&org.tier, (b's', pid, org.id)) {
+            Ok(h) => {
+                self.rate = Some(h);
+                Ok((pid, org))
+            }
+            Err((e, h)) => {
+                self.rate = Some(h);
+                Err(e)
+            }
+        }
+    }
+
     /// Authenticated, rate-limited and at least `min` in the path's organization.
     pub fn org(&mut self, req: &Req, min: Role) -> ApiResult<(Principal, OrgScope)> {
         let org = req.param("org");

@@ -53,6 +53,12 @@ pub fn document(routes: &[RouteDef]) -> Value {
                     responses.insert(s.into(), err.clone());
                 }
             }
+            Security::ProjectSecret => {
+                op.insert("security".into(), json!([{"projectSecret": []}]));
+                for s in ["401", "429"] {
+                    responses.insert(s.into(), err.clone());
+                }
+            }
             Security::Jwt => {
                 op.insert("security".into(), json!([{"bearer": []}]));
                 for s in ["401", "403", "429"] {

@@ -50,6 +50,13 @@ pub enum Op {
     GetFile,
     DownloadFiles,
     LiveLogs,
+    CapsuleUploadUrl,
+    CapsuleConfirm,
+    ListCapsules,
+    GetCapsule,
+    DeleteCapsule,
+    Upload,
+    Download,
 }
 
 /// How a route authenticates, for the OpenAPI document.
@@ -60,6 +67,8 @@ pub enum Security {
     Bearer,
     /// A JWT only.
     Jwt,
+    /// `X-Project-Secret` only.
+    ProjectSecret,
 }
 
 pub struct RouteDef {
@@ -136,6 +145,13 @@ pub fn routes() -> Vec<RouteDef> {
         route!(PUT "/api/v1/organizations/{org}/projects/{project}/sessions/{session_id}/files/{*path}", PutFile, "artifacts", Bearer, 201, true, "Upload an artifact (raw bytes; Content-Type kept or guessed), replacing the same path"),
         route!(GET "/api/v1/organizations/{org}/projects/{project}/sessions/{session_id}/files/{*path}", GetFile, "artifacts", Bearer, 200, false, "Download an artifact (a single Range gives 206)"),
         route!(GET "/api/v1/ws/organizations/{org}/projects/{project}/sessions/{session_id}/logs", LiveLogs, "logs", Bearer, 101, false, "WebSocket: live logs (replay, level, module; token= for browsers)"),
+        route!(POST "/api/v1/projects/{org}/{project}/capsules/upload-url", CapsuleUploadUrl, "capsules", ProjectSecret, 201, true, "Create a capsule version and a presigned upload URL (X-Project-Secret)"),
+        route!(POST "/api/v1/projects/{org}/{project}/capsules/{capsule_id}/confirm", CapsuleConfirm, "capsules", ProjectSecret, 200, true, "Confirm an upload with its SHA-256; validates the capsule"),
+        route!(GET "/api/v1/projects/{org}/{project}/capsules", ListCapsules, "capsules", Bearer, 200, false, "List capsule versions (name, type, latest_only)"),
+        route!(GET "/api/v1/projects/{org}/{project}/capsules/{capsule_id}", GetCapsule, "capsules", Bearer, 200, false, "A capsule version with all_versions and a 15-minute download_url"),
+        route!(DELETE "/api/v1/projects/{org}/{project}/capsules/{capsule_id}", DeleteCapsule, "capsules", Bearer, 204, false, "Delete a capsule version"),
+        route!(PUT "/api/v1/uploads/{token}", Upload, "capsules", None, 200, true, "The presigned upload URL of the local backend"),
+        route!(GET "/api/v1/downloads/{token}", Download, "capsules", None, 200, false, "The presigned download URL of the local backend"),
         route!(POST "/api/v1/organizations/{org}/projects/{project}/sessions/{session_id}/complete", CompleteSession, "sessions", Bearer, 200, true, "End a session as completed or failed"),
     ]
 }
@@ -227,7 +243,9 @@ mod tests {
                 .replace("{key_id}", "9")
                 .replace("{session_id}", "10")
                 .replace("{tag}", "t")
-                .replace("{*path}", "dir/file.txt");
+                .replace("{*path}", "dir/file.txt")
+                .replace("{capsule_id}", "11")
+                .replace("{token}", "tok");
             match r.resolve(&def.method, &path) {
                 Resolved::Found(op, _, _) => assert_eq!(op, def.op, "{path}"),
                 _ => panic!("{} {path} does not resolve", def.method),

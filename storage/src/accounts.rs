@@ -18,6 +18,7 @@ pub enum Seq {
     Device,
     Group,
     Session,
+    Capsule,
 }
 
 impl Seq {
@@ -30,6 +31,7 @@ impl Seq {
             Seq::Device => "device",
             Seq::Group => "group",
             Seq::Session => "session",
+            Seq::Capsule => "capsule",
         }
     }
 }

@@ -121,6 +121,22 @@ pub(crate) fn artifact_prefix(session: u64) -> Vec<u8> {
     key(&[b"a", &be(session), b""])
 }
 
+pub(crate) fn capsule(project: u64, id: u64) -> Vec<u8> {
+    key(&[b"c", &be(project), &be(id)])
+}
+pub(crate) fn capsule_prefix(project: u64) -> Vec<u8> {
+    key(&[b"c", &be(project), b""])
+}
+/// Names cannot hold `/` (they match `[A-Za-z0-9][A-Za-z0-9._-]*`), so the separator is safe.
+pub(crate) fn capsule_by_version(project: u64, name: &str, version: &str) -> Vec<u8> {
+    key(&[
+        b"ix-cver",
+        &be(project),
+        name.as_bytes(),
+        version.as_bytes(),
+    ])
+}
+
 /// The trailing big-endian id of a key built above.
 pub(crate) fn trailing_id(k: &[u8]) -> Option<u64> {
     let n = k.len().checked_sub(8)?;

@@ -16,6 +16,7 @@ mod flush;
 mod keys;
 pub mod meta;
 pub mod model;
+pub mod pipeline;
 pub mod sessions;
 
 use std::path::Path;

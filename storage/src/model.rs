@@ -285,3 +285,42 @@ pub struct DeviceGroup {
     pub device_ids: Vec<u64>,
     pub created_at: i64,
 }
+
+/// A capsule version (an application package) of a project.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Capsule {
+    pub id: u64,
+    pub project_id: u64,
+    pub name: String,
+    /// Strict `MAJOR.MINOR.PATCH`; the parts below order versions.
+    pub version: String,
+    pub version_major: u64,
+    pub version_minor: u64,
+    pub version_patch: u64,
+    pub description: Option<String>,
+    /// `SW`, `FW` or `OS`.
+    pub capsule_type: String,
+    /// `.tar.gz`, `.tgz`, `.tar` or `.zip`.
+    pub file_format: String,
+    /// As declared at `upload-url` (what the quota reserves and the upload may not exceed).
+    pub file_size_bytes: u64,
+    /// Bytes actually uploaded (`None` until the upload).
+    pub uploaded_bytes: Option<u64>,
+    /// Computed by the server at confirm.
+    pub checksum_sha256: Option<String>,
+    /// Free-form JSON object, kept as JSON bytes.
+    pub metadata_json: Vec<u8>,
+    /// (name, constraint) pairs.
+    pub dependencies: Vec<(String, String)>,
+    pub is_latest: bool,
+    /// `pending`, `passed` or `failed`.
+    pub validation_status: String,
+    pub validation_notes: String,
+    /// Built from ids.
+    pub blob_key: String,
+    /// Unix milliseconds after which an unconfirmed upload link no longer works.
+    pub upload_expires_at: i64,
+    pub confirmed: bool,
+    pub created_at: i64,
+    pub updated_at: i64,
+}

@@ -7,6 +7,7 @@
 mod accounts;
 mod artifacts;
 mod bad_input;
+mod capsules;
 mod cli;
 mod common;
 mod devices;

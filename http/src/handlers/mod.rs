@@ -5,6 +5,7 @@ mod accounts;
 mod artifacts;
 mod devices;
 mod ops;
+mod pipeline;
 pub(crate) mod sessions;
 
 use http::Response;
@@ -59,5 +60,12 @@ pub async fn dispatch(op: Op, cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<B
         Op::GetFile => artifacts::get(cx, req).await,
         Op::DownloadFiles => artifacts::download(cx, req),
         Op::LiveLogs => crate::ws::live_logs(cx, req).await,
+        Op::CapsuleUploadUrl => pipeline::upload_url(cx, req).await,
+        Op::CapsuleConfirm => pipeline::confirm(cx, req).await,
+        Op::ListCapsules => pipeline::list(cx, req),
+        Op::GetCapsule => pipeline::get(cx, req),
+        Op::DeleteCapsule => pipeline::delete(cx, req).await,
+        Op::Upload => pipeline::upload(cx, req).await,
+        Op::Download => pipeline::download(cx, req).await,
     }
 }

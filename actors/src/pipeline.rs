@@ -1,0 +1,537 @@
+//! [`PipelineHandle`]: capsules (this step of the deployment pipeline; configurations and
+//! deployment packages follow). The upload flow: `upload-url` creates the record (quota
+//! checked, declared size reserved) and a signed upload link; the bytes are PUT to that link
+//! (at most the declared size); `confirm` computes SHA-256 over the stored bytes, checks the
+//! archive and the dependencies, and settles `passed`/`failed` and `is_latest`.
+//!
+//! Writes go through the project's actor (single writer of `is_latest` and uniqueness);
+//! hashing and archive checks run on a blocking thread over a temporary copy, memory flat.
+
+use std::io::Write;
+use std::sync::Arc;
+use std::time::Duration;
+
+use fleetops_storage::blobs::PutError;
+use fleetops_storage::{BlobStore, Capsule, Store};
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use semver::Version;
+use serde::Serialize;
+use serde_json::value::RawValue;
+use sha2::{Digest, Sha256};
+
+use crate::archives;
+use crate::clock::{fmt_ms, now_ms};
+use crate::error::{Error, Result};
+use crate::links::{Link, Purpose, Signer};
+use crate::project::ProjectMsg;
+use crate::projects::ProjectsHandle;
+use crate::versions::{Constraint, parse_version};
+
+/// Upload links last an hour, download links 15 minutes.
+pub const UPLOAD_TTL_SECS: i64 = 3600;
+pub const DOWNLOAD_TTL_SECS: i64 = 900;
+
+/// `[pipeline]`.
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PipelineConfig {
+    /// Up to this size confirm validates inline (200); above it, in the background (202).
+    pub sync_validation_max_bytes: u64,
+}
+
+impl Default for PipelineConfig {
+    fn default() -> Self {
+        Self {
+            sync_validation_max_bytes: 256 * 1024 * 1024,
+        }
+    }
+}
+
+/// What `upload-url` asks for (already parsed by the edge).
+#[derive(Debug, Clone)]
+pub struct CapsuleRequest {
+    pub name: String,
+    pub version: String,
+    pub description: Option<String>,
+    pub capsule_type: String,
+    pub file_format: String,
+    pub file_size_bytes: u64,
+    pub metadata: Option<Box<RawValue>>,
+    pub dependencies: Vec<(String, String)>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct UploadUrl {
+    pub capsule_id: u64,
+    pub upload_url: String,
+    pub expires_in: i64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Dependency {
+    pub name: String,
+    pub version: String,
+}
+
+/// The full capsule record as returned.
+#[derive(Debug, Serialize)]
+pub struct CapsuleView {
+    pub id: u64,
+    pub project_id: u64,
+    pub name: String,
+    pub version: String,
+    pub description: Option<String>,
+    pub capsule_type: String,
+    pub file_format: String,
+    pub file_size_bytes: u64,
+    pub checksum_sha256: Option<String>,
+    pub metadata: Box<RawValue>,
+    pub dependencies: Vec<Dependency>,
+    pub is_latest: bool,
+    pub version_major: u64,
+    pub version_minor: u64,
+    pub version_patch: u64,
+    pub validation_status: String,
+    pub validation_notes: String,
+    pub created_at: String,
+    pub updated_at: String,
+}
+
+impl From<&Capsule> for CapsuleView {
+    fn from(c: &Capsule) -> Self {
+        Self {
+            id: c.id,
+            project_id: c.project_id,
+            name: c.name.clone(),
+            version: c.version.clone(),
+            description: c.description.clone(),
+            capsule_type: c.capsule_type.clone(),
+            file_format: c.file_format.clone(),
+            file_size_bytes: c.file_size_bytes,
+            checksum_sha256: c.checksum_sha256.clone(),
+            metadata: RawValue::from_string(String::from_utf8_lossy(&c.metadata_json).into_owned())
+                .unwrap_or_else(|_| RawValue::from_string("{}".into()).unwrap_or_default()),
+            dependencies: c
+                .dependencies
+                .iter()
+                .map(|(n, v)| Dependency {
+                    name: n.clone(),
+                    version: v.clone(),
+                })
+                .collect(),
+            is_latest: c.is_latest,
+            version_major: c.version_major,
+            version_minor: c.version_minor,
+            version_patch: c.version_patch,
+            validation_status: c.validation_status.clone(),
+            validation_notes: c.validation_notes.clone(),
+            created_at: fmt_ms(c.created_at),
+            updated_at: fmt_ms(c.updated_at),
+        }
+    }
+}
+
+/// `GET /capsules/{id}`: the record, every version of its name, a download link.
+#[derive(Debug, Serialize)]
+pub struct CapsuleDetail {
+    #[serde(flatten)]
+    pub capsule: CapsuleView,
+    pub all_versions: Vec<String>,
+    pub download_url: String,
+}
+
+/// An item of `GET /capsules`.
+#[derive(Debug, Serialize)]
+pub struct CapsuleItem {
+    pub id: u64,
+    pub name: String,
+    pub version: String,
+    pub capsule_type: String,
+    pub file_size_bytes: u64,
+    pub is_latest: bool,
+    pub validation_status: String,
+    pub created_at: String,
+}
+
+/// Filters of `GET /capsules`.
+#[derive(Debug, Default, Clone)]
+pub struct CapsuleFilter {
+    pub name: Option<String>,
+    pub capsule_type: Option<String>,
+    pub latest_only: bool,
+}
+
+/// The outcome of confirm: 200 with the record, or 202 while it validates in the background.
+pub enum Confirmed {
+    Done(CapsuleView),
+    Pending(CapsuleView),
+}
+
+/// `[A-Za-z0-9][A-Za-z0-9._-]{0,127}`.
+pub fn capsule_name(field: &str, s: &str) -> Result<()> {
+    let ok = !s.is_empty()
+        && s.len() <= 128
+        && s.bytes()
+            .enumerate()
+            .all(|(i, b)| b.is_ascii_alphanumeric() || (i > 0 && matches!(b, b'.' | b'_' | b'-')));
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::unprocessable(
+            field,
+            "must match [A-Za-z0-9][A-Za-z0-9._-]{0,127}",
+        ))
+    }
+}
+
+#[derive(Clone)]
+pub struct PipelineHandle {
+    pub(crate) projects: ProjectsHandle,
+    pub(crate) store: Store,
+    pub(crate) blobs: BlobStore,
+    pub(crate) signer: Arc<Signer>,
+    pub(crate) public_url: Arc<std::sync::RwLock<String>>,
+    /// Storage limit per tier name.
+    pub(crate) quotas: Arc<std::collections::HashMap<String, u64>>,
+    pub(crate) cfg: PipelineConfig,
+}
+
+impl PipelineHandle {
+    fn base(&self) -> String {
+        self.public_url
+            .read()
+            .map(|s| s.clone())
+            .unwrap_or_default()
+    }
+
+    fn capsule(&self, pid: u64, id: u64) -> Result<Capsule> {
+        self.store
+            .capsule(pid, id)?
+            .ok_or_else(|| Error::not_found("Capsule"))
+    }
+
+    /// Bytes an organization's capsules hold or have reserved.
+    fn org_usage(&self, org_id: u64) -> Result<u64> {
+        let mut total = 0u64;
+        for p in self.store.org_projects(org_id)? {
+            for c in self.store.project_capsules(p.id)? {
+                total = total.saturating_add(c.file_size_bytes);
+            }
+        }
+        Ok(total)
+    }
+
+    pub async fn upload_url(
+        &self,
+        org_id: u64,
+        tier: &str,
+        pid: u64,
+        req: CapsuleRequest,
+    ) -> Result<UploadUrl> {
+        capsule_name("name", &req.name)?;
+        let v = parse_version("version", &req.version)?;
+        if req.file_size_bytes == 0 {
+            return Err(Error::unprocessable(
+                "file_size_bytes",
+                "must be at least 1",
+            ));
+        }
+        let metadata = match &req.metadata {
+            Some(m) if m.get().trim_start().starts_with('{') => m.get().as_bytes().to_vec(),
+            Some(m) if m.get().trim() == "null" => b"{}".to_vec(),
+            None => b"{}".to_vec(),
+            Some(_) => return Err(Error::unprocessable("metadata", "must be an object")),
+        };
+        for (i, (name, c)) in req.dependencies.iter().enumerate() {
+            capsule_name(&format!("dependencies[{i}].name"), name)?;
+            Constraint::parse(&format!("dependencies[{i}].version"), c)?;
+        }
+        if let Some(d) = &req.description
+            && d.chars().count() > 2000
+        {
+            return Err(Error::unprocessable(
+                "description",
+                "at most 2000 characters",
+            ));
+        }
+        let limit = self.quotas.get(tier).copied().unwrap_or(0);
+        let used = self.org_usage(org_id)?;
+        if used.saturating_add(req.file_size_bytes) > limit {
+            return Err(Error::TooLarge(format!(
+                "Upload would exceed the organization's storage limit ({used} of {limit} bytes used)"
+            )));
+        }
+        let now = now_ms();
+        let c = self
+            .projects
+            .write(pid, |reply| ProjectMsg::CreateCapsule {
+                capsule: Box::new(Capsule {
+                    id: 0,
+                    project_id: pid,
+                    name: req.name.clone(),
+                    version: req.version.clone(),
+                    version_major: v.major,
+                    version_minor: v.minor,
+                    version_patch: v.patch,
+                    description: req.description.clone(),
+                    capsule_type: req.capsule_type.clone(),
+                    file_format: req.file_format.clone(),
+                    file_size_bytes: req.file_size_bytes,
+                    uploaded_bytes: None,
+                    checksum_sha256: None,
+                    metadata_json: metadata.clone(),
+                    dependencies: req.dependencies.clone(),
+                    is_latest: false,
+                    validation_status: "pending".into(),
+                    validation_notes: String::new(),
+                    blob_key: String::new(),
+                    upload_expires_at: now + UPLOAD_TTL_SECS * 1000,
+                    confirmed: false,
+                    created_at: now,
+                    updated_at: now,
+                }),
+                reply,
+            })
+            .await?;
+        let token = self.signer.sign(&Link {
+            purpose: Purpose::Upload,
+            kind: "capsule".into(),
+            project_id: pid,
+            id: c.id,
+            exp: c.upload_expires_at / 1000,
+        })?;
+        Ok(UploadUrl {
+            capsule_id: c.id,
+            upload_url: format!("{}/api/v1/uploads/{token}", self.base()),
+            expires_in: UPLOAD_TTL_SECS,
+        })
+    }
+
+    /// `PUT /uploads/{token}`: the bytes, at most the declared size.
+    pub async fn upload(
+        &self,
+        token: &str,
+        body: BoxStream<'static, std::io::Result<bytes::Bytes>>,
+    ) -> Result<u64> {
+        let link = self
+            .signer
+            .verify(token, Purpose::Upload, now_ms() / 1000)?;
+        let c = self.capsule(link.project_id, link.id)?;
+        if c.confirmed {
+            return Err(Error::Conflict(
+                "Capsule already confirmed; its bytes are immutable".into(),
+            ));
+        }
+        let size = self
+            .blobs
+            .put_stream(&c.blob_key, body, c.file_size_bytes)
+            .await
+            .map_err(|e| match e {
+                PutError::TooLarge(max) => {
+                    Error::TooLarge(format!("The upload exceeds the declared {max} bytes"))
+                }
+                PutError::Body(e) => {
+                    Error::BadRequest(format!("Could not read the request body: {e}"))
+                }
+                PutError::Storage(e) => Error::from(e),
+            })?;
+        let id = c.id;
+        self.projects
+            .write(link.project_id, |reply| ProjectMsg::CapsuleUploaded {
+                id,
+                size,
+                reply,
+            })
+            .await?;
+        Ok(size)
+    }
+
+    pub async fn confirm(&self, pid: u64, id: u64, checksum: String) -> Result<Confirmed> {
+        let c = self.capsule(pid, id)?;
+        if c.uploaded_bytes.is_none() {
+            return Err(Error::Conflict(
+                "Nothing has been uploaded for this capsule".into(),
+            ));
+        }
+        if c.confirmed {
+            return Err(Error::Conflict("Capsule already confirmed".into()));
+        }
+        if c.file_size_bytes > self.cfg.sync_validation_max_bytes {
+            let me = self.clone();
+            let mut pending = c.clone();
+            tokio::spawn(async move {
+                if let Err(e) = me.validate_and_settle(pid, id, checksum).await {
+                    tracing::warn!(capsule = id, error = %e, "background validation failed");
+                }
+            });
+            pending.validation_status = "pending".into();
+            return Ok(Confirmed::Pending(CapsuleView::from(&pending)));
+        }
+        let c = self.validate_and_settle(pid, id, checksum).await?;
+        Ok(Confirmed::Done(CapsuleView::from(&c)))
+    }
+
+    /// Hashes and checks the stored bytes, then records the verdict. A checksum mismatch
+    /// fails the capsule and answers 400.
+    async fn validate_and_settle(&self, pid: u64, id: u64, checksum: String) -> Result<Capsule> {
+        let c = self.capsule(pid, id)?;
+        let stream = self.blobs.stream(&c.blob_key, None).await?;
+        let (sha, size, archive) = hash_and_check(stream, c.file_format.clone()).await?;
+        let mismatch = !crate::secrets::ct_eq(
+            sha.as_bytes(),
+            checksum.trim().to_ascii_lowercase().as_bytes(),
+        );
+        let mut notes = Vec::new();
+        if mismatch {
+            notes.push("Checksum mismatch".to_string());
+        }
+        if size != c.file_size_bytes {
+            notes.push(format!(
+                "size is {size} bytes, {} were declared",
+                c.file_size_bytes
+            ));
+        }
+        if let Err(why) = archive {
+            notes.push(why);
+        }
+        for (name, constraint) in &c.dependencies {
+            let Ok(req) = Constraint::parse("dependency", constraint) else {
+                notes.push(format!("dependency {name} {constraint}: not a constraint"));
+                continue;
+            };
+            let found = self.store.project_capsules(pid)?.iter().any(|d| {
+                d.name == *name
+                    && d.validation_status == "passed"
+                    && req.matches(&Version::new(
+                        d.version_major,
+                        d.version_minor,
+                        d.version_patch,
+                    ))
+            });
+            if !found {
+                notes.push(format!(
+                    "dependency {name} {constraint}: no passed version matches"
+                ));
+            }
+        }
+        let passed = notes.is_empty();
+        let verdict = self
+            .projects
+            .write(pid, |reply| ProjectMsg::SettleCapsule {
+                id,
+                checksum: sha.clone(),
+                passed,
+                notes: notes.join("; "),
+                reply,
+            })
+            .await?;
+        if mismatch {
+            return Err(Error::BadRequest("Checksum mismatch".into()));
+        }
+        Ok(verdict)
+    }
+
+    pub fn list(&self, pid: u64, f: &CapsuleFilter) -> Result<Vec<CapsuleItem>> {
+        Ok(self
+            .store
+            .project_capsules(pid)?
+            .iter()
+            .filter(|c| f.name.as_ref().is_none_or(|n| &c.name == n))
+            .filter(|c| f.capsule_type.as_ref().is_none_or(|t| &c.capsule_type == t))
+            .filter(|c| !f.latest_only || c.is_latest)
+            .map(|c| CapsuleItem {
+                id: c.id,
+                name: c.name.clone(),
+                version: c.version.clone(),
+                capsule_type: c.capsule_type.clone(),
+                file_size_bytes: c.file_size_bytes,
+                is_latest: c.is_latest,
+                validation_status: c.validation_status.clone(),
+                created_at: fmt_ms(c.created_at),
+            })
+            .collect())
+    }
+
+    pub fn detail(&self, pid: u64, id: u64) -> Result<CapsuleDetail> {
+        let c = self.capsule(pid, id)?;
+        let mut versions: Vec<Version> = self
+            .store
+            .project_capsules(pid)?
+            .iter()
+            .filter(|o| o.name == c.name)
+            .map(|o| Version::new(o.version_major, o.version_minor, o.version_patch))
+            .collect();
+        versions.sort_by(|a, b| b.cmp(a));
+        let token = self.signer.sign(&Link {
+            purpose: Purpose::Download,
+            kind: "capsule".into(),
+            project_id: pid,
+            id,
+            exp: now_ms() / 1000 + DOWNLOAD_TTL_SECS,
+        })?;
+        Ok(CapsuleDetail {
+            capsule: CapsuleView::from(&c),
+            all_versions: versions.iter().map(Version::to_string).collect(),
+            download_url: format!("{}/api/v1/downloads/{token}", self.base()),
+        })
+    }
+
+    /// `GET /downloads/{token}`: the record (for headers) and its bytes.
+    pub async fn download(
+        &self,
+        token: &str,
+    ) -> Result<(Capsule, BoxStream<'static, std::io::Result<bytes::Bytes>>)> {
+        let link = self
+            .signer
+            .verify(token, Purpose::Download, now_ms() / 1000)?;
+        let c = self.capsule(link.project_id, link.id)?;
+        if c.uploaded_bytes.is_none() {
+            return Err(Error::not_found("Capsule file"));
+        }
+        let s = self.blobs.stream(&c.blob_key, None).await?;
+        Ok((c, s))
+    }
+
+    pub async fn delete(&self, pid: u64, id: u64) -> Result<()> {
+        let blob = self
+            .projects
+            .write(pid, |reply| ProjectMsg::DeleteCapsule { id, reply })
+            .await?;
+        let _ = self.blobs.delete(&blob).await;
+        Ok(())
+    }
+}
+
+/// SHA-256 (hex) and size of a stream, and whether it parses as `format`, with a temporary
+/// copy on disk so memory stays flat.
+async fn hash_and_check(
+    mut stream: BoxStream<'static, std::io::Result<bytes::Bytes>>,
+    format: String,
+) -> Result<(String, u64, std::result::Result<usize, String>)> {
+    let io = |e: std::io::Error| Error::Internal(e.to_string());
+    let tmp = tempfile::NamedTempFile::new().map_err(io)?;
+    let mut file = tmp.reopen().map_err(io)?;
+    let mut hasher = Sha256::new();
+    let mut size = 0u64;
+    while let Some(piece) = stream.next().await {
+        let piece = piece.map_err(io)?;
+        hasher.update(&piece);
+        size += piece.len() as u64;
+        file.write_all(&piece).map_err(io)?;
+    }
+    file.flush().map_err(io)?;
+    let sha = hex::encode(hasher.finalize());
+    let path = tmp.path().to_path_buf();
+    let archive = tokio::task::spawn_blocking(move || {
+        let _keep = tmp;
+        match std::fs::File::open(&path) {
+            Ok(f) => archives::validate(&format, std::io::BufReader::new(f)),
+            Err(e) => Err(format!("could not read the upload back: {e}")),
+        }
+    })
+    .await
+    .map_err(|e| Error::Internal(e.to_string()))?;
+    let _ = Duration::ZERO;
+    Ok((sha, size, archive))
+}

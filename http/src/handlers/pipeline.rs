@@ -1,0 +1,169 @@
+//! Capsules (the deployment pipeline's first step): upload URL and confirm with the project
+//! secret, the local backend's presigned upload and download links, list, detail, delete.
+
+use fleetops_actors::Role;
+use fleetops_actors::pipeline::{CapsuleFilter, CapsuleRequest, Confirmed};
+use http::{HeaderValue, Response, StatusCode, header};
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+use crate::app::{Cx, Req};
+use crate::body::{self, Body};
+use crate::error::{ApiError, ApiResult};
+
+#[derive(Deserialize)]
+enum CapsuleType {
+    SW,
+    FW,
+    OS,
+}
+
+#[derive(Deserialize)]
+enum FileFormat {
+    #[serde(rename = ".tar.gz")]
+    TarGz,
+    #[serde(rename = ".tgz")]
+    Tgz,
+    #[serde(rename = ".tar")]
+    Tar,
+    #[serde(rename = ".zip")]
+    Zip,
+}
+
+#[derive(Deserialize)]
+struct DependencyBody {
+    name: String,
+    version: String,
+}
+
+#[derive(Deserialize)]
+struct UploadUrlBody {
+    name: String,
+    version: String,
+    description: Option<String>,
+    capsule_type: CapsuleType,
+    file_format: FileFormat,
+    file_size_bytes: u64,
+    metadata: Option<Box<RawValue>>,
+    #[serde(default)]
+    dependencies: Vec<DependencyBody>,
+}
+
+pub async fn upload_url(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
+    let (pid, org) = cx.project_secret(&req)?;
+    let b: UploadUrlBody = cx.json(&mut req).await?;
+    let r = CapsuleRequest {
+        name: b.name,
+        version: b.version,
+        description: b.description,
+        capsule_type: match b.capsule_type {
+            CapsuleType::SW => "SW",
+            CapsuleType::FW => "FW",
+            CapsuleType::OS => "OS",
+        }
+        .into(),
+        file_format: match b.file_format {
+            FileFormat::TarGz => ".tar.gz",
+            FileFormat::Tgz => ".tgz",
+            FileFormat::Tar => ".tar",
+            FileFormat::Zip => ".zip",
+        }
+        .into(),
+        file_size_bytes: b.file_size_bytes,
+        metadata: b.metadata,
+        dependencies: b
+            .dependencies
+            .into_iter()
+            .map(|d| (d.name, d.version))
+            .collect(),
+    };
+    body::created(
+        &cx.rt()
+            .pipeline
+            .upload_url(org.id, &org.tier, pid, r)
+            .await?,
+    )
+}
+
+#[derive(Deserialize)]
+struct ConfirmBody {
+    checksum_sha256: String,
+}
+
+pub async fn confirm(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
+    let (pid, _) = cx.project_secret(&req)?;
+    let id = req.id("capsule_id", "Capsule")?;
+    let b: ConfirmBody = cx.json(&mut req).await?;
+    match cx.rt().pipeline.confirm(pid, id, b.checksum_sha256).await? {
+        Confirmed::Done(c) => body::ok(&c),
+        Confirmed::Pending(c) => body::accepted(&c),
+    }
+}
+
+pub fn list(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.project(&req, Role::Viewer)?;
+    let capsule_type = match req.query.get("type") {
+        None => None,
+        Some(t @ ("SW" | "FW" | "OS")) => Some(t.to_string()),
+        Some(_) => return Err(ApiError::unprocessable("type: must be SW, FW or OS")),
+    };
+    let latest_only = match req.query.get("latest_only") {
+        None | Some("false") | Some("0") => false,
+        Some("true") | Some("1") => true,
+        Some(_) => {
+            return Err(ApiError::unprocessable(
+                "latest_only: must be true or false",
+            ));
+        }
+    };
+    let f = CapsuleFilter {
+        name: req.query.get("name").map(str::to_string),
+        capsule_type,
+        latest_only,
+    };
+    body::ok(&cx.rt().pipeline.list(s.project.id, &f)?)
+}
+
+pub fn get(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.project(&req, Role::Viewer)?;
+    let id = req.id("capsule_id", "Capsule")?;
+    body::ok(&cx.rt().pipeline.detail(s.project.id, id)?)
+}
+
+pub async fn delete(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.project(&req, Role::Member)?;
+    let id = req.id("capsule_id", "Capsule")?;
+    cx.rt().pipeline.delete(s.project.id, id).await?;
+    body::no_content()
+}
+
+pub async fn upload(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
+    let token = req.param("token").to_string();
+    let stream = req.body_stream();
+    let size = cx.rt().pipeline.upload(&token, stream).await?;
+    body::ok(&serde_json::json!({"status": "uploaded", "size_bytes": size}))
+}
+
+pub async fn download(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    let (c, stream) = cx.rt().pipeline.download(req.param("token")).await?;
+    let mut r = Response::new(body::stream(stream));
+    *r.status_mut() = StatusCode::OK;
+    let mime = match c.file_format.as_str() {
+        ".zip" => "application/zip",
+        ".tar" => "application/x-tar",
+        _ => "application/gzip",
+    };
+    let h = r.headers_mut();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static(mime));
+    h.insert(
+        header::CONTENT_LENGTH,
+        HeaderValue::from(c.uploaded_bytes.unwrap_or(0)),
+    );
+    if let Ok(v) = HeaderValue::from_str(&format!(
+        "attachment; filename=\"{}-{}{}\"",
+        c.name, c.version, c.file_format
+    )) {
+        h.insert(header::CONTENT_DISPOSITION, v);
+    }
+    Ok(r)
+}
