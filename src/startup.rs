@@ -77,6 +77,9 @@ async fn housekeeping(app: Arc<fleetops_http::App>) {
         tick.tick().await;
         app.limits.prune();
         app.rt.auth.prune();
+        if let Err(e) = app.rt.pipeline.purge_expired().await {
+            tracing::warn!(error = %e, "purging expired uploads failed");
+        }
     }
 }
 

@@ -28,8 +28,7 @@ use crate::project::ProjectMsg;
 use crate::projects::ProjectsHandle;
 use crate::versions::{Constraint, parse_version};
 
-/// Upload links last an hour, download links 15 minutes.
-pub const UPLOAD_TTL_SECS: i64 = 3600;
+/// Download links last 15 minutes (upload links: `[pipeline] upload_ttl_seconds`, an hour).
 pub const DOWNLOAD_TTL_SECS: i64 = 900;
 
 /// `[pipeline]`.
@@ -38,12 +37,15 @@ pub const DOWNLOAD_TTL_SECS: i64 = 900;
 pub struct PipelineConfig {
     /// Up to this size confirm validates inline (200); above it, in the background (202).
     pub sync_validation_max_bytes: u64,
+    /// Lifetime of an upload link; an upload never confirmed by then is purged.
+    pub upload_ttl_seconds: i64,
 }
 
 impl Default for PipelineConfig {
     fn default() -> Self {
         Self {
             sync_validation_max_bytes: 256 * 1024 * 1024,
+            upload_ttl_seconds: 3600,
         }
     }
 }
@@ -286,7 +288,7 @@ impl PipelineHandle {
                     validation_status: "pending".into(),
                     validation_notes: String::new(),
                     blob_key: String::new(),
-                    upload_expires_at: now + UPLOAD_TTL_SECS * 1000,
+                    upload_expires_at: now + self.cfg.upload_ttl_seconds * 1000,
                     confirmed: false,
                     created_at: now,
                     updated_at: now,
@@ -304,7 +306,7 @@ impl PipelineHandle {
         Ok(UploadUrl {
             capsule_id: c.id,
             upload_url: format!("{}/api/v1/uploads/{token}", self.base()),
-            expires_in: UPLOAD_TTL_SECS,
+            expires_in: self.cfg.upload_ttl_seconds,
         })
     }
 
@@ -491,6 +493,28 @@ impl PipelineHandle {
         }
         let s = self.blobs.stream(&c.blob_key, None).await?;
         Ok((c, s))
+    }
+
+    /// Removes capsules never confirmed whose upload link has expired (the housekeeper calls
+    /// this); returns how many went.
+    pub async fn purge_expired(&self) -> Result<usize> {
+        let now = now_ms();
+        let mut purged = 0;
+        for org in self.store.all_orgs()? {
+            for p in self.store.org_projects(org.id)? {
+                for c in self.store.project_capsules(p.id)? {
+                    if !c.confirmed && c.upload_expires_at <= now {
+                        match self.delete(p.id, c.id).await {
+                            Ok(()) => purged += 1,
+                            Err(e) => {
+                                tracing::warn!(capsule = c.id, error = %e, "could not purge an expired upload")
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        Ok(purged)
     }
 
     pub async fn delete(&self, pid: u64, id: u64) -> Result<()> {

@@ -76,7 +76,7 @@ async fn publish(
     let id = r.body["capsule_id"].as_u64().unwrap();
     let url = r.body["upload_url"].as_str().unwrap().to_string();
     assert!(url.starts_with("http://127.0.0.1:"), "{url}");
-    assert_eq!(r.body["expires_in"], 3600);
+    assert!(r.body["expires_in"].as_i64().unwrap() > 0);
     let put = s.http.put(&url).body(bytes.to_vec()).send().await.unwrap();
     assert_eq!(put.status(), 200);
     secret_post(
@@ -202,6 +202,7 @@ async fn checksum_mismatch_upload_rules_and_credentials() {
 
     let r = secret_post(&s, &format!("{CAPS}/upload-url"), &secret, body.clone()).await;
     assert_eq!(r.status, 201);
+    assert_eq!(r.body["expires_in"], 3600);
     let id = r.body["capsule_id"].as_u64().unwrap();
     let url = r.body["upload_url"].as_str().unwrap().to_string();
     secret_post(&s, &format!("{CAPS}/upload-url"), &secret, body.clone())
@@ -452,4 +453,70 @@ async fn storage_quota_is_checked_at_upload_url() {
             .status,
         201
     );
+}
+
+#[tokio::test]
+async fn unconfirmed_uploads_are_purged_when_their_link_expires() {
+    let s = start_with(|c| c.pipeline.upload_ttl_seconds = 1).await;
+    let secret = s.admin.project_secret.clone();
+    let body = json!({"name": "tmp", "version": "1.0.0", "capsule_type": "SW", "file_format": ".tar", "file_size_bytes": 10});
+    let r = secret_post(&s, &format!("{CAPS}/upload-url"), &secret, body.clone()).await;
+    assert_eq!(r.body["expires_in"], 1);
+    let url = r.body["upload_url"].as_str().unwrap().to_string();
+    let kept = publish(
+        &s,
+        "kept",
+        "1.0.0",
+        ".tar",
+        &archive(".tar", b"k"),
+        json!([]),
+    )
+    .await;
+    assert_eq!(kept.status, 200);
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    // The link has expired: 401, nothing stored.
+    assert_eq!(
+        s.http
+            .put(&url)
+            .body(vec![0u8; 10])
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        401
+    );
+    let rt = s.running.as_ref().unwrap().runtime.clone();
+    assert_eq!(rt.pipeline.purge_expired().await.unwrap(), 1);
+    let names: Vec<_> = s
+        .get(CAPS, s.key())
+        .await
+        .body
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].clone())
+        .collect();
+    assert_eq!(names, vec![json!("kept")]);
+    // Its (name, version) is free again.
+    assert_eq!(
+        secret_post(&s, &format!("{CAPS}/upload-url"), &secret, body)
+            .await
+            .status,
+        201
+    );
+}
+
+#[tokio::test]
+async fn large_capsules_confirm_in_the_background() {
+    let s = start_with(|c| c.pipeline.sync_validation_max_bytes = 100).await;
+    let bytes = archive(".tar", &[7u8; 4096]);
+    let r = publish(&s, "big", "1.0.0", ".tar", &bytes, json!([])).await;
+    assert_eq!(r.status, 202, "{}", r.body);
+    assert_eq!(r.body["validation_status"], "pending");
+    let id = r.body["id"].as_u64().unwrap();
+    let done = eventually(10, || async {
+        s.get(&format!("{CAPS}/{id}"), s.key()).await.body["validation_status"] == "passed"
+    })
+    .await;
+    assert!(done);
 }
