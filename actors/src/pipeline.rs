@@ -217,7 +217,7 @@ impl PipelineHandle {
     fn org_usage(&self, org_id: u64) -> Result<u64> {
         let mut total = 0u64;
         for p in self.store.org_projects(org_id)? {
-            for c in self.store.project_capsules(p.id)? {
+            for c in self.store.project_capsules(p.id)?.iter() {
                 total = total.saturating_add(c.file_size_bytes);
             }
         }
@@ -502,7 +502,7 @@ impl PipelineHandle {
         let mut purged = 0;
         for org in self.store.all_orgs()? {
             for p in self.store.org_projects(org.id)? {
-                for c in self.store.project_capsules(p.id)? {
+                for c in self.store.project_capsules(p.id)?.iter() {
                     if !c.confirmed && c.upload_expires_at <= now {
                         match self.delete(p.id, c.id).await {
                             Ok(()) => purged += 1,

@@ -481,11 +481,11 @@ impl ProjectState {
         let mut all: Vec<Capsule> = self
             .store
             .project_capsules(self.pid())?
-            .into_iter()
+            .iter()
             .filter(|c| c.name == name && Some(c.id) != deleted)
             .map(|c| match changed {
                 Some(ch) if ch.id == c.id => ch.clone(),
-                _ => c,
+                _ => c.clone(),
             })
             .collect();
         let best = all
@@ -529,7 +529,7 @@ impl ProjectState {
     fn delete_capsule(&self, id: u64) -> Result<String> {
         let c = self.capsule(id)?;
         let v = semver::Version::new(c.version_major, c.version_minor, c.version_patch);
-        for o in self.store.project_capsules(self.pid())? {
+        for o in self.store.project_capsules(self.pid())?.iter() {
             if o.id == c.id {
                 continue;
             }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use dashmap::DashMap;
 
-use crate::{ApiKey, DeviceGroup, Membership, Organization, Project, User};
+use crate::{ApiKey, Capsule, DeviceGroup, Membership, Organization, Project, User};
 
 const MAX: usize = 100_000;
 
@@ -23,6 +23,8 @@ pub(crate) struct Caches {
     pub members: DashMap<(u64, u64), Arc<Membership>>,
     /// A project's groups, newest first (device reads show each device's groups).
     pub groups: DashMap<u64, Arc<Vec<DeviceGroup>>>,
+    /// A project's capsules, newest first (lists, quotas and `is_latest` read them all).
+    pub capsules: DashMap<u64, Arc<Vec<Capsule>>>,
 }
 
 pub(crate) fn put<K: std::hash::Hash + Eq, V>(map: &DashMap<K, V>, k: K, v: V) {

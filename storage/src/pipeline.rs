@@ -1,5 +1,8 @@
 //! Capsules (and, later, configurations and deployment packages) of a project.
 
+use std::sync::Arc;
+
+use crate::cache::put;
 use crate::{Capsule, Result, Store, Writes, keys};
 
 impl Store {
@@ -20,9 +23,22 @@ impl Store {
         }
     }
 
-    /// A project's capsules, newest first.
-    pub fn project_capsules(&self, project: u64) -> Result<Vec<Capsule>> {
-        self.scan_rev(&keys::capsule_prefix(project))
+    /// A project's capsules, newest first (cached; every capsule write refreshes it).
+    pub fn project_capsules(&self, project: u64) -> Result<Arc<Vec<Capsule>>> {
+        let c = &self.inner.cache.capsules;
+        if let Some(v) = c.get(&project) {
+            return Ok(v.clone());
+        }
+        let v = Arc::new(self.scan_rev(&keys::capsule_prefix(project))?);
+        put(c, project, v.clone());
+        Ok(v)
+    }
+
+    fn write_capsules(&self, project: u64, w: Writes) -> Result<()> {
+        self.inner.cache.capsules.remove(&project);
+        self.apply(w.0)?;
+        self.inner.cache.capsules.remove(&project);
+        Ok(())
     }
 
     /// Writes capsules (one changed record and any whose `is_latest` moved) in one batch.
@@ -46,6 +62,6 @@ impl Store {
         for o in others {
             w.put(keys::capsule(o.project_id, o.id), *o)?;
         }
-        self.apply(w.0)
+        self.write_capsules(c.project_id, w)
     }
 }
