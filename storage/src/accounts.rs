@@ -5,7 +5,6 @@
 
 use std::sync::Arc;
 
-use crate::cache::put;
 use crate::{ApiKey, Membership, Organization, Project, Result, Role, Store, User, Writes, keys};
 
 /// Which id sequence to draw from.
@@ -45,12 +44,13 @@ impl Store {
 
     pub fn user(&self, id: u64) -> Result<Option<Arc<User>>> {
         let c = &self.inner.cache.users;
+        let g = c.generation();
         if let Some(u) = c.get(&id) {
             return Ok(Some(u.clone()));
         }
         let u: Option<Arc<User>> = self.get::<User>(&keys::user(id))?.map(Arc::new);
         if let Some(u) = &u {
-            put(c, id, u.clone());
+            c.put(g, id, u.clone());
         }
         Ok(u)
     }
@@ -76,9 +76,9 @@ impl Store {
         let mut w = Writes::new();
         w.put(keys::user(user.id), user)?;
         w.put_id(keys::user_by_email(&user.email), user.id);
-        self.inner.cache.users.remove(&user.id);
+        self.inner.cache.users.forget(&user.id);
         self.apply(w.0)?;
-        self.inner.cache.users.remove(&user.id);
+        self.inner.cache.users.forget(&user.id);
         Ok(())
     }
 
@@ -90,6 +90,7 @@ impl Store {
 
     pub fn org_by_slug(&self, slug: &str) -> Result<Option<Arc<Organization>>> {
         let c = &self.inner.cache.orgs_by_slug;
+        let g = c.generation();
         if let Some(o) = c.get(slug) {
             return Ok(Some(o.clone()));
         }
@@ -98,7 +99,7 @@ impl Store {
             None => None,
         };
         if let Some(o) = &o {
-            put(c, slug.to_string(), o.clone());
+            c.put(g, slug.to_string(), o.clone());
         }
         Ok(o)
     }
@@ -116,15 +117,16 @@ impl Store {
     }
 
     fn forget_org(&self, org: &Organization, owner: &Membership) {
-        self.inner.cache.orgs_by_slug.remove(&org.slug);
+        self.inner.cache.orgs_by_slug.forget(&org.slug);
         self.inner
             .cache
             .members
-            .remove(&(owner.org_id, owner.user_id));
+            .forget(&(owner.org_id, owner.user_id));
     }
 
     pub fn membership(&self, org: u64, user: u64) -> Result<Option<Arc<Membership>>> {
         let c = &self.inner.cache.members;
+        let g = c.generation();
         if let Some(m) = c.get(&(org, user)) {
             return Ok(Some(m.clone()));
         }
@@ -132,7 +134,7 @@ impl Store {
             .get::<Membership>(&keys::member(org, user))?
             .map(Arc::new);
         if let Some(m) = &m {
-            put(c, (org, user), m.clone());
+            c.put(g, (org, user), m.clone());
         }
         Ok(m)
     }
@@ -141,9 +143,9 @@ impl Store {
         let mut w = Writes::new();
         put_membership(&mut w, m)?;
         let k = (m.org_id, m.user_id);
-        self.inner.cache.members.remove(&k);
+        self.inner.cache.members.forget(&k);
         self.apply(w.0)?;
-        self.inner.cache.members.remove(&k);
+        self.inner.cache.members.forget(&k);
         Ok(())
     }
 
@@ -182,6 +184,7 @@ impl Store {
 
     pub fn project_by_slug(&self, org: u64, slug: &str) -> Result<Option<Arc<Project>>> {
         let c = &self.inner.cache.projects_by_slug;
+        let g = c.generation();
         let k = (org, slug.to_string());
         if let Some(p) = c.get(&k) {
             return Ok(Some(p.clone()));
@@ -191,7 +194,7 @@ impl Store {
             None => None,
         };
         if let Some(p) = &p {
-            put(c, k, p.clone());
+            c.put(g, k, p.clone());
         }
         Ok(p)
     }
@@ -213,9 +216,9 @@ impl Store {
 
     fn write_project(&self, p: &Project, w: Writes) -> Result<()> {
         let k = (p.org_id, p.slug.clone());
-        self.inner.cache.projects_by_slug.remove(&k);
+        self.inner.cache.projects_by_slug.forget(&k);
         self.apply(w.0)?;
-        self.inner.cache.projects_by_slug.remove(&k);
+        self.inner.cache.projects_by_slug.forget(&k);
         Ok(())
     }
 
@@ -237,6 +240,7 @@ impl Store {
 
     pub fn api_key_by_hash(&self, hash: &[u8; 32]) -> Result<Option<Arc<ApiKey>>> {
         let c = &self.inner.cache.keys_by_hash;
+        let g = c.generation();
         if let Some(k) = c.get(hash) {
             return Ok(Some(k.clone()));
         }
@@ -245,7 +249,7 @@ impl Store {
             None => None,
         };
         if let Some(k) = &k {
-            put(c, *hash, k.clone());
+            c.put(g, *hash, k.clone());
         }
         Ok(k)
     }
@@ -263,9 +267,9 @@ impl Store {
     }
 
     fn write_key(&self, k: &ApiKey, w: Writes) -> Result<()> {
-        self.inner.cache.keys_by_hash.remove(&k.hash);
+        self.inner.cache.keys_by_hash.forget(&k.hash);
         self.apply(w.0)?;
-        self.inner.cache.keys_by_hash.remove(&k.hash);
+        self.inner.cache.keys_by_hash.forget(&k.hash);
         Ok(())
     }
 

@@ -2,7 +2,6 @@
 
 use std::sync::Arc;
 
-use crate::cache::put;
 use crate::{Device, DeviceGroup, Result, Store, Writes, keys};
 
 impl Store {
@@ -73,20 +72,21 @@ impl Store {
     }
 
     fn write_groups(&self, project: u64, w: Writes) -> Result<()> {
-        self.inner.cache.groups.remove(&project);
+        self.inner.cache.groups.forget(&project);
         self.apply(w.0)?;
-        self.inner.cache.groups.remove(&project);
+        self.inner.cache.groups.forget(&project);
         Ok(())
     }
 
     /// A project's groups, newest first.
     pub fn project_groups(&self, project: u64) -> Result<Arc<Vec<DeviceGroup>>> {
         let c = &self.inner.cache.groups;
+        let generation = c.generation();
         if let Some(g) = c.get(&project) {
             return Ok(g.clone());
         }
         let g = Arc::new(self.scan_rev(&keys::group_prefix(project))?);
-        put(c, project, g.clone());
+        c.put(generation, project, g.clone());
         Ok(g)
     }
 }

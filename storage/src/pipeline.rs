@@ -2,7 +2,6 @@
 
 use std::sync::Arc;
 
-use crate::cache::put;
 use crate::{Capsule, Result, Store, Writes, keys};
 
 impl Store {
@@ -26,23 +25,27 @@ impl Store {
     /// A project's capsules, newest first (cached; every capsule write refreshes it).
     pub fn project_capsules(&self, project: u64) -> Result<Arc<Vec<Capsule>>> {
         let c = &self.inner.cache.capsules;
+        let g = c.generation();
         if let Some(v) = c.get(&project) {
             return Ok(v.clone());
         }
         let v = Arc::new(self.scan_rev(&keys::capsule_prefix(project))?);
-        put(c, project, v.clone());
+        c.put(g, project, v.clone());
         Ok(v)
     }
 
     fn write_capsules(&self, project: u64, w: Writes) -> Result<()> {
-        self.inner.cache.capsules.remove(&project);
+        self.inner.cache.capsules.forget(&project);
         self.apply(w.0)?;
-        self.inner.cache.capsules.remove(&project);
+        self.inner.cache.capsules.forget(&project);
         Ok(())
     }
 
     /// Writes capsules (one changed record and any whose `is_latest` moved) in one batch.
     pub fn put_capsules(&self, capsules: &[&Capsule]) -> Result<()> {
+        let Some(project) = capsules.first().map(|c| c.project_id) else {
+            return Ok(());
+        };
         let mut w = Writes::new();
         for c in capsules {
             w.put(keys::capsule(c.project_id, c.id), *c)?;
@@ -51,7 +54,7 @@ impl Store {
                 c.id,
             );
         }
-        self.apply(w.0)
+        self.write_capsules(project, w)
     }
 
     /// Deletes a capsule and rewrites the others of its name whose `is_latest` moved.
