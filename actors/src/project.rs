@@ -485,7 +485,7 @@ impl ProjectState {
             .filter(|c| c.name == name && Some(c.id) != deleted)
             .map(|c| match changed {
                 Some(ch) if ch.id == c.id => ch.clone(),
-                _ => c.clone(),
+                _ => (**c).clone(),
             })
             .collect();
         let best = all

@@ -81,7 +81,7 @@ pub(crate) struct Caches {
     /// A project's groups, newest first (device reads show each device's groups).
     pub groups: Cached<u64, Arc<Vec<DeviceGroup>>>,
     /// A project's capsules, newest first (lists, quotas and `is_latest` read them all).
-    pub capsules: Cached<u64, Arc<Vec<Capsule>>>,
+    pub capsules: Cached<u64, Arc<Vec<Arc<Capsule>>>>,
 }
 
 #[cfg(test)]

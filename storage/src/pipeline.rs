@@ -22,22 +22,45 @@ impl Store {
         }
     }
 
-    /// A project's capsules, newest first (cached; every capsule write refreshes it).
-    pub fn project_capsules(&self, project: u64) -> Result<Arc<Vec<Capsule>>> {
+    /// A project's capsules, newest first (cached; every capsule write updates the cached
+    /// list in place rather than dropping it, so a burst of writes never rescans).
+    pub fn project_capsules(&self, project: u64) -> Result<Arc<Vec<Arc<Capsule>>>> {
         let c = &self.inner.cache.capsules;
-        let g = c.generation();
         if let Some(v) = c.get(&project) {
-            return Ok(v.clone());
+            return Ok(v);
         }
-        let v = Arc::new(self.scan_rev(&keys::capsule_prefix(project))?);
+        let g = c.generation();
+        let v: Vec<Capsule> = self.scan_rev(&keys::capsule_prefix(project))?;
+        let v = Arc::new(v.into_iter().map(Arc::new).collect::<Vec<_>>());
         c.put(g, project, v.clone());
         Ok(v)
     }
 
-    fn write_capsules(&self, project: u64, w: Writes) -> Result<()> {
-        self.inner.cache.capsules.forget(&project);
+    /// Applies a batch of capsule changes; then, when the project's list was cached, stores
+    /// the updated list (changed records replaced or added, `deleted` removed).
+    fn write_capsules(
+        &self,
+        project: u64,
+        w: Writes,
+        changed: &[&Capsule],
+        deleted: Option<u64>,
+    ) -> Result<()> {
+        let c = &self.inner.cache.capsules;
+        let before = c.get(&project);
+        c.forget(&project);
         self.apply(w.0)?;
-        self.inner.cache.capsules.forget(&project);
+        c.forget(&project);
+        if let Some(old) = before {
+            let g = c.generation();
+            let mut list: Vec<Arc<Capsule>> = old
+                .iter()
+                .filter(|x| Some(x.id) != deleted && !changed.iter().any(|ch| ch.id == x.id))
+                .cloned()
+                .collect();
+            list.extend(changed.iter().map(|ch| Arc::new((*ch).clone())));
+            list.sort_by(|a, b| b.id.cmp(&a.id));
+            c.put(g, project, Arc::new(list));
+        }
         Ok(())
     }
 
@@ -54,7 +77,7 @@ impl Store {
                 c.id,
             );
         }
-        self.write_capsules(project, w)
+        self.write_capsules(project, w, capsules, None)
     }
 
     /// Deletes a capsule and rewrites the others of its name whose `is_latest` moved.
@@ -65,6 +88,6 @@ impl Store {
         for o in others {
             w.put(keys::capsule(o.project_id, o.id), *o)?;
         }
-        self.write_capsules(c.project_id, w)
+        self.write_capsules(c.project_id, w, others, Some(c.id))
     }
 }
