@@ -58,7 +58,7 @@ impl Store {
                 .cloned()
                 .collect();
             list.extend(changed.iter().map(|ch| Arc::new((*ch).clone())));
-            list.sort_by(|a, b| b.id.cmp(&a.id));
+            list.sort_by_key(|c| std::cmp::Reverse(c.id));
             c.put(g, project, Arc::new(list));
         }
         Ok(())
