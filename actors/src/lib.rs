@@ -191,6 +191,7 @@ impl Runtime {
             public_url: Arc::new(std::sync::RwLock::new(cfg.public_url.clone())),
             quotas: Arc::new(cfg.quotas.clone()),
             cfg: cfg.pipeline.clone(),
+            list_cache: Arc::new(DashMap::new()),
         };
         let access = Access {
             store: store.clone(),

@@ -197,6 +197,14 @@ pub struct PipelineHandle {
     /// Storage limit per tier name.
     pub(crate) quotas: Arc<std::collections::HashMap<String, u64>>,
     pub(crate) cfg: PipelineConfig,
+    /// Serialized lists: (project, name, type, latest_only) -> (list identity, JSON, list).
+    #[allow(clippy::type_complexity)]
+    pub(crate) list_cache: Arc<
+        dashmap::DashMap<
+            (u64, String, String, bool),
+            (usize, bytes::Bytes, Arc<Vec<Arc<Capsule>>>),
+        >,
+    >,
 }
 
 impl PipelineHandle {
@@ -434,10 +442,37 @@ impl PipelineHandle {
         Ok(verdict)
     }
 
-    pub fn list(&self, pid: u64, f: &CapsuleFilter) -> Result<Vec<CapsuleItem>> {
-        Ok(self
-            .store
-            .project_capsules(pid)?
+    /// The list as JSON. The bytes are kept per (project, filters) and reused while the
+    /// project's cached capsule list is the same `Arc` (any capsule write replaces it).
+    pub fn list_json(&self, pid: u64, f: &CapsuleFilter) -> Result<bytes::Bytes> {
+        let records = self.store.project_capsules(pid)?;
+        let key = (
+            pid,
+            f.name.clone().unwrap_or_default(),
+            f.capsule_type.clone().unwrap_or_default(),
+            f.latest_only,
+        );
+        let stamp = Arc::as_ptr(&records) as usize;
+        if let Some(hit) = self.list_cache.get(&key)
+            && hit.0 == stamp
+        {
+            return Ok(hit.1.clone());
+        }
+        let items = Self::items(&records, f);
+        let bytes = bytes::Bytes::from(
+            serde_json::to_vec(&items).map_err(|e| Error::Internal(e.to_string()))?,
+        );
+        if self.list_cache.len() >= 1024 {
+            self.list_cache.clear();
+        }
+        // The list's `Arc` is held alongside so its address cannot be reused by another.
+        self.list_cache
+            .insert(key, (stamp, bytes.clone(), records.clone()));
+        Ok(bytes)
+    }
+
+    fn items(records: &[Arc<Capsule>], f: &CapsuleFilter) -> Vec<CapsuleItem> {
+        records
             .iter()
             .filter(|c| f.name.as_ref().is_none_or(|n| &c.name == n))
             .filter(|c| f.capsule_type.as_ref().is_none_or(|t| &c.capsule_type == t))
@@ -452,7 +487,7 @@ impl PipelineHandle {
                 validation_status: c.validation_status.clone(),
                 created_at: fmt_ms(c.created_at),
             })
-            .collect())
+            .collect()
     }
 
     pub fn detail(&self, pid: u64, id: u64) -> Result<CapsuleDetail> {

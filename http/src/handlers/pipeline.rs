@@ -121,7 +121,8 @@ pub fn list(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
         capsule_type,
         latest_only,
     };
-    body::ok(&cx.rt().pipeline.list(s.project.id, &f)?)
+    let json = cx.rt().pipeline.list_json(s.project.id, &f)?;
+    Ok(crate::error::json_bytes(StatusCode::OK, json))
 }
 
 pub fn get(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
