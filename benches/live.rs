@@ -27,27 +27,7 @@ struct Run {
 
 async fn run(url: &str, key: &str, subscribers: usize, stalled: bool, secs: u64) -> Run {
     let c = reqwest::Client::new();
-    let d: Value = c
-        .post(format!("{url}{DEV}/devices"))
-        .bearer_auth(key)
-        .json(&json!({"name": "live"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let s: Value = c
-        .post(format!("{url}{DEV}/sessions"))
-        .bearer_auth(key)
-        .json(&json!({"device_id": d["id"]}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let sid = s["id"].as_u64().unwrap();
+    let sid = sessions(&c, url, key, 1).await[0];
     let ws_url = format!(
         "{}/api/v1/ws/organizations/default/projects/default/sessions/{sid}/logs?token={key}",
         url.replace("http://", "ws://")

@@ -66,33 +66,8 @@ fn main() {
 
     let (running, key, url, _data) = rt.block_on(start_fleetops());
     let c = reqwest::Client::new();
-    let (ingest_sid, query_sid) = rt.block_on(async {
-        let d: Value = c
-            .post(format!("{url}{DEV}/devices"))
-            .bearer_auth(&key)
-            .json(&json!({"name": "bench"}))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        let mut ids = Vec::new();
-        for _ in 0..2 {
-            let s: Value = c
-                .post(format!("{url}{DEV}/sessions"))
-                .bearer_auth(&key)
-                .json(&json!({"device_id": d["id"]}))
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
-            ids.push(s["id"].as_u64().unwrap());
-        }
-        (ids[0], ids[1])
-    });
+    let ids = rt.block_on(sessions(&c, &url, &key, 2));
+    let (ingest_sid, query_sid) = (ids[0], ids[1]);
 
     // 1. Ingest: 1,000-line JSON batches from 8 connections, every 202 durable.
     let body = serde_json::to_string(&batch(1000, 0)).unwrap();

@@ -83,7 +83,8 @@ pub fn replay_frames(chunks: &[Arc<LogChunk>], f: &LogFilter, n: usize) -> Vec<B
     out
 }
 
-fn frames_of(c: &LogChunk, idx: &[usize]) -> Vec<Bytes> {
+/// The frames of the entries `idx` of a chunk.
+pub fn frames_of(c: &LogChunk, idx: &[usize]) -> Vec<Bytes> {
     idx.iter()
         .filter_map(|&i| {
             let e = entry(c, i)?;

@@ -236,17 +236,14 @@ impl SessionState {
                 .iter()
                 .filter(|(first, c)| first + c.len() as u64 > from)
                 .flat_map(|(first, c)| {
+                    // Only the entries from `from` on that pass the filter are serialized.
                     let skip = from.saturating_sub(*first) as usize;
                     let wanted: Vec<usize> = filter
                         .matches(c)
                         .into_iter()
                         .filter(|i| *i >= skip)
                         .collect();
-                    live::frames(c)
-                        .into_iter()
-                        .enumerate()
-                        .filter(move |(i, _)| wanted.contains(i))
-                        .map(|(_, f)| f)
+                    live::frames_of(c, &wanted)
                 })
                 .collect(),
         };

@@ -207,3 +207,33 @@ pub async fn start_fleetops() -> (
     let url = format!("http://{}", running.addr);
     (running, key, url, dir)
 }
+
+/// A device and `n` active sessions for it; returns the session ids.
+pub async fn sessions(c: &reqwest::Client, url: &str, key: &str, n: usize) -> Vec<u64> {
+    const DEV: &str = "/api/v1/organizations/default/projects/default";
+    let d: serde_json::Value = c
+        .post(format!("{url}{DEV}/devices"))
+        .bearer_auth(key)
+        .json(&serde_json::json!({"name": "bench"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let mut ids = Vec::new();
+    for _ in 0..n {
+        let s: serde_json::Value = c
+            .post(format!("{url}{DEV}/sessions"))
+            .bearer_auth(key)
+            .json(&serde_json::json!({"device_id": d["id"]}))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        ids.push(s["id"].as_u64().unwrap());
+    }
+    ids
+}

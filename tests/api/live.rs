@@ -254,3 +254,31 @@ async fn a_stalled_subscriber_gets_lagged_and_slows_nobody() {
     );
     let _ = stalled.send(Message::Close(None)).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscribers_resume_after_the_session_actor_restarts() {
+    let s = start().await;
+    let (d, tok) = device(&s, "r").await;
+    let sid = session(&s, d, &tok).await;
+    send_lines(&s, sid, &tok, &[("info", "a", "before")]).await;
+    let mut ws = connect(&ws_url(&s, sid, &format!("?token={}&replay=1", s.key())))
+        .await
+        .unwrap();
+    assert_eq!(next_json(&mut ws).await["message"], "before");
+    let rt = s.running.as_ref().unwrap().runtime.clone();
+    rt.sessions.inject_panic(sid).await.unwrap();
+    assert!(eventually(5, || async { rt.restarts() >= 1 }).await);
+    // The feed closed with the old actor; the subscriber resumes from the next entry and
+    // sees every later line exactly once.
+    send_lines(
+        &s,
+        sid,
+        &tok,
+        &[("info", "a", "after-1"), ("warn", "a", "after-2")],
+    )
+    .await;
+    assert_eq!(next_json(&mut ws).await["message"], "after-1");
+    assert_eq!(next_json(&mut ws).await["message"], "after-2");
+    send_lines(&s, sid, &tok, &[("info", "a", "after-3")]).await;
+    assert_eq!(next_json(&mut ws).await["message"], "after-3");
+}
