@@ -199,6 +199,7 @@ impl Config {
                 .collect(),
             pipeline: self.pipeline.clone(),
             public_url: self.public_url.trim_end_matches('/').to_string(),
+            tmp_dir: Some(self.data_dir.join("tmp")),
         }
     }
 }

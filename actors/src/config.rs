@@ -113,4 +113,7 @@ pub struct RuntimeConfig {
     pub pipeline: crate::pipeline::PipelineConfig,
     /// Base of the links handed out; empty until the server knows its address.
     pub public_url: String,
+    /// Where temporary copies (capsules being checked) go: inside the data directory, not a
+    /// possibly small system temp file system. `None`: the system's.
+    pub tmp_dir: Option<std::path::PathBuf>,
 }

@@ -192,6 +192,7 @@ impl Runtime {
             quotas: Arc::new(cfg.quotas.clone()),
             cfg: cfg.pipeline.clone(),
             list_cache: Arc::new(DashMap::new()),
+            tmp_dir: cfg.tmp_dir.clone(),
         };
         let access = Access {
             store: store.clone(),

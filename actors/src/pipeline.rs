@@ -9,7 +9,6 @@
 
 use std::io::Write;
 use std::sync::Arc;
-use std::time::Duration;
 
 use fleetops_storage::blobs::PutError;
 use fleetops_storage::{BlobStore, Capsule, Store};
@@ -197,6 +196,7 @@ pub struct PipelineHandle {
     /// Storage limit per tier name.
     pub(crate) quotas: Arc<std::collections::HashMap<String, u64>>,
     pub(crate) cfg: PipelineConfig,
+    pub(crate) tmp_dir: Option<std::path::PathBuf>,
     /// Serialized lists: (project, name, type, latest_only) -> (list identity, JSON, list).
     #[allow(clippy::type_complexity)]
     pub(crate) list_cache: Arc<
@@ -387,7 +387,8 @@ impl PipelineHandle {
     async fn validate_and_settle(&self, pid: u64, id: u64, checksum: String) -> Result<Capsule> {
         let c = self.capsule(pid, id)?;
         let stream = self.blobs.stream(&c.blob_key, None).await?;
-        let (sha, size, archive) = hash_and_check(stream, c.file_format.clone()).await?;
+        let (sha, size, archive) =
+            hash_and_check(stream, c.file_format.clone(), self.tmp_dir.as_deref()).await?;
         let mismatch = !crate::secrets::ct_eq(
             sha.as_bytes(),
             checksum.trim().to_ascii_lowercase().as_bytes(),
@@ -567,9 +568,16 @@ impl PipelineHandle {
 async fn hash_and_check(
     mut stream: BoxStream<'static, std::io::Result<bytes::Bytes>>,
     format: String,
+    dir: Option<&std::path::Path>,
 ) -> Result<(String, u64, std::result::Result<usize, String>)> {
     let io = |e: std::io::Error| Error::Internal(e.to_string());
-    let tmp = tempfile::NamedTempFile::new().map_err(io)?;
+    let tmp = match dir {
+        Some(d) => {
+            std::fs::create_dir_all(d).map_err(io)?;
+            tempfile::NamedTempFile::new_in(d).map_err(io)?
+        }
+        None => tempfile::NamedTempFile::new().map_err(io)?,
+    };
     let mut file = tmp.reopen().map_err(io)?;
     let mut hasher = Sha256::new();
     let mut size = 0u64;
@@ -591,6 +599,5 @@ async fn hash_and_check(
     })
     .await
     .map_err(|e| Error::Internal(e.to_string()))?;
-    let _ = Duration::ZERO;
     Ok((sha, size, archive))
 }
