@@ -5,7 +5,8 @@
 //!  ├─ DirectoryActor        single writer: users, organizations, members, projects, API keys
 //!  ├─ ProjectsSupervisor
 //!  │   └─ ProjectActor      one per project (started on first use): devices, groups, heartbeats,
-//!  │                        session records (status, tags, deletion)
+//!  │                        session records (status, tags, deletion), capsules,
+//!  │                        configurations, deployment packages and rollout results
 //!  └─ SessionsSupervisor
 //!      └─ SessionActor      one per active session: its log chunks and counters
 //! ```
@@ -25,6 +26,7 @@ pub mod archives;
 pub mod auth;
 pub mod clock;
 pub mod config;
+pub mod configs;
 mod directory;
 pub mod error;
 mod keyed;
@@ -193,6 +195,7 @@ impl Runtime {
             cfg: cfg.pipeline.clone(),
             list_cache: Arc::new(DashMap::new()),
             tmp_dir: cfg.tmp_dir.clone(),
+            events: tokio::sync::broadcast::channel(1024).0,
         };
         let access = Access {
             store: store.clone(),

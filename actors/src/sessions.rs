@@ -79,7 +79,18 @@ impl SessionsHandle {
 
     fn detail_of(&self, s: &Session) -> Result<SessionDetail> {
         let c = self.store.session_counters(s.id)?;
-        Ok(SessionDetail::new(s, &c, now_ms()))
+        let mut d = SessionDetail::new(s, &c, now_ms());
+        if let Some(pkg) = s.package_id {
+            // A deleted package leaves the id on the session but no name to show.
+            d.package =
+                self.store
+                    .deployment(s.project_id, pkg)?
+                    .map(|p| crate::views::PackageRef {
+                        id: p.id,
+                        name: p.name,
+                    });
+        }
+        Ok(d)
     }
 
     /// The device a session belongs to (for device-token checks); 404 when absent.

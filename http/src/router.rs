@@ -57,6 +57,21 @@ pub enum Op {
     DeleteCapsule,
     Upload,
     Download,
+    ConfigUploadUrl,
+    ConfigConfirm,
+    ListConfigs,
+    GetConfig,
+    ExplainConfig,
+    DeleteConfig,
+    CreateDeployment,
+    PlanDeployment,
+    ListDeployments,
+    GetDeployment,
+    PatchDeployment,
+    DeleteDeployment,
+    ActivateDeployment,
+    DeprecateDeployment,
+    DeviceStatus,
 }
 
 /// How a route authenticates, for the OpenAPI document.
@@ -152,6 +167,21 @@ pub fn routes() -> Vec<RouteDef> {
         route!(DELETE "/api/v1/projects/{org}/{project}/capsules/{capsule_id}", DeleteCapsule, "capsules", Bearer, 204, false, "Delete a capsule version"),
         route!(PUT "/api/v1/uploads/{token}", Upload, "capsules", None, 200, true, "The presigned upload URL of the local backend"),
         route!(GET "/api/v1/downloads/{token}", Download, "capsules", None, 200, false, "The presigned download URL of the local backend"),
+        route!(POST "/api/v1/projects/{org}/{project}/configurations/upload-url", ConfigUploadUrl, "configurations", ProjectSecret, 201, true, "Create a configuration version and a presigned upload URL (X-Project-Secret)"),
+        route!(POST "/api/v1/projects/{org}/{project}/configurations/{config_id}/confirm", ConfigConfirm, "configurations", ProjectSecret, 200, true, "Confirm an upload with its SHA-256; parses, inherits and validates"),
+        route!(GET "/api/v1/projects/{org}/{project}/configurations", ListConfigs, "configurations", Bearer, 200, false, "List configurations (capsule_id, environment, page, page_size)"),
+        route!(GET "/api/v1/projects/{org}/{project}/configurations/{config_id}", GetConfig, "configurations", Bearer, 200, false, "A configuration with a 15-minute download_url"),
+        route!(GET "/api/v1/projects/{org}/{project}/configurations/{config_id}/explain", ExplainConfig, "configurations", Bearer, 200, false, "The effective configuration, who set each leaf, and schema errors by JSON Pointer"),
+        route!(DELETE "/api/v1/projects/{org}/{project}/configurations/{config_id}", DeleteConfig, "configurations", Bearer, 204, false, "Delete a configuration (409 while referenced)"),
+        route!(POST "/api/v1/projects/{org}/{project}/deployments", CreateDeployment, "deployments", Bearer, 201, true, "Create a deployment package (draft)"),
+        route!(POST "/api/v1/projects/{org}/{project}/deployments/plan", PlanDeployment, "deployments", Bearer, 200, true, "The devices a deployment body would target and every reason it would be blocked; creates nothing"),
+        route!(GET "/api/v1/projects/{org}/{project}/deployments", ListDeployments, "deployments", Bearer, 200, false, "List deployment packages (deployment_status, page, page_size)"),
+        route!(GET "/api/v1/projects/{org}/{project}/deployments/{deployment_id}", GetDeployment, "deployments", Bearer, 200, false, "A deployment package with device_results"),
+        route!(PATCH "/api/v1/projects/{org}/{project}/deployments/{deployment_id}", PatchDeployment, "deployments", Bearer, 200, true, "Change a draft"),
+        route!(DELETE "/api/v1/projects/{org}/{project}/deployments/{deployment_id}", DeleteDeployment, "deployments", Bearer, 204, false, "Delete a draft"),
+        route!(POST "/api/v1/projects/{org}/{project}/deployments/{deployment_id}/activate", ActivateDeployment, "deployments", Bearer, 200, false, "draft -> active (sets deployed_at)"),
+        route!(POST "/api/v1/projects/{org}/{project}/deployments/{deployment_id}/deprecate", DeprecateDeployment, "deployments", Bearer, 200, false, "active -> deprecated (sets deprecated_at)"),
+        route!(POST "/api/v1/projects/{org}/{project}/deployments/{deployment_id}/device-status", DeviceStatus, "deployments", Bearer, 202, true, "A device's rollout result (device token or member)"),
         route!(POST "/api/v1/organizations/{org}/projects/{project}/sessions/{session_id}/complete", CompleteSession, "sessions", Bearer, 200, true, "End a session as completed or failed"),
     ]
 }
@@ -245,6 +275,8 @@ mod tests {
                 .replace("{tag}", "t")
                 .replace("{*path}", "dir/file.txt")
                 .replace("{capsule_id}", "11")
+                .replace("{config_id}", "12")
+                .replace("{deployment_id}", "13")
                 .replace("{token}", "tok");
             match r.resolve(&def.method, &path) {
                 Resolved::Found(op, _, _) => assert_eq!(op, def.op, "{path}"),

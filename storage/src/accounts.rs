@@ -18,6 +18,8 @@ pub enum Seq {
     Group,
     Session,
     Capsule,
+    Configuration,
+    Deployment,
 }
 
 impl Seq {
@@ -31,6 +33,8 @@ impl Seq {
             Seq::Group => "group",
             Seq::Session => "session",
             Seq::Capsule => "capsule",
+            Seq::Configuration => "configuration",
+            Seq::Deployment => "deployment",
         }
     }
 }

@@ -61,6 +61,8 @@ pub struct BlobStore {
     inner: Arc<dyn ObjectStore>,
     /// The directory of the local backend (for fsync); `None` for remote stores.
     local_root: Option<PathBuf>,
+    /// The S3 backend's URL signer (the local backend has none: fleetops signs its own links).
+    signer: Option<Arc<dyn object_store::signer::Signer>>,
 }
 
 /// Why a streamed put stopped.
@@ -97,9 +99,11 @@ impl BlobStore {
                         .with_access_key_id(&cfg.access_key_id)
                         .with_secret_access_key(&cfg.secret_access_key);
                 }
+                let s3 = Arc::new(b.build()?);
                 Ok(Self {
-                    inner: Arc::new(b.build()?),
+                    inner: s3.clone(),
                     local_root: None,
+                    signer: Some(s3),
                 })
             }
             other => Err(StorageError::Config(format!(
@@ -114,7 +118,42 @@ impl BlobStore {
         Ok(Self {
             inner: Arc::new(LocalFileSystem::new_with_prefix(dir)?),
             local_root: Some(dir.to_path_buf()),
+            signer: None,
         })
+    }
+
+    /// A presigned URL for one `PUT` (or `GET`) of `key`, valid for `ttl`; `None` on the local
+    /// backend, which has no signer of its own.
+    pub async fn presign(
+        &self,
+        put: bool,
+        key: &str,
+        ttl: std::time::Duration,
+    ) -> Result<Option<String>> {
+        let Some(s) = &self.signer else {
+            return Ok(None);
+        };
+        let method = if put {
+            object_store::signer::Method::PUT
+        } else {
+            object_store::signer::Method::GET
+        };
+        let url = s.signed_url(method, &ObjPath::from(key), ttl).await?;
+        Ok(Some(url.to_string()))
+    }
+
+    /// Whether the backend hands out its own presigned URLs.
+    pub fn presigns(&self) -> bool {
+        self.signer.is_some()
+    }
+
+    /// The size of a stored object, `None` when absent.
+    pub async fn size(&self, key: &str) -> Result<Option<u64>> {
+        match self.inner.head(&ObjPath::from(key)).await {
+            Ok(m) => Ok(Some(m.size)),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
     }
 
     pub async fn put(&self, key: &str, bytes: Bytes) -> Result<()> {

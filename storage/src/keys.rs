@@ -137,6 +137,33 @@ pub(crate) fn capsule_by_version(project: u64, name: &str, version: &str) -> Vec
     ])
 }
 
+pub(crate) fn config(project: u64, id: u64) -> Vec<u8> {
+    key(&[b"cf", &be(project), &be(id)])
+}
+pub(crate) fn config_prefix(project: u64) -> Vec<u8> {
+    key(&[b"cf", &be(project), b""])
+}
+pub(crate) fn config_by_version(project: u64, name: &str, version: &str) -> Vec<u8> {
+    key(&[
+        b"ix-cfver",
+        &be(project),
+        name.as_bytes(),
+        version.as_bytes(),
+    ])
+}
+pub(crate) fn deployment(project: u64, id: u64) -> Vec<u8> {
+    key(&[b"dp", &be(project), &be(id)])
+}
+pub(crate) fn deployment_prefix(project: u64) -> Vec<u8> {
+    key(&[b"dp", &be(project), b""])
+}
+pub(crate) fn device_result(deployment: u64, device: u64) -> Vec<u8> {
+    key(&[b"dr", &be(deployment), &be(device)])
+}
+pub(crate) fn device_result_prefix(deployment: u64) -> Vec<u8> {
+    key(&[b"dr", &be(deployment), b""])
+}
+
 /// The trailing big-endian id of a key built above.
 pub(crate) fn trailing_id(k: &[u8]) -> Option<u64> {
     let n = k.len().checked_sub(8)?;

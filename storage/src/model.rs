@@ -324,3 +324,71 @@ pub struct Capsule {
     pub created_at: i64,
     pub updated_at: i64,
 }
+
+/// A configuration version of a project, linked to a capsule; may inherit from a parent.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Configuration {
+    pub id: u64,
+    pub project_id: u64,
+    pub capsule_id: u64,
+    pub name: String,
+    pub description: Option<String>,
+    pub environment: String,
+    /// Strict `MAJOR.MINOR.PATCH`.
+    pub version: String,
+    /// A constraint the linked capsule's version must match.
+    pub compatible_capsule_versions: String,
+    /// `.json`, `.yaml`, `.toml`, `.ini` or `.env`.
+    pub file_format: String,
+    /// As declared at `upload-url` (the quota reserves 1 MiB when none is declared).
+    pub declared_size: Option<u64>,
+    /// Bytes actually uploaded (`None` until the upload).
+    pub uploaded_bytes: Option<u64>,
+    pub checksum_sha256: Option<String>,
+    pub parent_config_id: Option<u64>,
+    /// What this file sets, as JSON bytes (an object; `{}` until confirmed).
+    pub override_fields_json: Vec<u8>,
+    /// The effective configuration (parent deep-merged with `override_fields`), JSON bytes.
+    pub config_data_json: Vec<u8>,
+    /// This configuration's own JSON Schema, if any, as JSON bytes.
+    pub validation_schema_json: Option<Vec<u8>>,
+    /// `pending`, `passed` or `failed`.
+    pub validation_status: String,
+    pub validation_notes: String,
+    pub blob_key: String,
+    pub upload_expires_at: i64,
+    pub confirmed: bool,
+    pub created_at: i64,
+    pub updated_at: i64,
+}
+
+/// A deployment package: a capsule (and optionally a configuration) for a set of devices.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Deployment {
+    pub id: u64,
+    pub project_id: u64,
+    pub name: String,
+    pub description: Option<String>,
+    pub composition_tag: String,
+    pub capsule_id: u64,
+    pub configuration_id: Option<u64>,
+    /// `draft`, `active` or `deprecated`.
+    pub status: String,
+    pub deployed_at: Option<i64>,
+    pub deprecated_at: Option<i64>,
+    /// The `target_devices` array as JSON bytes (validated: ids, `{group_id}`, `{labels}`).
+    pub target_devices_json: Vec<u8>,
+    pub created_at: i64,
+    pub updated_at: i64,
+}
+
+/// A device's latest rollout result for a deployment.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DeviceResult {
+    pub deployment_id: u64,
+    pub device_id: u64,
+    /// `succeeded` or `failed`.
+    pub status: String,
+    pub message: Option<String>,
+    pub reported_at: i64,
+}

@@ -1,8 +1,8 @@
-//! Capsules (and, later, configurations and deployment packages) of a project.
+//! Capsules, configurations and deployment packages of a project (and rollout results).
 
 use std::sync::Arc;
 
-use crate::{Capsule, Result, Store, Writes, keys};
+use crate::{Capsule, Configuration, Deployment, DeviceResult, Result, Store, Writes, keys};
 
 impl Store {
     pub fn capsule(&self, project: u64, id: u64) -> Result<Option<Capsule>> {
@@ -89,5 +89,85 @@ impl Store {
             w.put(keys::capsule(o.project_id, o.id), *o)?;
         }
         self.write_capsules(c.project_id, w, others, Some(c.id))
+    }
+
+    pub fn configuration(&self, project: u64, id: u64) -> Result<Option<Configuration>> {
+        self.get(&keys::config(project, id))
+    }
+
+    pub fn configuration_by_version(
+        &self,
+        project: u64,
+        name: &str,
+        version: &str,
+    ) -> Result<Option<Configuration>> {
+        match self.get_id(&keys::config_by_version(project, name, version))? {
+            Some(id) => self.configuration(project, id),
+            None => Ok(None),
+        }
+    }
+
+    /// A project's configurations, newest first.
+    pub fn project_configurations(&self, project: u64) -> Result<Vec<Configuration>> {
+        self.scan_rev(&keys::config_prefix(project))
+    }
+
+    pub fn put_configuration(&self, c: &Configuration) -> Result<()> {
+        let mut w = Writes::new();
+        w.put(keys::config(c.project_id, c.id), c)?;
+        w.put_id(
+            keys::config_by_version(c.project_id, &c.name, &c.version),
+            c.id,
+        );
+        self.apply(w.0)
+    }
+
+    pub fn delete_configuration(&self, c: &Configuration) -> Result<()> {
+        let mut w = Writes::new();
+        w.delete(keys::config(c.project_id, c.id));
+        w.delete(keys::config_by_version(c.project_id, &c.name, &c.version));
+        self.apply(w.0)
+    }
+
+    pub fn deployment(&self, project: u64, id: u64) -> Result<Option<Deployment>> {
+        self.get(&keys::deployment(project, id))
+    }
+
+    /// A project's deployment packages, newest first.
+    pub fn project_deployments(&self, project: u64) -> Result<Vec<Deployment>> {
+        self.scan_rev(&keys::deployment_prefix(project))
+    }
+
+    pub fn put_deployment(&self, d: &Deployment) -> Result<()> {
+        let mut w = Writes::new();
+        w.put(keys::deployment(d.project_id, d.id), d)?;
+        self.apply(w.0)
+    }
+
+    /// Deletes a deployment package and its rollout results.
+    pub fn delete_deployment(&self, d: &Deployment) -> Result<()> {
+        let mut w = Writes::new();
+        w.delete(keys::deployment(d.project_id, d.id));
+        for k in self.scan_keys(&keys::device_result_prefix(d.id))? {
+            w.0.remove(k);
+        }
+        self.apply(w.0)
+    }
+
+    /// The latest result each device reported for a deployment, by device id.
+    pub fn device_results(&self, deployment: u64) -> Result<Vec<DeviceResult>> {
+        let mut v: Vec<DeviceResult> = self.scan_rev(&keys::device_result_prefix(deployment))?;
+        v.reverse();
+        Ok(v)
+    }
+
+    pub fn device_result(&self, deployment: u64, device: u64) -> Result<Option<DeviceResult>> {
+        self.get(&keys::device_result(deployment, device))
+    }
+
+    pub fn put_device_result(&self, r: &DeviceResult) -> Result<()> {
+        let mut w = Writes::new();
+        w.put(keys::device_result(r.deployment_id, r.device_id), r)?;
+        self.apply(w.0)
     }
 }

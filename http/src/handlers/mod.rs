@@ -3,6 +3,8 @@
 
 mod accounts;
 mod artifacts;
+mod configurations;
+mod deployments;
 mod devices;
 mod ops;
 mod pipeline;
@@ -63,9 +65,38 @@ pub async fn dispatch(op: Op, cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<B
         Op::CapsuleUploadUrl => pipeline::upload_url(cx, req).await,
         Op::CapsuleConfirm => pipeline::confirm(cx, req).await,
         Op::ListCapsules => pipeline::list(cx, req),
-        Op::GetCapsule => pipeline::get(cx, req),
+        Op::GetCapsule => pipeline::get(cx, req).await,
         Op::DeleteCapsule => pipeline::delete(cx, req).await,
         Op::Upload => pipeline::upload(cx, req).await,
         Op::Download => pipeline::download(cx, req).await,
+        Op::ConfigUploadUrl => configurations::upload_url(cx, req).await,
+        Op::ConfigConfirm => configurations::confirm(cx, req).await,
+        Op::ListConfigs => configurations::list(cx, req),
+        Op::GetConfig => configurations::get(cx, req).await,
+        Op::ExplainConfig => configurations::explain(cx, req),
+        Op::DeleteConfig => configurations::delete(cx, req).await,
+        Op::CreateDeployment => deployments::create(cx, req).await,
+        Op::PlanDeployment => deployments::plan(cx, req).await,
+        Op::ListDeployments => deployments::list(cx, req),
+        Op::GetDeployment => deployments::get(cx, req),
+        Op::PatchDeployment => deployments::patch(cx, req).await,
+        Op::DeleteDeployment => deployments::delete(cx, req).await,
+        Op::ActivateDeployment => {
+            deployments::transition(
+                cx,
+                req,
+                fleetops_actors::pipeline::deployments::Transition::Activate,
+            )
+            .await
+        }
+        Op::DeprecateDeployment => {
+            deployments::transition(
+                cx,
+                req,
+                fleetops_actors::pipeline::deployments::Transition::Deprecate,
+            )
+            .await
+        }
+        Op::DeviceStatus => deployments::device_status(cx, req).await,
     }
 }

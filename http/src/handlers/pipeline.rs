@@ -1,5 +1,5 @@
-//! Capsules (the deployment pipeline's first step): upload URL and confirm with the project
-//! secret, the local backend's presigned upload and download links, list, detail, delete.
+//! Capsules: upload URL and confirm with the project secret, the local backend's presigned
+//! upload and download links (capsules and configurations), list, detail, delete.
 
 use fleetops_actors::Role;
 use fleetops_actors::pipeline::{CapsuleFilter, CapsuleRequest, Confirmed};
@@ -125,10 +125,10 @@ pub fn list(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
     Ok(crate::error::json_bytes(StatusCode::OK, json))
 }
 
-pub fn get(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+pub async fn get(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
     let (_, s) = cx.project(&req, Role::Viewer)?;
     let id = req.id("capsule_id", "Capsule")?;
-    body::ok(&cx.rt().pipeline.detail(s.project.id, id)?)
+    body::ok(&cx.rt().pipeline.detail(s.project.id, id).await?)
 }
 
 pub async fn delete(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
@@ -146,24 +146,16 @@ pub async fn upload(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> 
 }
 
 pub async fn download(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
-    let (c, stream) = cx.rt().pipeline.download(req.param("token")).await?;
-    let mut r = Response::new(body::stream(stream));
+    let d = cx.rt().pipeline.download(req.param("token")).await?;
+    let mut r = Response::new(body::stream(d.stream));
     *r.status_mut() = StatusCode::OK;
-    let mime = match c.file_format.as_str() {
-        ".zip" => "application/zip",
-        ".tar" => "application/x-tar",
-        _ => "application/gzip",
-    };
     let h = r.headers_mut();
-    h.insert(header::CONTENT_TYPE, HeaderValue::from_static(mime));
     h.insert(
-        header::CONTENT_LENGTH,
-        HeaderValue::from(c.uploaded_bytes.unwrap_or(0)),
+        header::CONTENT_TYPE,
+        HeaderValue::from_static(d.content_type),
     );
-    if let Ok(v) = HeaderValue::from_str(&format!(
-        "attachment; filename=\"{}-{}{}\"",
-        c.name, c.version, c.file_format
-    )) {
+    h.insert(header::CONTENT_LENGTH, HeaderValue::from(d.size));
+    if let Ok(v) = HeaderValue::from_str(&format!("attachment; filename=\"{}\"", d.filename)) {
         h.insert(header::CONTENT_DISPOSITION, v);
     }
     Ok(r)

@@ -1,18 +1,24 @@
-//! ProjectActor: one per project, the single writer of the project's devices and groups (and,
-//! in later issues, its pipeline records), so that invariants hold under concurrent requests.
+//! ProjectActor: one per project, the single writer of the project's devices, groups, session
+//! records and pipeline records (capsules, configurations, deployment packages and their
+//! rollout results), so that invariants hold under concurrent requests. The pipeline's state
+//! changes are in `pipeline.rs`.
 //!
 //! Its state is rebuilt from storage in `pre_start`, so a restart after a panic loses nothing
 //! that was acknowledged. Reads do not pass through it (see `projects::ProjectsHandle`).
 
+mod pipeline;
+
 use std::collections::BTreeMap;
 
 use fleetops_storage::{
-    Capsule, Device, DeviceGroup, Project, Session, SessionStatus, Store, accounts::Seq,
+    Capsule, Configuration, Deployment, Device, DeviceGroup, DeviceResult, Project, Session,
+    SessionStatus, Store, accounts::Seq,
 };
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
 use crate::clock::now_ms;
 use crate::error::{Error, Result};
+use crate::pipeline::deployments::{DeploymentPatch, DeploymentSpec, Transition};
 use crate::rules;
 use crate::secrets;
 
@@ -88,6 +94,7 @@ pub(crate) enum ProjectMsg {
     /// Records confirm's verdict and recomputes `is_latest` for the name.
     SettleCapsule {
         id: u64,
+        size: u64,
         checksum: String,
         passed: bool,
         notes: String,
@@ -97,6 +104,55 @@ pub(crate) enum ProjectMsg {
     DeleteCapsule {
         id: u64,
         reply: Reply<String>,
+    },
+    CreateConfiguration {
+        config: Box<Configuration>,
+        reply: Reply<Configuration>,
+    },
+    ConfigurationUploaded {
+        id: u64,
+        size: u64,
+        reply: Reply<()>,
+    },
+    /// Confirm's hashing and parsing done; inherit, check, record.
+    SettleConfiguration {
+        id: u64,
+        checksum: String,
+        size: u64,
+        parsed: std::result::Result<serde_json::Map<String, serde_json::Value>, String>,
+        notes: Vec<String>,
+        reply: Reply<Configuration>,
+    },
+    /// Replies with the blob key to delete once durable.
+    DeleteConfiguration {
+        id: u64,
+        reply: Reply<String>,
+    },
+    CreateDeployment {
+        spec: Box<DeploymentSpec>,
+        reply: Reply<Deployment>,
+    },
+    UpdateDeployment {
+        id: u64,
+        patch: Box<DeploymentPatch>,
+        reply: Reply<Deployment>,
+    },
+    DeleteDeployment {
+        id: u64,
+        reply: Reply<()>,
+    },
+    TransitionDeployment {
+        id: u64,
+        to: Transition,
+        reply: Reply<Deployment>,
+    },
+    /// A device's rollout result; replies with it and the device's previous status.
+    ReportRollout {
+        id: u64,
+        device_id: u64,
+        status: String,
+        message: Option<String>,
+        reply: Reply<(DeviceResult, Option<String>)>,
     },
     /// Fault injection for supervision tests.
     Panic,
@@ -208,12 +264,53 @@ impl Actor for ProjectActor {
             }
             ProjectMsg::SettleCapsule {
                 id,
+                size,
                 checksum,
                 passed,
                 notes,
                 reply,
             } => {
-                let _ = reply.send(st.settle_capsule(id, checksum, passed, notes));
+                let _ = reply.send(st.settle_capsule(id, size, checksum, passed, notes));
+            }
+            ProjectMsg::CreateConfiguration { config, reply } => {
+                let _ = reply.send(st.create_configuration(*config));
+            }
+            ProjectMsg::ConfigurationUploaded { id, size, reply } => {
+                let _ = reply.send(st.configuration_uploaded(id, size));
+            }
+            ProjectMsg::SettleConfiguration {
+                id,
+                checksum,
+                size,
+                parsed,
+                notes,
+                reply,
+            } => {
+                let _ = reply.send(st.settle_configuration(id, checksum, size, parsed, notes));
+            }
+            ProjectMsg::DeleteConfiguration { id, reply } => {
+                let _ = reply.send(st.delete_configuration(id));
+            }
+            ProjectMsg::CreateDeployment { spec, reply } => {
+                let _ = reply.send(st.create_deployment(*spec));
+            }
+            ProjectMsg::UpdateDeployment { id, patch, reply } => {
+                let _ = reply.send(st.update_deployment(id, *patch));
+            }
+            ProjectMsg::DeleteDeployment { id, reply } => {
+                let _ = reply.send(st.delete_deployment(id));
+            }
+            ProjectMsg::TransitionDeployment { id, to, reply } => {
+                let _ = reply.send(st.transition(id, to));
+            }
+            ProjectMsg::ReportRollout {
+                id,
+                device_id,
+                status,
+                message,
+                reply,
+            } => {
+                let _ = reply.send(st.report_rollout(id, device_id, status, message));
             }
             ProjectMsg::DeleteCapsule { id, reply } => {
                 let _ = reply.send(st.delete_capsule(id));
@@ -373,11 +470,12 @@ impl ProjectState {
                 format!("device {device_id} does not exist in this project"),
             )
         })?;
-        if let Some(p) = package_id {
-            // Deployment packages arrive with the deployment pipeline; until then none exists.
+        if let Some(p) = package_id
+            && self.store.deployment(self.pid(), p)?.is_none()
+        {
             return Err(Error::unprocessable(
                 "package_id",
-                format!("deployment package {p} does not exist"),
+                format!("deployment package {p} does not exist in this project"),
             ));
         }
         let mut tags: Vec<String> = tags
@@ -507,6 +605,7 @@ impl ProjectState {
     fn settle_capsule(
         &self,
         id: u64,
+        size: u64,
         checksum: String,
         passed: bool,
         notes: String,
@@ -516,6 +615,7 @@ impl ProjectState {
             return Err(Error::Conflict("Capsule already confirmed".into()));
         }
         c.checksum_sha256 = Some(checksum);
+        c.uploaded_bytes = Some(size);
         c.validation_status = if passed { "passed" } else { "failed" }.into();
         c.validation_notes = if passed { "ok".into() } else { notes };
         c.confirmed = true;
@@ -528,6 +628,12 @@ impl ProjectState {
 
     fn delete_capsule(&self, id: u64) -> Result<String> {
         let c = self.capsule(id)?;
+        if let Some(why) = self.capsule_in_use(id)? {
+            return Err(Error::Conflict(format!(
+                "Capsule {} {} is in use: {why}",
+                c.name, c.version
+            )));
+        }
         let v = semver::Version::new(c.version_major, c.version_minor, c.version_patch);
         for o in self.store.project_capsules(self.pid())?.iter() {
             if o.id == c.id {

@@ -1,11 +1,18 @@
-//! [`PipelineHandle`]: capsules (this step of the deployment pipeline; configurations and
-//! deployment packages follow). The upload flow: `upload-url` creates the record (quota
+//! [`PipelineHandle`]: the deployment pipeline. Capsules here; configurations and deployment
+//! packages in their own modules. The upload flow: `upload-url` creates the record (quota
 //! checked, declared size reserved) and a signed upload link; the bytes are PUT to that link
 //! (at most the declared size); `confirm` computes SHA-256 over the stored bytes, checks the
 //! archive and the dependencies, and settles `passed`/`failed` and `is_latest`.
 //!
 //! Writes go through the project's actor (single writer of `is_latest` and uniqueness);
 //! hashing and archive checks run on a blocking thread over a temporary copy, memory flat.
+//!
+//! On the local backend the upload and download links are fleetops' own signed tokens
+//! (`/api/v1/uploads/{token}`, `/api/v1/downloads/{token}`); on S3 they are the store's own
+//! presigned URLs, and confirm reads the stored size from the store.
+
+pub mod configurations;
+pub mod deployments;
 
 use std::io::Write;
 use std::sync::Arc;
@@ -111,8 +118,7 @@ impl From<&Capsule> for CapsuleView {
             file_format: c.file_format.clone(),
             file_size_bytes: c.file_size_bytes,
             checksum_sha256: c.checksum_sha256.clone(),
-            metadata: RawValue::from_string(String::from_utf8_lossy(&c.metadata_json).into_owned())
-                .unwrap_or_else(|_| RawValue::from_string("{}".into()).unwrap_or_default()),
+            metadata: raw_json(&c.metadata_json, "{}"),
             dependencies: c
                 .dependencies
                 .iter()
@@ -163,6 +169,22 @@ pub struct CapsuleFilter {
     pub latest_only: bool,
 }
 
+/// A file behind a download link.
+pub struct Download {
+    pub filename: String,
+    pub content_type: &'static str,
+    pub size: u64,
+    pub stream: BoxStream<'static, std::io::Result<bytes::Bytes>>,
+}
+
+/// Stored JSON bytes as a raw value (`fallback` if they were somehow not JSON).
+pub(crate) fn raw_json(bytes: &[u8], fallback: &'static str) -> Box<RawValue> {
+    serde_json::from_slice::<&RawValue>(bytes)
+        .map(|r| r.to_owned())
+        .or_else(|_| RawValue::from_string(fallback.to_string()))
+        .unwrap_or_default()
+}
+
 /// The outcome of confirm: 200 with the record, or 202 while it validates in the background.
 pub enum Confirmed {
     Done(CapsuleView),
@@ -197,6 +219,8 @@ pub struct PipelineHandle {
     pub(crate) quotas: Arc<std::collections::HashMap<String, u64>>,
     pub(crate) cfg: PipelineConfig,
     pub(crate) tmp_dir: Option<std::path::PathBuf>,
+    /// Rollout results, for the alert evaluator.
+    pub(crate) events: tokio::sync::broadcast::Sender<deployments::RolloutEvent>,
     /// Serialized lists: (project, name, type, latest_only) -> (list identity, JSON, list).
     #[allow(clippy::type_complexity)]
     pub(crate) list_cache: Arc<
@@ -221,15 +245,123 @@ impl PipelineHandle {
             .ok_or_else(|| Error::not_found("Capsule"))
     }
 
-    /// Bytes an organization's capsules hold or have reserved.
+    /// Bytes an organization's capsules and configurations hold or have reserved.
     fn org_usage(&self, org_id: u64) -> Result<u64> {
         let mut total = 0u64;
         for p in self.store.org_projects(org_id)? {
             for c in self.store.project_capsules(p.id)?.iter() {
                 total = total.saturating_add(c.file_size_bytes);
             }
+            for c in self.store.project_configurations(p.id)? {
+                total = total.saturating_add(configurations::reserved(&c));
+            }
         }
         Ok(total)
+    }
+
+    /// 413 when `add` more bytes would exceed the organization's storage limit.
+    fn check_quota(&self, org_id: u64, tier: &str, add: u64) -> Result<()> {
+        let limit = self.quotas.get(tier).copied().unwrap_or(0);
+        let used = self.org_usage(org_id)?;
+        if used.saturating_add(add) > limit {
+            return Err(Error::TooLarge(format!(
+                "Upload would exceed the organization's storage limit ({used} of {limit} bytes used)"
+            )));
+        }
+        Ok(())
+    }
+
+    /// The presigned upload URL: the store's own on S3, else a signed fleetops link.
+    async fn upload_link(
+        &self,
+        kind: &str,
+        pid: u64,
+        id: u64,
+        blob_key: &str,
+        expires_at_ms: i64,
+    ) -> Result<String> {
+        let ttl = std::time::Duration::from_secs(self.cfg.upload_ttl_seconds.max(1) as u64);
+        if let Some(url) = self.blobs.presign(true, blob_key, ttl).await? {
+            return Ok(url);
+        }
+        let token = self.signer.sign(&Link {
+            purpose: Purpose::Upload,
+            kind: kind.into(),
+            project_id: pid,
+            id,
+            exp: expires_at_ms / 1000,
+        })?;
+        Ok(format!("{}/api/v1/uploads/{token}", self.base()))
+    }
+
+    /// The 15-minute download URL, like [`Self::upload_link`].
+    async fn download_link(
+        &self,
+        kind: &str,
+        pid: u64,
+        id: u64,
+        blob_key: &str,
+        exp_secs: i64,
+    ) -> Result<String> {
+        let ttl = std::time::Duration::from_secs(DOWNLOAD_TTL_SECS as u64);
+        if let Some(url) = self.blobs.presign(false, blob_key, ttl).await? {
+            return Ok(url);
+        }
+        let token = self.signer.sign(&Link {
+            purpose: Purpose::Download,
+            kind: kind.into(),
+            project_id: pid,
+            id,
+            exp: exp_secs,
+        })?;
+        Ok(format!("{}/api/v1/downloads/{token}", self.base()))
+    }
+
+    /// Streams an upload into the blob store, at most `max` bytes.
+    async fn put_upload(
+        &self,
+        key: &str,
+        body: BoxStream<'static, std::io::Result<bytes::Bytes>>,
+        max: u64,
+    ) -> Result<u64> {
+        self.blobs
+            .put_stream(key, body, max)
+            .await
+            .map_err(|e| match e {
+                PutError::TooLarge(max) => {
+                    Error::TooLarge(format!("The upload exceeds the declared {max} bytes"))
+                }
+                PutError::Body(e) => {
+                    Error::BadRequest(format!("Could not read the request body: {e}"))
+                }
+                PutError::Storage(e) => Error::from(e),
+            })
+    }
+
+    /// The uploaded size: recorded by our own upload link, or (S3, where the client PUTs to
+    /// the store directly) asked of the store. `None`: nothing uploaded.
+    async fn stored_size(&self, key: &str, recorded: Option<u64>) -> Result<Option<u64>> {
+        if self.blobs.presigns() {
+            Ok(self.blobs.size(key).await?)
+        } else {
+            Ok(recorded)
+        }
+    }
+
+    /// A small blob whole (configuration files), refusing more than `max` bytes.
+    async fn read_small(&self, key: &str, max: u64) -> Result<Vec<u8>> {
+        let mut s = self.blobs.stream(key, None).await?;
+        let mut out = Vec::new();
+        while let Some(piece) = s.next().await {
+            let piece = piece.map_err(|e| Error::Internal(e.to_string()))?;
+            if (out.len() + piece.len()) as u64 > max {
+                return Err(Error::TooLarge(format!(
+                    "Configuration files are at most {max} bytes"
+                )));
+            }
+            out.extend_from_slice(&piece);
+        }
+        Ok(out)
     }
 
     pub async fn upload_url(
@@ -265,13 +397,7 @@ impl PipelineHandle {
                 "at most 2000 characters",
             ));
         }
-        let limit = self.quotas.get(tier).copied().unwrap_or(0);
-        let used = self.org_usage(org_id)?;
-        if used.saturating_add(req.file_size_bytes) > limit {
-            return Err(Error::TooLarge(format!(
-                "Upload would exceed the organization's storage limit ({used} of {limit} bytes used)"
-            )));
-        }
+        self.check_quota(org_id, tier, req.file_size_bytes)?;
         let now = now_ms();
         let c = self
             .projects
@@ -304,16 +430,11 @@ impl PipelineHandle {
                 reply,
             })
             .await?;
-        let token = self.signer.sign(&Link {
-            purpose: Purpose::Upload,
-            kind: "capsule".into(),
-            project_id: pid,
-            id: c.id,
-            exp: c.upload_expires_at / 1000,
-        })?;
         Ok(UploadUrl {
             capsule_id: c.id,
-            upload_url: format!("{}/api/v1/uploads/{token}", self.base()),
+            upload_url: self
+                .upload_link("capsule", pid, c.id, &c.blob_key, c.upload_expires_at)
+                .await?,
             expires_in: self.cfg.upload_ttl_seconds,
         })
     }
@@ -327,6 +448,9 @@ impl PipelineHandle {
         let link = self
             .signer
             .verify(token, Purpose::Upload, now_ms() / 1000)?;
+        if link.kind == "configuration" {
+            return self.config_upload(link.project_id, link.id, body).await;
+        }
         let c = self.capsule(link.project_id, link.id)?;
         if c.confirmed {
             return Err(Error::Conflict(
@@ -334,18 +458,8 @@ impl PipelineHandle {
             ));
         }
         let size = self
-            .blobs
-            .put_stream(&c.blob_key, body, c.file_size_bytes)
-            .await
-            .map_err(|e| match e {
-                PutError::TooLarge(max) => {
-                    Error::TooLarge(format!("The upload exceeds the declared {max} bytes"))
-                }
-                PutError::Body(e) => {
-                    Error::BadRequest(format!("Could not read the request body: {e}"))
-                }
-                PutError::Storage(e) => Error::from(e),
-            })?;
+            .put_upload(&c.blob_key, body, c.file_size_bytes)
+            .await?;
         let id = c.id;
         self.projects
             .write(link.project_id, |reply| ProjectMsg::CapsuleUploaded {
@@ -359,7 +473,11 @@ impl PipelineHandle {
 
     pub async fn confirm(&self, pid: u64, id: u64, checksum: String) -> Result<Confirmed> {
         let c = self.capsule(pid, id)?;
-        if c.uploaded_bytes.is_none() {
+        if self
+            .stored_size(&c.blob_key, c.uploaded_bytes)
+            .await?
+            .is_none()
+        {
             return Err(Error::Conflict(
                 "Nothing has been uploaded for this capsule".into(),
             ));
@@ -431,6 +549,7 @@ impl PipelineHandle {
             .projects
             .write(pid, |reply| ProjectMsg::SettleCapsule {
                 id,
+                size,
                 checksum: sha.clone(),
                 passed,
                 notes: notes.join("; "),
@@ -491,7 +610,7 @@ impl PipelineHandle {
             .collect()
     }
 
-    pub fn detail(&self, pid: u64, id: u64) -> Result<CapsuleDetail> {
+    pub async fn detail(&self, pid: u64, id: u64) -> Result<CapsuleDetail> {
         let c = self.capsule(pid, id)?;
         let mut versions: Vec<Version> = self
             .store
@@ -501,38 +620,57 @@ impl PipelineHandle {
             .map(|o| Version::new(o.version_major, o.version_minor, o.version_patch))
             .collect();
         versions.sort_by(|a, b| b.cmp(a));
-        let token = self.signer.sign(&Link {
-            purpose: Purpose::Download,
-            kind: "capsule".into(),
-            project_id: pid,
-            id,
-            exp: now_ms() / 1000 + DOWNLOAD_TTL_SECS,
-        })?;
+        let exp = now_ms() / 1000 + DOWNLOAD_TTL_SECS;
         Ok(CapsuleDetail {
             capsule: CapsuleView::from(&c),
             all_versions: versions.iter().map(Version::to_string).collect(),
-            download_url: format!("{}/api/v1/downloads/{token}", self.base()),
+            download_url: self
+                .download_link("capsule", pid, id, &c.blob_key, exp)
+                .await?,
         })
     }
 
-    /// `GET /downloads/{token}`: the record (for headers) and its bytes.
-    pub async fn download(
-        &self,
-        token: &str,
-    ) -> Result<(Capsule, BoxStream<'static, std::io::Result<bytes::Bytes>>)> {
+    /// `GET /downloads/{token}`: what to call the file, and its bytes.
+    pub async fn download(&self, token: &str) -> Result<Download> {
         let link = self
             .signer
             .verify(token, Purpose::Download, now_ms() / 1000)?;
-        let c = self.capsule(link.project_id, link.id)?;
-        if c.uploaded_bytes.is_none() {
-            return Err(Error::not_found("Capsule file"));
-        }
-        let s = self.blobs.stream(&c.blob_key, None).await?;
-        Ok((c, s))
+        let (blob, size, filename, content_type) = if link.kind == "configuration" {
+            let c = self
+                .store
+                .configuration(link.project_id, link.id)?
+                .ok_or_else(|| Error::not_found("Configuration"))?;
+            let mime = match c.file_format.as_str() {
+                ".json" => "application/json",
+                ".yaml" => "application/yaml",
+                ".toml" => "application/toml",
+                _ => "text/plain; charset=utf-8",
+            };
+            let name = format!("{}-{}{}", c.name, c.version, c.file_format);
+            (c.blob_key, c.uploaded_bytes, name, mime)
+        } else {
+            let c = self.capsule(link.project_id, link.id)?;
+            let mime = match c.file_format.as_str() {
+                ".zip" => "application/zip",
+                ".tar" => "application/x-tar",
+                _ => "application/gzip",
+            };
+            let name = format!("{}-{}{}", c.name, c.version, c.file_format);
+            (c.blob_key, c.uploaded_bytes, name, mime)
+        };
+        let Some(size) = size else {
+            return Err(Error::not_found("File"));
+        };
+        Ok(Download {
+            filename,
+            content_type,
+            size,
+            stream: self.blobs.stream(&blob, None).await?,
+        })
     }
 
-    /// Removes capsules never confirmed whose upload link has expired (the housekeeper calls
-    /// this); returns how many went.
+    /// Removes capsules and configurations never confirmed whose upload link has expired (the
+    /// housekeeper calls this); returns how many went.
     pub async fn purge_expired(&self) -> Result<usize> {
         let now = now_ms();
         let mut purged = 0;
@@ -544,6 +682,16 @@ impl PipelineHandle {
                             Ok(()) => purged += 1,
                             Err(e) => {
                                 tracing::warn!(capsule = c.id, error = %e, "could not purge an expired upload")
+                            }
+                        }
+                    }
+                }
+                for c in self.store.project_configurations(p.id)? {
+                    if !c.confirmed && c.upload_expires_at <= now {
+                        match self.delete_configuration(p.id, c.id).await {
+                            Ok(()) => purged += 1,
+                            Err(e) => {
+                                tracing::warn!(configuration = c.id, error = %e, "could not purge an expired upload")
                             }
                         }
                     }

@@ -1,0 +1,503 @@
+//! Configurations: the upload flow (as for capsules, files at most 1 MiB), confirm (parse,
+//! inherit, check schema and capsule compatibility in the project's actor), list, detail,
+//! `explain`, delete.
+
+use fleetops_storage::{Configuration, Store};
+use serde::Serialize;
+use serde_json::Value;
+use serde_json::value::RawValue;
+use sha2::{Digest, Sha256};
+
+use super::{DOWNLOAD_TTL_SECS, PipelineHandle, capsule_name, raw_json};
+use crate::clock::{fmt_ms, now_ms};
+use crate::configs::{self, MAX_CONFIG_BYTES, SchemaError};
+use crate::error::{Error, Result};
+use crate::project::ProjectMsg;
+use crate::versions::{Constraint, parse_version};
+use crate::views::{Page, PageReq};
+
+/// Inheritance chains are at most this deep.
+pub const MAX_DEPTH: usize = 32;
+
+/// What `configurations/upload-url` asks for (already parsed by the edge).
+#[derive(Debug, Clone)]
+pub struct ConfigRequest {
+    pub name: String,
+    pub capsule_id: u64,
+    pub version: String,
+    pub environment: String,
+    pub compatible_capsule_versions: String,
+    pub file_format: String,
+    pub parent_config_id: Option<u64>,
+    pub description: Option<String>,
+    pub file_size_bytes: Option<u64>,
+    pub validation_schema: Option<Box<RawValue>>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ConfigUploadUrl {
+    pub config_id: u64,
+    pub upload_url: String,
+    pub expires_in: i64,
+}
+
+/// The full configuration record as returned.
+#[derive(Debug, Serialize)]
+pub struct ConfigurationView {
+    pub id: u64,
+    pub project_id: u64,
+    pub capsule_id: u64,
+    pub name: String,
+    pub description: Option<String>,
+    pub environment: String,
+    pub version: String,
+    pub compatible_capsule_versions: String,
+    pub file_format: String,
+    pub file_size_bytes: u64,
+    pub checksum_sha256: Option<String>,
+    pub parent_config_id: Option<u64>,
+    pub override_fields: Box<RawValue>,
+    pub config_data: Box<RawValue>,
+    pub validation_status: String,
+    pub validation_notes: String,
+    pub validation_schema: Option<Box<RawValue>>,
+    pub created_at: String,
+    pub updated_at: String,
+}
+
+impl From<&Configuration> for ConfigurationView {
+    fn from(c: &Configuration) -> Self {
+        Self {
+            id: c.id,
+            project_id: c.project_id,
+            capsule_id: c.capsule_id,
+            name: c.name.clone(),
+            description: c.description.clone(),
+            environment: c.environment.clone(),
+            version: c.version.clone(),
+            compatible_capsule_versions: c.compatible_capsule_versions.clone(),
+            file_format: c.file_format.clone(),
+            file_size_bytes: c.uploaded_bytes.or(c.declared_size).unwrap_or(0),
+            checksum_sha256: c.checksum_sha256.clone(),
+            parent_config_id: c.parent_config_id,
+            override_fields: raw_json(&c.override_fields_json, "{}"),
+            config_data: raw_json(&c.config_data_json, "{}"),
+            validation_status: c.validation_status.clone(),
+            validation_notes: c.validation_notes.clone(),
+            validation_schema: c.validation_schema_json.as_ref().map(|s| raw_json(s, "{}")),
+            created_at: fmt_ms(c.created_at),
+            updated_at: fmt_ms(c.updated_at),
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct ConfigurationDetail {
+    #[serde(flatten)]
+    pub configuration: ConfigurationView,
+    pub download_url: String,
+}
+
+/// A configuration named in `explain`.
+#[derive(Debug, Clone, Serialize)]
+pub struct ConfigRef {
+    pub id: u64,
+    pub name: String,
+    pub version: String,
+}
+
+impl From<&Configuration> for ConfigRef {
+    fn from(c: &Configuration) -> Self {
+        Self {
+            id: c.id,
+            name: c.name.clone(),
+            version: c.version.clone(),
+        }
+    }
+}
+
+/// One leaf of the effective configuration and who set it.
+#[derive(Debug, Serialize)]
+pub struct Source {
+    pub pointer: String,
+    pub value: Value,
+    pub set_by: ConfigRef,
+}
+
+/// `GET /configurations/{id}/explain`.
+#[derive(Debug, Serialize)]
+pub struct Explain {
+    pub id: u64,
+    pub name: String,
+    pub version: String,
+    pub validation_status: String,
+    /// The inheritance chain, root first, ending with this configuration.
+    pub chain: Vec<ConfigRef>,
+    pub config_data: Value,
+    pub sources: Vec<Source>,
+    /// The configuration whose `validation_schema` applies (own, else the nearest ancestor's).
+    pub schema_from: Option<ConfigRef>,
+    pub schema_errors: Vec<SchemaError>,
+}
+
+/// Filters of `GET /configurations`.
+#[derive(Debug, Default, Clone)]
+pub struct ConfigFilter {
+    pub capsule_id: Option<u64>,
+    pub environment: Option<String>,
+}
+
+/// What the quota counts for a configuration: its bytes once uploaded, else what it declared,
+/// else 1 MiB.
+pub(crate) fn reserved(c: &Configuration) -> u64 {
+    c.uploaded_bytes
+        .or(c.declared_size)
+        .unwrap_or(MAX_CONFIG_BYTES)
+}
+
+/// The chain from the root ancestor to `c` (included). A missing ancestor, a cycle or a chain
+/// deeper than [`MAX_DEPTH`] is an error naming it.
+pub(crate) fn lineage(
+    store: &Store,
+    pid: u64,
+    c: &Configuration,
+) -> Result<std::result::Result<Vec<Configuration>, String>> {
+    let mut chain = vec![c.clone()];
+    let mut next = c.parent_config_id;
+    while let Some(id) = next {
+        if chain.iter().any(|x| x.id == id) {
+            return Ok(Err(format!(
+                "parent chain has a cycle at configuration {id}"
+            )));
+        }
+        if chain.len() >= MAX_DEPTH {
+            return Ok(Err(format!(
+                "parent chain is deeper than {MAX_DEPTH} configurations"
+            )));
+        }
+        let Some(p) = store.configuration(pid, id)? else {
+            return Ok(Err(format!(
+                "parent configuration {id} does not exist in this project"
+            )));
+        };
+        next = p.parent_config_id;
+        chain.push(p);
+    }
+    chain.reverse();
+    Ok(Ok(chain))
+}
+
+/// The schema that applies to the last of `chain` (its own, else the nearest ancestor's).
+pub(crate) fn effective_schema(chain: &[Configuration]) -> Option<(&Configuration, Value)> {
+    chain.iter().rev().find_map(|c| {
+        c.validation_schema_json
+            .as_ref()
+            .and_then(|s| serde_json::from_slice(s).ok())
+            .map(|s| (c, s))
+    })
+}
+
+fn environment(s: &str) -> Result<()> {
+    let ok = !s.is_empty()
+        && s.len() <= 64
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::unprocessable(
+            "environment",
+            "must be 1-64 characters of [A-Za-z0-9._-]",
+        ))
+    }
+}
+
+impl PipelineHandle {
+    fn configuration(&self, pid: u64, id: u64) -> Result<Configuration> {
+        self.store
+            .configuration(pid, id)?
+            .ok_or_else(|| Error::not_found("Configuration"))
+    }
+
+    pub async fn config_upload_url(
+        &self,
+        org_id: u64,
+        tier: &str,
+        pid: u64,
+        req: ConfigRequest,
+    ) -> Result<ConfigUploadUrl> {
+        if let Some(n) = req.file_size_bytes {
+            if n > MAX_CONFIG_BYTES {
+                return Err(Error::TooLarge(format!(
+                    "Configuration files are at most {MAX_CONFIG_BYTES} bytes"
+                )));
+            }
+            if n == 0 {
+                return Err(Error::unprocessable(
+                    "file_size_bytes",
+                    "must be at least 1",
+                ));
+            }
+        }
+        capsule_name("name", &req.name)?;
+        let v = parse_version("version", &req.version)?;
+        environment(&req.environment)?;
+        Constraint::parse(
+            "compatible_capsule_versions",
+            &req.compatible_capsule_versions,
+        )?;
+        if !configs::FORMATS.contains(&req.file_format.as_str()) {
+            return Err(Error::unprocessable(
+                "file_format",
+                "must be .json, .yaml, .toml, .ini or .env",
+            ));
+        }
+        if let Some(d) = &req.description
+            && d.chars().count() > 2000
+        {
+            return Err(Error::unprocessable(
+                "description",
+                "at most 2000 characters",
+            ));
+        }
+        let schema = match &req.validation_schema {
+            None => None,
+            Some(raw) if raw.get().trim() == "null" => None,
+            Some(raw) => {
+                let s: Value = serde_json::from_str(raw.get())
+                    .map_err(|e| Error::unprocessable("validation_schema", e))?;
+                configs::check_schema(&s)
+                    .map_err(|e| Error::unprocessable("validation_schema", e))?;
+                Some(raw.get().as_bytes().to_vec())
+            }
+        };
+        if self.store.capsule(pid, req.capsule_id)?.is_none() {
+            return Err(Error::unprocessable(
+                "capsule_id",
+                format!("capsule {} does not exist in this project", req.capsule_id),
+            ));
+        }
+        self.check_quota(
+            org_id,
+            tier,
+            req.file_size_bytes.unwrap_or(MAX_CONFIG_BYTES),
+        )?;
+        let now = now_ms();
+        let c = self
+            .projects
+            .write(pid, |reply| ProjectMsg::CreateConfiguration {
+                config: Box::new(Configuration {
+                    id: 0,
+                    project_id: pid,
+                    capsule_id: req.capsule_id,
+                    name: req.name.clone(),
+                    description: req.description.clone(),
+                    environment: req.environment.clone(),
+                    version: v.to_string(),
+                    compatible_capsule_versions: req.compatible_capsule_versions.clone(),
+                    file_format: req.file_format.clone(),
+                    declared_size: req.file_size_bytes,
+                    uploaded_bytes: None,
+                    checksum_sha256: None,
+                    parent_config_id: req.parent_config_id,
+                    override_fields_json: b"{}".to_vec(),
+                    config_data_json: b"{}".to_vec(),
+                    validation_schema_json: schema.clone(),
+                    validation_status: "pending".into(),
+                    validation_notes: String::new(),
+                    blob_key: String::new(),
+                    upload_expires_at: now + self.cfg.upload_ttl_seconds * 1000,
+                    confirmed: false,
+                    created_at: now,
+                    updated_at: now,
+                }),
+                reply,
+            })
+            .await?;
+        Ok(ConfigUploadUrl {
+            config_id: c.id,
+            upload_url: self
+                .upload_link("configuration", pid, c.id, &c.blob_key, c.upload_expires_at)
+                .await?,
+            expires_in: self.cfg.upload_ttl_seconds,
+        })
+    }
+
+    /// The bytes of a configuration upload, at most the declared size (or 1 MiB).
+    pub(crate) async fn config_upload(
+        &self,
+        pid: u64,
+        id: u64,
+        body: futures::stream::BoxStream<'static, std::io::Result<bytes::Bytes>>,
+    ) -> Result<u64> {
+        let c = self.configuration(pid, id)?;
+        if c.confirmed {
+            return Err(Error::Conflict(
+                "Configuration already confirmed; its bytes are immutable".into(),
+            ));
+        }
+        let max = c.declared_size.unwrap_or(MAX_CONFIG_BYTES);
+        let size = self.put_upload(&c.blob_key, body, max).await?;
+        self.projects
+            .write(pid, |reply| ProjectMsg::ConfigurationUploaded {
+                id,
+                size,
+                reply,
+            })
+            .await?;
+        Ok(size)
+    }
+
+    /// Hashes and parses the stored file; the project's actor then inherits, checks and
+    /// records the verdict. A checksum mismatch fails the configuration and answers 400.
+    pub async fn confirm_configuration(
+        &self,
+        pid: u64,
+        id: u64,
+        checksum: String,
+    ) -> Result<ConfigurationView> {
+        let c = self.configuration(pid, id)?;
+        if c.confirmed {
+            return Err(Error::Conflict("Configuration already confirmed".into()));
+        }
+        let Some(size) = self.stored_size(&c.blob_key, c.uploaded_bytes).await? else {
+            return Err(Error::Conflict(
+                "Nothing has been uploaded for this configuration".into(),
+            ));
+        };
+        if size > MAX_CONFIG_BYTES {
+            return Err(Error::TooLarge(format!(
+                "Configuration files are at most {MAX_CONFIG_BYTES} bytes"
+            )));
+        }
+        let bytes = self.read_small(&c.blob_key, MAX_CONFIG_BYTES).await?;
+        let sha = hex::encode(Sha256::digest(&bytes));
+        let mismatch = !crate::secrets::ct_eq(
+            sha.as_bytes(),
+            checksum.trim().to_ascii_lowercase().as_bytes(),
+        );
+        let mut notes = Vec::new();
+        if mismatch {
+            notes.push("Checksum mismatch".to_string());
+        }
+        if let Some(d) = c.declared_size
+            && d != bytes.len() as u64
+        {
+            notes.push(format!("size is {} bytes, {d} were declared", bytes.len()));
+        }
+        let format = c.file_format.clone();
+        let parsed = tokio::task::spawn_blocking(move || configs::parse(&format, &bytes))
+            .await
+            .map_err(|e| Error::Internal(e.to_string()))?;
+        let settled = self
+            .projects
+            .write(pid, |reply| ProjectMsg::SettleConfiguration {
+                id,
+                checksum: sha.clone(),
+                size,
+                parsed: parsed.clone(),
+                notes: notes.clone(),
+                reply,
+            })
+            .await?;
+        if mismatch {
+            return Err(Error::BadRequest("Checksum mismatch".into()));
+        }
+        Ok(ConfigurationView::from(&settled))
+    }
+
+    pub fn configurations(
+        &self,
+        pid: u64,
+        f: &ConfigFilter,
+        page: PageReq,
+    ) -> Result<Page<ConfigurationView>> {
+        let all: Vec<ConfigurationView> = self
+            .store
+            .project_configurations(pid)?
+            .iter()
+            .filter(|c| f.capsule_id.is_none_or(|id| c.capsule_id == id))
+            .filter(|c| f.environment.as_ref().is_none_or(|e| &c.environment == e))
+            .map(ConfigurationView::from)
+            .collect();
+        Ok(page.slice(all))
+    }
+
+    pub async fn configuration_detail(&self, pid: u64, id: u64) -> Result<ConfigurationDetail> {
+        let c = self.configuration(pid, id)?;
+        let exp = now_ms() / 1000 + DOWNLOAD_TTL_SECS;
+        Ok(ConfigurationDetail {
+            configuration: ConfigurationView::from(&c),
+            download_url: self
+                .download_link("configuration", pid, id, &c.blob_key, exp)
+                .await?,
+        })
+    }
+
+    pub fn explain(&self, pid: u64, id: u64) -> Result<Explain> {
+        let c = self.configuration(pid, id)?;
+        let chain = match lineage(&self.store, pid, &c)? {
+            Ok(chain) => chain,
+            Err(why) => return Err(Error::Conflict(why)),
+        };
+        let data: Value = serde_json::from_slice(&c.config_data_json).unwrap_or_default();
+        let overrides: Vec<(ConfigRef, Value)> = chain
+            .iter()
+            .map(|x| {
+                (
+                    ConfigRef::from(x),
+                    serde_json::from_slice(&x.override_fields_json).unwrap_or_default(),
+                )
+            })
+            .collect();
+        // Under deep merge the last configuration of the chain that has a value at a leaf's
+        // pointer is the one that set it.
+        let sources = configs::leaves(&data)
+            .into_iter()
+            .filter(|(p, _)| !p.is_empty())
+            .filter_map(|(pointer, value)| {
+                let by = overrides
+                    .iter()
+                    .rev()
+                    .find(|(_, o)| o.pointer(&pointer).is_some())?;
+                Some(Source {
+                    pointer,
+                    value,
+                    set_by: by.0.clone(),
+                })
+            })
+            .collect();
+        let (schema_from, schema_errors) = match effective_schema(&chain) {
+            Some((from, schema)) => (
+                Some(ConfigRef::from(from)),
+                configs::violations(&schema, &data).unwrap_or_else(|e| {
+                    vec![SchemaError {
+                        pointer: String::new(),
+                        message: format!("the schema does not compile: {e}"),
+                    }]
+                }),
+            ),
+            None => (None, Vec::new()),
+        };
+        Ok(Explain {
+            id: c.id,
+            name: c.name.clone(),
+            version: c.version.clone(),
+            validation_status: c.validation_status.clone(),
+            chain: chain.iter().map(ConfigRef::from).collect(),
+            config_data: data,
+            sources,
+            schema_from,
+            schema_errors,
+        })
+    }
+
+    pub async fn delete_configuration(&self, pid: u64, id: u64) -> Result<()> {
+        let blob = self
+            .projects
+            .write(pid, |reply| ProjectMsg::DeleteConfiguration { id, reply })
+            .await?;
+        let _ = self.blobs.delete(&blob).await;
+        Ok(())
+    }
+}

@@ -1,0 +1,567 @@
+//! Deployment packages: what blocks one (evaluated in full, so `plan` can list every reason
+//! and create/patch/activate refuse with the first), the devices it targets, the views, and
+//! the handle's calls. State changes run in the project's actor.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use fleetops_storage::{Deployment, Store};
+use semver::Version;
+use serde::Serialize;
+use serde_json::Value;
+use serde_json::value::RawValue;
+
+use super::PipelineHandle;
+use crate::clock::fmt_ms;
+use crate::error::{Error, Result};
+use crate::project::ProjectMsg;
+use crate::versions::Constraint;
+use crate::views::{Page, PageReq};
+
+/// At most this many `target_devices` items.
+pub const MAX_TARGETS: usize = 1000;
+
+/// A deployment body (create, plan) or the result of applying a patch to a draft.
+#[derive(Debug, Clone)]
+pub struct DeploymentSpec {
+    pub name: String,
+    pub description: Option<String>,
+    pub composition_tag: String,
+    pub capsule_id: u64,
+    pub configuration_id: Option<u64>,
+    /// Items as sent; checked by [`evaluate`].
+    pub target_devices: Vec<Value>,
+}
+
+/// A PATCH of a draft: any subset of the fields.
+#[derive(Debug, Clone, Default)]
+pub struct DeploymentPatch {
+    pub name: Option<String>,
+    pub description: Option<Option<String>>,
+    pub composition_tag: Option<String>,
+    pub capsule_id: Option<u64>,
+    pub configuration_id: Option<Option<u64>>,
+    pub target_devices: Option<Vec<Value>>,
+}
+
+impl DeploymentSpec {
+    pub(crate) fn of(d: &Deployment) -> Self {
+        Self {
+            name: d.name.clone(),
+            description: d.description.clone(),
+            composition_tag: d.composition_tag.clone(),
+            capsule_id: d.capsule_id,
+            configuration_id: d.configuration_id,
+            target_devices: serde_json::from_slice(&d.target_devices_json).unwrap_or_default(),
+        }
+    }
+
+    pub(crate) fn apply(&mut self, p: DeploymentPatch) {
+        if let Some(v) = p.name {
+            self.name = v;
+        }
+        if let Some(v) = p.description {
+            self.description = v;
+        }
+        if let Some(v) = p.composition_tag {
+            self.composition_tag = v;
+        }
+        if let Some(v) = p.capsule_id {
+            self.capsule_id = v;
+        }
+        if let Some(v) = p.configuration_id {
+            self.configuration_id = v;
+        }
+        if let Some(v) = p.target_devices {
+            self.target_devices = v;
+        }
+    }
+}
+
+/// One reason a deployment cannot be created as given: 422 for input that breaks a rule,
+/// 409 for a capsule or configuration in the wrong state.
+#[derive(Debug, Clone, Serialize)]
+pub struct Blocker {
+    pub status: u16,
+    pub field: String,
+    pub reason: String,
+}
+
+/// A targeted device.
+#[derive(Debug, Clone, Serialize)]
+pub struct TargetDevice {
+    pub id: u64,
+    pub name: String,
+}
+
+/// What [`evaluate`] found.
+#[derive(Debug)]
+pub struct Evaluation {
+    pub blockers: Vec<Blocker>,
+    pub devices: Vec<TargetDevice>,
+    /// `target_devices` normalized (ids, `{group_id}`, `{labels}`), when every item parsed.
+    pub targets_json: Vec<u8>,
+}
+
+impl Evaluation {
+    /// The first 422, else every 409 in one message, else nothing.
+    pub fn into_error(self) -> Option<Error> {
+        if let Some(b) = self.blockers.iter().find(|b| b.status == 422) {
+            return Some(Error::unprocessable(&b.field, &b.reason));
+        }
+        let conflicts: Vec<String> = self
+            .blockers
+            .iter()
+            .filter(|b| b.status == 409)
+            .map(|b| b.reason.clone())
+            .collect();
+        (!conflicts.is_empty()).then(|| Error::Conflict(conflicts.join("; ")))
+    }
+}
+
+/// Docker's tag grammar: `[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}`.
+fn composition_tag(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 128
+        && s.bytes().enumerate().all(|(i, b)| {
+            b.is_ascii_alphanumeric() || b == b'_' || (i > 0 && matches!(b, b'.' | b'-'))
+        })
+}
+
+/// Every reason `spec` would be refused, and the devices it would target.
+pub(crate) fn evaluate(store: &Store, pid: u64, spec: &DeploymentSpec) -> Result<Evaluation> {
+    let mut blockers = Vec::new();
+    let mut block = |status: u16, field: &str, reason: String| {
+        blockers.push(Blocker {
+            status,
+            field: field.to_string(),
+            reason,
+        })
+    };
+    if let Err(Error::Unprocessable(m)) = crate::rules::name("name", &spec.name, 200) {
+        block(422, "name", m);
+    }
+    if spec
+        .description
+        .as_ref()
+        .is_some_and(|d| d.chars().count() > 2000)
+    {
+        block(422, "description", "at most 2000 characters".into());
+    }
+    if !composition_tag(&spec.composition_tag) {
+        block(
+            422,
+            "composition_tag",
+            "must be a container image tag ([A-Za-z0-9_][A-Za-z0-9_.-]{0,127})".into(),
+        );
+    }
+    let capsule = store.capsule(pid, spec.capsule_id)?;
+    match &capsule {
+        None => block(
+            422,
+            "capsule_id",
+            format!("capsule {} does not exist in this project", spec.capsule_id),
+        ),
+        Some(c) if c.validation_status != "passed" => block(
+            409,
+            "capsule_id",
+            format!(
+                "Capsule {} ({} {}) is {}; only a passed capsule can be deployed",
+                c.id, c.name, c.version, c.validation_status
+            ),
+        ),
+        Some(_) => {}
+    }
+    if let Some(cid) = spec.configuration_id {
+        match store.configuration(pid, cid)? {
+            None => block(
+                422,
+                "configuration_id",
+                format!("configuration {cid} does not exist in this project"),
+            ),
+            Some(cf) => {
+                if cf.validation_status != "passed" {
+                    block(
+                        409,
+                        "configuration_id",
+                        format!(
+                            "Configuration {} ({} {}) is {}; only a passed configuration can be deployed",
+                            cf.id, cf.name, cf.version, cf.validation_status
+                        ),
+                    );
+                }
+                if let Some(c) = &capsule {
+                    let v = Version::new(c.version_major, c.version_minor, c.version_patch);
+                    let fits = Constraint::parse(
+                        "compatible_capsule_versions",
+                        &cf.compatible_capsule_versions,
+                    )
+                    .is_ok_and(|k| k.matches(&v));
+                    let linked_name = store
+                        .capsule(pid, cf.capsule_id)?
+                        .map(|l| l.name)
+                        .unwrap_or_default();
+                    if linked_name != c.name {
+                        block(
+                            409,
+                            "configuration_id",
+                            format!(
+                                "Configuration {} ({} {}) is for capsule {linked_name}, not {}",
+                                cf.id, cf.name, cf.version, c.name
+                            ),
+                        );
+                    } else if !fits {
+                        block(
+                            409,
+                            "configuration_id",
+                            format!(
+                                "Configuration {} ({} {}) is not compatible with capsule {} {} (compatible_capsule_versions {})",
+                                cf.id,
+                                cf.name,
+                                cf.version,
+                                c.name,
+                                c.version,
+                                cf.compatible_capsule_versions
+                            ),
+                        );
+                    }
+                }
+            }
+        }
+    }
+    if spec.target_devices.len() > MAX_TARGETS {
+        block(
+            422,
+            "target_devices",
+            format!("at most {MAX_TARGETS} items"),
+        );
+    }
+    let devices = store.project_devices(pid)?;
+    let mut chosen = BTreeSet::new();
+    let mut normalized = Vec::new();
+    let mut all_parsed = true;
+    for (i, item) in spec.target_devices.iter().take(MAX_TARGETS).enumerate() {
+        let field = format!("target_devices[{i}]");
+        match item {
+            Value::Number(n) => match n.as_u64() {
+                Some(id) if devices.iter().any(|d| d.id == id) => {
+                    chosen.insert(id);
+                    normalized.push(Value::from(id));
+                }
+                Some(id) => {
+                    all_parsed = false;
+                    block(
+                        422,
+                        &field,
+                        format!("device {id} does not exist in this project"),
+                    );
+                }
+                None => {
+                    all_parsed = false;
+                    block(422, &field, "a device id is a positive integer".into());
+                }
+            },
+            Value::Object(m) if m.len() == 1 && m.contains_key("group_id") => {
+                match m.get("group_id").and_then(Value::as_u64) {
+                    Some(gid) => match store.group(pid, gid)? {
+                        Some(g) => {
+                            chosen.extend(g.device_ids.iter().copied());
+                            normalized.push(serde_json::json!({ "group_id": gid }));
+                        }
+                        None => {
+                            all_parsed = false;
+                            block(
+                                422,
+                                &field,
+                                format!("device group {gid} does not exist in this project"),
+                            );
+                        }
+                    },
+                    None => {
+                        all_parsed = false;
+                        block(422, &field, "group_id must be an integer".into());
+                    }
+                }
+            }
+            Value::Object(m) if m.len() == 1 && m.contains_key("labels") => {
+                let labels: Option<BTreeMap<String, String>> = m
+                    .get("labels")
+                    .and_then(|l| serde_json::from_value(l.clone()).ok());
+                match labels {
+                    Some(l) if !l.is_empty() => {
+                        for d in devices.iter() {
+                            if l.iter().all(|(k, v)| d.labels.get(k) == Some(v)) {
+                                chosen.insert(d.id);
+                            }
+                        }
+                        normalized.push(serde_json::json!({ "labels": l }));
+                    }
+                    _ => {
+                        all_parsed = false;
+                        block(
+                            422,
+                            &field,
+                            "labels must be a non-empty object of string values".into(),
+                        );
+                    }
+                }
+            }
+            _ => {
+                all_parsed = false;
+                block(
+                    422,
+                    &field,
+                    "must be a device id, {\"group_id\": N} or {\"labels\": {...}}".into(),
+                );
+            }
+        }
+    }
+    let devices = devices
+        .iter()
+        .rev()
+        .filter(|d| chosen.contains(&d.id))
+        .map(|d| TargetDevice {
+            id: d.id,
+            name: d.name.clone(),
+        })
+        .collect();
+    let targets_json = if all_parsed {
+        serde_json::to_vec(&normalized).map_err(|e| Error::Internal(e.to_string()))?
+    } else {
+        Vec::new()
+    };
+    Ok(Evaluation {
+        blockers,
+        devices,
+        targets_json,
+    })
+}
+
+/// A deployment package as returned.
+#[derive(Debug, Serialize)]
+pub struct DeploymentView {
+    pub id: u64,
+    pub project_id: u64,
+    pub name: String,
+    pub description: Option<String>,
+    pub composition_tag: String,
+    pub capsule_id: u64,
+    pub configuration_id: Option<u64>,
+    pub deployment_status: String,
+    pub deployed_at: Option<String>,
+    pub deprecated_at: Option<String>,
+    pub target_devices: Box<RawValue>,
+    pub created_at: String,
+    pub updated_at: String,
+}
+
+impl From<&Deployment> for DeploymentView {
+    fn from(d: &Deployment) -> Self {
+        Self {
+            id: d.id,
+            project_id: d.project_id,
+            name: d.name.clone(),
+            description: d.description.clone(),
+            composition_tag: d.composition_tag.clone(),
+            capsule_id: d.capsule_id,
+            configuration_id: d.configuration_id,
+            deployment_status: d.status.clone(),
+            deployed_at: d.deployed_at.map(fmt_ms),
+            deprecated_at: d.deprecated_at.map(fmt_ms),
+            target_devices: super::raw_json(&d.target_devices_json, "[]"),
+            created_at: fmt_ms(d.created_at),
+            updated_at: fmt_ms(d.updated_at),
+        }
+    }
+}
+
+#[derive(Debug, Default, Serialize)]
+pub struct DeviceResults {
+    pub succeeded: usize,
+    pub failed: usize,
+}
+
+/// `GET /deployments/{id}`: the record and the devices' rollout results.
+#[derive(Debug, Serialize)]
+pub struct DeploymentDetail {
+    #[serde(flatten)]
+    pub deployment: DeploymentView,
+    pub device_results: DeviceResults,
+}
+
+/// `POST /deployments/plan`.
+#[derive(Debug, Serialize)]
+pub struct Plan {
+    pub blocked: bool,
+    pub blockers: Vec<Blocker>,
+    pub device_count: usize,
+    pub devices: Vec<TargetDevice>,
+}
+
+/// The transitions of a deployment package.
+#[derive(Debug, Clone, Copy)]
+pub enum Transition {
+    Activate,
+    Deprecate,
+}
+
+/// A device's rollout report, as accepted.
+#[derive(Debug, Serialize)]
+pub struct ResultAccepted {
+    pub deployment_id: u64,
+    pub device_id: u64,
+    pub status: String,
+    pub reported_at: String,
+}
+
+/// What the alert evaluator hears: a device reported a rollout result.
+#[derive(Debug, Clone)]
+pub struct RolloutEvent {
+    pub project_id: u64,
+    pub deployment_id: u64,
+    pub device_id: u64,
+    pub status: String,
+    /// The device's previous status for this deployment (a change of state resolves alerts).
+    pub previous: Option<String>,
+    pub at: i64,
+}
+
+impl PipelineHandle {
+    fn deployment(&self, pid: u64, id: u64) -> Result<Deployment> {
+        self.store
+            .deployment(pid, id)?
+            .ok_or_else(|| Error::not_found("Deployment"))
+    }
+
+    pub async fn create_deployment(
+        &self,
+        pid: u64,
+        spec: DeploymentSpec,
+    ) -> Result<DeploymentView> {
+        let d = self
+            .projects
+            .write(pid, |reply| ProjectMsg::CreateDeployment {
+                spec: Box::new(spec.clone()),
+                reply,
+            })
+            .await?;
+        Ok(DeploymentView::from(&d))
+    }
+
+    /// Evaluates a body without creating anything.
+    pub fn plan(&self, pid: u64, spec: &DeploymentSpec) -> Result<Plan> {
+        let e = evaluate(&self.store, pid, spec)?;
+        Ok(Plan {
+            blocked: !e.blockers.is_empty(),
+            blockers: e.blockers,
+            device_count: e.devices.len(),
+            devices: e.devices,
+        })
+    }
+
+    pub fn deployments(
+        &self,
+        pid: u64,
+        status: Option<&str>,
+        page: PageReq,
+    ) -> Result<Page<DeploymentView>> {
+        let all: Vec<DeploymentView> = self
+            .store
+            .project_deployments(pid)?
+            .iter()
+            .filter(|d| status.is_none_or(|s| d.status == s))
+            .map(DeploymentView::from)
+            .collect();
+        Ok(page.slice(all))
+    }
+
+    pub fn deployment_detail(&self, pid: u64, id: u64) -> Result<DeploymentDetail> {
+        let d = self.deployment(pid, id)?;
+        let mut results = DeviceResults::default();
+        for r in self.store.device_results(id)? {
+            match r.status.as_str() {
+                "succeeded" => results.succeeded += 1,
+                _ => results.failed += 1,
+            }
+        }
+        Ok(DeploymentDetail {
+            deployment: DeploymentView::from(&d),
+            device_results: results,
+        })
+    }
+
+    pub async fn update_deployment(
+        &self,
+        pid: u64,
+        id: u64,
+        patch: DeploymentPatch,
+    ) -> Result<DeploymentView> {
+        let d = self
+            .projects
+            .write(pid, |reply| ProjectMsg::UpdateDeployment {
+                id,
+                patch: Box::new(patch.clone()),
+                reply,
+            })
+            .await?;
+        Ok(DeploymentView::from(&d))
+    }
+
+    pub async fn delete_deployment(&self, pid: u64, id: u64) -> Result<()> {
+        self.projects
+            .write(pid, |reply| ProjectMsg::DeleteDeployment { id, reply })
+            .await
+    }
+
+    pub async fn transition(&self, pid: u64, id: u64, to: Transition) -> Result<DeploymentView> {
+        let d = self
+            .projects
+            .write(pid, |reply| ProjectMsg::TransitionDeployment {
+                id,
+                to,
+                reply,
+            })
+            .await?;
+        Ok(DeploymentView::from(&d))
+    }
+
+    /// Records a device's rollout result (202 once durable) and tells the alert evaluator.
+    pub async fn report(
+        &self,
+        pid: u64,
+        id: u64,
+        device_id: u64,
+        status: String,
+        message: Option<String>,
+    ) -> Result<ResultAccepted> {
+        let (r, previous) = self
+            .projects
+            .write(pid, |reply| ProjectMsg::ReportRollout {
+                id,
+                device_id,
+                status: status.clone(),
+                message: message.clone(),
+                reply,
+            })
+            .await?;
+        // Nobody listening (no alert rules yet) is not an error.
+        let _ = self.events.send(RolloutEvent {
+            project_id: pid,
+            deployment_id: id,
+            device_id,
+            status: r.status.clone(),
+            previous,
+            at: r.reported_at,
+        });
+        Ok(ResultAccepted {
+            deployment_id: id,
+            device_id,
+            status: r.status,
+            reported_at: fmt_ms(r.reported_at),
+        })
+    }
+
+    /// The rollout events, for the alert evaluator.
+    pub fn subscribe_rollouts(&self) -> tokio::sync::broadcast::Receiver<RolloutEvent> {
+        self.events.subscribe()
+    }
+}

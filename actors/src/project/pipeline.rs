@@ -1,0 +1,377 @@
+//! The ProjectActor's state changes for configurations and deployment packages. They run in
+//! the actor (the single writer), so uniqueness, references and transitions hold under
+//! concurrent requests.
+
+use fleetops_storage::{Configuration, Deployment, DeviceResult, accounts::Seq};
+use serde_json::{Map, Value};
+
+use super::ProjectState;
+use crate::clock::now_ms;
+use crate::configs;
+use crate::error::{Error, Result};
+use crate::pipeline::configurations::{MAX_DEPTH, effective_schema, lineage};
+use crate::pipeline::deployments::{DeploymentPatch, DeploymentSpec, Transition, evaluate};
+use crate::versions::Constraint;
+
+fn json(v: &Value) -> Result<Vec<u8>> {
+    serde_json::to_vec(v).map_err(|e| Error::Internal(e.to_string()))
+}
+
+impl ProjectState {
+    fn configuration(&self, id: u64) -> Result<Configuration> {
+        self.store
+            .configuration(self.pid(), id)?
+            .ok_or_else(|| Error::not_found("Configuration"))
+    }
+
+    fn deployment(&self, id: u64) -> Result<Deployment> {
+        self.store
+            .deployment(self.pid(), id)?
+            .ok_or_else(|| Error::not_found("Deployment"))
+    }
+
+    pub(super) fn create_configuration(&self, mut c: Configuration) -> Result<Configuration> {
+        if let Some(parent) = c.parent_config_id {
+            // Another project's id is not found here: the same 422 as an unknown one.
+            let Some(p) = self.store.configuration(self.pid(), parent)? else {
+                return Err(Error::unprocessable(
+                    "parent_config_id",
+                    format!("configuration {parent} does not exist in this project"),
+                ));
+            };
+            match lineage(&self.store, self.pid(), &p)? {
+                Ok(chain) if chain.len() < MAX_DEPTH => {}
+                Ok(_) => {
+                    return Err(Error::unprocessable(
+                        "parent_config_id",
+                        format!("inheritance chains are at most {MAX_DEPTH} deep"),
+                    ));
+                }
+                Err(why) => return Err(Error::unprocessable("parent_config_id", why)),
+            }
+        }
+        if self.store.capsule(self.pid(), c.capsule_id)?.is_none() {
+            return Err(Error::unprocessable(
+                "capsule_id",
+                format!("capsule {} does not exist in this project", c.capsule_id),
+            ));
+        }
+        if self
+            .store
+            .configuration_by_version(self.pid(), &c.name, &c.version)?
+            .is_some()
+        {
+            return Err(Error::Conflict(format!(
+                "Configuration {} {} already exists",
+                c.name, c.version
+            )));
+        }
+        c.id = self.store.new_id(Seq::Configuration)?;
+        c.project_id = self.pid();
+        c.blob_key = format!("configurations/{}/{}", self.pid(), c.id);
+        self.store.put_configuration(&c)?;
+        Ok(c)
+    }
+
+    pub(super) fn configuration_uploaded(&self, id: u64, size: u64) -> Result<()> {
+        let mut c = self.configuration(id)?;
+        if c.confirmed {
+            return Err(Error::Conflict(
+                "Configuration already confirmed; its bytes are immutable".into(),
+            ));
+        }
+        c.uploaded_bytes = Some(size);
+        c.updated_at = now_ms();
+        Ok(self.store.put_configuration(&c)?)
+    }
+
+    /// Inherits from the parent, checks the schema and the capsule's version, and records
+    /// the verdict. A parent still pending is 409 (confirm it first); a failed one fails this.
+    pub(super) fn settle_configuration(
+        &self,
+        id: u64,
+        checksum: String,
+        size: u64,
+        parsed: std::result::Result<Map<String, Value>, String>,
+        mut notes: Vec<String>,
+    ) -> Result<Configuration> {
+        let mut c = self.configuration(id)?;
+        if c.confirmed {
+            return Err(Error::Conflict("Configuration already confirmed".into()));
+        }
+        let overrides = match parsed {
+            Ok(m) => Value::Object(m),
+            Err(why) => {
+                notes.push(why);
+                Value::Object(Map::new())
+            }
+        };
+        let mut data = Value::Object(Map::new());
+        let chain = match lineage(&self.store, self.pid(), &c)? {
+            Ok(chain) => chain,
+            Err(why) => {
+                notes.push(why);
+                vec![c.clone()]
+            }
+        };
+        if let Some(parent) = chain.len().checked_sub(2).and_then(|i| chain.get(i)) {
+            match parent.validation_status.as_str() {
+                "passed" => {
+                    data = serde_json::from_slice(&parent.config_data_json)
+                        .unwrap_or_else(|_| Value::Object(Map::new()));
+                }
+                "failed" => notes.push(format!(
+                    "parent configuration {} ({} {}) failed validation",
+                    parent.id, parent.name, parent.version
+                )),
+                _ => {
+                    return Err(Error::Conflict(format!(
+                        "Parent configuration {} ({} {}) is not validated yet; confirm it first",
+                        parent.id, parent.name, parent.version
+                    )));
+                }
+            }
+        }
+        configs::merge(&mut data, &overrides);
+        match self.store.capsule(self.pid(), c.capsule_id)? {
+            None => notes.push(format!("capsule {} no longer exists", c.capsule_id)),
+            Some(cap) => {
+                let v =
+                    semver::Version::new(cap.version_major, cap.version_minor, cap.version_patch);
+                let fits = Constraint::parse(
+                    "compatible_capsule_versions",
+                    &c.compatible_capsule_versions,
+                )
+                .is_ok_and(|k| k.matches(&v));
+                if !fits {
+                    notes.push(format!(
+                        "capsule {} {} does not match compatible_capsule_versions {}",
+                        cap.name, cap.version, c.compatible_capsule_versions
+                    ));
+                }
+            }
+        }
+        if let Some((from, schema)) = effective_schema(&chain) {
+            match configs::violations(&schema, &data) {
+                Ok(errs) if errs.is_empty() => {}
+                Ok(errs) => notes.push(configs::schema_notes(&errs)),
+                Err(e) => notes.push(format!(
+                    "the validation_schema of configuration {} does not compile: {e}",
+                    from.id
+                )),
+            }
+        }
+        let passed = notes.is_empty();
+        c.checksum_sha256 = Some(checksum);
+        c.uploaded_bytes = Some(size);
+        c.override_fields_json = json(&overrides)?;
+        c.config_data_json = json(&data)?;
+        c.validation_status = if passed { "passed" } else { "failed" }.into();
+        c.validation_notes = if passed {
+            "ok".into()
+        } else {
+            notes.join("; ")
+        };
+        c.confirmed = true;
+        c.updated_at = now_ms();
+        self.store.put_configuration(&c)?;
+        Ok(c)
+    }
+
+    /// Replies with the blob key to delete once durable.
+    pub(super) fn delete_configuration(&self, id: u64) -> Result<String> {
+        let c = self.configuration(id)?;
+        if let Some(d) = self
+            .store
+            .project_deployments(self.pid())?
+            .into_iter()
+            .find(|d| d.configuration_id == Some(id))
+        {
+            return Err(Error::Conflict(format!(
+                "Configuration {} {} is used by deployment {} ({})",
+                c.name, c.version, d.id, d.name
+            )));
+        }
+        if let Some(child) = self
+            .store
+            .project_configurations(self.pid())?
+            .into_iter()
+            .find(|x| x.parent_config_id == Some(id))
+        {
+            return Err(Error::Conflict(format!(
+                "Configuration {} {} is the parent of configuration {} ({} {})",
+                c.name, c.version, child.id, child.name, child.version
+            )));
+        }
+        self.store.delete_configuration(&c)?;
+        Ok(c.blob_key)
+    }
+
+    /// 409 while a configuration or deployment package refers to the capsule.
+    pub(super) fn capsule_in_use(&self, id: u64) -> Result<Option<String>> {
+        if let Some(cf) = self
+            .store
+            .project_configurations(self.pid())?
+            .into_iter()
+            .find(|x| x.capsule_id == id)
+        {
+            return Ok(Some(format!(
+                "configuration {} ({} {}) is linked to it",
+                cf.id, cf.name, cf.version
+            )));
+        }
+        if let Some(d) = self
+            .store
+            .project_deployments(self.pid())?
+            .into_iter()
+            .find(|d| d.capsule_id == id)
+        {
+            return Ok(Some(format!("deployment {} ({}) uses it", d.id, d.name)));
+        }
+        Ok(None)
+    }
+
+    /// Checks `spec` in full; the first 422, else every 409, refuses it.
+    fn checked(&self, spec: &DeploymentSpec) -> Result<Vec<u8>> {
+        let e = evaluate(&self.store, self.pid(), spec)?;
+        let targets = e.targets_json.clone();
+        match e.into_error() {
+            Some(err) => Err(err),
+            None => Ok(targets),
+        }
+    }
+
+    pub(super) fn create_deployment(&self, spec: DeploymentSpec) -> Result<Deployment> {
+        let targets = self.checked(&spec)?;
+        let now = now_ms();
+        let d = Deployment {
+            id: self.store.new_id(Seq::Deployment)?,
+            project_id: self.pid(),
+            name: spec.name.trim().to_string(),
+            description: spec.description,
+            composition_tag: spec.composition_tag,
+            capsule_id: spec.capsule_id,
+            configuration_id: spec.configuration_id,
+            status: "draft".into(),
+            deployed_at: None,
+            deprecated_at: None,
+            target_devices_json: targets,
+            created_at: now,
+            updated_at: now,
+        };
+        self.store.put_deployment(&d)?;
+        Ok(d)
+    }
+
+    fn draft(&self, id: u64, action: &str) -> Result<Deployment> {
+        let d = self.deployment(id)?;
+        if d.status != "draft" {
+            return Err(Error::Conflict(format!(
+                "Deployment is {}; only a draft can be {action}",
+                d.status
+            )));
+        }
+        Ok(d)
+    }
+
+    pub(super) fn update_deployment(&self, id: u64, patch: DeploymentPatch) -> Result<Deployment> {
+        let mut d = self.draft(id, "changed")?;
+        let mut spec = DeploymentSpec::of(&d);
+        spec.apply(patch);
+        let targets = self.checked(&spec)?;
+        d.name = spec.name.trim().to_string();
+        d.description = spec.description;
+        d.composition_tag = spec.composition_tag;
+        d.capsule_id = spec.capsule_id;
+        d.configuration_id = spec.configuration_id;
+        d.target_devices_json = targets;
+        d.updated_at = now_ms();
+        self.store.put_deployment(&d)?;
+        Ok(d)
+    }
+
+    pub(super) fn delete_deployment(&self, id: u64) -> Result<()> {
+        let d = self.draft(id, "deleted")?;
+        Ok(self.store.delete_deployment(&d)?)
+    }
+
+    /// draft → active (`activate`, sets `deployed_at`), active → deprecated (`deprecate`,
+    /// sets `deprecated_at`); anything else is 409.
+    pub(super) fn transition(&self, id: u64, to: Transition) -> Result<Deployment> {
+        let mut d = self.deployment(id)?;
+        let now = now_ms();
+        match (to, d.status.as_str()) {
+            (Transition::Activate, "draft") => {
+                // The capsule and configuration cannot change state once settled, and
+                // references keep them from being deleted; checked again all the same.
+                let e = evaluate(&self.store, self.pid(), &DeploymentSpec::of(&d))?;
+                if let Some(err) = e.into_error() {
+                    return Err(match err {
+                        Error::Unprocessable(m) => Error::Conflict(m),
+                        other => other,
+                    });
+                }
+                d.status = "active".into();
+                d.deployed_at = Some(now);
+            }
+            (Transition::Deprecate, "active") => {
+                d.status = "deprecated".into();
+                d.deprecated_at = Some(now);
+            }
+            (Transition::Activate, s) => {
+                return Err(Error::Conflict(format!(
+                    "Deployment is {s}; only a draft can be activated"
+                )));
+            }
+            (Transition::Deprecate, s) => {
+                return Err(Error::Conflict(format!(
+                    "Deployment is {s}; only an active deployment can be deprecated"
+                )));
+            }
+        }
+        d.updated_at = now;
+        self.store.put_deployment(&d)?;
+        Ok(d)
+    }
+
+    /// Records a device's result; replies with it and the device's previous status.
+    pub(super) fn report_rollout(
+        &self,
+        id: u64,
+        device_id: u64,
+        status: String,
+        message: Option<String>,
+    ) -> Result<(DeviceResult, Option<String>)> {
+        let d = self.deployment(id)?;
+        if !matches!(status.as_str(), "succeeded" | "failed") {
+            return Err(Error::unprocessable(
+                "status",
+                "must be succeeded or failed",
+            ));
+        }
+        if message.as_ref().is_some_and(|m| m.chars().count() > 2000) {
+            return Err(Error::unprocessable("message", "at most 2000 characters"));
+        }
+        if self.store.device(self.pid(), device_id)?.is_none() {
+            return Err(Error::unprocessable(
+                "device_id",
+                format!("device {device_id} does not exist in this project"),
+            ));
+        }
+        if d.status == "draft" {
+            return Err(Error::Conflict(
+                "Deployment is a draft; activate it before devices report results".into(),
+            ));
+        }
+        let previous = self.store.device_result(id, device_id)?.map(|r| r.status);
+        let r = DeviceResult {
+            deployment_id: id,
+            device_id,
+            status,
+            message,
+            reported_at: now_ms(),
+        };
+        self.store.put_device_result(&r)?;
+        Ok((r, previous))
+    }
+}

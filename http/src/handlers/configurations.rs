@@ -1,0 +1,127 @@
+//! Configurations: upload URL and confirm with the project secret, list, detail, explain,
+//! delete.
+
+use fleetops_actors::Role;
+use fleetops_actors::pipeline::configurations::{ConfigFilter, ConfigRequest};
+use http::Response;
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+use crate::app::{Cx, Req};
+use crate::body::{self, Body};
+use crate::error::{ApiError, ApiResult};
+
+#[derive(Deserialize)]
+enum ConfigFormat {
+    #[serde(rename = ".json")]
+    Json,
+    #[serde(rename = ".yaml")]
+    Yaml,
+    #[serde(rename = ".toml")]
+    Toml,
+    #[serde(rename = ".ini")]
+    Ini,
+    #[serde(rename = ".env")]
+    Env,
+}
+
+#[derive(Deserialize)]
+struct UploadUrlBody {
+    name: String,
+    capsule_id: u64,
+    version: String,
+    environment: String,
+    compatible_capsule_versions: String,
+    file_format: ConfigFormat,
+    parent_config_id: Option<u64>,
+    description: Option<String>,
+    file_size_bytes: Option<u64>,
+    validation_schema: Option<Box<RawValue>>,
+}
+
+pub async fn upload_url(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
+    let (pid, org) = cx.project_secret(&req)?;
+    let b: UploadUrlBody = cx.json(&mut req).await?;
+    let r = ConfigRequest {
+        name: b.name,
+        capsule_id: b.capsule_id,
+        version: b.version,
+        environment: b.environment,
+        compatible_capsule_versions: b.compatible_capsule_versions,
+        file_format: match b.file_format {
+            ConfigFormat::Json => ".json",
+            ConfigFormat::Yaml => ".yaml",
+            ConfigFormat::Toml => ".toml",
+            ConfigFormat::Ini => ".ini",
+            ConfigFormat::Env => ".env",
+        }
+        .into(),
+        parent_config_id: b.parent_config_id,
+        description: b.description,
+        file_size_bytes: b.file_size_bytes,
+        validation_schema: b.validation_schema,
+    };
+    body::created(
+        &cx.rt()
+            .pipeline
+            .config_upload_url(org.id, &org.tier, pid, r)
+            .await?,
+    )
+}
+
+#[derive(Deserialize)]
+struct ConfirmBody {
+    checksum_sha256: String,
+}
+
+pub async fn confirm(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
+    let (pid, _) = cx.project_secret(&req)?;
+    let id = req.id("config_id", "Configuration")?;
+    let b: ConfirmBody = cx.json(&mut req).await?;
+    body::ok(
+        &cx.rt()
+            .pipeline
+            .confirm_configuration(pid, id, b.checksum_sha256)
+            .await?,
+    )
+}
+
+pub fn list(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.project(&req, Role::Viewer)?;
+    let f = ConfigFilter {
+        capsule_id: req.query.u64("capsule_id")?,
+        environment: match req.query.get("environment") {
+            Some("") => return Err(ApiError::unprocessable("environment: must not be empty")),
+            e => e.map(str::to_string),
+        },
+    };
+    let page = req.query.page()?;
+    body::ok(&cx.rt().pipeline.configurations(s.project.id, &f, page)?)
+}
+
+pub async fn get(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.project(&req, Role::Viewer)?;
+    let id = req.id("config_id", "Configuration")?;
+    body::ok(
+        &cx.rt()
+            .pipeline
+            .configuration_detail(s.project.id, id)
+            .await?,
+    )
+}
+
+pub fn explain(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.project(&req, Role::Viewer)?;
+    let id = req.id("config_id", "Configuration")?;
+    body::ok(&cx.rt().pipeline.explain(s.project.id, id)?)
+}
+
+pub async fn delete(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.project(&req, Role::Member)?;
+    let id = req.id("config_id", "Configuration")?;
+    cx.rt()
+        .pipeline
+        .delete_configuration(s.project.id, id)
+        .await?;
+    body::no_content()
+}

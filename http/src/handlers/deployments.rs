@@ -1,0 +1,152 @@
+//! Deployment packages: create, plan, list, read, patch and delete drafts, transitions, and
+//! the devices' rollout reports.
+
+use fleetops_actors::Role;
+use fleetops_actors::pipeline::deployments::{DeploymentPatch, DeploymentSpec, Transition};
+use http::Response;
+use serde::{Deserialize, Deserializer};
+use serde_json::Value;
+
+use crate::app::{Cx, Req};
+use crate::body::{self, Body};
+use crate::error::{ApiError, ApiResult};
+
+#[derive(Deserialize)]
+struct CreateBody {
+    name: String,
+    description: Option<String>,
+    composition_tag: String,
+    capsule_id: u64,
+    configuration_id: Option<u64>,
+    #[serde(default)]
+    target_devices: Vec<Value>,
+}
+
+impl From<CreateBody> for DeploymentSpec {
+    fn from(b: CreateBody) -> Self {
+        Self {
+            name: b.name,
+            description: b.description,
+            composition_tag: b.composition_tag,
+            capsule_id: b.capsule_id,
+            configuration_id: b.configuration_id,
+            target_devices: b.target_devices,
+        }
+    }
+}
+
+pub async fn create(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.project(&req, Role::Member)?;
+    let b: CreateBody = cx.json(&mut req).await?;
+    body::created(
+        &cx.rt()
+            .pipeline
+            .create_deployment(s.project.id, b.into())
+            .await?,
+    )
+}
+
+pub async fn plan(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.project(&req, Role::Viewer)?;
+    let b: CreateBody = cx.json(&mut req).await?;
+    body::ok(&cx.rt().pipeline.plan(s.project.id, &b.into())?)
+}
+
+pub fn list(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.project(&req, Role::Viewer)?;
+    let status = match req.query.get("deployment_status") {
+        None => None,
+        Some(v @ ("draft" | "active" | "deprecated")) => Some(v),
+        Some(_) => {
+            return Err(ApiError::unprocessable(
+                "deployment_status: must be draft, active or deprecated",
+            ));
+        }
+    };
+    let page = req.query.page()?;
+    body::ok(&cx.rt().pipeline.deployments(s.project.id, status, page)?)
+}
+
+pub fn get(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.project(&req, Role::Viewer)?;
+    let id = req.id("deployment_id", "Deployment")?;
+    body::ok(&cx.rt().pipeline.deployment_detail(s.project.id, id)?)
+}
+
+/// `Some(None)` for an explicit `null`, `None` when the key is absent.
+fn nullable<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
+    d: D,
+) -> Result<Option<Option<T>>, D::Error> {
+    Option::<T>::deserialize(d).map(Some)
+}
+
+#[derive(Deserialize)]
+struct PatchBody {
+    name: Option<String>,
+    #[serde(default, deserialize_with = "nullable")]
+    description: Option<Option<String>>,
+    composition_tag: Option<String>,
+    capsule_id: Option<u64>,
+    #[serde(default, deserialize_with = "nullable")]
+    configuration_id: Option<Option<u64>>,
+    target_devices: Option<Vec<Value>>,
+}
+
+pub async fn patch(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.project(&req, Role::Member)?;
+    let id = req.id("deployment_id", "Deployment")?;
+    let b: PatchBody = cx.json(&mut req).await?;
+    let p = DeploymentPatch {
+        name: b.name,
+        description: b.description,
+        composition_tag: b.composition_tag,
+        capsule_id: b.capsule_id,
+        configuration_id: b.configuration_id,
+        target_devices: b.target_devices,
+    };
+    body::ok(
+        &cx.rt()
+            .pipeline
+            .update_deployment(s.project.id, id, p)
+            .await?,
+    )
+}
+
+pub async fn delete(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.project(&req, Role::Member)?;
+    let id = req.id("deployment_id", "Deployment")?;
+    cx.rt().pipeline.delete_deployment(s.project.id, id).await?;
+    body::no_content()
+}
+
+pub async fn transition(cx: &mut Cx<'_>, req: Req, to: Transition) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.project(&req, Role::Member)?;
+    let id = req.id("deployment_id", "Deployment")?;
+    body::ok(&cx.rt().pipeline.transition(s.project.id, id, to).await?)
+}
+
+#[derive(Deserialize)]
+struct DeviceStatusBody {
+    device_id: u64,
+    status: String,
+    message: Option<String>,
+}
+
+/// A member, or the device itself with its own token.
+pub async fn device_status(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
+    let org = req.param("org").to_string();
+    let p = cx.authenticate(&req, Some(&org))?;
+    let s = cx
+        .rt()
+        .access
+        .ingestion(&p, &org, req.param("project"), Role::Member)?;
+    let id = req.id("deployment_id", "Deployment")?;
+    let b: DeviceStatusBody = cx.json(&mut req).await?;
+    cx.rt().access.check_device(&p, b.device_id)?;
+    body::accepted(
+        &cx.rt()
+            .pipeline
+            .report(s.project.id, id, b.device_id, b.status, b.message)
+            .await?,
+    )
+}
