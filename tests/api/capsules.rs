@@ -9,7 +9,7 @@ use sha2::{Digest, Sha256};
 
 use crate::common::*;
 
-const CAPS: &str = "/api/v1/projects/default/default/capsules";
+pub(crate) const CAPS: &str = "/api/v1/projects/default/default/capsules";
 
 fn tar_bytes(payload: &[u8]) -> Vec<u8> {
     let mut b = tar::Builder::new(Vec::new());
@@ -21,7 +21,7 @@ fn tar_bytes(payload: &[u8]) -> Vec<u8> {
     b.into_inner().unwrap()
 }
 
-fn archive(format: &str, payload: &[u8]) -> Vec<u8> {
+pub(crate) fn archive(format: &str, payload: &[u8]) -> Vec<u8> {
     match format {
         ".tar" => tar_bytes(payload),
         ".tar.gz" | ".tgz" => {
@@ -40,11 +40,11 @@ fn archive(format: &str, payload: &[u8]) -> Vec<u8> {
     }
 }
 
-fn sha(b: &[u8]) -> String {
+pub(crate) fn sha(b: &[u8]) -> String {
     hex::encode(Sha256::digest(b))
 }
 
-async fn secret_post(s: &Srv, path: &str, secret: &str, body: Value) -> Resp {
+pub(crate) async fn secret_post(s: &Srv, path: &str, secret: &str, body: Value) -> Resp {
     s.raw(
         s.http
             .post(s.url(path))
@@ -55,7 +55,7 @@ async fn secret_post(s: &Srv, path: &str, secret: &str, body: Value) -> Resp {
 }
 
 /// upload-url → PUT → confirm; returns the confirm response.
-async fn publish(
+pub(crate) async fn publish(
     s: &Srv,
     name: &str,
     version: &str,

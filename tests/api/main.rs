@@ -10,6 +10,8 @@ mod bad_input;
 mod capsules;
 mod cli;
 mod common;
+mod configurations;
+mod deployments;
 mod devices;
 mod live;
 mod ops;
