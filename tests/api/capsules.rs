@@ -446,13 +446,22 @@ async fn storage_quota_is_checked_at_upload_url() {
     secret_post(&s, &format!("{CAPS}/upload-url"), &secret, over)
         .await
         .assert_error(413);
-    let fits = json!({"name": "a", "version": "1.0.1", "capsule_type": "OS", "file_format": ".tar", "file_size_bytes": 4_000});
-    assert_eq!(
-        secret_post(&s, &format!("{CAPS}/upload-url"), &secret, fits)
-            .await
-            .status,
-        201
-    );
+    let fits = json!({"name": "a", "version": "1.0.1", "capsule_type": "OS", "file_format": ".tar", "file_size_bytes": 3_000});
+    let r = secret_post(&s, &format!("{CAPS}/upload-url"), &secret, fits).await;
+    assert_eq!(r.status, 201);
+    let cap = r.body["capsule_id"].as_u64().unwrap();
+    // Configurations count too: their declared size, else 1 MiB reserved.
+    let confs = "/api/v1/projects/default/default/configurations/upload-url";
+    let mut c = crate::configurations::conf("c", cap, ".json", None);
+    secret_post(&s, confs, &secret, c.clone())
+        .await
+        .assert_error(413);
+    c["file_size_bytes"] = json!(1_001);
+    secret_post(&s, confs, &secret, c.clone())
+        .await
+        .assert_error(413);
+    c["file_size_bytes"] = json!(1_000);
+    assert_eq!(secret_post(&s, confs, &secret, c).await.status, 201);
 }
 
 #[tokio::test]

@@ -202,11 +202,11 @@ async fn formats_inheritance_schema_and_explain() {
     staging["environment"] = json!("staging");
     let (_, r) = configure(&s, staging, b"A=1\n").await;
     assert_eq!(r.body["validation_status"], "passed");
-    let l = s
-        .get(&format!("{CONFS}?capsule_id={other}"), s.key())
-        .await;
+    let l = s.get(&format!("{CONFS}?capsule_id={other}"), s.key()).await;
     assert_eq!(l.body["total"], 1);
-    let l = s.get(&format!("{CONFS}?environment=staging"), s.key()).await;
+    let l = s
+        .get(&format!("{CONFS}?environment=staging"), s.key())
+        .await;
     assert_eq!(l.body["total"], 1);
     assert_eq!(l.body["items"][0]["name"], "arm-conf");
     let l = s.get(&format!("{CONFS}?environment=prod"), s.key()).await;
@@ -219,7 +219,10 @@ async fn formats_inheritance_schema_and_explain() {
     assert!(r.assert_error(409).contains("parent"), "{}", r.body);
     let r = s.delete(&format!("{CAPS}/{nav}"), s.key()).await;
     r.assert_error(409);
-    assert_eq!(s.delete(&format!("{CONFS}/{envid}"), s.key()).await.status, 204);
+    assert_eq!(
+        s.delete(&format!("{CONFS}/{envid}"), s.key()).await.status,
+        204
+    );
     s.get(&format!("{CONFS}/{envid}"), s.key())
         .await
         .assert_error(404);
@@ -251,8 +254,17 @@ async fn compatibility_pending_parents_and_refusals() {
     let parent = r.body["config_id"].as_u64().unwrap();
     let parent_url = r.body["upload_url"].as_str().unwrap().to_string();
     let (child, r) = configure(&s, conf("child", nav, ".json", Some(parent)), b"{\"b\": 2}").await;
-    assert!(r.assert_error(409).contains("confirm it first"), "{}", r.body);
-    s.http.put(&parent_url).body("{\"a\": 1}").send().await.unwrap();
+    assert!(
+        r.assert_error(409).contains("confirm it first"),
+        "{}",
+        r.body
+    );
+    s.http
+        .put(&parent_url)
+        .body("{\"a\": 1}")
+        .send()
+        .await
+        .unwrap();
     let r = secret_post(
         &s,
         &format!("{CONFS}/{parent}/confirm"),
@@ -283,11 +295,23 @@ async fn compatibility_pending_parents_and_refusals() {
         (json!({"version": "1.0"}), 422, "version"),
         (json!({"version": "v1.0.0"}), 422, "version"),
         (json!({"file_format": ".xml"}), 422, "file_format"),
-        (json!({"compatible_capsule_versions": "=>1"}), 422, "compatible_capsule_versions"),
+        (
+            json!({"compatible_capsule_versions": "=>1"}),
+            422,
+            "compatible_capsule_versions",
+        ),
         (json!({"capsule_id": 999_999}), 422, "capsule_id"),
-        (json!({"parent_config_id": 999_999}), 422, "parent_config_id"),
+        (
+            json!({"parent_config_id": 999_999}),
+            422,
+            "parent_config_id",
+        ),
         (json!({"environment": ""}), 422, "environment"),
-        (json!({"validation_schema": {"type": 5}}), 422, "validation_schema"),
+        (
+            json!({"validation_schema": {"type": 5}}),
+            422,
+            "validation_schema",
+        ),
         (json!({"file_size_bytes": 2 * 1024 * 1024}), 413, "at most"),
         (json!({"name": "parent"}), 409, "already exists"),
     ];
@@ -335,14 +359,25 @@ async fn compatibility_pending_parents_and_refusals() {
     let id = r.body["config_id"].as_u64().unwrap();
     let put_url = r.body["upload_url"].as_str().unwrap().to_string();
     let confirm = format!("{CONFS}/{id}/confirm");
-    secret_post(&s, &confirm, &secret, json!({"checksum_sha256": sha(b"{}")}))
-        .await
-        .assert_error(409);
+    secret_post(
+        &s,
+        &confirm,
+        &secret,
+        json!({"checksum_sha256": sha(b"{}")}),
+    )
+    .await
+    .assert_error(409);
     let big = vec![b' '; 1024 * 1024 + 1];
     let put = s.http.put(&put_url).body(big).send().await.unwrap();
     assert_eq!(put.status(), 413);
     s.http.put(&put_url).body("{}").send().await.unwrap();
-    let r = secret_post(&s, &confirm, &secret, json!({"checksum_sha256": sha(b"{ }")})).await;
+    let r = secret_post(
+        &s,
+        &confirm,
+        &secret,
+        json!({"checksum_sha256": sha(b"{ }")}),
+    )
+    .await;
     assert_eq!(r.assert_error(400), "Checksum mismatch");
     let d = s.get(&format!("{CONFS}/{id}"), s.key()).await;
     assert_eq!(d.body["validation_status"], "failed");
@@ -359,4 +394,66 @@ async fn compatibility_pending_parents_and_refusals() {
     s.get(&format!("{CONFS}/999999"), s.key())
         .await
         .assert_error(404);
+}
+
+/// Every constraint form of contract section 5, through `compatible_capsule_versions`: a
+/// configuration passes exactly when its linked capsule's version matches.
+#[tokio::test]
+async fn every_constraint_form() {
+    let s = start().await;
+    let secret = s.admin.project_secret.clone();
+    let one = capsule(&s, "core", "1.2.3").await;
+    let zero = capsule(&s, "core", "0.2.5").await;
+    let cases = [
+        (one, "1.2.3", true),
+        (one, "1.2.4", false),
+        (one, "1.2", true),
+        (one, "1", true),
+        (one, "1.2.*", true),
+        (one, "1.3.*", false),
+        (one, "1.*", true),
+        (one, "2.*", false),
+        (one, "^1.0.0", true),
+        (one, "^1.3.0", false),
+        (one, "~1.2.0", true),
+        (one, "~1.1.0", false),
+        (one, ">=1.2.0", true),
+        (one, "<1.2.3", false),
+        (one, ">=1.0.0, <2.0.0", true),
+        (one, ">1.2.3,<2.0.0", false),
+        (zero, "^0.2.3", true),
+        (zero, "^0.3.0", false),
+        (zero, "^0.1.0", false),
+        (zero, "~0.2.0", true),
+    ];
+    for (i, (cap, constraint, passes)) in cases.iter().enumerate() {
+        let mut b = conf(&format!("c{i}"), *cap, ".json", None);
+        b["compatible_capsule_versions"] = json!(constraint);
+        let (_, r) = configure(&s, b, b"{}").await;
+        assert_eq!(r.status, 200, "{constraint}: {}", r.body);
+        let want = if *passes { "passed" } else { "failed" };
+        assert_eq!(
+            r.body["validation_status"], want,
+            "{constraint}: {}",
+            r.body
+        );
+    }
+    for bad in [
+        "1.2.3.4",
+        "v1.2.3",
+        "",
+        "^",
+        "1.2.3 || 2.0.0",
+        "01.2.3",
+        "1.2.3-beta",
+    ] {
+        let mut b = conf("bad", one, ".json", None);
+        b["compatible_capsule_versions"] = json!(bad);
+        let r = secret_post(&s, &format!("{CONFS}/upload-url"), &secret, b).await;
+        assert!(
+            r.assert_error(422).contains("compatible_capsule_versions"),
+            "{bad}: {}",
+            r.body
+        );
+    }
 }

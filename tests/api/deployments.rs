@@ -114,7 +114,9 @@ async fn create_plan_transitions_and_rollout_results() {
         b[k] = v;
         b
     };
-    let r = s.post(DEPS, s.key(), with("capsule_id", json!(broken))).await;
+    let r = s
+        .post(DEPS, s.key(), with("capsule_id", json!(broken)))
+        .await;
     assert!(r.assert_error(409).contains("Capsule"), "{}", r.body);
     let r = s
         .post(DEPS, s.key(), with("configuration_id", json!(bad_conf)))
@@ -123,14 +125,26 @@ async fn create_plan_transitions_and_rollout_results() {
     let r = s.post(DEPS, s.key(), with("capsule_id", json!(nav2))).await;
     assert!(r.assert_error(409).contains("not compatible"), "{}", r.body);
     let r = s.post(DEPS, s.key(), with("capsule_id", json!(arm))).await;
-    assert!(r.assert_error(409).contains("is for capsule nav"), "{}", r.body);
-    let r = s.post(DEPS, s.key(), with("capsule_id", json!(999_999))).await;
+    assert!(
+        r.assert_error(409).contains("is for capsule nav"),
+        "{}",
+        r.body
+    );
+    let r = s
+        .post(DEPS, s.key(), with("capsule_id", json!(999_999)))
+        .await;
     assert!(r.assert_error(422).contains("capsule_id"));
     let r = s
-        .post(DEPS, s.key(), with("target_devices", json!([{"site": "a"}])))
+        .post(
+            DEPS,
+            s.key(),
+            with("target_devices", json!([{"site": "a"}])),
+        )
         .await;
     assert!(r.assert_error(422).contains("target_devices[0]"));
-    s.post(DEPS, s.key(), with("name", json!(""))).await.assert_error(422);
+    s.post(DEPS, s.key(), with("name", json!("")))
+        .await
+        .assert_error(422);
     let mut missing = body.clone();
     missing.as_object_mut().unwrap().remove("capsule_id");
     s.post(DEPS, s.key(), missing).await.assert_error(422);
@@ -178,16 +192,23 @@ async fn create_plan_transitions_and_rollout_results() {
     )
     .await
     .assert_error(409);
-    assert_eq!(s.delete(&format!("{DEPS}/{plain}"), s.key()).await.status, 204);
+    assert_eq!(
+        s.delete(&format!("{DEPS}/{plain}"), s.key()).await.status,
+        204
+    );
     s.get(&format!("{DEPS}/{plain}"), s.key())
         .await
         .assert_error(404);
 
     // Rollout results before activation: 409.
     let ds = format!("{DEPS}/{dep}/device-status");
-    s.post(&ds, s.key(), json!({"device_id": d1, "status": "succeeded"}))
-        .await
-        .assert_error(409);
+    s.post(
+        &ds,
+        s.key(),
+        json!({"device_id": d1, "status": "succeeded"}),
+    )
+    .await
+    .assert_error(409);
 
     // Transitions: only draft -> active -> deprecated.
     let act = format!("{DEPS}/{dep}/activate");
@@ -242,16 +263,27 @@ async fn create_plan_transitions_and_rollout_results() {
     s.post(&ds, s.key(), json!({"device_id": d2, "status": "done"}))
         .await
         .assert_error(422);
-    s.post(&ds, s.key(), json!({"device_id": 999_999, "status": "failed"}))
-        .await
-        .assert_error(422);
+    s.post(
+        &ds,
+        s.key(),
+        json!({"device_id": 999_999, "status": "failed"}),
+    )
+    .await
+    .assert_error(422);
     let d = s.get(&format!("{DEPS}/{dep}"), s.key()).await;
     assert_eq!(d.status, 200);
-    assert_eq!(d.body["device_results"], json!({"succeeded": 1, "failed": 1}));
+    assert_eq!(
+        d.body["device_results"],
+        json!({"succeeded": 1, "failed": 1})
+    );
     let e = events.recv().await.unwrap();
     assert_eq!(e.device_id, d2);
     let r = s
-        .post(&ds, s.key(), json!({"device_id": d2, "status": "succeeded"}))
+        .post(
+            &ds,
+            s.key(),
+            json!({"device_id": d2, "status": "succeeded"}),
+        )
         .await;
     assert_eq!(r.status, 202);
     let e = events.recv().await.unwrap();
@@ -260,7 +292,10 @@ async fn create_plan_transitions_and_rollout_results() {
         ("succeeded", Some("failed"))
     );
     let d = s.get(&format!("{DEPS}/{dep}"), s.key()).await;
-    assert_eq!(d.body["device_results"], json!({"succeeded": 2, "failed": 0}));
+    assert_eq!(
+        d.body["device_results"],
+        json!({"succeeded": 2, "failed": 0})
+    );
 
     // What the deployment refers to cannot be deleted.
     s.delete(&format!("{CAPS}/{nav}"), s.key())
@@ -338,7 +373,13 @@ async fn concurrent_activations_of_one_draft_succeed_once() {
     for _ in 0..8 {
         let (http, u, k) = (s.http.clone(), s.url(&url), s.key().to_string());
         tasks.push(tokio::spawn(async move {
-            http.post(u).bearer_auth(k).send().await.unwrap().status().as_u16()
+            http.post(u)
+                .bearer_auth(k)
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
         }));
     }
     let mut codes = Vec::new();

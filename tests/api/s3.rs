@@ -56,29 +56,35 @@ async fn moto() -> Moto {
     );
 }
 
-#[tokio::test]
-async fn artifacts_round_trip_through_a_real_s3_server() {
-    let m = moto().await;
+/// A bucket on the moto server and a fleetops server storing its blobs there.
+async fn s3_server(m: &Moto, bucket: &str) -> Srv {
     let c = reqwest::Client::new();
     assert_eq!(
-        c.put(format!("{}/fleet-artifacts", m.endpoint))
+        c.put(format!("{}/{bucket}", m.endpoint))
             .send()
             .await
             .unwrap()
             .status(),
         200
     );
-    let endpoint = m.endpoint.clone();
-    let s = start_with(move |cfg| {
+    let (endpoint, bucket) = (m.endpoint.clone(), bucket.to_string());
+    start_with(move |cfg| {
         cfg.storage.backend = "s3".into();
-        cfg.storage.bucket = "fleet-artifacts".into();
+        cfg.storage.bucket = bucket;
         cfg.storage.endpoint = endpoint;
         cfg.storage.region = "us-east-1".into();
         cfg.storage.access_key_id = "testing".into();
         cfg.storage.secret_access_key = "testing".into();
         cfg.storage.allow_http = true;
     })
-    .await;
+    .await
+}
+
+#[tokio::test]
+async fn artifacts_round_trip_through_a_real_s3_server() {
+    let m = moto().await;
+    let c = reqwest::Client::new();
+    let s = s3_server(&m, "fleet-artifacts").await;
     let (d, tok) = device(&s, "cam").await;
     let sid = session(&s, d, &tok).await;
     let data: Vec<u8> = (0..200_000u32).map(|i| (i % 253) as u8).collect();
@@ -159,4 +165,96 @@ async fn artifacts_round_trip_through_a_real_s3_server() {
         .await
         .unwrap();
     assert!(listing.contains("<KeyCount>0</KeyCount>"), "{listing}");
+}
+
+/// On S3 the upload and download URLs are the store's own presigned URLs: the client talks to
+/// the store directly, and confirm reads the size and bytes back from it.
+#[tokio::test]
+async fn capsules_and_configurations_use_presigned_s3_urls() {
+    use crate::capsules::{CAPS, archive, secret_post, sha};
+    use crate::configurations::{CONFS, conf};
+    use serde_json::json;
+
+    let m = moto().await;
+    let s = s3_server(&m, "fleet-pipeline").await;
+    let secret = s.admin.project_secret.clone();
+    let bytes = archive(".tar.gz", b"firmware");
+    let r = secret_post(
+        &s,
+        &format!("{CAPS}/upload-url"),
+        &secret,
+        json!({"name": "fw", "version": "1.0.0", "capsule_type": "FW", "file_format": ".tar.gz",
+               "file_size_bytes": bytes.len()}),
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", r.body);
+    let id = r.body["capsule_id"].as_u64().unwrap();
+    let url = r.body["upload_url"].as_str().unwrap().to_string();
+    assert!(url.starts_with(&m.endpoint), "{url}");
+    assert!(url.contains("X-Amz-Signature="), "{url}");
+    assert!(url.contains("X-Amz-Expires=3600"), "{url}");
+    // Nothing uploaded yet: the store has no object, so confirm is 409.
+    let confirm = format!("{CAPS}/{id}/confirm");
+    secret_post(
+        &s,
+        &confirm,
+        &secret,
+        json!({"checksum_sha256": sha(&bytes)}),
+    )
+    .await
+    .assert_error(409);
+    let put = s.http.put(&url).body(bytes.clone()).send().await.unwrap();
+    assert_eq!(put.status(), 200);
+    let r = secret_post(
+        &s,
+        &confirm,
+        &secret,
+        json!({"checksum_sha256": sha(&bytes)}),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.body["validation_status"], "passed", "{}", r.body);
+    assert_eq!(r.body["checksum_sha256"], sha(&bytes));
+    let d = s.get(&format!("{CAPS}/{id}"), s.key()).await;
+    let dl = d.body["download_url"].as_str().unwrap();
+    assert!(
+        dl.starts_with(&m.endpoint) && dl.contains("X-Amz-Expires=900"),
+        "{dl}"
+    );
+    let got = s.http.get(dl).send().await.unwrap();
+    assert_eq!(got.status(), 200);
+    assert_eq!(got.bytes().await.unwrap().to_vec(), bytes);
+
+    // A configuration the same way.
+    let r = secret_post(
+        &s,
+        &format!("{CONFS}/upload-url"),
+        &secret,
+        conf("fw-conf", id, ".toml", None),
+    )
+    .await;
+    let cid = r.body["config_id"].as_u64().unwrap();
+    let url = r.body["upload_url"].as_str().unwrap().to_string();
+    assert!(url.starts_with(&m.endpoint), "{url}");
+    let toml = b"[motor]\nspeed = 3\n";
+    assert_eq!(
+        s.http
+            .put(&url)
+            .body(toml.to_vec())
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    let r = secret_post(
+        &s,
+        &format!("{CONFS}/{cid}/confirm"),
+        &secret,
+        json!({"checksum_sha256": sha(toml)}),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.body["config_data"], json!({"motor": {"speed": 3}}));
+    assert_eq!(r.body["file_size_bytes"], toml.len());
 }
