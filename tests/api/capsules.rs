@@ -466,7 +466,11 @@ async fn storage_quota_is_checked_at_upload_url() {
 
 #[tokio::test]
 async fn unconfirmed_uploads_are_purged_when_their_link_expires() {
-    let s = start_with(|c| c.pipeline.upload_ttl_seconds = 1).await;
+    let s = start_with(|c| {
+        c.pipeline.upload_ttl_seconds = 1;
+        c.pipeline.download_ttl_seconds = 2;
+    })
+    .await;
     let secret = s.admin.project_secret.clone();
     let body = json!({"name": "tmp", "version": "1.0.0", "capsule_type": "SW", "file_format": ".tar", "file_size_bytes": 10});
     let r = secret_post(&s, &format!("{CAPS}/upload-url"), &secret, body.clone()).await;
@@ -482,7 +486,20 @@ async fn unconfirmed_uploads_are_purged_when_their_link_expires() {
     )
     .await;
     assert_eq!(kept.status, 200);
-    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    // A download link works now, not when altered, and not after its lifetime.
+    let kid = kept.body["id"].as_u64().unwrap();
+    let dl = s.get(&format!("{CAPS}/{kid}"), s.key()).await.body["download_url"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(s.http.get(&dl).send().await.unwrap().status(), 200);
+    let (claims, sig) = dl.rsplit_once('.').unwrap();
+    let flipped = if sig.starts_with('A') { "B" } else { "A" };
+    let tampered = format!("{claims}.{flipped}{}", &sig[1..]);
+    assert_eq!(s.http.get(&tampered).send().await.unwrap().status(), 403);
+    tokio::time::sleep(std::time::Duration::from_millis(2100)).await;
+    let gone = s.http.get(&dl).send().await.unwrap();
+    assert_eq!(gone.status(), 401);
     // The link has expired: 401, nothing stored.
     assert_eq!(
         s.http

@@ -8,7 +8,7 @@ use serde_json::Value;
 use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
 
-use super::{DOWNLOAD_TTL_SECS, PipelineHandle, capsule_name, raw_json};
+use super::{PipelineHandle, capsule_name, raw_json};
 use crate::clock::{fmt_ms, now_ms};
 use crate::configs::{self, MAX_CONFIG_BYTES, SchemaError};
 use crate::error::{Error, Result};
@@ -425,7 +425,7 @@ impl PipelineHandle {
 
     pub async fn configuration_detail(&self, pid: u64, id: u64) -> Result<ConfigurationDetail> {
         let c = self.configuration(pid, id)?;
-        let exp = now_ms() / 1000 + DOWNLOAD_TTL_SECS;
+        let exp = now_ms() / 1000 + self.cfg.download_ttl_seconds;
         Ok(ConfigurationDetail {
             configuration: ConfigurationView::from(&c),
             download_url: self

@@ -34,9 +34,6 @@ use crate::project::ProjectMsg;
 use crate::projects::ProjectsHandle;
 use crate::versions::{Constraint, parse_version};
 
-/// Download links last 15 minutes (upload links: `[pipeline] upload_ttl_seconds`, an hour).
-pub const DOWNLOAD_TTL_SECS: i64 = 900;
-
 /// `[pipeline]`.
 #[derive(Debug, Clone, serde::Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -45,6 +42,8 @@ pub struct PipelineConfig {
     pub sync_validation_max_bytes: u64,
     /// Lifetime of an upload link; an upload never confirmed by then is purged.
     pub upload_ttl_seconds: i64,
+    /// Lifetime of a download link (the interface's 15 minutes).
+    pub download_ttl_seconds: i64,
 }
 
 impl Default for PipelineConfig {
@@ -52,6 +51,7 @@ impl Default for PipelineConfig {
         Self {
             sync_validation_max_bytes: 256 * 1024 * 1024,
             upload_ttl_seconds: 3600,
+            download_ttl_seconds: 900,
         }
     }
 }
@@ -303,7 +303,7 @@ impl PipelineHandle {
         blob_key: &str,
         exp_secs: i64,
     ) -> Result<String> {
-        let ttl = std::time::Duration::from_secs(DOWNLOAD_TTL_SECS as u64);
+        let ttl = std::time::Duration::from_secs(self.cfg.download_ttl_seconds.max(1) as u64);
         if let Some(url) = self.blobs.presign(false, blob_key, ttl).await? {
             return Ok(url);
         }
@@ -620,7 +620,7 @@ impl PipelineHandle {
             .map(|o| Version::new(o.version_major, o.version_minor, o.version_patch))
             .collect();
         versions.sort_by(|a, b| b.cmp(a));
-        let exp = now_ms() / 1000 + DOWNLOAD_TTL_SECS;
+        let exp = now_ms() / 1000 + self.cfg.download_ttl_seconds;
         Ok(CapsuleDetail {
             capsule: CapsuleView::from(&c),
             all_versions: versions.iter().map(Version::to_string).collect(),
