@@ -31,6 +31,10 @@ pub struct Config {
     pub devices: DevicesConfig,
     pub sessions: SessionsConfig,
     pub pipeline: fleetops_actors::pipeline::PipelineConfig,
+    /// `[scm]`: the inbound webhook (secret, rotation, limits, retention).
+    pub scm: fleetops_actors::scm::ScmConfig,
+    /// `[runs]`: test-run leases.
+    pub runs: fleetops_actors::scm::RunsConfig,
     /// `[storage]`: where artifacts (and later capsules) live.
     pub storage: fleetops_storage::blobs::StorageConfig,
     /// `[tiers.<name>]`; a table given here replaces only the keys it sets.
@@ -78,6 +82,8 @@ impl Default for Config {
             devices: DevicesConfig::default(),
             sessions: SessionsConfig::default(),
             pipeline: fleetops_actors::pipeline::PipelineConfig::default(),
+            scm: fleetops_actors::scm::ScmConfig::default(),
+            runs: fleetops_actors::scm::RunsConfig::default(),
             storage: fleetops_storage::blobs::StorageConfig::default(),
             tiers: BTreeMap::new(),
             admin: AdminConfig::default(),
@@ -124,6 +130,9 @@ impl Config {
         }
         if let Some(v) = get("FLEETOPS_JWT_SECRET") {
             self.auth.jwt_secret = v;
+        }
+        if let Some(v) = get("FLEETOPS_SCM_WEBHOOK_SECRET") {
+            self.scm.webhook_secret = v;
         }
         if let Some(v) = get("FLEETOPS_LOG") {
             self.log = v;
@@ -198,6 +207,8 @@ impl Config {
                 .map(|t| (t.name, t.storage_bytes))
                 .collect(),
             pipeline: self.pipeline.clone(),
+            scm: self.scm.clone(),
+            runs: self.runs.clone(),
             public_url: self.public_url.trim_end_matches('/').to_string(),
             tmp_dir: Some(self.data_dir.join("tmp")),
         }

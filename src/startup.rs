@@ -70,7 +70,8 @@ pub async fn start(cfg: Config) -> anyhow::Result<Running> {
     })
 }
 
-/// Periodic pruning of in-memory state that would otherwise grow with the number of callers.
+/// Periodic pruning: in-memory state that would otherwise grow with the number of callers,
+/// expired uploads, webhook delivery ids past the dedup window and deliveries past retention.
 async fn housekeeping(app: Arc<fleetops_http::App>) {
     let mut tick = tokio::time::interval(Duration::from_secs(60));
     loop {
@@ -79,6 +80,13 @@ async fn housekeeping(app: Arc<fleetops_http::App>) {
         app.rt.auth.prune();
         if let Err(e) = app.rt.pipeline.purge_expired().await {
             tracing::warn!(error = %e, "purging expired uploads failed");
+        }
+        // The dedup window and the delivery log's retention.
+        let scm = app.rt.scm.clone();
+        match tokio::task::spawn_blocking(move || scm.expire()).await {
+            Ok(Err(e)) => tracing::warn!(error = %e, "expiring webhook deliveries failed"),
+            Err(e) => tracing::warn!(error = %e, "expiring webhook deliveries panicked"),
+            Ok(Ok(())) => {}
         }
     }
 }

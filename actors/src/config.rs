@@ -111,6 +111,8 @@ pub struct RuntimeConfig {
     /// Storage limit (bytes) per tier name.
     pub quotas: std::collections::HashMap<String, u64>,
     pub pipeline: crate::pipeline::PipelineConfig,
+    pub scm: crate::scm::ScmConfig,
+    pub runs: crate::scm::RunsConfig,
     /// Base of the links handed out; empty until the server knows its address.
     pub public_url: String,
     /// Where temporary copies (capsules being checked) go: inside the data directory, not a

@@ -18,16 +18,53 @@ pub fn parse(format: &str, bytes: &[u8]) -> Result<Map<String, Value>, String> {
         ".yaml" => yaml(text)?,
         ".toml" => {
             let t: toml::Table = toml::from_str(text).map_err(|e| format!("invalid TOML: {e}"))?;
-            serde_json::to_value(t).map_err(|e| format!("invalid TOML: {e}"))?
+            toml_json(toml::Value::Table(t))
         }
         ".ini" => ini(text)?,
         ".env" => env(text)?,
         other => return Err(format!("unknown file format {other}")),
     };
+    if depth(&v) > MAX_DEPTH {
+        return Err(format!("nested deeper than {MAX_DEPTH} levels"));
+    }
     match v {
         Value::Object(m) => Ok(m),
         Value::Null if format == ".yaml" => Ok(Map::new()),
         _ => Err("the top level must be a mapping of keys to values".into()),
+    }
+}
+
+/// Configurations nest at most this deep (stored JSON must read back within serde_json's
+/// own recursion limit).
+pub const MAX_DEPTH: usize = 64;
+
+/// Nesting depth, without recursion.
+pub fn depth(v: &Value) -> usize {
+    let mut max = 0;
+    let mut stack = vec![(v, 1usize)];
+    while let Some((v, d)) = stack.pop() {
+        max = max.max(d);
+        match v {
+            Value::Object(m) => stack.extend(m.values().map(|x| (x, d + 1))),
+            Value::Array(a) => stack.extend(a.iter().map(|x| (x, d + 1))),
+            _ => {}
+        }
+    }
+    max
+}
+
+/// TOML to JSON; dates and times become their RFC 3339 text.
+fn toml_json(v: toml::Value) -> Value {
+    match v {
+        toml::Value::String(s) => Value::String(s),
+        toml::Value::Integer(i) => Value::from(i),
+        toml::Value::Float(f) => serde_json::Number::from_f64(f).map_or(Value::Null, Value::Number),
+        toml::Value::Boolean(b) => Value::Bool(b),
+        toml::Value::Datetime(d) => Value::String(d.to_string()),
+        toml::Value::Array(a) => Value::Array(a.into_iter().map(toml_json).collect()),
+        toml::Value::Table(t) => {
+            Value::Object(t.into_iter().map(|(k, v)| (k, toml_json(v))).collect())
+        }
     }
 }
 
@@ -66,13 +103,65 @@ fn ini(text: &str) -> Result<Value, String> {
     Ok(Value::Object(out))
 }
 
-/// `.env` as `{KEY: "value"}` (dotenv syntax: quotes, comments, `export`; no expansion from
-/// the server's own environment).
+/// `.env` as `{KEY: "value"}`: `KEY=value`, optional `export `, `#` comments, single quotes
+/// (literal) and double quotes (`\n`, `\"`, `\\` escapes). Written here rather than with
+/// dotenvy because dotenvy substitutes `${VAR}` from the server's own environment, which
+/// would let an uploaded file read the server's secrets.
 fn env(text: &str) -> Result<Value, String> {
     let mut out = Map::new();
-    for item in dotenvy::from_read_iter(text.as_bytes()) {
-        let (k, v) = item.map_err(|e| format!("invalid .env: {e}"))?;
-        out.insert(k, Value::String(v));
+    for (n, raw) in text.lines().enumerate() {
+        let line = raw.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let line = line.strip_prefix("export ").map_or(line, str::trim_start);
+        let bad = |why: &str| format!("invalid .env at line {}: {why}", n + 1);
+        let (k, v) = line
+            .split_once('=')
+            .ok_or_else(|| bad("expected KEY=value"))?;
+        let k = k.trim();
+        let key_ok = k.bytes().enumerate().all(|(i, b)| {
+            b == b'_' || b.is_ascii_alphabetic() || (i > 0 && (b.is_ascii_digit() || b == b'.'))
+        });
+        if k.is_empty() || !key_ok {
+            return Err(bad(
+                "a key is letters, digits, '_' and '.', not starting with a digit",
+            ));
+        }
+        let v = v.trim_start();
+        let value = if let Some(rest) = v.strip_prefix('\'') {
+            let end = rest
+                .find('\'')
+                .ok_or_else(|| bad("unterminated single quote"))?;
+            rest.get(..end).unwrap_or_default().to_string()
+        } else if let Some(rest) = v.strip_prefix('"') {
+            let mut s = String::new();
+            let mut chars = rest.chars();
+            let mut closed = false;
+            while let Some(c) = chars.next() {
+                match c {
+                    '"' => {
+                        closed = true;
+                        break;
+                    }
+                    '\\' => match chars.next() {
+                        Some('n') => s.push('\n'),
+                        Some('t') => s.push('\t'),
+                        Some(o) => s.push(o),
+                        None => break,
+                    },
+                    o => s.push(o),
+                }
+            }
+            if !closed {
+                return Err(bad("unterminated double quote"));
+            }
+            s
+        } else {
+            let cut = v.find(" #").unwrap_or(v.len());
+            v.get(..cut).unwrap_or_default().trim_end().to_string()
+        };
+        out.insert(k.to_string(), Value::String(value));
     }
     Ok(Value::Object(out))
 }
@@ -142,15 +231,24 @@ pub fn violations(schema: &Value, instance: &Value) -> Result<Vec<SchemaError>, 
         .take(100)
         .map(|e| SchemaError {
             pointer: e.instance_path().as_str().to_string(),
-            message: e.to_string(),
+            message: clip(&e.to_string(), 300),
         })
         .collect())
+}
+
+/// At most `max` characters (the messages quote the offending value).
+pub fn clip(s: &str, max: usize) -> String {
+    match s.char_indices().nth(max) {
+        Some((i, _)) => format!("{}...", s.get(..i).unwrap_or_default()),
+        None => s.to_string(),
+    }
 }
 
 /// The notes a schema failure leaves on the configuration.
 pub fn schema_notes(errors: &[SchemaError]) -> String {
     errors
         .iter()
+        .take(20)
         .map(|e| {
             let at = if e.pointer.is_empty() {
                 "/"
@@ -181,8 +279,17 @@ mod tests {
             Value::Object(i),
             json!({"top": "1", "motor": {"speed": "10"}})
         );
-        let e = parse(".env", b"# c\nA=1\nexport B=\"two words\"\n").unwrap();
-        assert_eq!(Value::Object(e), json!({"A": "1", "B": "two words"}));
+        let e = parse(
+            ".env",
+            b"# c\nA=1\nexport B=\"two words\"\nC='${HOME}' # x\nD=${HOME} # note\nE=\"a\\nb\"\n",
+        )
+        .unwrap();
+        assert_eq!(
+            Value::Object(e),
+            json!({"A": "1", "B": "two words", "C": "${HOME}", "D": "${HOME}", "E": "a\nb"})
+        );
+        let t = parse(".toml", b"when = 1979-05-27T07:32:00Z\n").unwrap();
+        assert_eq!(Value::Object(t), json!({"when": "1979-05-27T07:32:00Z"}));
     }
 
     #[test]
@@ -194,6 +301,14 @@ mod tests {
         let alias = parse(".yaml", b"a: &x {b: 1}\nc: *x\n").unwrap_err();
         assert!(alias.contains("YAML"), "{alias}");
         assert!(parse(".env", b"A B C").is_err());
+        assert!(parse(".env", b"A=\"open").is_err());
+        let deep = format!("{}1{}", "[".repeat(70), "]".repeat(70));
+        let deep = format!("{{\"a\": {deep}}}");
+        assert!(
+            parse(".json", deep.as_bytes())
+                .unwrap_err()
+                .contains("deeper")
+        );
     }
 
     #[test]

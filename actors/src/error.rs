@@ -8,6 +8,9 @@ pub enum Error {
     /// Missing, invalid or expired credentials.
     #[error("Could not validate credentials")]
     Unauthorized,
+    /// A 401 with its own reason (a webhook's bad signature or repeated delivery).
+    #[error("{0}")]
+    Rejected(String),
     /// Valid credentials without the needed role or organization.
     #[error("Not enough permissions")]
     Forbidden,

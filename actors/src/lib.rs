@@ -39,6 +39,7 @@ mod project;
 pub mod projects;
 mod root;
 pub mod rules;
+pub mod scm;
 pub mod secrets;
 mod session;
 pub mod sessions;
@@ -77,6 +78,7 @@ pub struct Runtime {
     pub projects: ProjectsHandle,
     pub sessions: SessionsHandle,
     pub pipeline: pipeline::PipelineHandle,
+    pub scm: scm::ScmHandle,
     root: ActorRef<RootMsg>,
     restarts: Arc<AtomicU64>,
 }
@@ -115,6 +117,9 @@ impl Runtime {
         let directory_slot = Arc::new(Slot::new(limit, timeout));
         let projects_slot = Arc::new(Slot::new(limit, timeout));
         let sessions_slot = Arc::new(Slot::new(limit, timeout));
+        let intake_slot = Arc::new(Slot::new(limit, timeout));
+        let dispatcher_slot = Arc::new(Slot::new(limit, timeout));
+        let installations_slot = Arc::new(Slot::new(limit, timeout));
         let restarts = Arc::new(AtomicU64::new(0));
         let project_args = KeyedArgs::<project::ProjectActor> {
             ctx: store.clone(),
@@ -128,6 +133,17 @@ impl Runtime {
             registry: Arc::new(DashMap::new()),
             restarts: restarts.clone(),
         };
+        let installation_args = KeyedArgs::<scm::installation::InstallationActor> {
+            ctx: (store.clone(), dispatcher_slot.clone()),
+            cfg: cfg.supervision.clone(),
+            registry: Arc::new(DashMap::new()),
+            restarts: restarts.clone(),
+        };
+        let installation_actors = Keyed::new(
+            installations_slot.clone(),
+            installation_args.registry.clone(),
+            cfg.supervision.clone(),
+        );
         let project_actors = Keyed::new(
             projects_slot.clone(),
             project_args.registry.clone(),
@@ -150,6 +166,11 @@ impl Runtime {
                 project_args,
                 sessions: sessions_slot,
                 session_args,
+                intake: intake_slot.clone(),
+                dispatcher: dispatcher_slot.clone(),
+                lease_seconds: cfg.runs.lease_seconds,
+                installations: installations_slot,
+                installation_args,
                 restarts: restarts.clone(),
             },
         )
@@ -196,7 +217,26 @@ impl Runtime {
             list_cache: Arc::new(DashMap::new()),
             tmp_dir: cfg.tmp_dir.clone(),
             events: tokio::sync::broadcast::channel(1024).0,
+            locks: Arc::new(DashMap::new()),
         };
+        let (queue_tx, queue_rx) = tokio::sync::mpsc::unbounded_channel();
+        let scm = scm::ScmHandle {
+            store: store.clone(),
+            intake: intake_slot,
+            dispatcher: dispatcher_slot,
+            installations: installation_actors,
+            secret: Arc::new(std::sync::RwLock::new(scm::load_secret(&store, &cfg.scm)?)),
+            cfg: cfg.scm.clone(),
+            rejected: Arc::new(std::sync::Mutex::new(std::collections::VecDeque::new())),
+            failures: Arc::new(std::sync::Mutex::new(std::collections::VecDeque::new())),
+            queue: queue_tx.clone(),
+            freed_upto: Arc::new(std::sync::Mutex::new(0)),
+        };
+        // Deliveries a crash left queued go first, in arrival order.
+        for seq in store.queued_deliveries()? {
+            let _ = queue_tx.send(seq);
+        }
+        tokio::spawn(scm::run_worker(scm.clone(), queue_rx));
         let access = Access {
             store: store.clone(),
             tier_rank: Arc::new(cfg.tiers.iter().rev().cloned().collect()),
@@ -209,6 +249,7 @@ impl Runtime {
             projects,
             sessions,
             pipeline,
+            scm,
             root,
             restarts,
         })

@@ -14,6 +14,9 @@ use crate::directory::{DirectoryActor, DirectoryMsg};
 use crate::keyed::{KeyedArgs, KeyedChild, KeyedMsg, KeyedSupervisor};
 use crate::mailbox::Slot;
 use crate::project::{ProjectActor, ProjectMsg};
+use crate::scm::dispatcher::{DispatcherActor, DispatcherMsg};
+use crate::scm::installation::{InstallationActor, InstallationMsg};
+use crate::scm::intake::{IntakeActor, IntakeMsg};
 use crate::session::{SessionActor, SessionMsg};
 use crate::supervision::{RestartBudget, Verdict};
 
@@ -23,6 +26,9 @@ pub(crate) enum Child {
     Directory,
     Projects,
     Sessions,
+    Intake,
+    Dispatcher,
+    Installations,
 }
 
 pub(crate) enum RootMsg {
@@ -40,6 +46,11 @@ pub(crate) struct RootArgs {
     pub project_args: KeyedArgs<ProjectActor>,
     pub sessions: Arc<Slot<KeyedMsg<SessionMsg>>>,
     pub session_args: KeyedArgs<SessionActor>,
+    pub intake: Arc<Slot<IntakeMsg>>,
+    pub dispatcher: Arc<Slot<DispatcherMsg>>,
+    pub lease_seconds: i64,
+    pub installations: Arc<Slot<KeyedMsg<InstallationMsg>>>,
+    pub installation_args: KeyedArgs<InstallationActor>,
     pub restarts: Arc<AtomicU64>,
 }
 
@@ -89,6 +100,36 @@ impl RootState {
             Child::Sessions => {
                 spawn_keyed(myself, &self.args.sessions, self.args.session_args.clone()).await?
             }
+            Child::Intake => {
+                let (a, _) = Actor::spawn_linked(
+                    None,
+                    IntakeActor,
+                    self.args.store.clone(),
+                    myself.get_cell(),
+                )
+                .await?;
+                self.args.intake.set(Some(a.clone()));
+                a.get_cell()
+            }
+            Child::Dispatcher => {
+                let (a, _) = Actor::spawn_linked(
+                    None,
+                    DispatcherActor,
+                    (self.args.store.clone(), self.args.lease_seconds),
+                    myself.get_cell(),
+                )
+                .await?;
+                self.args.dispatcher.set(Some(a.clone()));
+                a.get_cell()
+            }
+            Child::Installations => {
+                spawn_keyed(
+                    myself,
+                    &self.args.installations,
+                    self.args.installation_args.clone(),
+                )
+                .await?
+            }
         };
         self.children.insert(cell.get_id(), child);
         Ok(())
@@ -99,6 +140,9 @@ impl RootState {
             Child::Directory => self.args.directory.set(None),
             Child::Projects => self.args.projects.set(None),
             Child::Sessions => self.args.sessions.set(None),
+            Child::Intake => self.args.intake.set(None),
+            Child::Dispatcher => self.args.dispatcher.set(None),
+            Child::Installations => self.args.installations.set(None),
         }
     }
 }
@@ -118,7 +162,14 @@ impl Actor for RootSupervisor {
             children: HashMap::new(),
             budgets: HashMap::new(),
         };
-        for child in [Child::Directory, Child::Projects, Child::Sessions] {
+        for child in [
+            Child::Directory,
+            Child::Projects,
+            Child::Sessions,
+            Child::Intake,
+            Child::Dispatcher,
+            Child::Installations,
+        ] {
             st.start(&myself, child).await?;
         }
         Ok(st)

@@ -38,6 +38,7 @@ impl ApiError {
         match self {
             ApiError::Domain(e) => match e {
                 Error::Unauthorized => StatusCode::UNAUTHORIZED,
+                Error::Rejected(_) => StatusCode::UNAUTHORIZED,
                 Error::Forbidden => StatusCode::FORBIDDEN,
                 Error::NotFound(_) => StatusCode::NOT_FOUND,
                 Error::Conflict(_) => StatusCode::CONFLICT,

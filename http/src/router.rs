@@ -72,6 +72,24 @@ pub enum Op {
     ActivateDeployment,
     DeprecateDeployment,
     DeviceStatus,
+    ScmWebhook,
+    ScmRotate,
+    ScmStatus,
+    ScmInstallations,
+    ScmDeliveries,
+    ScmDelivery,
+    CreateRepo,
+    ListRepos,
+    GetRepo,
+    PatchRepo,
+    DeleteRepo,
+    ListRuns,
+    GetRun,
+    ClaimRun,
+    RunHeartbeat,
+    CompleteRun,
+    ProjectDeliveries,
+    ProjectDelivery,
 }
 
 /// How a route authenticates, for the OpenAPI document.
@@ -182,6 +200,24 @@ pub fn routes() -> Vec<RouteDef> {
         route!(POST "/api/v1/projects/{org}/{project}/deployments/{deployment_id}/activate", ActivateDeployment, "deployments", Bearer, 200, false, "draft -> active (sets deployed_at)"),
         route!(POST "/api/v1/projects/{org}/{project}/deployments/{deployment_id}/deprecate", DeprecateDeployment, "deployments", Bearer, 200, false, "active -> deprecated (sets deprecated_at)"),
         route!(POST "/api/v1/projects/{org}/{project}/deployments/{deployment_id}/device-status", DeviceStatus, "deployments", Bearer, 202, true, "A device's rollout result (device token or member)"),
+        route!(POST "/api/v1/scm/webhooks", ScmWebhook, "scm", None, 202, true, "Inbound host webhook (X-Hub-Signature-256 over the raw body; X-Host-* or X-GitHub-* headers)"),
+        route!(POST "/api/v1/scm/webhook-secret/rotate", ScmRotate, "scm", Bearer, 200, false, "Rotate the webhook secret (superuser); the previous verifies during the grace period"),
+        route!(GET "/api/v1/scm/status", ScmStatus, "scm", Bearer, 200, false, "Secret age, rotation due, signature failures (superuser)"),
+        route!(GET "/api/v1/scm/installations", ScmInstallations, "scm", Bearer, 200, false, "Host installations (superuser)"),
+        route!(GET "/api/v1/scm/deliveries", ScmDeliveries, "scm", Bearer, 200, false, "The delivery log (superuser; outcome, reason, page, page_size)"),
+        route!(GET "/api/v1/scm/deliveries/{delivery_id}", ScmDelivery, "scm", Bearer, 200, false, "One accepted delivery with its payload (superuser)"),
+        route!(POST "/api/v1/organizations/{org}/projects/{project}/repositories", CreateRepo, "scm", Bearer, 201, true, "Link a repository to the project"),
+        route!(GET "/api/v1/organizations/{org}/projects/{project}/repositories", ListRepos, "scm", Bearer, 200, false, "Linked repositories"),
+        route!(GET "/api/v1/organizations/{org}/projects/{project}/repositories/{repo_id}", GetRepo, "scm", Bearer, 200, false, "A linked repository"),
+        route!(PATCH "/api/v1/organizations/{org}/projects/{project}/repositories/{repo_id}", PatchRepo, "scm", Bearer, 200, true, "Change branch patterns or the draft policy"),
+        route!(DELETE "/api/v1/organizations/{org}/projects/{project}/repositories/{repo_id}", DeleteRepo, "scm", Bearer, 204, false, "Unlink a repository (its runs are kept)"),
+        route!(GET "/api/v1/organizations/{org}/projects/{project}/test-runs", ListRuns, "scm", Bearer, 200, false, "Test runs (status, repository, commit_sha, page, page_size)"),
+        route!(GET "/api/v1/organizations/{org}/projects/{project}/test-runs/{run_id}", GetRun, "scm", Bearer, 200, false, "A test run"),
+        route!(POST "/api/v1/organizations/{org}/projects/{project}/test-runs/claim", ClaimRun, "scm", Bearer, 200, false, "A runner takes the oldest queued run (204 when none)"),
+        route!(POST "/api/v1/organizations/{org}/projects/{project}/test-runs/{run_id}/heartbeat", RunHeartbeat, "scm", Bearer, 200, false, "Renew a running run's lease"),
+        route!(POST "/api/v1/organizations/{org}/projects/{project}/test-runs/{run_id}/complete", CompleteRun, "scm", Bearer, 200, true, "Finish a running run as passed or failed"),
+        route!(GET "/api/v1/organizations/{org}/projects/{project}/webhook-deliveries", ProjectDeliveries, "scm", Bearer, 200, false, "Deliveries resolved to this project"),
+        route!(GET "/api/v1/organizations/{org}/projects/{project}/webhook-deliveries/{delivery_id}", ProjectDelivery, "scm", Bearer, 200, false, "One delivery of this project with its payload"),
         route!(POST "/api/v1/organizations/{org}/projects/{project}/sessions/{session_id}/complete", CompleteSession, "sessions", Bearer, 200, true, "End a session as completed or failed"),
     ]
 }
@@ -277,6 +313,9 @@ mod tests {
                 .replace("{capsule_id}", "11")
                 .replace("{config_id}", "12")
                 .replace("{deployment_id}", "13")
+                .replace("{repo_id}", "14")
+                .replace("{run_id}", "15")
+                .replace("{delivery_id}", "d")
                 .replace("{token}", "tok");
             match r.resolve(&def.method, &path) {
                 Resolved::Found(op, _, _) => assert_eq!(op, def.op, "{path}"),

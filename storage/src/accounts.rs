@@ -20,6 +20,9 @@ pub enum Seq {
     Capsule,
     Configuration,
     Deployment,
+    Delivery,
+    Repository,
+    TestRun,
 }
 
 impl Seq {
@@ -35,6 +38,9 @@ impl Seq {
             Seq::Capsule => "capsule",
             Seq::Configuration => "configuration",
             Seq::Deployment => "deployment",
+            Seq::Delivery => "delivery",
+            Seq::Repository => "repository",
+            Seq::TestRun => "test_run",
         }
     }
 }

@@ -164,6 +164,90 @@ pub(crate) fn device_result_prefix(deployment: u64) -> Vec<u8> {
     key(&[b"dr", &be(deployment), b""])
 }
 
+// Inbound webhooks.
+pub(crate) fn dedup(delivery_id: &str) -> Vec<u8> {
+    key(&[b"whd", delivery_id.as_bytes()])
+}
+pub(crate) fn delivery_by_id(delivery_id: &str) -> Vec<u8> {
+    key(&[b"ix-wd", delivery_id.as_bytes()])
+}
+pub(crate) fn delivery(seq: u64) -> Vec<u8> {
+    key(&[b"wd", &be(seq)])
+}
+pub(crate) fn delivery_prefix() -> Vec<u8> {
+    key(&[b"wd", b""])
+}
+pub(crate) fn payload(seq: u64) -> Vec<u8> {
+    key(&[b"wdpl", &be(seq)])
+}
+pub(crate) fn queued(seq: u64) -> Vec<u8> {
+    key(&[b"wdq", &be(seq)])
+}
+pub(crate) fn queued_prefix() -> Vec<u8> {
+    key(&[b"wdq", b""])
+}
+pub(crate) fn project_delivery(project: u64, seq: u64) -> Vec<u8> {
+    key(&[b"wdp", &be(project), &be(seq)])
+}
+pub(crate) fn project_delivery_prefix(project: u64) -> Vec<u8> {
+    key(&[b"wdp", &be(project), b""])
+}
+pub(crate) fn installation(id: u64) -> Vec<u8> {
+    key(&[b"inst", &be(id)])
+}
+pub(crate) fn installation_prefix() -> Vec<u8> {
+    key(&[b"inst", b""])
+}
+/// Repository names are compared case-insensitively, as the host does.
+pub(crate) fn repo_hold(full_name: &str) -> Vec<u8> {
+    key(&[b"ix-hold", full_name.to_ascii_lowercase().as_bytes()])
+}
+pub(crate) fn repo(project: u64, id: u64) -> Vec<u8> {
+    key(&[b"repo", &be(project), &be(id)])
+}
+pub(crate) fn repo_prefix(project: u64) -> Vec<u8> {
+    key(&[b"repo", &be(project), b""])
+}
+pub(crate) fn repo_by_name(full_name: &str) -> Vec<u8> {
+    key(&[b"ix-repo", full_name.to_ascii_lowercase().as_bytes()])
+}
+pub(crate) fn run(project: u64, id: u64) -> Vec<u8> {
+    key(&[b"tr", &be(project), &be(id)])
+}
+pub(crate) fn run_prefix(project: u64) -> Vec<u8> {
+    key(&[b"tr", &be(project), b""])
+}
+pub(crate) fn run_queue(project: u64, id: u64) -> Vec<u8> {
+    key(&[b"trq", &be(project), &be(id)])
+}
+pub(crate) fn run_queue_prefix(project: u64) -> Vec<u8> {
+    key(&[b"trq", &be(project), b""])
+}
+pub(crate) fn running(id: u64) -> Vec<u8> {
+    key(&[b"trr", &be(id)])
+}
+pub(crate) fn running_prefix() -> Vec<u8> {
+    key(&[b"trr", b""])
+}
+pub(crate) fn run_by_key(idempotency_key: &str) -> Vec<u8> {
+    key(&[b"ix-trk", idempotency_key.as_bytes()])
+}
+/// In-flight runs of a pull request. `#` cannot occur in a repository name.
+pub(crate) fn pr_run(full_name: &str, number: u64, id: u64) -> Vec<u8> {
+    key(&[
+        b"ix-trpr",
+        format!("{}#{number}", full_name.to_ascii_lowercase()).as_bytes(),
+        &be(id),
+    ])
+}
+pub(crate) fn pr_run_prefix(full_name: &str, number: u64) -> Vec<u8> {
+    key(&[
+        b"ix-trpr",
+        format!("{}#{number}", full_name.to_ascii_lowercase()).as_bytes(),
+        b"",
+    ])
+}
+
 /// The trailing big-endian id of a key built above.
 pub(crate) fn trailing_id(k: &[u8]) -> Option<u64> {
     let n = k.len().checked_sub(8)?;

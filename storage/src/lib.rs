@@ -17,6 +17,7 @@ mod keys;
 pub mod meta;
 pub mod model;
 pub mod pipeline;
+pub mod scm;
 pub mod sessions;
 
 use std::path::Path;

@@ -392,3 +392,97 @@ pub struct DeviceResult {
     pub message: Option<String>,
     pub reported_at: i64,
 }
+
+/// An accepted (correctly signed, first-seen) inbound webhook delivery; its payload is kept
+/// apart (`Store::payload`) so outcome updates never rewrite it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Delivery {
+    /// Arrival order (the processing order).
+    pub seq: u64,
+    /// The host's delivery UUID, lower-case.
+    pub delivery_id: String,
+    pub event: String,
+    pub action: Option<String>,
+    pub received_at: i64,
+    pub status_code: u16,
+    /// queued, processed, dispatched, skipped, ignored.
+    pub outcome: String,
+    pub reason: Option<String>,
+    pub installation_id: Option<u64>,
+    pub repository: Option<String>,
+    pub project_id: Option<u64>,
+    pub test_run_id: Option<u64>,
+    pub payload_len: u64,
+}
+
+/// A source-host installation (the host's app installed on an account).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Installation {
+    pub id: u64,
+    pub account_login: String,
+    pub account_type: String,
+    pub repository_selection: String,
+    /// active, suspended, deleted.
+    pub state: String,
+    /// Repositories it holds now (full names as the host spells them).
+    pub repositories: Vec<String>,
+    /// Repositories removed from it (history).
+    pub removed: Vec<String>,
+    pub created_at: i64,
+    pub updated_at: i64,
+}
+
+/// A repository linked to a project.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RepoLink {
+    pub id: u64,
+    pub project_id: u64,
+    pub full_name: String,
+    pub branch_patterns: Vec<String>,
+    pub include_drafts: bool,
+    pub created_at: i64,
+    pub updated_at: i64,
+}
+
+/// Which installation holds a repository, and whether it still does.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RepoHold {
+    pub installation_id: u64,
+    /// false once removed from the installation (the repository is then disconnected).
+    pub current: bool,
+}
+
+/// A test run dispatched for a commit.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TestRun {
+    pub id: u64,
+    pub project_id: u64,
+    pub repository: String,
+    pub commit_sha: String,
+    /// The branch (pull request head, pushed branch, check suite or workflow branch).
+    pub git_ref: String,
+    /// pull_request, push, check_suite, workflow_run.
+    pub event: String,
+    pub pull_request_number: Option<u64>,
+    /// queued, running, passed, failed, cancelled.
+    pub status: String,
+    pub attempt: u32,
+    pub idempotency_key: String,
+    pub delivery_id: Option<String>,
+    pub summary: Option<String>,
+    /// A JSON object (workflow run links), as JSON bytes.
+    pub urls_json: Vec<u8>,
+    pub lease_expires_at: Option<i64>,
+    pub created_at: i64,
+    pub updated_at: i64,
+}
+
+impl TestRun {
+    /// Whether the run holds its idempotency key (a cancelled run does not).
+    pub fn holds_key(&self) -> bool {
+        self.status != "cancelled"
+    }
+    pub fn in_flight(&self) -> bool {
+        matches!(self.status.as_str(), "queued" | "running")
+    }
+}

@@ -153,13 +153,15 @@ async fn formats_inheritance_schema_and_explain() {
     let (envid, r) = configure(
         &s,
         conf("env", nav, ".env", None),
-        b"# robot\nSPEED=10\nexport NAME=\"two words\"\n",
+        b"# robot\nSPEED=10\nexport NAME=\"two words\"\nHOME_DIR=${HOME}\nJWT=${FLEETOPS_JWT_SECRET}\n",
     )
     .await;
     assert_eq!(r.body["validation_status"], "passed", "{}", r.body);
+    // Nothing is expanded from the server's environment.
     assert_eq!(
         r.body["config_data"],
-        json!({"SPEED": "10", "NAME": "two words"})
+        json!({"SPEED": "10", "NAME": "two words", "HOME_DIR": "${HOME}",
+               "JWT": "${FLEETOPS_JWT_SECRET}"})
     );
 
     // Unparsable files fail with the parser's message; YAML aliases are refused.

@@ -389,3 +389,105 @@ async fn concurrent_activations_of_one_draft_succeed_once() {
     codes.sort();
     assert_eq!(codes, vec![200, 409, 409, 409, 409, 409, 409, 409]);
 }
+
+/// Roles and tenancy on the pipeline's routes: a viewer reads and plans but changes nothing;
+/// another project's records are 404; a missing record is 404 before its body is read.
+#[tokio::test]
+async fn roles_tenancy_and_order_of_checks() {
+    let s = start().await;
+    let nav = capsule(&s, "nav", "1.0.0").await;
+    let (cfg, r) = configure(&s, conf("c", nav, ".json", None), b"{}").await;
+    assert_eq!(r.body["validation_status"], "passed");
+    let body = json!({"name": "n", "composition_tag": "t", "capsule_id": nav,
+                      "configuration_id": cfg, "target_devices": []});
+    let dep = s.post(DEPS, s.key(), body.clone()).await.body["id"]
+        .as_u64()
+        .unwrap();
+
+    let viewer = s.user("viewer@x.io").await;
+    let r = s
+        .post(
+            "/api/v1/organizations/default/members",
+            s.key(),
+            json!({"email": "viewer@x.io", "role": "viewer"}),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.body);
+    assert_eq!(s.get(DEPS, &viewer).await.status, 200);
+    assert_eq!(
+        s.get(&format!("{CONFS}/{cfg}/explain"), &viewer)
+            .await
+            .status,
+        200
+    );
+    assert_eq!(
+        s.post(&format!("{DEPS}/plan"), &viewer, body.clone())
+            .await
+            .status,
+        200
+    );
+    s.post(DEPS, &viewer, body.clone()).await.assert_error(403);
+    s.patch(&format!("{DEPS}/{dep}"), &viewer, json!({"name": "x"}))
+        .await
+        .assert_error(403);
+    s.post(&format!("{DEPS}/{dep}/activate"), &viewer, json!({}))
+        .await
+        .assert_error(403);
+    s.delete(&format!("{DEPS}/{dep}"), &viewer)
+        .await
+        .assert_error(403);
+    s.delete(&format!("{CONFS}/{cfg}"), &viewer)
+        .await
+        .assert_error(403);
+    s.delete(&format!("{CAPS}/{nav}"), &viewer)
+        .await
+        .assert_error(403);
+
+    // Another project of the same organization sees none of them.
+    let r = s
+        .post(
+            "/api/v1/organizations/default/projects",
+            s.key(),
+            json!({"slug": "other"}),
+        )
+        .await;
+    assert_eq!(r.status, 201);
+    let other = "/api/v1/projects/default/other";
+    for path in [
+        format!("{other}/capsules/{nav}"),
+        format!("{other}/configurations/{cfg}"),
+        format!("{other}/configurations/{cfg}/explain"),
+        format!("{other}/deployments/{dep}"),
+    ] {
+        s.get(&path, s.key()).await.assert_error(404);
+    }
+    s.delete(&format!("{other}/configurations/{cfg}"), s.key())
+        .await
+        .assert_error(404);
+    // ... and cannot deploy this project's capsule.
+    let r = s
+        .post(&format!("{other}/deployments"), s.key(), body.clone())
+        .await;
+    assert!(r.assert_error(422).contains("capsule_id"));
+
+    // 404 before the body is looked at.
+    let r = s
+        .raw(
+            s.http
+                .patch(s.url(&format!("{DEPS}/999999")))
+                .bearer_auth(s.key())
+                .header("content-type", "application/json")
+                .body("{not json"),
+        )
+        .await;
+    r.assert_error(404);
+    // A non-draft with bad input: 422 before 409.
+    s.post(&format!("{DEPS}/{dep}/activate"), s.key(), json!({}))
+        .await;
+    s.patch(&format!("{DEPS}/{dep}"), s.key(), json!({"name": ""}))
+        .await
+        .assert_error(422);
+    s.patch(&format!("{DEPS}/{dep}"), s.key(), json!({"name": "ok"}))
+        .await
+        .assert_error(409);
+}

@@ -330,6 +330,7 @@ impl PipelineHandle {
         id: u64,
         body: futures::stream::BoxStream<'static, std::io::Result<bytes::Bytes>>,
     ) -> Result<u64> {
+        let _busy = self.busy(1, id)?;
         let c = self.configuration(pid, id)?;
         if c.confirmed {
             return Err(Error::Conflict(
@@ -356,6 +357,8 @@ impl PipelineHandle {
         id: u64,
         checksum: String,
     ) -> Result<ConfigurationView> {
+        self.configuration(pid, id)?;
+        let _busy = self.busy(1, id)?;
         let c = self.configuration(pid, id)?;
         if c.confirmed {
             return Err(Error::Conflict("Configuration already confirmed".into()));
@@ -412,15 +415,21 @@ impl PipelineHandle {
         f: &ConfigFilter,
         page: PageReq,
     ) -> Result<Page<ConfigurationView>> {
-        let all: Vec<ConfigurationView> = self
+        let all: Vec<Configuration> = self
             .store
             .project_configurations(pid)?
-            .iter()
+            .into_iter()
             .filter(|c| f.capsule_id.is_none_or(|id| c.capsule_id == id))
             .filter(|c| f.environment.as_ref().is_none_or(|e| &c.environment == e))
-            .map(ConfigurationView::from)
             .collect();
-        Ok(page.slice(all))
+        let p = page.slice(all);
+        Ok(Page {
+            items: p.items.iter().map(ConfigurationView::from).collect(),
+            total: p.total,
+            page: p.page,
+            page_size: p.page_size,
+            has_more: p.has_more,
+        })
     }
 
     pub async fn configuration_detail(&self, pid: u64, id: u64) -> Result<ConfigurationDetail> {
@@ -493,11 +502,29 @@ impl PipelineHandle {
     }
 
     pub async fn delete_configuration(&self, pid: u64, id: u64) -> Result<()> {
+        self.remove_configuration(pid, id, false).await.map(|_| ())
+    }
+
+    /// Deletes (with `only_expired`, only a never-confirmed upload whose link has expired,
+    /// decided by the project's actor); whether it went.
+    pub(crate) async fn remove_configuration(
+        &self,
+        pid: u64,
+        id: u64,
+        only_expired: bool,
+    ) -> Result<bool> {
         let blob = self
             .projects
-            .write(pid, |reply| ProjectMsg::DeleteConfiguration { id, reply })
+            .write(pid, |reply| ProjectMsg::DeleteConfiguration {
+                id,
+                only_expired,
+                reply,
+            })
             .await?;
-        let _ = self.blobs.delete(&blob).await;
-        Ok(())
+        if let Some(b) = &blob {
+            let _ = self.blobs.delete(b).await;
+            self.locks.remove(&(1, id));
+        }
+        Ok(blob.is_some())
     }
 }

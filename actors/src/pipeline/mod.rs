@@ -34,6 +34,9 @@ use crate::project::ProjectMsg;
 use crate::projects::ProjectsHandle;
 use crate::versions::{Constraint, parse_version};
 
+/// The upload/confirm lock of one capsule or configuration.
+pub(crate) type ObjectLock = Arc<tokio::sync::Mutex<()>>;
+
 /// `[pipeline]`.
 #[derive(Debug, Clone, serde::Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -219,6 +222,8 @@ pub struct PipelineHandle {
     pub(crate) quotas: Arc<std::collections::HashMap<String, u64>>,
     pub(crate) cfg: PipelineConfig,
     pub(crate) tmp_dir: Option<std::path::PathBuf>,
+    /// Per-object locks of upload and confirm.
+    pub(crate) locks: Arc<dashmap::DashMap<(u8, u64), ObjectLock>>,
     /// Rollout results, for the alert evaluator.
     pub(crate) events: tokio::sync::broadcast::Sender<deployments::RolloutEvent>,
     /// Serialized lists: (project, name, type, latest_only) -> (list identity, JSON, list).
@@ -451,6 +456,8 @@ impl PipelineHandle {
         if link.kind == "configuration" {
             return self.config_upload(link.project_id, link.id, body).await;
         }
+        let _busy = self.busy(0, link.id)?;
+        // Read under the lock: a confirm that finished first makes the bytes immutable.
         let c = self.capsule(link.project_id, link.id)?;
         if c.confirmed {
             return Err(Error::Conflict(
@@ -472,6 +479,8 @@ impl PipelineHandle {
     }
 
     pub async fn confirm(&self, pid: u64, id: u64, checksum: String) -> Result<Confirmed> {
+        self.capsule(pid, id)?;
+        let busy = self.busy(0, id)?;
         let c = self.capsule(pid, id)?;
         if self
             .stored_size(&c.blob_key, c.uploaded_bytes)
@@ -489,6 +498,7 @@ impl PipelineHandle {
             let me = self.clone();
             let mut pending = c.clone();
             tokio::spawn(async move {
+                let _busy = busy;
                 if let Err(e) = me.validate_and_settle(pid, id, checksum).await {
                     tracing::warn!(capsule = id, error = %e, "background validation failed");
                 }
@@ -497,6 +507,7 @@ impl PipelineHandle {
             return Ok(Confirmed::Pending(CapsuleView::from(&pending)));
         }
         let c = self.validate_and_settle(pid, id, checksum).await?;
+        drop(busy);
         Ok(Confirmed::Done(CapsuleView::from(&c)))
     }
 
@@ -504,6 +515,28 @@ impl PipelineHandle {
     /// fails the capsule and answers 400.
     async fn validate_and_settle(&self, pid: u64, id: u64, checksum: String) -> Result<Capsule> {
         let c = self.capsule(pid, id)?;
+        // On S3 the client PUT to the store directly, with no cap: an object larger than
+        // declared fails at once (and is removed) instead of being hashed.
+        if let Some(stored) = self.stored_size(&c.blob_key, c.uploaded_bytes).await?
+            && stored > c.file_size_bytes
+        {
+            let notes = format!(
+                "size is {stored} bytes, {} were declared",
+                c.file_size_bytes
+            );
+            let _ = self.blobs.delete(&c.blob_key).await;
+            return self
+                .projects
+                .write(pid, |reply| ProjectMsg::SettleCapsule {
+                    id,
+                    size: stored,
+                    checksum: String::new(),
+                    passed: false,
+                    notes: notes.clone(),
+                    reply,
+                })
+                .await;
+        }
         let stream = self.blobs.stream(&c.blob_key, None).await?;
         let (sha, size, archive) =
             hash_and_check(stream, c.file_format.clone(), self.tmp_dir.as_deref()).await?;
@@ -678,8 +711,8 @@ impl PipelineHandle {
             for p in self.store.org_projects(org.id)? {
                 for c in self.store.project_capsules(p.id)?.iter() {
                     if !c.confirmed && c.upload_expires_at <= now {
-                        match self.delete(p.id, c.id).await {
-                            Ok(()) => purged += 1,
+                        match self.remove(p.id, c.id, true).await {
+                            Ok(gone) => purged += usize::from(gone),
                             Err(e) => {
                                 tracing::warn!(capsule = c.id, error = %e, "could not purge an expired upload")
                             }
@@ -688,8 +721,8 @@ impl PipelineHandle {
                 }
                 for c in self.store.project_configurations(p.id)? {
                     if !c.confirmed && c.upload_expires_at <= now {
-                        match self.delete_configuration(p.id, c.id).await {
-                            Ok(()) => purged += 1,
+                        match self.remove_configuration(p.id, c.id, true).await {
+                            Ok(gone) => purged += usize::from(gone),
                             Err(e) => {
                                 tracing::warn!(configuration = c.id, error = %e, "could not purge an expired upload")
                             }
@@ -702,12 +735,52 @@ impl PipelineHandle {
     }
 
     pub async fn delete(&self, pid: u64, id: u64) -> Result<()> {
+        self.remove(pid, id, false).await.map(|_| ())
+    }
+
+    /// Deletes (with `only_expired`, only a never-confirmed upload whose link has expired,
+    /// decided by the project's actor); whether it went.
+    async fn remove(&self, pid: u64, id: u64, only_expired: bool) -> Result<bool> {
         let blob = self
             .projects
-            .write(pid, |reply| ProjectMsg::DeleteCapsule { id, reply })
+            .write(pid, |reply| ProjectMsg::DeleteCapsule {
+                id,
+                only_expired,
+                reply,
+            })
             .await?;
-        let _ = self.blobs.delete(&blob).await;
-        Ok(())
+        if let Some(b) = &blob {
+            let _ = self.blobs.delete(b).await;
+            self.locks.remove(&(0, id));
+        }
+        Ok(blob.is_some())
+    }
+
+    /// 404 unless the record exists (checked before a body is read: 404 comes before
+    /// 413/400/422). `kind`: capsule, configuration or deployment.
+    pub fn exists(&self, kind: &str, pid: u64, id: u64) -> Result<()> {
+        let found = match kind {
+            "capsule" => self.store.capsule(pid, id)?.is_some(),
+            "configuration" => self.store.configuration(pid, id)?.is_some(),
+            _ => self.store.deployment(pid, id)?.is_some(),
+        };
+        if found {
+            Ok(())
+        } else {
+            Err(Error::not_found(match kind {
+                "capsule" => "Capsule",
+                "configuration" => "Configuration",
+                _ => "Deployment",
+            }))
+        }
+    }
+
+    /// Serializes an object's upload and confirm, so the bytes confirm hashes are the bytes
+    /// it records (kind 0: capsule, 1: configuration); the second comer gets 409.
+    pub(crate) fn busy(&self, kind: u8, id: u64) -> Result<tokio::sync::OwnedMutexGuard<()>> {
+        let m = self.locks.entry((kind, id)).or_default().clone();
+        m.try_lock_owned()
+            .map_err(|_| Error::Conflict("An upload or confirm of this file is in progress".into()))
     }
 }
 

@@ -100,10 +100,12 @@ pub(crate) enum ProjectMsg {
         notes: String,
         reply: Reply<Capsule>,
     },
-    /// Replies with the blob key to delete once durable.
+    /// Replies with the blob key to delete once durable; with `only_expired`, only a
+    /// never-confirmed upload whose link has expired goes (`None`: kept).
     DeleteCapsule {
         id: u64,
-        reply: Reply<String>,
+        only_expired: bool,
+        reply: Reply<Option<String>>,
     },
     CreateConfiguration {
         config: Box<Configuration>,
@@ -123,10 +125,11 @@ pub(crate) enum ProjectMsg {
         notes: Vec<String>,
         reply: Reply<Configuration>,
     },
-    /// Replies with the blob key to delete once durable.
+    /// As `DeleteCapsule`.
     DeleteConfiguration {
         id: u64,
-        reply: Reply<String>,
+        only_expired: bool,
+        reply: Reply<Option<String>>,
     },
     CreateDeployment {
         spec: Box<DeploymentSpec>,
@@ -288,8 +291,12 @@ impl Actor for ProjectActor {
             } => {
                 let _ = reply.send(st.settle_configuration(id, checksum, size, parsed, notes));
             }
-            ProjectMsg::DeleteConfiguration { id, reply } => {
-                let _ = reply.send(st.delete_configuration(id));
+            ProjectMsg::DeleteConfiguration {
+                id,
+                only_expired,
+                reply,
+            } => {
+                let _ = reply.send(st.delete_configuration(id, only_expired));
             }
             ProjectMsg::CreateDeployment { spec, reply } => {
                 let _ = reply.send(st.create_deployment(*spec));
@@ -312,8 +319,12 @@ impl Actor for ProjectActor {
             } => {
                 let _ = reply.send(st.report_rollout(id, device_id, status, message));
             }
-            ProjectMsg::DeleteCapsule { id, reply } => {
-                let _ = reply.send(st.delete_capsule(id));
+            ProjectMsg::DeleteCapsule {
+                id,
+                only_expired,
+                reply,
+            } => {
+                let _ = reply.send(st.delete_capsule(id, only_expired));
             }
             ProjectMsg::Panic => panic!("injected fault in ProjectActor {}", st.project.id),
         }
@@ -626,8 +637,11 @@ impl ProjectState {
         Ok(moved.into_iter().find(|m| m.id == id).unwrap_or(c))
     }
 
-    fn delete_capsule(&self, id: u64) -> Result<String> {
+    fn delete_capsule(&self, id: u64, only_expired: bool) -> Result<Option<String>> {
         let c = self.capsule(id)?;
+        if only_expired && (c.confirmed || c.upload_expires_at > now_ms()) {
+            return Ok(None);
+        }
         if let Some(why) = self.capsule_in_use(id)? {
             return Err(Error::Conflict(format!(
                 "Capsule {} {} is in use: {why}",
@@ -654,7 +668,7 @@ impl ProjectState {
         let moved = self.relatest(&c.name, None, Some(c.id))?;
         let refs: Vec<&Capsule> = moved.iter().collect();
         self.store.delete_capsule(&c, &refs)?;
-        Ok(c.blob_key)
+        Ok(Some(c.blob_key))
     }
 
     fn delete_group(&self, id: u64) -> Result<()> {

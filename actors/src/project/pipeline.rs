@@ -13,6 +13,9 @@ use crate::pipeline::configurations::{MAX_DEPTH, effective_schema, lineage};
 use crate::pipeline::deployments::{DeploymentPatch, DeploymentSpec, Transition, evaluate};
 use crate::versions::Constraint;
 
+/// The effective configuration (inherited data included) is at most 4 MiB.
+const MAX_EFFECTIVE_BYTES: usize = 4 * 1024 * 1024;
+
 fn json(v: &Value) -> Result<Vec<u8>> {
     serde_json::to_vec(v).map_err(|e| Error::Internal(e.to_string()))
 }
@@ -116,10 +119,13 @@ impl ProjectState {
         };
         if let Some(parent) = chain.len().checked_sub(2).and_then(|i| chain.get(i)) {
             match parent.validation_status.as_str() {
-                "passed" => {
-                    data = serde_json::from_slice(&parent.config_data_json)
-                        .unwrap_or_else(|_| Value::Object(Map::new()));
-                }
+                "passed" => match serde_json::from_slice(&parent.config_data_json) {
+                    Ok(v) => data = v,
+                    Err(e) => notes.push(format!(
+                        "parent configuration {} could not be read: {e}",
+                        parent.id
+                    )),
+                },
                 "failed" => notes.push(format!(
                     "parent configuration {} ({} {}) failed validation",
                     parent.id, parent.name, parent.version
@@ -133,6 +139,14 @@ impl ProjectState {
             }
         }
         configs::merge(&mut data, &overrides);
+        let data_json = json(&data)?;
+        if data_json.len() > MAX_EFFECTIVE_BYTES {
+            notes.push(format!(
+                "the effective configuration is {} bytes; at most {MAX_EFFECTIVE_BYTES}",
+                data_json.len()
+            ));
+            data = Value::Object(Map::new());
+        }
         match self.store.capsule(self.pid(), c.capsule_id)? {
             None => notes.push(format!("capsule {} no longer exists", c.capsule_id)),
             Some(cap) => {
@@ -179,8 +193,15 @@ impl ProjectState {
     }
 
     /// Replies with the blob key to delete once durable.
-    pub(super) fn delete_configuration(&self, id: u64) -> Result<String> {
+    pub(super) fn delete_configuration(
+        &self,
+        id: u64,
+        only_expired: bool,
+    ) -> Result<Option<String>> {
         let c = self.configuration(id)?;
+        if only_expired && (c.confirmed || c.upload_expires_at > now_ms()) {
+            return Ok(None);
+        }
         if let Some(d) = self
             .store
             .project_deployments(self.pid())?
@@ -204,7 +225,7 @@ impl ProjectState {
             )));
         }
         self.store.delete_configuration(&c)?;
-        Ok(c.blob_key)
+        Ok(Some(c.blob_key))
     }
 
     /// 409 while a configuration or deployment package refers to the capsule.
@@ -275,9 +296,15 @@ impl ProjectState {
     }
 
     pub(super) fn update_deployment(&self, id: u64, patch: DeploymentPatch) -> Result<Deployment> {
-        let mut d = self.draft(id, "changed")?;
+        let mut d = self.deployment(id)?;
         let mut spec = DeploymentSpec::of(&d);
         spec.apply(patch);
+        // Order of checks: input (422) before state (409).
+        let e = evaluate(&self.store, self.pid(), &spec)?;
+        if let Some(b) = e.blockers.iter().find(|b| b.status == 422) {
+            return Err(Error::unprocessable(&b.field, &b.reason));
+        }
+        d = self.draft(id, "changed")?;
         let targets = self.checked(&spec)?;
         d.name = spec.name.trim().to_string();
         d.description = spec.description;

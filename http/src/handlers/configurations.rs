@@ -77,6 +77,7 @@ struct ConfirmBody {
 pub async fn confirm(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
     let (pid, _) = cx.project_secret(&req)?;
     let id = req.id("config_id", "Configuration")?;
+    cx.rt().pipeline.exists("configuration", pid, id)?;
     let b: ConfirmBody = cx.json(&mut req).await?;
     body::ok(
         &cx.rt()

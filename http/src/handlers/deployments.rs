@@ -95,6 +95,7 @@ struct PatchBody {
 pub async fn patch(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
     let (_, s) = cx.project(&req, Role::Member)?;
     let id = req.id("deployment_id", "Deployment")?;
+    cx.rt().pipeline.exists("deployment", s.project.id, id)?;
     let b: PatchBody = cx.json(&mut req).await?;
     let p = DeploymentPatch {
         name: b.name,
@@ -141,6 +142,7 @@ pub async fn device_status(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<
         .access
         .ingestion(&p, &org, req.param("project"), Role::Member)?;
     let id = req.id("deployment_id", "Deployment")?;
+    cx.rt().pipeline.exists("deployment", s.project.id, id)?;
     let b: DeviceStatusBody = cx.json(&mut req).await?;
     cx.rt().access.check_device(&p, b.device_id)?;
     body::accepted(

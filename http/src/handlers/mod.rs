@@ -8,6 +8,7 @@ mod deployments;
 mod devices;
 mod ops;
 mod pipeline;
+mod scm;
 pub(crate) mod sessions;
 
 use http::Response;
@@ -98,5 +99,23 @@ pub async fn dispatch(op: Op, cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<B
             .await
         }
         Op::DeviceStatus => deployments::device_status(cx, req).await,
+        Op::ScmWebhook => scm::receive(cx, req).await,
+        Op::ScmRotate => scm::rotate(cx, req).await,
+        Op::ScmStatus => scm::status(cx, req),
+        Op::ScmInstallations => scm::installations(cx, req),
+        Op::ScmDeliveries => scm::deliveries(cx, req),
+        Op::ScmDelivery => scm::delivery(cx, req),
+        Op::CreateRepo => scm::create_repo(cx, req).await,
+        Op::ListRepos => scm::repos(cx, req),
+        Op::GetRepo => scm::repo(cx, req),
+        Op::PatchRepo => scm::patch_repo(cx, req).await,
+        Op::DeleteRepo => scm::delete_repo(cx, req).await,
+        Op::ListRuns => scm::runs(cx, req),
+        Op::GetRun => scm::run(cx, req),
+        Op::ClaimRun => scm::claim(cx, req).await,
+        Op::RunHeartbeat => scm::heartbeat(cx, req).await,
+        Op::CompleteRun => scm::complete(cx, req).await,
+        Op::ProjectDeliveries => scm::project_deliveries(cx, req),
+        Op::ProjectDelivery => scm::project_delivery(cx, req),
     }
 }

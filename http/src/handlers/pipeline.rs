@@ -93,6 +93,7 @@ struct ConfirmBody {
 pub async fn confirm(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
     let (pid, _) = cx.project_secret(&req)?;
     let id = req.id("capsule_id", "Capsule")?;
+    cx.rt().pipeline.exists("capsule", pid, id)?;
     let b: ConfirmBody = cx.json(&mut req).await?;
     match cx.rt().pipeline.confirm(pid, id, b.checksum_sha256).await? {
         Confirmed::Done(c) => body::ok(&c),

@@ -1,0 +1,555 @@
+//! JobDispatcher: the single writer of repository links, test runs and their idempotency
+//! keys. It resolves a delivery's repository and project, applies the project's policy
+//! (branch patterns, drafts), and dispatches, cancels, records or skips with a reason, writing
+//! the delivery's outcome in the same batch as the effect. Runners claim, renew and complete
+//! runs here too; an expired lease puts a run back in the queue with `attempt` + 1.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use fleetops_storage::{Delivery, RepoLink, Store, TestRun, accounts::Seq, scm::ScmBatch};
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+
+use super::payload::{Payload, matches};
+use super::{RepoPatch, Work, skip};
+use crate::clock::now_ms;
+use crate::error::{Error, Result};
+
+type Reply<T> = RpcReplyPort<Result<T>>;
+
+pub(crate) enum DispatcherMsg {
+    Dispatch {
+        work: Arc<Work>,
+        reply: Reply<()>,
+    },
+    /// Records a skip decided before a delivery reached an installation (unparsable payload).
+    Skip {
+        delivery: Box<Delivery>,
+        reason: &'static str,
+        reply: Reply<()>,
+    },
+    CreateRepo {
+        project_id: u64,
+        full_name: String,
+        branch_patterns: Vec<String>,
+        include_drafts: bool,
+        reply: Reply<RepoLink>,
+    },
+    UpdateRepo {
+        project_id: u64,
+        id: u64,
+        patch: RepoPatch,
+        reply: Reply<RepoLink>,
+    },
+    DeleteRepo {
+        project_id: u64,
+        id: u64,
+        reply: Reply<()>,
+    },
+    Claim {
+        project_id: u64,
+        reply: Reply<Option<TestRun>>,
+    },
+    Heartbeat {
+        project_id: u64,
+        id: u64,
+        reply: Reply<TestRun>,
+    },
+    Complete {
+        project_id: u64,
+        id: u64,
+        status: String,
+        summary: Option<String>,
+        reply: Reply<TestRun>,
+    },
+    /// Timer: requeue runs whose lease has expired.
+    ExpireLeases,
+}
+
+pub(crate) struct DispatcherActor;
+
+pub(crate) struct DispatcherState {
+    store: Store,
+    lease_ms: i64,
+}
+
+impl Actor for DispatcherActor {
+    type Msg = DispatcherMsg;
+    type State = DispatcherState;
+    type Arguments = (Store, i64);
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        (store, lease_seconds): Self::Arguments,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        myself.send_interval(Duration::from_secs(1), || DispatcherMsg::ExpireLeases);
+        Ok(DispatcherState {
+            store,
+            lease_ms: lease_seconds.max(1) * 1000,
+        })
+    }
+
+    async fn handle(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        msg: Self::Msg,
+        st: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            DispatcherMsg::Dispatch { work, reply } => {
+                let _ = reply.send(st.dispatch(&work));
+            }
+            DispatcherMsg::Skip {
+                delivery,
+                reason,
+                reply,
+            } => {
+                let _ = reply.send(skip(&st.store, &delivery, reason));
+            }
+            DispatcherMsg::CreateRepo {
+                project_id,
+                full_name,
+                branch_patterns,
+                include_drafts,
+                reply,
+            } => {
+                let _ = reply.send(st.create_repo(
+                    project_id,
+                    full_name,
+                    branch_patterns,
+                    include_drafts,
+                ));
+            }
+            DispatcherMsg::UpdateRepo {
+                project_id,
+                id,
+                patch,
+                reply,
+            } => {
+                let _ = reply.send(st.update_repo(project_id, id, patch));
+            }
+            DispatcherMsg::DeleteRepo {
+                project_id,
+                id,
+                reply,
+            } => {
+                let _ = reply.send(st.delete_repo(project_id, id));
+            }
+            DispatcherMsg::Claim { project_id, reply } => {
+                let _ = reply.send(st.claim(project_id));
+            }
+            DispatcherMsg::Heartbeat {
+                project_id,
+                id,
+                reply,
+            } => {
+                let _ = reply.send(st.heartbeat(project_id, id));
+            }
+            DispatcherMsg::Complete {
+                project_id,
+                id,
+                status,
+                summary,
+                reply,
+            } => {
+                let _ = reply.send(st.complete(project_id, id, status, summary));
+            }
+            DispatcherMsg::ExpireLeases => {
+                if let Err(e) = st.expire_leases() {
+                    tracing::warn!(error = %e, "lease expiry failed");
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Branch patterns: 1-32 of them, each 1-255 bytes without whitespace.
+pub(crate) fn check_patterns(p: &[String]) -> Result<()> {
+    if p.is_empty() || p.len() > 32 {
+        return Err(Error::unprocessable("branch_patterns", "1 to 32 patterns"));
+    }
+    for x in p {
+        if x.is_empty() || x.len() > 255 || x.chars().any(char::is_whitespace) {
+            return Err(Error::unprocessable(
+                "branch_patterns",
+                "each pattern is 1-255 characters without whitespace",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// `owner/name` as the host spells repositories.
+pub(crate) fn check_full_name(s: &str) -> Result<()> {
+    let ok = s.len() <= 200
+        && s.split_once('/').is_some_and(|(o, n)| {
+            let part = |x: &str| {
+                !x.is_empty()
+                    && x.bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+            };
+            part(o) && part(n)
+        });
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::unprocessable("full_name", "must be owner/name"))
+    }
+}
+
+impl DispatcherState {
+    fn new_run(&self, d: &Delivery, link: &RepoLink, key: String) -> Result<TestRun> {
+        let now = now_ms();
+        Ok(TestRun {
+            id: self.store.new_id(Seq::TestRun)?,
+            project_id: link.project_id,
+            repository: link.full_name.clone(),
+            commit_sha: String::new(),
+            git_ref: String::new(),
+            event: d.event.clone(),
+            pull_request_number: None,
+            status: "queued".into(),
+            attempt: 1,
+            idempotency_key: key,
+            delivery_id: Some(d.delivery_id.clone()),
+            summary: None,
+            urls_json: b"{}".to_vec(),
+            lease_expires_at: None,
+            created_at: now,
+            updated_at: now,
+        })
+    }
+
+    fn finish(
+        &self,
+        mut d: Delivery,
+        outcome: &str,
+        run: Option<(Option<&TestRun>, &TestRun)>,
+    ) -> Result<()> {
+        let mut b = ScmBatch::default();
+        if let Some((old, r)) = run {
+            b.put_run(old, r)?;
+            d.test_run_id = Some(r.id);
+        }
+        d.outcome = outcome.into();
+        b.finish_delivery(&d)?;
+        Ok(b.commit(&self.store)?)
+    }
+
+    /// Queues a run under `key` unless a run already holds it (`duplicate_job`).
+    fn enqueue(&self, mut d: Delivery, mut run: TestRun) -> Result<()> {
+        if let Some(existing) = self.store.run_by_key(&run.idempotency_key)? {
+            d.test_run_id = Some(existing.id);
+            d.outcome = "skipped".into();
+            d.reason = Some("duplicate_job".into());
+            let mut b = ScmBatch::default();
+            b.finish_delivery(&d)?;
+            return Ok(b.commit(&self.store)?);
+        }
+        run.status = "queued".into();
+        self.finish(d, "dispatched", Some((None, &run)))
+    }
+
+    fn dispatch(&self, work: &Work) -> Result<()> {
+        let p: &Payload = &work.payload;
+        let mut d = work.delivery.clone();
+        let Some(name) = p.repo_name() else {
+            return skip(&self.store, &d, "invalid_payload");
+        };
+        d.repository = Some(name.to_string());
+        let Some(link) = self.store.repo_by_name(name)? else {
+            return skip(&self.store, &d, "repository_not_linked");
+        };
+        d.project_id = Some(link.project_id);
+        if self.store.repo_hold(name)?.is_some_and(|h| !h.current) {
+            return skip(&self.store, &d, "repository_removed");
+        }
+        let action = p.action.as_deref().unwrap_or("");
+        let full = link.full_name.clone();
+        match d.event.as_str() {
+            "pull_request" => match action {
+                "opened" | "synchronize" | "reopened" | "ready_for_review" => {
+                    let pr = p.pull_request.as_ref();
+                    let number = p.number.or(pr.and_then(|x| x.number));
+                    let head = pr.and_then(|x| x.head.as_ref());
+                    let (Some(n), Some(sha), Some(branch)) = (
+                        number,
+                        head.and_then(|h| h.sha.clone()),
+                        head.and_then(|h| h.git_ref.clone()),
+                    ) else {
+                        return skip(&self.store, &d, "invalid_payload");
+                    };
+                    if pr.and_then(|x| x.draft).unwrap_or(false) && !link.include_drafts {
+                        return skip(&self.store, &d, "draft_excluded");
+                    }
+                    let mut r = self.new_run(&d, &link, format!("{full}@{sha}#pr{n}"))?;
+                    r.commit_sha = sha;
+                    r.git_ref = branch;
+                    r.pull_request_number = Some(n);
+                    self.enqueue(d, r)
+                }
+                "closed" => {
+                    let Some(n) = p.number.or(p.pull_request.as_ref().and_then(|x| x.number))
+                    else {
+                        return skip(&self.store, &d, "invalid_payload");
+                    };
+                    let runs = self.store.pr_runs_in_flight(&full, n)?;
+                    let mut b = ScmBatch::default();
+                    let now = now_ms();
+                    for old in &runs {
+                        let mut r = old.clone();
+                        r.status = "cancelled".into();
+                        r.lease_expires_at = None;
+                        r.updated_at = now;
+                        b.put_run(Some(old), &r)?;
+                    }
+                    d.test_run_id = runs.first().map(|r| r.id);
+                    d.outcome = if runs.is_empty() {
+                        "processed"
+                    } else {
+                        "dispatched"
+                    }
+                    .into();
+                    b.finish_delivery(&d)?;
+                    Ok(b.commit(&self.store)?)
+                }
+                _ => skip(&self.store, &d, "action_ignored"),
+            },
+            "push" => {
+                if p.deleted.unwrap_or(false) {
+                    return skip(&self.store, &d, "branch_deleted");
+                }
+                let Some(git_ref) = p.git_ref.as_deref() else {
+                    return skip(&self.store, &d, "invalid_payload");
+                };
+                let Some(branch) = git_ref.strip_prefix("refs/heads/") else {
+                    return skip(&self.store, &d, "branch_not_matched");
+                };
+                if !link.branch_patterns.iter().any(|pt| matches(pt, branch)) {
+                    return skip(&self.store, &d, "branch_not_matched");
+                }
+                let Some(sha) = p.after.clone() else {
+                    return skip(&self.store, &d, "invalid_payload");
+                };
+                let mut r = self.new_run(&d, &link, format!("{full}@{sha}@{branch}"))?;
+                r.commit_sha = sha;
+                r.git_ref = branch.to_string();
+                self.enqueue(d, r)
+            }
+            "check_suite" => {
+                let cs = p.check_suite.as_ref();
+                let Some(sha) = cs.and_then(|c| c.head_sha.clone()) else {
+                    return skip(&self.store, &d, "invalid_payload");
+                };
+                let branch = cs.and_then(|c| c.head_branch.clone()).unwrap_or_default();
+                let key = format!("{full}@{sha}@{branch}");
+                match action {
+                    "requested" => {
+                        if !link.branch_patterns.iter().any(|pt| matches(pt, &branch)) {
+                            return skip(&self.store, &d, "branch_not_matched");
+                        }
+                        let mut r = self.new_run(&d, &link, key)?;
+                        r.commit_sha = sha;
+                        r.git_ref = branch;
+                        self.enqueue(d, r)
+                    }
+                    "rerequested" => {
+                        // Always a new attempt of that commit; the key moves to the new run.
+                        let previous = self.store.run_by_key(&key)?;
+                        let mut r = self.new_run(&d, &link, key)?;
+                        r.commit_sha = sha;
+                        r.git_ref = branch;
+                        r.attempt = previous.as_ref().map_or(1, |x| x.attempt.saturating_add(1));
+                        self.finish(d, "dispatched", Some((None, &r)))
+                    }
+                    _ => skip(&self.store, &d, "action_ignored"),
+                }
+            }
+            "workflow_run" => {
+                if action != "completed" {
+                    return skip(&self.store, &d, "action_ignored");
+                }
+                let Some(w) = p.workflow_run.as_ref() else {
+                    return skip(&self.store, &d, "invalid_payload");
+                };
+                let (Some(id), Some(sha)) = (w.id, w.head_sha.clone()) else {
+                    return skip(&self.store, &d, "invalid_payload");
+                };
+                let attempt = w.run_attempt.unwrap_or(1);
+                let mut r = self.new_run(&d, &link, format!("{full}@{sha}#wr{id}.{attempt}"))?;
+                r.commit_sha = sha;
+                r.git_ref = w.head_branch.clone().unwrap_or_default();
+                r.attempt = u32::try_from(attempt).unwrap_or(u32::MAX);
+                let conclusion = w.conclusion.clone().unwrap_or_default();
+                r.summary = Some(format!("workflow run {id} concluded {conclusion}"));
+                r.urls_json = serde_json::to_vec(&serde_json::json!({
+                    "html_url": w.html_url, "logs_url": w.logs_url, "artifacts_url": w.artifacts_url,
+                }))
+                .map_err(|e| Error::Internal(e.to_string()))?;
+                if let Some(existing) = self.store.run_by_key(&r.idempotency_key)? {
+                    d.test_run_id = Some(existing.id);
+                    return skip(&self.store, &d, "duplicate_job");
+                }
+                r.status = match conclusion.as_str() {
+                    "success" => "passed",
+                    "cancelled" => "cancelled",
+                    _ => "failed",
+                }
+                .into();
+                self.finish(d, "dispatched", Some((None, &r)))
+            }
+            _ => skip(&self.store, &d, "event_ignored"),
+        }
+    }
+
+    fn create_repo(
+        &self,
+        project_id: u64,
+        full_name: String,
+        branch_patterns: Vec<String>,
+        include_drafts: bool,
+    ) -> Result<RepoLink> {
+        check_full_name(&full_name)?;
+        check_patterns(&branch_patterns)?;
+        if let Some(l) = self.store.repo_by_name(&full_name)? {
+            return Err(Error::Conflict(if l.project_id == project_id {
+                format!("Repository {full_name} is already linked to this project")
+            } else {
+                format!("Repository {full_name} is already linked to another project")
+            }));
+        }
+        let now = now_ms();
+        let r = RepoLink {
+            id: self.store.new_id(Seq::Repository)?,
+            project_id,
+            full_name,
+            branch_patterns,
+            include_drafts,
+            created_at: now,
+            updated_at: now,
+        };
+        let mut b = ScmBatch::default();
+        b.put_repo(&r)?;
+        b.commit(&self.store)?;
+        Ok(r)
+    }
+
+    fn repo(&self, project_id: u64, id: u64) -> Result<RepoLink> {
+        self.store
+            .repo(project_id, id)?
+            .ok_or_else(|| Error::not_found("Repository"))
+    }
+
+    fn update_repo(&self, project_id: u64, id: u64, patch: RepoPatch) -> Result<RepoLink> {
+        let mut r = self.repo(project_id, id)?;
+        if let Some(p) = patch.branch_patterns {
+            check_patterns(&p)?;
+            r.branch_patterns = p;
+        }
+        if let Some(d) = patch.include_drafts {
+            r.include_drafts = d;
+        }
+        r.updated_at = now_ms();
+        let mut b = ScmBatch::default();
+        b.put_repo(&r)?;
+        b.commit(&self.store)?;
+        Ok(r)
+    }
+
+    fn delete_repo(&self, project_id: u64, id: u64) -> Result<()> {
+        let r = self.repo(project_id, id)?;
+        let mut b = ScmBatch::default();
+        b.delete_repo(&r);
+        Ok(b.commit(&self.store)?)
+    }
+
+    fn run(&self, project_id: u64, id: u64) -> Result<TestRun> {
+        self.store
+            .run(project_id, id)?
+            .ok_or_else(|| Error::not_found("Test run"))
+    }
+
+    fn save(&self, old: &TestRun, r: &TestRun) -> Result<()> {
+        let mut b = ScmBatch::default();
+        b.put_run(Some(old), r)?;
+        Ok(b.commit(&self.store)?)
+    }
+
+    fn claim(&self, project_id: u64) -> Result<Option<TestRun>> {
+        let Some(old) = self.store.first_queued(project_id)? else {
+            return Ok(None);
+        };
+        let now = now_ms();
+        let mut r = old.clone();
+        r.status = "running".into();
+        r.lease_expires_at = Some(now + self.lease_ms);
+        r.updated_at = now;
+        self.save(&old, &r)?;
+        Ok(Some(r))
+    }
+
+    fn heartbeat(&self, project_id: u64, id: u64) -> Result<TestRun> {
+        let old = self.run(project_id, id)?;
+        if old.status != "running" {
+            return Err(Error::Conflict(format!(
+                "Test run is {}; only a running run holds a lease",
+                old.status
+            )));
+        }
+        let now = now_ms();
+        let mut r = old.clone();
+        r.lease_expires_at = Some(now + self.lease_ms);
+        r.updated_at = now;
+        self.save(&old, &r)?;
+        Ok(r)
+    }
+
+    fn complete(
+        &self,
+        project_id: u64,
+        id: u64,
+        status: String,
+        summary: Option<String>,
+    ) -> Result<TestRun> {
+        let old = self.run(project_id, id)?;
+        if !matches!(status.as_str(), "passed" | "failed") {
+            return Err(Error::unprocessable("status", "must be passed or failed"));
+        }
+        if summary.as_ref().is_some_and(|s| s.chars().count() > 10_000) {
+            return Err(Error::unprocessable("summary", "at most 10,000 characters"));
+        }
+        if old.status != "running" {
+            return Err(Error::Conflict(format!(
+                "Test run is {}; only a running run can be completed",
+                old.status
+            )));
+        }
+        let mut r = old.clone();
+        r.status = status;
+        r.summary = summary.or(r.summary);
+        r.lease_expires_at = None;
+        r.updated_at = now_ms();
+        self.save(&old, &r)?;
+        Ok(r)
+    }
+
+    fn expire_leases(&self) -> Result<()> {
+        let now = now_ms();
+        for (p, id) in self.store.running_runs()? {
+            let Some(old) = self.store.run(p, id)? else {
+                continue;
+            };
+            if old.lease_expires_at.is_some_and(|t| t <= now) {
+                let mut r = old.clone();
+                r.status = "queued".into();
+                r.attempt = r.attempt.saturating_add(1);
+                r.lease_expires_at = None;
+                r.updated_at = now;
+                self.save(&old, &r)?;
+            }
+        }
+        Ok(())
+    }
+}

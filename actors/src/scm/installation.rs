@@ -1,0 +1,225 @@
+//! InstallationActor: one per host installation (key 0 takes deliveries that name none and
+//! resolve to none). It is the single writer of its installation record and of which
+//! repositories it holds: it applies the lifecycle (created, deleted, suspend, unsuspend) and
+//! repository sync (added, removed), skips deliveries of a suspended or deleted installation,
+//! and hands the rest to the JobDispatcher. Deliveries of one installation are handled in
+//! arrival order.
+
+use std::sync::Arc;
+
+use fleetops_storage::{Installation, RepoHold, Store, scm::ScmBatch};
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+
+use super::dispatcher::DispatcherMsg;
+use super::payload::{Payload, names};
+use super::{Work, skip};
+use crate::clock::now_ms;
+use crate::error::Result;
+use crate::mailbox::Slot;
+
+type Reply<T> = RpcReplyPort<Result<T>>;
+
+pub(crate) enum InstallationMsg {
+    Deliver { work: Arc<Work>, reply: Reply<()> },
+}
+
+#[derive(Default)]
+pub(crate) struct InstallationActor;
+
+impl crate::keyed::KeyedChild for InstallationActor {
+    type Ctx = (Store, Arc<Slot<DispatcherMsg>>);
+    const KIND: &'static str = "installation";
+}
+
+pub(crate) struct InstallationState {
+    id: u64,
+    store: Store,
+    dispatcher: Arc<Slot<DispatcherMsg>>,
+}
+
+impl Actor for InstallationActor {
+    type Msg = InstallationMsg;
+    type State = InstallationState;
+    type Arguments = ((Store, Arc<Slot<DispatcherMsg>>), u64);
+
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        ((store, dispatcher), id): Self::Arguments,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        Ok(InstallationState {
+            id,
+            store,
+            dispatcher,
+        })
+    }
+
+    async fn handle(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        msg: Self::Msg,
+        st: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        let InstallationMsg::Deliver { work, reply } = msg;
+        let r = st.deliver(work).await;
+        let _ = reply.send(r);
+        Ok(())
+    }
+}
+
+impl InstallationState {
+    async fn deliver(&self, work: Arc<Work>) -> Result<()> {
+        let p = &work.payload;
+        let action = p.action.as_deref().unwrap_or("");
+        match work.delivery.event.as_str() {
+            "installation" => match action {
+                "created" | "deleted" | "suspend" | "unsuspend" => self.lifecycle(&work, action),
+                _ => skip(&self.store, &work.delivery, "action_ignored"),
+            },
+            "installation_repositories" => match action {
+                "added" | "removed" => self.sync(&work, action == "added"),
+                _ => skip(&self.store, &work.delivery, "action_ignored"),
+            },
+            _ => {
+                if self.id != 0
+                    && let Some(i) = self.store.installation(self.id)?
+                {
+                    match i.state.as_str() {
+                        "deleted" => {
+                            return skip(&self.store, &work.delivery, "installation_deleted");
+                        }
+                        "suspended" => {
+                            return skip(&self.store, &work.delivery, "installation_suspended");
+                        }
+                        _ => {}
+                    }
+                }
+                let w = work.clone();
+                self.dispatcher
+                    .call(|reply| DispatcherMsg::Dispatch {
+                        work: w.clone(),
+                        reply,
+                    })
+                    .await
+            }
+        }
+    }
+
+    /// The stored installation, or a new one from the payload.
+    fn record(&self, p: &Payload) -> Result<Installation> {
+        let now = now_ms();
+        let mut i = self.store.installation(self.id)?.unwrap_or(Installation {
+            id: self.id,
+            account_login: String::new(),
+            account_type: String::new(),
+            repository_selection: String::new(),
+            state: "active".into(),
+            repositories: Vec::new(),
+            removed: Vec::new(),
+            created_at: now,
+            updated_at: now,
+        });
+        if let Some(r) = &p.installation {
+            if let Some(a) = &r.account {
+                if let Some(l) = &a.login {
+                    i.account_login = l.clone();
+                }
+                if let Some(k) = &a.kind {
+                    i.account_type = k.clone();
+                }
+            }
+            if let Some(sel) = r
+                .repository_selection
+                .as_ref()
+                .or(p.repository_selection.as_ref())
+            {
+                i.repository_selection = sel.clone();
+            }
+        }
+        i.updated_at = now;
+        Ok(i)
+    }
+
+    fn lifecycle(&self, work: &Work, action: &str) -> Result<()> {
+        if self.id == 0 {
+            return skip(&self.store, &work.delivery, "invalid_payload");
+        }
+        let mut i = self.record(&work.payload)?;
+        let mut b = ScmBatch::default();
+        match action {
+            "created" => {
+                i.state = "active".into();
+                let repos = names(&work.payload.repositories);
+                for r in &repos {
+                    b.put_hold(r, &self.hold(true))?;
+                }
+                i.removed.retain(|x| !contains(&repos, x));
+                i.repositories = repos;
+            }
+            "deleted" => {
+                // Disabled, history kept: its repositories are disconnected.
+                i.state = "deleted".into();
+                for r in &i.repositories {
+                    b.put_hold(r, &self.hold(false))?;
+                }
+            }
+            "suspend" => i.state = "suspended".into(),
+            _ => i.state = "active".into(),
+        }
+        b.put_installation(&i)?;
+        let mut d = work.delivery.clone();
+        d.outcome = "processed".into();
+        d.installation_id = Some(self.id);
+        b.finish_delivery(&d)?;
+        Ok(b.commit(&self.store)?)
+    }
+
+    fn sync(&self, work: &Work, added: bool) -> Result<()> {
+        if self.id == 0 {
+            return skip(&self.store, &work.delivery, "invalid_payload");
+        }
+        let mut i = self.record(&work.payload)?;
+        let mut b = ScmBatch::default();
+        let list = if added {
+            names(&work.payload.repositories_added)
+        } else {
+            names(&work.payload.repositories_removed)
+        };
+        for r in &list {
+            if added {
+                if !contains(&i.repositories, r) {
+                    i.repositories.push(r.clone());
+                }
+                i.removed.retain(|x| !x.eq_ignore_ascii_case(r));
+            } else {
+                i.repositories.retain(|x| !x.eq_ignore_ascii_case(r));
+                if !contains(&i.removed, r) {
+                    i.removed.push(r.clone());
+                }
+            }
+            b.put_hold(r, &self.hold(added))?;
+        }
+        b.put_installation(&i)?;
+        let mut d = work.delivery.clone();
+        d.outcome = "processed".into();
+        d.installation_id = Some(self.id);
+        // A single-repository change names its project in the log when it is linked.
+        if let [only] = list.as_slice() {
+            d.repository = Some(only.clone());
+            d.project_id = self.store.repo_by_name(only)?.map(|l| l.project_id);
+        }
+        b.finish_delivery(&d)?;
+        Ok(b.commit(&self.store)?)
+    }
+
+    fn hold(&self, current: bool) -> RepoHold {
+        RepoHold {
+            installation_id: self.id,
+            current,
+        }
+    }
+}
+
+fn contains(list: &[String], name: &str) -> bool {
+    list.iter().any(|x| x.eq_ignore_ascii_case(name))
+}

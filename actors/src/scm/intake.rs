@@ -1,0 +1,108 @@
+//! IntakeActor: the single writer of delivery ids. It claims an id and stores the delivery
+//! (and, for subscribed events, its payload and a place in the worker's queue) in one atomic
+//! write, so concurrent deliveries of one id are accepted exactly once; the caller waits for
+//! the group commit before answering 202. It also owns the webhook secret's rotation.
+
+use bytes::Bytes;
+use fleetops_storage::{Delivery, Store, accounts::Seq};
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+
+use super::SecretState;
+use crate::clock::now_ms;
+use crate::error::{Error, Result};
+
+type Reply<T> = RpcReplyPort<Result<T>>;
+
+/// The meta key of the webhook secret state.
+pub(crate) const SECRET_META: &str = "scm_webhook_secret";
+
+pub(crate) enum IntakeMsg {
+    /// Replies with the delivery's seq when it was queued, `None` when it was ignored (an
+    /// unsubscribed event), `Rejected` when its id was already claimed.
+    Accept {
+        delivery_id: String,
+        event: String,
+        subscribed: bool,
+        body: Bytes,
+        reply: Reply<Option<u64>>,
+    },
+    /// Stores a new secret state (rotation).
+    Rotate {
+        state: Box<SecretState>,
+        reply: Reply<()>,
+    },
+}
+
+pub(crate) struct IntakeActor;
+
+impl Actor for IntakeActor {
+    type Msg = IntakeMsg;
+    type State = Store;
+    type Arguments = Store;
+
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        store: Store,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        Ok(store)
+    }
+
+    async fn handle(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        msg: Self::Msg,
+        store: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            IntakeMsg::Accept {
+                delivery_id,
+                event,
+                subscribed,
+                body,
+                reply,
+            } => {
+                let _ = reply.send(accept(store, delivery_id, event, subscribed, &body));
+            }
+            IntakeMsg::Rotate { state, reply } => {
+                let r = serde_json::to_vec(&*state)
+                    .map_err(|e| Error::Internal(e.to_string()))
+                    .and_then(|v| Ok(store.meta_put(SECRET_META, &v)?));
+                let _ = reply.send(r);
+            }
+        }
+        Ok(())
+    }
+}
+
+fn accept(
+    store: &Store,
+    delivery_id: String,
+    event: String,
+    subscribed: bool,
+    body: &[u8],
+) -> Result<Option<u64>> {
+    if store.is_claimed(&delivery_id)? {
+        return Err(Error::Rejected("Duplicate delivery".into()));
+    }
+    let seq = store.new_id(Seq::Delivery)?;
+    let d = Delivery {
+        seq,
+        delivery_id,
+        event,
+        action: None,
+        received_at: now_ms(),
+        status_code: 202,
+        outcome: if subscribed { "queued" } else { "ignored" }.into(),
+        reason: (!subscribed).then(|| "event_ignored".into()),
+        installation_id: None,
+        repository: None,
+        project_id: None,
+        test_run_id: None,
+        payload_len: body.len() as u64,
+    };
+    if !store.claim_delivery(&d, subscribed.then_some(body), subscribed)? {
+        return Err(Error::Rejected("Duplicate delivery".into()));
+    }
+    Ok(subscribed.then_some(seq))
+}

@@ -1,0 +1,219 @@
+//! The source host's side: the webhook (signature, then id, then the intake), the secret's
+//! rotation and status, installations and the delivery log (superuser), and per project the
+//! linked repositories, test runs (with the runner's claim, heartbeat and complete) and the
+//! project's deliveries.
+
+use fleetops_actors::Role;
+use fleetops_actors::scm::{DeliveryFilter, RepoPatch, RunFilter};
+use fleetops_actors::views::Items;
+use http::{Response, StatusCode};
+use serde::Deserialize;
+
+use crate::app::{Cx, Req};
+use crate::body::{self, Body};
+use crate::error::{ApiError, ApiResult};
+
+fn header2<'a>(req: &'a Req, host: &str, github: &str) -> Option<&'a str> {
+    req.header(host).or_else(|| req.header(github))
+}
+
+/// Public: the signature is the credential, checked over the raw bytes before anything else
+/// about the request; not tier-limited.
+pub async fn receive(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
+    let scm = &cx.rt().scm;
+    let limit = usize::try_from(scm.max_body_bytes()).unwrap_or(usize::MAX);
+    let bytes = req.body_bytes(limit).await?;
+    let id = header2(&req, "x-host-delivery", "x-github-delivery");
+    let event = header2(&req, "x-host-event", "x-github-event");
+    scm.verify(req.header("x-hub-signature-256"), &bytes, id, event)?;
+    body::accepted(&scm.accept(id, event, bytes).await?)
+}
+
+fn superuser(cx: &mut Cx<'_>, req: &Req) -> ApiResult<()> {
+    let p = cx.authenticate(req, None)?;
+    cx.rt().access.require_superuser(&p)?;
+    Ok(())
+}
+
+pub async fn rotate(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    superuser(cx, &req)?;
+    body::ok(&cx.rt().scm.rotate().await?)
+}
+
+pub fn status(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    superuser(cx, &req)?;
+    body::ok(&cx.rt().scm.status())
+}
+
+pub fn installations(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    superuser(cx, &req)?;
+    body::ok(&Items {
+        items: cx.rt().scm.installations()?,
+    })
+}
+
+fn delivery_filter(req: &Req) -> ApiResult<DeliveryFilter> {
+    let outcome = match req.query.get("outcome") {
+        None => None,
+        Some(
+            o @ ("queued" | "processed" | "dispatched" | "skipped" | "ignored" | "rejected"
+            | "duplicate"),
+        ) => Some(o.to_string()),
+        Some(_) => {
+            return Err(ApiError::unprocessable(
+                "outcome: must be queued, processed, dispatched, skipped, ignored, rejected or duplicate",
+            ));
+        }
+    };
+    Ok(DeliveryFilter {
+        outcome,
+        reason: req.query.get("reason").map(str::to_string),
+    })
+}
+
+pub fn deliveries(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    superuser(cx, &req)?;
+    let (f, page) = (delivery_filter(&req)?, req.query.page()?);
+    body::ok(&cx.rt().scm.deliveries(None, &f, page)?)
+}
+
+pub fn delivery(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    superuser(cx, &req)?;
+    body::ok(&cx.rt().scm.delivery(None, req.param("delivery_id"))?)
+}
+
+pub fn project_deliveries(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.project(&req, Role::Viewer)?;
+    let (f, page) = (delivery_filter(&req)?, req.query.page()?);
+    body::ok(&cx.rt().scm.deliveries(Some(s.project.id), &f, page)?)
+}
+
+pub fn project_delivery(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.project(&req, Role::Viewer)?;
+    body::ok(
+        &cx.rt()
+            .scm
+            .delivery(Some(s.project.id), req.param("delivery_id"))?,
+    )
+}
+
+#[derive(Deserialize)]
+struct RepoBody {
+    full_name: String,
+    branch_patterns: Option<Vec<String>>,
+    include_drafts: Option<bool>,
+}
+
+pub async fn create_repo(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.project(&req, Role::Member)?;
+    let b: RepoBody = cx.json(&mut req).await?;
+    body::created(
+        &cx.rt()
+            .scm
+            .create_repo(
+                s.project.id,
+                b.full_name,
+                b.branch_patterns,
+                b.include_drafts,
+            )
+            .await?,
+    )
+}
+
+pub fn repos(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.project(&req, Role::Viewer)?;
+    let page = req.query.page()?;
+    body::ok(&cx.rt().scm.repos(s.project.id, page)?)
+}
+
+pub fn repo(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.project(&req, Role::Viewer)?;
+    let id = req.id("repo_id", "Repository")?;
+    body::ok(&cx.rt().scm.repo(s.project.id, id)?)
+}
+
+#[derive(Deserialize)]
+struct RepoPatchBody {
+    branch_patterns: Option<Vec<String>>,
+    include_drafts: Option<bool>,
+}
+
+pub async fn patch_repo(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.project(&req, Role::Member)?;
+    let id = req.id("repo_id", "Repository")?;
+    let b: RepoPatchBody = cx.json(&mut req).await?;
+    let p = RepoPatch {
+        branch_patterns: b.branch_patterns,
+        include_drafts: b.include_drafts,
+    };
+    body::ok(&cx.rt().scm.update_repo(s.project.id, id, p).await?)
+}
+
+pub async fn delete_repo(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.project(&req, Role::Member)?;
+    let id = req.id("repo_id", "Repository")?;
+    cx.rt().scm.delete_repo(s.project.id, id).await?;
+    body::no_content()
+}
+
+pub fn runs(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.project(&req, Role::Viewer)?;
+    let status = match req.query.get("status") {
+        None => None,
+        Some(v @ ("queued" | "running" | "passed" | "failed" | "cancelled")) => Some(v.to_string()),
+        Some(_) => {
+            return Err(ApiError::unprocessable(
+                "status: must be queued, running, passed, failed or cancelled",
+            ));
+        }
+    };
+    let f = RunFilter {
+        status,
+        repository: req.query.get("repository").map(str::to_string),
+        commit_sha: req.query.get("commit_sha").map(str::to_string),
+    };
+    let page = req.query.page()?;
+    body::ok(&cx.rt().scm.runs(s.project.id, &f, page)?)
+}
+
+pub fn run(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.project(&req, Role::Viewer)?;
+    let id = req.id("run_id", "Test run")?;
+    body::ok(&cx.rt().scm.run(s.project.id, id)?)
+}
+
+pub async fn claim(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.project(&req, Role::Member)?;
+    match cx.rt().scm.claim(s.project.id).await? {
+        Some(r) => body::ok(&r),
+        None => {
+            let mut resp = Response::new(body::empty());
+            *resp.status_mut() = StatusCode::NO_CONTENT;
+            Ok(resp)
+        }
+    }
+}
+
+pub async fn heartbeat(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.project(&req, Role::Member)?;
+    let id = req.id("run_id", "Test run")?;
+    body::ok(&cx.rt().scm.heartbeat(s.project.id, id).await?)
+}
+
+#[derive(Deserialize)]
+struct CompleteBody {
+    status: String,
+    summary: Option<String>,
+}
+
+pub async fn complete(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.project(&req, Role::Member)?;
+    let id = req.id("run_id", "Test run")?;
+    let b: CompleteBody = cx.json(&mut req).await?;
+    body::ok(
+        &cx.rt()
+            .scm
+            .complete(s.project.id, id, b.status, b.summary)
+            .await?,
+    )
+}

@@ -1,0 +1,334 @@
+//! Inbound webhooks: the dedup window, the delivery log and its intake queue, installations,
+//! repository links and test runs. Each change is one atomic batch ([`ScmBatch`]), so a
+//! delivery's outcome is written together with its effect and a crash replays it whole or not
+//! at all.
+
+use crate::{
+    Delivery, Installation, RepoHold, RepoLink, Result, Store, TestRun, Writes, codec, keys,
+};
+
+/// Changes applied together by [`ScmBatch::commit`].
+pub struct ScmBatch(Writes);
+
+impl Default for ScmBatch {
+    fn default() -> Self {
+        Self(Writes::new())
+    }
+}
+
+impl ScmBatch {
+    /// Records a delivery's outcome: out of the queue, into its project's log.
+    pub fn finish_delivery(&mut self, d: &Delivery) -> Result<()> {
+        self.0.put(keys::delivery(d.seq), d)?;
+        self.0.delete(keys::queued(d.seq));
+        if let Some(p) = d.project_id {
+            self.0
+                .0
+                .insert(keys::project_delivery(p, d.seq), Vec::new());
+        }
+        Ok(())
+    }
+
+    pub fn put_installation(&mut self, i: &Installation) -> Result<()> {
+        self.0.put(keys::installation(i.id), i)
+    }
+
+    pub fn put_hold(&mut self, full_name: &str, h: &RepoHold) -> Result<()> {
+        self.0.put(keys::repo_hold(full_name), h)
+    }
+
+    /// Writes a run and keeps its indexes (queue, running, idempotency key, pull request)
+    /// in step with its status. `old` is the run as stored before, if any.
+    pub fn put_run(&mut self, old: Option<&TestRun>, r: &TestRun) -> Result<()> {
+        self.0.put(keys::run(r.project_id, r.id), r)?;
+        let pid = r.project_id.to_be_bytes().to_vec();
+        if r.status == "queued" {
+            self.0
+                .0
+                .insert(keys::run_queue(r.project_id, r.id), Vec::new());
+        } else {
+            self.0.delete(keys::run_queue(r.project_id, r.id));
+        }
+        if r.status == "running" {
+            self.0.0.insert(keys::running(r.id), pid.clone());
+        } else {
+            self.0.delete(keys::running(r.id));
+        }
+        if r.holds_key() {
+            let mut v = pid.clone();
+            v.extend_from_slice(&r.id.to_be_bytes());
+            self.0.0.insert(keys::run_by_key(&r.idempotency_key), v);
+        } else if old.is_some_and(|o| o.holds_key()) {
+            self.0.delete(keys::run_by_key(&r.idempotency_key));
+        }
+        if let Some(n) = r.pull_request_number {
+            if r.in_flight() {
+                self.0.0.insert(keys::pr_run(&r.repository, n, r.id), pid);
+            } else {
+                self.0.delete(keys::pr_run(&r.repository, n, r.id));
+            }
+        }
+        Ok(())
+    }
+
+    pub fn put_repo(&mut self, r: &RepoLink) -> Result<()> {
+        self.0.put(keys::repo(r.project_id, r.id), r)?;
+        let mut v = r.project_id.to_be_bytes().to_vec();
+        v.extend_from_slice(&r.id.to_be_bytes());
+        self.0.0.insert(keys::repo_by_name(&r.full_name), v);
+        Ok(())
+    }
+
+    pub fn delete_repo(&mut self, r: &RepoLink) {
+        self.0.delete(keys::repo(r.project_id, r.id));
+        self.0.delete(keys::repo_by_name(&r.full_name));
+    }
+
+    pub fn commit(self, store: &Store) -> Result<()> {
+        store.apply(self.0.0)
+    }
+}
+
+fn pair(v: &[u8]) -> Option<(u64, u64)> {
+    let a = v.get(..8).and_then(|b| <[u8; 8]>::try_from(b).ok())?;
+    let b = v.get(8..16).and_then(|b| <[u8; 8]>::try_from(b).ok())?;
+    Some((u64::from_be_bytes(a), u64::from_be_bytes(b)))
+}
+
+impl Store {
+    /// Claims a delivery id and stores the delivery (and its payload, queued for the worker
+    /// when `queue`), atomically; `false` when the id was already claimed. Only the intake
+    /// actor calls this, so the check and the write cannot interleave with another claim.
+    pub fn claim_delivery(
+        &self,
+        d: &Delivery,
+        payload: Option<&[u8]>,
+        queue: bool,
+    ) -> Result<bool> {
+        if self
+            .inner
+            .records
+            .contains_key(keys::dedup(&d.delivery_id))?
+        {
+            return Ok(false);
+        }
+        let mut w = Writes::new();
+        w.put_id(keys::dedup(&d.delivery_id), d.seq);
+        w.put_id(keys::delivery_by_id(&d.delivery_id), d.seq);
+        w.put(keys::delivery(d.seq), d)?;
+        if let Some(p) = payload {
+            w.0.insert(keys::payload(d.seq), p);
+        }
+        if queue {
+            w.0.insert(keys::queued(d.seq), Vec::new());
+        }
+        self.apply(w.0)?;
+        Ok(true)
+    }
+
+    pub fn is_claimed(&self, delivery_id: &str) -> Result<bool> {
+        Ok(self.inner.records.contains_key(keys::dedup(delivery_id))?)
+    }
+
+    pub fn delivery(&self, seq: u64) -> Result<Option<Delivery>> {
+        self.get(&keys::delivery(seq))
+    }
+
+    pub fn delivery_by_id(&self, delivery_id: &str) -> Result<Option<Delivery>> {
+        match self.get_id(&keys::delivery_by_id(delivery_id))? {
+            Some(seq) => self.delivery(seq),
+            None => Ok(None),
+        }
+    }
+
+    pub fn payload(&self, seq: u64) -> Result<Option<sled::IVec>> {
+        Ok(self.inner.records.get(keys::payload(seq))?)
+    }
+
+    /// Deliveries still waiting for the worker, in arrival order.
+    pub fn queued_deliveries(&self) -> Result<Vec<u64>> {
+        Ok(self
+            .scan_keys(&keys::queued_prefix())?
+            .iter()
+            .filter_map(|k| keys::trailing_id(k))
+            .collect())
+    }
+
+    /// The delivery log, newest first.
+    pub fn deliveries(&self) -> Result<Vec<Delivery>> {
+        self.scan_rev(&keys::delivery_prefix())
+    }
+
+    /// The deliveries resolved to a project, newest first.
+    pub fn project_deliveries(&self, project: u64) -> Result<Vec<Delivery>> {
+        let mut out = Vec::new();
+        for k in self
+            .scan_keys(&keys::project_delivery_prefix(project))?
+            .iter()
+            .rev()
+        {
+            if let Some(d) = keys::trailing_id(k)
+                .map(|s| self.delivery(s))
+                .transpose()?
+                .flatten()
+            {
+                out.push(d);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Frees the ids of deliveries received before `dedup_before` (the dedup window), resuming
+    /// after `from_seq`, and drops processed deliveries received before `log_before` (the
+    /// log's retention). Returns the last seq whose id was freed. Each pass reads only what
+    /// has expired since the last.
+    pub fn expire_deliveries(
+        &self,
+        from_seq: u64,
+        dedup_before: i64,
+        log_before: i64,
+    ) -> Result<u64> {
+        let mut w = Writes::new();
+        for kv in self.inner.records.scan_prefix(keys::delivery_prefix()) {
+            let (_, v) = kv?;
+            let d: Delivery = codec::decode(&v)?;
+            if d.received_at >= log_before {
+                break;
+            }
+            if d.outcome == "queued" {
+                continue;
+            }
+            w.delete(keys::delivery(d.seq));
+            w.delete(keys::payload(d.seq));
+            w.delete(keys::delivery_by_id(&d.delivery_id));
+            if let Some(p) = d.project_id {
+                w.delete(keys::project_delivery(p, d.seq));
+            }
+        }
+        let mut freed = from_seq;
+        let prefix = keys::delivery_prefix();
+        for kv in self
+            .inner
+            .records
+            .range(keys::delivery(from_seq.saturating_add(1))..)
+        {
+            let (k, v) = kv?;
+            if !k.starts_with(&prefix) {
+                break;
+            }
+            let d: Delivery = codec::decode(&v)?;
+            if d.received_at >= dedup_before {
+                break;
+            }
+            w.delete(keys::dedup(&d.delivery_id));
+            freed = d.seq;
+        }
+        self.apply(w.0)?;
+        Ok(freed)
+    }
+
+    pub fn installation(&self, id: u64) -> Result<Option<Installation>> {
+        self.get(&keys::installation(id))
+    }
+
+    pub fn installations(&self) -> Result<Vec<Installation>> {
+        let mut v: Vec<Installation> = self.scan_rev(&keys::installation_prefix())?;
+        v.reverse();
+        Ok(v)
+    }
+
+    pub fn repo_hold(&self, full_name: &str) -> Result<Option<RepoHold>> {
+        self.get(&keys::repo_hold(full_name))
+    }
+
+    pub fn repo(&self, project: u64, id: u64) -> Result<Option<RepoLink>> {
+        self.get(&keys::repo(project, id))
+    }
+
+    pub fn repo_by_name(&self, full_name: &str) -> Result<Option<RepoLink>> {
+        let Some(v) = self.inner.records.get(keys::repo_by_name(full_name))? else {
+            return Ok(None);
+        };
+        match pair(&v) {
+            Some((p, id)) => self.repo(p, id),
+            None => Ok(None),
+        }
+    }
+
+    pub fn project_repos(&self, project: u64) -> Result<Vec<RepoLink>> {
+        self.scan_rev(&keys::repo_prefix(project))
+    }
+
+    pub fn run(&self, project: u64, id: u64) -> Result<Option<TestRun>> {
+        self.get(&keys::run(project, id))
+    }
+
+    pub fn run_by_key(&self, idempotency_key: &str) -> Result<Option<TestRun>> {
+        let Some(v) = self.inner.records.get(keys::run_by_key(idempotency_key))? else {
+            return Ok(None);
+        };
+        match pair(&v) {
+            Some((p, id)) => self.run(p, id),
+            None => Ok(None),
+        }
+    }
+
+    /// A project's runs, newest first.
+    pub fn project_runs(&self, project: u64) -> Result<Vec<TestRun>> {
+        self.scan_rev(&keys::run_prefix(project))
+    }
+
+    /// The oldest queued run of a project.
+    pub fn first_queued(&self, project: u64) -> Result<Option<TestRun>> {
+        match self
+            .inner
+            .records
+            .scan_prefix(keys::run_queue_prefix(project))
+            .next()
+        {
+            Some(kv) => {
+                let (k, _) = kv?;
+                match keys::trailing_id(&k) {
+                    Some(id) => self.run(project, id),
+                    None => Ok(None),
+                }
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// Every running run, as (project, id).
+    pub fn running_runs(&self) -> Result<Vec<(u64, u64)>> {
+        let mut out = Vec::new();
+        for kv in self.inner.records.scan_prefix(keys::running_prefix()) {
+            let (k, v) = kv?;
+            if let (Some(id), Some(p)) = (
+                keys::trailing_id(&k),
+                <[u8; 8]>::try_from(v.as_ref()).ok().map(u64::from_be_bytes),
+            ) {
+                out.push((p, id));
+            }
+        }
+        Ok(out)
+    }
+
+    /// The queued and running runs of a pull request.
+    pub fn pr_runs_in_flight(&self, full_name: &str, number: u64) -> Result<Vec<TestRun>> {
+        let mut out = Vec::new();
+        for kv in self
+            .inner
+            .records
+            .scan_prefix(keys::pr_run_prefix(full_name, number))
+        {
+            let (k, v) = kv?;
+            if let (Some(id), Some(p)) = (
+                keys::trailing_id(&k),
+                <[u8; 8]>::try_from(v.as_ref()).ok().map(u64::from_be_bytes),
+            ) && let Some(r) = self.run(p, id)?
+            {
+                out.push(r);
+            }
+        }
+        Ok(out)
+    }
+}
