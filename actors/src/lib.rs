@@ -79,6 +79,8 @@ pub struct Runtime {
     pub sessions: SessionsHandle,
     pub pipeline: pipeline::PipelineHandle,
     pub scm: scm::ScmHandle,
+    /// The webhook worker (it holds the store; stopped at shutdown).
+    worker: Arc<std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>>,
     root: ActorRef<RootMsg>,
     restarts: Arc<AtomicU64>,
 }
@@ -236,7 +238,7 @@ impl Runtime {
         for seq in store.queued_deliveries()? {
             let _ = queue_tx.send(seq);
         }
-        tokio::spawn(scm::run_worker(scm.clone(), queue_rx));
+        let worker = tokio::spawn(scm::run_worker(scm.clone(), queue_rx));
         let access = Access {
             store: store.clone(),
             tier_rank: Arc::new(cfg.tiers.iter().rev().cloned().collect()),
@@ -250,6 +252,7 @@ impl Runtime {
             sessions,
             pipeline,
             scm,
+            worker: Arc::new(std::sync::Mutex::new(Some(worker))),
             root,
             restarts,
         })
@@ -274,9 +277,16 @@ impl Runtime {
     /// root), and flushes storage.
     pub async fn shutdown(&self) {
         let t = Some(Duration::from_secs(10));
+        // The worker first: a delivery it was working stays queued and is worked after the
+        // next start.
+        if let Some(w) = self.worker.lock().ok().and_then(|mut g| g.take()) {
+            w.abort();
+            let _ = w.await;
+        }
         for sup in [
             self.sessions.actors.sup.get().map(|a| a.get_cell()),
             self.projects.actors.sup.get().map(|a| a.get_cell()),
+            self.scm.installations.sup.get().map(|a| a.get_cell()),
         ]
         .into_iter()
         .flatten()

@@ -481,3 +481,79 @@ async fn kill_9_after_acknowledged_log_batches_keeps_every_line() {
     let v: serde_json::Value = r.json().await.unwrap();
     assert_eq!(v["metrics"]["log_count"], 16 * 500 + 1);
 }
+
+/// Deliveries answered 202 and then a kill -9 (most are still queued for the worker): after
+/// the restart every one is processed, exactly once.
+#[tokio::test]
+async fn kill_9_between_202_and_processing_then_every_delivery_is_processed_once() {
+    use crate::webhooks::{SECRET, pr, sign};
+    let dir = tempfile::tempdir().unwrap();
+    let env = [("FLEETOPS_SCM_WEBHOOK_SECRET", SECRET)];
+    let mut p = serve(dir.path(), &env);
+    let key = field(&p.stdout, "API key:").unwrap().to_string();
+    let c = client();
+    let r = c
+        .post(format!("{}{DEV}/repositories", p.base))
+        .bearer_auth(&key)
+        .json(&json!({"full_name": "Codertocat/Hello-World"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let n = 300u64;
+    let mut tasks = Vec::new();
+    for i in 0..n {
+        let body = serde_json::to_vec(&pr("opened", i + 1, &format!("{i:040}"), false)).unwrap();
+        let (c, url) = (c.clone(), format!("{}/api/v1/scm/webhooks", p.base));
+        tasks.push(tokio::spawn(async move {
+            c.post(url)
+                .header("X-Host-Event", "pull_request")
+                .header("X-Host-Delivery", uuid::Uuid::new_v4().to_string())
+                .header("X-Hub-Signature-256", sign(SECRET, &body))
+                .body(body)
+                .send()
+                .await
+                .unwrap()
+                .status()
+        }));
+    }
+    for t in tasks {
+        assert_eq!(t.await.unwrap(), 202);
+    }
+    p.child.kill().unwrap();
+    p.child.wait().unwrap();
+    drop(p);
+
+    let p = serve(dir.path(), &env);
+    let total = |q: &'static str| {
+        let (c, url, key) = (c.clone(), format!("{}{q}", p.base), key.clone());
+        async move {
+            let v: serde_json::Value = c
+                .get(url)
+                .bearer_auth(key)
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            v["total"].as_u64().unwrap_or(0)
+        }
+    };
+    assert!(
+        crate::common::eventually(30, || async {
+            total("/api/v1/scm/deliveries?outcome=dispatched&page_size=1").await == n
+        })
+        .await,
+        "not every accepted delivery was processed"
+    );
+    assert_eq!(total("/api/v1/scm/deliveries?outcome=queued").await, 0);
+    assert_eq!(
+        total("/api/v1/organizations/default/projects/default/test-runs?page_size=1").await,
+        n
+    );
+    assert_eq!(
+        total("/api/v1/scm/deliveries?reason=duplicate_job").await,
+        0
+    );
+}

@@ -19,3 +19,4 @@ mod rate_limits;
 mod s3;
 mod sessions;
 mod supervision;
+mod webhooks;

@@ -1,0 +1,932 @@
+//! The inbound webhook through the real server, with the host's real payloads (copied from
+//! the host's documentation into tests/payloads) re-signed here: signature and intake rules,
+//! every row of interface 3.4 and every reason code, idempotency, attempts, cancellation,
+//! branch and draft policy, runners, rotation, and 500 concurrent deliveries.
+
+use hmac::{KeyInit, Mac};
+use serde_json::{Value, json};
+
+use crate::common::*;
+
+pub(crate) const SECRET: &str = "It's a Secret to Everybody";
+const SCM: &str = "/api/v1/scm";
+const REPO: &str = "Codertocat/Hello-World";
+const INST: u64 = 957387;
+
+pub(crate) fn payload(name: &str) -> Value {
+    let path = format!("{}/tests/payloads/{name}.json", env!("CARGO_MANIFEST_DIR"));
+    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+}
+
+pub(crate) fn sign(secret: &str, body: &[u8]) -> String {
+    let mut m = hmac::Hmac::<sha2::Sha256>::new_from_slice(secret.as_bytes()).unwrap();
+    m.update(body);
+    format!("sha256={}", hex::encode(m.finalize().into_bytes()))
+}
+
+pub(crate) async fn webhook_server() -> Srv {
+    start_with(|c| c.scm.webhook_secret = SECRET.into()).await
+}
+
+/// A delivery with the given headers (`None` leaves one out).
+async fn raw(
+    s: &Srv,
+    event: Option<&str>,
+    id: Option<&str>,
+    sig: Option<&str>,
+    body: Vec<u8>,
+) -> Resp {
+    let mut rb = s
+        .http
+        .post(s.url(&format!("{SCM}/webhooks")))
+        .header("content-type", "application/json")
+        .body(body);
+    if let Some(e) = event {
+        rb = rb.header("X-Host-Event", e);
+    }
+    if let Some(i) = id {
+        rb = rb.header("X-Host-Delivery", i);
+    }
+    if let Some(g) = sig {
+        rb = rb.header("X-Hub-Signature-256", g);
+    }
+    s.raw(rb).await
+}
+
+/// A correctly signed delivery with a fresh id; returns (id, response).
+pub(crate) async fn deliver(s: &Srv, event: &str, body: &Value) -> (String, Resp) {
+    let id = uuid::Uuid::new_v4().to_string();
+    let bytes = serde_json::to_vec(body).unwrap();
+    let sig = sign(SECRET, &bytes);
+    let r = raw(s, Some(event), Some(&id), Some(&sig), bytes).await;
+    (id, r)
+}
+
+/// The delivery once the worker has settled it.
+pub(crate) async fn settled(s: &Srv, id: &str) -> Value {
+    let mut last = Value::Null;
+    for _ in 0..200 {
+        let r = s.get(&format!("{SCM}/deliveries/{id}"), s.key()).await;
+        if r.status == 200 && r.body["outcome"] != "queued" {
+            return r.body;
+        }
+        last = r.body;
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    panic!("delivery {id} never settled: {last}");
+}
+
+/// Delivers and waits; returns the settled log entry.
+async fn run(s: &Srv, event: &str, body: &Value) -> Value {
+    let (id, r) = deliver(s, event, body).await;
+    assert_eq!(r.status, 202, "{}", r.body);
+    assert_eq!(r.body, json!({"status": "queued", "delivery_id": id}));
+    settled(s, &id).await
+}
+
+fn skipped(d: &Value, reason: &str) {
+    assert_eq!(
+        (d["outcome"].as_str(), d["reason"].as_str()),
+        (Some("skipped"), Some(reason)),
+        "{d}"
+    );
+}
+
+async fn link(s: &Srv, full_name: &str) -> Value {
+    let r = s
+        .post(
+            &format!("{DEV}/repositories"),
+            s.key(),
+            json!({"full_name": full_name}),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.body);
+    r.body
+}
+
+pub(crate) fn pr(action: &str, number: u64, sha: &str, draft: bool) -> Value {
+    let mut p = payload("pull_request.opened");
+    p["action"] = json!(action);
+    p["number"] = json!(number);
+    p["pull_request"]["number"] = json!(number);
+    p["pull_request"]["head"]["sha"] = json!(sha);
+    p["pull_request"]["draft"] = json!(draft);
+    p["installation"]["id"] = json!(INST);
+    p
+}
+
+fn push(git_ref: &str, sha: &str) -> Value {
+    let mut p = payload("push");
+    p["ref"] = json!(git_ref);
+    p["after"] = json!(sha);
+    p["deleted"] = json!(false);
+    p["installation"]["id"] = json!(INST);
+    p
+}
+
+async fn runs(s: &Srv, query: &str) -> Value {
+    let r = s.get(&format!("{DEV}/test-runs?{query}"), s.key()).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    r.body
+}
+
+#[tokio::test]
+async fn signature_ids_dedup_and_limits() {
+    let s = webhook_server().await;
+    // The host documentation's vector: this body and secret give this signature.
+    let vector = "sha256=757107ea0eb2509fc211221cce984b8a37570b6d7586c22c46f4379c8b043e17";
+    assert_eq!(sign(SECRET, b"Hello, World!"), vector);
+    let id = uuid::Uuid::new_v4().to_string();
+    let r = raw(
+        &s,
+        Some("ping"),
+        Some(&id),
+        Some(vector),
+        b"Hello, World!".to_vec(),
+    )
+    .await;
+    assert_eq!(r.status, 202, "{}", r.body);
+    assert_eq!(r.body, json!({"status": "ignored"}));
+    // Ignored deliveries claim their id too.
+    let r = raw(
+        &s,
+        Some("ping"),
+        Some(&id),
+        Some(vector),
+        b"Hello, World!".to_vec(),
+    )
+    .await;
+    assert_eq!(r.assert_error(401), "Duplicate delivery");
+
+    let body = serde_json::to_vec(&payload("push")).unwrap();
+    let good = sign(SECRET, &body);
+    let id = uuid::Uuid::new_v4().to_string();
+    // Wrong, missing and malformed signatures: 401, and the id is not claimed.
+    for sig in [
+        Some(sign("another secret", &body)),
+        None,
+        Some("sha1=abc".to_string()),
+        Some("sha256=zz".to_string()),
+        Some(good.trim_start_matches("sha256=").to_string()),
+    ] {
+        let r = raw(&s, Some("push"), Some(&id), sig.as_deref(), body.clone()).await;
+        assert_eq!(r.assert_error(401), "Invalid signature");
+    }
+    // A body changed after signing fails too.
+    let mut tampered = body.clone();
+    tampered.push(b' ');
+    raw(&s, Some("push"), Some(&id), Some(&good), tampered)
+        .await
+        .assert_error(401);
+    // The signature is checked before the delivery id.
+    raw(
+        &s,
+        Some("push"),
+        Some("not-a-uuid"),
+        Some("sha256=00"),
+        body.clone(),
+    )
+    .await
+    .assert_error(401);
+    // Missing or non-UUID id: 400.
+    raw(&s, Some("push"), None, Some(&good), body.clone())
+        .await
+        .assert_error(400);
+    raw(&s, Some("push"), Some("12345"), Some(&good), body.clone())
+        .await
+        .assert_error(400);
+    // Accepted once; the same id again is 401.
+    let r = raw(&s, Some("push"), Some(&id), Some(&good), body.clone()).await;
+    assert_eq!(r.status, 202, "{}", r.body);
+    assert_eq!(r.body["status"], "queued");
+    let r = raw(&s, Some("push"), Some(&id), Some(&good), body.clone()).await;
+    assert_eq!(r.assert_error(401), "Duplicate delivery");
+
+    // The host's own header names.
+    let gid = uuid::Uuid::new_v4().to_string();
+    let r = s
+        .raw(
+            s.http
+                .post(s.url(&format!("{SCM}/webhooks")))
+                .header("X-GitHub-Event", "push")
+                .header("X-GitHub-Delivery", &gid)
+                .header("X-Hub-Signature-256", &good)
+                .body(body.clone()),
+        )
+        .await;
+    assert_eq!(r.status, 202, "{}", r.body);
+    assert_eq!(settled(&s, &gid).await["event"], "push");
+
+    // Invalid JSON in a subscribed event: accepted by signature, then skipped.
+    let junk = b"{\"action\": ".to_vec();
+    let jid = uuid::Uuid::new_v4().to_string();
+    let sig = sign(SECRET, &junk);
+    assert_eq!(
+        raw(&s, Some("pull_request"), Some(&jid), Some(&sig), junk)
+            .await
+            .status,
+        202
+    );
+    skipped(&settled(&s, &jid).await, "invalid_payload");
+    // Missing fields the handler needs: skipped too (the worker goes on).
+    let (_, r) = deliver(
+        &s,
+        "pull_request",
+        &json!({"action": "opened", "number": "x"}),
+    )
+    .await;
+    assert_eq!(r.status, 202);
+    let d = run(&s, "pull_request", &json!({"action": "opened"})).await;
+    skipped(&d, "invalid_payload");
+
+    // Over 25 MiB: 413 while read.
+    let big = vec![b' '; 25 * 1024 * 1024 + 1];
+    let r = raw(
+        &s,
+        Some("push"),
+        Some(&uuid::Uuid::new_v4().to_string()),
+        Some("sha256=00"),
+        big,
+    )
+    .await;
+    r.assert_error(413);
+
+    // 20 concurrent deliveries of one id: exactly one accepted.
+    let cid = uuid::Uuid::new_v4().to_string();
+    let mut tasks = Vec::new();
+    for _ in 0..20 {
+        let (http, url, cid, good, body) = (
+            s.http.clone(),
+            s.url(&format!("{SCM}/webhooks")),
+            cid.clone(),
+            good.clone(),
+            body.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            http.post(url)
+                .header("X-Host-Event", "push")
+                .header("X-Host-Delivery", cid)
+                .header("X-Hub-Signature-256", good)
+                .body(body)
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }));
+    }
+    let mut codes = Vec::new();
+    for t in tasks {
+        codes.push(t.await.unwrap());
+    }
+    assert_eq!(codes.iter().filter(|c| **c == 202).count(), 1, "{codes:?}");
+    assert_eq!(codes.iter().filter(|c| **c == 401).count(), 19, "{codes:?}");
+
+    // Rejected and duplicate deliveries are in the log (bodies are not kept), and the
+    // repeated signature failures raise the status alert.
+    let log = s
+        .get(&format!("{SCM}/deliveries?outcome=rejected"), s.key())
+        .await;
+    assert_eq!(log.body["total"], 7, "{}", log.body);
+    assert_eq!(log.body["items"][0]["reason"], "invalid_signature");
+    let log = s
+        .get(
+            &format!("{SCM}/deliveries?reason=duplicate_delivery"),
+            s.key(),
+        )
+        .await;
+    assert_eq!(log.body["total"], 21);
+    let log = s
+        .get(&format!("{SCM}/deliveries?outcome=ignored"), s.key())
+        .await;
+    assert_eq!(log.body["items"][0]["reason"], "event_ignored");
+    let st = s.get(&format!("{SCM}/status"), s.key()).await;
+    assert_eq!(st.status, 200);
+    assert_eq!(st.body["signature_failures_last_hour"], 7);
+    assert_eq!(st.body["signature_failure_alert"], true);
+    assert_eq!(st.body["secret_age_days"], 0);
+    assert_eq!(st.body["rotation_due"], false);
+    // Superuser only.
+    let u = s.user("someone@x.io").await;
+    s.get(&format!("{SCM}/status"), &u).await.assert_error(403);
+    s.get(&format!("{SCM}/deliveries"), &u)
+        .await
+        .assert_error(403);
+    s.post(&format!("{SCM}/webhook-secret/rotate"), &u, json!({}))
+        .await
+        .assert_error(403);
+    s.get(
+        &format!("{SCM}/deliveries/{}", uuid::Uuid::new_v4()),
+        s.key(),
+    )
+    .await
+    .assert_error(404);
+}
+
+#[tokio::test]
+async fn rotation_keeps_the_previous_secret_for_its_grace_period() {
+    let s = start_with(|c| {
+        c.scm.webhook_secret = SECRET.into();
+        c.scm.rotation_grace_seconds = 1;
+    })
+    .await;
+    let r = s
+        .post(&format!("{SCM}/webhook-secret/rotate"), s.key(), json!({}))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let fresh = r.body["webhook_secret"].as_str().unwrap().to_string();
+    assert!(fresh.len() >= 32);
+    assert!(
+        r.body["previous_valid_until"]
+            .as_str()
+            .unwrap()
+            .ends_with('Z')
+    );
+    let body = b"{}".to_vec();
+    for secret in [SECRET, fresh.as_str()] {
+        let r = raw(
+            &s,
+            Some("ping"),
+            Some(&uuid::Uuid::new_v4().to_string()),
+            Some(&sign(secret, &body)),
+            body.clone(),
+        )
+        .await;
+        assert_eq!(r.status, 202, "{secret}: {}", r.body);
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    let old = raw(
+        &s,
+        Some("ping"),
+        Some(&uuid::Uuid::new_v4().to_string()),
+        Some(&sign(SECRET, &body)),
+        body.clone(),
+    )
+    .await;
+    old.assert_error(401);
+    // The rotated secret survives a restart (the configured one no longer applies).
+    let s = s.restart().await;
+    let r = raw(
+        &s,
+        Some("ping"),
+        Some(&uuid::Uuid::new_v4().to_string()),
+        Some(&sign(&fresh, &body)),
+        body.clone(),
+    )
+    .await;
+    assert_eq!(r.status, 202);
+}
+
+/// Every row of interface 3.4 and every reason code, with the real payloads.
+#[tokio::test]
+async fn host_events_and_reason_codes() {
+    let s = webhook_server().await;
+    let repo = link(&s, REPO).await;
+    assert_eq!(repo["state"], "pending");
+    assert_eq!(
+        repo["branch_patterns"],
+        json!(["main", "master", "release/*"])
+    );
+    assert_eq!(repo["include_drafts"], false);
+    let rid = repo["id"].as_u64().unwrap();
+    // A repository links to one project at most.
+    s.post(
+        &format!("{DEV}/repositories"),
+        s.key(),
+        json!({"full_name": REPO}),
+    )
+    .await
+    .assert_error(409);
+    s.post(
+        &format!("{DEV}/repositories"),
+        s.key(),
+        json!({"full_name": "nope"}),
+    )
+    .await
+    .assert_error(422);
+
+    // Not linked yet to any installation: still dispatches (the repository is linked).
+    // installation created: the record and the repository mapping.
+    let d = run(&s, "installation", &payload("installation.created")).await;
+    assert_eq!(d["outcome"], "processed", "{d}");
+    assert_eq!(d["installation_id"], INST);
+    let inst = s.get(&format!("{SCM}/installations"), s.key()).await;
+    assert_eq!(inst.body["items"][0]["id"], INST);
+    assert_eq!(inst.body["items"][0]["state"], "active");
+    assert_eq!(inst.body["items"][0]["account_login"], "Codertocat");
+    assert_eq!(inst.body["items"][0]["repositories"], json!([REPO]));
+    let r = s.get(&format!("{DEV}/repositories/{rid}"), s.key()).await;
+    assert_eq!(
+        (r.body["state"].clone(), r.body["installation_id"].clone()),
+        (json!("connected"), json!(INST))
+    );
+
+    // pull_request opened: a run for the head commit.
+    let sha1 = "ec26c3e57ca3a959ca5aad62de7213c562f8c821";
+    let d = run(&s, "pull_request", &pr("opened", 2, sha1, false)).await;
+    assert_eq!(d["outcome"], "dispatched", "{d}");
+    assert_eq!(d["project"], "default");
+    let run1 = d["test_run_id"].as_u64().unwrap();
+    let r = s.get(&format!("{DEV}/test-runs/{run1}"), s.key()).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body["idempotency_key"], format!("{REPO}@{sha1}#pr2"));
+    assert_eq!(r.body["status"], "queued");
+    assert_eq!(r.body["attempt"], 1);
+    assert_eq!(r.body["event"], "pull_request");
+    assert_eq!(r.body["pull_request_number"], 2);
+    assert_eq!(r.body["ref"], "changes");
+    assert_eq!(r.body["commit_sha"], sha1);
+    assert_eq!(r.body["delivery_id"], d["delivery_id"]);
+    // Redelivered with a new id, and synchronize of the same commit: no second run.
+    for action in ["opened", "synchronize"] {
+        let d = run(&s, "pull_request", &pr(action, 2, sha1, false)).await;
+        skipped(&d, "duplicate_job");
+        assert_eq!(d["test_run_id"], run1);
+    }
+    // A new head commit runs.
+    let sha2 = "1111111111111111111111111111111111111111";
+    let d = run(&s, "pull_request", &pr("synchronize", 2, sha2, false)).await;
+    assert_eq!(d["outcome"], "dispatched");
+    let run2 = d["test_run_id"].as_u64().unwrap();
+
+    // Drafts: excluded by default, included when the repository says so.
+    let d = run(
+        &s,
+        "pull_request",
+        &pr(
+            "opened",
+            3,
+            "3333333333333333333333333333333333333333",
+            true,
+        ),
+    )
+    .await;
+    skipped(&d, "draft_excluded");
+    let r = s
+        .patch(
+            &format!("{DEV}/repositories/{rid}"),
+            s.key(),
+            json!({"include_drafts": true}),
+        )
+        .await;
+    assert_eq!(r.body["include_drafts"], true);
+    let d = run(
+        &s,
+        "pull_request",
+        &pr(
+            "ready_for_review",
+            3,
+            "3333333333333333333333333333333333333333",
+            true,
+        ),
+    )
+    .await;
+    assert_eq!(d["outcome"], "dispatched");
+    s.patch(
+        &format!("{DEV}/repositories/{rid}"),
+        s.key(),
+        json!({"include_drafts": false}),
+    )
+    .await;
+
+    // A runner takes run1; closing the pull request cancels run1 and run2.
+    let c = s
+        .post(&format!("{DEV}/test-runs/claim"), s.key(), json!({}))
+        .await;
+    assert_eq!(c.status, 200, "{}", c.body);
+    assert_eq!(c.body["id"], run1);
+    assert_eq!(c.body["status"], "running");
+    let mut closed = payload("pull_request.closed");
+    closed["installation"]["id"] = json!(INST);
+    let d = run(&s, "pull_request", &closed).await;
+    assert_eq!(d["outcome"], "dispatched", "{d}");
+    for id in [run1, run2] {
+        let r = s.get(&format!("{DEV}/test-runs/{id}"), s.key()).await;
+        assert_eq!(r.body["status"], "cancelled", "{}", r.body);
+    }
+    // A cancelled run cannot complete; a reopened pull request runs again.
+    let r = s
+        .post(
+            &format!("{DEV}/test-runs/{run1}/complete"),
+            s.key(),
+            json!({"status": "passed"}),
+        )
+        .await;
+    r.assert_error(409);
+    let d = run(&s, "pull_request", &pr("reopened", 2, sha2, false)).await;
+    assert_eq!(d["outcome"], "dispatched", "{d}");
+    assert_ne!(d["test_run_id"], run2);
+    // An action the service does not handle.
+    let d = run(&s, "pull_request", &pr("labeled", 2, sha2, false)).await;
+    skipped(&d, "action_ignored");
+
+    // push: branch policy (main, master, release/*), tags, deletions.
+    let d = run(&s, "push", &{
+        let mut p = payload("push");
+        p["installation"]["id"] = json!(INST);
+        p
+    })
+    .await;
+    skipped(&d, "branch_deleted");
+    for (git_ref, want) in [
+        ("refs/heads/main", None),
+        ("refs/heads/release/1.0", None),
+        ("refs/heads/release/1/2", Some("branch_not_matched")),
+        ("refs/heads/feature", Some("branch_not_matched")),
+        ("refs/tags/v1.0.0", Some("branch_not_matched")),
+    ] {
+        let d = run(
+            &s,
+            "push",
+            &push(git_ref, "4444444444444444444444444444444444444444"),
+        )
+        .await;
+        match want {
+            None => {
+                assert_eq!(d["outcome"], "dispatched", "{git_ref}: {d}");
+                let id = d["test_run_id"].as_u64().unwrap();
+                let r = s.get(&format!("{DEV}/test-runs/{id}"), s.key()).await;
+                let branch = git_ref.trim_start_matches("refs/heads/");
+                assert_eq!(
+                    r.body["idempotency_key"],
+                    format!("{REPO}@4444444444444444444444444444444444444444@{branch}")
+                );
+            }
+            Some(reason) => skipped(&d, reason),
+        }
+    }
+    // Patterns can be changed.
+    s.patch(
+        &format!("{DEV}/repositories/{rid}"),
+        s.key(),
+        json!({"branch_patterns": ["feat-*"]}),
+    )
+    .await;
+    let d = run(
+        &s,
+        "push",
+        &push(
+            "refs/heads/feat-x",
+            "5555555555555555555555555555555555555555",
+        ),
+    )
+    .await;
+    assert_eq!(d["outcome"], "dispatched");
+    let d = run(
+        &s,
+        "push",
+        &push(
+            "refs/heads/main",
+            "5555555555555555555555555555555555555555",
+        ),
+    )
+    .await;
+    skipped(&d, "branch_not_matched");
+    s.patch(
+        &format!("{DEV}/repositories/{rid}"),
+        s.key(),
+        json!({"branch_patterns": ["main", "master", "release/*"]}),
+    )
+    .await;
+
+    // check_suite: requested keyed like a push; rerequested always runs again, attempt + 1.
+    let d = run(&s, "check_suite", &payload("check_suite.requested")).await;
+    assert_eq!(d["outcome"], "dispatched", "{d}");
+    let cs1 = d["test_run_id"].as_u64().unwrap();
+    let d = run(&s, "check_suite", &payload("check_suite.requested")).await;
+    skipped(&d, "duplicate_job");
+    let mut rr = payload("check_suite.rerequested");
+    rr["check_suite"]["head_sha"] =
+        payload("check_suite.requested")["check_suite"]["head_sha"].clone();
+    rr["check_suite"]["head_branch"] = json!("master");
+    let mut attempts = Vec::new();
+    for _ in 0..2 {
+        let d = run(&s, "check_suite", &rr).await;
+        assert_eq!(d["outcome"], "dispatched");
+        let id = d["test_run_id"].as_u64().unwrap();
+        assert_ne!(id, cs1);
+        let r = s.get(&format!("{DEV}/test-runs/{id}"), s.key()).await;
+        attempts.push(r.body["attempt"].as_u64().unwrap());
+    }
+    assert_eq!(attempts, vec![2, 3]);
+
+    // workflow_run completed: the finished run recorded, resolved through its repository
+    // (the payload names no installation).
+    link(&s, "octo-org/octo-repo").await;
+    let d = run(&s, "workflow_run", &payload("workflow_run.completed")).await;
+    assert_eq!(d["outcome"], "dispatched", "{d}");
+    let wr = d["test_run_id"].as_u64().unwrap();
+    let r = s.get(&format!("{DEV}/test-runs/{wr}"), s.key()).await;
+    assert_eq!(r.body["status"], "passed");
+    assert_eq!(r.body["event"], "workflow_run");
+    assert!(
+        r.body["idempotency_key"]
+            .as_str()
+            .unwrap()
+            .ends_with("#wr289782451.1")
+    );
+    assert_eq!(
+        r.body["urls"]["artifacts_url"],
+        "https://api.github.com/repos/octo-org/octo-repo/actions/runs/289782451/artifacts"
+    );
+    let d = run(&s, "workflow_run", &payload("workflow_run.completed")).await;
+    skipped(&d, "duplicate_job");
+
+    // A repository linked to no project.
+    let mut p = push(
+        "refs/heads/main",
+        "6666666666666666666666666666666666666666",
+    );
+    p["repository"]["full_name"] = json!("someone/else");
+    skipped(&run(&s, "push", &p).await, "repository_not_linked");
+
+    // installation_repositories removed / added.
+    let mut removed = payload("installation_repositories.removed");
+    removed["installation"]["id"] = json!(INST);
+    removed["repositories_removed"][0]["full_name"] = json!(REPO);
+    let d = run(&s, "installation_repositories", &removed).await;
+    assert_eq!(d["outcome"], "processed", "{d}");
+    let r = s.get(&format!("{DEV}/repositories/{rid}"), s.key()).await;
+    assert_eq!(r.body["state"], "disconnected");
+    let d = run(
+        &s,
+        "pull_request",
+        &pr(
+            "opened",
+            7,
+            "7777777777777777777777777777777777777777",
+            false,
+        ),
+    )
+    .await;
+    skipped(&d, "repository_removed");
+    let mut added = payload("installation_repositories.added");
+    added["repositories_added"][0]["full_name"] = json!(REPO);
+    let d = run(&s, "installation_repositories", &added).await;
+    assert_eq!(d["outcome"], "processed");
+    let r = s.get(&format!("{DEV}/repositories/{rid}"), s.key()).await;
+    assert_eq!(r.body["state"], "connected");
+
+    // suspend / unsuspend / deleted.
+    let mut suspend = payload("installation.suspend");
+    suspend["installation"]["id"] = json!(INST);
+    assert_eq!(
+        run(&s, "installation", &suspend).await["outcome"],
+        "processed"
+    );
+    let d = run(
+        &s,
+        "pull_request",
+        &pr(
+            "opened",
+            8,
+            "8888888888888888888888888888888888888888",
+            false,
+        ),
+    )
+    .await;
+    skipped(&d, "installation_suspended");
+    let mut unsuspend = suspend.clone();
+    unsuspend["action"] = json!("unsuspend");
+    assert_eq!(
+        run(&s, "installation", &unsuspend).await["outcome"],
+        "processed"
+    );
+    let d = run(
+        &s,
+        "pull_request",
+        &pr(
+            "opened",
+            8,
+            "8888888888888888888888888888888888888888",
+            false,
+        ),
+    )
+    .await;
+    assert_eq!(d["outcome"], "dispatched");
+    let mut other = suspend.clone();
+    other["action"] = json!("new_permissions_accepted");
+    skipped(&run(&s, "installation", &other).await, "action_ignored");
+    let mut deleted = payload("installation.deleted");
+    deleted["installation"]["id"] = json!(INST);
+    deleted["repositories"] = json!([{"full_name": REPO}]);
+    assert_eq!(
+        run(&s, "installation", &deleted).await["outcome"],
+        "processed"
+    );
+    let inst = s.get(&format!("{SCM}/installations"), s.key()).await;
+    assert_eq!(inst.body["items"][0]["state"], "deleted");
+    let d = run(
+        &s,
+        "pull_request",
+        &pr(
+            "opened",
+            9,
+            "9999999999999999999999999999999999999999",
+            false,
+        ),
+    )
+    .await;
+    skipped(&d, "installation_deleted");
+
+    // The project's delivery log: filters, and the single view with the payload.
+    let l = s
+        .get(
+            &format!("{DEV}/webhook-deliveries?reason=duplicate_job"),
+            s.key(),
+        )
+        .await;
+    assert_eq!(l.status, 200);
+    assert_eq!(l.body["total"], 4, "{}", l.body);
+    let one = l.body["items"][0]["delivery_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let d = s
+        .get(&format!("{DEV}/webhook-deliveries/{one}"), s.key())
+        .await;
+    assert_eq!(d.status, 200);
+    assert!(d.body["payload"].is_object());
+    let l = s
+        .get(
+            &format!("{DEV}/webhook-deliveries?outcome=skipped&page_size=2"),
+            s.key(),
+        )
+        .await;
+    assert_eq!(l.body["items"].as_array().unwrap().len(), 2);
+    s.get(&format!("{DEV}/webhook-deliveries?outcome=nope"), s.key())
+        .await
+        .assert_error(422);
+    // Test-run filters.
+    let all = runs(&s, "page_size=500").await;
+    let cancelled = runs(&s, "status=cancelled").await;
+    assert_eq!(cancelled["total"], 2);
+    let by_sha = runs(&s, &format!("commit_sha={sha1}")).await;
+    assert_eq!(by_sha["total"], 1);
+    let by_repo = runs(&s, "repository=octo-org/octo-repo").await;
+    assert_eq!(by_repo["total"], 1);
+    assert!(all["total"].as_u64().unwrap() >= 10);
+}
+
+#[tokio::test]
+async fn runners_claim_renew_complete_and_leases_expire() {
+    let s = start_with(|c| {
+        c.scm.webhook_secret = SECRET.into();
+        c.runs.lease_seconds = 1;
+    })
+    .await;
+    link(&s, REPO).await;
+    for n in 1..=2 {
+        let d = run(
+            &s,
+            "pull_request",
+            &pr("opened", n, &format!("{n:040}"), false),
+        )
+        .await;
+        assert_eq!(d["outcome"], "dispatched");
+    }
+    let claim = format!("{DEV}/test-runs/claim");
+    let a = s.post(&claim, s.key(), json!({})).await;
+    assert_eq!(a.status, 200);
+    assert_eq!(a.body["pull_request_number"], 1);
+    assert!(a.body["lease_expires_at"].is_string());
+    let a_id = a.body["id"].as_u64().unwrap();
+    let b = s.post(&claim, s.key(), json!({})).await;
+    assert_eq!(b.body["pull_request_number"], 2);
+    let b_id = b.body["id"].as_u64().unwrap();
+    let none = s.post(&claim, s.key(), json!({})).await;
+    assert_eq!(none.status, 204);
+    // Heartbeats keep `a` alive; `b` lapses and returns to the queue with attempt 2.
+    for _ in 0..4 {
+        tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+        let r = s
+            .post(
+                &format!("{DEV}/test-runs/{a_id}/heartbeat"),
+                s.key(),
+                json!({}),
+            )
+            .await;
+        assert_eq!(r.status, 200, "{}", r.body);
+    }
+    assert!(
+        eventually(5, || async {
+            // `a` stays alive meanwhile.
+            s.post(
+                &format!("{DEV}/test-runs/{a_id}/heartbeat"),
+                s.key(),
+                json!({}),
+            )
+            .await;
+            let r = s.get(&format!("{DEV}/test-runs/{b_id}"), s.key()).await;
+            (r.body["status"].clone(), r.body["attempt"].clone()) == (json!("queued"), json!(2))
+        })
+        .await
+    );
+    let r = s
+        .post(
+            &format!("{DEV}/test-runs/{a_id}/heartbeat"),
+            s.key(),
+            json!({}),
+        )
+        .await;
+    assert_eq!(r.body["status"], "running");
+    let r = s
+        .post(
+            &format!("{DEV}/test-runs/{a_id}/complete"),
+            s.key(),
+            json!({"status": "ok"}),
+        )
+        .await;
+    r.assert_error(422);
+    let r = s
+        .post(
+            &format!("{DEV}/test-runs/{a_id}/complete"),
+            s.key(),
+            json!({"status": "passed", "summary": "12 passed"}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.body["status"], "passed");
+    assert_eq!(r.body["summary"], "12 passed");
+    assert_eq!(r.body["lease_expires_at"], Value::Null);
+    s.post(
+        &format!("{DEV}/test-runs/{a_id}/complete"),
+        s.key(),
+        json!({"status": "failed"}),
+    )
+    .await
+    .assert_error(409);
+    s.post(
+        &format!("{DEV}/test-runs/{a_id}/heartbeat"),
+        s.key(),
+        json!({}),
+    )
+    .await
+    .assert_error(409);
+    s.get(&format!("{DEV}/test-runs/999999"), s.key())
+        .await
+        .assert_error(404);
+    // A redelivery of a passed run's commit makes no new run.
+    let d = run(
+        &s,
+        "pull_request",
+        &pr("opened", 1, &format!("{:040}", 1), false),
+    )
+    .await;
+    skipped(&d, "duplicate_job");
+}
+
+#[tokio::test]
+async fn five_hundred_concurrent_deliveries_are_all_accepted_and_processed() {
+    let s = webhook_server().await;
+    link(&s, REPO).await;
+    let mut tasks = Vec::new();
+    for n in 0..500u64 {
+        let body = serde_json::to_vec(&pr("opened", n + 1, &format!("{n:040}"), false)).unwrap();
+        let (http, url) = (s.http.clone(), s.url(&format!("{SCM}/webhooks")));
+        tasks.push(tokio::spawn(async move {
+            let started = std::time::Instant::now();
+            let st = http
+                .post(url)
+                .header("X-Host-Event", "pull_request")
+                .header("X-Host-Delivery", uuid::Uuid::new_v4().to_string())
+                .header("X-Hub-Signature-256", sign(SECRET, &body))
+                .body(body)
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16();
+            (st, started.elapsed())
+        }));
+    }
+    for t in tasks {
+        let (st, took) = t.await.unwrap();
+        assert_eq!(st, 202);
+        assert!(took < std::time::Duration::from_secs(1), "{took:?}");
+    }
+    assert!(
+        eventually(30, || async {
+            runs(&s, "page_size=1").await["total"] == 500
+        })
+        .await,
+        "not every delivery made its run"
+    );
+    let queued = s
+        .get(&format!("{SCM}/deliveries?outcome=queued"), s.key())
+        .await;
+    assert!(
+        eventually(10, || async {
+            s.get(
+                &format!("{SCM}/deliveries?outcome=dispatched&page_size=1"),
+                s.key(),
+            )
+            .await
+            .body["total"]
+                == 500
+        })
+        .await,
+        "{}",
+        queued.body
+    );
+}
