@@ -7,12 +7,15 @@
 //!  │   └─ ProjectActor      one per project (started on first use): devices, groups, heartbeats,
 //!  │                        session records (status, tags, deletion), capsules,
 //!  │                        configurations, deployment packages and rollout results
-//!  └─ SessionsSupervisor
-//!      └─ SessionActor      one per active session: its log chunks and counters
+//!  ├─ SessionsSupervisor
+//!  │   └─ SessionActor      one per active session: its log chunks and counters
+//!  ├─ IntakeActor           webhook delivery ids (dedup) and the webhook secret
+//!  ├─ JobDispatcher         repository links, test runs, idempotency keys
+//!  └─ InstallationsSupervisor
+//!      └─ InstallationActor one per host installation
 //! ```
 //!
-//! Later issues add, beside these: WebhookIntake → InstallationActor → JobDispatcher,
-//! AlertsSupervisor → RuleEvaluator, and a Housekeeper.
+//! The alerting work adds AlertsSupervisor → RuleEvaluator.
 //!
 //! A panic inside an actor's handler is caught by ractor and reported to its supervisor, which
 //! restarts the actor from storage within the `[supervision]` budget; the request being handled
@@ -135,6 +138,11 @@ impl Runtime {
             registry: Arc::new(DashMap::new()),
             restarts: restarts.clone(),
         };
+        let (queue_tx, queue_rx) = tokio::sync::mpsc::unbounded_channel();
+        // Deliveries a crash left queued go first, in arrival order.
+        for seq in store.queued_deliveries()? {
+            let _ = queue_tx.send(seq);
+        }
         let installation_args = KeyedArgs::<scm::installation::InstallationActor> {
             ctx: (store.clone(), dispatcher_slot.clone()),
             cfg: cfg.supervision.clone(),
@@ -170,6 +178,7 @@ impl Runtime {
                 session_args,
                 intake: intake_slot.clone(),
                 dispatcher: dispatcher_slot.clone(),
+                queue: queue_tx,
                 lease_seconds: cfg.runs.lease_seconds,
                 installations: installations_slot,
                 installation_args,
@@ -221,7 +230,6 @@ impl Runtime {
             events: tokio::sync::broadcast::channel(1024).0,
             locks: Arc::new(DashMap::new()),
         };
-        let (queue_tx, queue_rx) = tokio::sync::mpsc::unbounded_channel();
         let scm = scm::ScmHandle {
             store: store.clone(),
             intake: intake_slot,
@@ -231,13 +239,8 @@ impl Runtime {
             cfg: cfg.scm.clone(),
             rejected: Arc::new(std::sync::Mutex::new(std::collections::VecDeque::new())),
             failures: Arc::new(std::sync::Mutex::new(std::collections::VecDeque::new())),
-            queue: queue_tx.clone(),
             freed_upto: Arc::new(std::sync::Mutex::new(0)),
         };
-        // Deliveries a crash left queued go first, in arrival order.
-        for seq in store.queued_deliveries()? {
-            let _ = queue_tx.send(seq);
-        }
         let worker = tokio::spawn(scm::run_worker(scm.clone(), queue_rx));
         let access = Access {
             store: store.clone(),

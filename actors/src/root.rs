@@ -47,6 +47,8 @@ pub(crate) struct RootArgs {
     pub sessions: Arc<Slot<KeyedMsg<SessionMsg>>>,
     pub session_args: KeyedArgs<SessionActor>,
     pub intake: Arc<Slot<IntakeMsg>>,
+    /// The webhook worker's queue (the intake actor feeds it).
+    pub queue: tokio::sync::mpsc::UnboundedSender<u64>,
     pub dispatcher: Arc<Slot<DispatcherMsg>>,
     pub lease_seconds: i64,
     pub installations: Arc<Slot<KeyedMsg<InstallationMsg>>>,
@@ -104,7 +106,7 @@ impl RootState {
                 let (a, _) = Actor::spawn_linked(
                     None,
                     IntakeActor,
-                    self.args.store.clone(),
+                    (self.args.store.clone(), self.args.queue.clone()),
                     myself.get_cell(),
                 )
                 .await?;

@@ -187,6 +187,18 @@ pub async fn start_fleetops() -> (
     String,
     tempfile::TempDir,
 ) {
+    start_fleetops_with(|_| {}).await
+}
+
+/// As [`start_fleetops`], with the configuration adjusted by `f` first.
+pub async fn start_fleetops_with(
+    f: impl FnOnce(&mut fleetops::config::Config),
+) -> (
+    fleetops::startup::Running,
+    String,
+    String,
+    tempfile::TempDir,
+) {
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = fleetops::config::Config {
         listen: "127.0.0.1:0".into(),
@@ -202,6 +214,7 @@ pub async fn start_fleetops() -> (
             storage_bytes: None,
         },
     );
+    f(&mut cfg);
     let running = fleetops::startup::start(cfg).await.unwrap();
     let key = running.initial.clone().unwrap().api_key;
     let url = format!("http://{}", running.addr);

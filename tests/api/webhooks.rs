@@ -930,3 +930,31 @@ async fn five_hundred_concurrent_deliveries_are_all_accepted_and_processed() {
         queued.body
     );
 }
+
+/// A panic in an installation's actor: it restarts, and deliveries queued behind the fault
+/// are all processed, once.
+#[tokio::test]
+async fn an_installation_actor_panic_loses_no_delivery() {
+    let s = webhook_server().await;
+    link(&s, REPO).await;
+    let rt = s.running.as_ref().unwrap().runtime.clone();
+    let mut ids = Vec::new();
+    for n in 0..40u64 {
+        if n == 10 {
+            rt.scm.inject_panic(INST).await.unwrap();
+        }
+        let (id, r) = deliver(
+            &s,
+            "pull_request",
+            &pr("opened", n + 1, &format!("{n:040}"), false),
+        )
+        .await;
+        assert_eq!(r.status, 202);
+        ids.push(id);
+    }
+    for id in &ids {
+        assert_eq!(settled(&s, id).await["outcome"], "dispatched");
+    }
+    assert_eq!(runs(&s, "page_size=1").await["total"], 40);
+    assert!(rt.restarts() > 0);
+}

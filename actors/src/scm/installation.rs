@@ -20,7 +20,12 @@ use crate::mailbox::Slot;
 type Reply<T> = RpcReplyPort<Result<T>>;
 
 pub(crate) enum InstallationMsg {
-    Deliver { work: Arc<Work>, reply: Reply<()> },
+    Deliver {
+        work: Arc<Work>,
+        reply: Reply<()>,
+    },
+    /// Fault injection for supervision tests.
+    Panic,
 }
 
 #[derive(Default)]
@@ -60,9 +65,13 @@ impl Actor for InstallationActor {
         msg: Self::Msg,
         st: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
-        let InstallationMsg::Deliver { work, reply } = msg;
-        let r = st.deliver(work).await;
-        let _ = reply.send(r);
+        match msg {
+            InstallationMsg::Deliver { work, reply } => {
+                let r = st.deliver(work).await;
+                let _ = reply.send(r);
+            }
+            InstallationMsg::Panic => panic!("injected fault in InstallationActor {}", st.id),
+        }
         Ok(())
     }
 }

@@ -35,24 +35,29 @@ pub(crate) enum IntakeMsg {
 
 pub(crate) struct IntakeActor;
 
+/// The store, and the worker's queue: the actor itself queues what it stored, so a caller
+/// that goes away (a host that hangs up before its 202) cannot leave a delivery stored but
+/// never worked.
+pub(crate) type IntakeArgs = (Store, tokio::sync::mpsc::UnboundedSender<u64>);
+
 impl Actor for IntakeActor {
     type Msg = IntakeMsg;
-    type State = Store;
-    type Arguments = Store;
+    type State = IntakeArgs;
+    type Arguments = IntakeArgs;
 
     async fn pre_start(
         &self,
         _myself: ActorRef<Self::Msg>,
-        store: Store,
+        args: IntakeArgs,
     ) -> Result<Self::State, ActorProcessingErr> {
-        Ok(store)
+        Ok(args)
     }
 
     async fn handle(
         &self,
         _myself: ActorRef<Self::Msg>,
         msg: Self::Msg,
-        store: &mut Self::State,
+        (store, queue): &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
             IntakeMsg::Accept {
@@ -62,7 +67,11 @@ impl Actor for IntakeActor {
                 body,
                 reply,
             } => {
-                let _ = reply.send(accept(store, delivery_id, event, subscribed, &body));
+                let r = accept(store, delivery_id, event, subscribed, &body);
+                if let Ok(Some(seq)) = r {
+                    let _ = queue.send(seq);
+                }
+                let _ = reply.send(r);
             }
             IntakeMsg::Rotate { state, reply } => {
                 let r = serde_json::to_vec(&*state)

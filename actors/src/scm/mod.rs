@@ -273,7 +273,6 @@ pub struct ScmHandle {
     pub(crate) cfg: ScmConfig,
     pub(crate) rejected: Arc<Mutex<VecDeque<DeliveryView>>>,
     pub(crate) failures: Arc<Mutex<VecDeque<i64>>>,
-    pub(crate) queue: tokio::sync::mpsc::UnboundedSender<u64>,
     /// The seq whose id the last dedup expiry freed.
     pub(crate) freed_upto: Arc<Mutex<u64>>,
 }
@@ -418,13 +417,10 @@ impl ScmHandle {
         };
         self.store.durable().await?;
         Ok(match seq {
-            Some(seq) => {
-                let _ = self.queue.send(seq);
-                Accepted {
-                    status: "queued",
-                    delivery_id: Some(id),
-                }
-            }
+            Some(_) => Accepted {
+                status: "queued",
+                delivery_id: Some(id),
+            },
             None => Accepted {
                 status: "ignored",
                 delivery_id: None,
@@ -795,6 +791,16 @@ impl ScmHandle {
             signature_failure_alert: failures
                 >= self.cfg.signature_failure_alert_threshold as usize,
         }
+    }
+
+    /// Makes an installation's actor panic in its handler (supervision tests only).
+    #[doc(hidden)]
+    pub async fn inject_panic(&self, installation_id: u64) -> Result<()> {
+        let a = self.installations.actor(installation_id).await?;
+        a.cast(InstallationMsg::Panic)
+            .map_err(|_| Error::Unavailable {
+                retry_after_secs: 1,
+            })
     }
 
     /// Frees delivery ids past the dedup window and drops log entries past retention (the
