@@ -25,11 +25,11 @@ fn sign(body: &[u8]) -> String {
     format!("sha256={}", hex::encode(m.finalize().into_bytes()))
 }
 
+/// The delivery sent: `BENCH_PAYLOAD` (a file under tests/payloads, default
+/// pull_request.opened, 23 KB as sent).
 fn payload() -> serde_json::Value {
-    let p = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/payloads/pull_request.opened.json"
-    );
+    let name = std::env::var("BENCH_PAYLOAD").unwrap_or_else(|_| "pull_request.opened".into());
+    let p = format!("{}/tests/payloads/{name}.json", env!("CARGO_MANIFEST_DIR"));
     serde_json::from_slice(&std::fs::read(p).unwrap()).unwrap()
 }
 
@@ -81,7 +81,47 @@ fn pct(v: &mut [f64], p: f64) -> f64 {
         .unwrap_or(f64::NAN)
 }
 
+/// The store alone: claims (id + delivery + payload + queue entry) per second with
+/// payloads of `size` bytes, one writer, then one flush.
+fn store_only(size: usize, n: u64) -> (f64, f64) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = fleetops_storage::Store::open(dir.path()).unwrap();
+    let payload = vec![b'x'; size];
+    let t = Instant::now();
+    for seq in 1..=n {
+        let d = fleetops_storage::Delivery {
+            seq,
+            delivery_id: uuid::Uuid::new_v4().to_string(),
+            event: "pull_request".into(),
+            action: None,
+            received_at: 0,
+            status_code: 202,
+            outcome: "queued".into(),
+            reason: None,
+            installation_id: None,
+            repository: None,
+            project_id: None,
+            test_run_id: None,
+            payload_len: size as u64,
+        };
+        store.claim_delivery(&d, Some(&payload), true).unwrap();
+    }
+    let writes = t.elapsed();
+    let t = Instant::now();
+    store.flush_blocking().unwrap();
+    (
+        n as f64 / writes.as_secs_f64(),
+        t.elapsed().as_secs_f64() * 1000.0,
+    )
+}
+
 fn main() {
+    for size in [2_000, 23_000] {
+        let (rate, flush_ms) = store_only(size, 5_000);
+        println!(
+            "store only: {rate:.0} claims/s with {size}-byte payloads (one writer), final flush {flush_ms:.0} ms"
+        );
+    }
     let secs = env_u32("BENCH_SECS", 10);
     let conns = env_u32("BENCH_CONNECTIONS", 64);
     let lag_rate = env_u32("BENCH_LAG_RATE", 2000);

@@ -50,6 +50,11 @@ impl Store {
         self.next_id(seq.name())
     }
 
+    /// `n` consecutive new ids in one counter update; returns the first.
+    pub fn new_ids(&self, seq: Seq, n: u64) -> Result<u64> {
+        self.next_ids(seq.name(), n)
+    }
+
     // ---- users ----
 
     pub fn user(&self, id: u64) -> Result<Option<Arc<User>>> {

@@ -129,15 +129,21 @@ impl Store {
     }
 
     fn next_id(&self, counter: &str) -> Result<u64> {
+        self.next_ids(counter, 1)
+    }
+
+    /// Advances `counter` by `n`; returns the first of the `n` ids.
+    fn next_ids(&self, counter: &str, n: u64) -> Result<u64> {
         let v = self.inner.seq.update_and_fetch(counter.as_bytes(), |old| {
-            let n = old
+            let cur = old
                 .and_then(|b| <[u8; 8]>::try_from(b).ok())
                 .map(u64::from_be_bytes)
                 .unwrap_or(0);
-            Some((n + 1).to_be_bytes().to_vec())
+            Some(cur.saturating_add(n.max(1)).to_be_bytes().to_vec())
         })?;
         v.and_then(|b| <[u8; 8]>::try_from(b.as_ref()).ok())
             .map(u64::from_be_bytes)
+            .map(|last| last.saturating_sub(n.max(1) - 1))
             .ok_or_else(|| StorageError::Corrupt(format!("counter {counter}")))
     }
 

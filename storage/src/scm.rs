@@ -126,6 +126,24 @@ impl Store {
         Ok(true)
     }
 
+    /// Stores deliveries whose ids the caller (the intake actor, the single writer of ids)
+    /// has checked, in one atomic batch: `(delivery, payload, queue)` each.
+    pub fn claim_deliveries(&self, items: &[(Delivery, Option<bytes::Bytes>, bool)]) -> Result<()> {
+        let mut w = Writes::new();
+        for (d, payload, queue) in items {
+            w.put_id(keys::dedup(&d.delivery_id), d.seq);
+            w.put_id(keys::delivery_by_id(&d.delivery_id), d.seq);
+            w.put(keys::delivery(d.seq), d)?;
+            if let Some(p) = payload {
+                w.0.insert(keys::payload(d.seq), p.as_ref());
+            }
+            if *queue {
+                w.0.insert(keys::queued(d.seq), Vec::new());
+            }
+        }
+        self.apply(w.0)
+    }
+
     pub fn is_claimed(&self, delivery_id: &str) -> Result<bool> {
         Ok(self.inner.records.contains_key(keys::dedup(delivery_id))?)
     }

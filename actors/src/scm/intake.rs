@@ -3,6 +3,8 @@
 //! write, so concurrent deliveries of one id are accepted exactly once; the caller waits for
 //! the group commit before answering 202. It also owns the webhook secret's rotation.
 
+use std::collections::HashSet;
+
 use bytes::Bytes;
 use fleetops_storage::{Delivery, Store, accounts::Seq};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
@@ -26,6 +28,8 @@ pub(crate) enum IntakeMsg {
         body: Bytes,
         reply: Reply<Option<u64>>,
     },
+    /// Writes the deliveries accepted since the last flush.
+    Flush,
     /// Stores a new secret state (rotation).
     Rotate {
         state: Box<SecretState>,
@@ -40,24 +44,47 @@ pub(crate) struct IntakeActor;
 /// never worked.
 pub(crate) type IntakeArgs = (Store, tokio::sync::mpsc::UnboundedSender<u64>);
 
+/// A delivery accepted into the current batch, waiting for the batch's write.
+struct Pending {
+    delivery_id: String,
+    event: String,
+    subscribed: bool,
+    body: Bytes,
+    reply: Reply<Option<u64>>,
+}
+
+pub(crate) struct IntakeState {
+    store: Store,
+    queue: tokio::sync::mpsc::UnboundedSender<u64>,
+    /// Group commit through the mailbox: deliveries accepted since the last `Flush`; the
+    /// `Flush` the first of them sent to itself runs after every message already queued.
+    pending: Vec<Pending>,
+    pending_ids: HashSet<String>,
+}
+
 impl Actor for IntakeActor {
     type Msg = IntakeMsg;
-    type State = IntakeArgs;
+    type State = IntakeState;
     type Arguments = IntakeArgs;
 
     async fn pre_start(
         &self,
         _myself: ActorRef<Self::Msg>,
-        args: IntakeArgs,
+        (store, queue): IntakeArgs,
     ) -> Result<Self::State, ActorProcessingErr> {
-        Ok(args)
+        Ok(IntakeState {
+            store,
+            queue,
+            pending: Vec::new(),
+            pending_ids: HashSet::new(),
+        })
     }
 
     async fn handle(
         &self,
-        _myself: ActorRef<Self::Msg>,
+        myself: ActorRef<Self::Msg>,
         msg: Self::Msg,
-        (store, queue): &mut Self::State,
+        st: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
             IntakeMsg::Accept {
@@ -67,16 +94,38 @@ impl Actor for IntakeActor {
                 body,
                 reply,
             } => {
-                let r = accept(store, delivery_id, event, subscribed, &body);
-                if let Ok(Some(seq)) = r {
-                    let _ = queue.send(seq);
+                let claimed = st.pending_ids.contains(&delivery_id)
+                    || match st.store.is_claimed(&delivery_id) {
+                        Ok(c) => c,
+                        Err(e) => {
+                            let _ = reply.send(Err(e.into()));
+                            return Ok(());
+                        }
+                    };
+                if claimed {
+                    let _ = reply.send(Err(Error::Rejected("Duplicate delivery".into())));
+                    return Ok(());
                 }
-                let _ = reply.send(r);
+                if st.pending.is_empty() {
+                    let _ = myself.cast(IntakeMsg::Flush);
+                }
+                st.pending_ids.insert(delivery_id.clone());
+                st.pending.push(Pending {
+                    delivery_id,
+                    event,
+                    subscribed,
+                    body,
+                    reply,
+                });
+                if st.pending.len() >= MAX_BATCH {
+                    st.flush();
+                }
             }
+            IntakeMsg::Flush => st.flush(),
             IntakeMsg::Rotate { state, reply } => {
                 let r = serde_json::to_vec(&*state)
                     .map_err(|e| Error::Internal(e.to_string()))
-                    .and_then(|v| Ok(store.meta_put(SECRET_META, &v)?));
+                    .and_then(|v| Ok(st.store.meta_put(SECRET_META, &v)?));
                 let _ = reply.send(r);
             }
         }
@@ -84,34 +133,79 @@ impl Actor for IntakeActor {
     }
 }
 
-fn accept(
-    store: &Store,
-    delivery_id: String,
-    event: String,
-    subscribed: bool,
-    body: &[u8],
-) -> Result<Option<u64>> {
-    if store.is_claimed(&delivery_id)? {
-        return Err(Error::Rejected("Duplicate delivery".into()));
+/// At most this many deliveries in one write.
+const MAX_BATCH: usize = 512;
+
+impl IntakeState {
+    /// Writes the batch atomically (ids claimed, deliveries, payloads, queue entries), queues
+    /// the subscribed ones for the worker and answers every caller. On failure nothing is
+    /// claimed and every caller gets the error.
+    fn flush(&mut self) {
+        let batch = std::mem::take(&mut self.pending);
+        self.pending_ids.clear();
+        if batch.is_empty() {
+            return;
+        }
+        let first = match self.store.new_ids(Seq::Delivery, batch.len() as u64) {
+            Ok(f) => f,
+            Err(e) => {
+                let e: Error = e.into();
+                for p in batch {
+                    let _ = p.reply.send(Err(clone_err(&e)));
+                }
+                return;
+            }
+        };
+        let now = now_ms();
+        let items: Vec<_> = batch
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                (
+                    Delivery {
+                        seq: first + i as u64,
+                        delivery_id: p.delivery_id.clone(),
+                        event: p.event.clone(),
+                        action: None,
+                        received_at: now,
+                        status_code: 202,
+                        outcome: if p.subscribed { "queued" } else { "ignored" }.into(),
+                        reason: (!p.subscribed).then(|| "event_ignored".into()),
+                        installation_id: None,
+                        repository: None,
+                        project_id: None,
+                        test_run_id: None,
+                        payload_len: p.body.len() as u64,
+                    },
+                    p.subscribed.then(|| p.body.clone()),
+                    p.subscribed,
+                )
+            })
+            .collect();
+        match self.store.claim_deliveries(&items) {
+            Ok(()) => {
+                for (p, (d, _, _)) in batch.into_iter().zip(items) {
+                    if p.subscribed {
+                        let _ = self.queue.send(d.seq);
+                    }
+                    let _ = p.reply.send(Ok(p.subscribed.then_some(d.seq)));
+                }
+            }
+            Err(e) => {
+                let e: Error = e.into();
+                for p in batch {
+                    let _ = p.reply.send(Err(clone_err(&e)));
+                }
+            }
+        }
     }
-    let seq = store.new_id(Seq::Delivery)?;
-    let d = Delivery {
-        seq,
-        delivery_id,
-        event,
-        action: None,
-        received_at: now_ms(),
-        status_code: 202,
-        outcome: if subscribed { "queued" } else { "ignored" }.into(),
-        reason: (!subscribed).then(|| "event_ignored".into()),
-        installation_id: None,
-        repository: None,
-        project_id: None,
-        test_run_id: None,
-        payload_len: body.len() as u64,
-    };
-    if !store.claim_delivery(&d, subscribed.then_some(body), subscribed)? {
-        return Err(Error::Rejected("Duplicate delivery".into()));
+}
+
+fn clone_err(e: &Error) -> Error {
+    match e {
+        Error::Unavailable { retry_after_secs } => Error::Unavailable {
+            retry_after_secs: *retry_after_secs,
+        },
+        other => Error::Internal(other.to_string()),
     }
-    Ok(subscribed.then_some(seq))
 }
