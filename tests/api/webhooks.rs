@@ -958,3 +958,49 @@ async fn an_installation_actor_panic_loses_no_delivery() {
     assert_eq!(runs(&s, "page_size=1").await["total"], 40);
     assert!(rt.restarts() > 0);
 }
+
+/// A delivery id is refused within the dedup window and accepted again after it (the
+/// housekeeper frees expired ids); the delivery log keeps the first delivery.
+#[tokio::test]
+async fn delivery_ids_are_remembered_for_the_dedup_window() {
+    let s = start_with(|c| {
+        c.scm.webhook_secret = SECRET.into();
+        c.scm.dedup_window_seconds = 1;
+    })
+    .await;
+    let body = b"{}".to_vec();
+    let id = uuid::Uuid::new_v4().to_string();
+    let sig = sign(SECRET, &body);
+    assert_eq!(
+        raw(&s, Some("ping"), Some(&id), Some(&sig), body.clone())
+            .await
+            .status,
+        202
+    );
+    raw(&s, Some("ping"), Some(&id), Some(&sig), body.clone())
+        .await
+        .assert_error(401);
+    let rt = s.running.as_ref().unwrap().runtime.clone();
+    rt.scm.expire().unwrap();
+    // Still inside the window: still refused.
+    raw(&s, Some("ping"), Some(&id), Some(&sig), body.clone())
+        .await
+        .assert_error(401);
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    rt.scm.expire().unwrap();
+    assert_eq!(
+        raw(&s, Some("ping"), Some(&id), Some(&sig), body.clone())
+            .await
+            .status,
+        202
+    );
+    // The dedup window survives a restart.
+    raw(&s, Some("ping"), Some(&id), Some(&sig), body.clone())
+        .await
+        .assert_error(401);
+    drop(rt);
+    let s = s.restart().await;
+    raw(&s, Some("ping"), Some(&id), Some(&sig), body)
+        .await
+        .assert_error(401);
+}

@@ -6,7 +6,6 @@ use fleetops_storage::{Configuration, Store};
 use serde::Serialize;
 use serde_json::Value;
 use serde_json::value::RawValue;
-use sha2::{Digest, Sha256};
 
 use super::{PipelineHandle, capsule_name, raw_json};
 use crate::clock::{fmt_ms, now_ms};
@@ -374,7 +373,8 @@ impl PipelineHandle {
             )));
         }
         let bytes = self.read_small(&c.blob_key, MAX_CONFIG_BYTES).await?;
-        let sha = hex::encode(Sha256::digest(&bytes));
+        let sha =
+            hex::encode(aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, &bytes).as_ref());
         let mismatch = !crate::secrets::ct_eq(
             sha.as_bytes(),
             checksum.trim().to_ascii_lowercase().as_bytes(),

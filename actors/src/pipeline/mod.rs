@@ -24,7 +24,6 @@ use futures::stream::BoxStream;
 use semver::Version;
 use serde::Serialize;
 use serde_json::value::RawValue;
-use sha2::{Digest, Sha256};
 
 use crate::archives;
 use crate::clock::{fmt_ms, now_ms};
@@ -800,7 +799,7 @@ async fn hash_and_check(
         None => tempfile::NamedTempFile::new().map_err(io)?,
     };
     let mut file = tmp.reopen().map_err(io)?;
-    let mut hasher = Sha256::new();
+    let mut hasher = aws_lc_rs::digest::Context::new(&aws_lc_rs::digest::SHA256);
     let mut size = 0u64;
     while let Some(piece) = stream.next().await {
         let piece = piece.map_err(io)?;
@@ -809,7 +808,7 @@ async fn hash_and_check(
         file.write_all(&piece).map_err(io)?;
     }
     file.flush().map_err(io)?;
-    let sha = hex::encode(hasher.finalize());
+    let sha = hex::encode(hasher.finish().as_ref());
     let path = tmp.path().to_path_buf();
     let archive = tokio::task::spawn_blocking(move || {
         let _keep = tmp;

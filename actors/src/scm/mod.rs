@@ -24,10 +24,8 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use bytes::Bytes;
 use fleetops_storage::{Delivery, Installation, RepoLink, Store, TestRun, scm::ScmBatch};
-use hmac::{KeyInit, Mac};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
-use sha2::Sha256;
 
 use crate::clock::{fmt_ms, now_ms};
 use crate::error::{Error, Result};
@@ -277,14 +275,11 @@ pub struct ScmHandle {
     pub(crate) freed_upto: Arc<Mutex<u64>>,
 }
 
+/// HMAC-SHA256 check in constant time, with aws-lc's assembly SHA-256 (the portable one was
+/// a fifth of the intake's CPU on 23 KB deliveries).
 fn hmac_ok(key: &[u8], body: &[u8], sig: &[u8]) -> bool {
-    match hmac::Hmac::<Sha256>::new_from_slice(key) {
-        Ok(mut m) => {
-            m.update(body);
-            m.verify_slice(sig).is_ok()
-        }
-        Err(_) => false,
-    }
+    let key = aws_lc_rs::hmac::Key::new(aws_lc_rs::hmac::HMAC_SHA256, key);
+    aws_lc_rs::hmac::verify(&key, body, sig).is_ok()
 }
 
 /// Loads the secret state: the stored one, else seeded from the configuration.
