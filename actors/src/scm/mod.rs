@@ -319,8 +319,9 @@ impl ScmHandle {
                 r.pop_front();
             }
             r.push_back(DeliveryView {
-                delivery_id: id.unwrap_or_default().to_string(),
-                event: event.unwrap_or_default().to_string(),
+                // Header values as sent, clipped: the list is bounded in bytes too.
+                delivery_id: crate::configs::clip(id.unwrap_or_default(), 64),
+                event: crate::configs::clip(event.unwrap_or_default(), 64),
                 action: None,
                 received_at: fmt_ms(now),
                 status_code: 401,
