@@ -179,6 +179,7 @@ impl Runtime {
                 intake: intake_slot.clone(),
                 dispatcher: dispatcher_slot.clone(),
                 queue: queue_tx,
+                dedup_window_seconds: cfg.scm.dedup_window_seconds,
                 lease_seconds: cfg.runs.lease_seconds,
                 installations: installations_slot,
                 installation_args,

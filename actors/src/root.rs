@@ -49,6 +49,7 @@ pub(crate) struct RootArgs {
     pub intake: Arc<Slot<IntakeMsg>>,
     /// The webhook worker's queue (the intake actor feeds it).
     pub queue: tokio::sync::mpsc::UnboundedSender<u64>,
+    pub dedup_window_seconds: i64,
     pub dispatcher: Arc<Slot<DispatcherMsg>>,
     pub lease_seconds: i64,
     pub installations: Arc<Slot<KeyedMsg<InstallationMsg>>>,
@@ -106,7 +107,11 @@ impl RootState {
                 let (a, _) = Actor::spawn_linked(
                     None,
                     IntakeActor,
-                    (self.args.store.clone(), self.args.queue.clone()),
+                    (
+                        self.args.store.clone(),
+                        self.args.queue.clone(),
+                        self.args.dedup_window_seconds,
+                    ),
                     myself.get_cell(),
                 )
                 .await?;

@@ -54,10 +54,14 @@ impl ScmBatch {
         } else {
             self.0.delete(keys::running(r.id));
         }
+        // The key index is set when a run is made (a rerequested check suite moves it to
+        // the new run, so later changes of an older run must not move it back).
         if r.holds_key() {
-            let mut v = pid.clone();
-            v.extend_from_slice(&r.id.to_be_bytes());
-            self.0.0.insert(keys::run_by_key(&r.idempotency_key), v);
+            if old.is_none() {
+                let mut v = pid.clone();
+                v.extend_from_slice(&r.id.to_be_bytes());
+                self.0.0.insert(keys::run_by_key(&r.idempotency_key), v);
+            }
         } else if old.is_some_and(|o| o.holds_key()) {
             self.0.delete(keys::run_by_key(&r.idempotency_key));
         }
@@ -144,8 +148,13 @@ impl Store {
         self.apply(w.0)
     }
 
-    pub fn is_claimed(&self, delivery_id: &str) -> Result<bool> {
-        Ok(self.inner.records.contains_key(keys::dedup(delivery_id))?)
+    /// Whether the id was claimed by a delivery received at or after `since` (the dedup
+    /// window is exact; the housekeeper only removes what has expired).
+    pub fn is_claimed(&self, delivery_id: &str, since: i64) -> Result<bool> {
+        let Some(seq) = self.get_id(&keys::dedup(delivery_id))? else {
+            return Ok(false);
+        };
+        Ok(self.delivery(seq)?.is_some_and(|d| d.received_at >= since))
     }
 
     pub fn delivery(&self, seq: u64) -> Result<Option<Delivery>> {
@@ -218,7 +227,10 @@ impl Store {
             }
             w.delete(keys::delivery(d.seq));
             w.delete(keys::payload(d.seq));
-            w.delete(keys::delivery_by_id(&d.delivery_id));
+            // A later delivery may have reclaimed the id: its index stays.
+            if self.get_id(&keys::delivery_by_id(&d.delivery_id))? == Some(d.seq) {
+                w.delete(keys::delivery_by_id(&d.delivery_id));
+            }
             if let Some(p) = d.project_id {
                 w.delete(keys::project_delivery(p, d.seq));
             }
@@ -238,7 +250,9 @@ impl Store {
             if d.received_at >= dedup_before {
                 break;
             }
-            w.delete(keys::dedup(&d.delivery_id));
+            if self.get_id(&keys::dedup(&d.delivery_id))? == Some(d.seq) {
+                w.delete(keys::dedup(&d.delivery_id));
+            }
             freed = d.seq;
         }
         self.apply(w.0)?;

@@ -201,6 +201,10 @@ async fn signature_ids_dedup_and_limits() {
     assert_eq!(r.body["status"], "queued");
     let r = raw(&s, Some("push"), Some(&id), Some(&good), body.clone()).await;
     assert_eq!(r.assert_error(401), "Duplicate delivery");
+    // Another spelling of the same UUID is the same delivery.
+    let braced = format!("{{{}}}", id.to_uppercase());
+    let r = raw(&s, Some("push"), Some(&braced), Some(&good), body.clone()).await;
+    assert_eq!(r.assert_error(401), "Duplicate delivery");
 
     // The host's own header names.
     let gid = uuid::Uuid::new_v4().to_string();
@@ -295,7 +299,7 @@ async fn signature_ids_dedup_and_limits() {
             s.key(),
         )
         .await;
-    assert_eq!(log.body["total"], 21);
+    assert_eq!(log.body["total"], 22);
     let log = s
         .get(&format!("{SCM}/deliveries?outcome=ignored"), s.key())
         .await;
@@ -609,6 +613,17 @@ async fn host_events_and_reason_codes() {
         attempts.push(r.body["attempt"].as_u64().unwrap());
     }
     assert_eq!(attempts, vec![2, 3]);
+    // Runners taking (and so rewriting) the older runs do not move the key back.
+    while s
+        .post(&format!("{DEV}/test-runs/claim"), s.key(), json!({}))
+        .await
+        .status
+        == 200
+    {}
+    let d = run(&s, "check_suite", &rr).await;
+    let id = d["test_run_id"].as_u64().unwrap();
+    let r = s.get(&format!("{DEV}/test-runs/{id}"), s.key()).await;
+    assert_eq!(r.body["attempt"], 4);
 
     // workflow_run completed: the finished run recorded, resolved through its repository
     // (the payload names no installation).

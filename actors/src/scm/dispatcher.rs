@@ -11,7 +11,7 @@ use fleetops_storage::{Delivery, RepoLink, Store, TestRun, accounts::Seq, scm::S
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
 use super::payload::{Payload, matches};
-use super::{RepoPatch, Work, skip};
+use super::{RepoPatch, Work, skip, still_queued};
 use crate::clock::now_ms;
 use crate::error::{Error, Result};
 
@@ -105,7 +105,11 @@ impl Actor for DispatcherActor {
                 reason,
                 reply,
             } => {
-                let _ = reply.send(skip(&st.store, &delivery, reason));
+                let r = match still_queued(&st.store, delivery.seq) {
+                    Ok(true) => skip(&st.store, &delivery, reason),
+                    other => other.map(|_| ()),
+                };
+                let _ = reply.send(r);
             }
             DispatcherMsg::CreateRepo {
                 project_id,
@@ -253,6 +257,9 @@ impl DispatcherState {
     }
 
     fn dispatch(&self, work: &Work) -> Result<()> {
+        if !still_queued(&self.store, work.delivery.seq)? {
+            return Ok(());
+        }
         let p: &Payload = &work.payload;
         let mut d = work.delivery.clone();
         let Some(name) = p.repo_name() else {

@@ -12,7 +12,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
 use super::dispatcher::DispatcherMsg;
 use super::payload::{Payload, names};
-use super::{Work, skip};
+use super::{Work, skip, still_queued};
 use crate::clock::now_ms;
 use crate::error::Result;
 use crate::mailbox::Slot;
@@ -78,6 +78,11 @@ impl Actor for InstallationActor {
 
 impl InstallationState {
     async fn deliver(&self, work: Arc<Work>) -> Result<()> {
+        // A call that timed out is retried by the worker while the first is still in this
+        // mailbox: only a delivery still queued is worked.
+        if !still_queued(&self.store, work.delivery.seq)? {
+            return Ok(());
+        }
         let p = &work.payload;
         let action = p.action.as_deref().unwrap_or("");
         match work.delivery.event.as_str() {
@@ -93,14 +98,18 @@ impl InstallationState {
                 if self.id != 0
                     && let Some(i) = self.store.installation(self.id)?
                 {
-                    match i.state.as_str() {
-                        "deleted" => {
-                            return skip(&self.store, &work.delivery, "installation_deleted");
+                    let reason = match i.state.as_str() {
+                        "deleted" => Some("installation_deleted"),
+                        "suspended" => Some("installation_suspended"),
+                        _ => None,
+                    };
+                    if let Some(reason) = reason {
+                        // Resolved far enough to appear in the project's log.
+                        let mut d = work.delivery.clone();
+                        if let Some(name) = work.payload.repo_name() {
+                            d.project_id = self.store.repo_by_name(name)?.map(|l| l.project_id);
                         }
-                        "suspended" => {
-                            return skip(&self.store, &work.delivery, "installation_suspended");
-                        }
-                        _ => {}
+                        return skip(&self.store, &d, reason);
                     }
                 }
                 let w = work.clone();

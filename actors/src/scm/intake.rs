@@ -42,7 +42,7 @@ pub(crate) struct IntakeActor;
 /// The store, and the worker's queue: the actor itself queues what it stored, so a caller
 /// that goes away (a host that hangs up before its 202) cannot leave a delivery stored but
 /// never worked.
-pub(crate) type IntakeArgs = (Store, tokio::sync::mpsc::UnboundedSender<u64>);
+pub(crate) type IntakeArgs = (Store, tokio::sync::mpsc::UnboundedSender<u64>, i64);
 
 /// A delivery accepted into the current batch, waiting for the batch's write.
 struct Pending {
@@ -60,6 +60,8 @@ pub(crate) struct IntakeState {
     /// `Flush` the first of them sent to itself runs after every message already queued.
     pending: Vec<Pending>,
     pending_ids: HashSet<String>,
+    /// The dedup window.
+    window_ms: i64,
 }
 
 impl Actor for IntakeActor {
@@ -70,11 +72,12 @@ impl Actor for IntakeActor {
     async fn pre_start(
         &self,
         _myself: ActorRef<Self::Msg>,
-        (store, queue): IntakeArgs,
+        (store, queue, window_seconds): IntakeArgs,
     ) -> Result<Self::State, ActorProcessingErr> {
         Ok(IntakeState {
             store,
             queue,
+            window_ms: window_seconds * 1000,
             pending: Vec::new(),
             pending_ids: HashSet::new(),
         })
@@ -94,8 +97,9 @@ impl Actor for IntakeActor {
                 body,
                 reply,
             } => {
+                let since = now_ms() - st.window_ms;
                 let claimed = st.pending_ids.contains(&delivery_id)
-                    || match st.store.is_claimed(&delivery_id) {
+                    || match st.store.is_claimed(&delivery_id, since) {
                         Ok(c) => c,
                         Err(e) => {
                             let _ = reply.send(Err(e.into()));
@@ -141,7 +145,11 @@ impl IntakeState {
     /// the subscribed ones for the worker and answers every caller. On failure nothing is
     /// claimed and every caller gets the error.
     fn flush(&mut self) {
-        let batch = std::mem::take(&mut self.pending);
+        // A caller that gave up (its call timed out: it answered 503) claims nothing.
+        let batch: Vec<Pending> = std::mem::take(&mut self.pending)
+            .into_iter()
+            .filter(|p| !p.reply.is_closed())
+            .collect();
         self.pending_ids.clear();
         if batch.is_empty() {
             return;

@@ -108,6 +108,11 @@ pub struct RepoPatch {
     pub include_drafts: Option<bool>,
 }
 
+/// Whether a delivery is still waiting to be worked (a retried call finds it done).
+pub(crate) fn still_queued(store: &Store, seq: u64) -> Result<bool> {
+    Ok(store.delivery(seq)?.is_some_and(|d| d.outcome == "queued"))
+}
+
 /// Records a delivery as skipped with a reason.
 pub(crate) fn skip(store: &Store, d: &Delivery, reason: &str) -> Result<()> {
     let mut d = d.clone();
@@ -383,16 +388,18 @@ impl ScmHandle {
         event: Option<&str>,
         body: Bytes,
     ) -> Result<Accepted> {
+        // One spelling per UUID (braced, urn: and simple forms parse too).
         let delivery_id = delivery_id
-            .filter(|d| uuid::Uuid::try_parse(d.trim()).is_ok())
-            .map(str::trim)
+            .and_then(|d| uuid::Uuid::try_parse(d.trim()).ok())
+            .map(|u| u.hyphenated().to_string())
             .ok_or_else(|| Error::BadRequest("X-Host-Delivery must be a UUID".into()))?;
+
         let event = event
             .map(str::trim)
             .filter(|e| !e.is_empty() && e.len() <= 64)
             .ok_or_else(|| Error::BadRequest("X-Host-Event is required".into()))?;
         let subscribed = payload::SUBSCRIBED.contains(&event);
-        let (id, ev) = (delivery_id.to_ascii_lowercase(), event.to_string());
+        let (id, ev) = (delivery_id, event.to_string());
         let r = self
             .intake
             .call(|reply| IntakeMsg::Accept {
@@ -428,6 +435,7 @@ impl ScmHandle {
     /// stays queued); anything else records the delivery as skipped so the queue moves on.
     pub(crate) async fn process(&self, seq: u64) {
         let mut delay = std::time::Duration::from_millis(50);
+        let mut attempts = 0u32;
         loop {
             match self.process_once(seq).await {
                 Ok(()) => return,
@@ -435,10 +443,22 @@ impl ScmHandle {
                     tokio::time::sleep(delay).await;
                     delay = (delay * 2).min(std::time::Duration::from_secs(5));
                 }
+                Err(e) if attempts < 5 => {
+                    attempts += 1;
+                    tracing::warn!(seq, error = %e, attempts, "a delivery failed; retrying");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(std::time::Duration::from_secs(5));
+                }
                 Err(e) => {
                     tracing::error!(seq, error = %e, "a delivery could not be processed");
-                    if let Ok(Some(d)) = self.store.delivery(seq) {
-                        let _ = skip(&self.store, &d, "processing_failed");
+                    match self.store.delivery(seq) {
+                        Ok(Some(d)) if d.outcome == "queued" => {
+                            if let Err(e) = skip(&self.store, &d, "processing_failed") {
+                                // Left queued on disk: the next start works it.
+                                tracing::error!(seq, error = %e, "could not record the failure");
+                            }
+                        }
+                        _ => {}
                     }
                     return;
                 }
@@ -551,7 +571,11 @@ impl ScmHandle {
     pub fn delivery(&self, project: Option<u64>, delivery_id: &str) -> Result<DeliveryDetail> {
         let d = self
             .store
-            .delivery_by_id(&delivery_id.to_ascii_lowercase())?
+            .delivery_by_id(
+                &uuid::Uuid::try_parse(delivery_id)
+                    .map(|u| u.hyphenated().to_string())
+                    .unwrap_or_default(),
+            )?
             .filter(|d| project.is_none() || d.project_id == project)
             .ok_or_else(|| Error::not_found("Delivery"))?;
         let payload = match self.store.payload(d.seq)? {
