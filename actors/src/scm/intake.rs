@@ -102,7 +102,7 @@ impl Actor for IntakeActor {
                     || match st.store.is_claimed(&delivery_id, since) {
                         Ok(c) => c,
                         Err(e) => {
-                            let _ = reply.send(Err(e.into()));
+                            let _ = reply.send(Err(unavailable(&e)));
                             return Ok(());
                         }
                     };
@@ -157,9 +157,11 @@ impl IntakeState {
         let first = match self.store.new_ids(Seq::Delivery, batch.len() as u64) {
             Ok(f) => f,
             Err(e) => {
-                let e: Error = e.into();
+                let _ = unavailable(&e);
                 for p in batch {
-                    let _ = p.reply.send(Err(clone_err(&e)));
+                    let _ = p.reply.send(Err(Error::Unavailable {
+                        retry_after_secs: 1,
+                    }));
                 }
                 return;
             }
@@ -200,20 +202,22 @@ impl IntakeState {
                 }
             }
             Err(e) => {
-                let e: Error = e.into();
+                let _ = unavailable(&e);
                 for p in batch {
-                    let _ = p.reply.send(Err(clone_err(&e)));
+                    let _ = p.reply.send(Err(Error::Unavailable {
+                        retry_after_secs: 1,
+                    }));
                 }
             }
         }
     }
 }
 
-fn clone_err(e: &Error) -> Error {
-    match e {
-        Error::Unavailable { retry_after_secs } => Error::Unavailable {
-            retry_after_secs: *retry_after_secs,
-        },
-        other => Error::Internal(other.to_string()),
+/// A storage failure while claiming: nothing was claimed, so the host may retry (contract 6:
+/// 503). The cause goes to the log, not to the host.
+fn unavailable(e: &fleetops_storage::StorageError) -> Error {
+    tracing::error!(error = %e, "webhook intake could not store deliveries");
+    Error::Unavailable {
+        retry_after_secs: 1,
     }
 }
