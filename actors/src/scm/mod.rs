@@ -548,24 +548,44 @@ impl ScmHandle {
             f.outcome.as_deref().is_none_or(|o| o == outcome)
                 && f.reason.as_deref().is_none_or(|r| Some(r) == reason)
         };
-        let mut all = Vec::new();
-        for d in records
+        // Views (which look up the project) are built for the page only.
+        enum Entry<'a> {
+            Stored(&'a Delivery),
+            Rejected(&'a DeliveryView),
+        }
+        let mut all: Vec<(i64, Entry)> = records
             .iter()
             .filter(|d| keep(&d.outcome, d.reason.as_deref()))
-        {
-            all.push(self.view(d)?);
-        }
-        if project.is_none()
-            && let Ok(r) = self.rejected.lock()
-        {
+            .map(|d| (d.received_at, Entry::Stored(d)))
+            .collect();
+        let rejected = match project {
+            None => self.rejected.lock().ok(),
+            Some(_) => None,
+        };
+        if let Some(r) = &rejected {
             all.extend(
                 r.iter()
                     .filter(|v| keep(&v.outcome, v.reason.as_deref()))
-                    .cloned(),
+                    .map(|v| (v.received_ms, Entry::Rejected(v))),
             );
-            all.sort_by_key(|v| std::cmp::Reverse(v.received_ms));
+            all.sort_by_key(|(t, _)| std::cmp::Reverse(*t));
         }
-        Ok(page.slice(all))
+        let p = page.slice(all);
+        let items = p
+            .items
+            .into_iter()
+            .map(|(_, e)| match e {
+                Entry::Stored(d) => self.view(d),
+                Entry::Rejected(v) => Ok(v.clone()),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Page {
+            items,
+            total: p.total,
+            page: p.page,
+            page_size: p.page_size,
+            has_more: p.has_more,
+        })
     }
 
     pub fn delivery(&self, project: Option<u64>, delivery_id: &str) -> Result<DeliveryDetail> {
