@@ -26,7 +26,7 @@ pub enum Seq {
 }
 
 impl Seq {
-    fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Seq::User => "user",
             Seq::Org => "org",

@@ -177,9 +177,6 @@ pub(crate) fn delivery(seq: u64) -> Vec<u8> {
 pub(crate) fn delivery_prefix() -> Vec<u8> {
     key(&[b"wd", b""])
 }
-pub(crate) fn payload(seq: u64) -> Vec<u8> {
-    key(&[b"wdpl", &be(seq)])
-}
 pub(crate) fn queued(seq: u64) -> Vec<u8> {
     key(&[b"wdq", &be(seq)])
 }

@@ -19,6 +19,7 @@ pub mod model;
 pub mod pipeline;
 pub mod scm;
 pub mod sessions;
+mod spool;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -68,6 +69,8 @@ struct Inner {
     meta: sled::Tree,
     flusher: flush::GroupCommit,
     cache: cache::Caches,
+    /// Webhook payloads, outside sled.
+    spool: spool::Spool,
 }
 
 impl Store {
@@ -98,6 +101,7 @@ impl Store {
         let seq = db.open_tree("seq")?;
         let meta = db.open_tree("meta")?;
         let flusher = flush::GroupCommit::start(db.clone(), commit_delay);
+        let spool = spool::Spool::open(&dir.join("webhook-payloads"))?;
         Ok(Self {
             inner: Arc::new(Inner {
                 db,
@@ -107,6 +111,7 @@ impl Store {
                 meta,
                 flusher,
                 cache: cache::Caches::default(),
+                spool,
             }),
         })
     }
@@ -145,6 +150,16 @@ impl Store {
             .map(u64::from_be_bytes)
             .map(|last| last.saturating_sub(n.max(1) - 1))
             .ok_or_else(|| StorageError::Corrupt(format!("counter {counter}")))
+    }
+
+    /// The last id a counter handed out (0 when none).
+    fn last_id(&self, counter: &str) -> Result<u64> {
+        Ok(self
+            .inner
+            .seq
+            .get(counter.as_bytes())?
+            .and_then(|b| <[u8; 8]>::try_from(b.as_ref()).ok())
+            .map_or(0, u64::from_be_bytes))
     }
 
     fn get<T: serde::de::DeserializeOwned>(&self, key: &[u8]) -> Result<Option<T>> {

@@ -413,6 +413,8 @@ pub struct Delivery {
     pub project_id: Option<u64>,
     pub test_run_id: Option<u64>,
     pub payload_len: u64,
+    /// Where the payload is in the payload log (subscribed events only).
+    pub payload_at: Option<(u64, u64)>,
 }
 
 /// A source-host installation (the host's app installed on an account).

@@ -116,31 +116,34 @@ impl Store {
         {
             return Ok(false);
         }
-        let mut w = Writes::new();
-        w.put_id(keys::dedup(&d.delivery_id), d.seq);
-        w.put_id(keys::delivery_by_id(&d.delivery_id), d.seq);
-        w.put(keys::delivery(d.seq), d)?;
-        if let Some(p) = payload {
-            w.0.insert(keys::payload(d.seq), p);
-        }
-        if queue {
-            w.0.insert(keys::queued(d.seq), Vec::new());
-        }
-        self.apply(w.0)?;
+        let mut item = [(d.clone(), payload.map(bytes::Bytes::copy_from_slice), queue)];
+        self.claim_deliveries(&mut item)?;
         Ok(true)
     }
 
     /// Stores deliveries whose ids the caller (the intake actor, the single writer of ids)
-    /// has checked, in one atomic batch: `(delivery, payload, queue)` each.
-    pub fn claim_deliveries(&self, items: &[(Delivery, Option<bytes::Bytes>, bool)]) -> Result<()> {
+    /// has checked, in one atomic batch: `(delivery, payload, queue)` each, in rising seq
+    /// order. The payloads go to the payload log first and are durable before the batch that
+    /// refers to them is written; each delivery's `payload_at` is set here.
+    pub fn claim_deliveries(
+        &self,
+        items: &mut [(Delivery, Option<bytes::Bytes>, bool)],
+    ) -> Result<()> {
+        let payloads: Vec<(u64, &[u8])> = items
+            .iter()
+            .filter_map(|(d, p, _)| p.as_ref().map(|p| (d.seq, p.as_ref())))
+            .collect();
+        let mut at = self.inner.spool.append(&payloads)?.into_iter();
+        for (d, p, _) in items.iter_mut() {
+            if p.is_some() {
+                d.payload_at = at.next();
+            }
+        }
         let mut w = Writes::new();
-        for (d, payload, queue) in items {
+        for (d, _, queue) in items.iter() {
             w.put_id(keys::dedup(&d.delivery_id), d.seq);
             w.put_id(keys::delivery_by_id(&d.delivery_id), d.seq);
             w.put(keys::delivery(d.seq), d)?;
-            if let Some(p) = payload {
-                w.0.insert(keys::payload(d.seq), p.as_ref());
-            }
             if *queue {
                 w.0.insert(keys::queued(d.seq), Vec::new());
             }
@@ -168,8 +171,12 @@ impl Store {
         }
     }
 
-    pub fn payload(&self, seq: u64) -> Result<Option<sled::IVec>> {
-        Ok(self.inner.records.get(keys::payload(seq))?)
+    /// A delivery's payload, from the payload log; `None` for an unsubscribed event.
+    pub fn payload(&self, d: &Delivery) -> Result<Option<Vec<u8>>> {
+        match d.payload_at {
+            Some(at) => self.inner.spool.read(at, d.payload_len),
+            None => Ok(None),
+        }
     }
 
     /// Deliveries still waiting for the worker, in arrival order.
@@ -226,7 +233,6 @@ impl Store {
                 continue;
             }
             w.delete(keys::delivery(d.seq));
-            w.delete(keys::payload(d.seq));
             // A later delivery may have reclaimed the id: its index stays.
             if self.get_id(&keys::delivery_by_id(&d.delivery_id))? == Some(d.seq) {
                 w.delete(keys::delivery_by_id(&d.delivery_id));
@@ -256,6 +262,21 @@ impl Store {
             freed = d.seq;
         }
         self.apply(w.0)?;
+        // Payload segments wholly below the oldest delivery still logged go too.
+        if let Some(kv) = self
+            .inner
+            .records
+            .scan_prefix(keys::delivery_prefix())
+            .next()
+        {
+            let (k, _) = kv?;
+            if let Some(oldest) = keys::trailing_id(&k) {
+                self.inner.spool.release_before(oldest)?;
+            }
+        } else {
+            let next = self.last_id(crate::accounts::Seq::Delivery.name())? + 1;
+            self.inner.spool.release_before(next)?;
+        }
         Ok(freed)
     }
 
@@ -362,5 +383,81 @@ impl Store {
             }
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn delivery(seq: u64, received_at: i64) -> Delivery {
+        Delivery {
+            seq,
+            delivery_id: format!("00000000-0000-4000-8000-{seq:012}"),
+            event: "push".into(),
+            action: None,
+            received_at,
+            status_code: 202,
+            outcome: "queued".into(),
+            reason: None,
+            installation_id: None,
+            repository: None,
+            project_id: None,
+            test_run_id: None,
+            payload_len: 3,
+            payload_at: None,
+        }
+    }
+
+    fn segments(dir: &std::path::Path) -> usize {
+        std::fs::read_dir(dir.join("webhook-payloads"))
+            .unwrap()
+            .count()
+    }
+
+    #[test]
+    fn log_retention_deletes_payload_segments_only_once_no_delivery_needs_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        store
+            .inner
+            .spool
+            .segment_bytes
+            .store(1, std::sync::atomic::Ordering::Relaxed);
+        // Three batches, one segment each: seqs 1, 2 (old) and 3 (new).
+        let mut stored = Vec::new();
+        for (seq, at) in [(1, 100), (2, 200), (3, 10_000)] {
+            let mut item = [(
+                delivery(seq, at),
+                Some(bytes::Bytes::from_static(b"abc")),
+                true,
+            )];
+            store.claim_deliveries(&mut item).unwrap();
+            stored.push(item[0].0.clone());
+        }
+        assert_eq!(segments(dir.path()), 3);
+        assert_eq!(store.payload(&stored[0]).unwrap().unwrap(), b"abc");
+
+        // Seq 1 still queued: kept whatever its age, and so is every later segment.
+        let mut done = stored[1].clone();
+        done.outcome = "processed".into();
+        let mut b = ScmBatch::default();
+        b.finish_delivery(&done).unwrap();
+        b.commit(&store).unwrap();
+        store.expire_deliveries(0, 0, 5_000).unwrap();
+        assert_eq!(segments(dir.path()), 3);
+        assert!(store.delivery(2).unwrap().is_none());
+        assert_eq!(store.payload(&stored[0]).unwrap().unwrap(), b"abc");
+
+        // Once seq 1 is processed and expired, segments 1 and 2 go; 3 (open) stays.
+        let mut done = stored[0].clone();
+        done.outcome = "processed".into();
+        let mut b = ScmBatch::default();
+        b.finish_delivery(&done).unwrap();
+        b.commit(&store).unwrap();
+        store.expire_deliveries(0, 0, 5_000).unwrap();
+        assert_eq!(segments(dir.path()), 1);
+        assert!(store.payload(&stored[0]).unwrap().is_none());
+        assert_eq!(store.payload(&stored[2]).unwrap().unwrap(), b"abc");
     }
 }

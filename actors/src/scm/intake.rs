@@ -6,7 +6,7 @@
 use std::collections::HashSet;
 
 use bytes::Bytes;
-use fleetops_storage::{Delivery, Store, accounts::Seq};
+use fleetops_storage::{Delivery, StorageError, Store, accounts::Seq};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
 use super::SecretState;
@@ -122,10 +122,10 @@ impl Actor for IntakeActor {
                     reply,
                 });
                 if st.pending.len() >= MAX_BATCH {
-                    st.flush();
+                    st.flush().await;
                 }
             }
-            IntakeMsg::Flush => st.flush(),
+            IntakeMsg::Flush => st.flush().await,
             IntakeMsg::Rotate { state, reply } => {
                 let r = serde_json::to_vec(&*state)
                     .map_err(|e| Error::Internal(e.to_string()))
@@ -142,9 +142,13 @@ const MAX_BATCH: usize = 512;
 
 impl IntakeState {
     /// Writes the batch atomically (ids claimed, deliveries, payloads, queue entries), queues
-    /// the subscribed ones for the worker and answers every caller. On failure nothing is
-    /// claimed and every caller gets the error.
-    fn flush(&mut self) {
+    /// the subscribed ones for the worker and answers every caller, who then waits for the
+    /// group commit. On failure nothing is claimed and every caller gets the error.
+    ///
+    /// The write runs on a blocking thread, so the runtime's threads keep serving requests;
+    /// meanwhile the mailbox fills with the next batch (the actor handles one message at a
+    /// time, so no id can be claimed twice across batches).
+    async fn flush(&mut self) {
         // A caller that gave up (its call timed out: it answered 503) claims nothing.
         let batch: Vec<Pending> = std::mem::take(&mut self.pending)
             .into_iter()
@@ -167,7 +171,7 @@ impl IntakeState {
             }
         };
         let now = now_ms();
-        let items: Vec<_> = batch
+        let mut items: Vec<_> = batch
             .iter()
             .enumerate()
             .map(|(i, p)| {
@@ -186,14 +190,22 @@ impl IntakeState {
                         project_id: None,
                         test_run_id: None,
                         payload_len: p.body.len() as u64,
+                        payload_at: None,
                     },
                     p.subscribed.then(|| p.body.clone()),
                     p.subscribed,
                 )
             })
             .collect();
-        match self.store.claim_deliveries(&items) {
-            Ok(()) => {
+        let store = self.store.clone();
+        let written = tokio::task::spawn_blocking(move || {
+            store.claim_deliveries(&mut items)?;
+            Ok(items)
+        })
+        .await
+        .unwrap_or_else(|e| Err(StorageError::Io(std::io::Error::other(e.to_string()))));
+        match written {
+            Ok(items) => {
                 for (p, (d, _, _)) in batch.into_iter().zip(items) {
                     if p.subscribed {
                         let _ = self.queue.send(d.seq);

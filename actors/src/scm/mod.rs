@@ -473,7 +473,7 @@ impl ScmHandle {
         if d.outcome != "queued" {
             return Ok(());
         }
-        let body = self.store.payload(seq)?.unwrap_or_default();
+        let body = self.store.payload(&d)?.unwrap_or_default();
         let parsed: std::result::Result<Payload, _> = serde_json::from_slice(&body);
         let payload = match parsed {
             Ok(p) => p,
@@ -598,7 +598,7 @@ impl ScmHandle {
             )?
             .filter(|d| project.is_none() || d.project_id == project)
             .ok_or_else(|| Error::not_found("Delivery"))?;
-        let payload = match self.store.payload(d.seq)? {
+        let payload = match self.store.payload(&d)? {
             None => None,
             Some(b) => Some(match serde_json::from_slice::<&RawValue>(&b) {
                 Ok(r) => r.to_owned(),

@@ -1,0 +1,258 @@
+//! Webhook payloads, kept out of sled in append-only segment files.
+//!
+//! A 23 KB payload written into a sled tree is copied into its node and rewritten whenever the
+//! node is, and nodes full of payloads exceed sled's blob threshold, so every consolidation
+//! creates and deletes a file: about half of the intake's cost. Here a batch of payloads is
+//! one `write` and one `fdatasync`, done before the sled batch that refers to them, so a
+//! stored delivery never points at bytes that are not on disk.
+//!
+//! A segment is named by the first seq it holds (`{seq:020}.log`), so segment `k` holds the
+//! seqs below the next segment's name, and the housekeeper deletes a whole segment once the
+//! oldest delivery still in the log is past it. Each record is `len: u32 LE`, `crc32: u32 LE`,
+//! then the bytes; the delivery keeps `(segment, offset)` and the length.
+
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use crate::{Result, StorageError};
+
+/// A segment is closed once it reaches this size.
+const SEGMENT_BYTES: u64 = 64 * 1024 * 1024;
+const HEADER: usize = 8;
+
+/// Where a payload is: its segment (named by the segment's first seq) and byte offset.
+pub type PayloadAt = (u64, u64);
+
+pub(crate) struct Spool {
+    dir: PathBuf,
+    /// [`SEGMENT_BYTES`]; smaller in tests.
+    pub(crate) segment_bytes: std::sync::atomic::AtomicU64,
+    writer: Mutex<Option<Writer>>,
+    /// The segment read last, kept open: the worker reads in arrival order.
+    reader: Mutex<Option<(u64, Arc<File>)>>,
+}
+
+struct Writer {
+    segment: u64,
+    file: File,
+    len: u64,
+}
+
+impl Spool {
+    pub(crate) fn open(dir: &Path) -> Result<Self> {
+        std::fs::create_dir_all(dir)?;
+        let writer = match segments(dir)?.last() {
+            Some(&segment) => {
+                let file = OpenOptions::new()
+                    .append(true)
+                    .open(dir.join(name(segment)))?;
+                // A torn tail (a write the crash cut short) is never referenced: its sled
+                // batch comes after the fdatasync. Appending after it is safe.
+                let len = file.metadata()?.len();
+                Some(Writer { segment, file, len })
+            }
+            None => None,
+        };
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            segment_bytes: SEGMENT_BYTES.into(),
+            writer: Mutex::new(writer),
+            reader: Mutex::new(None),
+        })
+    }
+
+    /// Appends `(seq, payload)` pairs, in rising seq order, and makes them durable; returns
+    /// where each one is. On failure nothing written here is referenced, and the segment is
+    /// cut back to where it was.
+    pub(crate) fn append(&self, items: &[(u64, &[u8])]) -> Result<Vec<PayloadAt>> {
+        let Some(&(first_seq, _)) = items.first() else {
+            return Ok(Vec::new());
+        };
+        let mut guard = self.writer.lock().map_err(|_| poisoned())?;
+        let rotate = match guard.as_ref() {
+            None => true,
+            Some(w) => {
+                w.len
+                    >= self
+                        .segment_bytes
+                        .load(std::sync::atomic::Ordering::Relaxed)
+            }
+        };
+        if rotate {
+            let file = OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(self.dir.join(name(first_seq)))?;
+            let len = file.metadata()?.len();
+            // The new file's directory entry must be durable before anything points into it.
+            File::open(&self.dir)?.sync_all()?;
+            *guard = Some(Writer {
+                segment: first_seq,
+                file,
+                len,
+            });
+        }
+        let w = guard.as_mut().ok_or_else(poisoned)?;
+        let total: usize = items.iter().map(|(_, p)| HEADER + p.len()).sum();
+        let mut buf = Vec::with_capacity(total);
+        let mut out = Vec::with_capacity(items.len());
+        for (_, p) in items {
+            let len = u32::try_from(p.len())
+                .map_err(|_| StorageError::Config("a webhook payload over 4 GiB".into()))?;
+            out.push((w.segment, w.len + buf.len() as u64));
+            buf.extend_from_slice(&len.to_le_bytes());
+            buf.extend_from_slice(&crc32fast::hash(p).to_le_bytes());
+            buf.extend_from_slice(p);
+        }
+        let written = w.file.write_all(&buf).and_then(|()| w.file.sync_data());
+        if let Err(e) = written {
+            let _ = w.file.set_len(w.len);
+            return Err(e.into());
+        }
+        w.len += buf.len() as u64;
+        Ok(out)
+    }
+
+    /// The payload at `at`, `len` bytes long; `None` when its segment was deleted.
+    pub(crate) fn read(&self, at: PayloadAt, len: u64) -> Result<Option<Vec<u8>>> {
+        let (segment, offset) = at;
+        let file = {
+            let mut r = self.reader.lock().map_err(|_| poisoned())?;
+            match r.as_ref() {
+                Some((s, f)) if *s == segment => f.clone(),
+                _ => {
+                    let f = match File::open(self.dir.join(name(segment))) {
+                        Ok(f) => Arc::new(f),
+                        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+                        Err(e) => return Err(e.into()),
+                    };
+                    *r = Some((segment, f.clone()));
+                    f
+                }
+            }
+        };
+        let mut head = [0u8; HEADER];
+        file.read_exact_at(&mut head, offset)?;
+        let [a, b, c, d, e, f, g, h] = head;
+        let stored_len = u32::from_le_bytes([a, b, c, d]);
+        let crc = u32::from_le_bytes([e, f, g, h]);
+        if u64::from(stored_len) != len {
+            return Err(corrupt(segment, offset));
+        }
+        let mut body = vec![0u8; stored_len as usize];
+        file.read_exact_at(&mut body, offset + HEADER as u64)?;
+        if crc32fast::hash(&body) != crc {
+            return Err(corrupt(segment, offset));
+        }
+        Ok(Some(body))
+    }
+
+    /// Deletes the segments whose every seq is below `oldest_kept` (the oldest delivery still
+    /// in the log); never the segment being written.
+    pub(crate) fn release_before(&self, oldest_kept: u64) -> Result<usize> {
+        let current = self
+            .writer
+            .lock()
+            .map_err(|_| poisoned())?
+            .as_ref()
+            .map(|w| w.segment);
+        let all = segments(&self.dir)?;
+        let mut removed = 0;
+        for pair in all.windows(2) {
+            let [seg, next] = pair else { continue };
+            if *next <= oldest_kept && Some(*seg) != current {
+                std::fs::remove_file(self.dir.join(name(*seg)))?;
+                removed += 1;
+            }
+        }
+        if removed > 0
+            && let Ok(mut r) = self.reader.lock()
+        {
+            *r = None;
+        }
+        Ok(removed)
+    }
+}
+
+fn name(segment: u64) -> String {
+    format!("{segment:020}.log")
+}
+
+/// The segments present, oldest first.
+fn segments(dir: &Path) -> Result<Vec<u64>> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        if let Some(seq) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.strip_suffix(".log"))
+            .and_then(|n| n.parse::<u64>().ok())
+        {
+            out.push(seq);
+        }
+    }
+    out.sort_unstable();
+    Ok(out)
+}
+
+fn poisoned() -> StorageError {
+    StorageError::Config("the payload log's lock was poisoned".into())
+}
+
+fn corrupt(segment: u64, offset: u64) -> StorageError {
+    StorageError::Corrupt(format!(
+        "webhook payload at {}:{offset} fails its length or checksum",
+        name(segment)
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn appends_read_back_survive_reopen_and_release_whole_segments() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Spool::open(dir.path()).unwrap();
+        let at = s.append(&[(1, b"one"), (2, b"two!")]).unwrap();
+        assert_eq!(s.read(at[1], 4).unwrap().unwrap(), b"two!");
+        assert!(s.read(at[1], 3).is_err(), "a wrong length is caught");
+        drop(s);
+        let s = Spool::open(dir.path()).unwrap();
+        let more = s.append(&[(3, b"three")]).unwrap();
+        assert_eq!(more[0].0, 1, "appends continue the open segment");
+        assert_eq!(s.read(at[0], 3).unwrap().unwrap(), b"one");
+        assert_eq!(s.read(more[0], 5).unwrap().unwrap(), b"three");
+        // Force a second segment, then release the first once seq 4 is the oldest kept.
+        s.segment_bytes
+            .store(1, std::sync::atomic::Ordering::Relaxed);
+        let next = s.append(&[(4, b"four")]).unwrap();
+        assert_eq!(next[0], (4, 0));
+        assert_eq!(
+            s.release_before(3).unwrap(),
+            0,
+            "seq 3 still lives in segment 1"
+        );
+        assert_eq!(s.release_before(4).unwrap(), 1);
+        assert!(s.read(at[0], 3).unwrap().is_none());
+        assert_eq!(s.release_before(u64::MAX).unwrap(), 0, "the open one stays");
+        assert_eq!(s.read(next[0], 4).unwrap().unwrap(), b"four");
+    }
+
+    #[test]
+    fn a_flipped_byte_is_an_error_not_wrong_data() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Spool::open(dir.path()).unwrap();
+        let at = s.append(&[(7, b"payload")]).unwrap();
+        let path = dir.path().join(name(7));
+        let mut bytes = std::fs::read(&path).unwrap();
+        *bytes.last_mut().unwrap() ^= 1;
+        std::fs::write(&path, bytes).unwrap();
+        let s = Spool::open(dir.path()).unwrap();
+        assert!(s.read(at[0], 7).is_err());
+    }
+}
