@@ -28,9 +28,18 @@ fn sign(body: &[u8]) -> String {
 /// The delivery sent: `BENCH_PAYLOAD` (a file under tests/payloads, default
 /// pull_request.opened, 23 KB as sent).
 fn payload() -> serde_json::Value {
-    let name = std::env::var("BENCH_PAYLOAD").unwrap_or_else(|_| "pull_request.opened".into());
+    named(&std::env::var("BENCH_PAYLOAD").unwrap_or_else(|_| "pull_request.opened".into()))
+}
+
+fn named(name: &str) -> serde_json::Value {
     let p = format!("{}/tests/payloads/{name}.json", env!("CARGO_MANIFEST_DIR"));
     serde_json::from_slice(&std::fs::read(p).unwrap()).unwrap()
+}
+
+/// The event of `BENCH_PAYLOAD` (its file name up to the first dot).
+fn event() -> String {
+    let name = std::env::var("BENCH_PAYLOAD").unwrap_or_else(|_| "pull_request.opened".into());
+    name.split('.').next().unwrap_or_default().to_string()
 }
 
 /// A wrk script posting `body` with a unique delivery id per request.
@@ -45,7 +54,7 @@ f:close()
 wrk.method = "POST"
 wrk.body = body
 wrk.headers["Content-Type"] = "application/json"
-wrk.headers["X-Host-Event"] = "pull_request"
+wrk.headers["X-Host-Event"] = "{event}"
 wrk.headers["X-Hub-Signature-256"] = "{sig}"
 local threads = 0
 function setup(thread)
@@ -68,6 +77,7 @@ end
 "#,
         body = body_path.display(),
         sig = sign(body),
+        event = event(),
     );
     let path = dir.join("deliver.lua");
     std::fs::write(&path, lua).unwrap();
@@ -81,13 +91,15 @@ fn pct(v: &mut [f64], p: f64) -> f64 {
         .unwrap_or(f64::NAN)
 }
 
-/// The store alone: claims (id + delivery + payload + queue entry) per second with
-/// payloads of `size` bytes, one writer, then one flush.
+/// The store alone: claims (id + delivery + queue entry in sled, payload in the payload log
+/// with its fdatasync) per second with payloads of `size` bytes, one writer, in batches of
+/// 32 as the intake makes them under load, then one flush.
 fn store_only(size: usize, n: u64) -> (f64, f64) {
     let dir = tempfile::tempdir().unwrap();
     let store = fleetops_storage::Store::open(dir.path()).unwrap();
-    let payload = vec![b'x'; size];
+    let payload = bytes::Bytes::from(vec![b'x'; size]);
     let t = Instant::now();
+    let mut batch = Vec::new();
     for seq in 1..=n {
         let d = fleetops_storage::Delivery {
             seq,
@@ -103,8 +115,13 @@ fn store_only(size: usize, n: u64) -> (f64, f64) {
             project_id: None,
             test_run_id: None,
             payload_len: size as u64,
+            payload_at: None,
         };
-        store.claim_delivery(&d, Some(&payload), true).unwrap();
+        batch.push((d, Some(payload.clone()), true));
+        if batch.len() == 32 || seq == n {
+            store.claim_deliveries(&mut batch).unwrap();
+            batch.clear();
+        }
     }
     let writes = t.elapsed();
     let t = Instant::now();
@@ -119,7 +136,7 @@ fn main() {
     for size in [2_000, 23_000] {
         let (rate, flush_ms) = store_only(size, 5_000);
         println!(
-            "store only: {rate:.0} claims/s with {size}-byte payloads (one writer), final flush {flush_ms:.0} ms"
+            "store only: {rate:.0} claims/s with {size}-byte payloads (one writer, batches of 32), final flush {flush_ms:.0} ms"
         );
     }
     let secs = env_u32("BENCH_SECS", 10);
@@ -142,7 +159,8 @@ fn main() {
     task.abort();
 
     let (running, key, url, data) = rt.block_on(start_fleetops_with(|c| {
-        c.scm.webhook_secret = SECRET.into()
+        c.scm.webhook_secret = SECRET.into();
+        c.storage.commit_delay_us = env_u32("BENCH_COMMIT_DELAY_US", 0).into();
     }));
     let fsync = fsync_latency_ms(data.path(), 200);
     let c = reqwest::Client::new();
@@ -162,7 +180,9 @@ fn main() {
     wrk(&hook, &[], conns, 2, Some(&lua)); // warm-up
     let store = running.runtime.store.clone();
     let queued_before = store.queued_deliveries().unwrap().len();
+    let cpu0 = cpu_seconds();
     let fleet = wrk(&hook, &[], conns, secs, Some(&lua));
+    let server_cpu = cpu_seconds() - cpu0;
     // How long the worker takes to drain what the run accepted.
     let drain_start = Instant::now();
     let backlog = store.queued_deliveries().unwrap().len();
@@ -176,7 +196,7 @@ fn main() {
     let n = (lag_rate * lag_secs) as usize;
     let bodies: Vec<(Vec<u8>, String)> = (0..n)
         .map(|i| {
-            let mut p = payload();
+            let mut p = named("pull_request.opened");
             p["number"] = json!(100_000 + i);
             p["pull_request"]["head"]["sha"] = json!(format!("{i:040x}"));
             let b = serde_json::to_vec(&p).unwrap();
@@ -238,6 +258,12 @@ fn main() {
         "ratio fleetops / bare hyper: {:.1}%; {conns} connections, {secs} s, {} KB bodies; fsync of the data dir {fsync:.2} ms (median)",
         100.0 * fleet.requests_per_sec / base.requests_per_sec,
         body.len() / 1024
+    );
+    println!(
+        "server CPU during the load: {:.2} of {} core-seconds, {:.0} µs per accepted delivery",
+        server_cpu,
+        2 * secs,
+        server_cpu * 1e6 / (fleet.requests_per_sec * f64::from(secs))
     );
     println!(
         "worker: {backlog} of ~{accepted} accepted deliveries still queued when the load stopped (warm-up left {queued_before}); drained in {:.2} s",

@@ -250,3 +250,18 @@ pub async fn sessions(c: &reqwest::Client, url: &str, key: &str, n: usize) -> Ve
     }
     ids
 }
+
+/// CPU seconds this process (the in-process server, all its threads) has used so far, from
+/// `/proc/self/stat` (utime + stime, at the usual 100 ticks per second).
+pub fn cpu_seconds() -> f64 {
+    std::fs::read_to_string("/proc/self/stat")
+        .ok()
+        .and_then(|s| {
+            let rest = s.rsplit_once(')')?.1;
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            let u: f64 = f.get(11)?.parse().ok()?;
+            let k: f64 = f.get(12)?.parse().ok()?;
+            Some((u + k) / 100.0)
+        })
+        .unwrap_or(f64::NAN)
+}
