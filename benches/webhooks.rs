@@ -5,7 +5,9 @@
 //!
 //! Run: `cargo bench --bench webhooks` (needs `wrk`: `apt-get install wrk`).
 //! Knobs: BENCH_SECS (default 10), BENCH_CONNECTIONS (default 64), BENCH_LAG_RATE (deliveries
-//! per second in the lag phase, default 2000), BENCH_LAG_SECS (default 5).
+//! per second in the lag phase, default 2000), BENCH_LAG_SECS (default 5), BENCH_PAYLOAD (a
+//! file under tests/payloads, default pull_request.opened; the lag phase always sends pull
+//! requests), BENCH_COMMIT_DELAY_US (`[storage] commit_delay_us`, default 0).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
