@@ -240,7 +240,6 @@ impl Runtime {
             cfg: cfg.scm.clone(),
             rejected: Arc::new(std::sync::Mutex::new(std::collections::VecDeque::new())),
             failures: Arc::new(std::sync::Mutex::new(std::collections::VecDeque::new())),
-            freed_upto: Arc::new(std::sync::Mutex::new(0)),
         };
         let worker = tokio::spawn(scm::run_worker(scm.clone(), queue_rx));
         let access = Access {

@@ -165,9 +165,6 @@ pub(crate) fn device_result_prefix(deployment: u64) -> Vec<u8> {
 }
 
 // Inbound webhooks.
-pub(crate) fn dedup(delivery_id: &str) -> Vec<u8> {
-    key(&[b"whd", delivery_id.as_bytes()])
-}
 pub(crate) fn delivery_by_id(delivery_id: &str) -> Vec<u8> {
     key(&[b"ix-wd", delivery_id.as_bytes()])
 }

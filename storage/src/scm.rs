@@ -112,7 +112,7 @@ impl Store {
         if self
             .inner
             .records
-            .contains_key(keys::dedup(&d.delivery_id))?
+            .contains_key(keys::delivery_by_id(&d.delivery_id))?
         {
             return Ok(false);
         }
@@ -141,8 +141,10 @@ impl Store {
         }
         let mut w = Writes::new();
         for (d, _, queue) in items.iter() {
-            w.put_id(keys::dedup(&d.delivery_id), d.seq);
-            w.put_id(keys::delivery_by_id(&d.delivery_id), d.seq);
+            // The id's entry carries the receipt time, so the dedup window is one read.
+            let mut entry = d.seq.to_be_bytes().to_vec();
+            entry.extend_from_slice(&d.received_at.to_be_bytes());
+            w.0.insert(keys::delivery_by_id(&d.delivery_id), entry);
             w.put(keys::delivery(d.seq), d)?;
             if *queue {
                 w.0.insert(keys::queued(d.seq), Vec::new());
@@ -154,10 +156,19 @@ impl Store {
     /// Whether the id was claimed by a delivery received at or after `since` (the dedup
     /// window is exact; the housekeeper only removes what has expired).
     pub fn is_claimed(&self, delivery_id: &str, since: i64) -> Result<bool> {
-        let Some(seq) = self.get_id(&keys::dedup(delivery_id))? else {
-            return Ok(false);
-        };
-        Ok(self.delivery(seq)?.is_some_and(|d| d.received_at >= since))
+        Ok(self
+            .id_entry(delivery_id)?
+            .is_some_and(|(_, received_at)| received_at >= since))
+    }
+
+    /// The seq and receipt time of the newest delivery that claimed `delivery_id`.
+    fn id_entry(&self, delivery_id: &str) -> Result<Option<(u64, i64)>> {
+        Ok(self
+            .inner
+            .records
+            .get(keys::delivery_by_id(delivery_id))?
+            .and_then(|v| pair(&v))
+            .map(|(seq, at)| (seq, at as i64)))
     }
 
     pub fn delivery(&self, seq: u64) -> Result<Option<Delivery>> {
@@ -165,8 +176,8 @@ impl Store {
     }
 
     pub fn delivery_by_id(&self, delivery_id: &str) -> Result<Option<Delivery>> {
-        match self.get_id(&keys::delivery_by_id(delivery_id))? {
-            Some(seq) => self.delivery(seq),
+        match self.id_entry(delivery_id)? {
+            Some((seq, _)) => self.delivery(seq),
             None => Ok(None),
         }
     }
@@ -212,16 +223,10 @@ impl Store {
         Ok(out)
     }
 
-    /// Frees the ids of deliveries received before `dedup_before` (the dedup window), resuming
-    /// after `from_seq`, and drops processed deliveries received before `log_before` (the
-    /// log's retention). Returns the last seq whose id was freed. Each pass reads only what
-    /// has expired since the last.
-    pub fn expire_deliveries(
-        &self,
-        from_seq: u64,
-        dedup_before: i64,
-        log_before: i64,
-    ) -> Result<u64> {
+    /// Drops processed deliveries received before `log_before` (the log's retention), with
+    /// their id entries and then the payload segments no delivery needs. The dedup window
+    /// needs no pass: each id's entry carries its receipt time.
+    pub fn expire_deliveries(&self, log_before: i64) -> Result<()> {
         let mut w = Writes::new();
         for kv in self.inner.records.scan_prefix(keys::delivery_prefix()) {
             let (_, v) = kv?;
@@ -233,33 +238,13 @@ impl Store {
                 continue;
             }
             w.delete(keys::delivery(d.seq));
-            // A later delivery may have reclaimed the id: its index stays.
-            if self.get_id(&keys::delivery_by_id(&d.delivery_id))? == Some(d.seq) {
+            // A later delivery may have reclaimed the id: its entry stays.
+            if self.id_entry(&d.delivery_id)?.map(|(s, _)| s) == Some(d.seq) {
                 w.delete(keys::delivery_by_id(&d.delivery_id));
             }
             if let Some(p) = d.project_id {
                 w.delete(keys::project_delivery(p, d.seq));
             }
-        }
-        let mut freed = from_seq;
-        let prefix = keys::delivery_prefix();
-        for kv in self
-            .inner
-            .records
-            .range(keys::delivery(from_seq.saturating_add(1))..)
-        {
-            let (k, v) = kv?;
-            if !k.starts_with(&prefix) {
-                break;
-            }
-            let d: Delivery = codec::decode(&v)?;
-            if d.received_at >= dedup_before {
-                break;
-            }
-            if self.get_id(&keys::dedup(&d.delivery_id))? == Some(d.seq) {
-                w.delete(keys::dedup(&d.delivery_id));
-            }
-            freed = d.seq;
         }
         self.apply(w.0)?;
         // Payload segments wholly below the oldest delivery still logged go too.
@@ -277,7 +262,7 @@ impl Store {
             let next = self.last_id(crate::accounts::Seq::Delivery.name())? + 1;
             self.inner.spool.release_before(next)?;
         }
-        Ok(freed)
+        Ok(())
     }
 
     pub fn installation(&self, id: u64) -> Result<Option<Installation>> {
@@ -444,7 +429,7 @@ mod tests {
         let mut b = ScmBatch::default();
         b.finish_delivery(&done).unwrap();
         b.commit(&store).unwrap();
-        store.expire_deliveries(0, 0, 5_000).unwrap();
+        store.expire_deliveries(5_000).unwrap();
         assert_eq!(segments(dir.path()), 3);
         assert!(store.delivery(2).unwrap().is_none());
         assert_eq!(store.payload(&stored[0]).unwrap().unwrap(), b"abc");
@@ -455,7 +440,7 @@ mod tests {
         let mut b = ScmBatch::default();
         b.finish_delivery(&done).unwrap();
         b.commit(&store).unwrap();
-        store.expire_deliveries(0, 0, 5_000).unwrap();
+        store.expire_deliveries(5_000).unwrap();
         assert_eq!(segments(dir.path()), 1);
         assert!(store.payload(&stored[0]).unwrap().is_none());
         assert_eq!(store.payload(&stored[2]).unwrap().unwrap(), b"abc");

@@ -276,8 +276,6 @@ pub struct ScmHandle {
     pub(crate) cfg: ScmConfig,
     pub(crate) rejected: Arc<Mutex<VecDeque<DeliveryView>>>,
     pub(crate) failures: Arc<Mutex<VecDeque<i64>>>,
-    /// The seq whose id the last dedup expiry freed.
-    pub(crate) freed_upto: Arc<Mutex<u64>>,
 }
 
 /// HMAC-SHA256 check in constant time, with aws-lc's assembly SHA-256 (the portable one was
@@ -843,20 +841,13 @@ impl ScmHandle {
             })
     }
 
-    /// Frees delivery ids past the dedup window and drops log entries past retention (the
-    /// housekeeper calls this).
+    /// Drops log entries past retention (the housekeeper calls this); ids leave the dedup
+    /// window by their receipt time alone.
     pub fn expire(&self) -> Result<()> {
         let now = now_ms();
-        let from = self.freed_upto.lock().map(|g| *g).unwrap_or(0);
-        let freed = self.store.expire_deliveries(
-            from,
-            now - self.cfg.dedup_window_seconds * 1000,
-            now - self.cfg.delivery_retention_days * 86_400_000,
-        )?;
-        if let Ok(mut g) = self.freed_upto.lock() {
-            *g = freed;
-        }
-        Ok(())
+        Ok(self
+            .store
+            .expire_deliveries(now - self.cfg.delivery_retention_days * 86_400_000)?)
     }
 }
 
