@@ -379,7 +379,8 @@ impl ScmHandle {
     }
 
     /// Claims the delivery id and, for a subscribed event, stores the delivery for the
-    /// worker; answers once durable. A repeated id is 401 `Duplicate delivery`.
+    /// worker; answers once durable (the intake's batch ends with its flush). A repeated id
+    /// is 401 `Duplicate delivery`.
     pub async fn accept(
         &self,
         delivery_id: Option<&str>,
@@ -416,7 +417,6 @@ impl ScmHandle {
             }
             Err(e) => return Err(e),
         };
-        self.store.durable().await?;
         Ok(match seq {
             Some(_) => Accepted {
                 status: "queued",
