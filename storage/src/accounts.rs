@@ -26,7 +26,7 @@ pub enum Seq {
 }
 
 impl Seq {
-    pub(crate) fn name(self) -> &'static str {
+    fn name(self) -> &'static str {
         match self {
             Seq::User => "user",
             Seq::Org => "org",

@@ -152,16 +152,6 @@ impl Store {
             .ok_or_else(|| StorageError::Corrupt(format!("counter {counter}")))
     }
 
-    /// The last id a counter handed out (0 when none).
-    fn last_id(&self, counter: &str) -> Result<u64> {
-        Ok(self
-            .inner
-            .seq
-            .get(counter.as_bytes())?
-            .and_then(|b| <[u8; 8]>::try_from(b.as_ref()).ok())
-            .map_or(0, u64::from_be_bytes))
-    }
-
     fn get<T: serde::de::DeserializeOwned>(&self, key: &[u8]) -> Result<Option<T>> {
         match self.inner.records.get(key)? {
             Some(v) => codec::decode(&v).map(Some),

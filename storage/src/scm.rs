@@ -185,7 +185,14 @@ impl Store {
     /// A delivery's payload, from the payload log; `None` for an unsubscribed event.
     pub fn payload(&self, d: &Delivery) -> Result<Option<Vec<u8>>> {
         match d.payload_at {
-            Some(at) => self.inner.spool.read(at, d.payload_len),
+            // Segments go only once no delivery refers to them: a missing one is damage.
+            Some(at) => match self.inner.spool.read(at, d.payload_len)? {
+                Some(p) => Ok(Some(p)),
+                None => Err(crate::StorageError::Corrupt(format!(
+                    "the payload of delivery {} is missing from the payload log",
+                    d.seq
+                ))),
+            },
             None => Ok(None),
         }
     }
@@ -227,6 +234,8 @@ impl Store {
     /// their id entries and then the payload segments no delivery needs. The dedup window
     /// needs no pass: each id's entry carries its receipt time.
     pub fn expire_deliveries(&self, log_before: i64) -> Result<()> {
+        // Before the scan: a batch the intake writes meanwhile lands in this segment or later.
+        let current = self.inner.spool.current()?;
         let mut w = Writes::new();
         for kv in self.inner.records.scan_prefix(keys::delivery_prefix()) {
             let (_, v) = kv?;
@@ -247,21 +256,20 @@ impl Store {
             }
         }
         self.apply(w.0)?;
+        // The deletions are on disk before any payload goes, so a crash cannot bring back a
+        // delivery whose payload is gone.
+        self.flush_blocking()?;
         // Payload segments wholly below the oldest delivery still logged go too.
-        if let Some(kv) = self
+        let oldest = match self
             .inner
             .records
             .scan_prefix(keys::delivery_prefix())
             .next()
         {
-            let (k, _) = kv?;
-            if let Some(oldest) = keys::trailing_id(&k) {
-                self.inner.spool.release_before(oldest)?;
-            }
-        } else {
-            let next = self.last_id(crate::accounts::Seq::Delivery.name())? + 1;
-            self.inner.spool.release_before(next)?;
-        }
+            Some(kv) => keys::trailing_id(&kv?.0).unwrap_or(0),
+            None => u64::MAX,
+        };
+        self.inner.spool.release_before(oldest, current)?;
         Ok(())
     }
 
@@ -442,7 +450,10 @@ mod tests {
         b.commit(&store).unwrap();
         store.expire_deliveries(5_000).unwrap();
         assert_eq!(segments(dir.path()), 1);
-        assert!(store.payload(&stored[0]).unwrap().is_none());
+        assert!(
+            store.payload(&stored[0]).is_err(),
+            "a missing segment is damage"
+        );
         assert_eq!(store.payload(&stored[2]).unwrap().unwrap(), b"abc");
     }
 }

@@ -43,7 +43,13 @@ struct Writer {
 
 impl Spool {
     pub(crate) fn open(dir: &Path) -> Result<Self> {
-        std::fs::create_dir_all(dir)?;
+        if !dir.exists() {
+            std::fs::create_dir_all(dir)?;
+            // The directory's own entry must be durable too (power loss, not only kill -9).
+            if let Some(parent) = dir.parent() {
+                File::open(parent)?.sync_all()?;
+            }
+        }
         let writer = match segments(dir)?.last() {
             Some(&segment) => {
                 let file = OpenOptions::new()
@@ -72,14 +78,15 @@ impl Spool {
             return Ok(Vec::new());
         };
         let mut guard = self.writer.lock().map_err(|_| poisoned())?;
+        // A segment is named by the lowest seq it may hold, so a new one is started only for a
+        // seq above the open one's name (after a crash lost a batch, the seq counter may
+        // hand out seqs again; they go on into the open segment).
+        let limit = self
+            .segment_bytes
+            .load(std::sync::atomic::Ordering::Relaxed);
         let rotate = match guard.as_ref() {
             None => true,
-            Some(w) => {
-                w.len
-                    >= self
-                        .segment_bytes
-                        .load(std::sync::atomic::Ordering::Relaxed)
-            }
+            Some(w) => w.len >= limit && first_seq > w.segment,
         };
         if rotate {
             let file = OpenOptions::new()
@@ -109,7 +116,19 @@ impl Spool {
         }
         let written = w.file.write_all(&buf).and_then(|()| w.file.sync_data());
         if let Err(e) = written {
-            let _ = w.file.set_len(w.len);
+            // Cut back; if even that fails, the file's end is unknown, so the next batch
+            // reopens the segment and takes its length from the file.
+            if w.file.set_len(w.len).is_err() {
+                let segment = w.segment;
+                *guard = OpenOptions::new()
+                    .append(true)
+                    .open(self.dir.join(name(segment)))
+                    .and_then(|file| {
+                        let len = file.metadata()?.len();
+                        Ok(Writer { segment, file, len })
+                    })
+                    .ok();
+            }
             return Err(e.into());
         }
         w.len += buf.len() as u64;
@@ -150,20 +169,30 @@ impl Spool {
         Ok(Some(body))
     }
 
-    /// Deletes the segments whose every seq is below `oldest_kept` (the oldest delivery still
-    /// in the log); never the segment being written.
-    pub(crate) fn release_before(&self, oldest_kept: u64) -> Result<usize> {
-        let current = self
+    /// The segment being written, if any. Read it *before* looking for the oldest delivery
+    /// still needed: a batch the intake is writing meanwhile is in this segment or a later one.
+    pub(crate) fn current(&self) -> Result<Option<u64>> {
+        Ok(self
             .writer
             .lock()
             .map_err(|_| poisoned())?
             .as_ref()
-            .map(|w| w.segment);
+            .map(|w| w.segment))
+    }
+
+    /// Deletes the segments whose every seq is below `oldest_kept` (the oldest delivery still
+    /// in the log) and that come before `current` (as [`Spool::current`] gave it before the
+    /// caller's scan): never a segment a batch may be being written into.
+    pub(crate) fn release_before(&self, oldest_kept: u64, current: Option<u64>) -> Result<usize> {
+        let Some(current) = current else {
+            return Ok(0);
+        };
+        let oldest_kept = oldest_kept.min(current);
         let all = segments(&self.dir)?;
         let mut removed = 0;
         for pair in all.windows(2) {
             let [seg, next] = pair else { continue };
-            if *next <= oldest_kept && Some(*seg) != current {
+            if *next <= oldest_kept && *seg < current {
                 std::fs::remove_file(self.dir.join(name(*seg)))?;
                 removed += 1;
             }
@@ -232,14 +261,29 @@ mod tests {
             .store(1, std::sync::atomic::Ordering::Relaxed);
         let next = s.append(&[(4, b"four")]).unwrap();
         assert_eq!(next[0], (4, 0));
+        let cur = s.current().unwrap();
+        assert_eq!(cur, Some(4));
         assert_eq!(
-            s.release_before(3).unwrap(),
+            s.release_before(3, cur).unwrap(),
             0,
             "seq 3 still lives in segment 1"
         );
-        assert_eq!(s.release_before(4).unwrap(), 1);
+        assert_eq!(
+            s.release_before(u64::MAX, Some(1)).unwrap(),
+            0,
+            "nor before a batch"
+        );
+        assert_eq!(s.release_before(4, cur).unwrap(), 1);
         assert!(s.read(at[0], 3).unwrap().is_none());
-        assert_eq!(s.release_before(u64::MAX).unwrap(), 0, "the open one stays");
+        assert_eq!(
+            s.release_before(u64::MAX, cur).unwrap(),
+            0,
+            "the open one stays"
+        );
+        // A seq not above the open segment's name (handed out again after a crash) does not
+        // start a segment below it.
+        let again = s.append(&[(2, b"re")]).unwrap();
+        assert_eq!(again[0].0, 4);
         assert_eq!(s.read(next[0], 4).unwrap().unwrap(), b"four");
     }
 

@@ -1,7 +1,8 @@
 //! IntakeActor: the single writer of delivery ids. It claims an id and stores the delivery
 //! (and, for subscribed events, its payload and a place in the worker's queue) in one atomic
-//! write, so concurrent deliveries of one id are accepted exactly once; the caller waits for
-//! the group commit before answering 202. It also owns the webhook secret's rotation.
+//! write, so concurrent deliveries of one id are accepted exactly once; each batch ends with
+//! a flush, and only then are callers answered 202. It also owns the webhook secret's
+//! rotation.
 
 use std::collections::HashSet;
 
@@ -143,7 +144,10 @@ const MAX_BATCH: usize = 512;
 impl IntakeState {
     /// Writes the batch atomically (ids claimed, deliveries, payloads, queue entries) and
     /// flushes it, queues the subscribed ones for the worker and answers every caller: an
-    /// answer means durable. On failure nothing is claimed and every caller gets the error.
+    /// answer means durable. When the write fails nothing is claimed and every caller gets
+    /// 503. When only the flush fails, the deliveries are claimed and worked, but callers get
+    /// 503 (their durability is unknown; a redelivery is then a duplicate); a failing flush
+    /// means a failing disk.
     ///
     /// The write runs on a blocking thread, so the runtime's threads keep serving requests;
     /// meanwhile the mailbox fills with the next batch (the actor handles one message at a
@@ -202,18 +206,26 @@ impl IntakeState {
         let store = self.store.clone();
         let written = tokio::task::spawn_blocking(move || {
             store.claim_deliveries(&mut items)?;
-            store.flush_blocking()?;
-            Ok(items)
+            let flushed = store.flush_blocking();
+            Ok((items, flushed))
         })
         .await
         .unwrap_or_else(|e| Err(StorageError::Io(std::io::Error::other(e.to_string()))));
         match written {
-            Ok(items) => {
+            Ok((items, flushed)) => {
+                // Stored (claimed, visible): the worker gets them whether or not the flush
+                // worked, so a claimed delivery is never left unworked until a restart.
+                let flushed = flushed.map_err(|e| unavailable(&e));
                 for (p, (d, _, _)) in batch.into_iter().zip(items) {
                     if p.subscribed {
                         let _ = self.queue.send(d.seq);
                     }
-                    let _ = p.reply.send(Ok(p.subscribed.then_some(d.seq)));
+                    let _ = p.reply.send(match &flushed {
+                        Ok(()) => Ok(p.subscribed.then_some(d.seq)),
+                        Err(_) => Err(Error::Unavailable {
+                            retry_after_secs: 1,
+                        }),
+                    });
                 }
             }
             Err(e) => {
