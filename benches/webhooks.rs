@@ -13,10 +13,6 @@
 
 mod support;
 
-/// The allocator the binary ships with (src/main.rs), so the in-process server is the same.
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 use std::time::{Duration, Instant};
 
 use hmac::{KeyInit, Mac};

@@ -7,11 +7,6 @@ use fleetops::config::Config;
 use fleetops::startup;
 use fleetops_actors::BootstrapReq;
 
-/// glibc's malloc was 15 % of the server's CPU under webhook load (per-thread arenas, frees
-/// across threads); mimalloc is measured in README's Performance section.
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 #[derive(Parser)]
 #[command(name = "fleetops", version, about = "Operate fleets of robots")]
 struct Cli {

@@ -152,8 +152,7 @@ impl IntakeState {
     /// The write runs on a blocking thread, so the runtime's threads keep serving requests;
     /// meanwhile the mailbox fills with the next batch (the actor handles one message at a
     /// time, so no id can be claimed twice across batches). Flushing here rather than through
-    /// the shared group-commit thread saves a thread hand-off per batch; measured, the worker
-    /// then keeps up with the intake (README, Performance).
+    /// the shared group-commit thread saves a thread hand-off per batch (README, Performance).
     async fn flush(&mut self) {
         // A caller that gave up (its call timed out: it answered 503) claims nothing.
         let batch: Vec<Pending> = std::mem::take(&mut self.pending)
