@@ -103,22 +103,14 @@ fn store_only(size: usize, n: u64) -> (f64, f64) {
     let t = Instant::now();
     let mut batch = Vec::new();
     for seq in 1..=n {
-        let d = fleetops_storage::Delivery {
+        let d = fleetops_storage::Delivery::received(
             seq,
-            delivery_id: uuid::Uuid::new_v4().to_string(),
-            event: "pull_request".into(),
-            action: None,
-            received_at: 0,
-            status_code: 202,
-            outcome: "queued".into(),
-            reason: None,
-            installation_id: None,
-            repository: None,
-            project_id: None,
-            test_run_id: None,
-            payload_len: size as u64,
-            payload_at: None,
-        };
+            uuid::Uuid::new_v4().to_string(),
+            "pull_request".into(),
+            0,
+            true,
+            size as u64,
+        );
         batch.push((d, Some(payload.clone()), true));
         if batch.len() == 32 || seq == n {
             store.claim_deliveries(&mut batch).unwrap();

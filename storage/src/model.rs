@@ -417,6 +417,36 @@ pub struct Delivery {
     pub payload_at: Option<(u64, u64)>,
 }
 
+impl Delivery {
+    /// A delivery as the intake accepts it: `queued` for the worker when `subscribed`, else
+    /// `ignored` (`event_ignored`); its payload is placed by `Store::claim_deliveries`.
+    pub fn received(
+        seq: u64,
+        delivery_id: String,
+        event: String,
+        received_at: i64,
+        subscribed: bool,
+        payload_len: u64,
+    ) -> Self {
+        Self {
+            seq,
+            delivery_id,
+            event,
+            action: None,
+            received_at,
+            status_code: 202,
+            outcome: if subscribed { "queued" } else { "ignored" }.into(),
+            reason: (!subscribed).then(|| "event_ignored".into()),
+            installation_id: None,
+            repository: None,
+            project_id: None,
+            test_run_id: None,
+            payload_len,
+            payload_at: None,
+        }
+    }
+}
+
 /// A source-host installation (the host's app installed on an account).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Installation {

@@ -384,22 +384,19 @@ mod tests {
     use super::*;
 
     fn delivery(seq: u64, received_at: i64) -> Delivery {
-        Delivery {
-            seq,
-            delivery_id: format!("00000000-0000-4000-8000-{seq:012}"),
-            event: "push".into(),
-            action: None,
-            received_at,
-            status_code: 202,
-            outcome: "queued".into(),
-            reason: None,
-            installation_id: None,
-            repository: None,
-            project_id: None,
-            test_run_id: None,
-            payload_len: 3,
-            payload_at: None,
-        }
+        let id = format!("00000000-0000-4000-8000-{seq:012}");
+        Delivery::received(seq, id, "push".into(), received_at, true, 3)
+    }
+
+    /// The worker's outcome for `d`, then a retention pass expiring what was received
+    /// before 5,000.
+    fn process_and_expire(store: &Store, d: &Delivery) {
+        let mut done = d.clone();
+        done.outcome = "processed".into();
+        let mut b = ScmBatch::default();
+        b.finish_delivery(&done).unwrap();
+        b.commit(store).unwrap();
+        store.expire_deliveries(5_000).unwrap();
     }
 
     fn segments(dir: &std::path::Path) -> usize {
@@ -432,23 +429,13 @@ mod tests {
         assert_eq!(store.payload(&stored[0]).unwrap().unwrap(), b"abc");
 
         // Seq 1 still queued: kept whatever its age, and so is every later segment.
-        let mut done = stored[1].clone();
-        done.outcome = "processed".into();
-        let mut b = ScmBatch::default();
-        b.finish_delivery(&done).unwrap();
-        b.commit(&store).unwrap();
-        store.expire_deliveries(5_000).unwrap();
+        process_and_expire(&store, &stored[1]);
         assert_eq!(segments(dir.path()), 3);
         assert!(store.delivery(2).unwrap().is_none());
         assert_eq!(store.payload(&stored[0]).unwrap().unwrap(), b"abc");
 
         // Once seq 1 is processed and expired, segments 1 and 2 go; 3 (open) stays.
-        let mut done = stored[0].clone();
-        done.outcome = "processed".into();
-        let mut b = ScmBatch::default();
-        b.finish_delivery(&done).unwrap();
-        b.commit(&store).unwrap();
-        store.expire_deliveries(5_000).unwrap();
+        process_and_expire(&store, &stored[0]);
         assert_eq!(segments(dir.path()), 1);
         assert!(
             store.payload(&stored[0]).is_err(),

@@ -103,36 +103,31 @@ impl Spool {
             });
         }
         let w = guard.as_mut().ok_or_else(poisoned)?;
-        let total: usize = items.iter().map(|(_, p)| HEADER + p.len()).sum();
-        let mut buf = Vec::with_capacity(total);
         let mut out = Vec::with_capacity(items.len());
-        for (_, p) in items {
-            let len = u32::try_from(p.len())
-                .map_err(|_| StorageError::Config("a webhook payload over 4 GiB".into()))?;
-            out.push((w.segment, w.len + buf.len() as u64));
-            buf.extend_from_slice(&len.to_le_bytes());
-            buf.extend_from_slice(&crc32fast::hash(p).to_le_bytes());
-            buf.extend_from_slice(p);
-        }
-        let written = w.file.write_all(&buf).and_then(|()| w.file.sync_data());
-        if let Err(e) = written {
-            // Cut back; if even that fails, the file's end is unknown, so the next batch
-            // reopens the segment and takes its length from the file.
-            if w.file.set_len(w.len).is_err() {
-                let segment = w.segment;
-                *guard = OpenOptions::new()
-                    .append(true)
-                    .open(self.dir.join(name(segment)))
-                    .and_then(|file| {
-                        let len = file.metadata()?.len();
-                        Ok(Writer { segment, file, len })
-                    })
-                    .ok();
+        let written = write_records(&mut w.file, w.len, w.segment, items, &mut out)
+            .and_then(|end| w.file.sync_data().map(|()| end));
+        match written {
+            Ok(end) => {
+                w.len = end;
+                Ok(out)
             }
-            return Err(e.into());
+            Err(e) => {
+                // Cut back; if even that fails, the file's end is unknown, so the next batch
+                // reopens the segment and takes its length from the file.
+                if w.file.set_len(w.len).is_err() {
+                    let segment = w.segment;
+                    *guard = OpenOptions::new()
+                        .append(true)
+                        .open(self.dir.join(name(segment)))
+                        .and_then(|file| {
+                            let len = file.metadata()?.len();
+                            Ok(Writer { segment, file, len })
+                        })
+                        .ok();
+                }
+                Err(e.into())
+            }
         }
-        w.len += buf.len() as u64;
-        Ok(out)
     }
 
     /// The payload at `at`, `len` bytes long; `None` when its segment was deleted.
@@ -204,6 +199,47 @@ impl Spool {
         }
         Ok(removed)
     }
+}
+
+/// Small records are gathered into one write of up to this many bytes; a larger payload is
+/// written from the caller's buffer, so a batch never holds a second copy of its bodies.
+const GATHER_BYTES: usize = 1024 * 1024;
+
+/// Appends `items` at `start` (the segment's current end), filling `out` with each one's
+/// place; returns the new end.
+fn write_records(
+    file: &mut File,
+    start: u64,
+    segment: u64,
+    items: &[(u64, &[u8])],
+    out: &mut Vec<PayloadAt>,
+) -> std::io::Result<u64> {
+    let mut end = start;
+    let mut buf =
+        Vec::with_capacity(GATHER_BYTES.min(items.iter().map(|(_, p)| HEADER + p.len()).sum()));
+    for (_, p) in items {
+        let len = u32::try_from(p.len())
+            .map_err(|_| std::io::Error::other("a webhook payload over 4 GiB"))?;
+        out.push((segment, end + buf.len() as u64));
+        buf.extend_from_slice(&len.to_le_bytes());
+        buf.extend_from_slice(&crc32fast::hash(p).to_le_bytes());
+        if p.len() >= GATHER_BYTES {
+            file.write_all(&buf)?;
+            end += buf.len() as u64;
+            buf.clear();
+            file.write_all(p)?;
+            end += p.len() as u64;
+        } else {
+            buf.extend_from_slice(p);
+            if buf.len() >= GATHER_BYTES {
+                file.write_all(&buf)?;
+                end += buf.len() as u64;
+                buf.clear();
+            }
+        }
+    }
+    file.write_all(&buf)?;
+    Ok(end + buf.len() as u64)
 }
 
 fn name(segment: u64) -> String {
@@ -285,6 +321,22 @@ mod tests {
         let again = s.append(&[(2, b"re")]).unwrap();
         assert_eq!(again[0].0, 4);
         assert_eq!(s.read(next[0], 4).unwrap().unwrap(), b"four");
+    }
+
+    #[test]
+    fn large_and_small_payloads_mixed_in_one_batch_read_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Spool::open(dir.path()).unwrap();
+        let big = vec![7u8; GATHER_BYTES + 5];
+        let small = vec![1u8; GATHER_BYTES / 2 + 1];
+        let items: Vec<(u64, &[u8])> =
+            vec![(1, b"a"), (2, &big), (3, &small), (4, &small), (5, b"z")];
+        let at = s.append(&items).unwrap();
+        for ((_, p), at) in items.iter().zip(at) {
+            assert_eq!(&s.read(at, p.len() as u64).unwrap().unwrap(), p);
+        }
+        let more = s.append(&[(6, b"next")]).unwrap();
+        assert_eq!(s.read(more[0], 4).unwrap().unwrap(), b"next");
     }
 
     #[test]

@@ -181,22 +181,14 @@ impl IntakeState {
             .enumerate()
             .map(|(i, p)| {
                 (
-                    Delivery {
-                        seq: first + i as u64,
-                        delivery_id: p.delivery_id.clone(),
-                        event: p.event.clone(),
-                        action: None,
-                        received_at: now,
-                        status_code: 202,
-                        outcome: if p.subscribed { "queued" } else { "ignored" }.into(),
-                        reason: (!p.subscribed).then(|| "event_ignored".into()),
-                        installation_id: None,
-                        repository: None,
-                        project_id: None,
-                        test_run_id: None,
-                        payload_len: p.body.len() as u64,
-                        payload_at: None,
-                    },
+                    Delivery::received(
+                        first + i as u64,
+                        p.delivery_id.clone(),
+                        p.event.clone(),
+                        now,
+                        p.subscribed,
+                        p.body.len() as u64,
+                    ),
                     p.subscribed.then(|| p.body.clone()),
                     p.subscribed,
                 )
