@@ -127,6 +127,12 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
         println!("  project secret: {}", b.project_secret);
         println!("  API key:        {}", b.api_key);
     }
+    if let Some(secret) = running.runtime.scm.take_generated_secret()? {
+        println!(
+            "fleetops: no [scm] webhook_secret was configured, so one was generated and kept in the data directory. Give it to the source host; it is shown once:"
+        );
+        println!("  webhook secret: {secret}");
+    }
     println!("fleetops: listening on http://{}", running.addr);
     tracing::info!(addr = %running.addr, "listening");
     shutdown_signal().await;

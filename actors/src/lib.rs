@@ -138,6 +138,7 @@ impl Runtime {
             registry: Arc::new(DashMap::new()),
             restarts: restarts.clone(),
         };
+        store.backfill_commit_runs()?;
         let (queue_tx, queue_rx) = tokio::sync::mpsc::unbounded_channel();
         // Deliveries a crash left queued go first, in arrival order.
         for seq in store.queued_deliveries()? {

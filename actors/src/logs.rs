@@ -78,6 +78,12 @@ pub fn build_chunk(entries: Vec<RawEntry>) -> Result<LogChunk> {
             Some(m) if m.get().trim() == "null" => "{}",
             Some(_) => return Err(bad("metadata: must be an object".into())),
         };
+        if json_depth(meta.as_bytes()) > crate::configs::MAX_DEPTH {
+            return Err(bad(format!(
+                "metadata: nested deeper than {} levels",
+                crate::configs::MAX_DEPTH
+            )));
+        }
         let module = e.module.unwrap_or_default();
         let next = modules.len() as u32;
         let mi = *modules.entry(module).or_insert(next);
@@ -88,6 +94,35 @@ pub fn build_chunk(entries: Vec<RawEntry>) -> Result<LogChunk> {
     names.sort_by_key(|(_, i)| *i);
     c.modules = names.into_iter().map(|(m, _)| m).collect();
     Ok(c)
+}
+
+/// The nesting depth of well-formed JSON text (an object or array is one level more than
+/// what it holds). `RawValue` keeps metadata unparsed, past serde_json's own depth check, and
+/// text nested deeper than ordinary JSON readers accept would be stored and served back.
+fn json_depth(json: &[u8]) -> usize {
+    let (mut depth, mut max) = (0usize, 0usize);
+    let (mut in_string, mut escaped) = (false, false);
+    for &b in json {
+        if in_string {
+            match (escaped, b) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'{' | b'[' => {
+                depth += 1;
+                max = max.max(depth);
+            }
+            b'}' | b']' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    max
 }
 
 /// One entry as it is returned (levels upper-case, milliseconds).
@@ -291,5 +326,31 @@ mod tests {
         let mut bad_meta = raw(None, "info", "", "x");
         bad_meta.metadata = Some(RawValue::from_string("[1]".into()).unwrap());
         assert!(build_chunk(vec![bad_meta]).is_err());
+    }
+
+    #[test]
+    fn metadata_nests_at_most_64_levels() {
+        let nested = |levels: usize| {
+            let mut s = "{\"a\":".repeat(levels);
+            s.push('1');
+            s.push_str(&"}".repeat(levels));
+            s
+        };
+        assert_eq!(json_depth(nested(64).as_bytes()), 64);
+        // Brackets inside strings (escaped quotes included) do not count.
+        assert_eq!(json_depth(br#"{"k":"[{\"[[","l":[[]]}"#), 3);
+        let mut ok = raw(None, "info", "", "x");
+        ok.metadata = Some(RawValue::from_string(nested(64)).unwrap());
+        let mut deep = raw(None, "info", "", "x");
+        let mut text = nested(64);
+        text.insert(5, '[');
+        text.insert(text.len() - 1, ']');
+        deep.metadata = Some(RawValue::from_string(text).unwrap());
+        assert!(build_chunk(vec![ok]).is_ok());
+        let e = build_chunk(vec![raw(None, "info", "", "y"), deep]).unwrap_err();
+        assert!(
+            e.to_string().starts_with("entry 1: metadata: nested"),
+            "{e}"
+        );
     }
 }

@@ -14,7 +14,11 @@ pub enum ApiError {
     Domain(Error),
     NotFoundRoute,
     MethodNotAllowed(String),
-    RateLimited { retry_after: u64 },
+    RateLimited {
+        retry_after: u64,
+    },
+    /// A WebSocket handshake in a version other than 13 (RFC 6455 section 4.4).
+    UpgradeRequired,
 }
 
 impl From<Error> for ApiError {
@@ -51,6 +55,7 @@ impl ApiError {
             ApiError::NotFoundRoute => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::UpgradeRequired => StatusCode::UPGRADE_REQUIRED,
         }
     }
 
@@ -77,6 +82,10 @@ impl ApiError {
                 extra.insert("retry_after".into(), (*retry_after).into());
                 headers.push((header::RETRY_AFTER, retry_after.to_string()));
                 format!("Rate limit exceeded. Try again in {retry_after} seconds.")
+            }
+            ApiError::UpgradeRequired => {
+                headers.push((header::SEC_WEBSOCKET_VERSION, "13".into()));
+                "Unsupported WebSocket version: only 13 is spoken".into()
             }
         };
         let mut body = serde_json::Map::new();

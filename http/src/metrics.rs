@@ -92,12 +92,89 @@ impl Metrics {
             .observe(secs);
     }
 
-    pub fn render(&self, restarts: u64) -> String {
+    /// The registry in OpenMetrics text (`openmetrics`), else in Prometheus' text exposition
+    /// format 0.0.4, which every other scraper (Telegraf, Datadog's agent, `curl | grep`) reads.
+    pub fn render(&self, restarts: u64, openmetrics: bool) -> String {
         self.restarts.set(restarts as i64);
         let mut out = String::new();
         if encode(&mut out, &self.registry).is_err() {
             out.clear();
         }
-        out
+        if openmetrics {
+            out
+        } else {
+            to_prometheus_text(&out)
+        }
+    }
+}
+
+/// Rewrites prometheus-client's OpenMetrics text as text format 0.0.4: a counter's family is
+/// named after its `_total` samples, and `# UNIT` and `# EOF` (OpenMetrics only) go. Samples
+/// are the same in both formats for the counters, gauges and histograms registered here.
+fn to_prometheus_text(om: &str) -> String {
+    let mut out = String::with_capacity(om.len());
+    let mut help: Option<&str> = None;
+    for line in om.lines() {
+        if let Some(rest) = line.strip_prefix("# HELP ") {
+            // Held until its TYPE line says whether the name takes `_total`.
+            if let Some(h) = help.replace(rest) {
+                push_line(&mut out, &["# HELP ", h]);
+            }
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = rest.split_once(' ').unwrap_or((rest, "untyped"));
+            let suffix = if kind == "counter" { "_total" } else { "" };
+            if let Some(h) = help.take() {
+                let text = h.strip_prefix(name).unwrap_or(h);
+                push_line(&mut out, &["# HELP ", name, suffix, text]);
+            }
+            push_line(&mut out, &["# TYPE ", name, suffix, " ", kind]);
+            continue;
+        }
+        if line.starts_with("# UNIT ") || line == "# EOF" {
+            continue;
+        }
+        if let Some(h) = help.take() {
+            push_line(&mut out, &["# HELP ", h]);
+        }
+        push_line(&mut out, &[line]);
+    }
+    out
+}
+
+fn push_line(out: &mut String, parts: &[&str]) {
+    for p in parts {
+        out.push_str(p);
+    }
+    out.push('\n');
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prometheus_text_names_counters_by_their_samples() {
+        let m = Metrics::new();
+        m.observe("/x", &http::Method::GET, 200, 0.01);
+        let om = m.render(3, true);
+        assert!(
+            om.contains("# TYPE fleetops_http_requests counter\n"),
+            "{om}"
+        );
+        assert!(om.ends_with("# EOF\n"));
+        let text = m.render(3, false);
+        assert!(
+            text.contains("# HELP fleetops_http_requests_total HTTP requests"),
+            "{text}"
+        );
+        assert!(text.contains("# TYPE fleetops_http_requests_total counter\n"));
+        assert!(text.contains(
+            "fleetops_http_requests_total{route=\"/x\",method=\"GET\",status=\"200\"} 1\n"
+        ));
+        assert!(text.contains("# TYPE fleetops_actor_restarts gauge\nfleetops_actor_restarts 3\n"));
+        assert!(text.contains("# TYPE fleetops_http_request_duration_seconds histogram\n"));
+        assert!(!text.contains("# EOF") && !text.contains("# UNIT"));
     }
 }

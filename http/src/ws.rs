@@ -49,14 +49,7 @@ pub async fn live_logs(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body
         until: None,
         ..log_filter(&req)?
     };
-    let key = req
-        .header("sec-websocket-key")
-        .map(str::to_string)
-        .filter(|_| {
-            req.header("upgrade")
-                .is_some_and(|u| u.eq_ignore_ascii_case("websocket"))
-        })
-        .ok_or_else(|| ApiError::bad_request("Expected a WebSocket upgrade"))?;
+    let key = handshake_key(&req)?;
     let sub = cx
         .rt()
         .sessions
@@ -93,6 +86,30 @@ pub async fn live_logs(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body
         h.insert("sec-websocket-accept", v);
     }
     Ok(r)
+}
+
+/// The client's `Sec-WebSocket-Key`, once the request is a handshake RFC 6455 accepts: an
+/// `Upgrade: websocket` (else 400), version 13 (else 426 naming it), and a key that is the
+/// base64 of 16 bytes (else 400).
+fn handshake_key(req: &Req) -> ApiResult<String> {
+    let upgrade = req.header("upgrade").is_some_and(|u| {
+        u.split(',')
+            .any(|t| t.trim().eq_ignore_ascii_case("websocket"))
+    });
+    if !upgrade {
+        return Err(ApiError::bad_request("Expected a WebSocket upgrade"));
+    }
+    if req.header("sec-websocket-version").map(str::trim) != Some("13") {
+        return Err(ApiError::UpgradeRequired);
+    }
+    let key = req.header("sec-websocket-key").map(str::trim).unwrap_or("");
+    use base64::Engine;
+    match base64::engine::general_purpose::STANDARD.decode(key) {
+        Ok(raw) if raw.len() == 16 => Ok(key.to_string()),
+        _ => Err(ApiError::bad_request(
+            "Sec-WebSocket-Key must be the base64 of 16 bytes",
+        )),
+    }
 }
 
 fn text(b: Bytes) -> Option<Message> {

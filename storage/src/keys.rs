@@ -242,6 +242,37 @@ pub(crate) fn pr_run_prefix(full_name: &str, number: u64) -> Vec<u8> {
     ])
 }
 
+/// Every run of a commit in a repository (any event, any status), for the next attempt of a
+/// rerequested check suite. `@` cannot occur in a repository name.
+pub(crate) fn commit_run(full_name: &str, sha: &str, id: u64) -> Vec<u8> {
+    key(&[
+        b"ix-trc",
+        format!(
+            "{}@{}",
+            full_name.to_ascii_lowercase(),
+            sha.to_ascii_lowercase()
+        )
+        .as_bytes(),
+        &be(id),
+    ])
+}
+pub(crate) fn commit_run_prefix(full_name: &str, sha: &str) -> Vec<u8> {
+    key(&[
+        b"ix-trc",
+        format!(
+            "{}@{}",
+            full_name.to_ascii_lowercase(),
+            sha.to_ascii_lowercase()
+        )
+        .as_bytes(),
+        b"",
+    ])
+}
+/// Every run of every project.
+pub(crate) fn all_runs_prefix() -> Vec<u8> {
+    key(&[b"tr", b""])
+}
+
 /// The trailing big-endian id of a key built above.
 pub(crate) fn trailing_id(k: &[u8]) -> Option<u64> {
     let n = k.len().checked_sub(8)?;

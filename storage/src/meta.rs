@@ -25,4 +25,9 @@ impl Store {
         self.inner.meta.insert(name.as_bytes(), value)?;
         Ok(())
     }
+
+    pub fn meta_remove(&self, name: &str) -> Result<()> {
+        self.inner.meta.remove(name.as_bytes())?;
+        Ok(())
+    }
 }

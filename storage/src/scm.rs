@@ -65,6 +65,12 @@ impl ScmBatch {
         } else if old.is_some_and(|o| o.holds_key()) {
             self.0.delete(keys::run_by_key(&r.idempotency_key));
         }
+        if !r.commit_sha.is_empty() {
+            self.0.0.insert(
+                keys::commit_run(&r.repository, &r.commit_sha, r.id),
+                pid.clone(),
+            );
+        }
         if let Some(n) = r.pull_request_number {
             if r.in_flight() {
                 self.0.0.insert(keys::pr_run(&r.repository, n, r.id), pid);
@@ -359,6 +365,48 @@ impl Store {
     }
 
     /// The queued and running runs of a pull request.
+    /// The highest `attempt` of any run of `sha` in `full_name`, whatever event made it.
+    pub fn max_commit_attempt(&self, full_name: &str, sha: &str) -> Result<Option<u32>> {
+        let mut max = None;
+        for kv in self
+            .inner
+            .records
+            .scan_prefix(keys::commit_run_prefix(full_name, sha))
+        {
+            let (k, v) = kv?;
+            if let (Some(id), Some(p)) = (
+                keys::trailing_id(&k),
+                <[u8; 8]>::try_from(v.as_ref()).ok().map(u64::from_be_bytes),
+            ) && let Some(r) = self.run(p, id)?
+            {
+                max = max.max(Some(r.attempt));
+            }
+        }
+        Ok(max)
+    }
+
+    /// Builds the commit index of runs stored before it existed, once per data directory.
+    pub fn backfill_commit_runs(&self) -> Result<()> {
+        const DONE: &str = "ix_commit_runs_v1";
+        if self.meta_get(DONE)?.is_some() {
+            return Ok(());
+        }
+        let mut batch = sled::Batch::default();
+        for kv in self.inner.records.scan_prefix(keys::all_runs_prefix()) {
+            let (_, v) = kv?;
+            let r: TestRun = codec::decode(&v)?;
+            if !r.commit_sha.is_empty() {
+                batch.insert(
+                    keys::commit_run(&r.repository, &r.commit_sha, r.id),
+                    r.project_id.to_be_bytes().to_vec(),
+                );
+            }
+        }
+        self.inner.records.apply_batch(batch)?;
+        self.meta_put(DONE, b"1")?;
+        self.flush_blocking()
+    }
+
     pub fn pr_runs_in_flight(&self, full_name: &str, number: u64) -> Result<Vec<TestRun>> {
         let mut out = Vec::new();
         for kv in self

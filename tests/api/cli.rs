@@ -108,11 +108,50 @@ async fn first_start_prints_credentials_once_and_they_work() {
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
+
+    // No webhook secret configured: one was generated, printed once, and it verifies.
+    let secret = field(&p.stdout, "webhook secret:")
+        .expect("generated webhook secret printed")
+        .to_string();
+    assert!(secret.len() >= 32, "{secret}");
+    let deliver = |secret: String, base: String| {
+        let c = c.clone();
+        async move {
+            let body = br#"{"zen": "Design for failure."}"#.to_vec();
+            c.post(format!("{base}/api/v1/scm/webhooks"))
+                .header("X-GitHub-Event", "ping")
+                .header("X-GitHub-Delivery", uuid::Uuid::new_v4().to_string())
+                .header("X-Hub-Signature-256", crate::webhooks::sign(&secret, &body))
+                .body(body)
+                .send()
+                .await
+                .unwrap()
+                .status()
+        }
+    };
+    assert_eq!(deliver(secret.clone(), p.base.clone()).await, 202);
+    assert_eq!(deliver("guess".into(), p.base.clone()).await, 401);
+    // The status view never shows it.
+    let token: serde_json::Value = r.json().await.unwrap();
+    let r = c
+        .get(format!("{}/api/v1/scm/status", p.base))
+        .bearer_auth(token["access_token"].as_str().unwrap())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(!r.text().await.unwrap().contains(&secret));
     drop(p);
 
     // The second start on the same data creates and prints nothing new.
     let p = serve(dir.path(), &[]);
     assert!(field(&p.stdout, "API key:").is_none(), "{:?}", p.stdout);
+    assert!(
+        field(&p.stdout, "webhook secret:").is_none(),
+        "{:?}",
+        p.stdout
+    );
+    assert_eq!(deliver(secret.clone(), p.base.clone()).await, 202);
     let r = c
         .get(format!("{}/api/v1/users/me", p.base))
         .bearer_auth(&key)

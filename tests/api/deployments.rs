@@ -145,6 +145,33 @@ async fn create_plan_transitions_and_rollout_results() {
     s.post(DEPS, s.key(), with("name", json!("")))
         .await
         .assert_error(422);
+    // `composition_tag`: image references and bare tags pass plan; anything else is 422.
+    let digest = "0123456789abcdef".repeat(4);
+    for tag in [
+        "registry.example/robot:1.2.0".to_string(),
+        format!("ghcr.io/acme/arm-controller@sha256:{digest}"),
+        "localhost:5000/nav:2024.06".into(),
+        "1.2.0".into(),
+    ] {
+        let p = s
+            .post(
+                &format!("{DEPS}/plan"),
+                s.key(),
+                with("composition_tag", json!(tag)),
+            )
+            .await;
+        assert_eq!(p.body["blockers"], json!([]), "{tag}: {}", p.body);
+    }
+    for tag in ["Robot:1", "ghcr.io/acme/arm@sha256:abc", "nav:1.0 ", ""] {
+        let r = s
+            .post(DEPS, s.key(), with("composition_tag", json!(tag)))
+            .await;
+        assert!(
+            r.assert_error(422).contains("composition_tag"),
+            "{tag}: {}",
+            r.body
+        );
+    }
     let mut missing = body.clone();
     missing.as_object_mut().unwrap().remove("capsule_id");
     s.post(DEPS, s.key(), missing).await.assert_error(422);

@@ -118,6 +118,89 @@ async fn refusals_happen_before_the_upgrade() {
     r.assert_error(400);
 }
 
+/// Sends one handshake by hand and reads the status line and headers of the answer.
+async fn raw_handshake(s: &Srv, sid: u64, headers: &[(&str, &str)]) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let addr = s.base.trim_start_matches("http://").to_string();
+    let mut tcp = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let mut req = format!(
+        "GET /api/v1/ws/organizations/default/projects/default/sessions/{sid}/logs HTTP/1.1\r\n\
+         Host: {addr}\r\nX-API-Key: {}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n",
+        s.key()
+    );
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    tcp.write_all(req.as_bytes()).await.unwrap();
+    let mut buf = vec![0u8; 4096];
+    let mut got = Vec::new();
+    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = tokio::time::timeout(Duration::from_secs(5), tcp.read(&mut buf))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(n > 0, "closed without a response");
+        got.extend_from_slice(&buf[..n]);
+    }
+    let head = String::from_utf8_lossy(&got).to_string();
+    let status = head[9..12].parse().unwrap();
+    (status, head.to_ascii_lowercase())
+}
+
+#[tokio::test]
+async fn handshake_follows_rfc_6455() {
+    let s = start().await;
+    let (d, tok) = device(&s, "r").await;
+    let sid = session(&s, d, &tok).await;
+    let good_key = "dGhlIHNhbXBsZSBub25jZQ==";
+    // An unsupported version: 426 naming the one spoken.
+    for v in ["8", "14", ""] {
+        let (status, head) = raw_handshake(
+            &s,
+            sid,
+            &[
+                ("Sec-WebSocket-Version", v),
+                ("Sec-WebSocket-Key", good_key),
+            ],
+        )
+        .await;
+        assert_eq!(status, 426, "version {v:?}: {head}");
+        assert!(head.contains("sec-websocket-version: 13\r\n"), "{head}");
+    }
+    let (status, _) = raw_handshake(&s, sid, &[("Sec-WebSocket-Key", good_key)]).await;
+    assert_eq!(status, 426);
+    // A missing key, or one that is not the base64 of 16 bytes: 400.
+    for key in [
+        None,
+        Some("not base64!"),
+        Some("dGhlIHNhbXBsZQ=="),
+        Some(""),
+    ] {
+        let mut h = vec![("Sec-WebSocket-Version", "13")];
+        if let Some(k) = key {
+            h.push(("Sec-WebSocket-Key", k));
+        }
+        let (status, head) = raw_handshake(&s, sid, &h).await;
+        assert_eq!(status, 400, "key {key:?}: {head}");
+    }
+    // The RFC's own example is accepted, with its accept value.
+    let (status, head) = raw_handshake(
+        &s,
+        sid,
+        &[
+            ("Sec-WebSocket-Version", "13"),
+            ("Sec-WebSocket-Key", good_key),
+        ],
+    )
+    .await;
+    assert_eq!(status, 101, "{head}");
+    assert!(
+        head.contains("sec-websocket-accept: s3pplmbitxaq9kygzzhzrbk+xoo=\r\n"),
+        "{head}"
+    );
+}
+
 #[tokio::test]
 async fn replay_live_order_filters_and_session_ended() {
     let s = start().await;

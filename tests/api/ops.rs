@@ -65,3 +65,43 @@ async fn metrics_token_when_configured() {
         .await;
     assert_eq!(r.status, 200);
 }
+
+#[tokio::test]
+async fn metrics_prometheus_text_unless_openmetrics_is_asked_for() {
+    let s = start().await;
+    s.get(&format!("{DEV}/devices"), s.key()).await;
+    let r = s.http.get(s.url("/metrics")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        r.headers()["content-type"],
+        "text/plain; version=0.0.4; charset=utf-8"
+    );
+    let text = r.text().await.unwrap();
+    assert!(
+        text.contains("# TYPE fleetops_http_requests_total counter\n"),
+        "{text}"
+    );
+    assert!(!text.contains("# EOF"), "{text}");
+
+    // What Prometheus itself sends.
+    let r = s
+        .http
+        .get(s.url("/metrics"))
+        .header(
+            "accept",
+            "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1",
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        r.headers()["content-type"],
+        "application/openmetrics-text; version=1.0.0; charset=utf-8"
+    );
+    let text = r.text().await.unwrap();
+    assert!(
+        text.contains("# TYPE fleetops_http_requests counter\n"),
+        "{text}"
+    );
+    assert!(text.ends_with("# EOF\n"), "{text}");
+}

@@ -236,6 +236,56 @@ async fn ingestion_formats_atomicity_and_limits() {
     assert_eq!(r.status, 202, "{}", r.body);
     assert_eq!(r.body["accepted"], 2);
 
+    // Metadata nests at most 64 levels, like configurations (JSON and NDJSON alike).
+    let nested = |levels: usize| format!("{}1{}", "{\"k\":".repeat(levels), "}".repeat(levels));
+    let body = format!(
+        "[{{\"level\":\"info\",\"message\":\"ok\",\"metadata\":{}}}]",
+        nested(64)
+    );
+    let r = s
+        .raw(
+            s.http
+                .post(s.url(&logs))
+                .bearer_auth(&tok)
+                .header("content-type", "application/json")
+                .body(body),
+        )
+        .await;
+    assert_eq!(r.status, 202, "{}", r.body);
+    let body = format!(
+        "[{{\"level\":\"info\",\"message\":\"ok\"}},{{\"level\":\"info\",\"message\":\"deep\",\"metadata\":{}}}]",
+        nested(65)
+    );
+    let r = s
+        .raw(
+            s.http
+                .post(s.url(&logs))
+                .bearer_auth(&tok)
+                .header("content-type", "application/json")
+                .body(body),
+        )
+        .await;
+    assert!(
+        r.assert_error(422).starts_with("entry 1: metadata"),
+        "{}",
+        r.body
+    );
+    let r = ndjson(
+        &s,
+        sid,
+        &tok,
+        format!(
+            "{{\"level\":\"info\",\"message\":\"deep\",\"metadata\":{}}}\n",
+            nested(100)
+        ),
+    )
+    .await;
+    assert!(
+        r.assert_error(422).starts_with("entry 0: metadata"),
+        "{}",
+        r.body
+    );
+
     // One invalid entry rejects the whole batch, naming its index.
     let r = s
         .post(
@@ -331,9 +381,9 @@ async fn ingestion_formats_atomicity_and_limits() {
 
     // Nothing from the rejected batches was stored.
     let r = s.get(&format!("{DEV}/sessions/{sid}"), s.key()).await;
-    assert_eq!(r.body["metrics"]["log_count"], 2 + 2 + 1 + 10_000);
+    assert_eq!(r.body["metrics"]["log_count"], 2 + 2 + 1 + 1 + 10_000);
     let r = s.get(&format!("{logs}?limit=1"), s.key()).await;
-    assert_eq!(r.body["total"], 10_005);
+    assert_eq!(r.body["total"], 10_006);
     // Unknown session: 404; another device's token: 403.
     s.post(&format!("{DEV}/sessions/999999/logs"), s.key(), json!([]))
         .await

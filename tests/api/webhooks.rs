@@ -624,6 +624,21 @@ async fn host_events_and_reason_codes() {
     let id = d["test_run_id"].as_u64().unwrap();
     let r = s.get(&format!("{DEV}/test-runs/{id}"), s.key()).await;
     assert_eq!(r.body["attempt"], 4);
+    // A rerequest counts every run of the commit in the repository, whatever event made it:
+    // a push ran 7777... once, so the suite's first rerequest is attempt 2.
+    let sha7 = "7777777777777777777777777777777777777777";
+    let d = run(&s, "push", &push("refs/heads/main", sha7)).await;
+    assert_eq!(d["outcome"], "dispatched", "{d}");
+    let mut rr7 = rr.clone();
+    rr7["check_suite"]["head_sha"] = json!(sha7);
+    rr7["check_suite"]["head_branch"] = json!("feature/seven");
+    for want in [2, 3] {
+        let d = run(&s, "check_suite", &rr7).await;
+        let id = d["test_run_id"].as_u64().unwrap();
+        let r = s.get(&format!("{DEV}/test-runs/{id}"), s.key()).await;
+        assert_eq!(r.body["attempt"], want, "{}", r.body);
+        assert_eq!(r.body["commit_sha"], sha7);
+    }
 
     // workflow_run completed: the finished run recorded, resolved through its repository
     // (the payload names no installation).

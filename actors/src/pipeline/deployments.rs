@@ -119,12 +119,33 @@ impl Evaluation {
 }
 
 /// Docker's tag grammar: `[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}`.
-fn composition_tag(s: &str) -> bool {
+fn bare_tag(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 128
         && s.bytes().enumerate().all(|(i, b)| {
             b.is_ascii_alphanumeric() || b == b'_' || (i > 0 && matches!(b, b'.' | b'-'))
         })
+}
+
+/// What a robot pulls: a bare tag, or an image reference in the distribution grammar,
+/// `[registry[:port]/]repository[:tag][@sha256:<64 hex>]`. Only sha256 digests are taken, as
+/// registries address manifests by them; the grammar's `\w` is Unicode, so non-ASCII is refused
+/// first.
+pub(crate) fn composition_tag(s: &str) -> bool {
+    if bare_tag(s) {
+        return true;
+    }
+    if !s.is_ascii() || s.len() > 512 {
+        return false;
+    }
+    match oci_spec::distribution::Reference::try_from(s) {
+        Ok(r) => r.digest().is_none_or(|d| {
+            d.strip_prefix("sha256:").is_some_and(|h| {
+                h.len() == 64 && h.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+            })
+        }),
+        Err(_) => false,
+    }
 }
 
 /// Every reason `spec` would be refused, and the devices it would target.
@@ -151,7 +172,7 @@ pub(crate) fn evaluate(store: &Store, pid: u64, spec: &DeploymentSpec) -> Result
         block(
             422,
             "composition_tag",
-            "must be a container image tag ([A-Za-z0-9_][A-Za-z0-9_.-]{0,127})".into(),
+            "must be a container image reference ([registry[:port]/]repository[:tag][@sha256:<64 hex>]) or a bare tag".into(),
         );
     }
     let capsule = store.capsule(pid, spec.capsule_id)?;
@@ -563,5 +584,41 @@ impl PipelineHandle {
     /// The rollout events, for the alert evaluator.
     pub fn subscribe_rollouts(&self) -> tokio::sync::broadcast::Receiver<RolloutEvent> {
         self.events.subscribe()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::composition_tag;
+
+    #[test]
+    fn composition_tags_and_references() {
+        let digest = "a".repeat(64);
+        for ok in [
+            "1.2.0".to_string(),
+            "nav-1.2.0".into(),
+            "V1_2".into(),
+            "registry.example/robot:1.2.0".into(),
+            format!("ghcr.io/acme/arm-controller@sha256:{digest}"),
+            format!("ghcr.io/acme/arm-controller:2.0@sha256:{digest}"),
+            "localhost:5000/nav:2024.06".into(),
+            "acme/nav".into(),
+        ] {
+            assert!(composition_tag(&ok), "{ok}");
+        }
+        for bad in [
+            "".to_string(),
+            "bad tag!".into(),
+            "Registry.example/Robot:1".into(),
+            "ghcr.io/acme/arm@sha256:abc".into(),
+            format!("ghcr.io/acme/arm@sha512:{digest}"),
+            format!("ghcr.io/acme/arm@sha256:{}", "A".repeat(64)),
+            "robot:ünï".into(),
+            "robot:".into(),
+            "/robot:1".into(),
+            "-tag".into(),
+        ] {
+            assert!(!composition_tag(&bad), "{bad}");
+        }
     }
 }

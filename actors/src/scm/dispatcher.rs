@@ -363,12 +363,14 @@ impl DispatcherState {
                         self.enqueue(d, r)
                     }
                     "rerequested" => {
-                        // Always a new attempt of that commit; the key moves to the new run.
-                        let previous = self.store.run_by_key(&key)?;
+                        // Always a new attempt of that commit, one more than any run of it
+                        // in this repository (whatever event made them); the key moves to
+                        // the new run.
+                        let previous = self.store.max_commit_attempt(&full, &sha)?;
                         let mut r = self.new_run(&d, &link, key)?;
                         r.commit_sha = sha;
                         r.git_ref = branch;
-                        r.attempt = previous.as_ref().map_or(1, |x| x.attempt.saturating_add(1));
+                        r.attempt = previous.map_or(1, |a| a.saturating_add(1));
                         self.finish(d, "dispatched", Some((None, &r)))
                     }
                     _ => skip(&self.store, &d, "action_ignored"),

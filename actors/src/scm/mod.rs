@@ -297,22 +297,51 @@ pub(crate) fn load_secret(store: &Store, cfg: &ScmConfig) -> Result<SecretState>
         }
         return Ok(s);
     }
+    // Nothing configured: generate one, as with the JWT secret, so that a newcomer's host can
+    // deliver at once; it is printed once by `serve` (see `take_generated_secret`).
+    let generated = cfg.webhook_secret.is_empty();
+    let current = if generated {
+        crate::secrets::random_token(32)?
+    } else {
+        cfg.webhook_secret.clone()
+    };
     let s = SecretState {
-        current: cfg.webhook_secret.clone(),
+        current,
         created_at: now_ms(),
         previous: None,
         previous_valid_until: None,
     };
-    if !s.current.is_empty() {
-        let v = serde_json::to_vec(&s).map_err(|e| Error::Internal(e.to_string()))?;
-        store.meta_put(intake::SECRET_META, &v)?;
+    let v = serde_json::to_vec(&s).map_err(|e| Error::Internal(e.to_string()))?;
+    if generated {
+        store.meta_put(UNSHOWN_SECRET_META, b"1")?;
     }
+    store.meta_put(intake::SECRET_META, &v)?;
+    store.flush_blocking()?;
     Ok(s)
 }
+
+/// Present while a generated webhook secret has not yet been printed by `serve`.
+const UNSHOWN_SECRET_META: &str = "scm_webhook_secret_unshown";
 
 impl ScmHandle {
     pub fn max_body_bytes(&self) -> u64 {
         self.cfg.max_body_bytes
+    }
+
+    /// The webhook secret fleetops generated, the first time this is asked after generating
+    /// it (so `serve` prints it once, whichever command first opened the data directory).
+    pub fn take_generated_secret(&self) -> Result<Option<String>> {
+        if self.store.meta_get(UNSHOWN_SECRET_META)?.is_none() {
+            return Ok(None);
+        }
+        let current = self
+            .secret
+            .read()
+            .map(|s| s.current.clone())
+            .unwrap_or_default();
+        self.store.meta_remove(UNSHOWN_SECRET_META)?;
+        self.store.flush_blocking()?;
+        Ok((!current.is_empty()).then_some(current))
     }
 
     fn note_rejected(&self, id: Option<&str>, event: Option<&str>, outcome: &str, reason: &str) {

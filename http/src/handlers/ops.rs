@@ -26,11 +26,19 @@ pub fn metrics(cx: &Cx<'_>, req: &Req) -> ApiResult<Response<Body>> {
             return Err(ApiError::Domain(fleetops_actors::Error::Unauthorized));
         }
     }
-    let text = cx.app.metrics.render(cx.rt().restarts());
+    // The negotiation Prometheus' own client libraries do: OpenMetrics only when asked for.
+    let openmetrics = req
+        .header("accept")
+        .is_some_and(|a| a.contains("application/openmetrics-text"));
+    let text = cx.app.metrics.render(cx.rt().restarts(), openmetrics);
     let mut r = Response::new(full(text));
     r.headers_mut().insert(
         header::CONTENT_TYPE,
-        HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
+        HeaderValue::from_static(if openmetrics {
+            "application/openmetrics-text; version=1.0.0; charset=utf-8"
+        } else {
+            "text/plain; version=0.0.4; charset=utf-8"
+        }),
     );
     Ok(r)
 }
