@@ -13,7 +13,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
 use crate::clock::{fmt_ms, now_ms};
 use crate::error::{Error, Result};
-use crate::mailbox::Slot;
+use crate::mailbox::{Envelope, Slot};
 use crate::rules;
 use crate::secrets;
 use crate::views::{
@@ -92,7 +92,7 @@ pub(crate) struct DirectoryState {
 }
 
 impl Actor for DirectoryActor {
-    type Msg = DirectoryMsg;
+    type Msg = Envelope<DirectoryMsg>;
     type State = DirectoryState;
     type Arguments = (Store, Vec<String>);
 
@@ -110,6 +110,10 @@ impl Actor for DirectoryActor {
         msg: Self::Msg,
         st: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
+        let Some(msg) = msg.open() else {
+            // Its caller gave up before it got here: never applied.
+            return Ok(());
+        };
         match msg {
             DirectoryMsg::Bootstrap(req, hash, reply) => {
                 let _ = reply.send(st.bootstrap(req, hash));

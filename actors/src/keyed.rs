@@ -18,24 +18,27 @@ use tokio::sync::Semaphore;
 
 use crate::config::SupervisionConfig;
 use crate::error::{Error, Result};
-use crate::mailbox::{self, Slot};
+use crate::mailbox::{self, Envelope, Slot};
 use crate::supervision::{RestartBudget, Verdict};
 
 /// An actor that serves one entity, rebuilt from storage in `pre_start`.
 pub(crate) trait KeyedChild:
-    Actor<Arguments = (<Self as KeyedChild>::Ctx, u64)> + Default
+    Actor<Arguments = (<Self as KeyedChild>::Ctx, u64), Msg = Envelope<<Self as KeyedChild>::Req>>
+    + Default
 {
+    /// The requests it serves (its message enum).
+    type Req: Send + 'static;
     /// What every instance needs besides its key (store, configuration).
     type Ctx: Clone + Send + Sync + 'static;
     /// For logs: "project", "session".
     const KIND: &'static str;
 }
 
-pub(crate) type Registry<M> = Arc<DashMap<u64, ActorRef<M>>>;
+pub(crate) type Registry<M> = Arc<DashMap<u64, ActorRef<Envelope<M>>>>;
 
 pub(crate) enum KeyedMsg<M> {
     /// The live actor of an entity, started if needed.
-    Get(u64, RpcReplyPort<Result<ActorRef<M>>>),
+    Get(u64, RpcReplyPort<Result<ActorRef<Envelope<M>>>>),
     /// A delayed restart is due.
     Respawn(u64),
 }
@@ -43,7 +46,7 @@ pub(crate) enum KeyedMsg<M> {
 pub(crate) struct KeyedArgs<C: KeyedChild> {
     pub ctx: C::Ctx,
     pub cfg: SupervisionConfig,
-    pub registry: Registry<C::Msg>,
+    pub registry: Registry<C::Req>,
     pub restarts: Arc<AtomicU64>,
 }
 
@@ -78,9 +81,9 @@ pub(crate) struct KeyedState<C: KeyedChild> {
 impl<C: KeyedChild> KeyedState<C> {
     async fn spawn(
         &mut self,
-        myself: &ActorRef<KeyedMsg<C::Msg>>,
+        myself: &ActorRef<Envelope<KeyedMsg<C::Req>>>,
         key: u64,
-    ) -> Result<ActorRef<C::Msg>> {
+    ) -> Result<ActorRef<Envelope<C::Req>>> {
         if let Some(a) = self.args.registry.get(&key) {
             return Ok(a.clone());
         }
@@ -108,7 +111,7 @@ impl<C: KeyedChild> KeyedState<C> {
 }
 
 impl<C: KeyedChild> Actor for KeyedSupervisor<C> {
-    type Msg = KeyedMsg<C::Msg>;
+    type Msg = Envelope<KeyedMsg<C::Req>>;
     type State = KeyedState<C>;
     type Arguments = KeyedArgs<C>;
 
@@ -136,6 +139,9 @@ impl<C: KeyedChild> Actor for KeyedSupervisor<C> {
         msg: Self::Msg,
         st: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
+        let Some(msg) = msg.open() else {
+            return Ok(());
+        };
         match msg {
             KeyedMsg::Get(key, reply) => {
                 let r = st.spawn(&myself, key).await;
@@ -187,7 +193,7 @@ impl<C: KeyedChild> Actor for KeyedSupervisor<C> {
                     }
                     Verdict::Restart(d) => {
                         st.down_until.insert(key, Instant::now() + d);
-                        myself.send_after(d, move || KeyedMsg::Respawn(key));
+                        myself.send_after(d, move || Envelope::cast(KeyedMsg::Respawn(key)));
                     }
                     Verdict::GiveUpUntil(t) => {
                         st.down_until.insert(key, t);
@@ -210,8 +216,8 @@ impl<C: KeyedChild> Actor for KeyedSupervisor<C> {
 
 /// The calling side of a keyed supervisor.
 pub(crate) struct Keyed<C: KeyedChild> {
-    pub sup: Arc<Slot<KeyedMsg<C::Msg>>>,
-    pub registry: Registry<C::Msg>,
+    pub sup: Arc<Slot<KeyedMsg<C::Req>>>,
+    pub registry: Registry<C::Req>,
     /// One mailbox bound per entity, kept across restarts of its actor.
     gates: Arc<DashMap<u64, Arc<Semaphore>>>,
     cfg: SupervisionConfig,
@@ -230,8 +236,8 @@ impl<C: KeyedChild> Clone for Keyed<C> {
 
 impl<C: KeyedChild> Keyed<C> {
     pub(crate) fn new(
-        sup: Arc<Slot<KeyedMsg<C::Msg>>>,
-        registry: Registry<C::Msg>,
+        sup: Arc<Slot<KeyedMsg<C::Req>>>,
+        registry: Registry<C::Req>,
         cfg: SupervisionConfig,
     ) -> Self {
         Self {
@@ -243,7 +249,7 @@ impl<C: KeyedChild> Keyed<C> {
     }
 
     /// The live actor, started if needed.
-    pub(crate) async fn actor(&self, key: u64) -> Result<ActorRef<C::Msg>> {
+    pub(crate) async fn actor(&self, key: u64) -> Result<ActorRef<Envelope<C::Req>>> {
         if let Some(a) = self.registry.get(&key) {
             return Ok(a.clone());
         }
@@ -251,16 +257,17 @@ impl<C: KeyedChild> Keyed<C> {
     }
 
     /// The live actor if one runs now (never starts one).
-    pub(crate) fn running(&self, key: u64) -> Option<ActorRef<C::Msg>> {
+    pub(crate) fn running(&self, key: u64) -> Option<ActorRef<Envelope<C::Req>>> {
         self.registry.get(&key).map(|a| a.clone())
     }
 
-    /// One request to the entity's actor. A request lost in a crash (queued behind the panic,
-    /// or sent to an actor that had just died) is sent once more to the replacement.
+    /// One request to the entity's actor. A request lost in a crash before the actor took it
+    /// on (queued behind the panic, or sent to an actor that had just died) is sent once more
+    /// to the replacement.
     pub(crate) async fn call<T: Send + 'static>(
         &self,
         key: u64,
-        build: impl Fn(RpcReplyPort<Result<T>>) -> C::Msg,
+        build: impl Fn(RpcReplyPort<Result<T>>) -> C::Req,
     ) -> Result<T> {
         let gate = self
             .gates

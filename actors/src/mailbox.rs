@@ -2,26 +2,99 @@
 //! unbounded), and one retry against the replacement when the actor died with our message
 //! still queued.
 //!
+//! Every call travels in an [`Envelope`] that shares its state with the waiting caller: the
+//! actor takes the request on (`Envelope::open`) only while the caller still waits, and once
+//! taken on, the caller waits for the answer however long it takes. So a caller that timed
+//! out (503) left nothing behind that could be applied later, and a caller whose request was
+//! being applied is told what became of it, never a 503 for a write that then happens.
+//!
 //! When an actor panics, ractor drops its mailbox: the message being handled and every one
-//! queued behind it lose their reply port. The queued ones never ran, so they are sent once
-//! more to the restarted actor, and "no other request notices". The one that caused the panic
-//! is retried too and, if the fault is deterministic, fails again and gets a 500. Writes are
-//! single atomic batches applied at the end of a handler, so a panic leaves nothing half-done.
+//! queued behind it lose their reply port. The queued ones were never taken on, so they are
+//! sent once more to the restarted actor, and "no other request notices". The one being
+//! handled is not sent again (it may have written before the panic, and a second run could
+//! write twice): its caller gets a 500.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
-use ractor::rpc::CallResult;
 use ractor::{ActorRef, RpcReplyPort};
 use tokio::sync::Semaphore;
 
 use crate::error::{Error, Result};
 
+/// The caller is waiting and the request has not been taken on.
+const WAITING: u8 = 0;
+/// The actor took the request on: the caller waits for its answer.
+const STARTED: u8 = 1;
+/// The caller's deadline passed first: the request must never be applied.
+const ABANDONED: u8 = 2;
+
+/// What the caller and the actor agree on about one call (one transition out of `WAITING`).
+#[derive(Default)]
+pub(crate) struct CallState(AtomicU8);
+
+impl CallState {
+    /// The actor side: takes the request on, unless its caller gave up.
+    pub(crate) fn start(&self) -> bool {
+        match self
+            .0
+            .compare_exchange(WAITING, STARTED, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) => true,
+            Err(now) => now == STARTED,
+        }
+    }
+
+    /// The caller side: gives up, unless the actor already took the request on.
+    fn abandon(&self) -> bool {
+        match self
+            .0
+            .compare_exchange(WAITING, ABANDONED, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) => true,
+            Err(now) => now == ABANDONED,
+        }
+    }
+
+    fn started(&self) -> bool {
+        self.0.load(Ordering::Acquire) == STARTED
+    }
+}
+
+/// A message and, for a call, the state its caller waits on.
+pub(crate) struct Envelope<M> {
+    call: Option<Arc<CallState>>,
+    msg: M,
+}
+
+impl<M> Envelope<M> {
+    /// A message nobody waits on (timers, casts, tests).
+    pub(crate) fn cast(msg: M) -> Self {
+        Self { call: None, msg }
+    }
+
+    /// The message, taken on; `None` when its caller gave up before it got here, in which
+    /// case it is dropped unapplied.
+    pub(crate) fn open(self) -> Option<M> {
+        match &self.call {
+            Some(c) if !c.start() => None,
+            _ => Some(self.msg),
+        }
+    }
+
+    /// The message and its call, for an actor that takes requests on later than on receipt
+    /// (the webhook intake takes a batch on just before writing it).
+    pub(crate) fn defer(self) -> (M, Option<Arc<CallState>>) {
+        (self.msg, self.call)
+    }
+}
+
 /// What became of one request.
 pub(crate) enum Outcome<T> {
     Replied(Result<T>),
     /// The actor was stopped or failed before our message reached it, or it died with our
-    /// message queued or in hand: ask its replacement.
+    /// message queued and not taken on: ask its replacement.
     Lost,
 }
 
@@ -31,25 +104,52 @@ fn unavailable() -> Error {
     }
 }
 
-/// Sends one request and waits for its reply.
+/// The answer to a request the actor took on and then died with.
+fn failed_while_applying() -> Error {
+    Error::Internal("actor failed while applying the request".into())
+}
+
+/// Sends one request and waits for its reply: up to `timeout` while it waits in the
+/// mailbox, then, once the actor has taken it on, until it is answered.
 pub(crate) async fn deliver<M, T>(
-    actor: &ActorRef<M>,
+    actor: &ActorRef<Envelope<M>>,
     gate: &Arc<Semaphore>,
     timeout: Duration,
     build: impl FnOnce(RpcReplyPort<Result<T>>) -> M,
 ) -> Outcome<T>
 where
-    M: ractor::Message,
+    M: Send + 'static,
     T: Send + 'static,
 {
     // A full mailbox answers at once instead of queueing without bound.
     let Ok(_permit) = gate.try_acquire() else {
         return Outcome::Replied(Err(unavailable()));
     };
-    match actor.call(build, Some(timeout)).await {
-        Ok(CallResult::Success(r)) => Outcome::Replied(r),
-        Ok(CallResult::Timeout) => Outcome::Replied(Err(unavailable())),
-        Ok(CallResult::SenderError) | Err(_) => Outcome::Lost,
+    let (tx, mut rx) = tokio::sync::oneshot::channel();
+    let call = Arc::new(CallState::default());
+    let env = Envelope {
+        call: Some(call.clone()),
+        msg: build(RpcReplyPort::from(tx)),
+    };
+    if actor.cast(env).is_err() {
+        return Outcome::Lost;
+    }
+    let lost = |call: &CallState| {
+        if call.started() {
+            Outcome::Replied(Err(failed_while_applying()))
+        } else {
+            Outcome::Lost
+        }
+    };
+    match tokio::time::timeout(timeout, &mut rx).await {
+        Ok(Ok(r)) => Outcome::Replied(r),
+        Ok(Err(_)) => lost(&call),
+        Err(_) if call.abandon() => Outcome::Replied(Err(unavailable())),
+        // Taken on before the deadline: its effect is under way, so wait for the truth.
+        Err(_) => match rx.await {
+            Ok(r) => Outcome::Replied(r),
+            Err(_) => lost(&call),
+        },
     }
 }
 
@@ -59,13 +159,13 @@ pub(crate) fn lost_twice() -> Error {
 }
 
 /// The current incarnation of a singleton actor; its supervisor swaps in the restarted one.
-pub(crate) struct Slot<M: ractor::Message> {
-    current: std::sync::RwLock<Option<ActorRef<M>>>,
+pub(crate) struct Slot<M: Send + 'static> {
+    current: std::sync::RwLock<Option<ActorRef<Envelope<M>>>>,
     gate: Arc<Semaphore>,
     timeout: Duration,
 }
 
-impl<M: ractor::Message> Slot<M> {
+impl<M: Send + 'static> Slot<M> {
     pub(crate) fn new(limit: usize, timeout: Duration) -> Self {
         Self {
             current: std::sync::RwLock::new(None),
@@ -74,18 +174,18 @@ impl<M: ractor::Message> Slot<M> {
         }
     }
 
-    pub(crate) fn set(&self, actor: Option<ActorRef<M>>) {
+    pub(crate) fn set(&self, actor: Option<ActorRef<Envelope<M>>>) {
         if let Ok(mut g) = self.current.write() {
             *g = actor;
         }
     }
 
-    pub(crate) fn get(&self) -> Option<ActorRef<M>> {
+    pub(crate) fn get(&self) -> Option<ActorRef<Envelope<M>>> {
         self.current.read().ok().and_then(|g| g.clone())
     }
 
     /// The live actor other than `old`, waiting briefly for its supervisor to restart it.
-    async fn replacement(&self, old: &ActorRef<M>) -> Option<ActorRef<M>> {
+    async fn replacement(&self, old: &ActorRef<Envelope<M>>) -> Option<ActorRef<Envelope<M>>> {
         for _ in 0..100 {
             if let Some(a) = self.get()
                 && a.get_id() != old.get_id()
@@ -116,7 +216,7 @@ impl<M: ractor::Message> Slot<M> {
 
     pub(crate) fn cast(&self, msg: M) {
         if let Some(a) = self.get() {
-            let _ = a.cast(msg);
+            let _ = a.cast(Envelope::cast(msg));
         }
     }
 }

@@ -75,9 +75,20 @@ impl ProjectsHandle {
     #[doc(hidden)]
     pub async fn inject_panic(&self, pid: u64) -> Result<()> {
         let a = self.actors.actor(pid).await?;
-        a.cast(ProjectMsg::Panic).map_err(|_| Error::Unavailable {
-            retry_after_secs: 1,
-        })
+        a.cast(crate::mailbox::Envelope::cast(ProjectMsg::Panic))
+            .map_err(|_| Error::Unavailable {
+                retry_after_secs: 1,
+            })
+    }
+
+    /// Holds the project's actor up for `d` (deadline tests only).
+    #[doc(hidden)]
+    pub async fn inject_stall(&self, pid: u64, d: std::time::Duration) -> Result<()> {
+        let a = self.actors.actor(pid).await?;
+        a.cast(crate::mailbox::Envelope::cast(ProjectMsg::Stall(d)))
+            .map_err(|_| Error::Unavailable {
+                retry_after_secs: 1,
+            })
     }
 
     // ---- reads ----

@@ -65,7 +65,7 @@ pub(crate) struct RootState {
 
 async fn spawn_keyed<C: KeyedChild>(
     myself: &ActorRef<RootMsg>,
-    slot: &Slot<KeyedMsg<C::Msg>>,
+    slot: &Slot<KeyedMsg<C::Req>>,
     args: KeyedArgs<C>,
 ) -> Result<ActorCell, ActorProcessingErr> {
     let (a, _) = Actor::spawn_linked(

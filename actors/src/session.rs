@@ -17,6 +17,7 @@ use crate::config::SessionsConfig;
 use crate::error::{Error, Result};
 use crate::live::{self, LiveBatch, LiveEvent, Subscription};
 use crate::logs::LogFilter;
+use crate::mailbox::Envelope;
 
 type Reply<T> = RpcReplyPort<Result<T>>;
 
@@ -51,6 +52,7 @@ pub enum Replay {
 pub(crate) struct SessionActor;
 
 impl crate::keyed::KeyedChild for SessionActor {
+    type Req = SessionMsg;
     type Ctx = (Store, SessionsConfig);
     const KIND: &'static str = "session";
 }
@@ -75,7 +77,7 @@ pub(crate) struct SessionState {
 }
 
 impl Actor for SessionActor {
-    type Msg = SessionMsg;
+    type Msg = Envelope<SessionMsg>;
     type State = SessionState;
     type Arguments = ((Store, SessionsConfig), u64);
 
@@ -125,6 +127,10 @@ impl Actor for SessionActor {
         msg: Self::Msg,
         st: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
+        let Some(msg) = msg.open() else {
+            // Its caller gave up before it got here: never applied.
+            return Ok(());
+        };
         match msg {
             SessionMsg::Append(chunk, reply) => {
                 let _ = reply.send(st.append(chunk));

@@ -180,7 +180,7 @@ impl SessionsHandle {
     /// Tells the session's subscribers how it ended (`None`: deleted) and stops its actor.
     fn end_actor(&self, id: u64, status: Option<&'static str>) {
         if let Some(a) = self.actors.running(id) {
-            let _ = a.cast(SessionMsg::End(status));
+            let _ = a.cast(crate::mailbox::Envelope::cast(SessionMsg::End(status)));
         }
         self.actors.forget(id);
     }
@@ -447,9 +447,10 @@ impl SessionsHandle {
     #[doc(hidden)]
     pub async fn inject_panic(&self, id: u64) -> Result<()> {
         let a = self.actors.actor(id).await?;
-        a.cast(SessionMsg::Panic).map_err(|_| Error::Unavailable {
-            retry_after_secs: 1,
-        })
+        a.cast(crate::mailbox::Envelope::cast(SessionMsg::Panic))
+            .map_err(|_| Error::Unavailable {
+                retry_after_secs: 1,
+            })
     }
 }
 

@@ -254,3 +254,70 @@ async fn session_actor_panic_loses_no_acknowledged_line() {
         300
     );
 }
+
+/// A call whose deadline passed while it waited (503) is never applied afterwards: the device
+/// is not created behind the caller's back, so a retry cannot make it twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_that_timed_out_never_takes_effect_later() {
+    let s = start_with(|c| c.supervision.call_timeout_ms = 300).await;
+    let k = s.key().to_string();
+    let pid = project_id(&s);
+    let rt = s.running.as_ref().unwrap().runtime.clone();
+    // Started first, so the stall below holds the project's actor itself.
+    let r = s
+        .post(&format!("{DEV}/devices"), &k, json!({"name": "before"}))
+        .await;
+    assert_eq!(r.status, 201);
+    rt.projects
+        .inject_stall(pid, std::time::Duration::from_millis(1500))
+        .await
+        .unwrap();
+    let r = s
+        .post(&format!("{DEV}/devices"), &k, json!({"name": "late"}))
+        .await;
+    assert_eq!(r.status, 503, "{}", r.body);
+    assert!(r.header("retry-after").is_some());
+    // Past the stall the actor is free again; the abandoned request was dropped unapplied.
+    tokio::time::sleep(std::time::Duration::from_millis(1800)).await;
+    let r = s
+        .post(&format!("{DEV}/devices"), &k, json!({"name": "after"}))
+        .await;
+    assert_eq!(r.status, 201);
+    let names: Vec<String> = s.get(&format!("{DEV}/devices?page_size=10"), &k).await.body["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["name"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(names.len(), 2, "{names:?}");
+    assert!(!names.contains(&"late".to_string()), "{names:?}");
+}
+
+/// A delivery whose batch write is under way when its deadline passes gets the truth (202,
+/// stored), never a 503 for a delivery that was claimed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delivery_taken_on_is_answered_with_the_truth() {
+    use crate::webhooks::{SECRET, deliver};
+    let s = start_with(|c| {
+        c.scm.webhook_secret = SECRET.into();
+        c.supervision.call_timeout_ms = 300;
+    })
+    .await;
+    let rt = s.running.as_ref().unwrap().runtime.clone();
+    rt.scm
+        .inject_write_stall(std::time::Duration::from_millis(1200));
+    let started = std::time::Instant::now();
+    let (id, r) = deliver(&s, "ping", &json!({"zen": "slow disk"})).await;
+    assert_eq!(r.status, 202, "{}", r.body);
+    assert!(started.elapsed() >= std::time::Duration::from_millis(1200));
+    // It is claimed: the host's redelivery is a duplicate of a delivery that was accepted.
+    let r = s.get("/api/v1/scm/deliveries?page_size=50", s.key()).await;
+    assert_eq!(r.status, 200);
+    let ids: Vec<&str> = r.body["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|d| d["delivery_id"].as_str())
+        .collect();
+    assert!(ids.contains(&id.as_str()), "{ids:?}");
+}

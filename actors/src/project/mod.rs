@@ -18,6 +18,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
 use crate::clock::now_ms;
 use crate::error::{Error, Result};
+use crate::mailbox::Envelope;
 use crate::pipeline::deployments::{DeploymentPatch, DeploymentSpec, Transition};
 use crate::rules;
 use crate::secrets;
@@ -159,12 +160,15 @@ pub(crate) enum ProjectMsg {
     },
     /// Fault injection for supervision tests.
     Panic,
+    /// Fault injection: holds the actor up, as a slow disk would (deadline tests).
+    Stall(std::time::Duration),
 }
 
 #[derive(Default)]
 pub(crate) struct ProjectActor;
 
 impl crate::keyed::KeyedChild for ProjectActor {
+    type Req = ProjectMsg;
     type Ctx = Store;
     const KIND: &'static str = "project";
 }
@@ -176,7 +180,7 @@ pub(crate) struct ProjectState {
 }
 
 impl Actor for ProjectActor {
-    type Msg = ProjectMsg;
+    type Msg = Envelope<ProjectMsg>;
     type State = ProjectState;
     type Arguments = (Store, u64);
 
@@ -197,6 +201,10 @@ impl Actor for ProjectActor {
         msg: Self::Msg,
         st: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
+        let Some(msg) = msg.open() else {
+            // Its caller gave up before it got here: never applied.
+            return Ok(());
+        };
         match msg {
             ProjectMsg::CreateDevice {
                 name,
@@ -327,6 +335,7 @@ impl Actor for ProjectActor {
                 let _ = reply.send(st.delete_capsule(id, only_expired));
             }
             ProjectMsg::Panic => panic!("injected fault in ProjectActor {}", st.project.id),
+            ProjectMsg::Stall(d) => tokio::time::sleep(d).await,
         }
         Ok(())
     }

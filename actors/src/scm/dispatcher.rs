@@ -14,6 +14,7 @@ use super::payload::{Payload, matches};
 use super::{RepoPatch, Work, skip, still_queued};
 use crate::clock::now_ms;
 use crate::error::{Error, Result};
+use crate::mailbox::Envelope;
 
 type Reply<T> = RpcReplyPort<Result<T>>;
 
@@ -74,7 +75,7 @@ pub(crate) struct DispatcherState {
 }
 
 impl Actor for DispatcherActor {
-    type Msg = DispatcherMsg;
+    type Msg = Envelope<DispatcherMsg>;
     type State = DispatcherState;
     type Arguments = (Store, i64);
 
@@ -83,7 +84,9 @@ impl Actor for DispatcherActor {
         myself: ActorRef<Self::Msg>,
         (store, lease_seconds): Self::Arguments,
     ) -> Result<Self::State, ActorProcessingErr> {
-        myself.send_interval(Duration::from_secs(1), || DispatcherMsg::ExpireLeases);
+        myself.send_interval(Duration::from_secs(1), || {
+            Envelope::cast(DispatcherMsg::ExpireLeases)
+        });
         Ok(DispatcherState {
             store,
             lease_ms: lease_seconds.max(1) * 1000,
@@ -96,6 +99,10 @@ impl Actor for DispatcherActor {
         msg: Self::Msg,
         st: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
+        let Some(msg) = msg.open() else {
+            // Its caller gave up before it got here: never applied.
+            return Ok(());
+        };
         match msg {
             DispatcherMsg::Dispatch { work, reply } => {
                 let _ = reply.send(st.dispatch(&work));

@@ -15,7 +15,7 @@ use super::payload::{Payload, names};
 use super::{Work, skip, still_queued};
 use crate::clock::now_ms;
 use crate::error::Result;
-use crate::mailbox::Slot;
+use crate::mailbox::{Envelope, Slot};
 
 type Reply<T> = RpcReplyPort<Result<T>>;
 
@@ -32,6 +32,7 @@ pub(crate) enum InstallationMsg {
 pub(crate) struct InstallationActor;
 
 impl crate::keyed::KeyedChild for InstallationActor {
+    type Req = InstallationMsg;
     type Ctx = (Store, Arc<Slot<DispatcherMsg>>);
     const KIND: &'static str = "installation";
 }
@@ -43,7 +44,7 @@ pub(crate) struct InstallationState {
 }
 
 impl Actor for InstallationActor {
-    type Msg = InstallationMsg;
+    type Msg = Envelope<InstallationMsg>;
     type State = InstallationState;
     type Arguments = ((Store, Arc<Slot<DispatcherMsg>>), u64);
 
@@ -65,6 +66,10 @@ impl Actor for InstallationActor {
         msg: Self::Msg,
         st: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
+        let Some(msg) = msg.open() else {
+            // Its caller gave up before it got here: never applied.
+            return Ok(());
+        };
         match msg {
             InstallationMsg::Deliver { work, reply } => {
                 let r = st.deliver(work).await;

@@ -12,7 +12,10 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
 use super::SecretState;
 use crate::clock::now_ms;
+use std::sync::Arc;
+
 use crate::error::{Error, Result};
+use crate::mailbox::{CallState, Envelope};
 
 type Reply<T> = RpcReplyPort<Result<T>>;
 
@@ -36,6 +39,9 @@ pub(crate) enum IntakeMsg {
         state: Box<SecretState>,
         reply: Reply<()>,
     },
+    /// Fault injection: the next batch write takes this much longer, as on a slow disk
+    /// (deadline tests).
+    StallNextWrite(std::time::Duration),
 }
 
 pub(crate) struct IntakeActor;
@@ -47,6 +53,7 @@ pub(crate) type IntakeArgs = (Store, tokio::sync::mpsc::UnboundedSender<u64>, i6
 
 /// A delivery accepted into the current batch, waiting for the batch's write.
 struct Pending {
+    call: Option<Arc<CallState>>,
     delivery_id: String,
     event: String,
     subscribed: bool,
@@ -63,10 +70,12 @@ pub(crate) struct IntakeState {
     pending_ids: HashSet<String>,
     /// The dedup window.
     window_ms: i64,
+    /// Injected delay of the next batch write (tests).
+    stall: Option<std::time::Duration>,
 }
 
 impl Actor for IntakeActor {
-    type Msg = IntakeMsg;
+    type Msg = Envelope<IntakeMsg>;
     type State = IntakeState;
     type Arguments = IntakeArgs;
 
@@ -81,6 +90,7 @@ impl Actor for IntakeActor {
             window_ms: window_seconds * 1000,
             pending: Vec::new(),
             pending_ids: HashSet::new(),
+            stall: None,
         })
     }
 
@@ -90,6 +100,9 @@ impl Actor for IntakeActor {
         msg: Self::Msg,
         st: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
+        // An accepted delivery is taken on when its batch is written (`flush`), so a caller
+        // whose deadline passes while it waits for the batch claims nothing.
+        let (msg, call) = msg.defer();
         match msg {
             IntakeMsg::Accept {
                 delivery_id,
@@ -112,10 +125,11 @@ impl Actor for IntakeActor {
                     return Ok(());
                 }
                 if st.pending.is_empty() {
-                    let _ = myself.cast(IntakeMsg::Flush);
+                    let _ = myself.cast(Envelope::cast(IntakeMsg::Flush));
                 }
                 st.pending_ids.insert(delivery_id.clone());
                 st.pending.push(Pending {
+                    call,
                     delivery_id,
                     event,
                     subscribed,
@@ -127,7 +141,11 @@ impl Actor for IntakeActor {
                 }
             }
             IntakeMsg::Flush => st.flush().await,
+            IntakeMsg::StallNextWrite(d) => st.stall = Some(d),
             IntakeMsg::Rotate { state, reply } => {
+                if call.is_some_and(|c| !c.start()) {
+                    return Ok(());
+                }
                 let r = serde_json::to_vec(&*state)
                     .map_err(|e| Error::Internal(e.to_string()))
                     .and_then(|v| Ok(st.store.meta_put(SECRET_META, &v)?));
@@ -154,10 +172,12 @@ impl IntakeState {
     /// time, so no id can be claimed twice across batches). Flushing here rather than through
     /// the shared group-commit thread saves a thread hand-off per batch (README, Performance).
     async fn flush(&mut self) {
-        // A caller that gave up (its call timed out: it answered 503) claims nothing.
+        // A caller that gave up (its deadline passed: it answered 503, or it hung up) claims
+        // nothing; the others are taken on here, so from now on their callers wait for the
+        // truth instead of timing out.
         let batch: Vec<Pending> = std::mem::take(&mut self.pending)
             .into_iter()
-            .filter(|p| !p.reply.is_closed())
+            .filter(|p| !p.reply.is_closed() && p.call.as_ref().is_none_or(|c| c.start()))
             .collect();
         self.pending_ids.clear();
         if batch.is_empty() {
@@ -195,6 +215,9 @@ impl IntakeState {
             })
             .collect();
         let store = self.store.clone();
+        if let Some(d) = self.stall.take() {
+            tokio::time::sleep(d).await;
+        }
         let written = tokio::task::spawn_blocking(move || {
             store.claim_deliveries(&mut items)?;
             let flushed = store.flush_blocking();

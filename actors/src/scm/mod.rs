@@ -860,11 +860,17 @@ impl ScmHandle {
         }
     }
 
+    /// Makes the intake's next batch write this much slower (deadline tests only).
+    #[doc(hidden)]
+    pub fn inject_write_stall(&self, d: std::time::Duration) {
+        self.intake.cast(IntakeMsg::StallNextWrite(d));
+    }
+
     /// Makes an installation's actor panic in its handler (supervision tests only).
     #[doc(hidden)]
     pub async fn inject_panic(&self, installation_id: u64) -> Result<()> {
         let a = self.installations.actor(installation_id).await?;
-        a.cast(InstallationMsg::Panic)
+        a.cast(crate::mailbox::Envelope::cast(InstallationMsg::Panic))
             .map_err(|_| Error::Unavailable {
                 retry_after_secs: 1,
             })
