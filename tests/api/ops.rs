@@ -53,6 +53,138 @@ async fn healthz_metrics_openapi() {
             "{m} {p} missing"
         );
     }
+
+    // Unique operation ids; OpenAPI templates only (no matchit `{*path}`), each one declared.
+    let mut ids = std::collections::BTreeSet::new();
+    for (path, item) in paths {
+        assert!(!path.contains("{*"), "{path}");
+        let names: Vec<&str> = path
+            .split('/')
+            .filter_map(|seg| seg.strip_prefix('{').and_then(|s| s.strip_suffix('}')))
+            .collect();
+        for (method, op) in item.as_object().unwrap() {
+            let id = op["operationId"].as_str().unwrap();
+            assert!(ids.insert(id.to_string()), "operationId {id} twice");
+            let params = op["parameters"].as_array().cloned().unwrap_or_default();
+            for n in &names {
+                assert!(
+                    params
+                        .iter()
+                        .any(|p| p["name"] == *n && p["in"] == "path" && p["required"] == true),
+                    "{method} {path}: path parameter {n} not declared"
+                );
+            }
+            assert!(op["responses"].as_object().is_some_and(|r| !r.is_empty()));
+        }
+    }
+    assert!(ids.contains("PutFile") && ids.contains("PutFileDownload"));
+
+    // Statuses the routes really answer.
+    let pp = "/api/v1/organizations/{org}/projects/{project}";
+    for (path, method, codes) in [
+        (
+            format!("{pp}/test-runs/claim"),
+            "post",
+            &["200", "204", "401", "403", "404", "429"][..],
+        ),
+        (
+            "/api/v1/scm/webhooks".into(),
+            "post",
+            &["202", "400", "401", "413", "503"],
+        ),
+        (
+            format!("{pp}/devices/{{device_id}}"),
+            "get",
+            &["200", "401", "403", "404", "429"],
+        ),
+        (
+            "/api/v1/auth/login".into(),
+            "post",
+            &["200", "400", "401", "422", "429"],
+        ),
+        (
+            "/api/v1/ws/organizations/{org}/projects/{project}/sessions/{session_id}/logs".into(),
+            "get",
+            &["101", "400", "401", "403", "404", "426"],
+        ),
+        (
+            "/api/v1/uploads/{token}".into(),
+            "put",
+            &["200", "401", "403", "404", "413"],
+        ),
+        (
+            "/api/v1/downloads/{token}".into(),
+            "get",
+            &["200", "401", "403", "404"],
+        ),
+        (
+            format!("{pp}/sessions/{{session_id}}/files/{{path}}"),
+            "put",
+            &["201", "400", "404", "409", "413"],
+        ),
+    ] {
+        let responses = &paths[&path][method]["responses"];
+        for c in codes {
+            assert!(
+                responses.get(*c).is_some(),
+                "{method} {path}: {c} missing from {responses}"
+            );
+        }
+    }
+    let metrics = &paths["/metrics"]["get"]["responses"]["200"]["content"];
+    assert!(
+        metrics.get("text/plain; version=0.0.4").is_some(),
+        "{metrics}"
+    );
+    assert!(
+        metrics
+            .get("application/openmetrics-text; version=1.0.0; charset=utf-8")
+            .is_some(),
+        "{metrics}"
+    );
+}
+
+/// The served document passes `openapi-spec-validator` (`pip install openapi-spec-validator`,
+/// which `.ci/run` installs). Without the module the test is skipped locally and fails in CI
+/// (`CI` set).
+#[tokio::test]
+async fn openapi_document_is_valid() {
+    let have = std::process::Command::new("python3")
+        .args(["-c", "import openapi_spec_validator"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !have {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI needs python3 with openapi-spec-validator: pip install openapi-spec-validator"
+        );
+        eprintln!("skipped: python3 -m pip install openapi-spec-validator to run it");
+        return;
+    }
+    let s = start().await;
+    let text = s
+        .http
+        .get(s.url("/api/v1/openapi.json"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("openapi.json");
+    std::fs::write(&file, &text).unwrap();
+    let out = std::process::Command::new("python3")
+        .args(["-m", "openapi_spec_validator"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "openapi-spec-validator refused the document:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[tokio::test]
