@@ -199,16 +199,23 @@ impl BlobStore {
         Ok(size)
     }
 
-    /// fsync of a local blob and its directory.
+    /// fsync of a local blob and of every directory from its own up to the root: the store
+    /// creates missing folders (a new session's `artifacts/{session}/`), and a folder's entry
+    /// is only durable once its parent is synced too.
     async fn sync(&self, key: &str) -> Result<()> {
-        let Some(root) = &self.local_root else {
+        let Some(root) = self.local_root.clone() else {
             return Ok(());
         };
         let file = root.join(key);
         tokio::task::spawn_blocking(move || -> std::io::Result<()> {
             std::fs::File::open(&file)?.sync_all()?;
-            if let Some(dir) = file.parent() {
-                std::fs::File::open(dir)?.sync_all()?;
+            let mut dir = file.parent();
+            while let Some(d) = dir {
+                std::fs::File::open(d)?.sync_all()?;
+                if d == root {
+                    break;
+                }
+                dir = d.parent();
             }
             Ok(())
         })
