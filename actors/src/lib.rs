@@ -232,6 +232,11 @@ impl Runtime {
             events: tokio::sync::broadcast::channel(1024).0,
             locks: Arc::new(DashMap::new()),
         };
+        // Confirms answered 202 whose validation a crash or stop interrupted.
+        let owed = pipeline.resume_validations()?;
+        if owed > 0 {
+            tracing::info!(owed, "resuming capsule validations");
+        }
         let scm = scm::ScmHandle {
             store: store.clone(),
             intake: intake_slot,

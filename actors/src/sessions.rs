@@ -382,7 +382,16 @@ impl SessionsHandle {
         {
             Ok(r) => r,
             Err(e) => {
-                let _ = self.blobs.delete(&blob_key).await;
+                // Refused or never taken on (503): the record does not point at the blob. The
+                // actor may also have died after writing it (500): then the record is the
+                // truth, and the blob it points at stays.
+                let kept = matches!(
+                    self.store.artifact(id, &a.path),
+                    Ok(Some(ref r)) if r.blob_key == blob_key
+                );
+                if !kept {
+                    let _ = self.blobs.delete(&blob_key).await;
+                }
                 return Err(e);
             }
         };

@@ -124,6 +124,14 @@ pub(crate) fn artifact_prefix(session: u64) -> Vec<u8> {
 pub(crate) fn capsule(project: u64, id: u64) -> Vec<u8> {
     key(&[b"c", &be(project), &be(id)])
 }
+/// A capsule confirm answered 202 whose validation has not finished; the value is the
+/// checksum the client gave.
+pub(crate) fn pending_validation(project: u64, id: u64) -> Vec<u8> {
+    key(&[b"cpv", &be(project), &be(id)])
+}
+pub(crate) fn pending_validation_prefix() -> Vec<u8> {
+    key(&[b"cpv", b""])
+}
 pub(crate) fn capsule_prefix(project: u64) -> Vec<u8> {
     key(&[b"c", &be(project), b""])
 }

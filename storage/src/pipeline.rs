@@ -64,12 +64,60 @@ impl Store {
         Ok(())
     }
 
-    /// Writes capsules (one changed record and any whose `is_latest` moved) in one batch.
+    /// Records that a capsule's confirm was answered 202 with `checksum`: its validation is
+    /// owed, and is resumed at start-up until its verdict is written.
+    pub fn put_pending_validation(&self, project: u64, id: u64, checksum: &str) -> Result<()> {
+        self.inner
+            .records
+            .insert(keys::pending_validation(project, id), checksum.as_bytes())?;
+        Ok(())
+    }
+
+    pub fn pending_validation(&self, project: u64, id: u64) -> Result<Option<String>> {
+        Ok(self
+            .inner
+            .records
+            .get(keys::pending_validation(project, id))?
+            .map(|v| String::from_utf8_lossy(&v).into_owned()))
+    }
+
+    /// Every owed validation: (project, capsule, checksum).
+    pub fn pending_validations(&self) -> Result<Vec<(u64, u64, String)>> {
+        let mut out = Vec::new();
+        for kv in self
+            .inner
+            .records
+            .scan_prefix(keys::pending_validation_prefix())
+        {
+            let (k, v) = kv?;
+            let n = k.len();
+            let (Some(p), Some(id)) = (
+                k.get(n.saturating_sub(17)..n.saturating_sub(9))
+                    .and_then(|b| <[u8; 8]>::try_from(b).ok()),
+                k.get(n.saturating_sub(8)..)
+                    .and_then(|b| <[u8; 8]>::try_from(b).ok()),
+            ) else {
+                continue;
+            };
+            out.push((
+                u64::from_be_bytes(p),
+                u64::from_be_bytes(id),
+                String::from_utf8_lossy(&v).into_owned(),
+            ));
+        }
+        Ok(out)
+    }
+
+    /// Writes capsules (one changed record and any whose `is_latest` moved) in one batch;
+    /// a verdict also settles the validation owed for it.
     pub fn put_capsules(&self, capsules: &[&Capsule]) -> Result<()> {
         let Some(project) = capsules.first().map(|c| c.project_id) else {
             return Ok(());
         };
         let mut w = Writes::new();
+        for c in capsules.iter().filter(|c| c.confirmed) {
+            w.delete(keys::pending_validation(c.project_id, c.id));
+        }
         for c in capsules {
             w.put(keys::capsule(c.project_id, c.id), *c)?;
             w.put_id(
@@ -83,6 +131,7 @@ impl Store {
     /// Deletes a capsule and rewrites the others of its name whose `is_latest` moved.
     pub fn delete_capsule(&self, c: &Capsule, others: &[&Capsule]) -> Result<()> {
         let mut w = Writes::new();
+        w.delete(keys::pending_validation(c.project_id, c.id));
         w.delete(keys::capsule(c.project_id, c.id));
         w.delete(keys::capsule_by_version(c.project_id, &c.name, &c.version));
         for o in others {

@@ -596,3 +596,201 @@ async fn kill_9_between_202_and_processing_then_every_delivery_is_processed_once
         0
     );
 }
+
+/// kill -9 right after acknowledged artifacts, a deployment transition, a rollout result and
+/// a capsule confirm answered 202 `pending`: after the restart all of them are there, and the
+/// owed validation finishes.
+#[tokio::test]
+async fn kill_9_keeps_artifacts_transitions_rollouts_and_owed_validations() {
+    use crate::capsules::{archive, sha};
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("config.toml"),
+        "[pipeline]\nsync_validation_max_bytes = 64\n",
+    )
+    .unwrap();
+    let mut p = serve(dir.path(), &[]);
+    let key = field(&p.stdout, "API key:").unwrap().to_string();
+    let secret = field(&p.stdout, "project secret:").unwrap().to_string();
+    let c = client();
+    let base = p.base.clone();
+    let caps = format!("{base}/api/v1/projects/default/default/capsules");
+    let publish = |name: &'static str, bytes: Vec<u8>| {
+        let (c, caps, secret) = (c.clone(), caps.clone(), secret.clone());
+        async move {
+            let r: serde_json::Value = c
+                .post(format!("{caps}/upload-url"))
+                .header("X-Project-Secret", &secret)
+                .json(
+                    &json!({"name": name, "version": "1.0.0", "capsule_type": "SW",
+                    "file_format": ".tar", "file_size_bytes": bytes.len()}),
+                )
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            let id = r["capsule_id"].as_u64().unwrap();
+            let put = c
+                .put(r["upload_url"].as_str().unwrap())
+                .body(bytes.clone())
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(put.status(), 200);
+            let r = c
+                .post(format!("{caps}/{id}/confirm"))
+                .header("X-Project-Secret", &secret)
+                .json(&json!({"checksum_sha256": sha(&bytes)}))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 202);
+            id
+        }
+    };
+    let status_of = |base: String, id: u64| {
+        let (c, key) = (c.clone(), key.clone());
+        async move {
+            let v: serde_json::Value = c
+                .get(format!(
+                    "{base}/api/v1/projects/default/default/capsules/{id}"
+                ))
+                .bearer_auth(&key)
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            v["validation_status"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string()
+        }
+    };
+    let small = publish("nav", archive(".tar", b"small")).await;
+    assert!(
+        crate::common::eventually(10, || async {
+            status_of(base.clone(), small).await == "passed"
+        })
+        .await
+    );
+    // A device, a session and an artifact.
+    let r: serde_json::Value = c
+        .post(format!("{base}{DEV}/devices"))
+        .bearer_auth(&key)
+        .json(&json!({"name": "r1"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let (device, token) = (
+        r["id"].as_u64().unwrap(),
+        r["device_token"].as_str().unwrap().to_string(),
+    );
+    let r: serde_json::Value = c
+        .post(format!("{base}{DEV}/sessions"))
+        .bearer_auth(&token)
+        .json(&json!({"device_id": device}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let sid = r["id"].as_u64().unwrap();
+    let r = c
+        .put(format!("{base}{DEV}/sessions/{sid}/files/run/trace.bin"))
+        .bearer_auth(&token)
+        .body(vec![42u8; 100_000])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    // A deployment activated, and a rollout result.
+    let deps = format!("{base}/api/v1/projects/default/default/deployments");
+    let r: serde_json::Value = c
+        .post(&deps)
+        .bearer_auth(&key)
+        .json(
+            &json!({"name": "d", "composition_tag": "registry.example/nav:1.0.0",
+            "capsule_id": small, "target_devices": [device]}),
+        )
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let dep = r["id"].as_u64().unwrap();
+    let r = c
+        .post(format!("{deps}/{dep}/activate"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let r = c
+        .post(format!("{deps}/{dep}/device-status"))
+        .bearer_auth(&token)
+        .json(&json!({"device_id": device, "status": "succeeded"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 202);
+    // A capsule large enough that its validation is still running at the kill.
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let noise: Vec<u8> = (0..48 << 20)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    let big = publish("big", archive(".tar", &noise)).await;
+    p.child.kill().unwrap();
+    p.child.wait().unwrap();
+    drop(p);
+    {
+        let store = fleetops_storage::Store::open(&dir.path().join("data")).unwrap();
+        let owed = store.pending_validations().unwrap();
+        assert_eq!(owed.len(), 1, "the 202 recorded the owed validation");
+        assert_eq!(owed[0].1, big);
+    }
+
+    let p = serve(dir.path(), &[]);
+    let base = p.base.clone();
+    let r = c
+        .get(format!("{base}{DEV}/sessions/{sid}/files/run/trace.bin"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.bytes().await.unwrap().len(), 100_000);
+    let v: serde_json::Value = c
+        .get(format!(
+            "{base}/api/v1/projects/default/default/deployments/{dep}"
+        ))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(v["deployment_status"], "active", "{v}");
+    assert_eq!(v["device_results"], json!({"succeeded": 1, "failed": 0}));
+    assert!(
+        crate::common::eventually(60, || async {
+            status_of(base.clone(), big).await == "passed"
+        })
+        .await,
+        "the owed validation finished after the restart"
+    );
+}

@@ -494,20 +494,52 @@ impl PipelineHandle {
             return Err(Error::Conflict("Capsule already confirmed".into()));
         }
         if c.file_size_bytes > self.cfg.sync_validation_max_bytes {
-            let me = self.clone();
+            // Durable before the 202: a crash now resumes the validation at start-up.
+            self.projects
+                .write(pid, |reply| ProjectMsg::ValidationPending {
+                    id,
+                    checksum: checksum.clone(),
+                    reply,
+                })
+                .await?;
             let mut pending = c.clone();
-            tokio::spawn(async move {
-                let _busy = busy;
-                if let Err(e) = me.validate_and_settle(pid, id, checksum).await {
-                    tracing::warn!(capsule = id, error = %e, "background validation failed");
-                }
-            });
+            self.validate_in_background(pid, id, checksum, busy);
             pending.validation_status = "pending".into();
             return Ok(Confirmed::Pending(CapsuleView::from(&pending)));
         }
         let c = self.validate_and_settle(pid, id, checksum).await?;
         drop(busy);
         Ok(Confirmed::Done(CapsuleView::from(&c)))
+    }
+
+    fn validate_in_background(
+        &self,
+        pid: u64,
+        id: u64,
+        checksum: String,
+        busy: tokio::sync::OwnedMutexGuard<()>,
+    ) {
+        let me = self.clone();
+        tokio::spawn(async move {
+            let _busy = busy;
+            if let Err(e) = me.validate_and_settle(pid, id, checksum).await {
+                tracing::warn!(capsule = id, error = %e, "background validation failed");
+            }
+        });
+    }
+
+    /// Resumes the validations a crash or a stop interrupted (confirms answered 202 whose
+    /// verdict was not written). Called once at start-up.
+    pub fn resume_validations(&self) -> Result<usize> {
+        let owed = self.store.pending_validations()?;
+        let n = owed.len();
+        for (pid, id, checksum) in owed {
+            match self.busy(0, id) {
+                Ok(busy) => self.validate_in_background(pid, id, checksum, busy),
+                Err(_) => continue,
+            }
+        }
+        Ok(n)
     }
 
     /// Hashes and checks the stored bytes, then records the verdict. A checksum mismatch
@@ -710,6 +742,10 @@ impl PipelineHandle {
             for p in self.store.org_projects(org.id)? {
                 for c in self.store.project_capsules(p.id)?.iter() {
                     if !c.confirmed && c.upload_expires_at <= now {
+                        // Never one whose confirm is under way (validating now).
+                        let Ok(_busy) = self.busy(0, c.id) else {
+                            continue;
+                        };
                         match self.remove(p.id, c.id, true).await {
                             Ok(gone) => purged += usize::from(gone),
                             Err(e) => {
@@ -720,6 +756,9 @@ impl PipelineHandle {
                 }
                 for c in self.store.project_configurations(p.id)? {
                     if !c.confirmed && c.upload_expires_at <= now {
+                        let Ok(_busy) = self.busy(1, c.id) else {
+                            continue;
+                        };
                         match self.remove_configuration(p.id, c.id, true).await {
                             Ok(gone) => purged += usize::from(gone),
                             Err(e) => {

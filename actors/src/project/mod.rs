@@ -101,6 +101,12 @@ pub(crate) enum ProjectMsg {
         notes: String,
         reply: Reply<Capsule>,
     },
+    /// A confirm answered 202: the validation is owed (resumed at start-up until settled).
+    ValidationPending {
+        id: u64,
+        checksum: String,
+        reply: Reply<()>,
+    },
     /// Replies with the blob key to delete once durable; with `only_expired`, only a
     /// never-confirmed upload whose link has expired goes (`None`: kept).
     DeleteCapsule {
@@ -282,6 +288,13 @@ impl Actor for ProjectActor {
                 reply,
             } => {
                 let _ = reply.send(st.settle_capsule(id, size, checksum, passed, notes));
+            }
+            ProjectMsg::ValidationPending {
+                id,
+                checksum,
+                reply,
+            } => {
+                let _ = reply.send(st.validation_pending(id, &checksum));
             }
             ProjectMsg::CreateConfiguration { config, reply } => {
                 let _ = reply.send(st.create_configuration(*config));
@@ -646,9 +659,25 @@ impl ProjectState {
         Ok(moved.into_iter().find(|m| m.id == id).unwrap_or(c))
     }
 
+    fn validation_pending(&self, id: u64, checksum: &str) -> Result<()> {
+        let c = self.capsule(id)?;
+        if c.confirmed {
+            return Err(Error::Conflict("Capsule already confirmed".into()));
+        }
+        Ok(self
+            .store
+            .put_pending_validation(self.pid(), id, checksum)?)
+    }
+
     fn delete_capsule(&self, id: u64, only_expired: bool) -> Result<Option<String>> {
         let c = self.capsule(id)?;
-        if only_expired && (c.confirmed || c.upload_expires_at > now_ms()) {
+        // The housekeeper never takes a capsule whose confirm was answered 202: its
+        // validation is owed and finishes (or resumes after a restart).
+        if only_expired
+            && (c.confirmed
+                || c.upload_expires_at > now_ms()
+                || self.store.pending_validation(self.pid(), id)?.is_some())
+        {
             return Ok(None);
         }
         if let Some(why) = self.capsule_in_use(id)? {
