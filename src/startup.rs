@@ -3,7 +3,6 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::Context;
 use fleetops_actors::views::Bootstrapped;
@@ -23,7 +22,6 @@ pub struct Running {
     pub runtime: Runtime,
     stop_tx: Option<oneshot::Sender<()>>,
     serving: JoinHandle<()>,
-    housekeeping: JoinHandle<()>,
 }
 
 /// Opens the data directory; a directory held by another process is a clear error.
@@ -59,36 +57,21 @@ pub async fn start(cfg: Config) -> anyhow::Result<Running> {
     let serving = tokio::spawn(fleetops_http::serve(listener, app.clone(), async {
         let _ = stop_rx.await;
     }));
-    let housekeeping = tokio::spawn(housekeeping(app));
+    // The housekeeper (a supervised actor) also prunes the edge's rate-limit buckets.
+    // (Weak: the app holds the runtime, which holds its pruners.)
+    let edge = Arc::downgrade(&app);
+    runtime.on_housekeeping(move || {
+        if let Some(app) = edge.upgrade() {
+            app.limits.prune();
+        }
+    });
     Ok(Running {
         addr,
         initial,
         runtime,
         stop_tx: Some(stop_tx),
         serving,
-        housekeeping,
     })
-}
-
-/// Periodic pruning: in-memory state that would otherwise grow with the number of callers,
-/// expired uploads, webhook delivery ids past the dedup window and deliveries past retention.
-async fn housekeeping(app: Arc<fleetops_http::App>) {
-    let mut tick = tokio::time::interval(Duration::from_secs(60));
-    loop {
-        tick.tick().await;
-        app.limits.prune();
-        app.rt.auth.prune();
-        if let Err(e) = app.rt.pipeline.purge_expired().await {
-            tracing::warn!(error = %e, "purging expired uploads failed");
-        }
-        // The dedup window and the delivery log's retention.
-        let scm = app.rt.scm.clone();
-        match tokio::task::spawn_blocking(move || scm.expire()).await {
-            Ok(Err(e)) => tracing::warn!(error = %e, "expiring webhook deliveries failed"),
-            Err(e) => tracing::warn!(error = %e, "expiring webhook deliveries panicked"),
-            Ok(Ok(())) => {}
-        }
-    }
 }
 
 /// On a data directory without users: organization `default`, project `default`, a
@@ -126,7 +109,6 @@ impl Running {
             let _ = tx.send(());
         }
         let _ = (&mut self.serving).await;
-        self.housekeeping.abort();
         self.runtime.shutdown().await;
     }
 }

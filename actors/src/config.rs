@@ -15,10 +15,13 @@ pub struct SupervisionConfig {
     /// The first restart is immediate.
     pub restart_backoff_ms: u64,
     pub max_restart_backoff_ms: u64,
-    /// Deadline of every call to an actor; a timeout is 503 with `Retry-After`.
+    /// How long a call may wait in an actor's mailbox before it is abandoned (503 with
+    /// `Retry-After`, never applied); once taken on, its caller waits for the answer.
     pub call_timeout_ms: u64,
     /// Calls that may wait in one actor's mailbox; beyond it callers get 503 at once.
     pub mailbox_limit: usize,
+    /// Interval of the housekeeper's passes (expired uploads, delivery retention, pruning).
+    pub housekeeping_seconds: u64,
 }
 
 impl Default for SupervisionConfig {
@@ -30,6 +33,7 @@ impl Default for SupervisionConfig {
             max_restart_backoff_ms: 5_000,
             call_timeout_ms: 5_000,
             mailbox_limit: 4_096,
+            housekeeping_seconds: 60,
         }
     }
 }

@@ -32,6 +32,7 @@ pub mod config;
 pub mod configs;
 mod directory;
 pub mod error;
+mod housekeeper;
 mod keyed;
 pub mod links;
 pub mod live;
@@ -82,8 +83,15 @@ pub struct Runtime {
     pub sessions: SessionsHandle,
     pub pipeline: pipeline::PipelineHandle,
     pub scm: scm::ScmHandle,
-    /// The webhook worker (it holds the store; stopped at shutdown).
-    worker: Arc<std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>>,
+    /// The webhook worker and the housekeeper, supervised by the root (killed first at
+    /// shutdown: the worker may be waiting on its queue).
+    worker: Arc<Slot<scm::worker::WorkerMsg>>,
+    /// The worker's queue (fault injection only; the intake feeds it).
+    worker_queue: tokio::sync::mpsc::UnboundedSender<u64>,
+    housekeeper: Arc<Slot<housekeeper::HousekeeperMsg>>,
+    pruners: housekeeper::Pruners,
+    /// The root's children that are down now.
+    pub health: root::Health,
     root: ActorRef<RootMsg>,
     restarts: Arc<AtomicU64>,
 }
@@ -140,10 +148,6 @@ impl Runtime {
         };
         store.backfill_commit_runs()?;
         let (queue_tx, queue_rx) = tokio::sync::mpsc::unbounded_channel();
-        // Deliveries a crash left queued go first, in arrival order.
-        for seq in store.queued_deliveries()? {
-            let _ = queue_tx.send(seq);
-        }
         let installation_args = KeyedArgs::<scm::installation::InstallationActor> {
             ctx: (store.clone(), dispatcher_slot.clone()),
             cfg: cfg.supervision.clone(),
@@ -165,41 +169,13 @@ impl Runtime {
             session_args.registry.clone(),
             cfg.supervision.clone(),
         );
-        let (root, _) = Actor::spawn(
-            None,
-            RootSupervisor,
-            RootArgs {
-                store: store.clone(),
-                cfg: cfg.supervision.clone(),
-                tiers: cfg.tiers.clone(),
-                directory: directory_slot.clone(),
-                projects: projects_slot,
-                project_args,
-                sessions: sessions_slot,
-                session_args,
-                intake: intake_slot.clone(),
-                dispatcher: dispatcher_slot.clone(),
-                queue: queue_tx,
-                dedup_window_seconds: cfg.scm.dedup_window_seconds,
-                lease_seconds: cfg.runs.lease_seconds,
-                installations: installations_slot,
-                installation_args,
-                restarts: restarts.clone(),
-            },
-        )
-        .await
-        .map_err(|e| anyhow::anyhow!("supervision tree failed to start: {e}"))?;
 
+        // The handles first (they only hold slots and the store), so that the supervised
+        // worker and housekeeper can be given theirs.
         let directory = DirectoryHandle {
-            slot: directory_slot,
+            slot: directory_slot.clone(),
             store: store.clone(),
         };
-        let touch_dir = directory.clone();
-        tokio::spawn(async move {
-            while let Some((id, at)) = touch_rx.recv().await {
-                touch_dir.touch_key(id, at);
-            }
-        });
         let projects = ProjectsHandle {
             actors: project_actors,
             store: store.clone(),
@@ -232,22 +208,71 @@ impl Runtime {
             events: tokio::sync::broadcast::channel(1024).0,
             locks: Arc::new(DashMap::new()),
         };
-        // Confirms answered 202 whose validation a crash or stop interrupted.
-        let owed = pipeline.resume_validations()?;
-        if owed > 0 {
-            tracing::info!(owed, "resuming capsule validations");
-        }
         let scm = scm::ScmHandle {
             store: store.clone(),
-            intake: intake_slot,
-            dispatcher: dispatcher_slot,
+            intake: intake_slot.clone(),
+            dispatcher: dispatcher_slot.clone(),
             installations: installation_actors,
             secret: Arc::new(std::sync::RwLock::new(scm::load_secret(&store, &cfg.scm)?)),
             cfg: cfg.scm.clone(),
             rejected: Arc::new(std::sync::Mutex::new(std::collections::VecDeque::new())),
             failures: Arc::new(std::sync::Mutex::new(std::collections::VecDeque::new())),
         };
-        let worker = tokio::spawn(scm::run_worker(scm.clone(), queue_rx));
+        let worker_slot = Arc::new(Slot::new(limit, timeout));
+        let housekeeper_slot = Arc::new(Slot::new(limit, timeout));
+        let pruners: housekeeper::Pruners = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let health = root::Health::default();
+
+        let (root, _) = Actor::spawn(
+            None,
+            RootSupervisor,
+            RootArgs {
+                store: store.clone(),
+                cfg: cfg.supervision.clone(),
+                tiers: cfg.tiers.clone(),
+                directory: directory_slot.clone(),
+                projects: projects_slot,
+                project_args,
+                sessions: sessions_slot,
+                session_args,
+                intake: intake_slot.clone(),
+                dispatcher: dispatcher_slot.clone(),
+                queue: queue_tx.clone(),
+                dedup_window_seconds: cfg.scm.dedup_window_seconds,
+                lease_seconds: cfg.runs.lease_seconds,
+                installations: installations_slot,
+                installation_args,
+                worker: worker_slot.clone(),
+                worker_args: scm::worker::WorkerArgs {
+                    scm: scm.clone(),
+                    queue: Arc::new(tokio::sync::Mutex::new(queue_rx)),
+                },
+                housekeeper: housekeeper_slot.clone(),
+                housekeeper_args: housekeeper::HousekeeperArgs {
+                    pipeline: pipeline.clone(),
+                    scm: scm.clone(),
+                    auth: auth.clone(),
+                    pruners: pruners.clone(),
+                    every: Duration::from_secs(cfg.supervision.housekeeping_seconds.max(1)),
+                },
+                restarts: restarts.clone(),
+                health: health.clone(),
+            },
+        )
+        .await
+        .map_err(|e| anyhow::anyhow!("supervision tree failed to start: {e}"))?;
+
+        let touch_dir = directory.clone();
+        tokio::spawn(async move {
+            while let Some((id, at)) = touch_rx.recv().await {
+                touch_dir.touch_key(id, at);
+            }
+        });
+        // Confirms answered 202 whose validation a crash or stop interrupted.
+        let owed = pipeline.resume_validations()?;
+        if owed > 0 {
+            tracing::info!(owed, "resuming capsule validations");
+        }
         let access = Access {
             store: store.clone(),
             tier_rank: Arc::new(cfg.tiers.iter().rev().cloned().collect()),
@@ -261,7 +286,11 @@ impl Runtime {
             sessions,
             pipeline,
             scm,
-            worker: Arc::new(std::sync::Mutex::new(Some(worker))),
+            worker: worker_slot,
+            worker_queue: queue_tx,
+            housekeeper: housekeeper_slot,
+            pruners,
+            health,
             root,
             restarts,
         })
@@ -277,6 +306,33 @@ impl Runtime {
         }
     }
 
+    /// Registers pruning of state kept outside the tree (the edge's rate-limit buckets); the
+    /// housekeeper runs it on every pass.
+    pub fn on_housekeeping(&self, prune: impl Fn() + Send + Sync + 'static) {
+        if let Ok(mut p) = self.pruners.lock() {
+            p.push(Box::new(prune));
+        }
+    }
+
+    /// One housekeeping pass now (tests; the housekeeper also runs every
+    /// `housekeeping_seconds`).
+    #[doc(hidden)]
+    pub fn housekeep_now(&self) {
+        self.housekeeper.cast(housekeeper::HousekeeperMsg::Tick);
+    }
+
+    /// Makes the webhook worker panic (supervision tests only).
+    #[doc(hidden)]
+    pub fn inject_worker_panic(&self) {
+        let _ = self.worker_queue.send(scm::worker::INJECTED_PANIC);
+    }
+
+    /// Makes the housekeeper panic (supervision tests only).
+    #[doc(hidden)]
+    pub fn inject_housekeeper_panic(&self) {
+        self.housekeeper.cast(housekeeper::HousekeeperMsg::Panic);
+    }
+
     /// Actor restarts since start-up, all supervisors together.
     pub fn restarts(&self) -> u64 {
         self.restarts.load(std::sync::atomic::Ordering::Relaxed)
@@ -288,9 +344,15 @@ impl Runtime {
         let t = Some(Duration::from_secs(10));
         // The worker first: a delivery it was working stays queued and is worked after the
         // next start.
-        if let Some(w) = self.worker.lock().ok().and_then(|mut g| g.take()) {
-            w.abort();
-            let _ = w.await;
+        for a in [
+            self.worker.get().map(|a| a.get_cell()),
+            self.housekeeper.get().map(|a| a.get_cell()),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            a.kill();
+            let _ = a.wait(t).await;
         }
         for sup in [
             self.sessions.actors.sup.get().map(|a| a.get_cell()),

@@ -1,9 +1,11 @@
 //! RootSupervisor: the top of the tree. It starts the singleton actors and the per-entity
-//! supervisors, and restarts any of them that fails, within the `[supervision]` budget.
+//! supervisors, and restarts any of them that fails, within the `[supervision]` budget. A
+//! restart that itself fails is logged and tried again a second later; meanwhile the child
+//! is named in [`Health`] (`/healthz` answers 503) and the rest of the tree keeps serving.
 
-use std::collections::HashMap;
-use std::sync::Arc;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use fleetops_storage::Store;
@@ -11,12 +13,14 @@ use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, SupervisionEvent};
 
 use crate::config::SupervisionConfig;
 use crate::directory::{DirectoryActor, DirectoryMsg};
+use crate::housekeeper::{Housekeeper, HousekeeperArgs, HousekeeperMsg};
 use crate::keyed::{KeyedArgs, KeyedChild, KeyedMsg, KeyedSupervisor};
 use crate::mailbox::Slot;
 use crate::project::{ProjectActor, ProjectMsg};
 use crate::scm::dispatcher::{DispatcherActor, DispatcherMsg};
 use crate::scm::installation::{InstallationActor, InstallationMsg};
 use crate::scm::intake::{IntakeActor, IntakeMsg};
+use crate::scm::worker::{WorkerActor, WorkerArgs, WorkerMsg};
 use crate::session::{SessionActor, SessionMsg};
 use crate::supervision::{RestartBudget, Verdict};
 
@@ -29,6 +33,65 @@ pub(crate) enum Child {
     Intake,
     Dispatcher,
     Installations,
+    Worker,
+    Housekeeper,
+}
+
+impl Child {
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Child::Directory => "directory",
+            Child::Projects => "projects",
+            Child::Sessions => "sessions",
+            Child::Intake => "webhook-intake",
+            Child::Dispatcher => "job-dispatcher",
+            Child::Installations => "installations",
+            Child::Worker => "webhook-worker",
+            Child::Housekeeper => "housekeeper",
+        }
+    }
+}
+
+/// The root's children that are down now (failed and not yet running again), by name.
+#[derive(Clone, Default)]
+pub struct Health {
+    down: Arc<Mutex<BTreeSet<&'static str>>>,
+    /// Fault injection for tests: the next start of the named child fails.
+    fail_next_start: Arc<Mutex<BTreeSet<String>>>,
+}
+
+impl Health {
+    pub fn down(&self) -> Vec<&'static str> {
+        self.down
+            .lock()
+            .map(|d| d.iter().copied().collect())
+            .unwrap_or_default()
+    }
+
+    fn set(&self, child: Child, down: bool) {
+        if let Ok(mut d) = self.down.lock() {
+            if down {
+                d.insert(child.name());
+            } else {
+                d.remove(child.name());
+            }
+        }
+    }
+
+    /// Makes the next start of the named child fail (supervision tests only).
+    #[doc(hidden)]
+    pub fn inject_start_failure(&self, name: &str) {
+        if let Ok(mut f) = self.fail_next_start.lock() {
+            f.insert(name.to_string());
+        }
+    }
+
+    fn take_start_failure(&self, child: Child) -> bool {
+        self.fail_next_start
+            .lock()
+            .map(|mut f| f.remove(child.name()))
+            .unwrap_or(false)
+    }
 }
 
 pub(crate) enum RootMsg {
@@ -54,7 +117,12 @@ pub(crate) struct RootArgs {
     pub lease_seconds: i64,
     pub installations: Arc<Slot<KeyedMsg<InstallationMsg>>>,
     pub installation_args: KeyedArgs<InstallationActor>,
+    pub worker: Arc<Slot<WorkerMsg>>,
+    pub worker_args: WorkerArgs,
+    pub housekeeper: Arc<Slot<HousekeeperMsg>>,
+    pub housekeeper_args: HousekeeperArgs,
     pub restarts: Arc<AtomicU64>,
+    pub health: Health,
 }
 
 pub(crate) struct RootState {
@@ -85,6 +153,9 @@ impl RootState {
         myself: &ActorRef<RootMsg>,
         child: Child,
     ) -> Result<(), ActorProcessingErr> {
+        if self.args.health.take_start_failure(child) {
+            return Err(format!("injected start failure of {}", child.name()).into());
+        }
         let cell: ActorCell = match child {
             Child::Directory => {
                 let (a, _) = Actor::spawn_linked(
@@ -137,9 +208,44 @@ impl RootState {
                 )
                 .await?
             }
+            Child::Worker => {
+                let (a, _) = Actor::spawn_linked(
+                    None,
+                    WorkerActor,
+                    self.args.worker_args.clone(),
+                    myself.get_cell(),
+                )
+                .await?;
+                self.args.worker.set(Some(a.clone()));
+                a.get_cell()
+            }
+            Child::Housekeeper => {
+                let (a, _) = Actor::spawn_linked(
+                    None,
+                    Housekeeper,
+                    self.args.housekeeper_args.clone(),
+                    myself.get_cell(),
+                )
+                .await?;
+                self.args.housekeeper.set(Some(a.clone()));
+                a.get_cell()
+            }
         };
         self.children.insert(cell.get_id(), child);
+        self.args.health.set(child, false);
         Ok(())
+    }
+
+    /// Starts `child`, or, when that fails, leaves it named as down and tries again later:
+    /// a failing restart never takes the root (and so every other child) down.
+    async fn restart(&mut self, myself: &ActorRef<RootMsg>, child: Child) {
+        if let Err(e) = self.start(myself, child).await {
+            self.args.health.set(child, true);
+            tracing::error!(child = child.name(), error = %e, "restart failed; retrying in 1 s");
+            myself.send_after(std::time::Duration::from_secs(1), move || {
+                RootMsg::Restart(child)
+            });
+        }
     }
 
     fn clear_slot(&self, child: Child) {
@@ -150,6 +256,8 @@ impl RootState {
             Child::Intake => self.args.intake.set(None),
             Child::Dispatcher => self.args.dispatcher.set(None),
             Child::Installations => self.args.installations.set(None),
+            Child::Worker => self.args.worker.set(None),
+            Child::Housekeeper => self.args.housekeeper.set(None),
         }
     }
 }
@@ -176,6 +284,8 @@ impl Actor for RootSupervisor {
             Child::Intake,
             Child::Dispatcher,
             Child::Installations,
+            Child::Worker,
+            Child::Housekeeper,
         ] {
             st.start(&myself, child).await?;
         }
@@ -189,12 +299,7 @@ impl Actor for RootSupervisor {
         st: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
         let RootMsg::Restart(child) = msg;
-        if let Err(e) = st.start(&myself, child).await {
-            tracing::error!(?child, error = %e, "restart failed; retrying");
-            myself.send_after(std::time::Duration::from_secs(1), move || {
-                RootMsg::Restart(child)
-            });
-        }
+        st.restart(&myself, child).await;
         Ok(())
     }
 
@@ -211,6 +316,7 @@ impl Actor for RootSupervisor {
             return Ok(());
         };
         st.clear_slot(child);
+        st.args.health.set(child, true);
         st.args.restarts.fetch_add(1, Ordering::Relaxed);
         let verdict = st
             .budgets
@@ -223,7 +329,7 @@ impl Actor for RootSupervisor {
             Verdict::GiveUpUntil(t) => t.saturating_duration_since(Instant::now()),
         };
         if delay.is_zero() {
-            st.start(&myself, child).await?;
+            st.restart(&myself, child).await;
         } else {
             myself.send_after(delay, move || RootMsg::Restart(child));
         }

@@ -62,7 +62,9 @@ const WRITE_409: Doc = answers(&[409, 503]);
 fn doc(op: Op) -> Doc {
     use Op::*;
     match op {
-        Healthz | OpenApi => PLAIN,
+        // 503 naming the parts of the supervision tree that are down.
+        Healthz => answers(&[503]),
+        OpenApi => PLAIN,
         Metrics => Doc {
             media: &[
                 "text/plain; version=0.0.4",
@@ -576,7 +578,7 @@ mod tests {
             ],
         );
         // No 404 from the slugs of a project-secret route (unknown is 401), no 403, no 429 on
-        // the webhook, nothing but 200 on health.
+        // the webhook; health answers 200, or 503 naming a part that is down.
         let r = responses(
             &d,
             "/api/v1/projects/{org}/{project}/capsules/upload-url",
@@ -585,7 +587,7 @@ mod tests {
         assert!(!r.contains_key("404") && !r.contains_key("403"));
         assert!(!responses(&d, "/api/v1/scm/webhooks", "post").contains_key("429"));
         let h: Vec<&String> = responses(&d, "/healthz", "get").keys().collect();
-        assert_eq!(h, ["200", "default"]);
+        assert_eq!(h, ["200", "503", "default"]);
         let m = &d["paths"]["/metrics"]["get"]["responses"]["200"]["content"];
         assert!(m.get("text/plain; version=0.0.4").is_some(), "{m}");
         assert!(

@@ -1011,13 +1011,13 @@ async fn delivery_ids_are_remembered_for_the_dedup_window() {
         .await
         .assert_error(401);
     let rt = s.running.as_ref().unwrap().runtime.clone();
-    rt.scm.expire().unwrap();
+    rt.scm.expire().await.unwrap();
     // Still inside the window: still refused.
     raw(&s, Some("ping"), Some(&id), Some(&sig), body.clone())
         .await
         .assert_error(401);
     tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
-    rt.scm.expire().unwrap();
+    rt.scm.expire().await.unwrap();
     assert_eq!(
         raw(&s, Some("ping"), Some(&id), Some(&sig), body.clone())
             .await

@@ -39,6 +39,9 @@ pub(crate) enum IntakeMsg {
         state: Box<SecretState>,
         reply: Reply<()>,
     },
+    /// Expires the delivery log (and the ids it holds) received before `before`: the intake
+    /// owns delivery ids, so expiry cannot interleave with a claim.
+    Expire { before: i64, reply: Reply<()> },
     /// Fault injection: the next batch write takes this much longer, as on a slow disk
     /// (deadline tests).
     StallNextWrite(std::time::Duration),
@@ -142,6 +145,17 @@ impl Actor for IntakeActor {
             }
             IntakeMsg::Flush => st.flush().await,
             IntakeMsg::StallNextWrite(d) => st.stall = Some(d),
+            IntakeMsg::Expire { before, reply } => {
+                if call.is_some_and(|c| !c.start()) {
+                    return Ok(());
+                }
+                let store = st.store.clone();
+                let r = tokio::task::spawn_blocking(move || store.expire_deliveries(before))
+                    .await
+                    .map_err(|e| Error::Internal(e.to_string()))
+                    .and_then(|r| r.map_err(Error::from));
+                let _ = reply.send(r);
+            }
             IntakeMsg::Rotate { state, reply } => {
                 if call.is_some_and(|c| !c.start()) {
                     return Ok(());

@@ -4,7 +4,7 @@
 //! POST /scm/webhooks ─ verify (HMAC, constant time) ─▶ IntakeActor (claim id + store, atomic)
 //!        ◀── 202 once durable (group commit) ─────────┘        │ seq
 //!                                                               ▼
-//!                            worker (arrival order) ─▶ InstallationActor (one per installation)
+//!                       WorkerActor (arrival order) ─▶ InstallationActor (one per installation)
 //!                                                               │
 //!                                                               ▼
 //!                                                         JobDispatcher ─▶ test runs
@@ -18,6 +18,7 @@ pub(crate) mod dispatcher;
 pub(crate) mod installation;
 pub(crate) mod intake;
 pub mod payload;
+pub(crate) mod worker;
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, RwLock};
@@ -478,14 +479,22 @@ impl ScmHandle {
                 }
                 Err(e) => {
                     tracing::error!(seq, error = %e, "a delivery could not be processed");
-                    match self.store.delivery(seq) {
-                        Ok(Some(d)) if d.outcome == "queued" => {
-                            if let Err(e) = skip(&self.store, &d, "processing_failed") {
-                                // Left queued on disk: the next start works it.
-                                tracing::error!(seq, error = %e, "could not record the failure");
-                            }
+                    // The outcome is written by the dispatcher, the single writer of outcomes
+                    // (only while the delivery is still queued).
+                    if let Ok(Some(d)) = self.store.delivery(seq) {
+                        let d = Box::new(d);
+                        let r = self
+                            .dispatcher
+                            .call(|reply| DispatcherMsg::Skip {
+                                delivery: d.clone(),
+                                reason: "processing_failed",
+                                reply,
+                            })
+                            .await;
+                        if let Err(e) = r {
+                            // Left queued on disk: the next start works it.
+                            tracing::error!(seq, error = %e, "could not record the failure");
                         }
-                        _ => {}
                     }
                     return;
                 }
@@ -878,17 +887,10 @@ impl ScmHandle {
 
     /// Drops log entries past retention (the housekeeper calls this); ids leave the dedup
     /// window by their receipt time alone.
-    pub fn expire(&self) -> Result<()> {
-        let now = now_ms();
-        Ok(self
-            .store
-            .expire_deliveries(now - self.cfg.delivery_retention_days * 86_400_000)?)
-    }
-}
-
-/// The worker: deliveries in arrival order, queued ones left by a crash first.
-pub(crate) async fn run_worker(h: ScmHandle, mut rx: tokio::sync::mpsc::UnboundedReceiver<u64>) {
-    while let Some(seq) = rx.recv().await {
-        h.process(seq).await;
+    pub async fn expire(&self) -> Result<()> {
+        let before = now_ms() - self.cfg.delivery_retention_days * 86_400_000;
+        self.intake
+            .call(|reply| IntakeMsg::Expire { before, reply })
+            .await
     }
 }

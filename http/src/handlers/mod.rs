@@ -20,7 +20,7 @@ use crate::router::Op;
 
 pub async fn dispatch(op: Op, cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
     match op {
-        Op::Healthz => ops::healthz(),
+        Op::Healthz => ops::healthz(cx),
         Op::Metrics => ops::metrics(cx, &req),
         Op::OpenApi => ops::openapi(cx),
         Op::Login => accounts::login(cx, req).await,

@@ -7,8 +7,24 @@ use crate::app::{Cx, Req};
 use crate::body::{self, Body, full};
 use crate::error::{ApiError, ApiResult, json_bytes};
 
-pub fn healthz() -> ApiResult<Response<Body>> {
-    body::ok(&serde_json::json!({"status": "ok"}))
+/// 200 `{"status": "ok"}`; while a part of the supervision tree is down (failed and not
+/// running again yet), 503 naming it, so a load balancer or an operator sees which.
+pub fn healthz(cx: &Cx<'_>) -> ApiResult<Response<Body>> {
+    let down = cx.rt().health.down();
+    if down.is_empty() {
+        return body::ok(&serde_json::json!({"status": "ok"}));
+    }
+    let bytes = serde_json::to_vec(&serde_json::json!({
+        "status": "degraded",
+        "down": down,
+        "detail": format!("Not running: {}", down.join(", ")),
+        "status_code": 503,
+    }))
+    .unwrap_or_default();
+    let mut r = json_bytes(StatusCode::SERVICE_UNAVAILABLE, bytes.into());
+    r.headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    Ok(r)
 }
 
 pub fn openapi(cx: &Cx<'_>) -> ApiResult<Response<Body>> {

@@ -1,0 +1,77 @@
+//! Housekeeper: the periodic chores, as a supervised actor. It purges uploads never
+//! confirmed once their link expired, asks the intake (the owner of delivery ids) to expire
+//! the delivery log past its retention, and prunes in-memory state that would otherwise grow
+//! with the number of callers (the binary registers the edge's own pruning). It writes
+//! nothing itself: each chore goes through the actor that owns the keys.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ractor::{Actor, ActorProcessingErr, ActorRef};
+
+use crate::auth::Authenticator;
+use crate::mailbox::Envelope;
+use crate::pipeline::PipelineHandle;
+use crate::scm::ScmHandle;
+
+/// Pruning registered from outside the tree (the edge's rate-limit buckets).
+pub(crate) type Pruners = Arc<Mutex<Vec<Box<dyn Fn() + Send + Sync>>>>;
+
+pub(crate) enum HousekeeperMsg {
+    Tick,
+    /// Fault injection for supervision tests.
+    Panic,
+}
+
+pub(crate) struct Housekeeper;
+
+#[derive(Clone)]
+pub(crate) struct HousekeeperArgs {
+    pub pipeline: PipelineHandle,
+    pub scm: ScmHandle,
+    pub auth: Arc<Authenticator>,
+    pub pruners: Pruners,
+    pub every: Duration,
+}
+
+impl Actor for Housekeeper {
+    type Msg = Envelope<HousekeeperMsg>;
+    type State = HousekeeperArgs;
+    type Arguments = HousekeeperArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        args: HousekeeperArgs,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        // The timer ends with this incarnation (its casts fail); a restart starts another.
+        myself.send_interval(args.every, || Envelope::cast(HousekeeperMsg::Tick));
+        Ok(args)
+    }
+
+    async fn handle(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        msg: Self::Msg,
+        st: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg.open() {
+            Some(HousekeeperMsg::Tick) => {}
+            Some(HousekeeperMsg::Panic) => panic!("injected fault in the housekeeper"),
+            None => return Ok(()),
+        }
+        if let Ok(p) = st.pruners.lock() {
+            for prune in p.iter() {
+                prune();
+            }
+        }
+        st.auth.prune();
+        if let Err(e) = st.pipeline.purge_expired().await {
+            tracing::warn!(error = %e, "purging expired uploads failed");
+        }
+        if let Err(e) = st.scm.expire().await {
+            tracing::warn!(error = %e, "expiring webhook deliveries failed");
+        }
+        Ok(())
+    }
+}
