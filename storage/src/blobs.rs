@@ -252,6 +252,44 @@ impl BlobStore {
             Err(e) => Err(e.into()),
         }
     }
+
+    /// Copies `from` to `to` inside the store (S3: one server-side `CopyObject`, which copies
+    /// one consistent version of the source; local: a hard link renamed into place), replacing
+    /// whatever `to` held. `false` when `from` does not exist. A local copy is fsynced like a
+    /// put.
+    pub async fn copy(&self, from: &str, to: &str) -> Result<bool> {
+        match self
+            .inner
+            .copy(&ObjPath::from(from), &ObjPath::from(to))
+            .await
+        {
+            Ok(()) => {}
+            Err(object_store::Error::NotFound { .. }) => return Ok(false),
+            Err(e) => return Err(e.into()),
+        }
+        self.sync(to).await?;
+        Ok(true)
+    }
+
+    /// The keys of every object under the folder `prefix` (whole path segments: `a/1` does
+    /// not list `a/10/x`).
+    pub async fn list(&self, prefix: &str) -> Result<Vec<String>> {
+        Ok(self
+            .inner
+            .list(Some(&ObjPath::from(prefix)))
+            .map_ok(|m| m.location.to_string())
+            .try_collect()
+            .await?)
+    }
+
+    /// Deletes every object under the folder `prefix`, as [`Self::list`]; how many went.
+    pub async fn delete_prefix(&self, prefix: &str) -> Result<usize> {
+        let keys = self.list(prefix).await?;
+        for k in &keys {
+            self.delete(k).await?;
+        }
+        Ok(keys.len())
+    }
 }
 
 #[cfg(test)]
@@ -294,5 +332,30 @@ mod tests {
             Err(PutError::TooLarge(5))
         ));
         assert!(b.get("s/2").await.unwrap().is_none());
+    }
+
+    #[tokio::test]
+    async fn local_copy_and_delete_prefix() {
+        let dir = tempfile::tempdir().unwrap();
+        let b = BlobStore::local(dir.path()).unwrap();
+        b.put("c/1/1", Bytes::from_static(b"one")).await.unwrap();
+        assert!(b.copy("c/1/1", "c/1/sealed/1/x").await.unwrap());
+        b.put("c/1/1", Bytes::from_static(b"two")).await.unwrap();
+        assert_eq!(
+            b.get("c/1/sealed/1/x").await.unwrap().unwrap(),
+            Bytes::from_static(b"one")
+        );
+        assert!(!b.copy("c/1/missing", "c/1/sealed/1/y").await.unwrap());
+        b.put("c/1/sealed/10/z", Bytes::from_static(b"keep"))
+            .await
+            .unwrap();
+        assert_eq!(
+            b.list("c/1/sealed/1").await.unwrap(),
+            vec!["c/1/sealed/1/x".to_string()]
+        );
+        assert_eq!(b.delete_prefix("c/1/sealed/1").await.unwrap(), 1);
+        assert!(b.get("c/1/sealed/1/x").await.unwrap().is_none());
+        assert!(b.get("c/1/sealed/10/z").await.unwrap().is_some());
+        assert_eq!(b.delete_prefix("c/9/nothing").await.unwrap(), 0);
     }
 }

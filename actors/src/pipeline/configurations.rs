@@ -7,7 +7,7 @@ use serde::Serialize;
 use serde_json::Value;
 use serde_json::value::RawValue;
 
-use super::{PipelineHandle, capsule_name, raw_json};
+use super::{PipelineHandle, capsule_name, keys, raw_json};
 use crate::clock::{fmt_ms, now_ms};
 use crate::configs::{self, MAX_CONFIG_BYTES, SchemaError};
 use crate::error::{Error, Result};
@@ -350,6 +350,14 @@ impl PipelineHandle {
 
     /// Hashes and parses the stored file; the project's actor then inherits, checks and
     /// records the verdict. A checksum mismatch fails the configuration and answers 400.
+    ///
+    /// On S3 the presigned upload URL stays valid after confirm, so the bytes are sealed: the
+    /// file is read once into memory, and those very bytes are hashed, parsed and written
+    /// (from memory) to the content key of the configuration's sealed folder, which no URL
+    /// targets; the record points there in the same write as the verdict and the upload key
+    /// is deleted once that write is durable. A `PUT` to the upload key at any moment cannot
+    /// change what was validated. On the local backend the bytes stay where they are (its
+    /// upload link refuses a `PUT` once confirmed).
     pub async fn confirm_configuration(
         &self,
         pid: u64,
@@ -372,7 +380,9 @@ impl PipelineHandle {
                 "Configuration files are at most {MAX_CONFIG_BYTES} bytes"
             )));
         }
-        let bytes = self.read_small(&c.blob_key, MAX_CONFIG_BYTES).await?;
+        let bytes = bytes::Bytes::from(self.read_small(&c.blob_key, MAX_CONFIG_BYTES).await?);
+        // The size of the bytes read, which are the ones hashed, parsed and recorded.
+        let size = bytes.len() as u64;
         let sha =
             hex::encode(aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, &bytes).as_ref());
         let mismatch = !crate::secrets::ct_eq(
@@ -384,25 +394,52 @@ impl PipelineHandle {
             notes.push("Checksum mismatch".to_string());
         }
         if let Some(d) = c.declared_size
-            && d != bytes.len() as u64
+            && d != size
         {
-            notes.push(format!("size is {} bytes, {d} were declared", bytes.len()));
+            notes.push(format!("size is {size} bytes, {d} were declared"));
         }
+        let seal = self.blobs.presigns();
+        let blob_key = if seal {
+            let key = keys::content(keys::CONFIGURATIONS, pid, id, &sha);
+            self.blobs.put(&key, bytes.clone()).await?;
+            Some(key)
+        } else {
+            None
+        };
         let format = c.file_format.clone();
         let parsed = tokio::task::spawn_blocking(move || configs::parse(&format, &bytes))
             .await
-            .map_err(|e| Error::Internal(e.to_string()))?;
-        let settled = self
-            .projects
-            .write(pid, |reply| ProjectMsg::SettleConfiguration {
-                id,
-                checksum: sha.clone(),
-                size,
-                parsed: parsed.clone(),
-                notes: notes.clone(),
-                reply,
-            })
-            .await?;
+            .map_err(|e| Error::Internal(e.to_string()));
+        let settled = match parsed {
+            Ok(parsed) => {
+                self.projects
+                    .write(pid, |reply| ProjectMsg::SettleConfiguration {
+                        id,
+                        checksum: sha.clone(),
+                        size,
+                        blob_key: blob_key.clone(),
+                        parsed: parsed.clone(),
+                        notes: notes.clone(),
+                        reply,
+                    })
+                    .await
+            }
+            Err(e) => Err(e),
+        };
+        if seal {
+            // Written or not, keep only what the durable record now points at.
+            match self.store.configuration(pid, id) {
+                Ok(now) => {
+                    let now = now.map(|n| n.blob_key);
+                    self.tidy_sealed(keys::CONFIGURATIONS, pid, id, now.as_deref())
+                        .await;
+                }
+                Err(e) => {
+                    tracing::warn!(configuration = id, error = %e, "could not tidy a sealed upload")
+                }
+            }
+        }
+        let settled = settled?;
         if mismatch {
             return Err(Error::BadRequest("Checksum mismatch".into()));
         }
@@ -522,7 +559,7 @@ impl PipelineHandle {
             })
             .await?;
         if let Some(b) = &blob {
-            let _ = self.blobs.delete(b).await;
+            self.drop_blobs(keys::CONFIGURATIONS, pid, id, b).await;
             self.locks.remove(&(1, id));
         }
         Ok(blob.is_some())

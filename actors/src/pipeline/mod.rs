@@ -9,7 +9,8 @@
 //!
 //! On the local backend the upload and download links are fleetops' own signed tokens
 //! (`/api/v1/uploads/{token}`, `/api/v1/downloads/{token}`); on S3 they are the store's own
-//! presigned URLs, and confirm reads the stored size from the store.
+//! presigned URLs, confirm reads the stored size from the store, and confirm seals the bytes
+//! it validates under a key no upload URL targets (see [`keys`]).
 
 pub mod configurations;
 pub mod deployments;
@@ -32,6 +33,40 @@ use crate::links::{Link, Purpose, Signer};
 use crate::project::ProjectMsg;
 use crate::projects::ProjectsHandle;
 use crate::versions::{Constraint, parse_version};
+
+/// Blob keys of the pipeline: built from ids and a SHA-256 fleetops computed itself, never
+/// from names.
+///
+/// An upload link (on S3 the store's own presigned `PUT`, which cannot be revoked) writes
+/// [`upload`]. On S3, confirm seals the bytes: it copies them under [`sealed`], a folder no
+/// upload link targets, validates that copy and points the record at [`content`], so a late
+/// `PUT` to the old link changes nothing a record vouches for. Each record has its own folder
+/// (ids, not only the hash), so two records with the same bytes never share an object and
+/// deleting one never takes the other's bytes.
+pub(crate) mod keys {
+    pub(crate) const CAPSULES: &str = "capsules";
+    pub(crate) const CONFIGURATIONS: &str = "configurations";
+
+    /// Where the upload link writes (and, on the local backend, where the bytes stay).
+    pub(crate) fn upload(kind: &str, pid: u64, id: u64) -> String {
+        format!("{kind}/{pid}/{id}")
+    }
+
+    /// The record's private folder of sealed copies.
+    pub(crate) fn sealed(kind: &str, pid: u64, id: u64) -> String {
+        format!("{kind}/{pid}/sealed/{id}")
+    }
+
+    /// The copy confirm validates (S3 capsules): taken before hashing, never recorded.
+    pub(crate) fn staging(kind: &str, pid: u64, id: u64) -> String {
+        format!("{}/staging", sealed(kind, pid, id))
+    }
+
+    /// The validated bytes, addressed by their SHA-256 (lowercase hex, computed by fleetops).
+    pub(crate) fn content(kind: &str, pid: u64, id: u64, sha256_hex: &str) -> String {
+        format!("{}/sha256-{sha256_hex}", sealed(kind, pid, id))
+    }
+}
 
 /// The upload/confirm lock of one capsule or configuration.
 pub(crate) type ObjectLock = Arc<tokio::sync::Mutex<()>>;
@@ -544,19 +579,70 @@ impl PipelineHandle {
 
     /// Hashes and checks the stored bytes, then records the verdict. A checksum mismatch
     /// fails the capsule and answers 400.
+    ///
+    /// On S3 the presigned upload URL cannot be revoked and stays valid after confirm, so the
+    /// bytes are sealed first: the upload key is copied server-side to a staging key of the
+    /// capsule's sealed folder, which no URL targets (one `CopyObject` copies one consistent
+    /// version of its source), and everything after reads that copy. So the bytes hashed and
+    /// checked are exactly the bytes then copied to the content key and recorded: a `PUT` to
+    /// the upload key at any moment (before, while or after they are hashed) cannot change
+    /// them. The record's `blob_key` moves to the content key in the same write as the
+    /// verdict, and the upload key is deleted only once that write is durable.
+    ///
+    /// On the local backend the upload link is fleetops' own, shares the capsule's lock with
+    /// confirm and refuses a `PUT` once confirmed (409), so the bytes are validated in place.
     async fn validate_and_settle(&self, pid: u64, id: u64, checksum: String) -> Result<Capsule> {
         let c = self.capsule(pid, id)?;
+        if c.confirmed {
+            // Never reached (confirm checks under the lock, and an owed validation is
+            // cleared with the verdict); kept so a settled record's bytes are never touched.
+            return Err(Error::Conflict("Capsule already confirmed".into()));
+        }
+        if !self.blobs.presigns() {
+            return self
+                .check_and_settle(&c, &c.blob_key, checksum, false)
+                .await;
+        }
+        let staging = keys::staging(keys::CAPSULES, pid, id);
+        if !self.blobs.copy(&c.blob_key, &staging).await? {
+            return Err(Error::Conflict(
+                "Nothing has been uploaded for this capsule".into(),
+            ));
+        }
+        let settled = self.check_and_settle(&c, &staging, checksum, true).await;
+        // Written or not, keep only what the durable record now points at.
+        match self.store.capsule(pid, id) {
+            Ok(now) => {
+                let now = now.map(|n| n.blob_key);
+                self.tidy_sealed(keys::CAPSULES, pid, id, now.as_deref())
+                    .await;
+            }
+            Err(e) => tracing::warn!(capsule = id, error = %e, "could not tidy a sealed upload"),
+        }
+        settled
+    }
+
+    /// Validates the bytes of `source` (the record's own key, or on S3 its staging copy) and
+    /// writes the verdict; with `seal`, the validated copy is first copied to its content key
+    /// and the record points there.
+    async fn check_and_settle(
+        &self,
+        c: &Capsule,
+        source: &str,
+        checksum: String,
+        seal: bool,
+    ) -> Result<Capsule> {
+        let (pid, id) = (c.project_id, c.id);
         // On S3 the client PUT to the store directly, with no cap: an object larger than
         // declared fails at once (and is removed) instead of being hashed.
-        if let Some(stored) = self.stored_size(&c.blob_key, c.uploaded_bytes).await?
+        if let Some(stored) = self.stored_size(source, c.uploaded_bytes).await?
             && stored > c.file_size_bytes
         {
             let notes = format!(
                 "size is {stored} bytes, {} were declared",
                 c.file_size_bytes
             );
-            let _ = self.blobs.delete(&c.blob_key).await;
-            return self
+            let verdict = self
                 .projects
                 .write(pid, |reply| ProjectMsg::SettleCapsule {
                     id,
@@ -564,11 +650,14 @@ impl PipelineHandle {
                     checksum: String::new(),
                     passed: false,
                     notes: notes.clone(),
+                    blob_key: None,
                     reply,
                 })
                 .await;
+            let _ = self.blobs.delete(&c.blob_key).await;
+            return verdict;
         }
-        let stream = self.blobs.stream(&c.blob_key, None).await?;
+        let stream = self.blobs.stream(source, None).await?;
         let (sha, size, archive) =
             hash_and_check(stream, c.file_format.clone(), self.tmp_dir.as_deref()).await?;
         let mismatch = !crate::secrets::ct_eq(
@@ -609,6 +698,19 @@ impl PipelineHandle {
             }
         }
         let passed = notes.is_empty();
+        let blob_key = if seal {
+            // `source` is the staging copy: nothing else writes it, so this copies the bytes
+            // just hashed.
+            let key = keys::content(keys::CAPSULES, pid, id, &sha);
+            if !self.blobs.copy(source, &key).await? {
+                return Err(Error::Internal(
+                    "the staged copy of the upload disappeared".into(),
+                ));
+            }
+            Some(key)
+        } else {
+            None
+        };
         let verdict = self
             .projects
             .write(pid, |reply| ProjectMsg::SettleCapsule {
@@ -617,6 +719,7 @@ impl PipelineHandle {
                 checksum: sha.clone(),
                 passed,
                 notes: notes.join("; "),
+                blob_key: blob_key.clone(),
                 reply,
             })
             .await?;
@@ -624,6 +727,41 @@ impl PipelineHandle {
             return Err(Error::BadRequest("Checksum mismatch".into()));
         }
         Ok(verdict)
+    }
+
+    /// After a sealing confirm, its verdict written or not (`current`: the blob key the
+    /// durable record holds now, `None` once deleted): every object of the record's sealed
+    /// folder that the record does not point at goes (the staging copy; a content copy whose
+    /// verdict was not written), and the upload key goes once the record points elsewhere. A
+    /// late `PUT` may put an object there again; deleting the record deletes it too.
+    pub(crate) async fn tidy_sealed(&self, kind: &str, pid: u64, id: u64, current: Option<&str>) {
+        match self.blobs.list(&keys::sealed(kind, pid, id)).await {
+            Ok(found) => {
+                for k in found.iter().filter(|k| Some(k.as_str()) != current) {
+                    if let Err(e) = self.blobs.delete(k).await {
+                        tracing::warn!(key = %k, error = %e, "could not delete a sealed copy");
+                    }
+                }
+            }
+            Err(e) => tracing::warn!(id, error = %e, "could not list the sealed copies"),
+        }
+        let upload = keys::upload(kind, pid, id);
+        if current != Some(upload.as_str())
+            && let Err(e) = self.blobs.delete(&upload).await
+        {
+            tracing::warn!(key = %upload, error = %e, "could not delete a sealed upload's key");
+        }
+    }
+
+    /// Once a record is durably deleted: its bytes, its upload key (on S3 a late `PUT` may
+    /// have put an object there after confirm) and its sealed folder (copies a crash left).
+    pub(crate) async fn drop_blobs(&self, kind: &str, pid: u64, id: u64, blob_key: &str) {
+        let _ = self.blobs.delete(blob_key).await;
+        let upload = keys::upload(kind, pid, id);
+        if upload != blob_key {
+            let _ = self.blobs.delete(&upload).await;
+        }
+        let _ = self.blobs.delete_prefix(&keys::sealed(kind, pid, id)).await;
     }
 
     /// The list as JSON. The bytes are kept per (project, filters) and reused while the
@@ -788,7 +926,7 @@ impl PipelineHandle {
             })
             .await?;
         if let Some(b) = &blob {
-            let _ = self.blobs.delete(b).await;
+            self.drop_blobs(keys::CAPSULES, pid, id, b).await;
             self.locks.remove(&(0, id));
         }
         Ok(blob.is_some())

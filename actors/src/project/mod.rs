@@ -92,13 +92,15 @@ pub(crate) enum ProjectMsg {
         size: u64,
         reply: Reply<()>,
     },
-    /// Records confirm's verdict and recomputes `is_latest` for the name.
+    /// Records confirm's verdict and recomputes `is_latest` for the name. `blob_key`: the
+    /// sealed copy the verdict is about (S3), recorded in the same write; `None` keeps it.
     SettleCapsule {
         id: u64,
         size: u64,
         checksum: String,
         passed: bool,
         notes: String,
+        blob_key: Option<String>,
         reply: Reply<Capsule>,
     },
     /// A confirm answered 202: the validation is owed (resumed at start-up until settled).
@@ -123,11 +125,13 @@ pub(crate) enum ProjectMsg {
         size: u64,
         reply: Reply<()>,
     },
-    /// Confirm's hashing and parsing done; inherit, check, record.
+    /// Confirm's hashing and parsing done; inherit, check, record (`blob_key` as for
+    /// `SettleCapsule`).
     SettleConfiguration {
         id: u64,
         checksum: String,
         size: u64,
+        blob_key: Option<String>,
         parsed: std::result::Result<serde_json::Map<String, serde_json::Value>, String>,
         notes: Vec<String>,
         reply: Reply<Configuration>,
@@ -285,9 +289,10 @@ impl Actor for ProjectActor {
                 checksum,
                 passed,
                 notes,
+                blob_key,
                 reply,
             } => {
-                let _ = reply.send(st.settle_capsule(id, size, checksum, passed, notes));
+                let _ = reply.send(st.settle_capsule(id, size, checksum, passed, notes, blob_key));
             }
             ProjectMsg::ValidationPending {
                 id,
@@ -306,11 +311,13 @@ impl Actor for ProjectActor {
                 id,
                 checksum,
                 size,
+                blob_key,
                 parsed,
                 notes,
                 reply,
             } => {
-                let _ = reply.send(st.settle_configuration(id, checksum, size, parsed, notes));
+                let _ = reply
+                    .send(st.settle_configuration(id, checksum, size, blob_key, parsed, notes));
             }
             ProjectMsg::DeleteConfiguration {
                 id,
@@ -583,7 +590,8 @@ impl ProjectState {
         }
         c.id = self.store.new_id(Seq::Capsule)?;
         c.project_id = self.pid();
-        c.blob_key = format!("capsules/{}/{}", self.pid(), c.id);
+        c.blob_key =
+            crate::pipeline::keys::upload(crate::pipeline::keys::CAPSULES, self.pid(), c.id);
         self.store.put_capsules(&[&c])?;
         Ok(c)
     }
@@ -642,10 +650,14 @@ impl ProjectState {
         checksum: String,
         passed: bool,
         notes: String,
+        blob_key: Option<String>,
     ) -> Result<Capsule> {
         let mut c = self.capsule(id)?;
         if c.confirmed {
             return Err(Error::Conflict("Capsule already confirmed".into()));
+        }
+        if let Some(k) = blob_key {
+            c.blob_key = k;
         }
         c.checksum_sha256 = Some(checksum);
         c.uploaded_bytes = Some(size);

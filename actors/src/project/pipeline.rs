@@ -11,6 +11,7 @@ use crate::configs;
 use crate::error::{Error, Result};
 use crate::pipeline::configurations::{MAX_DEPTH, effective_schema, lineage};
 use crate::pipeline::deployments::{DeploymentPatch, DeploymentSpec, Transition, evaluate};
+use crate::pipeline::keys;
 use crate::versions::Constraint;
 
 /// The effective configuration (inherited data included) is at most 4 MiB.
@@ -71,7 +72,7 @@ impl ProjectState {
         }
         c.id = self.store.new_id(Seq::Configuration)?;
         c.project_id = self.pid();
-        c.blob_key = format!("configurations/{}/{}", self.pid(), c.id);
+        c.blob_key = keys::upload(keys::CONFIGURATIONS, self.pid(), c.id);
         self.store.put_configuration(&c)?;
         Ok(c)
     }
@@ -95,6 +96,7 @@ impl ProjectState {
         id: u64,
         checksum: String,
         size: u64,
+        blob_key: Option<String>,
         parsed: std::result::Result<Map<String, Value>, String>,
         mut notes: Vec<String>,
     ) -> Result<Configuration> {
@@ -178,6 +180,9 @@ impl ProjectState {
         let passed = notes.is_empty();
         c.checksum_sha256 = Some(checksum);
         c.uploaded_bytes = Some(size);
+        if let Some(k) = blob_key {
+            c.blob_key = k;
+        }
         c.override_fields_json = json(&overrides)?;
         c.config_data_json = json(&data)?;
         c.validation_status = if passed { "passed" } else { "failed" }.into();
