@@ -11,8 +11,12 @@
 //!  │   └─ SessionActor      one per active session: its log chunks and counters
 //!  ├─ IntakeActor           webhook delivery ids (dedup) and the webhook secret
 //!  ├─ JobDispatcher         repository links, test runs, idempotency keys
-//!  └─ InstallationsSupervisor
-//!      └─ InstallationActor one per host installation
+//!  ├─ InstallationsSupervisor
+//!  │   └─ InstallationActor one per host installation
+//!  ├─ QuotasSupervisor
+//!  │   └─ QuotaActor        one per organization: checks and reserves its storage quota
+//!  ├─ WebhookWorker         routes queued deliveries to their owners
+//!  └─ Housekeeper           asks each owner to prune what expired
 //! ```
 //!
 //! The alerting work adds AlertsSupervisor → RuleEvaluator.
@@ -41,6 +45,7 @@ mod mailbox;
 pub mod pipeline;
 mod project;
 pub mod projects;
+mod quota;
 mod root;
 pub mod rules;
 pub mod scm;
@@ -134,6 +139,13 @@ impl Runtime {
         let dispatcher_slot = Arc::new(Slot::new(limit, timeout));
         let installations_slot = Arc::new(Slot::new(limit, timeout));
         let restarts = Arc::new(AtomicU64::new(0));
+        let quotas_slot = Arc::new(Slot::new(limit, timeout));
+        let quota_args = KeyedArgs::<quota::QuotaActor> {
+            ctx: store.clone(),
+            cfg: cfg.supervision.clone(),
+            registry: Arc::new(DashMap::new()),
+            restarts: restarts.clone(),
+        };
         let project_args = KeyedArgs::<project::ProjectActor> {
             ctx: store.clone(),
             cfg: cfg.supervision.clone(),
@@ -202,6 +214,13 @@ impl Runtime {
             signer: Arc::new(links::Signer::new(signing_key)),
             public_url: Arc::new(std::sync::RwLock::new(cfg.public_url.clone())),
             quotas: Arc::new(cfg.quotas.clone()),
+            quota: quota::QuotaHandle {
+                actors: Keyed::new(
+                    quotas_slot.clone(),
+                    quota_args.registry.clone(),
+                    cfg.supervision.clone(),
+                ),
+            },
             cfg: cfg.pipeline.clone(),
             list_cache: Arc::new(DashMap::new()),
             tmp_dir: cfg.tmp_dir.clone(),
@@ -255,6 +274,8 @@ impl Runtime {
                     pruners: pruners.clone(),
                     every: Duration::from_secs(cfg.supervision.housekeeping_seconds.max(1)),
                 },
+                quotas: quotas_slot.clone(),
+                quota_args,
                 restarts: restarts.clone(),
                 health: health.clone(),
             },
@@ -358,6 +379,7 @@ impl Runtime {
             self.sessions.actors.sup.get().map(|a| a.get_cell()),
             self.projects.actors.sup.get().map(|a| a.get_cell()),
             self.scm.installations.sup.get().map(|a| a.get_cell()),
+            self.pipeline.quota.actors.sup.get().map(|a| a.get_cell()),
         ]
         .into_iter()
         .flatten()

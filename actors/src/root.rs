@@ -17,6 +17,7 @@ use crate::housekeeper::{Housekeeper, HousekeeperArgs, HousekeeperMsg};
 use crate::keyed::{KeyedArgs, KeyedChild, KeyedMsg, KeyedSupervisor};
 use crate::mailbox::Slot;
 use crate::project::{ProjectActor, ProjectMsg};
+use crate::quota::{QuotaActor, QuotaMsg};
 use crate::scm::dispatcher::{DispatcherActor, DispatcherMsg};
 use crate::scm::installation::{InstallationActor, InstallationMsg};
 use crate::scm::intake::{IntakeActor, IntakeMsg};
@@ -35,6 +36,7 @@ pub(crate) enum Child {
     Installations,
     Worker,
     Housekeeper,
+    Quotas,
 }
 
 impl Child {
@@ -48,6 +50,7 @@ impl Child {
             Child::Installations => "installations",
             Child::Worker => "webhook-worker",
             Child::Housekeeper => "housekeeper",
+            Child::Quotas => "quotas",
         }
     }
 }
@@ -121,6 +124,8 @@ pub(crate) struct RootArgs {
     pub worker_args: WorkerArgs,
     pub housekeeper: Arc<Slot<HousekeeperMsg>>,
     pub housekeeper_args: HousekeeperArgs,
+    pub quotas: Arc<Slot<KeyedMsg<QuotaMsg>>>,
+    pub quota_args: KeyedArgs<QuotaActor>,
     pub restarts: Arc<AtomicU64>,
     pub health: Health,
 }
@@ -230,6 +235,9 @@ impl RootState {
                 self.args.housekeeper.set(Some(a.clone()));
                 a.get_cell()
             }
+            Child::Quotas => {
+                spawn_keyed(myself, &self.args.quotas, self.args.quota_args.clone()).await?
+            }
         };
         self.children.insert(cell.get_id(), child);
         self.args.health.set(child, false);
@@ -258,6 +266,7 @@ impl RootState {
             Child::Installations => self.args.installations.set(None),
             Child::Worker => self.args.worker.set(None),
             Child::Housekeeper => self.args.housekeeper.set(None),
+            Child::Quotas => self.args.quotas.set(None),
         }
     }
 }
@@ -284,6 +293,7 @@ impl Actor for RootSupervisor {
             Child::Intake,
             Child::Dispatcher,
             Child::Installations,
+            Child::Quotas,
             Child::Worker,
             Child::Housekeeper,
         ] {

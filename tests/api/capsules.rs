@@ -464,6 +464,54 @@ async fn storage_quota_is_checked_at_upload_url() {
     assert_eq!(secret_post(&s, confs, &secret, c).await.status, 201);
 }
 
+/// The quota is the organization's, and its projects have separate writers: 16 reservations
+/// racing across 4 projects at the edge must together stay within it.
+#[tokio::test]
+async fn concurrent_uploads_across_projects_never_exceed_the_quota() {
+    let s = start_with(|c| {
+        c.tiers.get_mut("free").unwrap().storage_bytes = Some(12_000);
+    })
+    .await;
+    let mut secrets = Vec::new();
+    for i in 0..4 {
+        let r = s
+            .post(
+                "/api/v1/organizations/default/projects",
+                s.key(),
+                json!({"slug": format!("q{i}")}),
+            )
+            .await;
+        assert_eq!(r.status, 201, "{}", r.body);
+        secrets.push(r.body["project_secret"].as_str().unwrap().to_string());
+    }
+    let calls = (0..16).map(|n| {
+        let (s, secret) = (&s, secrets[n % 4].clone());
+        async move {
+            let body = json!({"name": "q", "version": format!("1.0.{n}"), "capsule_type": "OS",
+                "file_format": ".tar", "file_size_bytes": 1_500});
+            let path = format!("/api/v1/projects/default/q{}/capsules/upload-url", n % 4);
+            secret_post(s, &path, &secret, body).await
+        }
+    });
+    let answers = futures::future::join_all(calls).await;
+    let mut statuses: Vec<u16> = answers.iter().map(|r| r.status.as_u16()).collect();
+    statuses.sort();
+    assert_eq!(statuses, [[201; 8], [413; 8]].concat(), "{statuses:?}");
+    for r in answers.iter().filter(|r| r.status == 413) {
+        assert!(r.body["detail"].as_str().unwrap().contains("storage limit"));
+    }
+    // What is stored agrees: 8 × 1,500 bytes reserved, across the four projects.
+    let mut held = 0;
+    for i in 0..4 {
+        let r = s
+            .get(&format!("/api/v1/projects/default/q{i}/capsules"), s.key())
+            .await;
+        assert_eq!(r.status, 200);
+        held += r.body.as_array().map_or(0, |a| a.len()) * 1_500;
+    }
+    assert_eq!(held, 12_000);
+}
+
 #[tokio::test]
 async fn unconfirmed_uploads_are_purged_when_their_link_expires() {
     let s = start_with(|c| {

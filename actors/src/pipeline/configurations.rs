@@ -276,11 +276,13 @@ impl PipelineHandle {
                 format!("capsule {} does not exist in this project", req.capsule_id),
             ));
         }
-        self.check_quota(
-            org_id,
-            tier,
-            req.file_size_bytes.unwrap_or(MAX_CONFIG_BYTES),
-        )?;
+        let _turn = self
+            .reserve(
+                org_id,
+                tier,
+                req.file_size_bytes.unwrap_or(MAX_CONFIG_BYTES),
+            )
+            .await?;
         let now = now_ms();
         let c = self
             .projects

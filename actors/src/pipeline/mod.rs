@@ -254,6 +254,8 @@ pub struct PipelineHandle {
     pub(crate) public_url: Arc<std::sync::RwLock<String>>,
     /// Storage limit per tier name.
     pub(crate) quotas: Arc<std::collections::HashMap<String, u64>>,
+    /// One writer per organization checks and reserves storage.
+    pub(crate) quota: crate::quota::QuotaHandle,
     pub(crate) cfg: PipelineConfig,
     pub(crate) tmp_dir: Option<std::path::PathBuf>,
     /// Per-object locks of upload and confirm.
@@ -284,30 +286,12 @@ impl PipelineHandle {
             .ok_or_else(|| Error::not_found("Capsule"))
     }
 
-    /// Bytes an organization's capsules and configurations hold or have reserved.
-    fn org_usage(&self, org_id: u64) -> Result<u64> {
-        let mut total = 0u64;
-        for p in self.store.org_projects(org_id)? {
-            for c in self.store.project_capsules(p.id)?.iter() {
-                total = total.saturating_add(c.file_size_bytes);
-            }
-            for c in self.store.project_configurations(p.id)? {
-                total = total.saturating_add(configurations::reserved(&c));
-            }
-        }
-        Ok(total)
-    }
-
-    /// 413 when `add` more bytes would exceed the organization's storage limit.
-    fn check_quota(&self, org_id: u64, tier: &str, add: u64) -> Result<()> {
+    /// The organization's turn to reserve `add` more bytes (413 when they would exceed its
+    /// tier's storage limit). Held until the record that reserves them is written, so
+    /// concurrent uploads to several projects of one organization are counted one at a time.
+    async fn reserve(&self, org_id: u64, tier: &str, add: u64) -> Result<crate::quota::Turn> {
         let limit = self.quotas.get(tier).copied().unwrap_or(0);
-        let used = self.org_usage(org_id)?;
-        if used.saturating_add(add) > limit {
-            return Err(Error::TooLarge(format!(
-                "Upload would exceed the organization's storage limit ({used} of {limit} bytes used)"
-            )));
-        }
-        Ok(())
+        self.quota.admit(org_id, limit, add).await
     }
 
     /// The presigned upload URL: the store's own on S3, else a signed fleetops link.
@@ -436,7 +420,7 @@ impl PipelineHandle {
                 "at most 2000 characters",
             ));
         }
-        self.check_quota(org_id, tier, req.file_size_bytes)?;
+        let _turn = self.reserve(org_id, tier, req.file_size_bytes).await?;
         let now = now_ms();
         let c = self
             .projects
