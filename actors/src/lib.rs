@@ -36,6 +36,7 @@ pub mod config;
 pub mod configs;
 mod directory;
 pub mod error;
+pub mod events;
 mod housekeeper;
 mod keyed;
 pub mod links;
@@ -146,8 +147,12 @@ impl Runtime {
             registry: Arc::new(DashMap::new()),
             restarts: restarts.clone(),
         };
+        let rollouts = events::Outbox::start(store.clone());
         let project_args = KeyedArgs::<project::ProjectActor> {
-            ctx: store.clone(),
+            ctx: project::ProjectCtx {
+                store: store.clone(),
+                rollouts: rollouts.clone(),
+            },
             cfg: cfg.supervision.clone(),
             registry: Arc::new(DashMap::new()),
             restarts: restarts.clone(),
@@ -224,7 +229,7 @@ impl Runtime {
             cfg: cfg.pipeline.clone(),
             list_cache: Arc::new(DashMap::new()),
             tmp_dir: cfg.tmp_dir.clone(),
-            events: tokio::sync::broadcast::channel(1024).0,
+            rollouts,
             locks: Arc::new(DashMap::new()),
         };
         let scm = scm::ScmHandle {

@@ -518,3 +518,77 @@ async fn roles_tenancy_and_order_of_checks() {
         .await
         .assert_error(409);
 }
+
+/// A rollout result leaves the project's actor, not the request: a device whose connection
+/// drops while its report waits in the mailbox still has its result stored and published
+/// once, and a refused report publishes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rollout_result_is_published_by_its_writer_even_when_the_caller_left() {
+    let s = start().await;
+    let nav = capsule(&s, "nav", "1.0.0").await;
+    let (d1, _) = device(&s, "r1", json!({})).await;
+    let r = s
+        .post(
+            DEPS,
+            s.key(),
+            json!({"name": "n", "composition_tag": "t", "capsule_id": nav, "target_devices": [d1]}),
+        )
+        .await;
+    let dep = r.body["id"].as_u64().unwrap();
+    let r = s
+        .post(&format!("{DEPS}/{dep}/activate"), s.key(), json!({}))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let rt = s.running.as_ref().unwrap().runtime.clone();
+    let org = rt.store.org_by_slug("default").unwrap().unwrap();
+    let pid = rt
+        .store
+        .project_by_slug(org.id, "default")
+        .unwrap()
+        .unwrap()
+        .id;
+    let mut events = rt.pipeline.subscribe_rollouts();
+    let results = format!("{DEPS}/{dep}/device-status");
+
+    // Refused (unknown device): no event.
+    s.post(
+        &results,
+        s.key(),
+        json!({"device_id": 999_999, "status": "failed"}),
+    )
+    .await
+    .assert_error(422);
+
+    // The report waits behind a stall; its caller goes away long before it is applied.
+    rt.projects
+        .inject_stall(pid, std::time::Duration::from_millis(800))
+        .await
+        .unwrap();
+    let (http, url, key) = (s.http.clone(), s.url(&results), s.key().to_string());
+    let caller = tokio::spawn(async move {
+        http.post(url)
+            .bearer_auth(key)
+            .json(&json!({"device_id": d1, "status": "failed", "message": "gone"}))
+            .send()
+            .await
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    caller.abort();
+    let _ = caller.await;
+    let e = tokio::time::timeout(std::time::Duration::from_secs(10), events.recv())
+        .await
+        .expect("the written result is published")
+        .unwrap();
+    assert_eq!((e.deployment_id, e.device_id), (dep, d1));
+    assert_eq!((e.status.as_str(), e.previous.as_deref()), ("failed", None));
+    let d = s.get(&format!("{DEPS}/{dep}"), s.key()).await;
+    assert_eq!(
+        d.body["device_results"],
+        json!({"succeeded": 0, "failed": 1})
+    );
+    // Exactly once, and nothing for the refused report.
+    assert!(matches!(
+        events.try_recv(),
+        Err(tokio::sync::broadcast::error::TryRecvError::Empty)
+    ));
+}

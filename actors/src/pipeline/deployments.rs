@@ -545,7 +545,8 @@ impl PipelineHandle {
         Ok(DeploymentView::from(&d))
     }
 
-    /// Records a device's rollout result (202 once durable) and tells the alert evaluator.
+    /// Records a device's rollout result (202 once durable); the project's actor publishes it
+    /// on the rollout channel once it is on disk.
     pub async fn report(
         &self,
         pid: u64,
@@ -554,7 +555,7 @@ impl PipelineHandle {
         status: String,
         message: Option<String>,
     ) -> Result<ResultAccepted> {
-        let (r, previous) = self
+        let r = self
             .projects
             .write(pid, |reply| ProjectMsg::ReportRollout {
                 id,
@@ -564,15 +565,6 @@ impl PipelineHandle {
                 reply,
             })
             .await?;
-        // Nobody listening (no alert rules yet) is not an error.
-        let _ = self.events.send(RolloutEvent {
-            project_id: pid,
-            deployment_id: id,
-            device_id,
-            status: r.status.clone(),
-            previous,
-            at: r.reported_at,
-        });
         Ok(ResultAccepted {
             deployment_id: id,
             device_id,
@@ -583,7 +575,7 @@ impl PipelineHandle {
 
     /// The rollout events, for the alert evaluator.
     pub fn subscribe_rollouts(&self) -> tokio::sync::broadcast::Receiver<RolloutEvent> {
-        self.events.subscribe()
+        self.rollouts.subscribe()
     }
 }
 

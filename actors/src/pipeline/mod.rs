@@ -260,8 +260,8 @@ pub struct PipelineHandle {
     pub(crate) tmp_dir: Option<std::path::PathBuf>,
     /// Per-object locks of upload and confirm.
     pub(crate) locks: Arc<dashmap::DashMap<(u8, u64), ObjectLock>>,
-    /// Rollout results, for the alert evaluator.
-    pub(crate) events: tokio::sync::broadcast::Sender<deployments::RolloutEvent>,
+    /// Rollout results as the project actors publish them, for the alert evaluator.
+    pub(crate) rollouts: crate::events::Outbox<deployments::RolloutEvent>,
     /// Serialized lists: (project, name, type, latest_only) -> (list identity, JSON, list).
     #[allow(clippy::type_complexity)]
     pub(crate) list_cache: Arc<

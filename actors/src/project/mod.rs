@@ -18,8 +18,9 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
 use crate::clock::now_ms;
 use crate::error::{Error, Result};
+use crate::events::Outbox;
 use crate::mailbox::Envelope;
-use crate::pipeline::deployments::{DeploymentPatch, DeploymentSpec, Transition};
+use crate::pipeline::deployments::{DeploymentPatch, DeploymentSpec, RolloutEvent, Transition};
 use crate::rules;
 use crate::secrets;
 
@@ -166,7 +167,7 @@ pub(crate) enum ProjectMsg {
         device_id: u64,
         status: String,
         message: Option<String>,
-        reply: Reply<(DeviceResult, Option<String>)>,
+        reply: Reply<DeviceResult>,
     },
     /// Fault injection for supervision tests.
     Panic,
@@ -179,30 +180,43 @@ pub(crate) struct ProjectActor;
 
 impl crate::keyed::KeyedChild for ProjectActor {
     type Req = ProjectMsg;
-    type Ctx = Store;
+    type Ctx = ProjectCtx;
     const KIND: &'static str = "project";
+}
+
+/// What every project actor shares.
+#[derive(Clone)]
+pub(crate) struct ProjectCtx {
+    pub store: Store,
+    /// Rollout results, published once on disk.
+    pub rollouts: Outbox<RolloutEvent>,
 }
 
 pub(crate) struct ProjectState {
     /// The project as stored when the actor (re)started.
     project: Project,
     store: Store,
+    rollouts: Outbox<RolloutEvent>,
 }
 
 impl Actor for ProjectActor {
     type Msg = Envelope<ProjectMsg>;
     type State = ProjectState;
-    type Arguments = (Store, u64);
+    type Arguments = (ProjectCtx, u64);
 
     async fn pre_start(
         &self,
         _myself: ActorRef<Self::Msg>,
-        (store, project_id): Self::Arguments,
+        (ProjectCtx { store, rollouts }, project_id): Self::Arguments,
     ) -> Result<Self::State, ActorProcessingErr> {
         let project = store
             .project(project_id)?
             .ok_or_else(|| format!("project {project_id} does not exist"))?;
-        Ok(ProjectState { project, store })
+        Ok(ProjectState {
+            project,
+            store,
+            rollouts,
+        })
     }
 
     async fn handle(
@@ -345,7 +359,21 @@ impl Actor for ProjectActor {
                 message,
                 reply,
             } => {
-                let _ = reply.send(st.report_rollout(id, device_id, status, message));
+                let r = st.report_rollout(id, device_id, status, message);
+                if let Ok((res, previous)) = &r {
+                    // From the writer, whatever became of the caller; out once on disk.
+                    st.rollouts
+                        .publish(RolloutEvent {
+                            project_id: st.project.id,
+                            deployment_id: id,
+                            device_id,
+                            status: res.status.clone(),
+                            previous: previous.clone(),
+                            at: res.reported_at,
+                        })
+                        .await;
+                }
+                let _ = reply.send(r.map(|(res, _)| res));
             }
             ProjectMsg::DeleteCapsule {
                 id,
