@@ -1,12 +1,36 @@
 //! Time in one form inside (Unix milliseconds, UTC) and one form outside (RFC 3339 with
 //! milliseconds and `Z`).
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 use time::macros::format_description;
 
 pub fn now_ms() -> i64 {
     (OffsetDateTime::now_utc().unix_timestamp_nanos() / 1_000_000) as i64
+}
+
+/// The time the runtime's deadlines are measured by (test-run leases, the dedup window, the
+/// previous webhook secret's grace period): wall time plus an offset that only tests move,
+/// so those deadlines are tested by moving time rather than by sleeping through them.
+#[derive(Clone, Default)]
+pub struct Clock {
+    offset_ms: Arc<AtomicI64>,
+}
+
+impl Clock {
+    pub fn now_ms(&self) -> i64 {
+        now_ms().saturating_add(self.offset_ms.load(Ordering::Relaxed))
+    }
+
+    /// Moves this runtime's time forward (tests only).
+    #[doc(hidden)]
+    pub fn advance(&self, d: std::time::Duration) {
+        let ms = i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
+        self.offset_ms.fetch_add(ms, Ordering::Relaxed);
+    }
 }
 
 /// `2026-01-02T03:04:05.678Z`.

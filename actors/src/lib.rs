@@ -98,6 +98,8 @@ pub struct Runtime {
     pruners: housekeeper::Pruners,
     /// The root's children that are down now.
     pub health: root::Health,
+    /// The time leases, the dedup window and secret grace are measured by.
+    pub clock: clock::Clock,
     root: ActorRef<RootMsg>,
     restarts: Arc<AtomicU64>,
 }
@@ -147,11 +149,13 @@ impl Runtime {
             registry: Arc::new(DashMap::new()),
             restarts: restarts.clone(),
         };
+        let clock = clock::Clock::default();
         let rollouts = events::Outbox::start(store.clone());
         let project_args = KeyedArgs::<project::ProjectActor> {
             ctx: project::ProjectCtx {
                 store: store.clone(),
                 rollouts: rollouts.clone(),
+                clock: clock.clone(),
             },
             cfg: cfg.supervision.clone(),
             registry: Arc::new(DashMap::new()),
@@ -198,6 +202,7 @@ impl Runtime {
             store: store.clone(),
             devices: cfg.devices.clone(),
             restarts: restarts.clone(),
+            clock: clock.clone(),
         };
         let sessions = SessionsHandle {
             actors: session_actors,
@@ -241,6 +246,7 @@ impl Runtime {
             cfg: cfg.scm.clone(),
             rejected: Arc::new(std::sync::Mutex::new(std::collections::VecDeque::new())),
             failures: Arc::new(std::sync::Mutex::new(std::collections::VecDeque::new())),
+            clock: clock.clone(),
         };
         let worker_slot = Arc::new(Slot::new(limit, timeout));
         let housekeeper_slot = Arc::new(Slot::new(limit, timeout));
@@ -283,6 +289,7 @@ impl Runtime {
                 quota_args,
                 restarts: restarts.clone(),
                 health: health.clone(),
+                clock: clock.clone(),
             },
         )
         .await
@@ -317,6 +324,7 @@ impl Runtime {
             housekeeper: housekeeper_slot,
             pruners,
             health,
+            clock,
             root,
             restarts,
         })

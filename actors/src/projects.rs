@@ -9,7 +9,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use fleetops_storage::{Device, DeviceGroup, Store};
 use ractor::RpcReplyPort;
 
-use crate::clock::now_ms;
 use crate::config::DevicesConfig;
 use crate::error::{Error, Result};
 use crate::keyed::Keyed;
@@ -52,6 +51,8 @@ pub struct ProjectsHandle {
     pub(crate) store: Store,
     pub(crate) devices: DevicesConfig,
     pub(crate) restarts: Arc<AtomicU64>,
+    /// Online/offline is judged by the runtime's clock.
+    pub(crate) clock: crate::clock::Clock,
 }
 
 impl ProjectsHandle {
@@ -116,7 +117,7 @@ impl ProjectsHandle {
             .device(pid, id)?
             .ok_or_else(|| Error::not_found("Device"))?;
         let groups = self.store.project_groups(pid)?;
-        Ok(self.view(&d, &groups, now_ms()))
+        Ok(self.view(&d, &groups, self.clock.now_ms()))
     }
 
     pub fn device_exists(&self, pid: u64, id: u64) -> Result<()> {
@@ -139,7 +140,7 @@ impl ProjectsHandle {
     }
 
     pub fn devices(&self, pid: u64, f: &DeviceFilter, page: PageReq) -> Result<Page<DeviceView>> {
-        Ok(page.slice(self.filtered(pid, f, now_ms())?))
+        Ok(page.slice(self.filtered(pid, f, self.clock.now_ms())?))
     }
 
     /// Devices of several projects (an organization's), each with its project slug, newest
@@ -150,7 +151,7 @@ impl ProjectsHandle {
         f: &DeviceFilter,
         page: PageReq,
     ) -> Result<Page<DeviceView>> {
-        let now = now_ms();
+        let now = self.clock.now_ms();
         let mut all = Vec::new();
         for (pid, slug) in projects {
             for mut v in self.filtered(*pid, f, now)? {
@@ -197,7 +198,7 @@ impl ProjectsHandle {
                 reply,
             })
             .await?;
-        let mut v = self.view(&d, &[], now_ms());
+        let mut v = self.view(&d, &[], self.clock.now_ms());
         v.device_token = Some(token);
         Ok(v)
     }
@@ -218,7 +219,7 @@ impl ProjectsHandle {
             })
             .await?;
         let groups = self.store.project_groups(pid)?;
-        Ok(self.view(&d, &groups, now_ms()))
+        Ok(self.view(&d, &groups, self.clock.now_ms()))
     }
 
     pub async fn delete_device(&self, pid: u64, id: u64) -> Result<()> {

@@ -128,6 +128,7 @@ pub(crate) struct RootArgs {
     pub quota_args: KeyedArgs<QuotaActor>,
     pub restarts: Arc<AtomicU64>,
     pub health: Health,
+    pub clock: crate::clock::Clock,
 }
 
 pub(crate) struct RootState {
@@ -187,6 +188,7 @@ impl RootState {
                         self.args.store.clone(),
                         self.args.queue.clone(),
                         self.args.dedup_window_seconds,
+                        self.args.clock.clone(),
                     ),
                     myself.get_cell(),
                 )
@@ -198,7 +200,11 @@ impl RootState {
                 let (a, _) = Actor::spawn_linked(
                     None,
                     DispatcherActor,
-                    (self.args.store.clone(), self.args.lease_seconds),
+                    (
+                        self.args.store.clone(),
+                        self.args.lease_seconds,
+                        self.args.clock.clone(),
+                    ),
                     myself.get_cell(),
                 )
                 .await?;

@@ -366,7 +366,7 @@ async fn a_call_that_timed_out_never_takes_effect_later() {
         .await;
     assert_eq!(r.status, 201);
     rt.projects
-        .inject_stall(pid, std::time::Duration::from_millis(1500))
+        .inject_stall(pid, std::time::Duration::from_millis(3000))
         .await
         .unwrap();
     let r = s
@@ -374,12 +374,16 @@ async fn a_call_that_timed_out_never_takes_effect_later() {
         .await;
     assert_eq!(r.status, 503, "{}", r.body);
     assert!(r.header("retry-after").is_some());
-    // Past the stall the actor is free again; the abandoned request was dropped unapplied.
-    tokio::time::sleep(std::time::Duration::from_millis(1800)).await;
-    let r = s
-        .post(&format!("{DEV}/devices"), &k, json!({"name": "after"}))
-        .await;
-    assert_eq!(r.status, 201);
+    // Past the stall the actor is free again (each try before that is itself a 503, dropped
+    // unapplied); the abandoned request was never applied.
+    let after = eventually(20, || async {
+        s.post(&format!("{DEV}/devices"), &k, json!({"name": "after"}))
+            .await
+            .status
+            == 201
+    })
+    .await;
+    assert!(after);
     let names: Vec<String> = s.get(&format!("{DEV}/devices?page_size=10"), &k).await.body["items"]
         .as_array()
         .unwrap()

@@ -331,7 +331,7 @@ async fn signature_ids_dedup_and_limits() {
 async fn rotation_keeps_the_previous_secret_for_its_grace_period() {
     let s = start_with(|c| {
         c.scm.webhook_secret = SECRET.into();
-        c.scm.rotation_grace_seconds = 1;
+        c.scm.rotation_grace_seconds = 60;
     })
     .await;
     let r = s
@@ -358,7 +358,9 @@ async fn rotation_keeps_the_previous_secret_for_its_grace_period() {
         .await;
         assert_eq!(r.status, 202, "{secret}: {}", r.body);
     }
-    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    // Past the grace period, on the runtime's clock.
+    let clock = s.running.as_ref().unwrap().runtime.clock.clone();
+    clock.advance(std::time::Duration::from_secs(61));
     let old = raw(
         &s,
         Some("ping"),
@@ -802,7 +804,7 @@ async fn host_events_and_reason_codes() {
 async fn runners_claim_renew_complete_and_leases_expire() {
     let s = start_with(|c| {
         c.scm.webhook_secret = SECRET.into();
-        c.runs.lease_seconds = 1;
+        c.runs.lease_seconds = 60;
     })
     .await;
     link(&s, REPO).await;
@@ -826,27 +828,30 @@ async fn runners_claim_renew_complete_and_leases_expire() {
     let b_id = b.body["id"].as_u64().unwrap();
     let none = s.post(&claim, s.key(), json!({})).await;
     assert_eq!(none.status, 204);
-    // Heartbeats keep `a` alive; `b` lapses and returns to the queue with attempt 2.
-    for _ in 0..4 {
-        tokio::time::sleep(std::time::Duration::from_millis(400)).await;
-        let r = s
-            .post(
-                &format!("{DEV}/test-runs/{a_id}/heartbeat"),
-                s.key(),
-                json!({}),
-            )
-            .await;
-        assert_eq!(r.status, 200, "{}", r.body);
-    }
+    // Heartbeats keep `a` alive; `b` lapses and returns to the queue with attempt 2. Time
+    // moves on the runtime's clock, so no step depends on a sleep being on time.
+    let clock = s.running.as_ref().unwrap().runtime.clock.clone();
+    let secs = std::time::Duration::from_secs;
+    clock.advance(secs(40));
+    let r = s
+        .post(
+            &format!("{DEV}/test-runs/{a_id}/heartbeat"),
+            s.key(),
+            json!({}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    // 40 s in, both leases hold (the expiry pass runs every second).
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    let r = s.get(&format!("{DEV}/test-runs/{b_id}"), s.key()).await;
+    assert_eq!(
+        (r.body["status"].clone(), r.body["attempt"].clone()),
+        (json!("running"), json!(1))
+    );
+    // 70 s in: `b`'s lease (to 60 s) has lapsed, `a`'s (renewed to 100 s) holds.
+    clock.advance(secs(30));
     assert!(
-        eventually(5, || async {
-            // `a` stays alive meanwhile.
-            s.post(
-                &format!("{DEV}/test-runs/{a_id}/heartbeat"),
-                s.key(),
-                json!({}),
-            )
-            .await;
+        eventually(10, || async {
             let r = s.get(&format!("{DEV}/test-runs/{b_id}"), s.key()).await;
             (r.body["status"].clone(), r.body["attempt"].clone()) == (json!("queued"), json!(2))
         })
@@ -995,7 +1000,7 @@ async fn an_installation_actor_panic_loses_no_delivery() {
 async fn delivery_ids_are_remembered_for_the_dedup_window() {
     let s = start_with(|c| {
         c.scm.webhook_secret = SECRET.into();
-        c.scm.dedup_window_seconds = 1;
+        c.scm.dedup_window_seconds = 60;
     })
     .await;
     let body = b"{}".to_vec();
@@ -1016,7 +1021,7 @@ async fn delivery_ids_are_remembered_for_the_dedup_window() {
     raw(&s, Some("ping"), Some(&id), Some(&sig), body.clone())
         .await
         .assert_error(401);
-    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    rt.clock.advance(std::time::Duration::from_secs(61));
     rt.scm.expire().await.unwrap();
     assert_eq!(
         raw(&s, Some("ping"), Some(&id), Some(&sig), body.clone())

@@ -190,6 +190,8 @@ pub(crate) struct ProjectCtx {
     pub store: Store,
     /// Rollout results, published once on disk.
     pub rollouts: Outbox<RolloutEvent>,
+    /// What a heartbeat's `last_seen_at` is (the clock readers judge online by).
+    pub clock: crate::clock::Clock,
 }
 
 pub(crate) struct ProjectState {
@@ -197,6 +199,7 @@ pub(crate) struct ProjectState {
     project: Project,
     store: Store,
     rollouts: Outbox<RolloutEvent>,
+    clock: crate::clock::Clock,
 }
 
 impl Actor for ProjectActor {
@@ -207,7 +210,14 @@ impl Actor for ProjectActor {
     async fn pre_start(
         &self,
         _myself: ActorRef<Self::Msg>,
-        (ProjectCtx { store, rollouts }, project_id): Self::Arguments,
+        (
+            ProjectCtx {
+                store,
+                rollouts,
+                clock,
+            },
+            project_id,
+        ): Self::Arguments,
     ) -> Result<Self::State, ActorProcessingErr> {
         let project = store
             .project(project_id)?
@@ -216,6 +226,7 @@ impl Actor for ProjectActor {
             project,
             store,
             rollouts,
+            clock,
         })
     }
 
@@ -468,7 +479,7 @@ impl ProjectState {
             ));
         }
         let mut d = self.device(id)?;
-        d.last_seen_at = Some(now_ms());
+        d.last_seen_at = Some(self.clock.now_ms());
         d.metrics = metrics;
         self.store.update_device(&d)?;
         Ok(())

@@ -12,7 +12,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
 use super::payload::{Payload, matches};
 use super::{RepoPatch, Work, skip, still_queued};
-use crate::clock::now_ms;
+
 use crate::error::{Error, Result};
 use crate::mailbox::Envelope;
 
@@ -72,17 +72,18 @@ pub(crate) struct DispatcherActor;
 pub(crate) struct DispatcherState {
     store: Store,
     lease_ms: i64,
+    clock: crate::clock::Clock,
 }
 
 impl Actor for DispatcherActor {
     type Msg = Envelope<DispatcherMsg>;
     type State = DispatcherState;
-    type Arguments = (Store, i64);
+    type Arguments = (Store, i64, crate::clock::Clock);
 
     async fn pre_start(
         &self,
         myself: ActorRef<Self::Msg>,
-        (store, lease_seconds): Self::Arguments,
+        (store, lease_seconds, clock): Self::Arguments,
     ) -> Result<Self::State, ActorProcessingErr> {
         myself.send_interval(Duration::from_secs(1), || {
             Envelope::cast(DispatcherMsg::ExpireLeases)
@@ -90,6 +91,7 @@ impl Actor for DispatcherActor {
         Ok(DispatcherState {
             store,
             lease_ms: lease_seconds.max(1) * 1000,
+            clock,
         })
     }
 
@@ -212,7 +214,7 @@ pub(crate) fn check_full_name(s: &str) -> Result<()> {
 
 impl DispatcherState {
     fn new_run(&self, d: &Delivery, link: &RepoLink, key: String) -> Result<TestRun> {
-        let now = now_ms();
+        let now = self.clock.now_ms();
         Ok(TestRun {
             id: self.store.new_id(Seq::TestRun)?,
             project_id: link.project_id,
@@ -311,7 +313,7 @@ impl DispatcherState {
                     };
                     let runs = self.store.pr_runs_in_flight(&full, n)?;
                     let mut b = ScmBatch::default();
-                    let now = now_ms();
+                    let now = self.clock.now_ms();
                     for old in &runs {
                         let mut r = old.clone();
                         r.status = "cancelled".into();
@@ -436,7 +438,7 @@ impl DispatcherState {
                 format!("Repository {full_name} is already linked to another project")
             }));
         }
-        let now = now_ms();
+        let now = self.clock.now_ms();
         let r = RepoLink {
             id: self.store.new_id(Seq::Repository)?,
             project_id,
@@ -467,7 +469,7 @@ impl DispatcherState {
         if let Some(d) = patch.include_drafts {
             r.include_drafts = d;
         }
-        r.updated_at = now_ms();
+        r.updated_at = self.clock.now_ms();
         let mut b = ScmBatch::default();
         b.put_repo(&r)?;
         b.commit(&self.store)?;
@@ -497,7 +499,7 @@ impl DispatcherState {
         let Some(old) = self.store.first_queued(project_id)? else {
             return Ok(None);
         };
-        let now = now_ms();
+        let now = self.clock.now_ms();
         let mut r = old.clone();
         r.status = "running".into();
         r.lease_expires_at = Some(now + self.lease_ms);
@@ -514,7 +516,7 @@ impl DispatcherState {
                 old.status
             )));
         }
-        let now = now_ms();
+        let now = self.clock.now_ms();
         let mut r = old.clone();
         r.lease_expires_at = Some(now + self.lease_ms);
         r.updated_at = now;
@@ -546,13 +548,13 @@ impl DispatcherState {
         r.status = status;
         r.summary = summary.or(r.summary);
         r.lease_expires_at = None;
-        r.updated_at = now_ms();
+        r.updated_at = self.clock.now_ms();
         self.save(&old, &r)?;
         Ok(r)
     }
 
     fn expire_leases(&self) -> Result<()> {
-        let now = now_ms();
+        let now = self.clock.now_ms();
         for (p, id) in self.store.running_runs()? {
             let Some(old) = self.store.run(p, id)? else {
                 continue;

@@ -11,7 +11,7 @@ use fleetops_storage::{Delivery, StorageError, Store, accounts::Seq};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
 use super::SecretState;
-use crate::clock::now_ms;
+
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
@@ -52,7 +52,12 @@ pub(crate) struct IntakeActor;
 /// The store, and the worker's queue: the actor itself queues what it stored, so a caller
 /// that goes away (a host that hangs up before its 202) cannot leave a delivery stored but
 /// never worked.
-pub(crate) type IntakeArgs = (Store, tokio::sync::mpsc::UnboundedSender<u64>, i64);
+pub(crate) type IntakeArgs = (
+    Store,
+    tokio::sync::mpsc::UnboundedSender<u64>,
+    i64,
+    crate::clock::Clock,
+);
 
 /// A delivery accepted into the current batch, waiting for the batch's write.
 struct Pending {
@@ -75,6 +80,7 @@ pub(crate) struct IntakeState {
     window_ms: i64,
     /// Injected delay of the next batch write (tests).
     stall: Option<std::time::Duration>,
+    clock: crate::clock::Clock,
 }
 
 impl Actor for IntakeActor {
@@ -85,7 +91,7 @@ impl Actor for IntakeActor {
     async fn pre_start(
         &self,
         _myself: ActorRef<Self::Msg>,
-        (store, queue, window_seconds): IntakeArgs,
+        (store, queue, window_seconds, clock): IntakeArgs,
     ) -> Result<Self::State, ActorProcessingErr> {
         Ok(IntakeState {
             store,
@@ -94,6 +100,7 @@ impl Actor for IntakeActor {
             pending: Vec::new(),
             pending_ids: HashSet::new(),
             stall: None,
+            clock,
         })
     }
 
@@ -114,7 +121,7 @@ impl Actor for IntakeActor {
                 body,
                 reply,
             } => {
-                let since = now_ms() - st.window_ms;
+                let since = st.clock.now_ms() - st.window_ms;
                 let claimed = st.pending_ids.contains(&delivery_id)
                     || match st.store.is_claimed(&delivery_id, since) {
                         Ok(c) => c,
@@ -209,7 +216,7 @@ impl IntakeState {
                 return;
             }
         };
-        let now = now_ms();
+        let now = self.clock.now_ms();
         let mut items: Vec<_> = batch
             .iter()
             .enumerate()

@@ -28,7 +28,7 @@ use fleetops_storage::{Delivery, Installation, RepoLink, Store, TestRun, scm::Sc
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
-use crate::clock::{fmt_ms, now_ms};
+use crate::clock::fmt_ms;
 use crate::error::{Error, Result};
 use crate::keyed::Keyed;
 use crate::mailbox::Slot;
@@ -277,6 +277,7 @@ pub struct ScmHandle {
     pub(crate) cfg: ScmConfig,
     pub(crate) rejected: Arc<Mutex<VecDeque<DeliveryView>>>,
     pub(crate) failures: Arc<Mutex<VecDeque<i64>>>,
+    pub(crate) clock: crate::clock::Clock,
 }
 
 /// HMAC-SHA256 check in constant time, with aws-lc's assembly SHA-256 (the portable one was
@@ -308,7 +309,7 @@ pub(crate) fn load_secret(store: &Store, cfg: &ScmConfig) -> Result<SecretState>
     };
     let s = SecretState {
         current,
-        created_at: now_ms(),
+        created_at: crate::clock::now_ms(),
         previous: None,
         previous_valid_until: None,
     };
@@ -346,7 +347,7 @@ impl ScmHandle {
     }
 
     fn note_rejected(&self, id: Option<&str>, event: Option<&str>, outcome: &str, reason: &str) {
-        let now = now_ms();
+        let now = self.clock.now_ms();
         if let Ok(mut r) = self.rejected.lock() {
             if r.len() >= RECENT_REJECTED {
                 r.pop_front();
@@ -383,7 +384,7 @@ impl ScmHandle {
             .and_then(|h| hex::decode(h).ok());
         let ok = match (&sig, self.secret.read()) {
             (Some(sig), Ok(s)) => {
-                let now = now_ms();
+                let now = self.clock.now_ms();
                 (!s.current.is_empty() && hmac_ok(s.current.as_bytes(), body, sig))
                     || s.previous.as_ref().is_some_and(|p| {
                         s.previous_valid_until.is_some_and(|t| now < t)
@@ -396,7 +397,7 @@ impl ScmHandle {
             return Ok(());
         }
         if let Ok(mut f) = self.failures.lock() {
-            let now = now_ms();
+            let now = self.clock.now_ms();
             while f.front().is_some_and(|t| *t < now - 3_600_000) {
                 f.pop_front();
             }
@@ -825,7 +826,7 @@ impl ScmHandle {
                 crate::secrets::random_bytes(32).map_err(|e| Error::Internal(e.to_string()))?
             )
         );
-        let now = now_ms();
+        let now = self.clock.now_ms();
         let old = self.secret.read().map(|s| s.clone()).unwrap_or_default();
         let next = SecretState {
             current: fresh.clone(),
@@ -852,7 +853,7 @@ impl ScmHandle {
     }
 
     pub fn status(&self) -> ScmStatus {
-        let now = now_ms();
+        let now = self.clock.now_ms();
         let s = self.secret.read().map(|s| s.clone()).unwrap_or_default();
         let age = (!s.current.is_empty()).then(|| (now - s.created_at).max(0) / 86_400_000);
         let failures = self
@@ -888,7 +889,7 @@ impl ScmHandle {
     /// Drops log entries past retention (the housekeeper calls this); ids leave the dedup
     /// window by their receipt time alone.
     pub async fn expire(&self) -> Result<()> {
-        let before = now_ms() - self.cfg.delivery_retention_days * 86_400_000;
+        let before = self.clock.now_ms() - self.cfg.delivery_retention_days * 86_400_000;
         self.intake
             .call(|reply| IntakeMsg::Expire { before, reply })
             .await
