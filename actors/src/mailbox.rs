@@ -11,8 +11,10 @@
 //! When an actor panics, ractor drops its mailbox: the message being handled and every one
 //! queued behind it lose their reply port. The queued ones were never taken on, so they are
 //! sent once more to the restarted actor, and "no other request notices". The one being
-//! handled is not sent again (it may have written before the panic, and a second run could
-//! write twice): its caller gets a 500.
+//! handled is not sent again: its caller gets a 500. Handlers answer as soon as their one
+//! atomic write is applied, before any follow-up work, so a request whose answer was lost to
+//! a panic wrote nothing, and the 500 is safe to retry (a re-send could crash the replacement
+//! the same way).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};

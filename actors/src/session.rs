@@ -39,6 +39,8 @@ pub(crate) enum SessionMsg {
     End(Option<&'static str>),
     /// Fault injection for supervision tests.
     Panic,
+    /// Fault injection: the next append panics after its write, while fanning it out.
+    PanicAfterNextWrite,
 }
 
 /// Which entries a new subscriber is sent first.
@@ -74,6 +76,8 @@ pub(crate) struct SessionState {
     ring_entries: usize,
     cfg: SessionsConfig,
     live: broadcast::Sender<LiveEvent>,
+    /// Injected fault (tests): the next fan-out panics.
+    panic_after_write: bool,
 }
 
 impl Actor for SessionActor {
@@ -118,6 +122,7 @@ impl Actor for SessionActor {
             ring_entries,
             cfg,
             live,
+            panic_after_write: false,
         })
     }
 
@@ -132,9 +137,18 @@ impl Actor for SessionActor {
             return Ok(());
         };
         match msg {
-            SessionMsg::Append(chunk, reply) => {
-                let _ = reply.send(st.append(chunk));
-            }
+            SessionMsg::Append(chunk, reply) => match st.append(&chunk) {
+                Ok(first_seq) => {
+                    // Answered as soon as the write is applied, before the replay buffer and
+                    // the fan-out: a panic in those cannot leave the caller without the truth,
+                    // so a request lost to a panic never wrote anything.
+                    let _ = reply.send(Ok(chunk.len()));
+                    st.fan_out(first_seq, chunk);
+                }
+                Err(e) => {
+                    let _ = reply.send(Err(e));
+                }
+            },
             SessionMsg::PutArtifact(a, reply) => {
                 let _ = reply.send(st.put_artifact(a));
             }
@@ -158,6 +172,7 @@ impl Actor for SessionActor {
                 myself.stop(None);
             }
             SessionMsg::Panic => panic!("injected fault in SessionActor {}", st.id),
+            SessionMsg::PanicAfterNextWrite => st.panic_after_write = true,
         }
         Ok(())
     }
@@ -194,7 +209,8 @@ impl SessionState {
         Ok(old.map(|o| o.blob_key))
     }
 
-    fn append(&mut self, chunk: Arc<LogChunk>) -> Result<usize> {
+    /// Writes the batch with its counters; returns the arrival index of its first entry.
+    fn append(&mut self, chunk: &LogChunk) -> Result<u64> {
         self.check_open()?;
         let n = chunk.len();
         let seq = self.counters.next_chunk;
@@ -203,9 +219,17 @@ impl SessionState {
             next_chunk: seq + 1,
             ..self.counters
         };
-        self.store.append_chunk(self.id, &chunk, &next, seq)?;
+        self.store.append_chunk(self.id, chunk, &next, seq)?;
         let first_seq = self.counters.log_count;
         self.counters = next;
+        Ok(first_seq)
+    }
+
+    /// After a written batch: keep it for replay and send it to live subscribers.
+    fn fan_out(&mut self, first_seq: u64, chunk: Arc<LogChunk>) {
+        if std::mem::take(&mut self.panic_after_write) {
+            panic!("injected fault in SessionActor {} after a write", self.id);
+        }
         self.remember(first_seq, chunk.clone());
         if self.live.receiver_count() > 0 {
             let frames = live::frames(&chunk);
@@ -215,7 +239,6 @@ impl SessionState {
                 frames,
             })));
         }
-        Ok(n)
     }
 
     /// Keeps the batch for replay, dropping the oldest while enough remain.

@@ -461,6 +461,19 @@ impl SessionsHandle {
                 retry_after_secs: 1,
             })
     }
+
+    /// Makes the session's next append panic after its write, while fanning it out
+    /// (supervision tests only).
+    #[doc(hidden)]
+    pub async fn inject_panic_after_next_write(&self, id: u64) -> Result<()> {
+        let a = self.actors.actor(id).await?;
+        a.cast(crate::mailbox::Envelope::cast(
+            SessionMsg::PanicAfterNextWrite,
+        ))
+        .map_err(|_| Error::Unavailable {
+            retry_after_secs: 1,
+        })
+    }
 }
 
 /// Export formats.

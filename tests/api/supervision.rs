@@ -352,6 +352,60 @@ async fn session_actor_panic_loses_no_acknowledged_line() {
     );
 }
 
+/// A panic that strikes after a write (here in the live fan-out of a log batch) never makes
+/// the write happen twice nor leaves its caller without the truth: the batch was answered as
+/// soon as it was written, so the caller has its 202, the batch is stored once, and the
+/// restarted actor goes on from storage.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panic_after_a_write_answers_the_original_result_once() {
+    let s = start().await;
+    let k = s.key().to_string();
+    let d = s
+        .post(&format!("{DEV}/devices"), &k, json!({"name": "d"}))
+        .await
+        .body["id"]
+        .as_u64()
+        .unwrap();
+    let sid = s
+        .post(&format!("{DEV}/sessions"), &k, json!({"device_id": d}))
+        .await
+        .body["id"]
+        .as_u64()
+        .unwrap();
+    let logs = format!("{DEV}/sessions/{sid}/logs");
+    let batch = |tag: &str| {
+        serde_json::Value::Array(
+            (0..3)
+                .map(|j| json!({"level": "info", "message": format!("{tag}-{j}")}))
+                .collect(),
+        )
+    };
+    assert_eq!(s.post(&logs, &k, batch("before")).await.status, 202);
+    let rt = s.running.as_ref().unwrap().runtime.clone();
+    rt.sessions
+        .inject_panic_after_next_write(sid)
+        .await
+        .unwrap();
+    let r = s.post(&logs, &k, batch("struck")).await;
+    assert_eq!(r.status, 202, "{}", r.body);
+    assert_eq!(r.body["accepted"], 3, "{}", r.body);
+    assert!(eventually(5, || async { rt.restarts() >= 1 }).await);
+    assert_eq!(s.post(&logs, &k, batch("after")).await.status, 202);
+    let r = s.get(&format!("{logs}?limit=100"), &k).await;
+    assert_eq!(r.body["total"], 9, "{}", r.body);
+    let struck = r.body["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["message"].as_str().unwrap().starts_with("struck"))
+        .count();
+    assert_eq!(struck, 3);
+    assert_eq!(
+        s.get(&format!("{DEV}/sessions/{sid}"), &k).await.body["metrics"]["log_count"],
+        9
+    );
+}
+
 /// A call whose deadline passed while it waited (503) is never applied afterwards: the device
 /// is not created behind the caller's back, so a retry cannot make it twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

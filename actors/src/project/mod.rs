@@ -370,21 +370,25 @@ impl Actor for ProjectActor {
                 message,
                 reply,
             } => {
-                let r = st.report_rollout(id, device_id, status, message);
-                if let Ok((res, previous)) = &r {
-                    // From the writer, whatever became of the caller; out once on disk.
-                    st.rollouts
-                        .publish(RolloutEvent {
+                match st.report_rollout(id, device_id, status, message) {
+                    Ok((res, previous)) => {
+                        let event = RolloutEvent {
                             project_id: st.project.id,
                             deployment_id: id,
                             device_id,
                             status: res.status.clone(),
-                            previous: previous.clone(),
+                            previous,
                             at: res.reported_at,
-                        })
-                        .await;
+                        };
+                        // Answered as soon as the write is applied; then the event leaves
+                        // from the writer, whatever became of the caller, once on disk.
+                        let _ = reply.send(Ok(res));
+                        st.rollouts.publish(event).await;
+                    }
+                    Err(e) => {
+                        let _ = reply.send(Err(e));
+                    }
                 }
-                let _ = reply.send(r.map(|(res, _)| res));
             }
             ProjectMsg::DeleteCapsule {
                 id,
