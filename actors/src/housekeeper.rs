@@ -1,11 +1,12 @@
 //! Housekeeper: the periodic chores, as a supervised actor. It purges uploads never
 //! confirmed once their link expired, asks the intake (the owner of delivery ids) to expire
 //! the delivery log past its retention, and prunes in-memory state that would otherwise grow
-//! with the number of callers (the binary registers the edge's own pruning). It writes
-//! nothing itself: each chore goes through the actor that owns the keys.
+//! with the number of callers (the binary registers the edge's own pruning), and once an hour
+//! (and soon after start-up, when a crash may have left some) collects blobs no record points
+//! at. It writes no record itself: each chore goes through the actor that owns the keys.
 
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 
@@ -13,6 +14,22 @@ use crate::auth::Authenticator;
 use crate::mailbox::Envelope;
 use crate::pipeline::PipelineHandle;
 use crate::scm::ScmHandle;
+use crate::sessions::SessionsHandle;
+
+/// How often the blob stores are swept for orphans (a listing of every blob).
+const ORPHAN_SWEEP_EVERY: Duration = Duration::from_secs(3600);
+/// An unreferenced artifact blob younger than this may be an upload still streaming.
+pub(crate) const ORPHAN_GRACE_MS: i64 = 24 * 3_600_000;
+
+/// Deletes the blobs no record points at (see the two sweeps); how many went.
+pub(crate) async fn collect_orphans(
+    sessions: &SessionsHandle,
+    pipeline: &PipelineHandle,
+    now_ms: i64,
+) -> crate::Result<usize> {
+    let artifacts = sessions.collect_orphans(now_ms, ORPHAN_GRACE_MS).await?;
+    Ok(artifacts + pipeline.collect_orphans().await?)
+}
 
 /// Pruning registered from outside the tree (the edge's rate-limit buckets).
 pub(crate) type Pruners = Arc<Mutex<Vec<Box<dyn Fn() + Send + Sync>>>>;
@@ -28,7 +45,11 @@ pub(crate) struct Housekeeper;
 #[derive(Clone)]
 pub(crate) struct HousekeeperArgs {
     pub pipeline: PipelineHandle,
+    pub sessions: SessionsHandle,
     pub scm: ScmHandle,
+    pub clock: crate::clock::Clock,
+    /// When this incarnation last swept for orphaned blobs.
+    pub last_sweep: Option<Instant>,
     pub auth: Arc<Authenticator>,
     pub pruners: Pruners,
     pub every: Duration,
@@ -71,6 +92,17 @@ impl Actor for Housekeeper {
         }
         if let Err(e) = st.scm.expire().await {
             tracing::warn!(error = %e, "expiring webhook deliveries failed");
+        }
+        if st
+            .last_sweep
+            .is_none_or(|t| t.elapsed() >= ORPHAN_SWEEP_EVERY)
+        {
+            st.last_sweep = Some(Instant::now());
+            match collect_orphans(&st.sessions, &st.pipeline, st.clock.now_ms()).await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(blobs = n, "collected orphaned blobs"),
+                Err(e) => tracing::warn!(error = %e, "collecting orphaned blobs failed"),
+            }
         }
         Ok(())
     }

@@ -280,6 +280,9 @@ impl Runtime {
                 housekeeper: housekeeper_slot.clone(),
                 housekeeper_args: housekeeper::HousekeeperArgs {
                     pipeline: pipeline.clone(),
+                    sessions: sessions.clone(),
+                    clock: clock.clone(),
+                    last_sweep: None,
                     scm: scm.clone(),
                     auth: auth.clone(),
                     pruners: pruners.clone(),
@@ -353,6 +356,12 @@ impl Runtime {
     #[doc(hidden)]
     pub fn housekeep_now(&self) {
         self.housekeeper.cast(housekeeper::HousekeeperMsg::Tick);
+    }
+
+    /// One sweep for blobs no record points at, now (tests; the housekeeper sweeps hourly).
+    #[doc(hidden)]
+    pub async fn collect_orphans_now(&self) -> Result<usize> {
+        housekeeper::collect_orphans(&self.sessions, &self.pipeline, self.clock.now_ms()).await
     }
 
     /// Makes the webhook worker panic (supervision tests only).

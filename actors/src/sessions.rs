@@ -272,6 +272,63 @@ impl SessionsHandle {
         self.detail_of(&s)
     }
 
+    /// Deletes artifact blobs no record points at: those a crash left between a blob's write
+    /// and its record, or between a record's removal and its blob's. The error paths never
+    /// delete a blob a record may still point at; this sweep collects what they leave. A blob
+    /// younger than `grace_ms` may belong to an upload still streaming, and is kept. Returns
+    /// how many went.
+    pub async fn collect_orphans(&self, now_ms: i64, grace_ms: i64) -> Result<usize> {
+        use futures::StreamExt;
+        let mut keys = self.blobs.keys("artifacts");
+        // Listings come grouped by session: one session's records at a time.
+        let mut current: Option<(u64, bool, std::collections::HashSet<String>)> = None;
+        let mut gone = 0;
+        while let Some(key) = keys.next().await {
+            let key = key?;
+            let mut parts = key.split('/');
+            let (Some("artifacts"), Some(sid), Some(name), None) =
+                (parts.next(), parts.next(), parts.next(), parts.next())
+            else {
+                continue;
+            };
+            let Ok(sid) = sid.parse::<u64>() else {
+                continue;
+            };
+            if current.as_ref().is_none_or(|c| c.0 != sid) {
+                let exists = self.store.session_by_id(sid)?.is_some();
+                let held = self
+                    .store
+                    .artifacts(sid)?
+                    .into_iter()
+                    .map(|a| a.blob_key)
+                    .collect();
+                current = Some((sid, exists, held));
+            }
+            let Some((_, exists, held)) = &current else {
+                continue;
+            };
+            if held.contains(&key) {
+                continue;
+            }
+            // Not a key of ours (a backend's temporary file of a write in flight): left alone.
+            let Ok(made_by) = uuid::Uuid::parse_str(name) else {
+                continue;
+            };
+            // Keys made before v7 carry no time; no upload of theirs can still be running.
+            let young = made_by.get_timestamp().is_some_and(|t| {
+                let (secs, nanos) = t.to_unix();
+                let made = secs as i64 * 1000 + i64::from(nanos / 1_000_000);
+                now_ms - made < grace_ms
+            });
+            if *exists && young {
+                continue;
+            }
+            self.blobs.delete(&key).await?;
+            gone += 1;
+        }
+        Ok(gone)
+    }
+
     /// Deletes the session with its logs, for good.
     pub async fn delete(&self, pid: u64, id: u64) -> Result<()> {
         self.record(pid, id)?;
@@ -352,7 +409,8 @@ impl SessionsHandle {
                     .essence_str()
                     .to_string()
             });
-        let blob_key = format!("artifacts/{id}/{}", uuid::Uuid::new_v4());
+        // Time-ordered (v7), so the orphan sweep can tell an upload still in flight by age.
+        let blob_key = format!("artifacts/{id}/{}", uuid::Uuid::now_v7());
         let size = self
             .blobs
             .put_stream(&blob_key, body, self.cfg.max_artifact_bytes)

@@ -282,6 +282,16 @@ impl BlobStore {
             .await?)
     }
 
+    /// The keys under the folder `prefix` as they are listed, one at a time (sweeps over the
+    /// whole store never hold the listing in memory).
+    pub fn keys(&self, prefix: &str) -> BoxStream<'_, Result<String>> {
+        self.inner
+            .list(Some(&ObjPath::from(prefix)))
+            .map_ok(|m| m.location.to_string())
+            .map_err(StorageError::from)
+            .boxed()
+    }
+
     /// Deletes every object under the folder `prefix`, as [`Self::list`]; how many went.
     pub async fn delete_prefix(&self, prefix: &str) -> Result<usize> {
         let keys = self.list(prefix).await?;

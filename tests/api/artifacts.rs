@@ -251,3 +251,88 @@ async fn raw_put(s: &Srv, path: &str, cred: &str) -> u16 {
     assert!(text.contains("\"status_code\""), "{text}");
     text.split_whitespace().nth(1).unwrap().parse().unwrap()
 }
+
+/// Blobs a crash left without a record (between a blob's write and its record, or a record's
+/// removal and its blob's) are collected by the housekeeper's sweep; every blob a record
+/// points at, and an artifact upload that may still be streaming, is kept.
+#[tokio::test]
+async fn the_sweep_collects_only_blobs_no_record_points_at() {
+    let s = start().await;
+    let (d, tok) = device(&s, "cam").await;
+    let sid = session(&s, d, &tok).await;
+    let k = s.key();
+    let r = put(&s, sid, "kept.bin", k, None, b"kept".to_vec()).await;
+    assert_eq!(r.status, 201, "{}", r.body);
+    let capsule = crate::configurations::capsule(&s, "nav", "1.0.0").await;
+    let blobs = s._dir.path().join("data/blobs");
+    let rt = s.running.as_ref().unwrap().runtime.clone();
+    let org = rt.store.org_by_slug("default").unwrap().unwrap();
+    let pid = rt
+        .store
+        .project_by_slug(org.id, "default")
+        .unwrap()
+        .unwrap()
+        .id;
+    let write = |rel: String| {
+        let p = blobs.join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(&p, b"orphan").unwrap();
+        p
+    };
+    // Orphans: a key of an older binary (v4, no time), a deleted session's blob, a capsule
+    // and a configuration whose records are gone (an upload key and a sealed copy).
+    let old_style = write(format!("artifacts/{sid}/{}", uuid::Uuid::new_v4()));
+    let gone_session = write(format!("artifacts/999999/{}", uuid::Uuid::now_v7()));
+    let gone_capsule = write(format!("capsules/{pid}/999999"));
+    let gone_sealed = write(format!("configurations/{pid}/sealed/999999/sha256-ab"));
+    // Kept: a fresh unreferenced key (an upload that may still be streaming), and a file
+    // that is not a key of ours.
+    let in_flight = write(format!("artifacts/{sid}/{}", uuid::Uuid::now_v7()));
+    let foreign = write(format!("artifacts/{sid}/upload.tmp"));
+    let before: Vec<_> = walk(&blobs);
+
+    assert_eq!(rt.collect_orphans_now().await.unwrap(), 4);
+    for p in [&old_style, &gone_session, &gone_capsule, &gone_sealed] {
+        assert!(!p.exists(), "{p:?} should be collected");
+    }
+    for p in [&in_flight, &foreign] {
+        assert!(p.exists(), "{p:?} should be kept");
+    }
+    assert_eq!(walk(&blobs).len(), before.len() - 4);
+    // What records point at is untouched and still served.
+    let r = s
+        .http
+        .get(s.url(&format!("{DEV}/sessions/{sid}/files/kept.bin")))
+        .bearer_auth(k)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.bytes().await.unwrap().as_ref(), b"kept");
+    let c = s
+        .get(
+            &format!("/api/v1/projects/default/default/capsules/{capsule}"),
+            k,
+        )
+        .await;
+    let dl = c.body["download_url"].as_str().unwrap().to_string();
+    assert_eq!(s.http.get(&dl).send().await.unwrap().status(), 200);
+    // A day later the unreferenced upload is no longer in flight: collected too.
+    rt.clock.advance(std::time::Duration::from_secs(25 * 3600));
+    assert_eq!(rt.collect_orphans_now().await.unwrap(), 1);
+    assert!(!in_flight.exists());
+    assert_eq!(rt.collect_orphans_now().await.unwrap(), 0);
+}
+
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}

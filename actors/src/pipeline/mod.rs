@@ -737,6 +737,49 @@ impl PipelineHandle {
         }
     }
 
+    /// Deletes capsule and configuration blobs whose record is gone (a crash between a
+    /// record's deletion and its blobs'). A record exists before any of its blobs (their keys
+    /// carry its id, and only its signed link writes them) and ids are never reused, so no
+    /// grace period is needed. Returns how many went.
+    pub async fn collect_orphans(&self) -> Result<usize> {
+        use futures::StreamExt;
+        let mut gone = 0;
+        for kind in [keys::CAPSULES, keys::CONFIGURATIONS] {
+            let mut listed = self.blobs.keys(kind);
+            let mut last: Option<((u64, u64), bool)> = None;
+            while let Some(key) = listed.next().await {
+                let key = key?;
+                let parts: Vec<&str> = key.split('/').collect();
+                let ids = match parts.as_slice() {
+                    [_, pid, id] | [_, pid, "sealed", id, ..] => {
+                        match (pid.parse::<u64>(), id.parse::<u64>()) {
+                            (Ok(p), Ok(i)) => (p, i),
+                            _ => continue,
+                        }
+                    }
+                    _ => continue,
+                };
+                let exists = match last {
+                    Some((k, e)) if k == ids => e,
+                    _ => {
+                        let e = if kind == keys::CAPSULES {
+                            self.store.capsule(ids.0, ids.1)?.is_some()
+                        } else {
+                            self.store.configuration(ids.0, ids.1)?.is_some()
+                        };
+                        last = Some((ids, e));
+                        e
+                    }
+                };
+                if !exists {
+                    self.blobs.delete(&key).await?;
+                    gone += 1;
+                }
+            }
+        }
+        Ok(gone)
+    }
+
     /// Once a record is durably deleted: its bytes, its upload key (on S3 a late `PUT` may
     /// have put an object there after confirm) and its sealed folder (copies a crash left).
     pub(crate) async fn drop_blobs(&self, kind: &str, pid: u64, id: u64, blob_key: &str) {
