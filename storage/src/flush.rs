@@ -27,6 +27,9 @@ pub(crate) struct GroupCommit {
     closed: Arc<AtomicBool>,
     wake: Arc<Notify>,
     done: watch::Receiver<Done>,
+    /// Joined on drop: the lock is released when the store is, not some time later (a
+    /// process that reopens the directory right after would find it still held).
+    thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl GroupCommit {
@@ -41,7 +44,7 @@ impl GroupCommit {
         let (req, w, stop) = (requested.clone(), wake.clone(), closed.clone());
         // A dedicated thread, not a tokio task: it must outlive any one runtime (offline
         // commands and tests create several) and fsync is blocking anyway.
-        std::thread::Builder::new()
+        let thread = std::thread::Builder::new()
             .name("fleetops-flush".into())
             .spawn(move || {
                 let rt = tokio::runtime::Builder::new_current_thread()
@@ -75,6 +78,7 @@ impl GroupCommit {
             closed,
             wake,
             done: rx,
+            thread,
         }
     }
 
@@ -97,6 +101,12 @@ impl Drop for GroupCommit {
     fn drop(&mut self) {
         self.closed.store(true, Ordering::SeqCst);
         self.wake.notify_one();
+        // At most one flush in progress to wait for.
+        if let Some(t) = self.thread.take()
+            && t.thread().id() != std::thread::current().id()
+        {
+            let _ = t.join();
+        }
     }
 }
 

@@ -33,7 +33,16 @@ fn serve(dir: &std::path::Path, extra_env: &[(&str, &str)]) -> Proc {
         .env("FLEETOPS_DATA_DIR", dir.join("data"))
         .env("FLEETOPS_LOG", "warn")
         .stdout(Stdio::piped())
-        .stderr(Stdio::null());
+        .stderr(match std::env::var_os("FLEETOPS_TEST_STDERR") {
+            Some(p) => Stdio::from(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(p)
+                    .unwrap(),
+            ),
+            None => Stdio::null(),
+        });
     for (k, v) in extra_env {
         cmd.env(k, v);
     }
