@@ -290,6 +290,16 @@ impl<C: KeyedChild> Keyed<C> {
         }
     }
 
+    /// Calls waiting on the entity's actor now (queued, or taken on and not yet answered).
+    pub(crate) fn waiting(&self, key: u64) -> usize {
+        self.gates.get(&key).map_or(0, |g| {
+            self.cfg
+                .mailbox_limit
+                .max(1)
+                .saturating_sub(g.available_permits())
+        })
+    }
+
     /// Drops the mailbox bound of an entity that is gone.
     pub(crate) fn forget(&self, key: u64) {
         self.gates.remove(&key);

@@ -92,8 +92,8 @@ pub struct Runtime {
     /// The webhook worker and the housekeeper, supervised by the root (killed first at
     /// shutdown: the worker may be waiting on its queue).
     worker: Arc<Slot<scm::worker::WorkerMsg>>,
-    /// The worker's queue (fault injection only; the intake feeds it).
-    worker_queue: tokio::sync::mpsc::UnboundedSender<u64>,
+    /// Wakes the worker (fault injection only; the intake wakes it for stored deliveries).
+    worker_feed: scm::worker::WorkerFeed,
     housekeeper: Arc<Slot<housekeeper::HousekeeperMsg>>,
     pruners: housekeeper::Pruners,
     /// The root's children that are down now.
@@ -168,7 +168,7 @@ impl Runtime {
             restarts: restarts.clone(),
         };
         store.backfill_commit_runs()?;
-        let (queue_tx, queue_rx) = tokio::sync::mpsc::unbounded_channel();
+        let feed = scm::worker::WorkerFeed::default();
         let installation_args = KeyedArgs::<scm::installation::InstallationActor> {
             ctx: (store.clone(), dispatcher_slot.clone()),
             cfg: cfg.supervision.clone(),
@@ -267,7 +267,7 @@ impl Runtime {
                 session_args,
                 intake: intake_slot.clone(),
                 dispatcher: dispatcher_slot.clone(),
-                queue: queue_tx.clone(),
+                queue: feed.clone(),
                 dedup_window_seconds: cfg.scm.dedup_window_seconds,
                 lease_seconds: cfg.runs.lease_seconds,
                 installations: installations_slot,
@@ -275,7 +275,7 @@ impl Runtime {
                 worker: worker_slot.clone(),
                 worker_args: scm::worker::WorkerArgs {
                     scm: scm.clone(),
-                    queue: Arc::new(tokio::sync::Mutex::new(queue_rx)),
+                    feed: feed.clone(),
                 },
                 housekeeper: housekeeper_slot.clone(),
                 housekeeper_args: housekeeper::HousekeeperArgs {
@@ -323,7 +323,7 @@ impl Runtime {
             pipeline,
             scm,
             worker: worker_slot,
-            worker_queue: queue_tx,
+            worker_feed: feed,
             housekeeper: housekeeper_slot,
             pruners,
             health,
@@ -367,7 +367,10 @@ impl Runtime {
     /// Makes the webhook worker panic (supervision tests only).
     #[doc(hidden)]
     pub fn inject_worker_panic(&self) {
-        let _ = self.worker_queue.send(scm::worker::INJECTED_PANIC);
+        self.worker_feed
+            .panic_next
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        self.worker_feed.stored();
     }
 
     /// Makes the housekeeper panic (supervision tests only).

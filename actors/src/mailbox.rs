@@ -3,7 +3,8 @@
 //! still queued.
 //!
 //! Every call travels in an [`Envelope`] that shares its state with the waiting caller: the
-//! actor takes the request on (`Envelope::open`) only while the caller still waits, and once
+//! actor takes the request on (`Envelope::open`) only while the caller still waits (its
+//! deadline has not passed and it has not gone away), and once
 //! taken on, the caller waits for the answer however long it takes. So a caller that timed
 //! out (503) left nothing behind that could be applied later, and a caller whose request was
 //! being applied is told what became of it, never a 503 for a write that then happens.
@@ -61,6 +62,22 @@ impl CallState {
 
     fn started(&self) -> bool {
         self.0.load(Ordering::Acquire) == STARTED
+    }
+
+    /// The caller gave up (deadline passed, or it went away) before the request was taken on.
+    pub(crate) fn abandoned(&self) -> bool {
+        self.0.load(Ordering::Acquire) == ABANDONED
+    }
+}
+
+/// Gives the call up when its caller goes away without waiting for the answer (a client that
+/// hangs up drops the request's future): like a passed deadline, a request not yet taken on
+/// is then never applied.
+struct AbandonOnDrop(Arc<CallState>);
+
+impl Drop for AbandonOnDrop {
+    fn drop(&mut self) {
+        self.0.abandon();
     }
 }
 
@@ -129,6 +146,7 @@ where
     };
     let (tx, mut rx) = tokio::sync::oneshot::channel();
     let call = Arc::new(CallState::default());
+    let _gone = AbandonOnDrop(call.clone());
     let env = Envelope {
         call: Some(call.clone()),
         msg: build(RpcReplyPort::from(tx)),
@@ -164,6 +182,7 @@ pub(crate) fn lost_twice() -> Error {
 pub(crate) struct Slot<M: Send + 'static> {
     current: std::sync::RwLock<Option<ActorRef<Envelope<M>>>>,
     gate: Arc<Semaphore>,
+    limit: usize,
     timeout: Duration,
 }
 
@@ -172,6 +191,7 @@ impl<M: Send + 'static> Slot<M> {
         Self {
             current: std::sync::RwLock::new(None),
             gate: Arc::new(Semaphore::new(limit)),
+            limit,
             timeout,
         }
     }
@@ -214,6 +234,11 @@ impl<M: Send + 'static> Slot<M> {
                 }
             }
         }
+    }
+
+    /// Calls waiting on this actor now (queued, or taken on and not yet answered).
+    pub(crate) fn waiting(&self) -> usize {
+        self.limit.saturating_sub(self.gate.available_permits())
     }
 
     pub(crate) fn cast(&self, msg: M) {

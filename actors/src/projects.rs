@@ -82,6 +82,12 @@ impl ProjectsHandle {
             })
     }
 
+    /// Calls waiting on the project's actor now (deadline tests only).
+    #[doc(hidden)]
+    pub fn waiting(&self, pid: u64) -> usize {
+        self.actors.waiting(pid)
+    }
+
     /// Holds the project's actor up for `d` (deadline tests only).
     #[doc(hidden)]
     pub async fn inject_stall(&self, pid: u64, d: std::time::Duration) -> Result<()> {

@@ -26,7 +26,8 @@ pub(crate) enum QuotaMsg {
 }
 
 /// The organization's turn: while it is held, no other reservation of the organization is
-/// counted. Dropping it (record written, or the write failed) lets the next one in.
+/// counted. The caller and its create message share it, so it ends only when the record is
+/// written or the message is dropped unapplied, whatever became of the caller.
 pub(crate) struct Turn {
     _release: oneshot::Sender<()>,
 }

@@ -113,8 +113,8 @@ pub(crate) struct RootArgs {
     pub sessions: Arc<Slot<KeyedMsg<SessionMsg>>>,
     pub session_args: KeyedArgs<SessionActor>,
     pub intake: Arc<Slot<IntakeMsg>>,
-    /// The webhook worker's queue (the intake actor feeds it).
-    pub queue: tokio::sync::mpsc::UnboundedSender<u64>,
+    /// Wakes the webhook worker (the intake stores its queue entries).
+    pub queue: crate::scm::worker::WorkerFeed,
     pub dedup_window_seconds: i64,
     pub dispatcher: Arc<Slot<DispatcherMsg>>,
     pub lease_seconds: i64,

@@ -204,6 +204,26 @@ impl Store {
     }
 
     /// Deliveries still waiting for the worker, in arrival order.
+    /// Up to `limit` queued deliveries with a seq above `after`, in arrival order: the worker
+    /// reads its queue a page at a time, so a long backlog costs a page of memory.
+    pub fn queued_after(&self, after: u64, limit: usize) -> Result<Vec<u64>> {
+        let prefix = keys::queued_prefix();
+        let Some(from) = after.checked_add(1) else {
+            return Ok(Vec::new());
+        };
+        let mut out = Vec::new();
+        for kv in self.inner.records.range(keys::queued(from)..) {
+            let (k, _) = kv?;
+            if !k.starts_with(&prefix) || out.len() >= limit {
+                break;
+            }
+            if let Some(seq) = keys::trailing_id(&k) {
+                out.push(seq);
+            }
+        }
+        Ok(out)
+    }
+
     pub fn queued_deliveries(&self) -> Result<Vec<u64>> {
         Ok(self
             .scan_keys(&keys::queued_prefix())?

@@ -512,6 +512,79 @@ async fn concurrent_uploads_across_projects_never_exceed_the_quota() {
     assert_eq!(held, 12_000);
 }
 
+/// The organization's quota turn ends with the record's write, not with its caller: a
+/// reservation whose client hung up while its record waited is either written (and counted)
+/// or never applied, and the next reservation is counted after that is settled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_up_reservation_never_lets_the_quota_be_exceeded() {
+    let s = start_with(|c| {
+        c.tiers.get_mut("free").unwrap().storage_bytes = Some(3_000);
+    })
+    .await;
+    let mut secrets = Vec::new();
+    for i in 0..2 {
+        let r = s
+            .post(
+                "/api/v1/organizations/default/projects",
+                s.key(),
+                json!({"slug": format!("q{i}")}),
+            )
+            .await;
+        assert_eq!(r.status, 201, "{}", r.body);
+        secrets.push(r.body["project_secret"].as_str().unwrap().to_string());
+    }
+    let rt = s.running.as_ref().unwrap().runtime.clone();
+    let org = rt.store.org_by_slug("default").unwrap().unwrap();
+    let q0 = rt.store.project_by_slug(org.id, "q0").unwrap().unwrap().id;
+    rt.projects
+        .inject_stall(q0, std::time::Duration::from_millis(1500))
+        .await
+        .unwrap();
+    let body = |name: &str| {
+        json!({"name": name, "version": "1.0.0", "capsule_type": "OS",
+        "file_format": ".tar", "file_size_bytes": 2_000})
+    };
+    let (http, url, secret, a) = (
+        s.http.clone(),
+        s.url("/api/v1/projects/default/q0/capsules/upload-url"),
+        secrets[0].clone(),
+        body("a"),
+    );
+    let caller = tokio::spawn(async move {
+        http.post(url)
+            .header("X-Project-Secret", secret)
+            .json(&a)
+            .send()
+            .await
+    });
+    // It holds the turn and its record waits in q0's mailbox: its client goes away.
+    assert!(eventually(10, || async { rt.projects.waiting(q0) == 1 }).await);
+    caller.abort();
+    let _ = caller.await;
+    let b = secret_post(
+        &s,
+        "/api/v1/projects/default/q1/capsules/upload-url",
+        &secrets[1],
+        body("b"),
+    )
+    .await;
+    assert!(matches!(b.status.as_u16(), 201 | 413), "{}", b.body);
+    let mut held = 0;
+    for i in 0..2 {
+        let r = s
+            .get(&format!("/api/v1/projects/default/q{i}/capsules"), s.key())
+            .await;
+        held += r.body.as_array().map_or(0, |a| a.len()) * 2_000;
+    }
+    assert!(
+        held <= 3_000,
+        "{held} bytes held of 3,000 (b: {})",
+        b.status
+    );
+    // The hung-up one was never applied, so b fits.
+    assert_eq!(b.status, 201);
+}
+
 #[tokio::test]
 async fn unconfirmed_uploads_are_purged_when_their_link_expires() {
     let s = start_with(|c| {

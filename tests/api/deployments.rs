@@ -520,11 +520,12 @@ async fn roles_tenancy_and_order_of_checks() {
 }
 
 /// A rollout result leaves the project's actor, not the request: a device whose connection
-/// drops while its report waits in the mailbox still has its result stored and published
-/// once, and a refused report publishes nothing.
+/// drops after its report was applied, while it waits for the group commit, still has its
+/// result stored and published once; a refused report publishes nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rollout_result_is_published_by_its_writer_even_when_the_caller_left() {
-    let s = start().await;
+    // A slow group commit: a caller waits for it well after its write was applied.
+    let s = start_with(|c| c.storage.commit_delay_us = 500_000).await;
     let nav = capsule(&s, "nav", "1.0.0").await;
     let (d1, _) = device(&s, "r1", json!({})).await;
     let r = s
@@ -540,13 +541,6 @@ async fn a_rollout_result_is_published_by_its_writer_even_when_the_caller_left()
         .await;
     assert_eq!(r.status, 200, "{}", r.body);
     let rt = s.running.as_ref().unwrap().runtime.clone();
-    let org = rt.store.org_by_slug("default").unwrap().unwrap();
-    let pid = rt
-        .store
-        .project_by_slug(org.id, "default")
-        .unwrap()
-        .unwrap()
-        .id;
     let mut events = rt.pipeline.subscribe_rollouts();
     let results = format!("{DEPS}/{dep}/device-status");
 
@@ -559,11 +553,6 @@ async fn a_rollout_result_is_published_by_its_writer_even_when_the_caller_left()
     .await
     .assert_error(422);
 
-    // The report waits behind a stall; its caller goes away long before it is applied.
-    rt.projects
-        .inject_stall(pid, std::time::Duration::from_millis(800))
-        .await
-        .unwrap();
     let (http, url, key) = (s.http.clone(), s.url(&results), s.key().to_string());
     let caller = tokio::spawn(async move {
         http.post(url)
@@ -572,7 +561,15 @@ async fn a_rollout_result_is_published_by_its_writer_even_when_the_caller_left()
             .send()
             .await
     });
-    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    // Applied (visible to reads), not yet answered: the device hangs up.
+    let store = rt.store.clone();
+    assert!(
+        eventually(10, || {
+            let store = store.clone();
+            async move { store.device_result(dep, d1).unwrap().is_some() }
+        })
+        .await
+    );
     caller.abort();
     let _ = caller.await;
     let e = tokio::time::timeout(std::time::Duration::from_secs(10), events.recv())

@@ -476,3 +476,99 @@ async fn a_delivery_taken_on_is_answered_with_the_truth() {
         .collect();
     assert!(ids.contains(&id.as_str()), "{ids:?}");
 }
+
+/// A caller that goes away (its client hung up) before its request was taken on leaves
+/// nothing behind: the request waiting in the mailbox is never applied, so a client that
+/// retries after its own timeout cannot create the device twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_that_hung_up_before_its_turn_is_never_applied() {
+    let s = start().await;
+    let k = s.key().to_string();
+    let pid = project_id(&s);
+    let rt = s.running.as_ref().unwrap().runtime.clone();
+    assert_eq!(
+        s.post(&format!("{DEV}/devices"), &k, json!({"name": "before"}))
+            .await
+            .status,
+        201
+    );
+    rt.projects
+        .inject_stall(pid, std::time::Duration::from_millis(1500))
+        .await
+        .unwrap();
+    let (http, url, key) = (s.http.clone(), s.url(&format!("{DEV}/devices")), k.clone());
+    let caller = tokio::spawn(async move {
+        http.post(url)
+            .bearer_auth(key)
+            .json(&json!({"name": "hung-up"}))
+            .send()
+            .await
+    });
+    // Once its request waits in the actor's mailbox, the client goes away.
+    assert!(eventually(10, || async { rt.projects.waiting(pid) == 1 }).await);
+    caller.abort();
+    let _ = caller.await;
+    let after = eventually(20, || async {
+        s.post(&format!("{DEV}/devices"), &k, json!({"name": "after"}))
+            .await
+            .status
+            == 201
+    })
+    .await;
+    assert!(after);
+    let names: Vec<String> = s.get(&format!("{DEV}/devices?page_size=10"), &k).await.body["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["name"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(names.len(), 2, "{names:?}");
+    assert!(!names.contains(&"hung-up".to_string()), "{names:?}");
+}
+
+/// Contract 6: a host answered 503 claimed nothing, so its redelivery is the delivery, also
+/// when the first attempt still waits in the intake's mailbox as the redelivery arrives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redelivery_after_a_503_is_the_delivery() {
+    use crate::webhooks::{SECRET, sign};
+    let s = start_with(|c| {
+        c.scm.webhook_secret = SECRET.into();
+        c.supervision.call_timeout_ms = 1000;
+    })
+    .await;
+    let rt = s.running.as_ref().unwrap().runtime.clone();
+    let send = |id: String, zen: &'static str| {
+        let (http, url) = (s.http.clone(), s.url("/api/v1/scm/webhooks"));
+        async move {
+            let body = serde_json::to_vec(&json!({ "zen": zen })).unwrap();
+            http.post(url)
+                .header("content-type", "application/json")
+                .header("X-Host-Event", "ping")
+                .header("X-Host-Delivery", id)
+                .header("X-Hub-Signature-256", sign(SECRET, &body))
+                .body(body)
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }
+    };
+    // A first delivery's batch write is held: the intake's mailbox queues what comes next.
+    let hold = rt.scm.inject_write_hold();
+    let first = tokio::spawn(send(uuid::Uuid::new_v4().to_string(), "first"));
+    assert!(eventually(10, || async { rt.scm.intake_waiting() == 1 }).await);
+    let x = uuid::Uuid::new_v4().to_string();
+    // Its deadline passes in the mailbox: 503, nothing claimed.
+    assert_eq!(send(x.clone(), "x").await, 503);
+    // The host redelivers while that attempt is still queued; then the write goes on.
+    let again = tokio::spawn(send(x.clone(), "x"));
+    assert!(eventually(10, || async { rt.scm.intake_waiting() == 2 }).await);
+    hold.notify_one();
+    assert_eq!(first.await.unwrap(), 202);
+    assert_eq!(again.await.unwrap(), 202);
+    let r = s.get(&format!("/api/v1/scm/deliveries/{x}"), s.key()).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    // And it is claimed now: a third attempt is the duplicate.
+    assert_eq!(send(x.clone(), "x").await, 401);
+}

@@ -276,17 +276,19 @@ impl PipelineHandle {
                 format!("capsule {} does not exist in this project", req.capsule_id),
             ));
         }
-        let _turn = self
-            .reserve(
+        let turn = std::sync::Arc::new(
+            self.reserve(
                 org_id,
                 tier,
                 req.file_size_bytes.unwrap_or(MAX_CONFIG_BYTES),
             )
-            .await?;
+            .await?,
+        );
         let now = now_ms();
         let c = self
             .projects
             .write(pid, |reply| ProjectMsg::CreateConfiguration {
+                turn: turn.clone(),
                 config: Box::new(Configuration {
                     id: 0,
                     project_id: pid,
@@ -428,8 +430,10 @@ impl PipelineHandle {
             }
             Err(e) => Err(e),
         };
-        if seal {
-            // Written or not, keep only what the durable record now points at.
+        // Once the verdict is durable, keep only what the record points at. After an error
+        // nothing is deleted: the write may be applied in memory and not yet on disk, and
+        // the record on disk may still point at the upload key.
+        if seal && settled.is_ok() {
             match self.store.configuration(pid, id) {
                 Ok(now) => {
                     let now = now.map(|n| n.blob_key);

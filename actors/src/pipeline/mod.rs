@@ -420,11 +420,12 @@ impl PipelineHandle {
                 "at most 2000 characters",
             ));
         }
-        let _turn = self.reserve(org_id, tier, req.file_size_bytes).await?;
+        let turn = Arc::new(self.reserve(org_id, tier, req.file_size_bytes).await?);
         let now = now_ms();
         let c = self
             .projects
             .write(pid, |reply| ProjectMsg::CreateCapsule {
+                turn: turn.clone(),
                 capsule: Box::new(Capsule {
                     id: 0,
                     project_id: pid,
@@ -594,14 +595,21 @@ impl PipelineHandle {
             ));
         }
         let settled = self.check_and_settle(&c, &staging, checksum, true).await;
-        // Written or not, keep only what the durable record now points at.
-        match self.store.capsule(pid, id) {
-            Ok(now) => {
-                let now = now.map(|n| n.blob_key);
-                self.tidy_sealed(keys::CAPSULES, pid, id, now.as_deref())
-                    .await;
+        // Once the verdict is durable (a checksum mismatch is a written verdict too), keep
+        // only what the record points at. After any other error nothing is deleted: the
+        // write may be applied in memory and not yet on disk, and the record on disk may
+        // still point at the upload key.
+        if matches!(settled, Ok(_) | Err(Error::BadRequest(_))) {
+            match self.store.capsule(pid, id) {
+                Ok(now) => {
+                    let now = now.map(|n| n.blob_key);
+                    self.tidy_sealed(keys::CAPSULES, pid, id, now.as_deref())
+                        .await;
+                }
+                Err(e) => {
+                    tracing::warn!(capsule = id, error = %e, "could not tidy a sealed upload")
+                }
             }
-            Err(e) => tracing::warn!(capsule = id, error = %e, "could not tidy a sealed upload"),
         }
         settled
     }
@@ -638,7 +646,7 @@ impl PipelineHandle {
                     reply,
                 })
                 .await;
-            let _ = self.blobs.delete(&c.blob_key).await;
+            // The failed record still points at the object: it goes with the record.
             return verdict;
         }
         let stream = self.blobs.stream(source, None).await?;

@@ -9,6 +9,7 @@
 mod pipeline;
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use fleetops_storage::{
     Capsule, Configuration, Deployment, Device, DeviceGroup, DeviceResult, Project, Session,
@@ -21,6 +22,7 @@ use crate::error::{Error, Result};
 use crate::events::Outbox;
 use crate::mailbox::Envelope;
 use crate::pipeline::deployments::{DeploymentPatch, DeploymentSpec, RolloutEvent, Transition};
+use crate::quota::Turn;
 use crate::rules;
 use crate::secrets;
 
@@ -86,6 +88,9 @@ pub(crate) enum ProjectMsg {
     },
     CreateCapsule {
         capsule: Box<Capsule>,
+        /// The organization's quota turn, released once this message is written or dropped
+        /// unapplied (never while the record may still appear).
+        turn: Arc<Turn>,
         reply: Reply<Capsule>,
     },
     CapsuleUploaded {
@@ -119,6 +124,8 @@ pub(crate) enum ProjectMsg {
     },
     CreateConfiguration {
         config: Box<Configuration>,
+        /// As for `CreateCapsule`.
+        turn: Arc<Turn>,
         reply: Reply<Configuration>,
     },
     ConfigurationUploaded {
@@ -302,8 +309,13 @@ impl Actor for ProjectActor {
             ProjectMsg::DeleteSession { id, reply } => {
                 let _ = reply.send(st.delete_session(id));
             }
-            ProjectMsg::CreateCapsule { capsule, reply } => {
+            ProjectMsg::CreateCapsule {
+                capsule,
+                turn,
+                reply,
+            } => {
                 let _ = reply.send(st.create_capsule(*capsule));
+                drop(turn);
             }
             ProjectMsg::CapsuleUploaded { id, size, reply } => {
                 let _ = reply.send(st.capsule_uploaded(id, size));
@@ -326,8 +338,13 @@ impl Actor for ProjectActor {
             } => {
                 let _ = reply.send(st.validation_pending(id, &checksum));
             }
-            ProjectMsg::CreateConfiguration { config, reply } => {
+            ProjectMsg::CreateConfiguration {
+                config,
+                turn,
+                reply,
+            } => {
                 let _ = reply.send(st.create_configuration(*config));
+                drop(turn);
             }
             ProjectMsg::ConfigurationUploaded { id, size, reply } => {
                 let _ = reply.send(st.configuration_uploaded(id, size));

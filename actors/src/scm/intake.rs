@@ -11,6 +11,7 @@ use fleetops_storage::{Delivery, StorageError, Store, accounts::Seq};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
 use super::SecretState;
+use super::worker::WorkerFeed;
 
 use std::sync::Arc;
 
@@ -45,19 +46,16 @@ pub(crate) enum IntakeMsg {
     /// Fault injection: the next batch write takes this much longer, as on a slow disk
     /// (deadline tests).
     StallNextWrite(std::time::Duration),
+    /// Fault injection: the next batch write waits until the test releases it.
+    HoldNextWrite(Arc<tokio::sync::Notify>),
 }
 
 pub(crate) struct IntakeActor;
 
-/// The store, and the worker's queue: the actor itself queues what it stored, so a caller
-/// that goes away (a host that hangs up before its 202) cannot leave a delivery stored but
-/// never worked.
-pub(crate) type IntakeArgs = (
-    Store,
-    tokio::sync::mpsc::UnboundedSender<u64>,
-    i64,
-    crate::clock::Clock,
-);
+/// The store, and the worker's wake-up: the actor itself wakes the worker for what it
+/// stored, so a caller that goes away (a host that hangs up before its 202) cannot leave a
+/// delivery stored but never worked.
+pub(crate) type IntakeArgs = (Store, WorkerFeed, i64, crate::clock::Clock);
 
 /// A delivery accepted into the current batch, waiting for the batch's write.
 struct Pending {
@@ -71,7 +69,8 @@ struct Pending {
 
 pub(crate) struct IntakeState {
     store: Store,
-    queue: tokio::sync::mpsc::UnboundedSender<u64>,
+    /// Wakes the worker, which reads the queue entries written with each batch.
+    queue: WorkerFeed,
     /// Group commit through the mailbox: deliveries accepted since the last `Flush`; the
     /// `Flush` the first of them sent to itself runs after every message already queued.
     pending: Vec<Pending>,
@@ -80,6 +79,7 @@ pub(crate) struct IntakeState {
     window_ms: i64,
     /// Injected delay of the next batch write (tests).
     stall: Option<std::time::Duration>,
+    hold: Option<Arc<tokio::sync::Notify>>,
     clock: crate::clock::Clock,
 }
 
@@ -100,6 +100,7 @@ impl Actor for IntakeActor {
             pending: Vec::new(),
             pending_ids: HashSet::new(),
             stall: None,
+            hold: None,
             clock,
         })
     }
@@ -121,9 +122,16 @@ impl Actor for IntakeActor {
                 body,
                 reply,
             } => {
+                // Its caller already gave up (503, or hung up): it claims nothing.
+                if reply.is_closed() || call.as_ref().is_some_and(|c| c.abandoned()) {
+                    return Ok(());
+                }
                 let since = st.clock.now_ms() - st.window_ms;
-                let claimed = st.pending_ids.contains(&delivery_id)
-                    || match st.store.is_claimed(&delivery_id, since) {
+                // A repeat of a delivery waiting in this batch is not refused yet: the first
+                // one's caller may still give up before the write, and then this one is the
+                // delivery (`flush` decides, in arrival order).
+                let claimed = !st.pending_ids.contains(&delivery_id)
+                    && match st.store.is_claimed(&delivery_id, since) {
                         Ok(c) => c,
                         Err(e) => {
                             let _ = reply.send(Err(unavailable(&e)));
@@ -152,6 +160,7 @@ impl Actor for IntakeActor {
             }
             IntakeMsg::Flush => st.flush().await,
             IntakeMsg::StallNextWrite(d) => st.stall = Some(d),
+            IntakeMsg::HoldNextWrite(n) => st.hold = Some(n),
             IntakeMsg::Expire { before, reply } => {
                 if call.is_some_and(|c| !c.start()) {
                     return Ok(());
@@ -195,11 +204,23 @@ impl IntakeState {
     async fn flush(&mut self) {
         // A caller that gave up (its deadline passed: it answered 503, or it hung up) claims
         // nothing; the others are taken on here, so from now on their callers wait for the
-        // truth instead of timing out.
-        let batch: Vec<Pending> = std::mem::take(&mut self.pending)
-            .into_iter()
-            .filter(|p| !p.reply.is_closed() && p.call.as_ref().is_none_or(|c| c.start()))
-            .collect();
+        // truth instead of timing out. Of several deliveries of one id, the first still
+        // waiting is the delivery and the later ones are its duplicates.
+        let mut taken = HashSet::new();
+        let mut batch = Vec::new();
+        for p in std::mem::take(&mut self.pending) {
+            if taken.contains(&p.delivery_id) {
+                let _ = p
+                    .reply
+                    .send(Err(Error::Rejected("Duplicate delivery".into())));
+                continue;
+            }
+            if p.reply.is_closed() || !p.call.as_ref().is_none_or(|c| c.start()) {
+                continue;
+            }
+            taken.insert(p.delivery_id.clone());
+            batch.push(p);
+        }
         self.pending_ids.clear();
         if batch.is_empty() {
             return;
@@ -239,6 +260,9 @@ impl IntakeState {
         if let Some(d) = self.stall.take() {
             tokio::time::sleep(d).await;
         }
+        if let Some(n) = self.hold.take() {
+            n.notified().await;
+        }
         let written = tokio::task::spawn_blocking(move || {
             store.claim_deliveries(&mut items)?;
             let flushed = store.flush_blocking();
@@ -251,10 +275,10 @@ impl IntakeState {
                 // Stored (claimed, visible): the worker gets them whether or not the flush
                 // worked, so a claimed delivery is never left unworked until a restart.
                 let flushed = flushed.map_err(|e| unavailable(&e));
+                if batch.iter().any(|p| p.subscribed) {
+                    self.queue.stored();
+                }
                 for (p, (d, _, _)) in batch.into_iter().zip(items) {
-                    if p.subscribed {
-                        let _ = self.queue.send(d.seq);
-                    }
                     let _ = p.reply.send(match &flushed {
                         Ok(()) => Ok(p.subscribed.then_some(d.seq)),
                         Err(_) => Err(Error::Unavailable {

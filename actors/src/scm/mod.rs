@@ -876,6 +876,21 @@ impl ScmHandle {
         self.intake.cast(IntakeMsg::StallNextWrite(d));
     }
 
+    /// Holds the intake's next batch write until the returned notify is notified (deadline
+    /// tests only).
+    #[doc(hidden)]
+    pub fn inject_write_hold(&self) -> Arc<tokio::sync::Notify> {
+        let n = Arc::new(tokio::sync::Notify::new());
+        self.intake.cast(IntakeMsg::HoldNextWrite(n.clone()));
+        n
+    }
+
+    /// Calls waiting on the intake now, queued or being answered (deadline tests only).
+    #[doc(hidden)]
+    pub fn intake_waiting(&self) -> usize {
+        self.intake.waiting()
+    }
+
     /// Makes an installation's actor panic in its handler (supervision tests only).
     #[doc(hidden)]
     pub async fn inject_panic(&self, installation_id: u64) -> Result<()> {

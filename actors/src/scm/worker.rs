@@ -1,22 +1,23 @@
 //! WorkerActor: works accepted webhook deliveries one at a time, in arrival order, under the
-//! root supervisor. The intake actor hands it the seq of each delivery it stored; the queue
-//! outlives the actor, so a restart loses nothing that was sent, and on every (re)start the
-//! worker first takes the deliveries the store still holds as queued (a crash's leftovers, or
-//! the one it was working when it panicked). Working a delivery twice is harmless: the
-//! installation actor and the dispatcher act on a delivery only while it is still queued.
+//! root supervisor. The store is the queue: the intake writes each subscribed delivery with a
+//! queue entry and wakes the worker, which reads the entries a page at a time past the last
+//! seq it took, so a long backlog (a worker left down past its restart budget, a burst)
+//! costs a page of memory, not an entry per delivery. On every (re)start the worker reads
+//! from the beginning, so it first takes what a crash left queued, or the delivery it was
+//! working when it panicked. Working a delivery twice is harmless: the installation actor
+//! and the dispatcher act on a delivery only while it is still queued.
 
-use std::collections::VecDeque;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
-use tokio::sync::Mutex;
-use tokio::sync::mpsc::UnboundedReceiver;
+use tokio::sync::Notify;
 
 use super::ScmHandle;
 use crate::mailbox::Envelope;
 
-/// A seq no delivery can have: the worker panics on it (fault injection for tests).
-pub(crate) const INJECTED_PANIC: u64 = u64::MAX;
+/// Queue entries read at a time.
+const PAGE: usize = 256;
 
 pub(crate) enum WorkerMsg {
     /// Work the next delivery (the actor sends this to itself after each one).
@@ -25,18 +26,34 @@ pub(crate) enum WorkerMsg {
 
 pub(crate) struct WorkerActor;
 
+/// What the intake and the worker share; it outlives any one incarnation of the worker.
+#[derive(Clone, Default)]
+pub(crate) struct WorkerFeed {
+    /// Stored deliveries are waiting (a permit is kept when the worker is not waiting).
+    pub wake: Arc<Notify>,
+    /// Fault injection for tests: the worker panics when it next wakes.
+    pub panic_next: Arc<AtomicBool>,
+}
+
+impl WorkerFeed {
+    pub(crate) fn stored(&self) {
+        self.wake.notify_one();
+    }
+}
+
 #[derive(Clone)]
 pub(crate) struct WorkerArgs {
     pub scm: ScmHandle,
-    /// The intake's queue of stored delivery seqs; shared so that it outlives a restart.
-    pub queue: Arc<Mutex<UnboundedReceiver<u64>>>,
+    pub feed: WorkerFeed,
 }
 
 pub(crate) struct WorkerState {
     scm: ScmHandle,
-    queue: Arc<Mutex<UnboundedReceiver<u64>>>,
-    /// Deliveries stored as queued when this incarnation started, worked first.
-    backlog: VecDeque<u64>,
+    feed: WorkerFeed,
+    /// The page being worked, in arrival order.
+    page: std::vec::IntoIter<u64>,
+    /// The last seq taken from the store.
+    after: u64,
 }
 
 impl Actor for WorkerActor {
@@ -49,13 +66,12 @@ impl Actor for WorkerActor {
         myself: ActorRef<Self::Msg>,
         args: WorkerArgs,
     ) -> Result<Self::State, ActorProcessingErr> {
-        let store = args.scm.store.clone();
-        let backlog = tokio::task::spawn_blocking(move || store.queued_deliveries()).await??;
         let _ = myself.cast(Envelope::cast(WorkerMsg::Next));
         Ok(WorkerState {
             scm: args.scm,
-            queue: args.queue,
-            backlog: backlog.into(),
+            feed: args.feed,
+            page: Vec::new().into_iter(),
+            after: 0,
         })
     }
 
@@ -68,19 +84,26 @@ impl Actor for WorkerActor {
         let Some(WorkerMsg::Next) = msg.open() else {
             return Ok(());
         };
-        let next = match st.backlog.pop_front() {
-            Some(seq) => Some(seq),
-            None => st.queue.lock().await.recv().await,
-        };
-        match next {
-            Some(INJECTED_PANIC) => panic!("injected fault in the webhook worker"),
-            Some(seq) => {
-                st.scm.process(seq).await;
-                let _ = myself.cast(Envelope::cast(WorkerMsg::Next));
+        let seq = loop {
+            if st.feed.panic_next.swap(false, Ordering::SeqCst) {
+                panic!("injected fault in the webhook worker");
             }
-            // The intake is gone for good (shutdown): nothing more will come.
-            None => myself.stop(None),
-        }
+            if let Some(seq) = st.page.next() {
+                break seq;
+            }
+            let (store, after) = (st.scm.store.clone(), st.after);
+            let page =
+                tokio::task::spawn_blocking(move || store.queued_after(after, PAGE)).await??;
+            if page.is_empty() {
+                // Everything stored so far is taken; the intake wakes us for more.
+                st.feed.wake.notified().await;
+                continue;
+            }
+            st.after = page.last().copied().unwrap_or(after);
+            st.page = page.into_iter();
+        };
+        st.scm.process(seq).await;
+        let _ = myself.cast(Envelope::cast(WorkerMsg::Next));
         Ok(())
     }
 }
