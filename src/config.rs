@@ -30,11 +30,11 @@ pub struct Config {
     pub supervision: SupervisionConfig,
     pub devices: DevicesConfig,
     pub sessions: SessionsConfig,
-    pub pipeline: fleetops_actors::pipeline::PipelineConfig,
+    pub pipeline: fleetops_actors::config::PipelineConfig,
     /// `[scm]`: the inbound webhook (secret, rotation, limits, retention).
-    pub scm: fleetops_actors::scm::ScmConfig,
+    pub scm: fleetops_actors::config::ScmConfig,
     /// `[runs]`: test-run leases.
-    pub runs: fleetops_actors::scm::RunsConfig,
+    pub runs: fleetops_actors::config::RunsConfig,
     /// `[storage]`: where artifacts (and later capsules) live.
     pub storage: fleetops_storage::blobs::StorageConfig,
     /// `[tiers.<name>]`; a table given here replaces only the keys it sets.
@@ -81,9 +81,9 @@ impl Default for Config {
             supervision: SupervisionConfig::default(),
             devices: DevicesConfig::default(),
             sessions: SessionsConfig::default(),
-            pipeline: fleetops_actors::pipeline::PipelineConfig::default(),
-            scm: fleetops_actors::scm::ScmConfig::default(),
-            runs: fleetops_actors::scm::RunsConfig::default(),
+            pipeline: fleetops_actors::config::PipelineConfig::default(),
+            scm: fleetops_actors::config::ScmConfig::default(),
+            runs: fleetops_actors::config::RunsConfig::default(),
             storage: fleetops_storage::blobs::StorageConfig::default(),
             tiers: BTreeMap::new(),
             admin: AdminConfig::default(),

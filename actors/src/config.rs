@@ -103,6 +103,77 @@ impl Default for AuthConfig {
     }
 }
 
+/// `[pipeline]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PipelineConfig {
+    /// Up to this size confirm validates inline (200); above it, in the background (202).
+    pub sync_validation_max_bytes: u64,
+    /// Lifetime of an upload link; an upload never confirmed by then is purged.
+    pub upload_ttl_seconds: i64,
+    /// Lifetime of a download link (the interface's 15 minutes).
+    pub download_ttl_seconds: i64,
+}
+
+impl Default for PipelineConfig {
+    fn default() -> Self {
+        Self {
+            sync_validation_max_bytes: 256 * 1024 * 1024,
+            upload_ttl_seconds: 3600,
+            download_ttl_seconds: 900,
+        }
+    }
+}
+
+/// `[scm]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ScmConfig {
+    /// Seeds the webhook secret (`FLEETOPS_SCM_WEBHOOK_SECRET`); once rotated through the API
+    /// the stored one is current.
+    pub webhook_secret: String,
+    /// How long the previous secret keeps verifying after a rotation.
+    pub rotation_grace_seconds: i64,
+    /// Signature failures within an hour that raise the alert on `/scm/status`.
+    pub signature_failure_alert_threshold: u32,
+    /// The host's own cap on a delivery's body.
+    pub max_body_bytes: u64,
+    /// How long a delivery id is remembered (a repeat within it is 401).
+    pub dedup_window_seconds: i64,
+    /// How long the delivery log keeps a delivery.
+    pub delivery_retention_days: i64,
+    /// A secret older than this is due for rotation.
+    pub rotation_days: i64,
+}
+
+impl Default for ScmConfig {
+    fn default() -> Self {
+        Self {
+            webhook_secret: String::new(),
+            rotation_grace_seconds: 86_400,
+            signature_failure_alert_threshold: 5,
+            max_body_bytes: 25 * 1024 * 1024,
+            dedup_window_seconds: 86_400,
+            delivery_retention_days: 30,
+            rotation_days: 90,
+        }
+    }
+}
+
+/// `[runs]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RunsConfig {
+    /// A claimed run's lease; renewed by heartbeats, expiry requeues it with `attempt` + 1.
+    pub lease_seconds: i64,
+}
+
+impl Default for RunsConfig {
+    fn default() -> Self {
+        Self { lease_seconds: 600 }
+    }
+}
+
 /// Everything the runtime needs, assembled by the binary from `config.toml` and env.
 #[derive(Debug, Clone, Default)]
 pub struct RuntimeConfig {
@@ -114,9 +185,9 @@ pub struct RuntimeConfig {
     pub tiers: Vec<String>,
     /// Storage limit (bytes) per tier name.
     pub quotas: std::collections::HashMap<String, u64>,
-    pub pipeline: crate::pipeline::PipelineConfig,
-    pub scm: crate::scm::ScmConfig,
-    pub runs: crate::scm::RunsConfig,
+    pub pipeline: PipelineConfig,
+    pub scm: ScmConfig,
+    pub runs: RunsConfig,
     /// Base of the links handed out; empty until the server knows its address.
     pub public_url: String,
     /// Where temporary copies (capsules being checked) go: inside the data directory, not a

@@ -62,3 +62,15 @@ impl<E: Clone + Send + 'static> Outbox<E> {
         self.bus.subscribe()
     }
 }
+
+/// What the alert evaluator hears: a device reported a rollout result.
+#[derive(Debug, Clone)]
+pub struct RolloutEvent {
+    pub project_id: u64,
+    pub deployment_id: u64,
+    pub device_id: u64,
+    pub status: String,
+    /// The device's previous status for this deployment (a change of state resolves alerts).
+    pub previous: Option<String>,
+    pub at: i64,
+}

@@ -14,7 +14,7 @@ use tokio::sync::oneshot;
 use crate::error::{Error, Result};
 use crate::keyed::Keyed;
 use crate::mailbox::Envelope;
-use crate::pipeline::configurations;
+use crate::rules::configurations;
 
 pub(crate) enum QuotaMsg {
     /// A turn to reserve `add` bytes under `limit`, or 413.

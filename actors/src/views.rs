@@ -346,3 +346,12 @@ pub struct LogPage {
     pub items: Vec<crate::logs::LogEntryView>,
     pub total: usize,
 }
+
+/// Stored JSON bytes as a raw value (`fallback` if they were somehow not JSON).
+pub(crate) fn raw_json(bytes: &[u8], fallback: &'static str) -> Box<serde_json::value::RawValue> {
+    use serde_json::value::RawValue;
+    serde_json::from_slice::<&RawValue>(bytes)
+        .map(|r| r.to_owned())
+        .or_else(|_| RawValue::from_string(fallback.to_string()))
+        .unwrap_or_default()
+}

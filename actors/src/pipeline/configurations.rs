@@ -2,7 +2,7 @@
 //! inherit, check schema and capsule compatibility in the project's actor), list, detail,
 //! `explain`, delete.
 
-use fleetops_storage::{Configuration, Store};
+use fleetops_storage::Configuration;
 use serde::Serialize;
 use serde_json::Value;
 use serde_json::value::RawValue;
@@ -12,11 +12,10 @@ use crate::clock::{fmt_ms, now_ms};
 use crate::configs::{self, MAX_CONFIG_BYTES, SchemaError};
 use crate::error::{Error, Result};
 use crate::project::ProjectMsg;
+pub use crate::rules::configurations::MAX_DEPTH;
+pub(crate) use crate::rules::configurations::{effective_schema, lineage};
 use crate::versions::{Constraint, parse_version};
 use crate::views::{Page, PageReq};
-
-/// Inheritance chains are at most this deep.
-pub const MAX_DEPTH: usize = 32;
 
 /// What `configurations/upload-url` asks for (already parsed by the edge).
 #[derive(Debug, Clone)]
@@ -144,56 +143,6 @@ pub struct Explain {
 pub struct ConfigFilter {
     pub capsule_id: Option<u64>,
     pub environment: Option<String>,
-}
-
-/// What the quota counts for a configuration: its bytes once uploaded, else what it declared,
-/// else 1 MiB.
-pub(crate) fn reserved(c: &Configuration) -> u64 {
-    c.uploaded_bytes
-        .or(c.declared_size)
-        .unwrap_or(MAX_CONFIG_BYTES)
-}
-
-/// The chain from the root ancestor to `c` (included). A missing ancestor, a cycle or a chain
-/// deeper than [`MAX_DEPTH`] is an error naming it.
-pub(crate) fn lineage(
-    store: &Store,
-    pid: u64,
-    c: &Configuration,
-) -> Result<std::result::Result<Vec<Configuration>, String>> {
-    let mut chain = vec![c.clone()];
-    let mut next = c.parent_config_id;
-    while let Some(id) = next {
-        if chain.iter().any(|x| x.id == id) {
-            return Ok(Err(format!(
-                "parent chain has a cycle at configuration {id}"
-            )));
-        }
-        if chain.len() >= MAX_DEPTH {
-            return Ok(Err(format!(
-                "parent chain is deeper than {MAX_DEPTH} configurations"
-            )));
-        }
-        let Some(p) = store.configuration(pid, id)? else {
-            return Ok(Err(format!(
-                "parent configuration {id} does not exist in this project"
-            )));
-        };
-        next = p.parent_config_id;
-        chain.push(p);
-    }
-    chain.reverse();
-    Ok(Ok(chain))
-}
-
-/// The schema that applies to the last of `chain` (its own, else the nearest ancestor's).
-pub(crate) fn effective_schema(chain: &[Configuration]) -> Option<(&Configuration, Value)> {
-    chain.iter().rev().find_map(|c| {
-        c.validation_schema_json
-            .as_ref()
-            .and_then(|s| serde_json::from_slice(s).ok())
-            .map(|s| (c, s))
-    })
 }
 
 fn environment(s: &str) -> Result<()> {

@@ -34,64 +34,11 @@ use crate::project::ProjectMsg;
 use crate::projects::ProjectsHandle;
 use crate::versions::{Constraint, parse_version};
 
-/// Blob keys of the pipeline: built from ids and a SHA-256 fleetops computed itself, never
-/// from names.
-///
-/// An upload link (on S3 the store's own presigned `PUT`, which cannot be revoked) writes
-/// [`upload`]. On S3, confirm seals the bytes: it copies them under [`sealed`], a folder no
-/// upload link targets, validates that copy and points the record at [`content`], so a late
-/// `PUT` to the old link changes nothing a record vouches for. Each record has its own folder
-/// (ids, not only the hash), so two records with the same bytes never share an object and
-/// deleting one never takes the other's bytes.
-pub(crate) mod keys {
-    pub(crate) const CAPSULES: &str = "capsules";
-    pub(crate) const CONFIGURATIONS: &str = "configurations";
-
-    /// Where the upload link writes (and, on the local backend, where the bytes stay).
-    pub(crate) fn upload(kind: &str, pid: u64, id: u64) -> String {
-        format!("{kind}/{pid}/{id}")
-    }
-
-    /// The record's private folder of sealed copies.
-    pub(crate) fn sealed(kind: &str, pid: u64, id: u64) -> String {
-        format!("{kind}/{pid}/sealed/{id}")
-    }
-
-    /// The copy confirm validates (S3 capsules): taken before hashing, never recorded.
-    pub(crate) fn staging(kind: &str, pid: u64, id: u64) -> String {
-        format!("{}/staging", sealed(kind, pid, id))
-    }
-
-    /// The validated bytes, addressed by their SHA-256 (lowercase hex, computed by fleetops).
-    pub(crate) fn content(kind: &str, pid: u64, id: u64, sha256_hex: &str) -> String {
-        format!("{}/sha256-{sha256_hex}", sealed(kind, pid, id))
-    }
-}
+pub use crate::config::PipelineConfig;
+pub(crate) use crate::rules::blob_keys as keys;
 
 /// The upload/confirm lock of one capsule or configuration.
 pub(crate) type ObjectLock = Arc<tokio::sync::Mutex<()>>;
-
-/// `[pipeline]`.
-#[derive(Debug, Clone, serde::Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct PipelineConfig {
-    /// Up to this size confirm validates inline (200); above it, in the background (202).
-    pub sync_validation_max_bytes: u64,
-    /// Lifetime of an upload link; an upload never confirmed by then is purged.
-    pub upload_ttl_seconds: i64,
-    /// Lifetime of a download link (the interface's 15 minutes).
-    pub download_ttl_seconds: i64,
-}
-
-impl Default for PipelineConfig {
-    fn default() -> Self {
-        Self {
-            sync_validation_max_bytes: 256 * 1024 * 1024,
-            upload_ttl_seconds: 3600,
-            download_ttl_seconds: 900,
-        }
-    }
-}
 
 /// What `upload-url` asks for (already parsed by the edge).
 #[derive(Debug, Clone)]
@@ -214,13 +161,7 @@ pub struct Download {
     pub stream: BoxStream<'static, std::io::Result<bytes::Bytes>>,
 }
 
-/// Stored JSON bytes as a raw value (`fallback` if they were somehow not JSON).
-pub(crate) fn raw_json(bytes: &[u8], fallback: &'static str) -> Box<RawValue> {
-    serde_json::from_slice::<&RawValue>(bytes)
-        .map(|r| r.to_owned())
-        .or_else(|_| RawValue::from_string(fallback.to_string()))
-        .unwrap_or_default()
-}
+pub(crate) use crate::views::raw_json;
 
 /// The outcome of confirm: 200 with the record, or 202 while it validates in the background.
 pub enum Confirmed {

@@ -20,10 +20,11 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use crate::clock::now_ms;
 use crate::error::{Error, Result};
 use crate::events::Outbox;
+use crate::events::RolloutEvent;
 use crate::mailbox::Envelope;
-use crate::pipeline::deployments::{DeploymentPatch, DeploymentSpec, RolloutEvent, Transition};
 use crate::quota::Turn;
 use crate::rules;
+use crate::rules::deployments::{DeploymentPatch, DeploymentSpec, Transition};
 use crate::secrets;
 
 type Reply<T> = RpcReplyPort<Result<T>>;
@@ -651,7 +652,7 @@ impl ProjectState {
         c.id = self.store.new_id(Seq::Capsule)?;
         c.project_id = self.pid();
         c.blob_key =
-            crate::pipeline::keys::upload(crate::pipeline::keys::CAPSULES, self.pid(), c.id);
+            crate::rules::blob_keys::upload(crate::rules::blob_keys::CAPSULES, self.pid(), c.id);
         self.store.put_capsules(&[&c])?;
         Ok(c)
     }

@@ -9,9 +9,9 @@ use super::ProjectState;
 use crate::clock::now_ms;
 use crate::configs;
 use crate::error::{Error, Result};
-use crate::pipeline::configurations::{MAX_DEPTH, effective_schema, lineage};
-use crate::pipeline::deployments::{DeploymentPatch, DeploymentSpec, Transition, evaluate};
-use crate::pipeline::keys;
+use crate::rules::blob_keys as keys;
+use crate::rules::configurations::{MAX_DEPTH, effective_schema, lineage};
+use crate::rules::deployments::{DeploymentPatch, DeploymentSpec, Transition, evaluate};
 use crate::versions::Constraint;
 
 /// The effective configuration (inherited data included) is at most 4 MiB.

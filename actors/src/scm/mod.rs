@@ -38,54 +38,7 @@ use installation::{InstallationActor, InstallationMsg};
 use intake::IntakeMsg;
 use payload::Payload;
 
-/// `[scm]`.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct ScmConfig {
-    /// Seeds the webhook secret (`FLEETOPS_SCM_WEBHOOK_SECRET`); once rotated through the API
-    /// the stored one is current.
-    pub webhook_secret: String,
-    /// How long the previous secret keeps verifying after a rotation.
-    pub rotation_grace_seconds: i64,
-    /// Signature failures within an hour that raise the alert on `/scm/status`.
-    pub signature_failure_alert_threshold: u32,
-    /// The host's own cap on a delivery's body.
-    pub max_body_bytes: u64,
-    /// How long a delivery id is remembered (a repeat within it is 401).
-    pub dedup_window_seconds: i64,
-    /// How long the delivery log keeps a delivery.
-    pub delivery_retention_days: i64,
-    /// A secret older than this is due for rotation.
-    pub rotation_days: i64,
-}
-
-impl Default for ScmConfig {
-    fn default() -> Self {
-        Self {
-            webhook_secret: String::new(),
-            rotation_grace_seconds: 86_400,
-            signature_failure_alert_threshold: 5,
-            max_body_bytes: 25 * 1024 * 1024,
-            dedup_window_seconds: 86_400,
-            delivery_retention_days: 30,
-            rotation_days: 90,
-        }
-    }
-}
-
-/// `[runs]`.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct RunsConfig {
-    /// A claimed run's lease; renewed by heartbeats, expiry requeues it with `attempt` + 1.
-    pub lease_seconds: i64,
-}
-
-impl Default for RunsConfig {
-    fn default() -> Self {
-        Self { lease_seconds: 600 }
-    }
-}
+pub use crate::config::{RunsConfig, ScmConfig};
 
 /// The webhook secret: the current one, since when, and the previous one during its grace.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]

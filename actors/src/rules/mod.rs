@@ -1,6 +1,10 @@
 //! Input rules shared by the actors (the contract's formats), each failing with a 422 that
 //! names the field.
 
+pub mod blob_keys;
+pub mod configurations;
+pub mod deployments;
+
 use crate::error::{Error, Result};
 
 /// `[a-z0-9][a-z0-9-]{0,62}`.
