@@ -91,7 +91,7 @@ impl Default for Config {
     }
 }
 
-/// The built-in tiers (contract 8), best last.
+/// The built-in tiers (name, requests per minute, storage bytes), best last.
 const DEFAULT_TIERS: [(&str, u32, u64); 4] = [
     ("free", 60, 1_000_000_000),
     ("personal", 300, 50_000_000_000),

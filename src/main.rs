@@ -127,7 +127,7 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
         println!("  project secret: {}", b.project_secret);
         println!("  API key:        {}", b.api_key);
     }
-    if let Some(secret) = running.runtime.scm.take_generated_secret()? {
+    if let Some(secret) = running.runtime.webhooks.take_generated_secret()? {
         println!(
             "fleetops: no [scm] webhook_secret was configured, so one was generated and kept in the data directory. Give it to the source host; it is shown once:"
         );

@@ -1,7 +1,7 @@
 //! Who may do what: organization membership and the minimum role of each operation, resolved
 //! to a scope the handles take. Reads only.
 //!
-//! Rules (contract 2 and 9): a superuser has owner rights everywhere; an organization the caller
+//! Rules: a superuser has owner rights everywhere; an organization the caller
 //! is not a member of is 403 whether it exists or not (a superuser gets 404 for a missing
 //! one); another project's resources are 404; device tokens reach only their own device's
 //! ingestion routes.

@@ -4,7 +4,7 @@
 
 use serde_json::{Map, Value};
 
-/// Configuration files are at most this large (contract section 5).
+/// Configuration files are at most this large (1 MiB; larger is 413 at upload-url).
 pub const MAX_CONFIG_BYTES: u64 = 1024 * 1024;
 
 /// The file formats a configuration may have.

@@ -30,6 +30,9 @@ pub enum Error {
     Unavailable { retry_after_secs: u64 },
     #[error("Internal server error")]
     Internal(String),
+    /// A storage failure, kept whole (with its source chain) for the log.
+    #[error("Internal server error")]
+    Storage(#[source] StorageError),
 }
 
 impl Error {
@@ -47,7 +50,7 @@ impl From<StorageError> for Error {
             StorageError::FlushFailed => Error::Unavailable {
                 retry_after_secs: 1,
             },
-            other => Error::Internal(other.to_string()),
+            other => Error::Storage(other),
         }
     }
 }

@@ -13,8 +13,8 @@ use ractor::{Actor, ActorProcessingErr, ActorRef};
 use crate::auth::Authenticator;
 use crate::mailbox::Envelope;
 use crate::pipeline::PipelineHandle;
-use crate::scm::ScmHandle;
 use crate::sessions::SessionsHandle;
+use crate::webhooks::WebhooksHandle;
 
 /// How often the blob stores are swept for orphans (a listing of every blob).
 const ORPHAN_SWEEP_EVERY: Duration = Duration::from_secs(3600);
@@ -46,7 +46,7 @@ pub(crate) struct Housekeeper;
 pub(crate) struct HousekeeperArgs {
     pub pipeline: PipelineHandle,
     pub sessions: SessionsHandle,
-    pub scm: ScmHandle,
+    pub webhooks: WebhooksHandle,
     pub clock: crate::clock::Clock,
     /// When this incarnation last swept for orphaned blobs.
     pub last_sweep: Option<Instant>,
@@ -90,7 +90,7 @@ impl Actor for Housekeeper {
         if let Err(e) = st.pipeline.purge_expired().await {
             tracing::warn!(error = %e, "purging expired uploads failed");
         }
-        if let Err(e) = st.scm.expire().await {
+        if let Err(e) = st.webhooks.expire().await {
             tracing::warn!(error = %e, "expiring webhook deliveries failed");
         }
         if st

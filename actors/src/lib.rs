@@ -27,6 +27,29 @@
 //! the owning actor and are answered once durable (group commit); reads go to the store.
 //!
 //! This crate never touches hyper; `http` never touches sled.
+//!
+//! # Module map
+//!
+//! Three layers, imports pointing one way (held by `tests/layering.rs`):
+//!
+//! - **Handles**, the typed API `http` calls (validate input, send one message, shape the
+//!   reply): `directory` (users, organizations, projects, keys), [`projects`] (devices,
+//!   groups, heartbeats), [`sessions`] (sessions, logs, artifacts, exports), [`pipeline`]
+//!   (capsules, configurations, deployments), [`webhooks`] (intake, delivery log,
+//!   repositories, test runs).
+//! - **Writers**, the actors, each the single writer of its keys: `project` (one per project),
+//!   `session` (one per active session), `quota` (one per organization), `webhooks::intake`,
+//!   `webhooks::installation`, `webhooks::dispatcher`, `webhooks::worker`, `housekeeper`,
+//!   `directory`; supervised by `root` through `keyed` (per-entity supervisors) with `mailbox`
+//!   (deadlines, bounded waiting, the caller's state) and `supervision` (restart budgets).
+//! - **Rules**, pure functions and types: [`rules`] (input formats, deployment evaluation,
+//!   configuration lineage, quota counting, blob keys), [`versions`], [`configs`] (parsing and
+//!   merging uploaded configuration files), [`logs`] (log batches and filters).
+//!
+//! Beside them: [`config`] (settings), [`clock`], [`error`], [`events`] (the outbox events
+//! leave their writer through), [`auth`] and [`access`] (who may do what), [`links`] (signed
+//! upload and download links), [`live`] (WebSocket frames), [`views`] (response shapes),
+//! [`archives`] and [`secrets`].
 
 pub mod access;
 pub mod archives;
@@ -49,13 +72,13 @@ pub mod projects;
 mod quota;
 mod root;
 pub mod rules;
-pub mod scm;
 pub mod secrets;
 mod session;
 pub mod sessions;
 mod supervision;
 pub mod versions;
 pub mod views;
+pub mod webhooks;
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
@@ -88,12 +111,12 @@ pub struct Runtime {
     pub projects: ProjectsHandle,
     pub sessions: SessionsHandle,
     pub pipeline: pipeline::PipelineHandle,
-    pub scm: scm::ScmHandle,
+    pub webhooks: webhooks::WebhooksHandle,
     /// The webhook worker and the housekeeper, supervised by the root (killed first at
     /// shutdown: the worker may be waiting on its queue).
-    worker: Arc<Slot<scm::worker::WorkerMsg>>,
+    worker: Arc<Slot<webhooks::worker::WorkerMsg>>,
     /// Wakes the worker (fault injection only; the intake wakes it for stored deliveries).
-    worker_feed: scm::worker::WorkerFeed,
+    worker_feed: webhooks::worker::WorkerFeed,
     housekeeper: Arc<Slot<housekeeper::HousekeeperMsg>>,
     pruners: housekeeper::Pruners,
     /// The root's children that are down now.
@@ -168,8 +191,8 @@ impl Runtime {
             restarts: restarts.clone(),
         };
         store.backfill_commit_runs()?;
-        let feed = scm::worker::WorkerFeed::default();
-        let installation_args = KeyedArgs::<scm::installation::InstallationActor> {
+        let feed = webhooks::worker::WorkerFeed::default();
+        let installation_args = KeyedArgs::<webhooks::installation::InstallationActor> {
             ctx: (store.clone(), dispatcher_slot.clone()),
             cfg: cfg.supervision.clone(),
             registry: Arc::new(DashMap::new()),
@@ -237,12 +260,14 @@ impl Runtime {
             rollouts,
             locks: Arc::new(DashMap::new()),
         };
-        let scm = scm::ScmHandle {
+        let webhooks = webhooks::WebhooksHandle {
             store: store.clone(),
             intake: intake_slot.clone(),
             dispatcher: dispatcher_slot.clone(),
             installations: installation_actors,
-            secret: Arc::new(std::sync::RwLock::new(scm::load_secret(&store, &cfg.scm)?)),
+            secret: Arc::new(std::sync::RwLock::new(webhooks::load_secret(
+                &store, &cfg.scm,
+            )?)),
             cfg: cfg.scm.clone(),
             rejected: Arc::new(std::sync::Mutex::new(std::collections::VecDeque::new())),
             failures: Arc::new(std::sync::Mutex::new(std::collections::VecDeque::new())),
@@ -273,8 +298,8 @@ impl Runtime {
                 installations: installations_slot,
                 installation_args,
                 worker: worker_slot.clone(),
-                worker_args: scm::worker::WorkerArgs {
-                    scm: scm.clone(),
+                worker_args: webhooks::worker::WorkerArgs {
+                    webhooks: webhooks.clone(),
                     feed: feed.clone(),
                 },
                 housekeeper: housekeeper_slot.clone(),
@@ -283,7 +308,7 @@ impl Runtime {
                     sessions: sessions.clone(),
                     clock: clock.clone(),
                     last_sweep: None,
-                    scm: scm.clone(),
+                    webhooks: webhooks.clone(),
                     auth: auth.clone(),
                     pruners: pruners.clone(),
                     every: Duration::from_secs(cfg.supervision.housekeeping_seconds.max(1)),
@@ -321,7 +346,7 @@ impl Runtime {
             projects,
             sessions,
             pipeline,
-            scm,
+            webhooks,
             worker: worker_slot,
             worker_feed: feed,
             housekeeper: housekeeper_slot,
@@ -403,7 +428,7 @@ impl Runtime {
         for sup in [
             self.sessions.actors.sup.get().map(|a| a.get_cell()),
             self.projects.actors.sup.get().map(|a| a.get_cell()),
-            self.scm.installations.sup.get().map(|a| a.get_cell()),
+            self.webhooks.installations.sup.get().map(|a| a.get_cell()),
             self.pipeline.quota.actors.sup.get().map(|a| a.get_cell()),
         ]
         .into_iter()

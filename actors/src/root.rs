@@ -18,12 +18,12 @@ use crate::keyed::{KeyedArgs, KeyedChild, KeyedMsg, KeyedSupervisor};
 use crate::mailbox::Slot;
 use crate::project::{ProjectActor, ProjectMsg};
 use crate::quota::{QuotaActor, QuotaMsg};
-use crate::scm::dispatcher::{DispatcherActor, DispatcherMsg};
-use crate::scm::installation::{InstallationActor, InstallationMsg};
-use crate::scm::intake::{IntakeActor, IntakeMsg};
-use crate::scm::worker::{WorkerActor, WorkerArgs, WorkerMsg};
 use crate::session::{SessionActor, SessionMsg};
 use crate::supervision::{RestartBudget, Verdict};
+use crate::webhooks::dispatcher::{DispatcherActor, DispatcherMsg};
+use crate::webhooks::installation::{InstallationActor, InstallationMsg};
+use crate::webhooks::intake::{IntakeActor, IntakeMsg};
+use crate::webhooks::worker::{WorkerActor, WorkerArgs, WorkerMsg};
 
 /// The children of the root, each restarted in place.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -114,7 +114,7 @@ pub(crate) struct RootArgs {
     pub session_args: KeyedArgs<SessionActor>,
     pub intake: Arc<Slot<IntakeMsg>>,
     /// Wakes the webhook worker (the intake stores its queue entries).
-    pub queue: crate::scm::worker::WorkerFeed,
+    pub queue: crate::webhooks::worker::WorkerFeed,
     pub dedup_window_seconds: i64,
     pub dispatcher: Arc<Slot<DispatcherMsg>>,
     pub lease_seconds: i64,

@@ -1,5 +1,6 @@
-//! Capsule and configuration versions and the constraints that select them (contract 5,
-//! interface 9), on top of the `semver` crate with our own parsing layer for the forms it
+//! Capsule and configuration versions and the constraints that select them (strict
+//! `MAJOR.MINOR.PATCH`; `^`, `~`, ranges, wildcards), on top of the `semver` crate with our
+//! own parsing layer for the forms it
 //! reads differently: a bare `1.2.3` is exact here (a caret requirement in Cargo's rules),
 //! and a bare partial `1.2` / `1` is a wildcard.
 //!

@@ -50,7 +50,7 @@ impl ApiError {
                 Error::BadRequest(_) => StatusCode::BAD_REQUEST,
                 Error::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
                 Error::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
-                Error::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+                Error::Internal(_) | Error::Storage(_) => StatusCode::INTERNAL_SERVER_ERROR,
             },
             ApiError::NotFoundRoute => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
@@ -66,6 +66,11 @@ impl ApiError {
         let detail = match &self {
             ApiError::Domain(Error::Internal(cause)) => {
                 tracing::error!(%cause, "internal error");
+                "Internal server error".to_string()
+            }
+            ApiError::Domain(Error::Storage(e)) => {
+                let cause = std::error::Error::source(e).map(|s| s.to_string());
+                tracing::error!(error = %e, ?cause, "storage error");
                 "Internal server error".to_string()
             }
             ApiError::Domain(e @ Error::Unavailable { retry_after_secs }) => {

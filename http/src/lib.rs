@@ -1,7 +1,7 @@
 //! The fleetops HTTP/WebSocket edge: turns requests into calls on the runtime's handles and
 //! replies into responses.
 //!
-//! Order of checks on every authenticated route (contract 9): 401 → 429 → 403 → 404 → 413 →
+//! Order of checks on every authenticated route: 401 → 429 → 403 → 404 → 413 →
 //! 400 → 422 → 409. Bodies are read only after authorization, always under a size cap. This
 //! crate never touches sled and holds no business rule.
 

@@ -459,7 +459,7 @@ async fn a_delivery_taken_on_is_answered_with_the_truth() {
     })
     .await;
     let rt = s.running.as_ref().unwrap().runtime.clone();
-    rt.scm
+    rt.webhooks
         .inject_write_stall(std::time::Duration::from_millis(1200));
     let started = std::time::Instant::now();
     let (id, r) = deliver(&s, "ping", &json!({"zen": "slow disk"})).await;
@@ -555,15 +555,15 @@ async fn a_redelivery_after_a_503_is_the_delivery() {
         }
     };
     // A first delivery's batch write is held: the intake's mailbox queues what comes next.
-    let hold = rt.scm.inject_write_hold();
+    let hold = rt.webhooks.inject_write_hold();
     let first = tokio::spawn(send(uuid::Uuid::new_v4().to_string(), "first"));
-    assert!(eventually(10, || async { rt.scm.intake_waiting() == 1 }).await);
+    assert!(eventually(10, || async { rt.webhooks.intake_waiting() == 1 }).await);
     let x = uuid::Uuid::new_v4().to_string();
     // Its deadline passes in the mailbox: 503, nothing claimed.
     assert_eq!(send(x.clone(), "x").await, 503);
     // The host redelivers while that attempt is still queued; then the write goes on.
     let again = tokio::spawn(send(x.clone(), "x"));
-    assert!(eventually(10, || async { rt.scm.intake_waiting() == 2 }).await);
+    assert!(eventually(10, || async { rt.webhooks.intake_waiting() == 2 }).await);
     hold.notify_one();
     assert_eq!(first.await.unwrap(), 202);
     assert_eq!(again.await.unwrap(), 202);

@@ -976,7 +976,7 @@ async fn an_installation_actor_panic_loses_no_delivery() {
     let mut ids = Vec::new();
     for n in 0..40u64 {
         if n == 10 {
-            rt.scm.inject_panic(INST).await.unwrap();
+            rt.webhooks.inject_panic(INST).await.unwrap();
         }
         let (id, r) = deliver(
             &s,
@@ -1016,13 +1016,13 @@ async fn delivery_ids_are_remembered_for_the_dedup_window() {
         .await
         .assert_error(401);
     let rt = s.running.as_ref().unwrap().runtime.clone();
-    rt.scm.expire().await.unwrap();
+    rt.webhooks.expire().await.unwrap();
     // Still inside the window: still refused.
     raw(&s, Some("ping"), Some(&id), Some(&sig), body.clone())
         .await
         .assert_error(401);
     rt.clock.advance(std::time::Duration::from_secs(61));
-    rt.scm.expire().await.unwrap();
+    rt.webhooks.expire().await.unwrap();
     assert_eq!(
         raw(&s, Some("ping"), Some(&id), Some(&sig), body.clone())
             .await

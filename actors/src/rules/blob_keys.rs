@@ -2,8 +2,8 @@
 //! from names.
 //!
 //! An upload link (on S3 the store's own presigned `PUT`, which cannot be revoked) writes
-//! [`upload`]. On S3, confirm seals the bytes: it copies them under [`sealed`], a folder no
-//! upload link targets, validates that copy and points the record at [`content`], so a late
+//! `upload`. On S3, confirm seals the bytes: it copies them under `sealed`, a folder no
+//! upload link targets, validates that copy and points the record at `content`, so a late
 //! `PUT` to the old link changes nothing a record vouches for. Each record has its own folder
 //! (ids, not only the hash), so two records with the same bytes never share an object and
 //! deleting one never takes the other's bytes.

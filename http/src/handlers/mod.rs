@@ -8,8 +8,8 @@ mod deployments;
 mod devices;
 mod ops;
 mod pipeline;
-mod scm;
 pub(crate) mod sessions;
+mod webhooks;
 
 use http::Response;
 
@@ -99,23 +99,23 @@ pub async fn dispatch(op: Op, cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<B
             .await
         }
         Op::DeviceStatus => deployments::device_status(cx, req).await,
-        Op::ScmWebhook => scm::receive(cx, req).await,
-        Op::ScmRotate => scm::rotate(cx, req).await,
-        Op::ScmStatus => scm::status(cx, req),
-        Op::ScmInstallations => scm::installations(cx, req),
-        Op::ScmDeliveries => scm::deliveries(cx, req),
-        Op::ScmDelivery => scm::delivery(cx, req),
-        Op::CreateRepo => scm::create_repo(cx, req).await,
-        Op::ListRepos => scm::repos(cx, req),
-        Op::GetRepo => scm::repo(cx, req),
-        Op::PatchRepo => scm::patch_repo(cx, req).await,
-        Op::DeleteRepo => scm::delete_repo(cx, req).await,
-        Op::ListRuns => scm::runs(cx, req),
-        Op::GetRun => scm::run(cx, req),
-        Op::ClaimRun => scm::claim(cx, req).await,
-        Op::RunHeartbeat => scm::heartbeat(cx, req).await,
-        Op::CompleteRun => scm::complete(cx, req).await,
-        Op::ProjectDeliveries => scm::project_deliveries(cx, req),
-        Op::ProjectDelivery => scm::project_delivery(cx, req),
+        Op::ScmWebhook => webhooks::receive(cx, req).await,
+        Op::ScmRotate => webhooks::rotate(cx, req).await,
+        Op::ScmStatus => webhooks::status(cx, req),
+        Op::ScmInstallations => webhooks::installations(cx, req),
+        Op::ScmDeliveries => webhooks::deliveries(cx, req),
+        Op::ScmDelivery => webhooks::delivery(cx, req),
+        Op::CreateRepo => webhooks::create_repo(cx, req).await,
+        Op::ListRepos => webhooks::repos(cx, req),
+        Op::GetRepo => webhooks::repo(cx, req),
+        Op::PatchRepo => webhooks::patch_repo(cx, req).await,
+        Op::DeleteRepo => webhooks::delete_repo(cx, req).await,
+        Op::ListRuns => webhooks::runs(cx, req),
+        Op::GetRun => webhooks::run(cx, req),
+        Op::ClaimRun => webhooks::claim(cx, req).await,
+        Op::RunHeartbeat => webhooks::heartbeat(cx, req).await,
+        Op::CompleteRun => webhooks::complete(cx, req).await,
+        Op::ProjectDeliveries => webhooks::project_deliveries(cx, req),
+        Op::ProjectDelivery => webhooks::project_delivery(cx, req),
     }
 }

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::sync::Notify;
 
-use super::ScmHandle;
+use super::WebhooksHandle;
 use crate::mailbox::Envelope;
 
 /// Queue entries read at a time.
@@ -43,12 +43,12 @@ impl WorkerFeed {
 
 #[derive(Clone)]
 pub(crate) struct WorkerArgs {
-    pub scm: ScmHandle,
+    pub webhooks: WebhooksHandle,
     pub feed: WorkerFeed,
 }
 
 pub(crate) struct WorkerState {
-    scm: ScmHandle,
+    webhooks: WebhooksHandle,
     feed: WorkerFeed,
     /// The page being worked, in arrival order.
     page: std::vec::IntoIter<u64>,
@@ -68,7 +68,7 @@ impl Actor for WorkerActor {
     ) -> Result<Self::State, ActorProcessingErr> {
         let _ = myself.cast(Envelope::cast(WorkerMsg::Next));
         Ok(WorkerState {
-            scm: args.scm,
+            webhooks: args.webhooks,
             feed: args.feed,
             page: Vec::new().into_iter(),
             after: 0,
@@ -91,7 +91,7 @@ impl Actor for WorkerActor {
             if let Some(seq) = st.page.next() {
                 break seq;
             }
-            let (store, after) = (st.scm.store.clone(), st.after);
+            let (store, after) = (st.webhooks.store.clone(), st.after);
             let page =
                 tokio::task::spawn_blocking(move || store.queued_after(after, PAGE)).await??;
             if page.is_empty() {
@@ -102,7 +102,7 @@ impl Actor for WorkerActor {
             st.after = page.last().copied().unwrap_or(after);
             st.page = page.into_iter();
         };
-        st.scm.process(seq).await;
+        st.webhooks.process(seq).await;
         let _ = myself.cast(Envelope::cast(WorkerMsg::Next));
         Ok(())
     }

@@ -1,4 +1,5 @@
-//! The fields of host payloads the worker reads (interface 6.1), every one optional so that a
+//! The fields of host payloads the worker reads (the events a source host sends: pull
+//! requests, pushes, check suites, installations), every one optional so that a
 //! payload missing what a handler needs is skipped with a reason rather than failing to parse;
 //! branch patterns; idempotency keys.
 

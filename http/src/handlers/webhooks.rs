@@ -4,8 +4,8 @@
 //! project's deliveries.
 
 use fleetops_actors::Role;
-use fleetops_actors::scm::{DeliveryFilter, RepoPatch, RunFilter};
 use fleetops_actors::views::Items;
+use fleetops_actors::webhooks::{DeliveryFilter, RepoPatch, RunFilter};
 use http::{Response, StatusCode};
 use serde::Deserialize;
 
@@ -20,13 +20,13 @@ fn header2<'a>(req: &'a Req, host: &str, github: &str) -> Option<&'a str> {
 /// Public: the signature is the credential, checked over the raw bytes before anything else
 /// about the request; not tier-limited.
 pub async fn receive(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
-    let scm = &cx.rt().scm;
-    let limit = usize::try_from(scm.max_body_bytes()).unwrap_or(usize::MAX);
+    let webhooks = &cx.rt().webhooks;
+    let limit = usize::try_from(webhooks.max_body_bytes()).unwrap_or(usize::MAX);
     let bytes = req.body_bytes(limit).await?;
     let id = header2(&req, "x-host-delivery", "x-github-delivery");
     let event = header2(&req, "x-host-event", "x-github-event");
-    scm.verify(req.header("x-hub-signature-256"), &bytes, id, event)?;
-    body::accepted(&scm.accept(id, event, bytes).await?)
+    webhooks.verify(req.header("x-hub-signature-256"), &bytes, id, event)?;
+    body::accepted(&webhooks.accept(id, event, bytes).await?)
 }
 
 fn superuser(cx: &mut Cx<'_>, req: &Req) -> ApiResult<()> {
@@ -37,18 +37,18 @@ fn superuser(cx: &mut Cx<'_>, req: &Req) -> ApiResult<()> {
 
 pub async fn rotate(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
     superuser(cx, &req)?;
-    body::ok(&cx.rt().scm.rotate().await?)
+    body::ok(&cx.rt().webhooks.rotate().await?)
 }
 
 pub fn status(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
     superuser(cx, &req)?;
-    body::ok(&cx.rt().scm.status())
+    body::ok(&cx.rt().webhooks.status())
 }
 
 pub fn installations(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
     superuser(cx, &req)?;
     body::ok(&Items {
-        items: cx.rt().scm.installations()?,
+        items: cx.rt().webhooks.installations()?,
     })
 }
 
@@ -74,25 +74,25 @@ fn delivery_filter(req: &Req) -> ApiResult<DeliveryFilter> {
 pub fn deliveries(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
     superuser(cx, &req)?;
     let (f, page) = (delivery_filter(&req)?, req.query.page()?);
-    body::ok(&cx.rt().scm.deliveries(None, &f, page)?)
+    body::ok(&cx.rt().webhooks.deliveries(None, &f, page)?)
 }
 
 pub fn delivery(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
     superuser(cx, &req)?;
-    body::ok(&cx.rt().scm.delivery(None, req.param("delivery_id"))?)
+    body::ok(&cx.rt().webhooks.delivery(None, req.param("delivery_id"))?)
 }
 
 pub fn project_deliveries(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
     let (_, s) = cx.project(&req, Role::Viewer)?;
     let (f, page) = (delivery_filter(&req)?, req.query.page()?);
-    body::ok(&cx.rt().scm.deliveries(Some(s.project.id), &f, page)?)
+    body::ok(&cx.rt().webhooks.deliveries(Some(s.project.id), &f, page)?)
 }
 
 pub fn project_delivery(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
     let (_, s) = cx.project(&req, Role::Viewer)?;
     body::ok(
         &cx.rt()
-            .scm
+            .webhooks
             .delivery(Some(s.project.id), req.param("delivery_id"))?,
     )
 }
@@ -109,7 +109,7 @@ pub async fn create_repo(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Bo
     let b: RepoBody = cx.json(&mut req).await?;
     body::created(
         &cx.rt()
-            .scm
+            .webhooks
             .create_repo(
                 s.project.id,
                 b.full_name,
@@ -123,13 +123,13 @@ pub async fn create_repo(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Bo
 pub fn repos(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
     let (_, s) = cx.project(&req, Role::Viewer)?;
     let page = req.query.page()?;
-    body::ok(&cx.rt().scm.repos(s.project.id, page)?)
+    body::ok(&cx.rt().webhooks.repos(s.project.id, page)?)
 }
 
 pub fn repo(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
     let (_, s) = cx.project(&req, Role::Viewer)?;
     let id = req.id("repo_id", "Repository")?;
-    body::ok(&cx.rt().scm.repo(s.project.id, id)?)
+    body::ok(&cx.rt().webhooks.repo(s.project.id, id)?)
 }
 
 #[derive(Deserialize)]
@@ -146,13 +146,13 @@ pub async fn patch_repo(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Bod
         branch_patterns: b.branch_patterns,
         include_drafts: b.include_drafts,
     };
-    body::ok(&cx.rt().scm.update_repo(s.project.id, id, p).await?)
+    body::ok(&cx.rt().webhooks.update_repo(s.project.id, id, p).await?)
 }
 
 pub async fn delete_repo(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
     let (_, s) = cx.project(&req, Role::Member)?;
     let id = req.id("repo_id", "Repository")?;
-    cx.rt().scm.delete_repo(s.project.id, id).await?;
+    cx.rt().webhooks.delete_repo(s.project.id, id).await?;
     body::no_content()
 }
 
@@ -173,18 +173,18 @@ pub fn runs(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
         commit_sha: req.query.get("commit_sha").map(str::to_string),
     };
     let page = req.query.page()?;
-    body::ok(&cx.rt().scm.runs(s.project.id, &f, page)?)
+    body::ok(&cx.rt().webhooks.runs(s.project.id, &f, page)?)
 }
 
 pub fn run(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
     let (_, s) = cx.project(&req, Role::Viewer)?;
     let id = req.id("run_id", "Test run")?;
-    body::ok(&cx.rt().scm.run(s.project.id, id)?)
+    body::ok(&cx.rt().webhooks.run(s.project.id, id)?)
 }
 
 pub async fn claim(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
     let (_, s) = cx.project(&req, Role::Member)?;
-    match cx.rt().scm.claim(s.project.id).await? {
+    match cx.rt().webhooks.claim(s.project.id).await? {
         Some(r) => body::ok(&r),
         None => {
             let mut resp = Response::new(body::empty());
@@ -197,7 +197,7 @@ pub async fn claim(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
 pub async fn heartbeat(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
     let (_, s) = cx.project(&req, Role::Member)?;
     let id = req.id("run_id", "Test run")?;
-    body::ok(&cx.rt().scm.heartbeat(s.project.id, id).await?)
+    body::ok(&cx.rt().webhooks.heartbeat(s.project.id, id).await?)
 }
 
 #[derive(Deserialize)]
@@ -212,7 +212,7 @@ pub async fn complete(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>
     let b: CompleteBody = cx.json(&mut req).await?;
     body::ok(
         &cx.rt()
-            .scm
+            .webhooks
             .complete(s.project.id, id, b.status, b.summary)
             .await?,
     )

@@ -299,8 +299,8 @@ impl IntakeState {
     }
 }
 
-/// A storage failure while claiming: nothing was claimed, so the host may retry (contract 6:
-/// 503). The cause goes to the log, not to the host.
+/// A storage failure while claiming: nothing was claimed, so the host may retry (the webhook
+/// route answers 503 for it). The cause goes to the log, not to the host.
 fn unavailable(e: &fleetops_storage::StorageError) -> Error {
     tracing::error!(error = %e, "webhook intake could not store deliveries");
     Error::Unavailable {

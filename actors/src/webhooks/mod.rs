@@ -221,7 +221,7 @@ pub struct ScmStatus {
 const RECENT_REJECTED: usize = 1000;
 
 #[derive(Clone)]
-pub struct ScmHandle {
+pub struct WebhooksHandle {
     pub(crate) store: Store,
     pub(crate) intake: Arc<Slot<IntakeMsg>>,
     pub(crate) dispatcher: Arc<Slot<DispatcherMsg>>,
@@ -278,7 +278,7 @@ pub(crate) fn load_secret(store: &Store, cfg: &ScmConfig) -> Result<SecretState>
 /// Present while a generated webhook secret has not yet been printed by `serve`.
 const UNSHOWN_SECRET_META: &str = "scm_webhook_secret_unshown";
 
-impl ScmHandle {
+impl WebhooksHandle {
     pub fn max_body_bytes(&self) -> u64 {
         self.cfg.max_body_bytes
     }
