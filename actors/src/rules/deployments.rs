@@ -127,7 +127,7 @@ fn bare_tag(s: &str) -> bool {
 /// `[registry[:port]/]repository[:tag][@sha256:<64 hex>]`. Only sha256 digests are taken, as
 /// registries address manifests by them; the grammar's `\w` is Unicode, so non-ASCII is refused
 /// first.
-pub(crate) fn composition_tag(s: &str) -> bool {
+pub fn composition_tag(s: &str) -> bool {
     if bare_tag(s) {
         return true;
     }
@@ -145,7 +145,7 @@ pub(crate) fn composition_tag(s: &str) -> bool {
 }
 
 /// Every reason `spec` would be refused, and the devices it would target.
-pub(crate) fn evaluate(store: &Store, pid: u64, spec: &DeploymentSpec) -> Result<Evaluation> {
+pub fn evaluate(store: &Store, pid: u64, spec: &DeploymentSpec) -> Result<Evaluation> {
     let mut blockers = Vec::new();
     let mut block = |status: u16, field: &str, reason: String| {
         blockers.push(Blocker {
