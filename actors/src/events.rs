@@ -69,8 +69,8 @@ pub struct RolloutEvent {
     pub project_id: u64,
     pub deployment_id: u64,
     pub device_id: u64,
-    pub status: String,
+    pub status: fleetops_storage::RolloutStatus,
     /// The device's previous status for this deployment (a change of state resolves alerts).
-    pub previous: Option<String>,
+    pub previous: Option<fleetops_storage::RolloutStatus>,
     pub at: i64,
 }

@@ -20,12 +20,17 @@ pub mod pipeline;
 pub mod scm;
 pub mod sessions;
 mod spool;
+pub mod states;
 
 use std::path::Path;
 use std::sync::Arc;
 
 pub use blobs::BlobStore;
 pub use model::*;
+pub use states::{
+    DeliveryOutcome, DeploymentStatus, InstallationState, RolloutStatus, RunStatus,
+    ValidationStatus,
+};
 
 /// Errors from the storage layer. Callers map them to 5xx; domain conflicts are decided by the
 /// single-writer actors before they write, never by catching a storage error.

@@ -5,6 +5,11 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::states::{
+    DeliveryOutcome, DeploymentStatus, InstallationState, RolloutStatus, RunStatus,
+    ValidationStatus,
+};
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum Role {
     Viewer,
@@ -313,8 +318,7 @@ pub struct Capsule {
     /// (name, constraint) pairs.
     pub dependencies: Vec<(String, String)>,
     pub is_latest: bool,
-    /// `pending`, `passed` or `failed`.
-    pub validation_status: String,
+    pub validation_status: ValidationStatus,
     pub validation_notes: String,
     /// Built from ids.
     pub blob_key: String,
@@ -352,8 +356,7 @@ pub struct Configuration {
     pub config_data_json: Vec<u8>,
     /// This configuration's own JSON Schema, if any, as JSON bytes.
     pub validation_schema_json: Option<Vec<u8>>,
-    /// `pending`, `passed` or `failed`.
-    pub validation_status: String,
+    pub validation_status: ValidationStatus,
     pub validation_notes: String,
     pub blob_key: String,
     pub upload_expires_at: i64,
@@ -372,8 +375,7 @@ pub struct Deployment {
     pub composition_tag: String,
     pub capsule_id: u64,
     pub configuration_id: Option<u64>,
-    /// `draft`, `active` or `deprecated`.
-    pub status: String,
+    pub status: DeploymentStatus,
     pub deployed_at: Option<i64>,
     pub deprecated_at: Option<i64>,
     /// The `target_devices` array as JSON bytes (validated: ids, `{group_id}`, `{labels}`).
@@ -387,8 +389,7 @@ pub struct Deployment {
 pub struct DeviceResult {
     pub deployment_id: u64,
     pub device_id: u64,
-    /// `succeeded` or `failed`.
-    pub status: String,
+    pub status: RolloutStatus,
     pub message: Option<String>,
     pub reported_at: i64,
 }
@@ -405,8 +406,7 @@ pub struct Delivery {
     pub action: Option<String>,
     pub received_at: i64,
     pub status_code: u16,
-    /// queued, processed, dispatched, skipped, ignored.
-    pub outcome: String,
+    pub outcome: DeliveryOutcome,
     pub reason: Option<String>,
     pub installation_id: Option<u64>,
     pub repository: Option<String>,
@@ -435,7 +435,11 @@ impl Delivery {
             action: None,
             received_at,
             status_code: 202,
-            outcome: if subscribed { "queued" } else { "ignored" }.into(),
+            outcome: if subscribed {
+                DeliveryOutcome::Queued
+            } else {
+                DeliveryOutcome::Ignored
+            },
             reason: (!subscribed).then(|| "event_ignored".into()),
             installation_id: None,
             repository: None,
@@ -454,8 +458,7 @@ pub struct Installation {
     pub account_login: String,
     pub account_type: String,
     pub repository_selection: String,
-    /// active, suspended, deleted.
-    pub state: String,
+    pub state: InstallationState,
     /// Repositories it holds now (full names as the host spells them).
     pub repositories: Vec<String>,
     /// Repositories removed from it (history).
@@ -496,8 +499,7 @@ pub struct TestRun {
     /// pull_request, push, check_suite, workflow_run.
     pub event: String,
     pub pull_request_number: Option<u64>,
-    /// queued, running, passed, failed, cancelled.
-    pub status: String,
+    pub status: RunStatus,
     pub attempt: u32,
     pub idempotency_key: String,
     pub delivery_id: Option<String>,
@@ -512,9 +514,9 @@ pub struct TestRun {
 impl TestRun {
     /// Whether the run holds its idempotency key (a cancelled run does not).
     pub fn holds_key(&self) -> bool {
-        self.status != "cancelled"
+        self.status != RunStatus::Cancelled
     }
     pub fn in_flight(&self) -> bool {
-        matches!(self.status.as_str(), "queued" | "running")
+        matches!(self.status, RunStatus::Queued | RunStatus::Running)
     }
 }

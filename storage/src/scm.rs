@@ -3,6 +3,8 @@
 //! delivery's outcome is written together with its effect and a crash replays it whole or not
 //! at all.
 
+use crate::states::DeliveryOutcome;
+use crate::states::RunStatus;
 use crate::{
     Delivery, Installation, RepoHold, RepoLink, Result, Store, TestRun, Writes, codec, keys,
 };
@@ -42,14 +44,14 @@ impl ScmBatch {
     pub fn put_run(&mut self, old: Option<&TestRun>, r: &TestRun) -> Result<()> {
         self.0.put(keys::run(r.project_id, r.id), r)?;
         let pid = r.project_id.to_be_bytes().to_vec();
-        if r.status == "queued" {
+        if r.status == RunStatus::Queued {
             self.0
                 .0
                 .insert(keys::run_queue(r.project_id, r.id), Vec::new());
         } else {
             self.0.delete(keys::run_queue(r.project_id, r.id));
         }
-        if r.status == "running" {
+        if r.status == RunStatus::Running {
             self.0.0.insert(keys::running(r.id), pid.clone());
         } else {
             self.0.delete(keys::running(r.id));
@@ -269,7 +271,7 @@ impl Store {
             if d.received_at >= log_before {
                 break;
             }
-            if d.outcome == "queued" {
+            if d.outcome == DeliveryOutcome::Queued {
                 continue;
             }
             w.delete(keys::delivery(d.seq));
@@ -460,7 +462,7 @@ mod tests {
     /// before 5,000.
     fn process_and_expire(store: &Store, d: &Delivery) {
         let mut done = d.clone();
-        done.outcome = "processed".into();
+        done.outcome = DeliveryOutcome::Processed;
         let mut b = ScmBatch::default();
         b.finish_delivery(&done).unwrap();
         b.commit(store).unwrap();

@@ -273,7 +273,7 @@ async fn create_plan_transitions_and_rollout_results() {
     assert_eq!(r.body["status"], "succeeded");
     let e = events.recv().await.unwrap();
     assert_eq!((e.deployment_id, e.device_id), (dep, d1));
-    assert_eq!((e.status.as_str(), e.previous.clone()), ("succeeded", None));
+    assert_eq!((e.status.as_str(), e.previous), ("succeeded", None));
     let r = s
         .raw(
             s.http
@@ -315,7 +315,7 @@ async fn create_plan_transitions_and_rollout_results() {
     assert_eq!(r.status, 202);
     let e = events.recv().await.unwrap();
     assert_eq!(
-        (e.status.as_str(), e.previous.as_deref()),
+        (e.status.as_str(), e.previous.map(|p| p.as_str())),
         ("succeeded", Some("failed"))
     );
     let d = s.get(&format!("{DEPS}/{dep}"), s.key()).await;
@@ -577,7 +577,10 @@ async fn a_rollout_result_is_published_by_its_writer_even_when_the_caller_left()
         .expect("the written result is published")
         .unwrap();
     assert_eq!((e.deployment_id, e.device_id), (dep, d1));
-    assert_eq!((e.status.as_str(), e.previous.as_deref()), ("failed", None));
+    assert_eq!(
+        (e.status.as_str(), e.previous.map(|p| p.as_str())),
+        ("failed", None)
+    );
     let d = s.get(&format!("{DEPS}/{dep}"), s.key()).await;
     assert_eq!(
         d.body["device_results"],

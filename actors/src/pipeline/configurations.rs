@@ -16,6 +16,7 @@ pub use crate::rules::configurations::MAX_DEPTH;
 pub(crate) use crate::rules::configurations::{effective_schema, lineage};
 use crate::versions::{Constraint, parse_version};
 use crate::views::{Page, PageReq};
+use fleetops_storage::ValidationStatus;
 
 /// What `configurations/upload-url` asks for (already parsed by the edge).
 #[derive(Debug, Clone)]
@@ -56,7 +57,7 @@ pub struct ConfigurationView {
     pub parent_config_id: Option<u64>,
     pub override_fields: Box<RawValue>,
     pub config_data: Box<RawValue>,
-    pub validation_status: String,
+    pub validation_status: fleetops_storage::ValidationStatus,
     pub validation_notes: String,
     pub validation_schema: Option<Box<RawValue>>,
     pub created_at: String,
@@ -80,7 +81,7 @@ impl From<&Configuration> for ConfigurationView {
             parent_config_id: c.parent_config_id,
             override_fields: raw_json(&c.override_fields_json, "{}"),
             config_data: raw_json(&c.config_data_json, "{}"),
-            validation_status: c.validation_status.clone(),
+            validation_status: c.validation_status,
             validation_notes: c.validation_notes.clone(),
             validation_schema: c.validation_schema_json.as_ref().map(|s| raw_json(s, "{}")),
             created_at: fmt_ms(c.created_at),
@@ -128,7 +129,7 @@ pub struct Explain {
     pub id: u64,
     pub name: String,
     pub version: String,
-    pub validation_status: String,
+    pub validation_status: fleetops_storage::ValidationStatus,
     /// The inheritance chain, root first, ending with this configuration.
     pub chain: Vec<ConfigRef>,
     pub config_data: Value,
@@ -255,7 +256,7 @@ impl PipelineHandle {
                     override_fields_json: b"{}".to_vec(),
                     config_data_json: b"{}".to_vec(),
                     validation_schema_json: schema.clone(),
-                    validation_status: "pending".into(),
+                    validation_status: ValidationStatus::Pending,
                     validation_notes: String::new(),
                     blob_key: String::new(),
                     upload_expires_at: now + self.cfg.upload_ttl_seconds * 1000,
@@ -484,7 +485,7 @@ impl PipelineHandle {
             id: c.id,
             name: c.name.clone(),
             version: c.version.clone(),
-            validation_status: c.validation_status.clone(),
+            validation_status: c.validation_status,
             chain: chain.iter().map(ConfigRef::from).collect(),
             config_data: data,
             sources,

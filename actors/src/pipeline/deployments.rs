@@ -27,7 +27,7 @@ pub struct DeploymentView {
     pub composition_tag: String,
     pub capsule_id: u64,
     pub configuration_id: Option<u64>,
-    pub deployment_status: String,
+    pub deployment_status: fleetops_storage::DeploymentStatus,
     pub deployed_at: Option<String>,
     pub deprecated_at: Option<String>,
     pub target_devices: Box<RawValue>,
@@ -45,7 +45,7 @@ impl From<&Deployment> for DeploymentView {
             composition_tag: d.composition_tag.clone(),
             capsule_id: d.capsule_id,
             configuration_id: d.configuration_id,
-            deployment_status: d.status.clone(),
+            deployment_status: d.status,
             deployed_at: d.deployed_at.map(fmt_ms),
             deprecated_at: d.deprecated_at.map(fmt_ms),
             target_devices: super::raw_json(&d.target_devices_json, "[]"),
@@ -83,7 +83,7 @@ pub struct Plan {
 pub struct ResultAccepted {
     pub deployment_id: u64,
     pub device_id: u64,
-    pub status: String,
+    pub status: fleetops_storage::RolloutStatus,
     pub reported_at: String,
 }
 
@@ -130,7 +130,7 @@ impl PipelineHandle {
             .store
             .project_deployments(pid)?
             .iter()
-            .filter(|d| status.is_none_or(|s| d.status == s))
+            .filter(|d| status.is_none_or(|s| d.status.as_str() == s))
             .map(DeploymentView::from)
             .collect();
         Ok(page.slice(all))
@@ -140,9 +140,9 @@ impl PipelineHandle {
         let d = self.deployment(pid, id)?;
         let mut results = DeviceResults::default();
         for r in self.store.device_results(id)? {
-            match r.status.as_str() {
-                "succeeded" => results.succeeded += 1,
-                _ => results.failed += 1,
+            match r.status {
+                fleetops_storage::RolloutStatus::Succeeded => results.succeeded += 1,
+                fleetops_storage::RolloutStatus::Failed => results.failed += 1,
             }
         }
         Ok(DeploymentDetail {

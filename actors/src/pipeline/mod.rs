@@ -33,6 +33,7 @@ use crate::links::{Link, Purpose, Signer};
 use crate::project::ProjectMsg;
 use crate::projects::ProjectsHandle;
 use crate::versions::{Constraint, parse_version};
+use fleetops_storage::ValidationStatus;
 
 pub use crate::config::PipelineConfig;
 pub(crate) use crate::rules::blob_keys as keys;
@@ -84,7 +85,7 @@ pub struct CapsuleView {
     pub version_major: u64,
     pub version_minor: u64,
     pub version_patch: u64,
-    pub validation_status: String,
+    pub validation_status: fleetops_storage::ValidationStatus,
     pub validation_notes: String,
     pub created_at: String,
     pub updated_at: String,
@@ -115,7 +116,7 @@ impl From<&Capsule> for CapsuleView {
             version_major: c.version_major,
             version_minor: c.version_minor,
             version_patch: c.version_patch,
-            validation_status: c.validation_status.clone(),
+            validation_status: c.validation_status,
             validation_notes: c.validation_notes.clone(),
             created_at: fmt_ms(c.created_at),
             updated_at: fmt_ms(c.updated_at),
@@ -141,7 +142,7 @@ pub struct CapsuleItem {
     pub capsule_type: String,
     pub file_size_bytes: u64,
     pub is_latest: bool,
-    pub validation_status: String,
+    pub validation_status: fleetops_storage::ValidationStatus,
     pub created_at: String,
 }
 
@@ -384,7 +385,7 @@ impl PipelineHandle {
                     metadata_json: metadata.clone(),
                     dependencies: req.dependencies.clone(),
                     is_latest: false,
-                    validation_status: "pending".into(),
+                    validation_status: ValidationStatus::Pending,
                     validation_notes: String::new(),
                     blob_key: String::new(),
                     upload_expires_at: now + self.cfg.upload_ttl_seconds * 1000,
@@ -465,7 +466,7 @@ impl PipelineHandle {
                 .await?;
             let mut pending = c.clone();
             self.validate_in_background(pid, id, checksum, busy);
-            pending.validation_status = "pending".into();
+            pending.validation_status = ValidationStatus::Pending;
             return Ok(Confirmed::Pending(CapsuleView::from(&pending)));
         }
         let c = self.validate_and_settle(pid, id, checksum).await?;
@@ -617,7 +618,7 @@ impl PipelineHandle {
             };
             let found = self.store.project_capsules(pid)?.iter().any(|d| {
                 d.name == *name
-                    && d.validation_status == "passed"
+                    && d.validation_status == ValidationStatus::Passed
                     && req.matches(&Version::new(
                         d.version_major,
                         d.version_minor,
@@ -782,7 +783,7 @@ impl PipelineHandle {
                 capsule_type: c.capsule_type.clone(),
                 file_size_bytes: c.file_size_bytes,
                 is_latest: c.is_latest,
-                validation_status: c.validation_status.clone(),
+                validation_status: c.validation_status,
                 created_at: fmt_ms(c.created_at),
             })
             .collect()

@@ -26,6 +26,7 @@ use crate::quota::Turn;
 use crate::rules;
 use crate::rules::deployments::{DeploymentPatch, DeploymentSpec, Transition};
 use crate::secrets;
+use fleetops_storage::ValidationStatus;
 
 type Reply<T> = RpcReplyPort<Result<T>>;
 
@@ -394,7 +395,7 @@ impl Actor for ProjectActor {
                             project_id: st.project.id,
                             deployment_id: id,
                             device_id,
-                            status: res.status.clone(),
+                            status: res.status,
                             previous,
                             at: res.reported_at,
                         };
@@ -690,7 +691,7 @@ impl ProjectState {
             .collect();
         let best = all
             .iter()
-            .filter(|c| c.validation_status == "passed")
+            .filter(|c| c.validation_status == ValidationStatus::Passed)
             .max_by_key(|c| (c.version_major, c.version_minor, c.version_patch))
             .map(|c| c.id);
         let mut moved = Vec::new();
@@ -722,7 +723,11 @@ impl ProjectState {
         }
         c.checksum_sha256 = Some(checksum);
         c.uploaded_bytes = Some(size);
-        c.validation_status = if passed { "passed" } else { "failed" }.into();
+        c.validation_status = if passed {
+            ValidationStatus::Passed
+        } else {
+            ValidationStatus::Failed
+        };
         c.validation_notes = if passed { "ok".into() } else { notes };
         c.confirmed = true;
         c.updated_at = now_ms();

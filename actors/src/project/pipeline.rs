@@ -13,6 +13,7 @@ use crate::rules::blob_keys as keys;
 use crate::rules::configurations::{MAX_DEPTH, effective_schema, lineage};
 use crate::rules::deployments::{DeploymentPatch, DeploymentSpec, Transition, evaluate};
 use crate::versions::Constraint;
+use fleetops_storage::{DeploymentStatus, RolloutStatus, ValidationStatus};
 
 /// The effective configuration (inherited data included) is at most 4 MiB.
 const MAX_EFFECTIVE_BYTES: usize = 4 * 1024 * 1024;
@@ -120,19 +121,21 @@ impl ProjectState {
             }
         };
         if let Some(parent) = chain.len().checked_sub(2).and_then(|i| chain.get(i)) {
-            match parent.validation_status.as_str() {
-                "passed" => match serde_json::from_slice(&parent.config_data_json) {
-                    Ok(v) => data = v,
-                    Err(e) => notes.push(format!(
-                        "parent configuration {} could not be read: {e}",
-                        parent.id
-                    )),
-                },
-                "failed" => notes.push(format!(
+            match parent.validation_status {
+                ValidationStatus::Passed => {
+                    match serde_json::from_slice(&parent.config_data_json) {
+                        Ok(v) => data = v,
+                        Err(e) => notes.push(format!(
+                            "parent configuration {} could not be read: {e}",
+                            parent.id
+                        )),
+                    }
+                }
+                ValidationStatus::Failed => notes.push(format!(
                     "parent configuration {} ({} {}) failed validation",
                     parent.id, parent.name, parent.version
                 )),
-                _ => {
+                ValidationStatus::Pending => {
                     return Err(Error::Conflict(format!(
                         "Parent configuration {} ({} {}) is not validated yet; confirm it first",
                         parent.id, parent.name, parent.version
@@ -185,7 +188,11 @@ impl ProjectState {
         }
         c.override_fields_json = json(&overrides)?;
         c.config_data_json = json(&data)?;
-        c.validation_status = if passed { "passed" } else { "failed" }.into();
+        c.validation_status = if passed {
+            ValidationStatus::Passed
+        } else {
+            ValidationStatus::Failed
+        };
         c.validation_notes = if passed {
             "ok".into()
         } else {
@@ -278,7 +285,7 @@ impl ProjectState {
             composition_tag: spec.composition_tag,
             capsule_id: spec.capsule_id,
             configuration_id: spec.configuration_id,
-            status: "draft".into(),
+            status: DeploymentStatus::Draft,
             deployed_at: None,
             deprecated_at: None,
             target_devices_json: targets,
@@ -291,7 +298,7 @@ impl ProjectState {
 
     fn draft(&self, id: u64, action: &str) -> Result<Deployment> {
         let d = self.deployment(id)?;
-        if d.status != "draft" {
+        if d.status != DeploymentStatus::Draft {
             return Err(Error::Conflict(format!(
                 "Deployment is {}; only a draft can be {action}",
                 d.status
@@ -332,8 +339,8 @@ impl ProjectState {
     pub(super) fn transition(&self, id: u64, to: Transition) -> Result<Deployment> {
         let mut d = self.deployment(id)?;
         let now = now_ms();
-        match (to, d.status.as_str()) {
-            (Transition::Activate, "draft") => {
+        match (to, d.status) {
+            (Transition::Activate, DeploymentStatus::Draft) => {
                 // The capsule and configuration cannot change state once settled, and
                 // references keep them from being deleted; checked again all the same.
                 let e = evaluate(&self.store, self.pid(), &DeploymentSpec::of(&d))?;
@@ -343,11 +350,11 @@ impl ProjectState {
                         other => other,
                     });
                 }
-                d.status = "active".into();
+                d.status = DeploymentStatus::Active;
                 d.deployed_at = Some(now);
             }
-            (Transition::Deprecate, "active") => {
-                d.status = "deprecated".into();
+            (Transition::Deprecate, DeploymentStatus::Active) => {
+                d.status = DeploymentStatus::Deprecated;
                 d.deprecated_at = Some(now);
             }
             (Transition::Activate, s) => {
@@ -373,14 +380,14 @@ impl ProjectState {
         device_id: u64,
         status: String,
         message: Option<String>,
-    ) -> Result<(DeviceResult, Option<String>)> {
+    ) -> Result<(DeviceResult, Option<RolloutStatus>)> {
         let d = self.deployment(id)?;
-        if !matches!(status.as_str(), "succeeded" | "failed") {
+        let Some(status) = RolloutStatus::parse(&status) else {
             return Err(Error::unprocessable(
                 "status",
                 "must be succeeded or failed",
             ));
-        }
+        };
         if message.as_ref().is_some_and(|m| m.chars().count() > 2000) {
             return Err(Error::unprocessable("message", "at most 2000 characters"));
         }
@@ -390,7 +397,7 @@ impl ProjectState {
                 format!("device {device_id} does not exist in this project"),
             ));
         }
-        if d.status == "draft" {
+        if d.status == DeploymentStatus::Draft {
             return Err(Error::Conflict(
                 "Deployment is a draft; activate it before devices report results".into(),
             ));

@@ -12,6 +12,7 @@ use serde_json::Value;
 
 use crate::error::{Error, Result};
 use crate::versions::Constraint;
+use fleetops_storage::ValidationStatus;
 
 /// At most this many `target_devices` items.
 pub const MAX_TARGETS: usize = 1000;
@@ -178,7 +179,7 @@ pub fn evaluate(store: &Store, pid: u64, spec: &DeploymentSpec) -> Result<Evalua
             "capsule_id",
             format!("capsule {} does not exist in this project", spec.capsule_id),
         ),
-        Some(c) if c.validation_status != "passed" => block(
+        Some(c) if c.validation_status != ValidationStatus::Passed => block(
             409,
             "capsule_id",
             format!(
@@ -196,7 +197,7 @@ pub fn evaluate(store: &Store, pid: u64, spec: &DeploymentSpec) -> Result<Evalua
                 format!("configuration {cid} does not exist in this project"),
             ),
             Some(cf) => {
-                if cf.validation_status != "passed" {
+                if cf.validation_status != ValidationStatus::Passed {
                     block(
                         409,
                         "configuration_id",

@@ -15,6 +15,7 @@ use super::{RepoPatch, Work, skip, still_queued};
 
 use crate::error::{Error, Result};
 use crate::mailbox::Envelope;
+use fleetops_storage::{DeliveryOutcome, RunStatus};
 
 type Reply<T> = RpcReplyPort<Result<T>>;
 
@@ -223,7 +224,7 @@ impl DispatcherState {
             git_ref: String::new(),
             event: d.event.clone(),
             pull_request_number: None,
-            status: "queued".into(),
+            status: RunStatus::Queued,
             attempt: 1,
             idempotency_key: key,
             delivery_id: Some(d.delivery_id.clone()),
@@ -238,7 +239,7 @@ impl DispatcherState {
     fn finish(
         &self,
         mut d: Delivery,
-        outcome: &str,
+        outcome: DeliveryOutcome,
         run: Option<(Option<&TestRun>, &TestRun)>,
     ) -> Result<()> {
         let mut b = ScmBatch::default();
@@ -246,7 +247,7 @@ impl DispatcherState {
             b.put_run(old, r)?;
             d.test_run_id = Some(r.id);
         }
-        d.outcome = outcome.into();
+        d.outcome = outcome;
         b.finish_delivery(&d)?;
         Ok(b.commit(&self.store)?)
     }
@@ -255,14 +256,14 @@ impl DispatcherState {
     fn enqueue(&self, mut d: Delivery, mut run: TestRun) -> Result<()> {
         if let Some(existing) = self.store.run_by_key(&run.idempotency_key)? {
             d.test_run_id = Some(existing.id);
-            d.outcome = "skipped".into();
+            d.outcome = DeliveryOutcome::Skipped;
             d.reason = Some("duplicate_job".into());
             let mut b = ScmBatch::default();
             b.finish_delivery(&d)?;
             return Ok(b.commit(&self.store)?);
         }
-        run.status = "queued".into();
-        self.finish(d, "dispatched", Some((None, &run)))
+        run.status = RunStatus::Queued;
+        self.finish(d, DeliveryOutcome::Dispatched, Some((None, &run)))
     }
 
     fn dispatch(&self, work: &Work) -> Result<()> {
@@ -316,18 +317,17 @@ impl DispatcherState {
                     let now = self.clock.now_ms();
                     for old in &runs {
                         let mut r = old.clone();
-                        r.status = "cancelled".into();
+                        r.status = RunStatus::Cancelled;
                         r.lease_expires_at = None;
                         r.updated_at = now;
                         b.put_run(Some(old), &r)?;
                     }
                     d.test_run_id = runs.first().map(|r| r.id);
                     d.outcome = if runs.is_empty() {
-                        "processed"
+                        DeliveryOutcome::Processed
                     } else {
-                        "dispatched"
-                    }
-                    .into();
+                        DeliveryOutcome::Dispatched
+                    };
                     b.finish_delivery(&d)?;
                     Ok(b.commit(&self.store)?)
                 }
@@ -380,7 +380,7 @@ impl DispatcherState {
                         r.commit_sha = sha;
                         r.git_ref = branch;
                         r.attempt = previous.map_or(1, |a| a.saturating_add(1));
-                        self.finish(d, "dispatched", Some((None, &r)))
+                        self.finish(d, DeliveryOutcome::Dispatched, Some((None, &r)))
                     }
                     _ => skip(&self.store, &d, "action_ignored"),
                 }
@@ -411,12 +411,11 @@ impl DispatcherState {
                     return skip(&self.store, &d, "duplicate_job");
                 }
                 r.status = match conclusion.as_str() {
-                    "success" => "passed",
-                    "cancelled" => "cancelled",
-                    _ => "failed",
-                }
-                .into();
-                self.finish(d, "dispatched", Some((None, &r)))
+                    "success" => RunStatus::Passed,
+                    "cancelled" => RunStatus::Cancelled,
+                    _ => RunStatus::Failed,
+                };
+                self.finish(d, DeliveryOutcome::Dispatched, Some((None, &r)))
             }
             _ => skip(&self.store, &d, "event_ignored"),
         }
@@ -501,7 +500,7 @@ impl DispatcherState {
         };
         let now = self.clock.now_ms();
         let mut r = old.clone();
-        r.status = "running".into();
+        r.status = RunStatus::Running;
         r.lease_expires_at = Some(now + self.lease_ms);
         r.updated_at = now;
         self.save(&old, &r)?;
@@ -510,7 +509,7 @@ impl DispatcherState {
 
     fn heartbeat(&self, project_id: u64, id: u64) -> Result<TestRun> {
         let old = self.run(project_id, id)?;
-        if old.status != "running" {
+        if old.status != RunStatus::Running {
             return Err(Error::Conflict(format!(
                 "Test run is {}; only a running run holds a lease",
                 old.status
@@ -532,13 +531,14 @@ impl DispatcherState {
         summary: Option<String>,
     ) -> Result<TestRun> {
         let old = self.run(project_id, id)?;
-        if !matches!(status.as_str(), "passed" | "failed") {
-            return Err(Error::unprocessable("status", "must be passed or failed"));
-        }
+        let status = match RunStatus::parse(&status) {
+            Some(s @ (RunStatus::Passed | RunStatus::Failed)) => s,
+            _ => return Err(Error::unprocessable("status", "must be passed or failed")),
+        };
         if summary.as_ref().is_some_and(|s| s.chars().count() > 10_000) {
             return Err(Error::unprocessable("summary", "at most 10,000 characters"));
         }
-        if old.status != "running" {
+        if old.status != RunStatus::Running {
             return Err(Error::Conflict(format!(
                 "Test run is {}; only a running run can be completed",
                 old.status
@@ -561,7 +561,7 @@ impl DispatcherState {
             };
             if old.lease_expires_at.is_some_and(|t| t <= now) {
                 let mut r = old.clone();
-                r.status = "queued".into();
+                r.status = RunStatus::Queued;
                 r.attempt = r.attempt.saturating_add(1);
                 r.lease_expires_at = None;
                 r.updated_at = now;

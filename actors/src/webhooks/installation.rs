@@ -16,6 +16,7 @@ use super::{Work, skip, still_queued};
 use crate::clock::now_ms;
 use crate::error::Result;
 use crate::mailbox::{Envelope, Slot};
+use fleetops_storage::{DeliveryOutcome, InstallationState};
 
 type Reply<T> = RpcReplyPort<Result<T>>;
 
@@ -37,7 +38,7 @@ impl crate::keyed::KeyedChild for InstallationActor {
     const KIND: &'static str = "installation";
 }
 
-pub(crate) struct InstallationState {
+pub(crate) struct InstallationActorState {
     id: u64,
     store: Store,
     dispatcher: Arc<Slot<DispatcherMsg>>,
@@ -45,7 +46,7 @@ pub(crate) struct InstallationState {
 
 impl Actor for InstallationActor {
     type Msg = Envelope<InstallationMsg>;
-    type State = InstallationState;
+    type State = InstallationActorState;
     type Arguments = ((Store, Arc<Slot<DispatcherMsg>>), u64);
 
     async fn pre_start(
@@ -53,7 +54,7 @@ impl Actor for InstallationActor {
         _myself: ActorRef<Self::Msg>,
         ((store, dispatcher), id): Self::Arguments,
     ) -> Result<Self::State, ActorProcessingErr> {
-        Ok(InstallationState {
+        Ok(InstallationActorState {
             id,
             store,
             dispatcher,
@@ -81,7 +82,7 @@ impl Actor for InstallationActor {
     }
 }
 
-impl InstallationState {
+impl InstallationActorState {
     async fn deliver(&self, work: Arc<Work>) -> Result<()> {
         // A call that timed out is retried by the worker while the first is still in this
         // mailbox: only a delivery still queued is worked.
@@ -103,10 +104,10 @@ impl InstallationState {
                 if self.id != 0
                     && let Some(i) = self.store.installation(self.id)?
                 {
-                    let reason = match i.state.as_str() {
-                        "deleted" => Some("installation_deleted"),
-                        "suspended" => Some("installation_suspended"),
-                        _ => None,
+                    let reason = match i.state {
+                        InstallationState::Deleted => Some("installation_deleted"),
+                        InstallationState::Suspended => Some("installation_suspended"),
+                        InstallationState::Active => None,
                     };
                     if let Some(reason) = reason {
                         // Resolved far enough to appear in the project's log.
@@ -136,7 +137,7 @@ impl InstallationState {
             account_login: String::new(),
             account_type: String::new(),
             repository_selection: String::new(),
-            state: "active".into(),
+            state: InstallationState::Active,
             repositories: Vec::new(),
             removed: Vec::new(),
             created_at: now,
@@ -171,7 +172,7 @@ impl InstallationState {
         let mut b = ScmBatch::default();
         match action {
             "created" => {
-                i.state = "active".into();
+                i.state = InstallationState::Active;
                 let repos = names(&work.payload.repositories);
                 for r in &repos {
                     b.put_hold(r, &self.hold(true))?;
@@ -181,17 +182,17 @@ impl InstallationState {
             }
             "deleted" => {
                 // Disabled, history kept: its repositories are disconnected.
-                i.state = "deleted".into();
+                i.state = InstallationState::Deleted;
                 for r in &i.repositories {
                     b.put_hold(r, &self.hold(false))?;
                 }
             }
-            "suspend" => i.state = "suspended".into(),
-            _ => i.state = "active".into(),
+            "suspend" => i.state = InstallationState::Suspended,
+            _ => i.state = InstallationState::Active,
         }
         b.put_installation(&i)?;
         let mut d = work.delivery.clone();
-        d.outcome = "processed".into();
+        d.outcome = DeliveryOutcome::Processed;
         d.installation_id = Some(self.id);
         b.finish_delivery(&d)?;
         Ok(b.commit(&self.store)?)
@@ -224,7 +225,7 @@ impl InstallationState {
         }
         b.put_installation(&i)?;
         let mut d = work.delivery.clone();
-        d.outcome = "processed".into();
+        d.outcome = DeliveryOutcome::Processed;
         d.installation_id = Some(self.id);
         // A single-repository change names its project in the log when it is linked.
         if let [only] = list.as_slice() {

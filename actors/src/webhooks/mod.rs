@@ -34,6 +34,7 @@ use crate::keyed::Keyed;
 use crate::mailbox::Slot;
 use crate::views::{Page, PageReq};
 use dispatcher::DispatcherMsg;
+use fleetops_storage::DeliveryOutcome;
 use installation::{InstallationActor, InstallationMsg};
 use intake::IntakeMsg;
 use payload::Payload;
@@ -64,13 +65,15 @@ pub struct RepoPatch {
 
 /// Whether a delivery is still waiting to be worked (a retried call finds it done).
 pub(crate) fn still_queued(store: &Store, seq: u64) -> Result<bool> {
-    Ok(store.delivery(seq)?.is_some_and(|d| d.outcome == "queued"))
+    Ok(store
+        .delivery(seq)?
+        .is_some_and(|d| d.outcome == DeliveryOutcome::Queued))
 }
 
 /// Records a delivery as skipped with a reason.
 pub(crate) fn skip(store: &Store, d: &Delivery, reason: &str) -> Result<()> {
     let mut d = d.clone();
-    d.outcome = "skipped".into();
+    d.outcome = DeliveryOutcome::Skipped;
     d.reason = Some(reason.into());
     let mut b = ScmBatch::default();
     b.finish_delivery(&d)?;
@@ -135,7 +138,7 @@ impl From<&Installation> for InstallationView {
             account_login: i.account_login.clone(),
             account_type: i.account_type.clone(),
             repository_selection: i.repository_selection.clone(),
-            state: i.state.clone(),
+            state: i.state.to_string(),
             repositories: i.repositories.clone(),
         }
     }
@@ -163,7 +166,7 @@ pub struct TestRunView {
     pub git_ref: String,
     pub event: String,
     pub pull_request_number: Option<u64>,
-    pub status: String,
+    pub status: fleetops_storage::RunStatus,
     pub attempt: u32,
     pub idempotency_key: String,
     pub delivery_id: Option<String>,
@@ -183,7 +186,7 @@ impl From<&TestRun> for TestRunView {
             git_ref: r.git_ref.clone(),
             event: r.event.clone(),
             pull_request_number: r.pull_request_number,
-            status: r.status.clone(),
+            status: r.status,
             attempt: r.attempt,
             idempotency_key: r.idempotency_key.clone(),
             delivery_id: r.delivery_id.clone(),
@@ -460,7 +463,7 @@ impl WebhooksHandle {
         let Some(mut d) = self.store.delivery(seq)? else {
             return Ok(());
         };
-        if d.outcome != "queued" {
+        if d.outcome != DeliveryOutcome::Queued {
             return Ok(());
         }
         let body = self.store.payload(&d)?.unwrap_or_default();
@@ -512,7 +515,7 @@ impl WebhooksHandle {
             action: d.action.clone(),
             received_at: fmt_ms(d.received_at),
             status_code: d.status_code,
-            outcome: d.outcome.clone(),
+            outcome: d.outcome.to_string(),
             reason: d.reason.clone(),
             installation_id: d.installation_id,
             repository: d.repository.clone(),
@@ -545,7 +548,7 @@ impl WebhooksHandle {
         }
         let mut all: Vec<(i64, Entry)> = records
             .iter()
-            .filter(|d| keep(&d.outcome, d.reason.as_deref()))
+            .filter(|d| keep(d.outcome.as_str(), d.reason.as_deref()))
             .map(|d| (d.received_at, Entry::Stored(d)))
             .collect();
         let rejected = match project {
@@ -709,7 +712,7 @@ impl WebhooksHandle {
             .store
             .project_runs(project_id)?
             .iter()
-            .filter(|r| f.status.as_ref().is_none_or(|s| &r.status == s))
+            .filter(|r| f.status.as_ref().is_none_or(|s| r.status.as_str() == s))
             .filter(|r| {
                 f.repository
                     .as_ref()
