@@ -1,0 +1,312 @@
+//! Deliveries: accepting one (verified, then claimed and stored by the intake), working it
+//! (the worker routes it to its installation and the dispatcher), and the delivery log.
+
+use super::WebhooksHandle;
+use super::dispatcher::DispatcherMsg;
+use super::installation::InstallationMsg;
+use super::intake::IntakeMsg;
+use super::payload;
+use super::payload::Payload;
+use super::views::Accepted;
+use super::views::DeliveryDetail;
+use super::views::DeliveryFilter;
+use super::views::DeliveryView;
+use super::views::InstallationView;
+use crate::clock::fmt_ms;
+use crate::error::Error;
+use crate::error::Result;
+use crate::views::Page;
+use crate::views::PageReq;
+use bytes::Bytes;
+use fleetops_storage::Delivery;
+use fleetops_storage::DeliveryOutcome;
+use fleetops_storage::Store;
+use fleetops_storage::scm::ScmBatch;
+use serde_json::value::RawValue;
+use std::sync::Arc;
+
+/// A delivery being worked, with its parsed payload.
+pub(crate) struct Work {
+    pub delivery: Delivery,
+    pub payload: Payload,
+}
+
+/// Whether a delivery is still waiting to be worked (a retried call finds it done).
+pub(crate) fn still_queued(store: &Store, seq: u64) -> Result<bool> {
+    Ok(store
+        .delivery(seq)?
+        .is_some_and(|d| d.outcome == DeliveryOutcome::Queued))
+}
+
+/// Records a delivery as skipped with a reason.
+pub(crate) fn skip(store: &Store, d: &Delivery, reason: &str) -> Result<()> {
+    let mut d = d.clone();
+    d.outcome = DeliveryOutcome::Skipped;
+    d.reason = Some(reason.into());
+    let mut b = ScmBatch::default();
+    b.finish_delivery(&d)?;
+    Ok(b.commit(store)?)
+}
+
+impl WebhooksHandle {
+    /// Claims the delivery id and, for a subscribed event, stores the delivery for the
+    /// worker; answers once durable (the intake's batch ends with its flush). A repeated id
+    /// is 401 `Duplicate delivery`.
+    pub async fn accept(
+        &self,
+        delivery_id: Option<&str>,
+        event: Option<&str>,
+        body: Bytes,
+    ) -> Result<Accepted> {
+        // One spelling per UUID (braced, urn: and simple forms parse too).
+        let delivery_id = delivery_id
+            .and_then(|d| uuid::Uuid::try_parse(d.trim()).ok())
+            .map(|u| u.hyphenated().to_string())
+            .ok_or_else(|| Error::BadRequest("X-Host-Delivery must be a UUID".into()))?;
+
+        let event = event
+            .map(str::trim)
+            .filter(|e| !e.is_empty() && e.len() <= 64)
+            .ok_or_else(|| Error::BadRequest("X-Host-Event is required".into()))?;
+        let subscribed = payload::SUBSCRIBED.contains(&event);
+        let (id, ev) = (delivery_id, event.to_string());
+        let r = self
+            .intake
+            .call(|reply| IntakeMsg::Accept {
+                delivery_id: id.clone(),
+                event: ev.clone(),
+                subscribed,
+                body: body.clone(),
+                reply,
+            })
+            .await;
+        let seq = match r {
+            Ok(seq) => seq,
+            Err(e @ Error::Rejected(_)) => {
+                self.note_rejected(Some(&id), Some(event), "duplicate", "duplicate_delivery");
+                return Err(e);
+            }
+            Err(e) => return Err(e),
+        };
+        Ok(match seq {
+            Some(_) => Accepted {
+                status: "queued",
+                delivery_id: Some(id),
+            },
+            None => Accepted {
+                status: "ignored",
+                delivery_id: None,
+            },
+        })
+    }
+
+    /// Works one queued delivery. Errors of an unavailable actor are retried (the delivery
+    /// stays queued); anything else records the delivery as skipped so the queue moves on.
+    pub(crate) async fn process(&self, seq: u64) {
+        let mut delay = std::time::Duration::from_millis(50);
+        let mut attempts = 0u32;
+        loop {
+            match self.process_once(seq).await {
+                Ok(()) => return,
+                Err(Error::Unavailable { .. }) => {
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(std::time::Duration::from_secs(5));
+                }
+                Err(e) if attempts < 5 => {
+                    attempts += 1;
+                    tracing::warn!(seq, error = %e, attempts, "a delivery failed; retrying");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(std::time::Duration::from_secs(5));
+                }
+                Err(e) => {
+                    tracing::error!(seq, error = %e, "a delivery could not be processed");
+                    // The outcome is written by the dispatcher, the single writer of outcomes
+                    // (only while the delivery is still queued).
+                    if let Ok(Some(d)) = self.store.delivery(seq) {
+                        let d = Box::new(d);
+                        let r = self
+                            .dispatcher
+                            .call(|reply| DispatcherMsg::Skip {
+                                delivery: d.clone(),
+                                reason: "processing_failed",
+                                reply,
+                            })
+                            .await;
+                        if let Err(e) = r {
+                            // Left queued on disk: the next start works it.
+                            tracing::error!(seq, error = %e, "could not record the failure");
+                        }
+                    }
+                    return;
+                }
+            }
+        }
+    }
+
+    async fn process_once(&self, seq: u64) -> Result<()> {
+        let Some(mut d) = self.store.delivery(seq)? else {
+            return Ok(());
+        };
+        if d.outcome != DeliveryOutcome::Queued {
+            return Ok(());
+        }
+        let body = self.store.payload(&d)?.unwrap_or_default();
+        let parsed: std::result::Result<Payload, _> = serde_json::from_slice(&body);
+        let payload = match parsed {
+            Ok(p) => p,
+            Err(_) => {
+                let boxed = Box::new(d);
+                return self
+                    .dispatcher
+                    .call(|reply| DispatcherMsg::Skip {
+                        delivery: boxed.clone(),
+                        reason: "invalid_payload",
+                        reply,
+                    })
+                    .await;
+            }
+        };
+        d.action = payload.action.clone();
+        d.repository = payload.repo_name().map(str::to_string);
+        let key = match payload.installation_id() {
+            Some(id) => id,
+            None => match payload.repo_name() {
+                Some(n) => self.store.repo_hold(n)?.map_or(0, |h| h.installation_id),
+                None => 0,
+            },
+        };
+        d.installation_id = (key != 0).then_some(key);
+        let work = Arc::new(Work {
+            delivery: d,
+            payload,
+        });
+        self.installations
+            .call(key, |reply| InstallationMsg::Deliver {
+                work: work.clone(),
+                reply,
+            })
+            .await
+    }
+
+    fn view(&self, d: &Delivery) -> Result<DeliveryView> {
+        let project = match d.project_id {
+            Some(p) => self.store.project(p)?.map(|p| p.slug.clone()),
+            None => None,
+        };
+        Ok(DeliveryView {
+            delivery_id: d.delivery_id.clone(),
+            event: d.event.clone(),
+            action: d.action.clone(),
+            received_at: fmt_ms(d.received_at),
+            status_code: d.status_code,
+            outcome: d.outcome.to_string(),
+            reason: d.reason.clone(),
+            installation_id: d.installation_id,
+            repository: d.repository.clone(),
+            project,
+            test_run_id: d.test_run_id,
+            received_ms: d.received_at,
+        })
+    }
+
+    /// The delivery log, newest first: every accepted delivery, or those resolved to
+    /// `project`; the global one also lists recent rejected and duplicate deliveries.
+    pub fn deliveries(
+        &self,
+        project: Option<u64>,
+        f: &DeliveryFilter,
+        page: PageReq,
+    ) -> Result<Page<DeliveryView>> {
+        let records = match project {
+            Some(p) => self.store.project_deliveries(p)?,
+            None => self.store.deliveries()?,
+        };
+        let keep = |outcome: &str, reason: Option<&str>| {
+            f.outcome.as_deref().is_none_or(|o| o == outcome)
+                && f.reason.as_deref().is_none_or(|r| Some(r) == reason)
+        };
+        // Views (which look up the project) are built for the page only.
+        enum Entry<'a> {
+            Stored(&'a Delivery),
+            Rejected(&'a DeliveryView),
+        }
+        let mut all: Vec<(i64, Entry)> = records
+            .iter()
+            .filter(|d| keep(d.outcome.as_str(), d.reason.as_deref()))
+            .map(|d| (d.received_at, Entry::Stored(d)))
+            .collect();
+        let rejected = match project {
+            None => self.rejected.lock().ok(),
+            Some(_) => None,
+        };
+        if let Some(r) = &rejected {
+            all.extend(
+                r.iter()
+                    .filter(|v| keep(&v.outcome, v.reason.as_deref()))
+                    .map(|v| (v.received_ms, Entry::Rejected(v))),
+            );
+            all.sort_by_key(|(t, _)| std::cmp::Reverse(*t));
+        }
+        let p = page.slice(all);
+        let items = p
+            .items
+            .into_iter()
+            .map(|(_, e)| match e {
+                Entry::Stored(d) => self.view(d),
+                Entry::Rejected(v) => Ok(v.clone()),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Page {
+            items,
+            total: p.total,
+            page: p.page,
+            page_size: p.page_size,
+            has_more: p.has_more,
+        })
+    }
+
+    pub fn delivery(&self, project: Option<u64>, delivery_id: &str) -> Result<DeliveryDetail> {
+        let d = self
+            .store
+            .delivery_by_id(
+                &uuid::Uuid::try_parse(delivery_id)
+                    .map(|u| u.hyphenated().to_string())
+                    .unwrap_or_default(),
+            )?
+            .filter(|d| project.is_none() || d.project_id == project)
+            .ok_or_else(|| Error::not_found("Delivery"))?;
+        let payload = match self.store.payload(&d)? {
+            None => None,
+            Some(b) => Some(match serde_json::from_slice::<&RawValue>(&b) {
+                Ok(r) => r.to_owned(),
+                Err(_) => {
+                    let s = serde_json::to_string(&String::from_utf8_lossy(&b))
+                        .map_err(|e| Error::Internal(e.to_string()))?;
+                    RawValue::from_string(s).map_err(|e| Error::Internal(e.to_string()))?
+                }
+            }),
+        };
+        Ok(DeliveryDetail {
+            delivery: self.view(&d)?,
+            payload,
+        })
+    }
+
+    pub fn installations(&self) -> Result<Vec<InstallationView>> {
+        Ok(self
+            .store
+            .installations()?
+            .iter()
+            .map(InstallationView::from)
+            .collect())
+    }
+
+    /// Drops log entries past retention (the housekeeper calls this); ids leave the dedup
+    /// window by their receipt time alone.
+    pub async fn expire(&self) -> Result<()> {
+        let before = self.clock.now_ms() - self.cfg.delivery_retention_days * 86_400_000;
+        self.intake
+            .call(|reply| IntakeMsg::Expire { before, reply })
+            .await
+    }
+}

@@ -1,0 +1,215 @@
+//! The webhook secret: verifying signatures (constant time), rotation with a grace period
+//! for the previous secret, the one-time print of a generated secret, and the status the
+//! superuser sees.
+
+use super::RECENT_REJECTED;
+use super::WebhooksHandle;
+use super::intake;
+use super::intake::IntakeMsg;
+use super::views::DeliveryView;
+use super::views::Rotated;
+use super::views::ScmStatus;
+use crate::clock::fmt_ms;
+use crate::config::ScmConfig;
+use crate::error::Error;
+use crate::error::Result;
+use fleetops_storage::Store;
+use serde::Deserialize;
+use serde::Serialize;
+
+/// The webhook secret: the current one, since when, and the previous one during its grace.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct SecretState {
+    pub current: String,
+    pub created_at: i64,
+    pub previous: Option<String>,
+    pub previous_valid_until: Option<i64>,
+}
+
+/// HMAC-SHA256 check in constant time, with aws-lc's assembly SHA-256 (the portable one was
+/// a fifth of the intake's CPU on 23 KB deliveries).
+fn hmac_ok(key: &[u8], body: &[u8], sig: &[u8]) -> bool {
+    let key = aws_lc_rs::hmac::Key::new(aws_lc_rs::hmac::HMAC_SHA256, key);
+    aws_lc_rs::hmac::verify(&key, body, sig).is_ok()
+}
+
+/// Loads the secret state: the stored one, else seeded from the configuration.
+pub(crate) fn load_secret(store: &Store, cfg: &ScmConfig) -> Result<SecretState> {
+    if let Some(v) = store.meta_get(intake::SECRET_META)? {
+        let s: SecretState =
+            serde_json::from_slice(&v).map_err(|e| Error::Internal(e.to_string()))?;
+        if !cfg.webhook_secret.is_empty() && cfg.webhook_secret != s.current {
+            tracing::warn!(
+                "the configured webhook secret differs from the one rotated through the API; the rotated one stays current"
+            );
+        }
+        return Ok(s);
+    }
+    // Nothing configured: generate one, as with the JWT secret, so that a newcomer's host can
+    // deliver at once; it is printed once by `serve` (see `take_generated_secret`).
+    let generated = cfg.webhook_secret.is_empty();
+    let current = if generated {
+        crate::secrets::random_token(32)?
+    } else {
+        cfg.webhook_secret.clone()
+    };
+    let s = SecretState {
+        current,
+        created_at: crate::clock::now_ms(),
+        previous: None,
+        previous_valid_until: None,
+    };
+    let v = serde_json::to_vec(&s).map_err(|e| Error::Internal(e.to_string()))?;
+    if generated {
+        store.meta_put(UNSHOWN_SECRET_META, b"1")?;
+    }
+    store.meta_put(intake::SECRET_META, &v)?;
+    store.flush_blocking()?;
+    Ok(s)
+}
+
+/// Present while a generated webhook secret has not yet been printed by `serve`.
+const UNSHOWN_SECRET_META: &str = "scm_webhook_secret_unshown";
+
+impl WebhooksHandle {
+    pub fn max_body_bytes(&self) -> u64 {
+        self.cfg.max_body_bytes
+    }
+
+    /// The webhook secret fleetops generated, the first time this is asked after generating
+    /// it (so `serve` prints it once, whichever command first opened the data directory).
+    pub fn take_generated_secret(&self) -> Result<Option<String>> {
+        if self.store.meta_get(UNSHOWN_SECRET_META)?.is_none() {
+            return Ok(None);
+        }
+        let current = self
+            .secret
+            .read()
+            .map(|s| s.current.clone())
+            .unwrap_or_default();
+        self.store.meta_remove(UNSHOWN_SECRET_META)?;
+        self.store.flush_blocking()?;
+        Ok((!current.is_empty()).then_some(current))
+    }
+
+    pub(super) fn note_rejected(
+        &self,
+        id: Option<&str>,
+        event: Option<&str>,
+        outcome: &str,
+        reason: &str,
+    ) {
+        let now = self.clock.now_ms();
+        if let Ok(mut r) = self.rejected.lock() {
+            if r.len() >= RECENT_REJECTED {
+                r.pop_front();
+            }
+            r.push_back(DeliveryView {
+                // Header values as sent, clipped: the list is bounded in bytes too.
+                delivery_id: crate::configs::clip(id.unwrap_or_default(), 64),
+                event: crate::configs::clip(event.unwrap_or_default(), 64),
+                action: None,
+                received_at: fmt_ms(now),
+                status_code: 401,
+                outcome: outcome.into(),
+                reason: Some(reason.into()),
+                installation_id: None,
+                repository: None,
+                project: None,
+                test_run_id: None,
+                received_ms: now,
+            });
+        }
+    }
+
+    /// Checks `X-Hub-Signature-256` over the raw body with the current secret (or the previous
+    /// one during its grace period), in constant time. A failure is counted and noted.
+    pub fn verify(
+        &self,
+        header: Option<&str>,
+        body: &[u8],
+        id: Option<&str>,
+        event: Option<&str>,
+    ) -> Result<()> {
+        let sig = header
+            .and_then(|h| h.trim().strip_prefix("sha256="))
+            .and_then(|h| hex::decode(h).ok());
+        let ok = match (&sig, self.secret.read()) {
+            (Some(sig), Ok(s)) => {
+                let now = self.clock.now_ms();
+                (!s.current.is_empty() && hmac_ok(s.current.as_bytes(), body, sig))
+                    || s.previous.as_ref().is_some_and(|p| {
+                        s.previous_valid_until.is_some_and(|t| now < t)
+                            && hmac_ok(p.as_bytes(), body, sig)
+                    })
+            }
+            _ => false,
+        };
+        if ok {
+            return Ok(());
+        }
+        if let Ok(mut f) = self.failures.lock() {
+            let now = self.clock.now_ms();
+            while f.front().is_some_and(|t| *t < now - 3_600_000) {
+                f.pop_front();
+            }
+            if f.len() < 100_000 {
+                f.push_back(now);
+            }
+        }
+        self.note_rejected(id, event, "rejected", "invalid_signature");
+        Err(Error::Rejected("Invalid signature".into()))
+    }
+
+    /// A new secret; the previous keeps verifying for `rotation_grace_seconds`.
+    pub async fn rotate(&self) -> Result<Rotated> {
+        let fresh = format!(
+            "whsec_{}",
+            hex::encode(
+                crate::secrets::random_bytes(32).map_err(|e| Error::Internal(e.to_string()))?
+            )
+        );
+        let now = self.clock.now_ms();
+        let old = self.secret.read().map(|s| s.clone()).unwrap_or_default();
+        let next = SecretState {
+            current: fresh.clone(),
+            created_at: now,
+            previous: (!old.current.is_empty()).then(|| old.current.clone()),
+            previous_valid_until: (!old.current.is_empty())
+                .then_some(now + self.cfg.rotation_grace_seconds * 1000),
+        };
+        let boxed = Box::new(next.clone());
+        self.intake
+            .call(|reply| IntakeMsg::Rotate {
+                state: boxed.clone(),
+                reply,
+            })
+            .await?;
+        self.store.durable().await?;
+        if let Ok(mut s) = self.secret.write() {
+            *s = next.clone();
+        }
+        Ok(Rotated {
+            webhook_secret: fresh,
+            previous_valid_until: next.previous_valid_until.map(fmt_ms),
+        })
+    }
+
+    pub fn status(&self) -> ScmStatus {
+        let now = self.clock.now_ms();
+        let s = self.secret.read().map(|s| s.clone()).unwrap_or_default();
+        let age = (!s.current.is_empty()).then(|| (now - s.created_at).max(0) / 86_400_000);
+        let failures = self
+            .failures
+            .lock()
+            .map(|f| f.iter().filter(|t| **t >= now - 3_600_000).count())
+            .unwrap_or(0);
+        ScmStatus {
+            secret_age_days: age,
+            rotation_due: age.is_some_and(|a| a >= self.cfg.rotation_days),
+            signature_failures_last_hour: failures,
+            signature_failure_alert: failures
+                >= self.cfg.signature_failure_alert_threshold as usize,
+        }
+    }
+}
