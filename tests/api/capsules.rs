@@ -464,16 +464,10 @@ async fn storage_quota_is_checked_at_upload_url() {
     assert_eq!(secret_post(&s, confs, &secret, c).await.status, 201);
 }
 
-/// The quota is the organization's, and its projects have separate writers: 16 reservations
-/// racing across 4 projects at the edge must together stay within it.
-#[tokio::test]
-async fn concurrent_uploads_across_projects_never_exceed_the_quota() {
-    let s = start_with(|c| {
-        c.tiers.get_mut("free").unwrap().storage_bytes = Some(12_000);
-    })
-    .await;
+/// Projects `q0`, `q1`, ... of organization `default`; their project secrets.
+async fn projects(s: &Srv, n: usize) -> Vec<String> {
     let mut secrets = Vec::new();
-    for i in 0..4 {
+    for i in 0..n {
         let r = s
             .post(
                 "/api/v1/organizations/default/projects",
@@ -484,6 +478,18 @@ async fn concurrent_uploads_across_projects_never_exceed_the_quota() {
         assert_eq!(r.status, 201, "{}", r.body);
         secrets.push(r.body["project_secret"].as_str().unwrap().to_string());
     }
+    secrets
+}
+
+/// The quota is the organization's, and its projects have separate writers: 16 reservations
+/// racing across 4 projects at the edge must together stay within it.
+#[tokio::test]
+async fn concurrent_uploads_across_projects_never_exceed_the_quota() {
+    let s = start_with(|c| {
+        c.tiers.get_mut("free").unwrap().storage_bytes = Some(12_000);
+    })
+    .await;
+    let secrets = projects(&s, 4).await;
     let calls = (0..16).map(|n| {
         let (s, secret) = (&s, secrets[n % 4].clone());
         async move {
@@ -521,18 +527,7 @@ async fn a_hung_up_reservation_never_lets_the_quota_be_exceeded() {
         c.tiers.get_mut("free").unwrap().storage_bytes = Some(3_000);
     })
     .await;
-    let mut secrets = Vec::new();
-    for i in 0..2 {
-        let r = s
-            .post(
-                "/api/v1/organizations/default/projects",
-                s.key(),
-                json!({"slug": format!("q{i}")}),
-            )
-            .await;
-        assert_eq!(r.status, 201, "{}", r.body);
-        secrets.push(r.body["project_secret"].as_str().unwrap().to_string());
-    }
+    let secrets = projects(&s, 2).await;
     let rt = s.running.as_ref().unwrap().runtime.clone();
     let org = rt.store.org_by_slug("default").unwrap().unwrap();
     let q0 = rt.store.project_by_slug(org.id, "q0").unwrap().unwrap().id;

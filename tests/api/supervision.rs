@@ -406,6 +406,29 @@ async fn a_panic_after_a_write_answers_the_original_result_once() {
     );
 }
 
+/// Once the project's actor is free again (every try before that is itself a 503, dropped
+/// unapplied) a new device is created, and the abandoned one named `never` was not: the
+/// project holds `before` and `after` only.
+async fn assert_never_applied(s: &Srv, k: &str, never: &str) {
+    let after = eventually(20, || async {
+        s.post(&format!("{DEV}/devices"), k, json!({"name": "after"}))
+            .await
+            .status
+            == 201
+    })
+    .await;
+    assert!(after);
+    let mut names: Vec<String> =
+        s.get(&format!("{DEV}/devices?page_size=10"), k).await.body["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d["name"].as_str().unwrap().to_string())
+            .collect();
+    names.sort();
+    assert_eq!(names, ["after", "before"], "{never} must never appear");
+}
+
 /// A call whose deadline passed while it waited (503) is never applied afterwards: the device
 /// is not created behind the caller's back, so a retry cannot make it twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -428,24 +451,7 @@ async fn a_call_that_timed_out_never_takes_effect_later() {
         .await;
     assert_eq!(r.status, 503, "{}", r.body);
     assert!(r.header("retry-after").is_some());
-    // Past the stall the actor is free again (each try before that is itself a 503, dropped
-    // unapplied); the abandoned request was never applied.
-    let after = eventually(20, || async {
-        s.post(&format!("{DEV}/devices"), &k, json!({"name": "after"}))
-            .await
-            .status
-            == 201
-    })
-    .await;
-    assert!(after);
-    let names: Vec<String> = s.get(&format!("{DEV}/devices?page_size=10"), &k).await.body["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|d| d["name"].as_str().unwrap().to_string())
-        .collect();
-    assert_eq!(names.len(), 2, "{names:?}");
-    assert!(!names.contains(&"late".to_string()), "{names:?}");
+    assert_never_applied(&s, &k, "late").await;
 }
 
 /// A delivery whose batch write is under way when its deadline passes gets the truth (202,
@@ -508,22 +514,7 @@ async fn a_caller_that_hung_up_before_its_turn_is_never_applied() {
     assert!(eventually(10, || async { rt.projects.waiting(pid) == 1 }).await);
     caller.abort();
     let _ = caller.await;
-    let after = eventually(20, || async {
-        s.post(&format!("{DEV}/devices"), &k, json!({"name": "after"}))
-            .await
-            .status
-            == 201
-    })
-    .await;
-    assert!(after);
-    let names: Vec<String> = s.get(&format!("{DEV}/devices?page_size=10"), &k).await.body["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|d| d["name"].as_str().unwrap().to_string())
-        .collect();
-    assert_eq!(names.len(), 2, "{names:?}");
-    assert!(!names.contains(&"hung-up".to_string()), "{names:?}");
+    assert_never_applied(&s, &k, "hung-up").await;
 }
 
 /// Contract 6: a host answered 503 claimed nothing, so its redelivery is the delivery, also
