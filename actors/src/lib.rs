@@ -68,7 +68,7 @@ pub mod logs;
 mod mailbox;
 pub mod pipeline;
 mod project;
-pub mod projects;
+pub use project::handle as projects;
 mod quota;
 mod root;
 pub mod rules;

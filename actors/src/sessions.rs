@@ -20,7 +20,7 @@ use crate::keyed::Keyed;
 use crate::live::{self, Subscription};
 use crate::logs::{self, LogFilter, RawEntry};
 use crate::project::ProjectMsg;
-use crate::projects::ProjectsHandle;
+use crate::project::handle::ProjectsHandle;
 use crate::rules;
 use crate::session::{Replay, SessionActor, SessionMsg};
 use crate::views::{

@@ -31,7 +31,7 @@ use crate::clock::{fmt_ms, now_ms};
 use crate::error::{Error, Result};
 use crate::links::{Link, Purpose, Signer};
 use crate::project::ProjectMsg;
-use crate::projects::ProjectsHandle;
+use crate::project::handle::ProjectsHandle;
 use crate::versions::{Constraint, parse_version};
 use fleetops_storage::ValidationStatus;
 

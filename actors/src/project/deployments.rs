@@ -1,0 +1,174 @@
+//! The ProjectActor's state changes for deployment packages: create, edit drafts, the
+//! transitions, and devices' rollout results.
+
+use super::ProjectState;
+use crate::clock::now_ms;
+use crate::error::Error;
+use crate::error::Result;
+use crate::rules::deployments::DeploymentPatch;
+use crate::rules::deployments::DeploymentSpec;
+use crate::rules::deployments::Transition;
+use crate::rules::deployments::evaluate;
+use fleetops_storage::Deployment;
+use fleetops_storage::DeploymentStatus;
+use fleetops_storage::DeviceResult;
+use fleetops_storage::RolloutStatus;
+use fleetops_storage::accounts::Seq;
+
+impl ProjectState {
+    pub(super) fn deployment(&self, id: u64) -> Result<Deployment> {
+        self.store
+            .deployment(self.pid(), id)?
+            .ok_or_else(|| Error::not_found("Deployment"))
+    }
+
+    /// Checks `spec` in full; the first 422, else every 409, refuses it.
+    pub(super) fn checked(&self, spec: &DeploymentSpec) -> Result<Vec<u8>> {
+        let e = evaluate(&self.store, self.pid(), spec)?;
+        let targets = e.targets_json.clone();
+        match e.into_error() {
+            Some(err) => Err(err),
+            None => Ok(targets),
+        }
+    }
+
+    pub(super) fn create_deployment(&self, spec: DeploymentSpec) -> Result<Deployment> {
+        let targets = self.checked(&spec)?;
+        let now = now_ms();
+        let d = Deployment {
+            id: self.store.new_id(Seq::Deployment)?,
+            project_id: self.pid(),
+            name: spec.name.trim().to_string(),
+            description: spec.description,
+            composition_tag: spec.composition_tag,
+            capsule_id: spec.capsule_id,
+            configuration_id: spec.configuration_id,
+            status: DeploymentStatus::Draft,
+            deployed_at: None,
+            deprecated_at: None,
+            target_devices_json: targets,
+            created_at: now,
+            updated_at: now,
+        };
+        self.store.put_deployment(&d)?;
+        Ok(d)
+    }
+
+    pub(super) fn draft(&self, id: u64, action: &str) -> Result<Deployment> {
+        let d = self.deployment(id)?;
+        if d.status != DeploymentStatus::Draft {
+            return Err(Error::Conflict(format!(
+                "Deployment is {}; only a draft can be {action}",
+                d.status
+            )));
+        }
+        Ok(d)
+    }
+
+    pub(super) fn update_deployment(&self, id: u64, patch: DeploymentPatch) -> Result<Deployment> {
+        let mut d = self.deployment(id)?;
+        let mut spec = DeploymentSpec::of(&d);
+        spec.apply(patch);
+        // Order of checks: input (422) before state (409).
+        let e = evaluate(&self.store, self.pid(), &spec)?;
+        if let Some(b) = e.blockers.iter().find(|b| b.status == 422) {
+            return Err(Error::unprocessable(&b.field, &b.reason));
+        }
+        d = self.draft(id, "changed")?;
+        let targets = self.checked(&spec)?;
+        d.name = spec.name.trim().to_string();
+        d.description = spec.description;
+        d.composition_tag = spec.composition_tag;
+        d.capsule_id = spec.capsule_id;
+        d.configuration_id = spec.configuration_id;
+        d.target_devices_json = targets;
+        d.updated_at = now_ms();
+        self.store.put_deployment(&d)?;
+        Ok(d)
+    }
+
+    pub(super) fn delete_deployment(&self, id: u64) -> Result<()> {
+        let d = self.draft(id, "deleted")?;
+        Ok(self.store.delete_deployment(&d)?)
+    }
+
+    /// draft → active (`activate`, sets `deployed_at`), active → deprecated (`deprecate`,
+    /// sets `deprecated_at`); anything else is 409.
+    pub(super) fn transition(&self, id: u64, to: Transition) -> Result<Deployment> {
+        let mut d = self.deployment(id)?;
+        let now = now_ms();
+        match (to, d.status) {
+            (Transition::Activate, DeploymentStatus::Draft) => {
+                // The capsule and configuration cannot change state once settled, and
+                // references keep them from being deleted; checked again all the same.
+                let e = evaluate(&self.store, self.pid(), &DeploymentSpec::of(&d))?;
+                if let Some(err) = e.into_error() {
+                    return Err(match err {
+                        Error::Unprocessable(m) => Error::Conflict(m),
+                        other => other,
+                    });
+                }
+                d.status = DeploymentStatus::Active;
+                d.deployed_at = Some(now);
+            }
+            (Transition::Deprecate, DeploymentStatus::Active) => {
+                d.status = DeploymentStatus::Deprecated;
+                d.deprecated_at = Some(now);
+            }
+            (Transition::Activate, s) => {
+                return Err(Error::Conflict(format!(
+                    "Deployment is {s}; only a draft can be activated"
+                )));
+            }
+            (Transition::Deprecate, s) => {
+                return Err(Error::Conflict(format!(
+                    "Deployment is {s}; only an active deployment can be deprecated"
+                )));
+            }
+        }
+        d.updated_at = now;
+        self.store.put_deployment(&d)?;
+        Ok(d)
+    }
+
+    /// Records a device's result; replies with it and the device's previous status.
+    pub(super) fn report_rollout(
+        &self,
+        id: u64,
+        device_id: u64,
+        status: String,
+        message: Option<String>,
+    ) -> Result<(DeviceResult, Option<RolloutStatus>)> {
+        let d = self.deployment(id)?;
+        let Some(status) = RolloutStatus::parse(&status) else {
+            return Err(Error::unprocessable(
+                "status",
+                "must be succeeded or failed",
+            ));
+        };
+        if message.as_ref().is_some_and(|m| m.chars().count() > 2000) {
+            return Err(Error::unprocessable("message", "at most 2000 characters"));
+        }
+        if self.store.device(self.pid(), device_id)?.is_none() {
+            return Err(Error::unprocessable(
+                "device_id",
+                format!("device {device_id} does not exist in this project"),
+            ));
+        }
+        if d.status == DeploymentStatus::Draft {
+            return Err(Error::Conflict(
+                "Deployment is a draft; activate it before devices report results".into(),
+            ));
+        }
+        let previous = self.store.device_result(id, device_id)?.map(|r| r.status);
+        let r = DeviceResult {
+            deployment_id: id,
+            device_id,
+            status,
+            message,
+            reported_at: now_ms(),
+        };
+        self.store.put_device_result(&r)?;
+        Ok((r, previous))
+    }
+}
