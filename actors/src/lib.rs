@@ -43,8 +43,9 @@
 //!   `directory`; supervised by `root` through `keyed` (per-entity supervisors) with `mailbox`
 //!   (deadlines, bounded waiting, the caller's state) and `supervision` (restart budgets).
 //! - **Rules**, pure functions and types: [`rules`] (input formats, deployment evaluation,
-//!   configuration lineage, quota counting, blob keys), [`versions`], [`configs`] (parsing and
-//!   merging uploaded configuration files), [`logs`] (log batches and filters).
+//!   configuration lineage, quota counting, blob keys, and `rules::config_files`: parsing,
+//!   merging and checking uploaded configuration files), [`versions`], [`logs`] (log batches
+//!   and filters).
 //!
 //! Beside them: [`config`] (settings), [`clock`], [`error`], [`events`] (the outbox events
 //! leave their writer through), [`auth`] and [`access`] (who may do what), [`links`] (signed
@@ -56,7 +57,7 @@ pub mod archives;
 pub mod auth;
 pub mod clock;
 pub mod config;
-pub mod configs;
+
 mod directory;
 pub mod error;
 pub mod events;

@@ -78,10 +78,10 @@ pub fn build_chunk(entries: Vec<RawEntry>) -> Result<LogChunk> {
             Some(m) if m.get().trim() == "null" => "{}",
             Some(_) => return Err(bad("metadata: must be an object".into())),
         };
-        if json_depth(meta.as_bytes()) > crate::configs::MAX_DEPTH {
+        if json_depth(meta.as_bytes()) > crate::rules::config_files::MAX_DEPTH {
             return Err(bad(format!(
                 "metadata: nested deeper than {} levels",
-                crate::configs::MAX_DEPTH
+                crate::rules::config_files::MAX_DEPTH
             )));
         }
         let module = e.module.unwrap_or_default();

@@ -9,9 +9,9 @@ use serde_json::value::RawValue;
 
 use super::{PipelineHandle, capsule_name, keys, raw_json};
 use crate::clock::{fmt_ms, now_ms};
-use crate::configs::{self, MAX_CONFIG_BYTES, SchemaError};
 use crate::error::{Error, Result};
 use crate::project::ProjectMsg;
+use crate::rules::config_files::{self as configs, MAX_CONFIG_BYTES, SchemaError};
 pub use crate::rules::configurations::MAX_DEPTH;
 pub(crate) use crate::rules::configurations::{effective_schema, lineage};
 use crate::versions::{Constraint, parse_version};

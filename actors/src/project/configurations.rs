@@ -3,10 +3,10 @@
 
 use super::ProjectState;
 use crate::clock::now_ms;
-use crate::configs;
 use crate::error::Error;
 use crate::error::Result;
 use crate::rules::blob_keys as keys;
+use crate::rules::config_files as configs;
 use crate::rules::configurations::MAX_DEPTH;
 use crate::rules::configurations::effective_schema;
 use crate::rules::configurations::lineage;

@@ -4,8 +4,8 @@
 use fleetops_storage::{Configuration, Store};
 use serde_json::Value;
 
-use crate::configs::MAX_CONFIG_BYTES;
 use crate::error::Result;
+use crate::rules::config_files::MAX_CONFIG_BYTES;
 
 /// Inheritance chains are at most this deep.
 pub const MAX_DEPTH: usize = 32;

@@ -2,6 +2,7 @@
 //! names the field.
 
 pub mod blob_keys;
+pub mod config_files;
 pub mod configurations;
 pub mod deployments;
 

@@ -3,11 +3,12 @@
 
 mod accounts;
 mod artifacts;
+mod capsules;
 mod configurations;
 mod deployments;
 mod devices;
+mod links;
 mod ops;
-mod pipeline;
 pub(crate) mod sessions;
 mod webhooks;
 
@@ -63,13 +64,13 @@ pub async fn dispatch(op: Op, cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<B
         Op::GetFile => artifacts::get(cx, req).await,
         Op::DownloadFiles => artifacts::download(cx, req),
         Op::LiveLogs => crate::ws::live_logs(cx, req).await,
-        Op::CapsuleUploadUrl => pipeline::upload_url(cx, req).await,
-        Op::CapsuleConfirm => pipeline::confirm(cx, req).await,
-        Op::ListCapsules => pipeline::list(cx, req),
-        Op::GetCapsule => pipeline::get(cx, req).await,
-        Op::DeleteCapsule => pipeline::delete(cx, req).await,
-        Op::Upload => pipeline::upload(cx, req).await,
-        Op::Download => pipeline::download(cx, req).await,
+        Op::CapsuleUploadUrl => capsules::upload_url(cx, req).await,
+        Op::CapsuleConfirm => capsules::confirm(cx, req).await,
+        Op::ListCapsules => capsules::list(cx, req),
+        Op::GetCapsule => capsules::get(cx, req).await,
+        Op::DeleteCapsule => capsules::delete(cx, req).await,
+        Op::Upload => links::upload(cx, req).await,
+        Op::Download => links::download(cx, req).await,
         Op::ConfigUploadUrl => configurations::upload_url(cx, req).await,
         Op::ConfigConfirm => configurations::confirm(cx, req).await,
         Op::ListConfigs => configurations::list(cx, req),

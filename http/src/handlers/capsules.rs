@@ -1,9 +1,8 @@
-//! Capsules: upload URL and confirm with the project secret, the local backend's presigned
-//! upload and download links (capsules and configurations), list, detail, delete.
+//! Capsules: upload URL and confirm with the project secret, list, detail, delete.
 
 use fleetops_actors::Role;
 use fleetops_actors::pipeline::{CapsuleFilter, CapsuleRequest, Confirmed};
-use http::{HeaderValue, Response, StatusCode, header};
+use http::{Response, StatusCode};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
@@ -137,27 +136,4 @@ pub async fn delete(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
     let id = req.id("capsule_id", "Capsule")?;
     cx.rt().pipeline.delete(s.project.id, id).await?;
     body::no_content()
-}
-
-pub async fn upload(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
-    let token = req.param("token").to_string();
-    let stream = req.body_stream();
-    let size = cx.rt().pipeline.upload(&token, stream).await?;
-    body::ok(&serde_json::json!({"status": "uploaded", "size_bytes": size}))
-}
-
-pub async fn download(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
-    let d = cx.rt().pipeline.download(req.param("token")).await?;
-    let mut r = Response::new(body::stream(d.stream));
-    *r.status_mut() = StatusCode::OK;
-    let h = r.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static(d.content_type),
-    );
-    h.insert(header::CONTENT_LENGTH, HeaderValue::from(d.size));
-    if let Ok(v) = HeaderValue::from_str(&format!("attachment; filename=\"{}\"", d.filename)) {
-        h.insert(header::CONTENT_DISPOSITION, v);
-    }
-    Ok(r)
 }

@@ -1,0 +1,31 @@
+//! The local backend's presigned links, for capsules and configurations alike: `PUT` streams
+//! the bytes to the blob store, `GET` streams them back. The signed token is the credential.
+
+use http::{HeaderValue, Response, StatusCode, header};
+
+use crate::app::{Cx, Req};
+use crate::body::{self, Body};
+use crate::error::ApiResult;
+
+pub async fn upload(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
+    let token = req.param("token").to_string();
+    let stream = req.body_stream();
+    let size = cx.rt().pipeline.upload(&token, stream).await?;
+    body::ok(&serde_json::json!({"status": "uploaded", "size_bytes": size}))
+}
+
+pub async fn download(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    let d = cx.rt().pipeline.download(req.param("token")).await?;
+    let mut r = Response::new(body::stream(d.stream));
+    *r.status_mut() = StatusCode::OK;
+    let h = r.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static(d.content_type),
+    );
+    h.insert(header::CONTENT_LENGTH, HeaderValue::from(d.size));
+    if let Ok(v) = HeaderValue::from_str(&format!("attachment; filename=\"{}\"", d.filename)) {
+        h.insert(header::CONTENT_DISPOSITION, v);
+    }
+    Ok(r)
+}
