@@ -13,7 +13,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef};
 use crate::auth::Authenticator;
 use crate::mailbox::Envelope;
 use crate::pipeline::PipelineHandle;
-use crate::sessions::SessionsHandle;
+use crate::session::handle::SessionsHandle;
 use crate::webhooks::WebhooksHandle;
 
 /// How often the blob stores are swept for orphans (a listing of every blob).

@@ -75,7 +75,7 @@ mod root;
 pub mod rules;
 pub mod secrets;
 mod session;
-pub mod sessions;
+pub use session::handle as sessions;
 mod supervision;
 pub mod versions;
 pub mod views;

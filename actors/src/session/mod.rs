@@ -13,6 +13,10 @@ use fleetops_storage::{Artifact, LogChunk, SessionCounters, SessionStatus, Store
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tokio::sync::broadcast;
 
+mod artifacts;
+mod exports;
+pub mod handle;
+
 use crate::config::SessionsConfig;
 use crate::error::{Error, Result};
 use crate::live::{self, LiveBatch, LiveEvent, Subscription};

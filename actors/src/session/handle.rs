@@ -1,0 +1,355 @@
+//! [`SessionsHandle`]: the way in for sessions and their logs.
+//!
+//! Writers: a session's record (status, tags) belongs to its project's actor; its log chunks
+//! and counters to its own SessionActor while it is active. Completion seals the session
+//! actor (no more appends), then ends the record through the project actor, then stops the
+//! session actor. Reads (lists, details, log queries) go to the store directly; log queries run
+//! on a blocking thread since they scan.
+
+use std::sync::Arc;
+
+use fleetops_storage::{BlobStore, Session, SessionStatus, Store};
+
+use super::exports;
+pub use super::exports::{ExportFormat, ExportStream};
+use super::{Replay, SessionActor, SessionMsg};
+use crate::clock::now_ms;
+use crate::config::SessionsConfig;
+use crate::error::{Error, Result};
+use crate::keyed::Keyed;
+use crate::live::{self, Subscription};
+use crate::logs::{self, LogFilter, RawEntry};
+use crate::project::ProjectMsg;
+use crate::project::handle::ProjectsHandle;
+use crate::views::{Accepted, LogPage, Page, PageReq, SessionDetail, SessionItem};
+
+/// Filters of the session list (`since` inclusive, `until` exclusive, on `started_at`).
+#[derive(Debug, Default, Clone)]
+pub struct SessionFilter {
+    pub device_id: Option<u64>,
+    pub status: Option<SessionStatus>,
+    pub since: Option<i64>,
+    pub until: Option<i64>,
+}
+
+pub fn parse_status(s: &str) -> Option<SessionStatus> {
+    match s {
+        "active" => Some(SessionStatus::Active),
+        "completed" => Some(SessionStatus::Completed),
+        "failed" => Some(SessionStatus::Failed),
+        _ => None,
+    }
+}
+
+/// How a session ends (the body of `complete`).
+#[derive(Debug, Clone, Copy)]
+pub enum EndStatus {
+    Completed,
+    Failed,
+}
+
+impl From<EndStatus> for SessionStatus {
+    fn from(e: EndStatus) -> Self {
+        match e {
+            EndStatus::Completed => SessionStatus::Completed,
+            EndStatus::Failed => SessionStatus::Failed,
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct SessionsHandle {
+    pub(crate) actors: Keyed<SessionActor>,
+    pub(crate) projects: ProjectsHandle,
+    pub(crate) store: Store,
+    pub(crate) blobs: BlobStore,
+    pub(crate) cfg: SessionsConfig,
+}
+
+impl SessionsHandle {
+    pub(super) fn record(&self, pid: u64, id: u64) -> Result<Session> {
+        self.store
+            .session(pid, id)?
+            .ok_or_else(|| Error::not_found("Session"))
+    }
+
+    fn detail_of(&self, s: &Session) -> Result<SessionDetail> {
+        let c = self.store.session_counters(s.id)?;
+        let mut d = SessionDetail::new(s, &c, now_ms());
+        if let Some(pkg) = s.package_id {
+            // A deleted package leaves the id on the session but no name to show.
+            d.package =
+                self.store
+                    .deployment(s.project_id, pkg)?
+                    .map(|p| crate::views::PackageRef {
+                        id: p.id,
+                        name: p.name,
+                    });
+        }
+        Ok(d)
+    }
+
+    /// The device a session belongs to (for device-token checks); 404 when absent.
+    pub fn device_of(&self, pid: u64, id: u64) -> Result<u64> {
+        Ok(self.record(pid, id)?.device_id)
+    }
+
+    pub fn detail(&self, pid: u64, id: u64) -> Result<SessionDetail> {
+        self.detail_of(&self.record(pid, id)?)
+    }
+
+    pub fn list(&self, pid: u64, f: &SessionFilter, page: PageReq) -> Result<Page<SessionItem>> {
+        let now = now_ms();
+        let mut items = Vec::new();
+        for s in self.store.project_sessions(pid)? {
+            let keep = f.device_id.is_none_or(|d| s.device_id == d)
+                && f.status.is_none_or(|st| s.status == st)
+                && f.since.is_none_or(|t| s.started_at >= t)
+                && f.until.is_none_or(|t| s.started_at < t);
+            if keep {
+                items.push(s);
+            }
+        }
+        // Newest first by start, id breaking ties.
+        items.sort_by(|a, b| b.started_at.cmp(&a.started_at).then(b.id.cmp(&a.id)));
+        let page = page.slice(items);
+        let mut out = Vec::with_capacity(page.items.len());
+        for s in &page.items {
+            out.push(SessionItem::new(
+                s,
+                &self.store.session_counters(s.id)?,
+                now,
+            ));
+        }
+        Ok(Page {
+            items: out,
+            total: page.total,
+            page: page.page,
+            page_size: page.page_size,
+            has_more: page.has_more,
+        })
+    }
+
+    pub async fn create(
+        &self,
+        pid: u64,
+        device_id: u64,
+        tags: Vec<String>,
+        package_id: Option<u64>,
+    ) -> Result<SessionDetail> {
+        let s = self
+            .projects
+            .write(pid, |reply| ProjectMsg::CreateSession {
+                device_id,
+                tags: tags.clone(),
+                package_id,
+                reply,
+            })
+            .await?;
+        self.detail_of(&s)
+    }
+
+    /// Appends one batch (all or nothing), answered once durable.
+    pub async fn append(&self, pid: u64, id: u64, entries: Vec<RawEntry>) -> Result<Accepted> {
+        let s = self.record(pid, id)?;
+        if s.status != SessionStatus::Active {
+            return Err(Error::Conflict("Session is not active".into()));
+        }
+        let chunk = Arc::new(logs::build_chunk(entries)?);
+        if chunk.is_empty() {
+            return Ok(Accepted { accepted: 0 });
+        }
+        let accepted = self
+            .actors
+            .call(id, |reply| SessionMsg::Append(chunk.clone(), reply))
+            .await?;
+        self.store.durable().await?;
+        Ok(Accepted { accepted })
+    }
+
+    /// Seals the session's actor (starting it if needed, so that no append that raced with
+    /// this call can land after it).
+    async fn seal(&self, id: u64) -> Result<()> {
+        self.actors.call(id, SessionMsg::Seal).await
+    }
+
+    /// Tells the session's subscribers how it ended (`None`: deleted) and stops its actor.
+    fn end_actor(&self, id: u64, status: Option<&'static str>) {
+        if let Some(a) = self.actors.running(id) {
+            let _ = a.cast(crate::mailbox::Envelope::cast(SessionMsg::End(status)));
+        }
+        self.actors.forget(id);
+    }
+
+    /// A live subscriber: replay, then the feed; for a session that is not active, the
+    /// replay from storage and its end.
+    pub async fn subscribe(
+        &self,
+        pid: u64,
+        id: u64,
+        replay: usize,
+        filter: LogFilter,
+    ) -> Result<Subscription> {
+        let s = self.record(pid, id)?;
+        if s.status == SessionStatus::Active {
+            let f = filter.clone();
+            return self
+                .actors
+                .call(id, |reply| SessionMsg::Subscribe {
+                    replay: Replay::Last(replay),
+                    filter: f.clone(),
+                    reply,
+                })
+                .await;
+        }
+        let store = self.store.clone();
+        let frames = tokio::task::spawn_blocking(move || -> Result<Vec<bytes::Bytes>> {
+            let mut chunks = Vec::new();
+            let mut matched = 0;
+            for item in store.log_chunks_rev(id) {
+                if matched >= replay {
+                    break;
+                }
+                let (_, c) = item?;
+                matched += filter.matches(&c).len();
+                chunks.push(Arc::new(c));
+            }
+            chunks.reverse();
+            Ok(live::replay_frames(&chunks, &filter, replay))
+        })
+        .await
+        .map_err(|e| Error::Internal(e.to_string()))??;
+        let counters = self.store.session_counters(id)?;
+        Ok(Subscription {
+            replay: frames,
+            next_seq: counters.log_count,
+            feed: None,
+            ended: Some(s.status.as_str()),
+        })
+    }
+
+    /// Picks a live feed up again after the session's actor restarted: every buffered entry
+    /// from `from` on, then the new feed.
+    pub async fn resume(&self, id: u64, from: u64, filter: LogFilter) -> Result<Subscription> {
+        self.actors
+            .call(id, |reply| SessionMsg::Subscribe {
+                replay: Replay::Since(from),
+                filter: filter.clone(),
+                reply,
+            })
+            .await
+    }
+
+    pub async fn complete(&self, pid: u64, id: u64, status: EndStatus) -> Result<SessionDetail> {
+        let status = SessionStatus::from(status);
+        let s = self.record(pid, id)?;
+        if s.status != SessionStatus::Active {
+            return Err(Error::Conflict("Session is not active".into()));
+        }
+        self.seal(id).await?;
+        let s = self
+            .projects
+            .write(pid, |reply| ProjectMsg::EndSession { id, status, reply })
+            .await?;
+        self.end_actor(id, Some(status.as_str()));
+        self.detail_of(&s)
+    }
+
+    pub async fn tag(&self, pid: u64, id: u64, tag: String, add: bool) -> Result<SessionDetail> {
+        let s = self
+            .projects
+            .write(pid, |reply| ProjectMsg::Tag {
+                id,
+                tag: tag.clone(),
+                add,
+                reply,
+            })
+            .await?;
+        self.detail_of(&s)
+    }
+
+    /// Deletes the session with its logs, for good.
+    pub async fn delete(&self, pid: u64, id: u64) -> Result<()> {
+        self.record(pid, id)?;
+        self.seal(id).await?;
+        let blobs = self
+            .projects
+            .write(pid, |reply| ProjectMsg::DeleteSession { id, reply })
+            .await?;
+        self.end_actor(id, None);
+        // The records are gone for good; the bytes follow (a crash here leaves only
+        // unreferenced blobs, never a half-visible session).
+        for key in blobs {
+            if let Err(e) = self.blobs.delete(&key).await {
+                tracing::warn!(key, error = %e, "could not delete an artifact blob");
+            }
+        }
+        Ok(())
+    }
+
+    /// The log query: every match counted, one page returned, ascending by timestamp with
+    /// ties in arrival order.
+    pub async fn logs(
+        &self,
+        pid: u64,
+        id: u64,
+        filter: LogFilter,
+        limit: usize,
+        offset: usize,
+    ) -> Result<LogPage> {
+        self.record(pid, id)?;
+        let store = self.store.clone();
+        tokio::task::spawn_blocking(move || exports::query(&store, id, &filter, limit, offset))
+            .await
+            .map_err(|e| Error::Internal(e.to_string()))?
+    }
+
+    /// Streams every matching entry as JSON or CSV through a small channel, ascending by
+    /// timestamp like the query; memory stays flat (the sort keys, 16 bytes a match, and a few
+    /// decoded chunks) however long the session.
+    pub fn export(
+        &self,
+        pid: u64,
+        id: u64,
+        filter: LogFilter,
+        format: ExportFormat,
+    ) -> Result<ExportStream> {
+        self.record(pid, id)?;
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        let store = self.store.clone();
+        tokio::task::spawn_blocking(move || {
+            if let Err(e) = exports::export_into(&store, id, &filter, format, &tx) {
+                let _ = tx.blocking_send(Err(std::io::Error::other(e.to_string())));
+            }
+        });
+        Ok(rx)
+    }
+
+    /// The `[sessions]` configuration (live-stream settings).
+    pub fn config(&self) -> &SessionsConfig {
+        &self.cfg
+    }
+
+    /// Makes a session's actor panic in its handler (supervision tests only).
+    #[doc(hidden)]
+    pub async fn inject_panic(&self, id: u64) -> Result<()> {
+        let a = self.actors.actor(id).await?;
+        a.cast(crate::mailbox::Envelope::cast(SessionMsg::Panic))
+            .map_err(|_| Error::Unavailable {
+                retry_after_secs: 1,
+            })
+    }
+
+    /// Makes the session's next append panic after its write, while fanning it out
+    /// (supervision tests only).
+    #[doc(hidden)]
+    pub async fn inject_panic_after_next_write(&self, id: u64) -> Result<()> {
+        let a = self.actors.actor(id).await?;
+        a.cast(crate::mailbox::Envelope::cast(
+            SessionMsg::PanicAfterNextWrite,
+        ))
+        .map_err(|_| Error::Unavailable {
+            retry_after_secs: 1,
+        })
+    }
+}
