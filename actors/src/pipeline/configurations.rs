@@ -7,7 +7,7 @@ use serde::Serialize;
 use serde_json::Value;
 use serde_json::value::RawValue;
 
-use super::{PipelineHandle, capsule_name, keys, raw_json};
+use super::{PipelineHandle, UploadKind, capsule_name, keys, raw_json};
 use crate::clock::{fmt_ms, now_ms};
 use crate::error::{Error, Result};
 use crate::project::ProjectMsg;
@@ -270,7 +270,13 @@ impl PipelineHandle {
         Ok(ConfigUploadUrl {
             config_id: c.id,
             upload_url: self
-                .upload_link("configuration", pid, c.id, &c.blob_key, c.upload_expires_at)
+                .upload_link(
+                    UploadKind::Configuration,
+                    pid,
+                    c.id,
+                    &c.blob_key,
+                    c.upload_expires_at,
+                )
                 .await?,
             expires_in: self.cfg.upload_ttl_seconds,
         })
@@ -283,7 +289,7 @@ impl PipelineHandle {
         id: u64,
         body: futures::stream::BoxStream<'static, std::io::Result<bytes::Bytes>>,
     ) -> Result<u64> {
-        let _busy = self.busy(1, id)?;
+        let _busy = self.busy(UploadKind::Configuration, id)?;
         let c = self.configuration(pid, id)?;
         if c.confirmed {
             return Err(Error::Conflict(
@@ -319,7 +325,7 @@ impl PipelineHandle {
         checksum: String,
     ) -> Result<ConfigurationView> {
         self.configuration(pid, id)?;
-        let _busy = self.busy(1, id)?;
+        let _busy = self.busy(UploadKind::Configuration, id)?;
         let c = self.configuration(pid, id)?;
         if c.confirmed {
             return Err(Error::Conflict("Configuration already confirmed".into()));
@@ -387,7 +393,7 @@ impl PipelineHandle {
             match self.store.configuration(pid, id) {
                 Ok(now) => {
                     let now = now.map(|n| n.blob_key);
-                    self.tidy_sealed(keys::CONFIGURATIONS, pid, id, now.as_deref())
+                    self.tidy_sealed(UploadKind::Configuration, pid, id, now.as_deref())
                         .await;
                 }
                 Err(e) => {
@@ -431,7 +437,7 @@ impl PipelineHandle {
         Ok(ConfigurationDetail {
             configuration: ConfigurationView::from(&c),
             download_url: self
-                .download_link("configuration", pid, id, &c.blob_key, exp)
+                .download_link(UploadKind::Configuration, pid, id, &c.blob_key, exp)
                 .await?,
         })
     }
@@ -515,8 +521,8 @@ impl PipelineHandle {
             })
             .await?;
         if let Some(b) = &blob {
-            self.drop_blobs(keys::CONFIGURATIONS, pid, id, b).await;
-            self.locks.remove(&(1, id));
+            self.drop_blobs(UploadKind::Configuration, pid, id, b).await;
+            self.locks.remove(&(UploadKind::Configuration, id));
         }
         Ok(blob.is_some())
     }

@@ -14,11 +14,13 @@
 
 pub mod configurations;
 pub mod deployments;
+mod uploads;
+
+pub use uploads::UploadKind;
 
 use std::io::Write;
 use std::sync::Arc;
 
-use fleetops_storage::blobs::PutError;
 use fleetops_storage::{BlobStore, Capsule, Store};
 use futures::StreamExt;
 use futures::stream::BoxStream;
@@ -29,7 +31,7 @@ use serde_json::value::RawValue;
 use crate::archives;
 use crate::clock::{fmt_ms, now_ms};
 use crate::error::{Error, Result};
-use crate::links::{Link, Purpose, Signer};
+use crate::links::Signer;
 use crate::project::ProjectMsg;
 use crate::project::handle::ProjectsHandle;
 use crate::versions::{Constraint, parse_version};
@@ -201,7 +203,7 @@ pub struct PipelineHandle {
     pub(crate) cfg: PipelineConfig,
     pub(crate) tmp_dir: Option<std::path::PathBuf>,
     /// Per-object locks of upload and confirm.
-    pub(crate) locks: Arc<dashmap::DashMap<(u8, u64), ObjectLock>>,
+    pub(crate) locks: Arc<dashmap::DashMap<(UploadKind, u64), ObjectLock>>,
     /// Rollout results as the project actors publish them, for the alert evaluator.
     pub(crate) rollouts: crate::events::Outbox<deployments::RolloutEvent>,
     /// Serialized lists: (project, name, type, latest_only) -> (list identity, JSON, list).
@@ -234,99 +236,6 @@ impl PipelineHandle {
     async fn reserve(&self, org_id: u64, tier: &str, add: u64) -> Result<crate::quota::Turn> {
         let limit = self.quotas.get(tier).copied().unwrap_or(0);
         self.quota.admit(org_id, limit, add).await
-    }
-
-    /// The presigned upload URL: the store's own on S3, else a signed fleetops link.
-    async fn upload_link(
-        &self,
-        kind: &str,
-        pid: u64,
-        id: u64,
-        blob_key: &str,
-        expires_at_ms: i64,
-    ) -> Result<String> {
-        let ttl = std::time::Duration::from_secs(self.cfg.upload_ttl_seconds.max(1) as u64);
-        if let Some(url) = self.blobs.presign(true, blob_key, ttl).await? {
-            return Ok(url);
-        }
-        let token = self.signer.sign(&Link {
-            purpose: Purpose::Upload,
-            kind: kind.into(),
-            project_id: pid,
-            id,
-            exp: expires_at_ms / 1000,
-        })?;
-        Ok(format!("{}/api/v1/uploads/{token}", self.base()))
-    }
-
-    /// The 15-minute download URL, like [`Self::upload_link`].
-    async fn download_link(
-        &self,
-        kind: &str,
-        pid: u64,
-        id: u64,
-        blob_key: &str,
-        exp_secs: i64,
-    ) -> Result<String> {
-        let ttl = std::time::Duration::from_secs(self.cfg.download_ttl_seconds.max(1) as u64);
-        if let Some(url) = self.blobs.presign(false, blob_key, ttl).await? {
-            return Ok(url);
-        }
-        let token = self.signer.sign(&Link {
-            purpose: Purpose::Download,
-            kind: kind.into(),
-            project_id: pid,
-            id,
-            exp: exp_secs,
-        })?;
-        Ok(format!("{}/api/v1/downloads/{token}", self.base()))
-    }
-
-    /// Streams an upload into the blob store, at most `max` bytes.
-    async fn put_upload(
-        &self,
-        key: &str,
-        body: BoxStream<'static, std::io::Result<bytes::Bytes>>,
-        max: u64,
-    ) -> Result<u64> {
-        self.blobs
-            .put_stream(key, body, max)
-            .await
-            .map_err(|e| match e {
-                PutError::TooLarge(max) => {
-                    Error::TooLarge(format!("The upload exceeds the declared {max} bytes"))
-                }
-                PutError::Body(e) => {
-                    Error::BadRequest(format!("Could not read the request body: {e}"))
-                }
-                PutError::Storage(e) => Error::from(e),
-            })
-    }
-
-    /// The uploaded size: recorded by our own upload link, or (S3, where the client PUTs to
-    /// the store directly) asked of the store. `None`: nothing uploaded.
-    async fn stored_size(&self, key: &str, recorded: Option<u64>) -> Result<Option<u64>> {
-        if self.blobs.presigns() {
-            Ok(self.blobs.size(key).await?)
-        } else {
-            Ok(recorded)
-        }
-    }
-
-    /// A small blob whole (configuration files), refusing more than `max` bytes.
-    async fn read_small(&self, key: &str, max: u64) -> Result<Vec<u8>> {
-        let mut s = self.blobs.stream(key, None).await?;
-        let mut out = Vec::new();
-        while let Some(piece) = s.next().await {
-            let piece = piece.map_err(|e| Error::Internal(e.to_string()))?;
-            if (out.len() + piece.len()) as u64 > max {
-                return Err(Error::TooLarge(format!(
-                    "Configuration files are at most {max} bytes"
-                )));
-            }
-            out.extend_from_slice(&piece);
-        }
-        Ok(out)
     }
 
     pub async fn upload_url(
@@ -399,49 +308,21 @@ impl PipelineHandle {
         Ok(UploadUrl {
             capsule_id: c.id,
             upload_url: self
-                .upload_link("capsule", pid, c.id, &c.blob_key, c.upload_expires_at)
+                .upload_link(
+                    UploadKind::Capsule,
+                    pid,
+                    c.id,
+                    &c.blob_key,
+                    c.upload_expires_at,
+                )
                 .await?,
             expires_in: self.cfg.upload_ttl_seconds,
         })
     }
 
-    /// `PUT /uploads/{token}`: the bytes, at most the declared size.
-    pub async fn upload(
-        &self,
-        token: &str,
-        body: BoxStream<'static, std::io::Result<bytes::Bytes>>,
-    ) -> Result<u64> {
-        let link = self
-            .signer
-            .verify(token, Purpose::Upload, now_ms() / 1000)?;
-        if link.kind == "configuration" {
-            return self.config_upload(link.project_id, link.id, body).await;
-        }
-        let _busy = self.busy(0, link.id)?;
-        // Read under the lock: a confirm that finished first makes the bytes immutable.
-        let c = self.capsule(link.project_id, link.id)?;
-        if c.confirmed {
-            return Err(Error::Conflict(
-                "Capsule already confirmed; its bytes are immutable".into(),
-            ));
-        }
-        let size = self
-            .put_upload(&c.blob_key, body, c.file_size_bytes)
-            .await?;
-        let id = c.id;
-        self.projects
-            .write(link.project_id, |reply| ProjectMsg::CapsuleUploaded {
-                id,
-                size,
-                reply,
-            })
-            .await?;
-        Ok(size)
-    }
-
     pub async fn confirm(&self, pid: u64, id: u64, checksum: String) -> Result<Confirmed> {
         self.capsule(pid, id)?;
-        let busy = self.busy(0, id)?;
+        let busy = self.busy(UploadKind::Capsule, id)?;
         let c = self.capsule(pid, id)?;
         if self
             .stored_size(&c.blob_key, c.uploaded_bytes)
@@ -496,7 +377,7 @@ impl PipelineHandle {
         let owed = self.store.pending_validations()?;
         let n = owed.len();
         for (pid, id, checksum) in owed {
-            match self.busy(0, id) {
+            match self.busy(UploadKind::Capsule, id) {
                 Ok(busy) => self.validate_in_background(pid, id, checksum, busy),
                 Err(_) => continue,
             }
@@ -545,7 +426,7 @@ impl PipelineHandle {
             match self.store.capsule(pid, id) {
                 Ok(now) => {
                     let now = now.map(|n| n.blob_key);
-                    self.tidy_sealed(keys::CAPSULES, pid, id, now.as_deref())
+                    self.tidy_sealed(UploadKind::Capsule, pid, id, now.as_deref())
                         .await;
                 }
                 Err(e) => {
@@ -663,30 +544,6 @@ impl PipelineHandle {
         Ok(verdict)
     }
 
-    /// After a sealing confirm, its verdict written or not (`current`: the blob key the
-    /// durable record holds now, `None` once deleted): every object of the record's sealed
-    /// folder that the record does not point at goes (the staging copy; a content copy whose
-    /// verdict was not written), and the upload key goes once the record points elsewhere. A
-    /// late `PUT` may put an object there again; deleting the record deletes it too.
-    pub(crate) async fn tidy_sealed(&self, kind: &str, pid: u64, id: u64, current: Option<&str>) {
-        match self.blobs.list(&keys::sealed(kind, pid, id)).await {
-            Ok(found) => {
-                for k in found.iter().filter(|k| Some(k.as_str()) != current) {
-                    if let Err(e) = self.blobs.delete(k).await {
-                        tracing::warn!(key = %k, error = %e, "could not delete a sealed copy");
-                    }
-                }
-            }
-            Err(e) => tracing::warn!(id, error = %e, "could not list the sealed copies"),
-        }
-        let upload = keys::upload(kind, pid, id);
-        if current != Some(upload.as_str())
-            && let Err(e) = self.blobs.delete(&upload).await
-        {
-            tracing::warn!(key = %upload, error = %e, "could not delete a sealed upload's key");
-        }
-    }
-
     /// Deletes capsule and configuration blobs whose record is gone (a crash between a
     /// record's deletion and its blobs'). A record exists before any of its blobs (their keys
     /// carry its id, and only its signed link writes them) and ids are never reused, so no
@@ -728,17 +585,6 @@ impl PipelineHandle {
             }
         }
         Ok(gone)
-    }
-
-    /// Once a record is durably deleted: its bytes, its upload key (on S3 a late `PUT` may
-    /// have put an object there after confirm) and its sealed folder (copies a crash left).
-    pub(crate) async fn drop_blobs(&self, kind: &str, pid: u64, id: u64, blob_key: &str) {
-        let _ = self.blobs.delete(blob_key).await;
-        let upload = keys::upload(kind, pid, id);
-        if upload != blob_key {
-            let _ = self.blobs.delete(&upload).await;
-        }
-        let _ = self.blobs.delete_prefix(&keys::sealed(kind, pid, id)).await;
     }
 
     /// The list as JSON. The bytes are kept per (project, filters) and reused while the
@@ -804,87 +650,9 @@ impl PipelineHandle {
             capsule: CapsuleView::from(&c),
             all_versions: versions.iter().map(Version::to_string).collect(),
             download_url: self
-                .download_link("capsule", pid, id, &c.blob_key, exp)
+                .download_link(UploadKind::Capsule, pid, id, &c.blob_key, exp)
                 .await?,
         })
-    }
-
-    /// `GET /downloads/{token}`: what to call the file, and its bytes.
-    pub async fn download(&self, token: &str) -> Result<Download> {
-        let link = self
-            .signer
-            .verify(token, Purpose::Download, now_ms() / 1000)?;
-        let (blob, size, filename, content_type) = if link.kind == "configuration" {
-            let c = self
-                .store
-                .configuration(link.project_id, link.id)?
-                .ok_or_else(|| Error::not_found("Configuration"))?;
-            let mime = match c.file_format.as_str() {
-                ".json" => "application/json",
-                ".yaml" => "application/yaml",
-                ".toml" => "application/toml",
-                _ => "text/plain; charset=utf-8",
-            };
-            let name = format!("{}-{}{}", c.name, c.version, c.file_format);
-            (c.blob_key, c.uploaded_bytes, name, mime)
-        } else {
-            let c = self.capsule(link.project_id, link.id)?;
-            let mime = match c.file_format.as_str() {
-                ".zip" => "application/zip",
-                ".tar" => "application/x-tar",
-                _ => "application/gzip",
-            };
-            let name = format!("{}-{}{}", c.name, c.version, c.file_format);
-            (c.blob_key, c.uploaded_bytes, name, mime)
-        };
-        let Some(size) = size else {
-            return Err(Error::not_found("File"));
-        };
-        Ok(Download {
-            filename,
-            content_type,
-            size,
-            stream: self.blobs.stream(&blob, None).await?,
-        })
-    }
-
-    /// Removes capsules and configurations never confirmed whose upload link has expired (the
-    /// housekeeper calls this); returns how many went.
-    pub async fn purge_expired(&self) -> Result<usize> {
-        let now = now_ms();
-        let mut purged = 0;
-        for org in self.store.all_orgs()? {
-            for p in self.store.org_projects(org.id)? {
-                for c in self.store.project_capsules(p.id)?.iter() {
-                    if !c.confirmed && c.upload_expires_at <= now {
-                        // Never one whose confirm is under way (validating now).
-                        let Ok(_busy) = self.busy(0, c.id) else {
-                            continue;
-                        };
-                        match self.remove(p.id, c.id, true).await {
-                            Ok(gone) => purged += usize::from(gone),
-                            Err(e) => {
-                                tracing::warn!(capsule = c.id, error = %e, "could not purge an expired upload")
-                            }
-                        }
-                    }
-                }
-                for c in self.store.project_configurations(p.id)? {
-                    if !c.confirmed && c.upload_expires_at <= now {
-                        let Ok(_busy) = self.busy(1, c.id) else {
-                            continue;
-                        };
-                        match self.remove_configuration(p.id, c.id, true).await {
-                            Ok(gone) => purged += usize::from(gone),
-                            Err(e) => {
-                                tracing::warn!(configuration = c.id, error = %e, "could not purge an expired upload")
-                            }
-                        }
-                    }
-                }
-            }
-        }
-        Ok(purged)
     }
 
     pub async fn delete(&self, pid: u64, id: u64) -> Result<()> {
@@ -893,7 +661,7 @@ impl PipelineHandle {
 
     /// Deletes (with `only_expired`, only a never-confirmed upload whose link has expired,
     /// decided by the project's actor); whether it went.
-    async fn remove(&self, pid: u64, id: u64, only_expired: bool) -> Result<bool> {
+    pub(super) async fn remove(&self, pid: u64, id: u64, only_expired: bool) -> Result<bool> {
         let blob = self
             .projects
             .write(pid, |reply| ProjectMsg::DeleteCapsule {
@@ -903,8 +671,8 @@ impl PipelineHandle {
             })
             .await?;
         if let Some(b) = &blob {
-            self.drop_blobs(keys::CAPSULES, pid, id, b).await;
-            self.locks.remove(&(0, id));
+            self.drop_blobs(UploadKind::Capsule, pid, id, b).await;
+            self.locks.remove(&(UploadKind::Capsule, id));
         }
         Ok(blob.is_some())
     }
@@ -912,28 +680,18 @@ impl PipelineHandle {
     /// 404 unless the record exists (checked before a body is read: 404 comes before
     /// 413/400/422). `kind`: capsule, configuration or deployment.
     pub fn exists(&self, kind: &str, pid: u64, id: u64) -> Result<()> {
-        let found = match kind {
-            "capsule" => self.store.capsule(pid, id)?.is_some(),
-            "configuration" => self.store.configuration(pid, id)?.is_some(),
-            _ => self.store.deployment(pid, id)?.is_some(),
+        let (found, noun) = match UploadKind::parse(kind) {
+            Some(k @ UploadKind::Capsule) => (self.store.capsule(pid, id)?.is_some(), k.noun()),
+            Some(k @ UploadKind::Configuration) => {
+                (self.store.configuration(pid, id)?.is_some(), k.noun())
+            }
+            None => (self.store.deployment(pid, id)?.is_some(), "Deployment"),
         };
         if found {
             Ok(())
         } else {
-            Err(Error::not_found(match kind {
-                "capsule" => "Capsule",
-                "configuration" => "Configuration",
-                _ => "Deployment",
-            }))
+            Err(Error::not_found(noun))
         }
-    }
-
-    /// Serializes an object's upload and confirm, so the bytes confirm hashes are the bytes
-    /// it records (kind 0: capsule, 1: configuration); the second comer gets 409.
-    pub(crate) fn busy(&self, kind: u8, id: u64) -> Result<tokio::sync::OwnedMutexGuard<()>> {
-        let m = self.locks.entry((kind, id)).or_default().clone();
-        m.try_lock_owned()
-            .map_err(|_| Error::Conflict("An upload or confirm of this file is in progress".into()))
     }
 }
 
