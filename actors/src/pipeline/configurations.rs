@@ -501,29 +501,8 @@ impl PipelineHandle {
     }
 
     pub async fn delete_configuration(&self, pid: u64, id: u64) -> Result<()> {
-        self.remove_configuration(pid, id, false).await.map(|_| ())
-    }
-
-    /// Deletes (with `only_expired`, only a never-confirmed upload whose link has expired,
-    /// decided by the project's actor); whether it went.
-    pub(crate) async fn remove_configuration(
-        &self,
-        pid: u64,
-        id: u64,
-        only_expired: bool,
-    ) -> Result<bool> {
-        let blob = self
-            .projects
-            .write(pid, |reply| ProjectMsg::DeleteConfiguration {
-                id,
-                only_expired,
-                reply,
-            })
-            .await?;
-        if let Some(b) = &blob {
-            self.drop_blobs(UploadKind::Configuration, pid, id, b).await;
-            self.locks.remove(&(UploadKind::Configuration, id));
-        }
-        Ok(blob.is_some())
+        self.remove(UploadKind::Configuration, pid, id, false)
+            .await
+            .map(|_| ())
     }
 }

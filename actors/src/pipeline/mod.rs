@@ -656,25 +656,9 @@ impl PipelineHandle {
     }
 
     pub async fn delete(&self, pid: u64, id: u64) -> Result<()> {
-        self.remove(pid, id, false).await.map(|_| ())
-    }
-
-    /// Deletes (with `only_expired`, only a never-confirmed upload whose link has expired,
-    /// decided by the project's actor); whether it went.
-    pub(super) async fn remove(&self, pid: u64, id: u64, only_expired: bool) -> Result<bool> {
-        let blob = self
-            .projects
-            .write(pid, |reply| ProjectMsg::DeleteCapsule {
-                id,
-                only_expired,
-                reply,
-            })
-            .await?;
-        if let Some(b) = &blob {
-            self.drop_blobs(UploadKind::Capsule, pid, id, b).await;
-            self.locks.remove(&(UploadKind::Capsule, id));
-        }
-        Ok(blob.is_some())
+        self.remove(UploadKind::Capsule, pid, id, false)
+            .await
+            .map(|_| ())
     }
 
     /// 404 unless the record exists (checked before a body is read: 404 comes before

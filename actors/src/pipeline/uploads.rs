@@ -251,13 +251,7 @@ impl PipelineHandle {
                     let Ok(_busy) = self.busy(kind, id) else {
                         continue;
                     };
-                    let gone = match kind {
-                        UploadKind::Capsule => self.remove(p.id, id, true).await,
-                        UploadKind::Configuration => {
-                            self.remove_configuration(p.id, id, true).await
-                        }
-                    };
-                    match gone {
+                    match self.remove(kind, p.id, id, true).await {
                         Ok(gone) => purged += usize::from(gone),
                         Err(e) => {
                             tracing::warn!(kind = kind.as_str(), id, error = %e, "could not purge an expired upload")
@@ -323,5 +317,37 @@ impl PipelineHandle {
         let m = self.locks.entry((kind, id)).or_default().clone();
         m.try_lock_owned()
             .map_err(|_| Error::Conflict("An upload or confirm of this file is in progress".into()))
+    }
+
+    /// Deletes a capsule or configuration (with `only_expired`, only a never-confirmed upload
+    /// whose link has expired, decided by the project's actor), then its blobs once the
+    /// record is durably gone; whether it went.
+    pub(super) async fn remove(
+        &self,
+        kind: UploadKind,
+        pid: u64,
+        id: u64,
+        only_expired: bool,
+    ) -> Result<bool> {
+        let blob = self
+            .projects
+            .write(pid, |reply| match kind {
+                UploadKind::Capsule => ProjectMsg::DeleteCapsule {
+                    id,
+                    only_expired,
+                    reply,
+                },
+                UploadKind::Configuration => ProjectMsg::DeleteConfiguration {
+                    id,
+                    only_expired,
+                    reply,
+                },
+            })
+            .await?;
+        if let Some(b) = &blob {
+            self.drop_blobs(kind, pid, id, b).await;
+            self.locks.remove(&(kind, id));
+        }
+        Ok(blob.is_some())
     }
 }
