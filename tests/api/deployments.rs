@@ -26,8 +26,26 @@ async fn device(s: &Srv, name: &str, labels: Value) -> (u64, String) {
     )
 }
 
-#[tokio::test]
-async fn create_plan_transitions_and_rollout_results() {
+/// A project with capsules (nav 1.2.0 and 2.0.0, arm 1.0.0, a broken one), two
+/// configurations of nav (one passed, one failed), devices r1-r4 (r2 in group g) and a valid
+/// package body targeting r1, the group and `site=a`.
+struct Fleet {
+    s: Srv,
+    nav: u64,
+    nav2: u64,
+    arm: u64,
+    broken: u64,
+    good_conf: u64,
+    bad_conf: u64,
+    d1: u64,
+    tok1: String,
+    d2: u64,
+    d3: u64,
+    g: u64,
+    body: Value,
+}
+
+async fn fleet() -> Fleet {
     let s = start().await;
     let nav = capsule(&s, "nav", "1.2.0").await;
     let nav2 = capsule(&s, "nav", "2.0.0").await;
@@ -58,7 +76,36 @@ async fn create_plan_transitions_and_rollout_results() {
     let body = json!({"name": "nav rollout", "composition_tag": "nav-1.2.0", "capsule_id": nav,
         "configuration_id": good_conf, "description": "first",
         "target_devices": [d1, {"group_id": g}, {"labels": {"site": "a"}}]});
+    Fleet {
+        s,
+        nav,
+        nav2,
+        arm,
+        broken,
+        good_conf,
+        bad_conf,
+        d1,
+        tok1,
+        d2,
+        d3,
+        g,
+        body,
+    }
+}
 
+/// Plan: the devices a body targets, or every reason it is blocked; nothing is created.
+#[tokio::test]
+async fn plan_lists_the_targets_and_every_blocker() {
+    let Fleet {
+        s,
+        broken,
+        bad_conf,
+        d1,
+        d2,
+        d3,
+        body,
+        ..
+    } = fleet().await;
     // Plan: the devices and no blockers; nothing is created.
     let p = s.post(&format!("{DEPS}/plan"), s.key(), body.clone()).await;
     assert_eq!(p.status, 200, "{}", p.body);
@@ -107,7 +154,21 @@ async fn create_plan_transitions_and_rollout_results() {
             "{want:?} not in {fields:?}"
         );
     }
+}
 
+/// Create refuses what plan reports (409 naming which, 422 for bad input); image references
+/// and bare tags are composition tags.
+#[tokio::test]
+async fn create_refuses_what_plan_reports() {
+    let Fleet {
+        s,
+        nav2,
+        arm,
+        broken,
+        bad_conf,
+        body,
+        ..
+    } = fleet().await;
     // Create refuses what plan reports: 409 naming which, 422 for bad input.
     let with = |k: &str, v: Value| {
         let mut b = body.clone();
@@ -176,11 +237,26 @@ async fn create_plan_transitions_and_rollout_results() {
     missing.as_object_mut().unwrap().remove("capsule_id");
     s.post(DEPS, s.key(), missing).await.assert_error(422);
     assert_eq!(s.get(DEPS, s.key()).await.body["total"], 0);
+}
 
+/// A package is created as a draft, with or without a configuration; drafts are patched
+/// (checked again) and deleted.
+#[tokio::test]
+async fn drafts_are_created_patched_and_deleted() {
+    let Fleet {
+        s,
+        nav,
+        broken,
+        good_conf,
+        d1,
+        d2,
+        g,
+        body,
+        ..
+    } = fleet().await;
     // Created as a draft.
     let r = s.post(DEPS, s.key(), body.clone()).await;
     assert_eq!(r.status, 201, "{}", r.body);
-    let dep = r.body["id"].as_u64().unwrap();
     assert_eq!(r.body["deployment_status"], "draft");
     assert_eq!(r.body["deployed_at"], Value::Null);
     assert_eq!(r.body["deprecated_at"], Value::Null);
@@ -226,7 +302,25 @@ async fn create_plan_transitions_and_rollout_results() {
     s.get(&format!("{DEPS}/{plain}"), s.key())
         .await
         .assert_error(404);
+}
 
+/// Only draft -> active -> deprecated; rollout results once active, per device; what a
+/// package refers to stays; sessions name it; lists by status.
+#[tokio::test]
+async fn transitions_rollout_results_references_and_lists() {
+    let Fleet {
+        s,
+        nav,
+        good_conf,
+        d1,
+        tok1,
+        d2,
+        body,
+        ..
+    } = fleet().await;
+    let r = s.post(DEPS, s.key(), body.clone()).await;
+    assert_eq!(r.status, 201, "{}", r.body);
+    let dep = r.body["id"].as_u64().unwrap();
     // Rollout results before activation: 409.
     let ds = format!("{DEPS}/{dep}/device-status");
     s.post(
