@@ -398,8 +398,9 @@ async fn compatibility_pending_parents_and_refusals() {
         .assert_error(404);
 }
 
-/// Every constraint form of contract section 5, through `compatible_capsule_versions`: a
-/// configuration passes exactly when its linked capsule's version matches.
+/// Every constraint form (exact, `^`, `~`, ranges, wildcards), through
+/// `compatible_capsule_versions`: a configuration passes exactly when its linked capsule's
+/// version matches.
 #[tokio::test]
 async fn every_constraint_form() {
     let s = start().await;

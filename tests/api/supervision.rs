@@ -517,8 +517,8 @@ async fn a_caller_that_hung_up_before_its_turn_is_never_applied() {
     assert_never_applied(&s, &k, "hung-up").await;
 }
 
-/// Contract 6: a host answered 503 claimed nothing, so its redelivery is the delivery, also
-/// when the first attempt still waits in the intake's mailbox as the redelivery arrives.
+/// A host answered 503 claimed nothing, so its redelivery is the delivery, also when the
+/// first attempt still waits in the intake's mailbox as the redelivery arrives.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redelivery_after_a_503_is_the_delivery() {
     use crate::webhooks::{SECRET, sign};

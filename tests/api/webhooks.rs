@@ -1,7 +1,7 @@
 //! The inbound webhook through the real server, with the host's real payloads (copied from
 //! the host's documentation into tests/payloads) re-signed here: signature and intake rules,
-//! every row of interface 3.4 and every reason code, idempotency, attempts, cancellation,
-//! branch and draft policy, runners, rotation, and 500 concurrent deliveries.
+//! every host event the service handles and every reason code, idempotency, attempts,
+//! cancellation, branch and draft policy, runners, rotation, and 500 concurrent deliveries.
 
 use hmac::{KeyInit, Mac};
 use serde_json::{Value, json};
@@ -383,7 +383,7 @@ async fn rotation_keeps_the_previous_secret_for_its_grace_period() {
     assert_eq!(r.status, 202);
 }
 
-/// Every row of interface 3.4 and every reason code, with the real payloads.
+/// Every host event the service handles and every reason code, with the real payloads.
 #[tokio::test]
 async fn host_events_and_reason_codes() {
     let s = webhook_server().await;
