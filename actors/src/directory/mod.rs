@@ -2,9 +2,11 @@
 //! keys, so that e-mails and slugs stay unique under concurrent requests.
 //!
 //! It holds no state beyond the store: a restart loses nothing. Reads do not pass through it;
-//! they go to the store directly (see `access`).
+//! they go to the store directly (see `access`). Its handle is in `handle.rs`.
 
-use std::sync::Arc;
+mod handle;
+
+pub use handle::DirectoryHandle;
 
 use fleetops_storage::{
     ApiKey, Membership, Organization, Project, Role, Store, User, accounts::Seq,
@@ -13,14 +15,14 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
 use crate::clock::{fmt_ms, now_ms};
 use crate::error::{Error, Result};
-use crate::mailbox::{Envelope, Slot};
+use crate::mailbox::Envelope;
 use crate::rules;
 use crate::secrets;
 use crate::views::{
     ApiKeyCreated, Bootstrapped, MemberView, OrgView, ProjectSecret, ProjectView, UserView,
 };
 
-type Reply<T> = RpcReplyPort<Result<T>>;
+pub(super) type Reply<T> = RpcReplyPort<Result<T>>;
 
 /// What bootstrap creates; the password is hashed by the handle before it reaches the actor.
 #[derive(Debug, Clone)]
@@ -392,133 +394,7 @@ impl DirectoryState {
     }
 }
 
-/// The way in to the directory actor.
-#[derive(Clone)]
-pub struct DirectoryHandle {
-    pub(crate) slot: Arc<Slot<DirectoryMsg>>,
-    pub(crate) store: Store,
-}
-
-impl DirectoryHandle {
-    /// A write call, answered only once its effects are durable.
-    async fn write<T: Send + 'static>(
-        &self,
-        build: impl Fn(Reply<T>) -> DirectoryMsg,
-    ) -> Result<T> {
-        let r = self.slot.call(build).await?;
-        self.store.durable().await?;
-        Ok(r)
-    }
-
-    pub async fn bootstrap(&self, req: BootstrapReq) -> Result<Bootstrapped> {
-        rules::password("password", &req.password)?;
-        let hash = hash_blocking(req.password.clone()).await?;
-        self.write(|r| DirectoryMsg::Bootstrap(req.clone(), hash.clone(), r))
-            .await
-    }
-
-    pub async fn create_user(
-        &self,
-        email: String,
-        password: String,
-        is_superuser: bool,
-    ) -> Result<UserView> {
-        rules::email("email", &email)?;
-        rules::password("password", &password)?;
-        let password_hash = hash_blocking(password).await?;
-        self.write(|reply| DirectoryMsg::CreateUser {
-            email: email.clone(),
-            password_hash: password_hash.clone(),
-            is_superuser,
-            reply,
-        })
-        .await
-    }
-
-    pub async fn create_org(
-        &self,
-        owner: u64,
-        slug: String,
-        name: Option<String>,
-        tier: String,
-    ) -> Result<OrgView> {
-        self.write(|reply| DirectoryMsg::CreateOrg {
-            owner,
-            slug: slug.clone(),
-            name: name.clone(),
-            tier: tier.clone(),
-            reply,
-        })
-        .await
-    }
-
-    pub async fn add_member(
-        &self,
-        org_id: u64,
-        email: String,
-        role: Role,
-        caller_role: Role,
-    ) -> Result<MemberView> {
-        self.write(|reply| DirectoryMsg::AddMember {
-            org_id,
-            email: email.clone(),
-            role,
-            caller_role,
-            reply,
-        })
-        .await
-    }
-
-    pub async fn create_project(
-        &self,
-        org_id: u64,
-        slug: String,
-        name: Option<String>,
-    ) -> Result<ProjectView> {
-        self.write(|reply| DirectoryMsg::CreateProject {
-            org_id,
-            slug: slug.clone(),
-            name: name.clone(),
-            reply,
-        })
-        .await
-    }
-
-    pub async fn rotate_secret(&self, project_id: u64) -> Result<ProjectSecret> {
-        self.write(|reply| DirectoryMsg::RotateSecret { project_id, reply })
-            .await
-    }
-
-    pub async fn create_api_key(&self, user_id: u64, name: String) -> Result<ApiKeyCreated> {
-        self.write(|reply| DirectoryMsg::CreateApiKey {
-            user_id,
-            name: name.clone(),
-            reply,
-        })
-        .await
-    }
-
-    pub async fn delete_api_key(&self, user_id: u64, key_id: u64) -> Result<()> {
-        self.write(|reply| DirectoryMsg::DeleteApiKey {
-            user_id,
-            key_id,
-            reply,
-        })
-        .await
-    }
-
-    pub(crate) fn touch_key(&self, key_id: u64, at: i64) {
-        self.slot.cast(DirectoryMsg::TouchKey { key_id, at });
-    }
-
-    /// Makes the actor panic in its handler (supervision tests only).
-    #[doc(hidden)]
-    pub fn inject_panic(&self) {
-        self.slot.cast(DirectoryMsg::Panic);
-    }
-}
-
-async fn hash_blocking(password: String) -> Result<String> {
+pub(super) async fn hash_blocking(password: String) -> Result<String> {
     tokio::task::spawn_blocking(move || secrets::hash_password(&password))
         .await
         .map_err(|e| Error::Internal(e.to_string()))?

@@ -1,0 +1,138 @@
+//! [`DirectoryHandle`]: the way in for users, organizations, members, projects and API keys.
+//! Writes go to the DirectoryActor; reads go to the store.
+
+use super::{BootstrapReq, DirectoryMsg, Reply, hash_blocking};
+use crate::error::Result;
+use crate::mailbox::Slot;
+use crate::rules;
+use crate::views::{
+    ApiKeyCreated, Bootstrapped, MemberView, OrgView, ProjectSecret, ProjectView, UserView,
+};
+use fleetops_storage::{Role, Store};
+use std::sync::Arc;
+
+/// The way in to the directory actor.
+#[derive(Clone)]
+pub struct DirectoryHandle {
+    pub(crate) slot: Arc<Slot<DirectoryMsg>>,
+    pub(crate) store: Store,
+}
+
+impl DirectoryHandle {
+    /// A write call, answered only once its effects are durable.
+    async fn write<T: Send + 'static>(
+        &self,
+        build: impl Fn(Reply<T>) -> DirectoryMsg,
+    ) -> Result<T> {
+        let r = self.slot.call(build).await?;
+        self.store.durable().await?;
+        Ok(r)
+    }
+
+    pub async fn bootstrap(&self, req: BootstrapReq) -> Result<Bootstrapped> {
+        rules::password("password", &req.password)?;
+        let hash = hash_blocking(req.password.clone()).await?;
+        self.write(|r| DirectoryMsg::Bootstrap(req.clone(), hash.clone(), r))
+            .await
+    }
+
+    pub async fn create_user(
+        &self,
+        email: String,
+        password: String,
+        is_superuser: bool,
+    ) -> Result<UserView> {
+        rules::email("email", &email)?;
+        rules::password("password", &password)?;
+        let password_hash = hash_blocking(password).await?;
+        self.write(|reply| DirectoryMsg::CreateUser {
+            email: email.clone(),
+            password_hash: password_hash.clone(),
+            is_superuser,
+            reply,
+        })
+        .await
+    }
+
+    pub async fn create_org(
+        &self,
+        owner: u64,
+        slug: String,
+        name: Option<String>,
+        tier: String,
+    ) -> Result<OrgView> {
+        self.write(|reply| DirectoryMsg::CreateOrg {
+            owner,
+            slug: slug.clone(),
+            name: name.clone(),
+            tier: tier.clone(),
+            reply,
+        })
+        .await
+    }
+
+    pub async fn add_member(
+        &self,
+        org_id: u64,
+        email: String,
+        role: Role,
+        caller_role: Role,
+    ) -> Result<MemberView> {
+        self.write(|reply| DirectoryMsg::AddMember {
+            org_id,
+            email: email.clone(),
+            role,
+            caller_role,
+            reply,
+        })
+        .await
+    }
+
+    pub async fn create_project(
+        &self,
+        org_id: u64,
+        slug: String,
+        name: Option<String>,
+    ) -> Result<ProjectView> {
+        self.write(|reply| DirectoryMsg::CreateProject {
+            org_id,
+            slug: slug.clone(),
+            name: name.clone(),
+            reply,
+        })
+        .await
+    }
+
+    pub async fn rotate_secret(&self, project_id: u64) -> Result<ProjectSecret> {
+        self.write(|reply| DirectoryMsg::RotateSecret { project_id, reply })
+            .await
+    }
+
+    pub async fn create_api_key(&self, user_id: u64, name: String) -> Result<ApiKeyCreated> {
+        self.write(|reply| DirectoryMsg::CreateApiKey {
+            user_id,
+            name: name.clone(),
+            reply,
+        })
+        .await
+    }
+
+    pub async fn delete_api_key(&self, user_id: u64, key_id: u64) -> Result<()> {
+        self.write(|reply| DirectoryMsg::DeleteApiKey {
+            user_id,
+            key_id,
+            reply,
+        })
+        .await
+    }
+
+    pub(crate) fn touch_key(&self, key_id: u64, at: i64) {
+        self.slot.cast(DirectoryMsg::TouchKey { key_id, at });
+    }
+
+    /// Makes the actor panic in its handler (supervision tests only).
+    #[doc(hidden)]
+    pub fn inject_panic(&self) {
+        self.slot.cast(DirectoryMsg::Panic);
+    }
+}
