@@ -307,3 +307,71 @@ fn unavailable(e: &fleetops_storage::StorageError) -> Error {
         retry_after_secs: 1,
     }
 }
+
+/// The intake driven through its mailbox on a temporary store, with no HTTP: an id is claimed
+/// once within the window (also inside one batch), again once the window has passed on a
+/// moved clock; a subscribed delivery is queued for the worker and wakes it; an unsubscribed
+/// one is logged, never queued.
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+    use crate::clock::Clock;
+
+    async fn accept(
+        a: &ActorRef<Envelope<IntakeMsg>>,
+        id: &str,
+        subscribed: bool,
+    ) -> tokio::sync::oneshot::Receiver<Result<Option<u64>>> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        a.cast(Envelope::cast(IntakeMsg::Accept {
+            delivery_id: id.into(),
+            event: if subscribed { "push" } else { "star" }.into(),
+            subscribed,
+            body: Bytes::from_static(b"{}"),
+            reply: tx.into(),
+        }))
+        .unwrap();
+        rx
+    }
+
+    #[tokio::test]
+    async fn ids_are_claimed_once_per_window_and_queued_deliveries_wake_the_worker() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let clock = Clock::default();
+        let feed = WorkerFeed::default();
+        let (a, _) = Actor::spawn(
+            None,
+            IntakeActor,
+            (store.clone(), feed.clone(), 60, clock.clone()),
+        )
+        .await
+        .unwrap();
+
+        // Two deliveries of one id in one batch: the first is the delivery, the second its
+        // duplicate; an unsubscribed event is logged but not queued.
+        let first = accept(&a, "d-1", true).await;
+        let again = accept(&a, "d-1", true).await;
+        let star = accept(&a, "d-2", false).await;
+        let seq = first.await.unwrap().unwrap().expect("queued");
+        assert!(matches!(again.await.unwrap(), Err(Error::Rejected(_))));
+        assert_eq!(star.await.unwrap().unwrap(), None);
+        assert_eq!(store.queued_after(0, 10).unwrap(), vec![seq]);
+        let d = store.delivery_by_id("d-2").unwrap().unwrap();
+        assert_eq!(d.outcome, fleetops_storage::DeliveryOutcome::Ignored);
+        // The worker was woken: a permit is waiting.
+        tokio::time::timeout(std::time::Duration::from_secs(1), feed.wake.notified())
+            .await
+            .expect("the worker is woken for a queued delivery");
+
+        // Still within the window: refused; past it (the clock moved): claimed again.
+        let r = accept(&a, "d-1", true).await.await.unwrap();
+        assert!(matches!(r, Err(Error::Rejected(_))));
+        clock.advance(std::time::Duration::from_secs(61));
+        let r = accept(&a, "d-1", true).await.await.unwrap();
+        assert!(matches!(r, Ok(Some(s)) if s > seq));
+        a.stop(None);
+    }
+}
