@@ -312,12 +312,12 @@ async fn tenancy(s: &Srv) -> Tenancy {
     }
 }
 
+/// Reads: every role; writes of project resources: member and up.
 #[tokio::test]
-async fn roles_and_tenancy_matrix() {
+async fn every_role_reads_and_members_and_up_write() {
     let s = start().await;
     let t = tenancy(&s).await;
     let devices = "/api/v1/organizations/org-a/projects/p1/devices";
-
     // Reads: every role.
     for tok in [&t.owner, &t.admin, &t.member, &t.viewer] {
         assert_eq!(s.get(devices, tok).await.status, 200);
@@ -335,6 +335,13 @@ async fn roles_and_tenancy_matrix() {
     for tok in [&t.member, &t.admin, &t.owner] {
         assert_eq!(s.post(devices, tok, json!({"name": "d"})).await.status, 201);
     }
+}
+
+/// Projects and members: admin and up; only an owner grants owner.
+#[tokio::test]
+async fn projects_and_members_are_for_admins_and_owner_grants_owner() {
+    let s = start().await;
+    let t = tenancy(&s).await;
     // Projects and members: admin and up.
     for tok in [&t.viewer, &t.member] {
         s.post(
@@ -401,7 +408,15 @@ async fn roles_and_tenancy_matrix() {
     )
     .await
     .assert_error(404);
+}
 
+/// Another organization: 403 whether it exists or not; the superuser has owner rights
+/// everywhere and gets 404 for what does not exist.
+#[tokio::test]
+async fn another_organization_is_403_and_the_superuser_has_owner_rights() {
+    let s = start().await;
+    let t = tenancy(&s).await;
+    let devices = "/api/v1/organizations/org-a/projects/p1/devices";
     // Another organization: 403 whether it exists or not; its project ids are unreachable.
     for path in [
         "/api/v1/organizations/org-b/projects/p1/devices",
@@ -437,7 +452,13 @@ async fn roles_and_tenancy_matrix() {
         .assert_error(404),
         "Project not found"
     );
+}
 
+/// Creating users is for superusers, and so is a tier above free.
+#[tokio::test]
+async fn creating_users_and_higher_tiers_is_for_superusers() {
+    let s = start().await;
+    let t = tenancy(&s).await;
     // Creating users is for superusers; a tier above free too.
     s.post(
         "/api/v1/users",
@@ -465,7 +486,22 @@ async fn roles_and_tenancy_matrix() {
     s.post("/api/v1/organizations", s.key(), json!({"slug": "rich"}))
         .await
         .assert_error(409);
+}
 
+/// Lists show only the caller's organizations, and projects without secrets; an admin rotates a
+/// project secret.
+#[tokio::test]
+async fn lists_show_the_callers_organizations_and_admins_rotate_secrets() {
+    let s = start().await;
+    let t = tenancy(&s).await;
+    let r = s
+        .post(
+            "/api/v1/organizations/org-a/projects",
+            &t.admin,
+            json!({"slug": "p2"}),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.body);
     // Lists show only the caller's organizations, and projects without secrets.
     let r = s.get("/api/v1/organizations", &t.viewer).await;
     let slugs: Vec<_> = r.body["items"]
