@@ -48,6 +48,8 @@ pub use crate::config::{RunsConfig, ScmConfig};
 /// Rejected and duplicate deliveries kept in memory (never their bodies).
 const RECENT_REJECTED: usize = 1000;
 
+/// The way in for the webhook family: intake, the delivery log, repositories, test runs and
+/// the secret. Cheap to clone.
 #[derive(Clone)]
 pub struct WebhooksHandle {
     pub(crate) store: Store,

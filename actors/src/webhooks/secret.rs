@@ -8,7 +8,7 @@ use super::intake;
 use super::intake::IntakeMsg;
 use super::views::DeliveryView;
 use super::views::Rotated;
-use super::views::ScmStatus;
+use super::views::WebhooksStatus;
 use crate::clock::fmt_ms;
 use crate::config::ScmConfig;
 use crate::error::Error;
@@ -195,7 +195,7 @@ impl WebhooksHandle {
         })
     }
 
-    pub fn status(&self) -> ScmStatus {
+    pub fn status(&self) -> WebhooksStatus {
         let now = self.clock.now_ms();
         let s = self.secret.read().map(|s| s.clone()).unwrap_or_default();
         let age = (!s.current.is_empty()).then(|| (now - s.created_at).max(0) / 86_400_000);
@@ -204,7 +204,7 @@ impl WebhooksHandle {
             .lock()
             .map(|f| f.iter().filter(|t| **t >= now - 3_600_000).count())
             .unwrap_or(0);
-        ScmStatus {
+        WebhooksStatus {
             secret_age_days: age,
             rotation_due: age.is_some_and(|a| a >= self.cfg.rotation_days),
             signature_failures_last_hour: failures,

@@ -139,7 +139,7 @@ pub struct Rotated {
 }
 
 #[derive(Debug, Serialize)]
-pub struct ScmStatus {
+pub struct WebhooksStatus {
     pub secret_age_days: Option<i64>,
     pub rotation_due: bool,
     pub signature_failures_last_hour: usize,
