@@ -5,11 +5,13 @@
 
 use crate::{Result, StorageError};
 
-/// Bumped when a record layout changes incompatibly; old values are then migrated on read.
-const FORMAT_V1: u8 = 1;
+/// Bumped when a record layout changes incompatibly. 2: capsules and configurations hold
+/// their file in one `UploadState`. Records of format 1 are refused rather than misread: no
+/// release wrote them, so there is nothing to migrate.
+const FORMAT: u8 = 2;
 
 pub(crate) fn encode<T: serde::Serialize>(value: &T) -> Result<Vec<u8>> {
-    let mut out = vec![FORMAT_V1];
+    let mut out = vec![FORMAT];
     let body = postcard::to_stdvec(value).map_err(|e| StorageError::Corrupt(e.to_string()))?;
     out.extend_from_slice(&body);
     Ok(out)
@@ -17,7 +19,7 @@ pub(crate) fn encode<T: serde::Serialize>(value: &T) -> Result<Vec<u8>> {
 
 pub(crate) fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T> {
     match bytes.split_first() {
-        Some((&FORMAT_V1, body)) => {
+        Some((&FORMAT, body)) => {
             postcard::from_bytes(body).map_err(|e| StorageError::Corrupt(e.to_string()))
         }
         Some((v, _)) => Err(StorageError::Corrupt(format!("unknown record format {v}"))),
@@ -47,6 +49,10 @@ mod tests {
         assert_eq!(decode::<R>(&bytes).unwrap(), r);
         let mut bad = bytes.clone();
         bad[0] = 9;
+        assert!(decode::<R>(&bad).is_err());
+        // Format 1 (before capsules and configurations shared `UploadState`) is refused, not
+        // misread.
+        bad[0] = 1;
         assert!(decode::<R>(&bad).is_err());
         assert!(decode::<R>(&[]).is_err());
     }

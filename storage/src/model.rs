@@ -291,6 +291,39 @@ pub struct DeviceGroup {
     pub created_at: i64,
 }
 
+/// What capsules and configurations share: the uploaded file, where it is, and its verdict.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct UploadState {
+    pub file_format: String,
+    /// Bytes actually uploaded (`None` until the upload).
+    pub uploaded_bytes: Option<u64>,
+    /// Computed by the server at confirm.
+    pub checksum_sha256: Option<String>,
+    pub validation_status: ValidationStatus,
+    pub validation_notes: String,
+    /// Built from ids (and, once sealed, the content's SHA-256).
+    pub blob_key: String,
+    /// Unix milliseconds after which an unconfirmed upload link no longer works.
+    pub upload_expires_at: i64,
+    pub confirmed: bool,
+}
+
+impl UploadState {
+    /// A file announced at `upload-url`: nothing uploaded yet, validation pending.
+    pub fn pending(file_format: String, upload_expires_at: i64) -> Self {
+        Self {
+            file_format,
+            uploaded_bytes: None,
+            checksum_sha256: None,
+            validation_status: ValidationStatus::Pending,
+            validation_notes: String::new(),
+            blob_key: String::new(),
+            upload_expires_at,
+            confirmed: false,
+        }
+    }
+}
+
 /// A capsule version (an application package) of a project.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Capsule {
@@ -305,26 +338,15 @@ pub struct Capsule {
     pub description: Option<String>,
     /// `SW`, `FW` or `OS`.
     pub capsule_type: String,
-    /// `.tar.gz`, `.tgz`, `.tar` or `.zip`.
-    pub file_format: String,
     /// As declared at `upload-url` (what the quota reserves and the upload may not exceed).
     pub file_size_bytes: u64,
-    /// Bytes actually uploaded (`None` until the upload).
-    pub uploaded_bytes: Option<u64>,
-    /// Computed by the server at confirm.
-    pub checksum_sha256: Option<String>,
     /// Free-form JSON object, kept as JSON bytes.
     pub metadata_json: Vec<u8>,
     /// (name, constraint) pairs.
     pub dependencies: Vec<(String, String)>,
     pub is_latest: bool,
-    pub validation_status: ValidationStatus,
-    pub validation_notes: String,
-    /// Built from ids.
-    pub blob_key: String,
-    /// Unix milliseconds after which an unconfirmed upload link no longer works.
-    pub upload_expires_at: i64,
-    pub confirmed: bool,
+    /// The file (`.tar.gz`, `.tgz`, `.tar` or `.zip`) and its verdict.
+    pub upload: UploadState,
     pub created_at: i64,
     pub updated_at: i64,
 }
@@ -342,13 +364,8 @@ pub struct Configuration {
     pub version: String,
     /// A constraint the linked capsule's version must match.
     pub compatible_capsule_versions: String,
-    /// `.json`, `.yaml`, `.toml`, `.ini` or `.env`.
-    pub file_format: String,
     /// As declared at `upload-url` (the quota reserves 1 MiB when none is declared).
     pub declared_size: Option<u64>,
-    /// Bytes actually uploaded (`None` until the upload).
-    pub uploaded_bytes: Option<u64>,
-    pub checksum_sha256: Option<String>,
     pub parent_config_id: Option<u64>,
     /// What this file sets, as JSON bytes (an object; `{}` until confirmed).
     pub override_fields_json: Vec<u8>,
@@ -356,11 +373,8 @@ pub struct Configuration {
     pub config_data_json: Vec<u8>,
     /// This configuration's own JSON Schema, if any, as JSON bytes.
     pub validation_schema_json: Option<Vec<u8>>,
-    pub validation_status: ValidationStatus,
-    pub validation_notes: String,
-    pub blob_key: String,
-    pub upload_expires_at: i64,
-    pub confirmed: bool,
+    /// The file (`.json`, `.yaml`, `.toml`, `.ini` or `.env`) and its verdict.
+    pub upload: UploadState,
     pub created_at: i64,
     pub updated_at: i64,
 }

@@ -115,7 +115,7 @@ impl Store {
             return Ok(());
         };
         let mut w = Writes::new();
-        for c in capsules.iter().filter(|c| c.confirmed) {
+        for c in capsules.iter().filter(|c| c.upload.confirmed) {
             w.delete(keys::pending_validation(c.project_id, c.id));
         }
         for c in capsules {

@@ -16,7 +16,6 @@ pub use crate::rules::configurations::MAX_DEPTH;
 pub(crate) use crate::rules::configurations::{effective_schema, lineage};
 use crate::versions::{Constraint, parse_version};
 use crate::views::{Page, PageReq};
-use fleetops_storage::ValidationStatus;
 
 /// What `configurations/upload-url` asks for (already parsed by the edge).
 #[derive(Debug, Clone)]
@@ -75,14 +74,14 @@ impl From<&Configuration> for ConfigurationView {
             environment: c.environment.clone(),
             version: c.version.clone(),
             compatible_capsule_versions: c.compatible_capsule_versions.clone(),
-            file_format: c.file_format.clone(),
-            file_size_bytes: c.uploaded_bytes.or(c.declared_size).unwrap_or(0),
-            checksum_sha256: c.checksum_sha256.clone(),
+            file_format: c.upload.file_format.clone(),
+            file_size_bytes: c.upload.uploaded_bytes.or(c.declared_size).unwrap_or(0),
+            checksum_sha256: c.upload.checksum_sha256.clone(),
             parent_config_id: c.parent_config_id,
             override_fields: raw_json(&c.override_fields_json, "{}"),
             config_data: raw_json(&c.config_data_json, "{}"),
-            validation_status: c.validation_status,
-            validation_notes: c.validation_notes.clone(),
+            validation_status: c.upload.validation_status,
+            validation_notes: c.upload.validation_notes.clone(),
             validation_schema: c.validation_schema_json.as_ref().map(|s| raw_json(s, "{}")),
             created_at: fmt_ms(c.created_at),
             updated_at: fmt_ms(c.updated_at),
@@ -248,19 +247,12 @@ impl PipelineHandle {
                     environment: req.environment.clone(),
                     version: v.to_string(),
                     compatible_capsule_versions: req.compatible_capsule_versions.clone(),
-                    file_format: req.file_format.clone(),
                     declared_size: req.file_size_bytes,
-                    uploaded_bytes: None,
-                    checksum_sha256: None,
                     parent_config_id: req.parent_config_id,
                     override_fields_json: b"{}".to_vec(),
                     config_data_json: b"{}".to_vec(),
                     validation_schema_json: schema.clone(),
-                    validation_status: ValidationStatus::Pending,
-                    validation_notes: String::new(),
-                    blob_key: String::new(),
-                    upload_expires_at: now + self.cfg.upload_ttl_seconds * 1000,
-                    confirmed: false,
+                    upload: self.pending_upload(&req.file_format, now),
                     created_at: now,
                     updated_at: now,
                 }),
@@ -274,8 +266,8 @@ impl PipelineHandle {
                     UploadKind::Configuration,
                     pid,
                     c.id,
-                    &c.blob_key,
-                    c.upload_expires_at,
+                    &c.upload.blob_key,
+                    c.upload.upload_expires_at,
                 )
                 .await?,
             expires_in: self.cfg.upload_ttl_seconds,
@@ -291,13 +283,13 @@ impl PipelineHandle {
     ) -> Result<u64> {
         let _busy = self.busy(UploadKind::Configuration, id)?;
         let c = self.configuration(pid, id)?;
-        if c.confirmed {
+        if c.upload.confirmed {
             return Err(Error::Conflict(
                 "Configuration already confirmed; its bytes are immutable".into(),
             ));
         }
         let max = c.declared_size.unwrap_or(MAX_CONFIG_BYTES);
-        let size = self.put_upload(&c.blob_key, body, max).await?;
+        let size = self.put_upload(&c.upload.blob_key, body, max).await?;
         self.projects
             .write(pid, |reply| ProjectMsg::ConfigurationUploaded {
                 id,
@@ -327,10 +319,13 @@ impl PipelineHandle {
         self.configuration(pid, id)?;
         let _busy = self.busy(UploadKind::Configuration, id)?;
         let c = self.configuration(pid, id)?;
-        if c.confirmed {
+        if c.upload.confirmed {
             return Err(Error::Conflict("Configuration already confirmed".into()));
         }
-        let Some(size) = self.stored_size(&c.blob_key, c.uploaded_bytes).await? else {
+        let Some(size) = self
+            .stored_size(&c.upload.blob_key, c.upload.uploaded_bytes)
+            .await?
+        else {
             return Err(Error::Conflict(
                 "Nothing has been uploaded for this configuration".into(),
             ));
@@ -340,7 +335,10 @@ impl PipelineHandle {
                 "Configuration files are at most {MAX_CONFIG_BYTES} bytes"
             )));
         }
-        let bytes = bytes::Bytes::from(self.read_small(&c.blob_key, MAX_CONFIG_BYTES).await?);
+        let bytes = bytes::Bytes::from(
+            self.read_small(&c.upload.blob_key, MAX_CONFIG_BYTES)
+                .await?,
+        );
         // The size of the bytes read, which are the ones hashed, parsed and recorded.
         let size = bytes.len() as u64;
         let sha =
@@ -366,7 +364,7 @@ impl PipelineHandle {
         } else {
             None
         };
-        let format = c.file_format.clone();
+        let format = c.upload.file_format.clone();
         let parsed = tokio::task::spawn_blocking(move || configs::parse(&format, &bytes))
             .await
             .map_err(|e| Error::Internal(e.to_string()));
@@ -392,7 +390,7 @@ impl PipelineHandle {
         if seal && settled.is_ok() {
             match self.store.configuration(pid, id) {
                 Ok(now) => {
-                    let now = now.map(|n| n.blob_key);
+                    let now = now.map(|n| n.upload.blob_key);
                     self.tidy_sealed(UploadKind::Configuration, pid, id, now.as_deref())
                         .await;
                 }
@@ -437,7 +435,7 @@ impl PipelineHandle {
         Ok(ConfigurationDetail {
             configuration: ConfigurationView::from(&c),
             download_url: self
-                .download_link(UploadKind::Configuration, pid, id, &c.blob_key, exp)
+                .download_link(UploadKind::Configuration, pid, id, &c.upload.blob_key, exp)
                 .await?,
         })
     }
@@ -491,7 +489,7 @@ impl PipelineHandle {
             id: c.id,
             name: c.name.clone(),
             version: c.version.clone(),
-            validation_status: c.validation_status,
+            validation_status: c.upload.validation_status,
             chain: chain.iter().map(ConfigRef::from).collect(),
             config_data: data,
             sources,

@@ -102,9 +102,9 @@ impl From<&Capsule> for CapsuleView {
             version: c.version.clone(),
             description: c.description.clone(),
             capsule_type: c.capsule_type.clone(),
-            file_format: c.file_format.clone(),
+            file_format: c.upload.file_format.clone(),
             file_size_bytes: c.file_size_bytes,
-            checksum_sha256: c.checksum_sha256.clone(),
+            checksum_sha256: c.upload.checksum_sha256.clone(),
             metadata: raw_json(&c.metadata_json, "{}"),
             dependencies: c
                 .dependencies
@@ -118,8 +118,8 @@ impl From<&Capsule> for CapsuleView {
             version_major: c.version_major,
             version_minor: c.version_minor,
             version_patch: c.version_patch,
-            validation_status: c.validation_status,
-            validation_notes: c.validation_notes.clone(),
+            validation_status: c.upload.validation_status,
+            validation_notes: c.upload.validation_notes.clone(),
             created_at: fmt_ms(c.created_at),
             updated_at: fmt_ms(c.updated_at),
         }
@@ -287,18 +287,11 @@ impl PipelineHandle {
                     version_patch: v.patch,
                     description: req.description.clone(),
                     capsule_type: req.capsule_type.clone(),
-                    file_format: req.file_format.clone(),
                     file_size_bytes: req.file_size_bytes,
-                    uploaded_bytes: None,
-                    checksum_sha256: None,
                     metadata_json: metadata.clone(),
                     dependencies: req.dependencies.clone(),
                     is_latest: false,
-                    validation_status: ValidationStatus::Pending,
-                    validation_notes: String::new(),
-                    blob_key: String::new(),
-                    upload_expires_at: now + self.cfg.upload_ttl_seconds * 1000,
-                    confirmed: false,
+                    upload: self.pending_upload(&req.file_format, now),
                     created_at: now,
                     updated_at: now,
                 }),
@@ -312,8 +305,8 @@ impl PipelineHandle {
                     UploadKind::Capsule,
                     pid,
                     c.id,
-                    &c.blob_key,
-                    c.upload_expires_at,
+                    &c.upload.blob_key,
+                    c.upload.upload_expires_at,
                 )
                 .await?,
             expires_in: self.cfg.upload_ttl_seconds,
@@ -325,7 +318,7 @@ impl PipelineHandle {
         let busy = self.busy(UploadKind::Capsule, id)?;
         let c = self.capsule(pid, id)?;
         if self
-            .stored_size(&c.blob_key, c.uploaded_bytes)
+            .stored_size(&c.upload.blob_key, c.upload.uploaded_bytes)
             .await?
             .is_none()
         {
@@ -333,7 +326,7 @@ impl PipelineHandle {
                 "Nothing has been uploaded for this capsule".into(),
             ));
         }
-        if c.confirmed {
+        if c.upload.confirmed {
             return Err(Error::Conflict("Capsule already confirmed".into()));
         }
         if c.file_size_bytes > self.cfg.sync_validation_max_bytes {
@@ -347,7 +340,7 @@ impl PipelineHandle {
                 .await?;
             let mut pending = c.clone();
             self.validate_in_background(pid, id, checksum, busy);
-            pending.validation_status = ValidationStatus::Pending;
+            pending.upload.validation_status = ValidationStatus::Pending;
             return Ok(Confirmed::Pending(CapsuleView::from(&pending)));
         }
         let c = self.validate_and_settle(pid, id, checksum).await?;
@@ -401,18 +394,18 @@ impl PipelineHandle {
     /// confirm and refuses a `PUT` once confirmed (409), so the bytes are validated in place.
     async fn validate_and_settle(&self, pid: u64, id: u64, checksum: String) -> Result<Capsule> {
         let c = self.capsule(pid, id)?;
-        if c.confirmed {
+        if c.upload.confirmed {
             // Never reached (confirm checks under the lock, and an owed validation is
             // cleared with the verdict); kept so a settled record's bytes are never touched.
             return Err(Error::Conflict("Capsule already confirmed".into()));
         }
         if !self.blobs.presigns() {
             return self
-                .check_and_settle(&c, &c.blob_key, checksum, false)
+                .check_and_settle(&c, &c.upload.blob_key, checksum, false)
                 .await;
         }
         let staging = keys::staging(keys::CAPSULES, pid, id);
-        if !self.blobs.copy(&c.blob_key, &staging).await? {
+        if !self.blobs.copy(&c.upload.blob_key, &staging).await? {
             return Err(Error::Conflict(
                 "Nothing has been uploaded for this capsule".into(),
             ));
@@ -425,7 +418,7 @@ impl PipelineHandle {
         if matches!(settled, Ok(_) | Err(Error::BadRequest(_))) {
             match self.store.capsule(pid, id) {
                 Ok(now) => {
-                    let now = now.map(|n| n.blob_key);
+                    let now = now.map(|n| n.upload.blob_key);
                     self.tidy_sealed(UploadKind::Capsule, pid, id, now.as_deref())
                         .await;
                 }
@@ -450,7 +443,7 @@ impl PipelineHandle {
         let (pid, id) = (c.project_id, c.id);
         // On S3 the client PUT to the store directly, with no cap: an object larger than
         // declared fails at once (and is removed) instead of being hashed.
-        if let Some(stored) = self.stored_size(source, c.uploaded_bytes).await?
+        if let Some(stored) = self.stored_size(source, c.upload.uploaded_bytes).await?
             && stored > c.file_size_bytes
         {
             let notes = format!(
@@ -473,8 +466,12 @@ impl PipelineHandle {
             return verdict;
         }
         let stream = self.blobs.stream(source, None).await?;
-        let (sha, size, archive) =
-            hash_and_check(stream, c.file_format.clone(), self.tmp_dir.as_deref()).await?;
+        let (sha, size, archive) = hash_and_check(
+            stream,
+            c.upload.file_format.clone(),
+            self.tmp_dir.as_deref(),
+        )
+        .await?;
         let mismatch = !crate::secrets::ct_eq(
             sha.as_bytes(),
             checksum.trim().to_ascii_lowercase().as_bytes(),
@@ -499,7 +496,7 @@ impl PipelineHandle {
             };
             let found = self.store.project_capsules(pid)?.iter().any(|d| {
                 d.name == *name
-                    && d.validation_status == ValidationStatus::Passed
+                    && d.upload.validation_status == ValidationStatus::Passed
                     && req.matches(&Version::new(
                         d.version_major,
                         d.version_minor,
@@ -629,7 +626,7 @@ impl PipelineHandle {
                 capsule_type: c.capsule_type.clone(),
                 file_size_bytes: c.file_size_bytes,
                 is_latest: c.is_latest,
-                validation_status: c.validation_status,
+                validation_status: c.upload.validation_status,
                 created_at: fmt_ms(c.created_at),
             })
             .collect()
@@ -650,7 +647,7 @@ impl PipelineHandle {
             capsule: CapsuleView::from(&c),
             all_versions: versions.iter().map(Version::to_string).collect(),
             download_url: self
-                .download_link(UploadKind::Capsule, pid, id, &c.blob_key, exp)
+                .download_link(UploadKind::Capsule, pid, id, &c.upload.blob_key, exp)
                 .await?,
         })
     }

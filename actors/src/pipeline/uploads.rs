@@ -167,13 +167,13 @@ impl PipelineHandle {
         let _busy = self.busy(UploadKind::Capsule, link.id)?;
         // Read under the lock: a confirm that finished first makes the bytes immutable.
         let c = self.capsule(link.project_id, link.id)?;
-        if c.confirmed {
+        if c.upload.confirmed {
             return Err(Error::Conflict(
                 "Capsule already confirmed; its bytes are immutable".into(),
             ));
         }
         let size = self
-            .put_upload(&c.blob_key, body, c.file_size_bytes)
+            .put_upload(&c.upload.blob_key, body, c.file_size_bytes)
             .await?;
         let id = c.id;
         self.projects
@@ -197,23 +197,23 @@ impl PipelineHandle {
                     .store
                     .configuration(link.project_id, link.id)?
                     .ok_or_else(|| Error::not_found("Configuration"))?;
-                let mime = match c.file_format.as_str() {
+                let mime = match c.upload.file_format.as_str() {
                     ".json" => "application/json",
                     ".yaml" => "application/yaml",
                     ".toml" => "application/toml",
                     _ => "text/plain; charset=utf-8",
                 };
-                let name = format!("{}-{}{}", c.name, c.version, c.file_format);
-                (c.blob_key, c.uploaded_bytes, name, mime)
+                let name = format!("{}-{}{}", c.name, c.version, c.upload.file_format);
+                (c.upload.blob_key, c.upload.uploaded_bytes, name, mime)
             } else {
                 let c = self.capsule(link.project_id, link.id)?;
-                let mime = match c.file_format.as_str() {
+                let mime = match c.upload.file_format.as_str() {
                     ".zip" => "application/zip",
                     ".tar" => "application/x-tar",
                     _ => "application/gzip",
                 };
-                let name = format!("{}-{}{}", c.name, c.version, c.file_format);
-                (c.blob_key, c.uploaded_bytes, name, mime)
+                let name = format!("{}-{}{}", c.name, c.version, c.upload.file_format);
+                (c.upload.blob_key, c.upload.uploaded_bytes, name, mime)
             };
         let Some(size) = size else {
             return Err(Error::not_found("File"));
@@ -238,12 +238,12 @@ impl PipelineHandle {
                 let configurations = self.store.project_configurations(p.id)?;
                 let stale = capsules
                     .iter()
-                    .filter(|c| expired(c.confirmed, c.upload_expires_at))
+                    .filter(|c| expired(c.upload.confirmed, c.upload.upload_expires_at))
                     .map(|c| (UploadKind::Capsule, c.id))
                     .chain(
                         configurations
                             .iter()
-                            .filter(|c| expired(c.confirmed, c.upload_expires_at))
+                            .filter(|c| expired(c.upload.confirmed, c.upload.upload_expires_at))
                             .map(|c| (UploadKind::Configuration, c.id)),
                     );
                 for (kind, id) in stale {
@@ -349,5 +349,18 @@ impl PipelineHandle {
             self.locks.remove(&(kind, id));
         }
         Ok(blob.is_some())
+    }
+
+    /// The upload state of a record announced now: pending, its link valid
+    /// `upload_ttl_seconds`.
+    pub(super) fn pending_upload(
+        &self,
+        file_format: &str,
+        now_ms: i64,
+    ) -> fleetops_storage::UploadState {
+        fleetops_storage::UploadState::pending(
+            file_format.to_string(),
+            now_ms + self.cfg.upload_ttl_seconds * 1000,
+        )
     }
 }

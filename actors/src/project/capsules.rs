@@ -29,7 +29,7 @@ impl ProjectState {
         }
         c.id = self.store.new_id(Seq::Capsule)?;
         c.project_id = self.pid();
-        c.blob_key =
+        c.upload.blob_key =
             crate::rules::blob_keys::upload(crate::rules::blob_keys::CAPSULES, self.pid(), c.id);
         self.store.put_capsules(&[&c])?;
         Ok(c)
@@ -37,12 +37,12 @@ impl ProjectState {
 
     pub(super) fn capsule_uploaded(&self, id: u64, size: u64) -> Result<()> {
         let mut c = self.capsule(id)?;
-        if c.confirmed {
+        if c.upload.confirmed {
             return Err(Error::Conflict(
                 "Capsule already confirmed; its bytes are immutable".into(),
             ));
         }
-        c.uploaded_bytes = Some(size);
+        c.upload.uploaded_bytes = Some(size);
         c.updated_at = now_ms();
         Ok(self.store.put_capsules(&[&c])?)
     }
@@ -68,7 +68,7 @@ impl ProjectState {
             .collect();
         let best = all
             .iter()
-            .filter(|c| c.validation_status == ValidationStatus::Passed)
+            .filter(|c| c.upload.validation_status == ValidationStatus::Passed)
             .max_by_key(|c| (c.version_major, c.version_minor, c.version_patch))
             .map(|c| c.id);
         let mut moved = Vec::new();
@@ -92,21 +92,21 @@ impl ProjectState {
         blob_key: Option<String>,
     ) -> Result<Capsule> {
         let mut c = self.capsule(id)?;
-        if c.confirmed {
+        if c.upload.confirmed {
             return Err(Error::Conflict("Capsule already confirmed".into()));
         }
         if let Some(k) = blob_key {
-            c.blob_key = k;
+            c.upload.blob_key = k;
         }
-        c.checksum_sha256 = Some(checksum);
-        c.uploaded_bytes = Some(size);
-        c.validation_status = if passed {
+        c.upload.checksum_sha256 = Some(checksum);
+        c.upload.uploaded_bytes = Some(size);
+        c.upload.validation_status = if passed {
             ValidationStatus::Passed
         } else {
             ValidationStatus::Failed
         };
-        c.validation_notes = if passed { "ok".into() } else { notes };
-        c.confirmed = true;
+        c.upload.validation_notes = if passed { "ok".into() } else { notes };
+        c.upload.confirmed = true;
         c.updated_at = now_ms();
         let moved = self.relatest(&c.name, Some(&c), None)?;
         let refs: Vec<&Capsule> = moved.iter().collect();
@@ -116,7 +116,7 @@ impl ProjectState {
 
     pub(super) fn validation_pending(&self, id: u64, checksum: &str) -> Result<()> {
         let c = self.capsule(id)?;
-        if c.confirmed {
+        if c.upload.confirmed {
             return Err(Error::Conflict("Capsule already confirmed".into()));
         }
         Ok(self
@@ -129,8 +129,8 @@ impl ProjectState {
         // The housekeeper never takes a capsule whose confirm was answered 202: its
         // validation is owed and finishes (or resumes after a restart).
         if only_expired
-            && (c.confirmed
-                || c.upload_expires_at > now_ms()
+            && (c.upload.confirmed
+                || c.upload.upload_expires_at > now_ms()
                 || self.store.pending_validation(self.pid(), id)?.is_some())
         {
             return Ok(None);
@@ -161,7 +161,7 @@ impl ProjectState {
         let moved = self.relatest(&c.name, None, Some(c.id))?;
         let refs: Vec<&Capsule> = moved.iter().collect();
         self.store.delete_capsule(&c, &refs)?;
-        Ok(Some(c.blob_key))
+        Ok(Some(c.upload.blob_key))
     }
 
     /// 409 while a configuration or deployment package refers to the capsule.

@@ -69,19 +69,19 @@ impl ProjectState {
         }
         c.id = self.store.new_id(Seq::Configuration)?;
         c.project_id = self.pid();
-        c.blob_key = keys::upload(keys::CONFIGURATIONS, self.pid(), c.id);
+        c.upload.blob_key = keys::upload(keys::CONFIGURATIONS, self.pid(), c.id);
         self.store.put_configuration(&c)?;
         Ok(c)
     }
 
     pub(super) fn configuration_uploaded(&self, id: u64, size: u64) -> Result<()> {
         let mut c = self.configuration(id)?;
-        if c.confirmed {
+        if c.upload.confirmed {
             return Err(Error::Conflict(
                 "Configuration already confirmed; its bytes are immutable".into(),
             ));
         }
-        c.uploaded_bytes = Some(size);
+        c.upload.uploaded_bytes = Some(size);
         c.updated_at = now_ms();
         Ok(self.store.put_configuration(&c)?)
     }
@@ -98,7 +98,7 @@ impl ProjectState {
         mut notes: Vec<String>,
     ) -> Result<Configuration> {
         let mut c = self.configuration(id)?;
-        if c.confirmed {
+        if c.upload.confirmed {
             return Err(Error::Conflict("Configuration already confirmed".into()));
         }
         let overrides = match parsed {
@@ -117,7 +117,7 @@ impl ProjectState {
             }
         };
         if let Some(parent) = chain.len().checked_sub(2).and_then(|i| chain.get(i)) {
-            match parent.validation_status {
+            match parent.upload.validation_status {
                 ValidationStatus::Passed => {
                     match serde_json::from_slice(&parent.config_data_json) {
                         Ok(v) => data = v,
@@ -177,24 +177,24 @@ impl ProjectState {
             }
         }
         let passed = notes.is_empty();
-        c.checksum_sha256 = Some(checksum);
-        c.uploaded_bytes = Some(size);
+        c.upload.checksum_sha256 = Some(checksum);
+        c.upload.uploaded_bytes = Some(size);
         if let Some(k) = blob_key {
-            c.blob_key = k;
+            c.upload.blob_key = k;
         }
         c.override_fields_json = json(&overrides)?;
         c.config_data_json = json(&data)?;
-        c.validation_status = if passed {
+        c.upload.validation_status = if passed {
             ValidationStatus::Passed
         } else {
             ValidationStatus::Failed
         };
-        c.validation_notes = if passed {
+        c.upload.validation_notes = if passed {
             "ok".into()
         } else {
             notes.join("; ")
         };
-        c.confirmed = true;
+        c.upload.confirmed = true;
         c.updated_at = now_ms();
         self.store.put_configuration(&c)?;
         Ok(c)
@@ -207,7 +207,7 @@ impl ProjectState {
         only_expired: bool,
     ) -> Result<Option<String>> {
         let c = self.configuration(id)?;
-        if only_expired && (c.confirmed || c.upload_expires_at > now_ms()) {
+        if only_expired && (c.upload.confirmed || c.upload.upload_expires_at > now_ms()) {
             return Ok(None);
         }
         if let Some(d) = self
@@ -233,6 +233,6 @@ impl ProjectState {
             )));
         }
         self.store.delete_configuration(&c)?;
-        Ok(Some(c.blob_key))
+        Ok(Some(c.upload.blob_key))
     }
 }

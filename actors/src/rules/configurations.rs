@@ -13,7 +13,8 @@ pub const MAX_DEPTH: usize = 32;
 /// What the quota counts for a configuration: its bytes once uploaded, else what it declared,
 /// else 1 MiB.
 pub(crate) fn reserved(c: &Configuration) -> u64 {
-    c.uploaded_bytes
+    c.upload
+        .uploaded_bytes
         .or(c.declared_size)
         .unwrap_or(MAX_CONFIG_BYTES)
 }

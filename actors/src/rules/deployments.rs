@@ -179,12 +179,12 @@ pub fn evaluate(store: &Store, pid: u64, spec: &DeploymentSpec) -> Result<Evalua
             "capsule_id",
             format!("capsule {} does not exist in this project", spec.capsule_id),
         ),
-        Some(c) if c.validation_status != ValidationStatus::Passed => block(
+        Some(c) if c.upload.validation_status != ValidationStatus::Passed => block(
             409,
             "capsule_id",
             format!(
                 "Capsule {} ({} {}) is {}; only a passed capsule can be deployed",
-                c.id, c.name, c.version, c.validation_status
+                c.id, c.name, c.version, c.upload.validation_status
             ),
         ),
         Some(_) => {}
@@ -197,13 +197,13 @@ pub fn evaluate(store: &Store, pid: u64, spec: &DeploymentSpec) -> Result<Evalua
                 format!("configuration {cid} does not exist in this project"),
             ),
             Some(cf) => {
-                if cf.validation_status != ValidationStatus::Passed {
+                if cf.upload.validation_status != ValidationStatus::Passed {
                     block(
                         409,
                         "configuration_id",
                         format!(
                             "Configuration {} ({} {}) is {}; only a passed configuration can be deployed",
-                            cf.id, cf.name, cf.version, cf.validation_status
+                            cf.id, cf.name, cf.version, cf.upload.validation_status
                         ),
                     );
                 }
