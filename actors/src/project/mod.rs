@@ -430,3 +430,131 @@ impl ProjectState {
         self.project.id
     }
 }
+
+/// The ProjectActor driven through its mailbox on a temporary store, with no HTTP: devices
+/// and groups keep their invariants (members exist, a deleted device leaves its groups), a
+/// heartbeat stamps the runtime's clock, and the actor restarted from storage sees it all.
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+    use crate::clock::Clock;
+    use crate::error::Error;
+    use fleetops_storage::accounts::Seq;
+
+    async fn ask<T: Send + 'static>(
+        a: &ActorRef<Envelope<ProjectMsg>>,
+        msg: impl FnOnce(Reply<T>) -> ProjectMsg,
+    ) -> Result<T> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        a.cast(Envelope::cast(msg(tx.into()))).unwrap();
+        rx.await.unwrap()
+    }
+
+    async fn spawn(store: &Store, clock: &Clock, pid: u64) -> ActorRef<Envelope<ProjectMsg>> {
+        let ctx = ProjectCtx {
+            store: store.clone(),
+            rollouts: Outbox::start(store.clone()),
+            clock: clock.clone(),
+        };
+        Actor::spawn(None, ProjectActor, (ctx, pid))
+            .await
+            .unwrap()
+            .0
+    }
+
+    #[tokio::test]
+    async fn devices_and_groups_keep_their_invariants_across_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let clock = Clock::default();
+        let pid = store.new_id(Seq::Project).unwrap();
+        store
+            .insert_project(&Project {
+                id: pid,
+                org_id: 1,
+                slug: "p".into(),
+                name: "p".into(),
+                secret_hash: [0; 32],
+                created_at: 0,
+            })
+            .unwrap();
+        let a = spawn(&store, &clock, pid).await;
+        let device = |name: &str| {
+            let name = name.to_string();
+            ask(&a, move |reply| ProjectMsg::CreateDevice {
+                name,
+                labels: BTreeMap::new(),
+                reply,
+            })
+        };
+        let (d1, token) = device("r1").await.unwrap();
+        assert!(token.starts_with("fopsd_"));
+        let (d2, _) = device("r2").await.unwrap();
+        assert!(matches!(device("").await, Err(Error::Unprocessable(_))));
+
+        // Members must exist; a deleted device leaves its groups.
+        let bad = ask(&a, |reply| ProjectMsg::CreateGroup {
+            name: "g".into(),
+            device_ids: vec![d1.id, 999],
+            reply,
+        })
+        .await;
+        assert!(matches!(bad, Err(Error::Unprocessable(_))));
+        let g = ask(&a, |reply| ProjectMsg::CreateGroup {
+            name: "g".into(),
+            device_ids: vec![d2.id, d1.id, d1.id],
+            reply,
+        })
+        .await
+        .unwrap();
+        assert_eq!(g.device_ids, vec![d1.id, d2.id]);
+        ask(&a, |reply| ProjectMsg::DeleteDevice { id: d1.id, reply })
+            .await
+            .unwrap();
+        assert_eq!(
+            store.group(pid, g.id).unwrap().unwrap().device_ids,
+            vec![d2.id]
+        );
+
+        // A heartbeat stamps the runtime's clock.
+        clock.advance(std::time::Duration::from_secs(3600));
+        let before = clock.now_ms();
+        ask(&a, |reply| ProjectMsg::Heartbeat {
+            id: d2.id,
+            metrics: BTreeMap::from([("cpu".to_string(), 0.5)]),
+            reply,
+        })
+        .await
+        .unwrap();
+        let seen = store
+            .device(pid, d2.id)
+            .unwrap()
+            .unwrap()
+            .last_seen_at
+            .unwrap();
+        assert!(seen >= before && seen <= clock.now_ms());
+
+        // A new incarnation, from storage: the same devices and group.
+        a.stop(None);
+        let a = spawn(&store, &clock, pid).await;
+        let missing = ask(&a, |reply| ProjectMsg::Heartbeat {
+            id: d1.id,
+            metrics: BTreeMap::new(),
+            reply,
+        })
+        .await;
+        assert!(matches!(missing, Err(Error::NotFound(_))));
+        let g = ask(&a, |reply| ProjectMsg::UpdateGroup {
+            id: g.id,
+            name: Some("g2".into()),
+            device_ids: None,
+            reply,
+        })
+        .await
+        .unwrap();
+        assert_eq!((g.name.as_str(), g.device_ids.clone()), ("g2", vec![d2.id]));
+        a.stop(None);
+    }
+}
