@@ -44,7 +44,7 @@ pub(crate) async fn capsule(s: &Srv, name: &str, version: &str) -> u64 {
 }
 
 #[tokio::test]
-async fn formats_inheritance_schema_and_explain() {
+async fn inheritance_schema_explain_lists_and_deletes() {
     let s = start().await;
     let nav = capsule(&s, "nav", "1.2.0").await;
 
@@ -138,6 +138,65 @@ async fn formats_inheritance_schema_and_explain() {
         r.body
     );
 
+    // The detail's download link returns the uploaded bytes.
+    let d = s.get(&format!("{CONFS}/{base}"), s.key()).await;
+    assert_eq!(d.status, 200);
+    assert_eq!(d.body["description"], "shared defaults");
+    assert_eq!(d.body["validation_schema"]["required"], json!(["motor"]));
+    let got = s
+        .http
+        .get(d.body["download_url"].as_str().unwrap())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(got.status(), 200);
+    assert_eq!(got.bytes().await.unwrap().to_vec(), yaml.to_vec());
+
+    // Lists: paginated, newest first, filtered by capsule and environment.
+    let l = s.get(&format!("{CONFS}?page_size=3"), s.key()).await;
+    assert_eq!(l.status, 200);
+    assert_eq!(l.body["total"], 5);
+    assert_eq!(l.body["items"].as_array().unwrap().len(), 3);
+    assert_eq!(l.body["has_more"], true);
+    let other = capsule(&s, "arm", "1.0.0").await;
+    let mut staging = conf("arm-conf", other, ".env", None);
+    staging["environment"] = json!("staging");
+    let (_, r) = configure(&s, staging, b"A=1\n").await;
+    assert_eq!(r.body["validation_status"], "passed");
+    let l = s.get(&format!("{CONFS}?capsule_id={other}"), s.key()).await;
+    assert_eq!(l.body["total"], 1);
+    let l = s
+        .get(&format!("{CONFS}?environment=staging"), s.key())
+        .await;
+    assert_eq!(l.body["total"], 1);
+    assert_eq!(l.body["items"][0]["name"], "arm-conf");
+    let l = s.get(&format!("{CONFS}?environment=prod"), s.key()).await;
+    assert_eq!(l.body["total"], 5);
+    let l = s.get(&format!("{CONFS}?capsule_id=x"), s.key()).await;
+    l.assert_error(422);
+
+    // Deletes: 409 while a child refers to it; a capsule with configurations is kept (409).
+    let r = s.delete(&format!("{CONFS}/{base}"), s.key()).await;
+    assert!(r.assert_error(409).contains("parent"), "{}", r.body);
+    let r = s.delete(&format!("{CAPS}/{nav}"), s.key()).await;
+    r.assert_error(409);
+    // One nothing refers to goes.
+    let (lone, _) = configure(&s, conf("lone", nav, ".env", None), b"A=1\n").await;
+    assert_eq!(
+        s.delete(&format!("{CONFS}/{lone}"), s.key()).await.status,
+        204
+    );
+    s.get(&format!("{CONFS}/{lone}"), s.key())
+        .await
+        .assert_error(404);
+}
+
+/// INI and .env parse on their own, nothing is expanded from the server's environment, and
+/// unparsable files fail with the parser's message (YAML aliases refused).
+#[tokio::test]
+async fn ini_env_and_unparsable_files() {
+    let s = start().await;
+    let nav = capsule(&s, "nav", "1.2.0").await;
     // INI and .env on their own.
     let (_, r) = configure(
         &s,
@@ -150,7 +209,7 @@ async fn formats_inheritance_schema_and_explain() {
         r.body["config_data"],
         json!({"mode": "fast", "motor": {"speed": "10"}, "net": {"host": "a.local"}})
     );
-    let (envid, r) = configure(
+    let (_, r) = configure(
         &s,
         conf("env", nav, ".env", None),
         b"# robot\nSPEED=10\nexport NAME=\"two words\"\nHOME_DIR=${HOME}\nJWT=${FLEETOPS_JWT_SECRET}\n",
@@ -178,56 +237,6 @@ async fn formats_inheritance_schema_and_explain() {
         let notes = r.body["validation_notes"].as_str().unwrap();
         assert!(notes.contains(says), "{name}: {notes}");
     }
-
-    // The detail's download link returns the uploaded bytes.
-    let d = s.get(&format!("{CONFS}/{base}"), s.key()).await;
-    assert_eq!(d.status, 200);
-    assert_eq!(d.body["description"], "shared defaults");
-    assert_eq!(d.body["validation_schema"]["required"], json!(["motor"]));
-    let got = s
-        .http
-        .get(d.body["download_url"].as_str().unwrap())
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(got.status(), 200);
-    assert_eq!(got.bytes().await.unwrap().to_vec(), yaml.to_vec());
-
-    // Lists: paginated, newest first, filtered by capsule and environment.
-    let l = s.get(&format!("{CONFS}?page_size=3"), s.key()).await;
-    assert_eq!(l.status, 200);
-    assert_eq!(l.body["total"], 12);
-    assert_eq!(l.body["items"].as_array().unwrap().len(), 3);
-    assert_eq!(l.body["has_more"], true);
-    let other = capsule(&s, "arm", "1.0.0").await;
-    let mut staging = conf("arm-conf", other, ".env", None);
-    staging["environment"] = json!("staging");
-    let (_, r) = configure(&s, staging, b"A=1\n").await;
-    assert_eq!(r.body["validation_status"], "passed");
-    let l = s.get(&format!("{CONFS}?capsule_id={other}"), s.key()).await;
-    assert_eq!(l.body["total"], 1);
-    let l = s
-        .get(&format!("{CONFS}?environment=staging"), s.key())
-        .await;
-    assert_eq!(l.body["total"], 1);
-    assert_eq!(l.body["items"][0]["name"], "arm-conf");
-    let l = s.get(&format!("{CONFS}?environment=prod"), s.key()).await;
-    assert_eq!(l.body["total"], 12);
-    let l = s.get(&format!("{CONFS}?capsule_id=x"), s.key()).await;
-    l.assert_error(422);
-
-    // Deletes: 409 while a child refers to it; a capsule with configurations is kept (409).
-    let r = s.delete(&format!("{CONFS}/{base}"), s.key()).await;
-    assert!(r.assert_error(409).contains("parent"), "{}", r.body);
-    let r = s.delete(&format!("{CAPS}/{nav}"), s.key()).await;
-    r.assert_error(409);
-    assert_eq!(
-        s.delete(&format!("{CONFS}/{envid}"), s.key()).await.status,
-        204
-    );
-    s.get(&format!("{CONFS}/{envid}"), s.key())
-        .await
-        .assert_error(404);
 }
 
 #[tokio::test]
