@@ -111,7 +111,7 @@ pub struct PipelineConfig {
     pub sync_validation_max_bytes: u64,
     /// Lifetime of an upload link; an upload never confirmed by then is purged.
     pub upload_ttl_seconds: i64,
-    /// Lifetime of a download link (the interface's 15 minutes).
+    /// Lifetime of a download link (15 minutes by default).
     pub download_ttl_seconds: i64,
 }
 

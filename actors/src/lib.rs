@@ -30,7 +30,8 @@
 //!
 //! # Module map
 //!
-//! Three layers, imports pointing one way (held by `tests/layering.rs`):
+//! Three layers, imports pointing one way (`tests/layering.rs` holds the rules to importing no
+//! handle or writer, and the modules to no import cycle):
 //!
 //! - **Handles**, the typed API `http` calls (validate input, send one message, shape the
 //!   reply): `directory` (users, organizations, projects, keys), [`projects`] (devices,
@@ -39,10 +40,12 @@
 //!   repositories, test runs).
 //! - **Writers**, the actors, each the single writer of its keys: `project` (one per project),
 //!   `session` (one per active session), `quota` (one per organization), `webhooks::intake`,
-//!   `webhooks::installation`, `webhooks::dispatcher`, `webhooks::worker`, `housekeeper`,
-//!   `directory`; supervised by `root` through `keyed` (per-entity supervisors) with `mailbox`
-//!   (deadlines, bounded waiting, the caller's state) and `supervision` (restart budgets).
-//! - **Rules**, pure functions and types: [`rules`] (input formats, deployment evaluation,
+//!   `webhooks::installation`, `webhooks::dispatcher`, `directory`; supervised by `root`
+//!   through `keyed` (per-entity supervisors) with `mailbox` (deadlines, bounded waiting, the
+//!   caller's state) and `supervision` (restart budgets). Two supervised actors write nothing
+//!   and drive the writers through the handles: `webhooks::worker` and `housekeeper`.
+//! - **Rules**, functions and types that decide and never write (some read the store):
+//!   [`rules`] (input formats, deployment evaluation,
 //!   configuration lineage, quota counting, blob keys, and `rules::config_files`: parsing,
 //!   merging and checking uploaded configuration files), [`versions`], [`logs`] (log batches
 //!   and filters).

@@ -75,7 +75,7 @@ impl Constraint {
                 }
             }
             let item = match (op, pieces.len(), seen_star) {
-                // Bare forms, read the contract's way.
+                // Bare forms: a full version is exact, a partial one a wildcard.
                 ("", 3, false) => format!("={rest}"),
                 ("", _, false) => format!("{rest}.*"),
                 ("", _, true) => rest.to_string(),

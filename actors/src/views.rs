@@ -17,7 +17,7 @@ pub struct Page<T> {
     pub has_more: bool,
 }
 
-/// Page and page size as the contract bounds them (1-based page; 1..=500).
+/// Page and page size (1-based page; page size 1..=500).
 #[derive(Debug, Clone, Copy)]
 pub struct PageReq {
     pub page: usize,

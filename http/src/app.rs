@@ -1,5 +1,5 @@
 //! What every handler gets: the shared [`App`], the request as [`Req`], and a per-request
-//! [`Cx`] that authenticates, rate-limits and authorizes in the contract's order
+//! [`Cx`] that authenticates, rate-limits and authorizes in one fixed order
 //! (401 → 429 → 403 → 404), remembering the rate-limit headers for the response.
 
 use std::net::{IpAddr, SocketAddr};

@@ -77,7 +77,7 @@ fn doc(op: Op) -> Doc {
         Login => answers(&[401, 429]),
         Refresh | ListApiKeys | Me | ListOrgs | ListProjects | GetDevice | ListGroups
         | GetGroup | GetSession | ListFiles | GetCapsule | GetConfig | PlanDeployment
-        | GetDeployment | WebhooksStatus | ScmInstallations | ScmDelivery | GetRepo | GetRun
+        | GetDeployment | ScmStatus | ScmInstallations | ScmDelivery | GetRepo | GetRun
         | ProjectDelivery => PLAIN,
         OrgDevices | ListDevices | ListSessions | QueryLogs | ListCapsules | ListConfigs
         | ListDeployments | ScmDeliveries | ListRepos | ListRuns | ProjectDeliveries => QUERY,

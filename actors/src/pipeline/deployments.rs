@@ -1,6 +1,6 @@
-//! Deployment packages: what blocks one (evaluated in full, so `plan` can list every reason
-//! and create/patch/activate refuse with the first), the devices it targets, the views, and
-//! the handle's calls. State changes run in the project's actor.
+//! Deployment packages, the handle's side: plan, create, edit, transitions and rollout
+//! reports (each one message to the project's actor), the views and the lists. What blocks a
+//! package is decided in `rules::deployments`.
 
 use fleetops_storage::Deployment;
 use serde::Serialize;

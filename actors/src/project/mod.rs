@@ -1,8 +1,8 @@
 //! ProjectActor: one per project, the single writer of the project's devices, groups, session
 //! records and pipeline records (capsules, configurations, deployment packages and their
-//! rollout results), so that invariants hold under concurrent requests. The pipeline's state
-//! changes of each family are in their own file (devices, sessions, capsules,
-//! configurations, deployments).
+//! rollout results), so that invariants hold under concurrent requests. This file holds the
+//! actor and its message enum; the state changes of each family are in their own file
+//! (devices, sessions, capsules, configurations, deployments), and the handle in `handle.rs`.
 //!
 //! Its state is rebuilt from storage in `pre_start`, so a restart after a panic loses nothing
 //! that was acknowledged. Reads do not pass through it (see `projects::ProjectsHandle`).

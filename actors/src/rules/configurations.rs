@@ -1,5 +1,5 @@
 //! Configuration rules: the inheritance chain, the schema that applies, and what the quota
-//! counts. Pure over the store's reads.
+//! counts. They read the store and never write it.
 
 use fleetops_storage::{Configuration, Store};
 use serde_json::Value;

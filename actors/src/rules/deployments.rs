@@ -1,7 +1,7 @@
 //! Deployment rules: what blocks a package (evaluated in full, so `plan` can list every
 //! reason and create/patch/activate refuse with the first), the devices it targets, the
-//! image references it accepts, and its transitions. Pure over the store's reads; the
-//! project's actor applies them, the pipeline handle plans with them.
+//! image references it accepts, and its transitions. They read the store and never write
+//! it; the project's actor applies them, the pipeline handle plans with them.
 
 use std::collections::{BTreeMap, BTreeSet};
 

@@ -1,5 +1,7 @@
-//! Input rules shared by the actors (the contract's formats), each failing with a 422 that
-//! names the field.
+//! Rules: functions and types that decide, and never write. This file holds the input
+//! formats (slugs, e-mail addresses, names, labels, artifact paths, tags), each failing with
+//! a 422 that names the field; the children hold deployment evaluation, configuration lineage
+//! and files, and blob keys. Some read the store; none writes it.
 
 pub mod blob_keys;
 pub mod config_files;

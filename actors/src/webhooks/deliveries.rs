@@ -12,6 +12,7 @@ use super::views::DeliveryDetail;
 use super::views::DeliveryFilter;
 use super::views::DeliveryView;
 use super::views::InstallationView;
+use super::work::Work;
 use crate::clock::fmt_ms;
 use crate::error::Error;
 use crate::error::Result;
@@ -20,33 +21,8 @@ use crate::views::PageReq;
 use bytes::Bytes;
 use fleetops_storage::Delivery;
 use fleetops_storage::DeliveryOutcome;
-use fleetops_storage::Store;
-use fleetops_storage::scm::ScmBatch;
 use serde_json::value::RawValue;
 use std::sync::Arc;
-
-/// A delivery being worked, with its parsed payload.
-pub(crate) struct Work {
-    pub delivery: Delivery,
-    pub payload: Payload,
-}
-
-/// Whether a delivery is still waiting to be worked (a retried call finds it done).
-pub(crate) fn still_queued(store: &Store, seq: u64) -> Result<bool> {
-    Ok(store
-        .delivery(seq)?
-        .is_some_and(|d| d.outcome == DeliveryOutcome::Queued))
-}
-
-/// Records a delivery as skipped with a reason.
-pub(crate) fn skip(store: &Store, d: &Delivery, reason: &str) -> Result<()> {
-    let mut d = d.clone();
-    d.outcome = DeliveryOutcome::Skipped;
-    d.reason = Some(reason.into());
-    let mut b = ScmBatch::default();
-    b.finish_delivery(&d)?;
-    Ok(b.commit(store)?)
-}
 
 impl WebhooksHandle {
     /// Claims the delivery id and, for a subscribed event, stores the delivery for the

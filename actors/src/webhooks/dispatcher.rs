@@ -10,8 +10,9 @@ use std::time::Duration;
 use fleetops_storage::{Delivery, RepoLink, Store, TestRun, accounts::Seq, scm::ScmBatch};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
+use super::RepoPatch;
 use super::payload::{Payload, matches};
-use super::{RepoPatch, Work, skip, still_queued};
+use super::work::{Work, skip, still_queued};
 
 use crate::error::{Error, Result};
 use crate::mailbox::Envelope;

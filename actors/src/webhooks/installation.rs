@@ -12,7 +12,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
 use super::dispatcher::DispatcherMsg;
 use super::payload::{Payload, names};
-use super::{Work, skip, still_queued};
+use super::work::{Work, skip, still_queued};
 use crate::clock::now_ms;
 use crate::error::Result;
 use crate::mailbox::{Envelope, Slot};

@@ -10,7 +10,6 @@ use bytes::Bytes;
 use fleetops_storage::{Delivery, StorageError, Store, accounts::Seq};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
-use super::SecretState;
 use super::worker::WorkerFeed;
 
 use std::sync::Arc;
@@ -19,6 +18,15 @@ use crate::error::{Error, Result};
 use crate::mailbox::{CallState, Envelope};
 
 type Reply<T> = RpcReplyPort<Result<T>>;
+
+/// The webhook secret: the current one, since when, and the previous one during its grace.
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+pub struct SecretState {
+    pub current: String,
+    pub created_at: i64,
+    pub previous: Option<String>,
+    pub previous_valid_until: Option<i64>,
+}
 
 /// The meta key of the webhook secret state.
 pub(crate) const SECRET_META: &str = "scm_webhook_secret";

@@ -23,11 +23,11 @@ mod repositories;
 mod runs;
 mod secret;
 mod views;
+pub(crate) mod work;
 pub(crate) mod worker;
 
-pub(crate) use deliveries::{Work, skip, still_queued};
+pub use intake::SecretState;
 pub use repositories::RepoPatch;
-pub use secret::SecretState;
 pub(crate) use secret::load_secret;
 pub use views::*;
 

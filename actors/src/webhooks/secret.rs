@@ -6,6 +6,7 @@ use super::RECENT_REJECTED;
 use super::WebhooksHandle;
 use super::intake;
 use super::intake::IntakeMsg;
+use super::intake::SecretState;
 use super::views::DeliveryView;
 use super::views::Rotated;
 use super::views::WebhooksStatus;
@@ -14,17 +15,6 @@ use crate::config::ScmConfig;
 use crate::error::Error;
 use crate::error::Result;
 use fleetops_storage::Store;
-use serde::Deserialize;
-use serde::Serialize;
-
-/// The webhook secret: the current one, since when, and the previous one during its grace.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct SecretState {
-    pub current: String,
-    pub created_at: i64,
-    pub previous: Option<String>,
-    pub previous_valid_until: Option<i64>,
-}
 
 /// HMAC-SHA256 check in constant time, with aws-lc's assembly SHA-256 (the portable one was
 /// a fifth of the intake's CPU on 23 KB deliveries).

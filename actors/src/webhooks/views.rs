@@ -117,7 +117,7 @@ impl From<&TestRun> for TestRunView {
             idempotency_key: r.idempotency_key.clone(),
             delivery_id: r.delivery_id.clone(),
             summary: r.summary.clone(),
-            urls: crate::pipeline::raw_json(&r.urls_json, "{}"),
+            urls: crate::views::raw_json(&r.urls_json, "{}"),
             lease_expires_at: r.lease_expires_at.map(fmt_ms),
             created_at: fmt_ms(r.created_at),
             updated_at: fmt_ms(r.updated_at),

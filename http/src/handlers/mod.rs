@@ -102,7 +102,7 @@ pub async fn dispatch(op: Op, cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<B
         Op::DeviceStatus => deployments::device_status(cx, req).await,
         Op::ScmWebhook => webhooks::receive(cx, req).await,
         Op::ScmRotate => webhooks::rotate(cx, req).await,
-        Op::WebhooksStatus => webhooks::status(cx, req),
+        Op::ScmStatus => webhooks::status(cx, req),
         Op::ScmInstallations => webhooks::installations(cx, req),
         Op::ScmDeliveries => webhooks::deliveries(cx, req),
         Op::ScmDelivery => webhooks::delivery(cx, req),

@@ -1,0 +1,32 @@
+//! A delivery as the writers work it (the worker hands it to its installation's actor and the
+//! dispatcher), and the two writes both of them may make to it. Writer-side, so the actors
+//! never import the handle's files.
+
+use fleetops_storage::scm::ScmBatch;
+use fleetops_storage::{Delivery, DeliveryOutcome, Store};
+
+use super::payload::Payload;
+use crate::error::Result;
+
+/// A delivery being worked, with its parsed payload.
+pub(crate) struct Work {
+    pub delivery: Delivery,
+    pub payload: Payload,
+}
+
+/// Whether a delivery is still waiting to be worked (a retried call finds it done).
+pub(crate) fn still_queued(store: &Store, seq: u64) -> Result<bool> {
+    Ok(store
+        .delivery(seq)?
+        .is_some_and(|d| d.outcome == DeliveryOutcome::Queued))
+}
+
+/// Records a delivery as skipped with a reason.
+pub(crate) fn skip(store: &Store, d: &Delivery, reason: &str) -> Result<()> {
+    let mut d = d.clone();
+    d.outcome = DeliveryOutcome::Skipped;
+    d.reason = Some(reason.into());
+    let mut b = ScmBatch::default();
+    b.finish_delivery(&d)?;
+    Ok(b.commit(store)?)
+}
