@@ -97,7 +97,10 @@ pub use auth::{Authenticator, Credential, Principal};
 pub use config::RuntimeConfig;
 pub use directory::{BootstrapReq, DirectoryHandle};
 pub use error::{Error, Result};
-pub use fleetops_storage::{Organization, Role};
+pub use fleetops_storage::{
+    DeliveryOutcome, DeploymentStatus, InstallationState, Organization, Role, RolloutStatus,
+    RunStatus, ValidationStatus,
+};
 pub use projects::ProjectsHandle;
 pub use sessions::SessionsHandle;
 

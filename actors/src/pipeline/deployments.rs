@@ -123,14 +123,14 @@ impl PipelineHandle {
     pub fn deployments(
         &self,
         pid: u64,
-        status: Option<&str>,
+        status: Option<fleetops_storage::DeploymentStatus>,
         page: PageReq,
     ) -> Result<Page<DeploymentView>> {
         let all: Vec<DeploymentView> = self
             .store
             .project_deployments(pid)?
             .iter()
-            .filter(|d| status.is_none_or(|s| d.status.as_str() == s))
+            .filter(|d| status.is_none_or(|s| d.status == s))
             .map(DeploymentView::from)
             .collect();
         Ok(page.slice(all))

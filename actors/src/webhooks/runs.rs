@@ -16,7 +16,7 @@ impl WebhooksHandle {
             .store
             .project_runs(project_id)?
             .iter()
-            .filter(|r| f.status.as_ref().is_none_or(|s| r.status.as_str() == s))
+            .filter(|r| f.status.is_none_or(|s| r.status == s))
             .filter(|r| {
                 f.repository
                     .as_ref()

@@ -127,7 +127,7 @@ impl From<&TestRun> for TestRunView {
 
 #[derive(Debug, Default, Clone)]
 pub struct RunFilter {
-    pub status: Option<String>,
+    pub status: Option<fleetops_storage::RunStatus>,
     pub repository: Option<String>,
     pub commit_sha: Option<String>,
 }

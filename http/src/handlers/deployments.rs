@@ -56,12 +56,9 @@ pub fn list(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
     let (_, s) = cx.project(&req, Role::Viewer)?;
     let status = match req.query.get("deployment_status") {
         None => None,
-        Some(v @ ("draft" | "active" | "deprecated")) => Some(v),
-        Some(_) => {
-            return Err(ApiError::unprocessable(
-                "deployment_status: must be draft, active or deprecated",
-            ));
-        }
+        Some(v) => Some(fleetops_actors::DeploymentStatus::parse(v).ok_or_else(|| {
+            ApiError::unprocessable("deployment_status: must be draft, active or deprecated")
+        })?),
     };
     let page = req.query.page()?;
     body::ok(&cx.rt().pipeline.deployments(s.project.id, status, page)?)

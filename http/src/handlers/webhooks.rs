@@ -160,12 +160,9 @@ pub fn runs(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
     let (_, s) = cx.project(&req, Role::Viewer)?;
     let status = match req.query.get("status") {
         None => None,
-        Some(v @ ("queued" | "running" | "passed" | "failed" | "cancelled")) => Some(v.to_string()),
-        Some(_) => {
-            return Err(ApiError::unprocessable(
-                "status: must be queued, running, passed, failed or cancelled",
-            ));
-        }
+        Some(v) => Some(fleetops_actors::RunStatus::parse(v).ok_or_else(|| {
+            ApiError::unprocessable("status: must be queued, running, passed, failed or cancelled")
+        })?),
     };
     let f = RunFilter {
         status,
