@@ -291,7 +291,8 @@ impl PipelineHandle {
         let max = c.declared_size.unwrap_or(MAX_CONFIG_BYTES);
         let size = self.put_upload(&c.upload.blob_key, body, max).await?;
         self.projects
-            .write(pid, |reply| ProjectMsg::ConfigurationUploaded {
+            .write(pid, |reply| ProjectMsg::Uploaded {
+                kind: UploadKind::Configuration,
                 id,
                 size,
                 reply,

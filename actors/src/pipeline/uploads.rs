@@ -13,46 +13,7 @@ use fleetops_storage::blobs::PutError;
 use futures::StreamExt;
 use futures::stream::BoxStream;
 
-/// What an upload link, a lock or a blob folder is for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum UploadKind {
-    Capsule,
-    Configuration,
-}
-
-impl UploadKind {
-    /// The name signed into links (`kind`).
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            UploadKind::Capsule => "capsule",
-            UploadKind::Configuration => "configuration",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "capsule" => Some(UploadKind::Capsule),
-            "configuration" => Some(UploadKind::Configuration),
-            _ => None,
-        }
-    }
-
-    /// The blob folder of its records.
-    pub(crate) const fn folder(self) -> &'static str {
-        match self {
-            UploadKind::Capsule => keys::CAPSULES,
-            UploadKind::Configuration => keys::CONFIGURATIONS,
-        }
-    }
-
-    /// For messages: "Capsule", "Configuration".
-    pub const fn noun(self) -> &'static str {
-        match self {
-            UploadKind::Capsule => "Capsule",
-            UploadKind::Configuration => "Configuration",
-        }
-    }
-}
+pub use crate::rules::blob_keys::UploadKind;
 
 impl PipelineHandle {
     /// The presigned upload URL: the store's own on S3, else a signed fleetops link.
@@ -177,7 +138,8 @@ impl PipelineHandle {
             .await?;
         let id = c.id;
         self.projects
-            .write(link.project_id, |reply| ProjectMsg::CapsuleUploaded {
+            .write(link.project_id, |reply| ProjectMsg::Uploaded {
+                kind: UploadKind::Capsule,
                 id,
                 size,
                 reply,

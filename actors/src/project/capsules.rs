@@ -5,6 +5,7 @@ use super::ProjectState;
 use crate::clock::now_ms;
 use crate::error::Error;
 use crate::error::Result;
+use crate::rules::blob_keys::UploadKind;
 use fleetops_storage::Capsule;
 use fleetops_storage::ValidationStatus;
 use fleetops_storage::accounts::Seq;
@@ -35,16 +36,36 @@ impl ProjectState {
         Ok(c)
     }
 
-    pub(super) fn capsule_uploaded(&self, id: u64, size: u64) -> Result<()> {
-        let mut c = self.capsule(id)?;
-        if c.upload.confirmed {
-            return Err(Error::Conflict(
-                "Capsule already confirmed; its bytes are immutable".into(),
-            ));
+    /// Records the size of stored bytes, for either kind; refused once confirmed (the bytes
+    /// a verdict vouches for never change).
+    pub(super) fn uploaded(&self, kind: UploadKind, id: u64, size: u64) -> Result<()> {
+        let refuse = || {
+            Err(Error::Conflict(format!(
+                "{} already confirmed; its bytes are immutable",
+                kind.noun()
+            )))
+        };
+        let now = now_ms();
+        match kind {
+            UploadKind::Capsule => {
+                let mut c = self.capsule(id)?;
+                if c.upload.confirmed {
+                    return refuse();
+                }
+                c.upload.uploaded_bytes = Some(size);
+                c.updated_at = now;
+                Ok(self.store.put_capsules(&[&c])?)
+            }
+            UploadKind::Configuration => {
+                let mut c = self.configuration(id)?;
+                if c.upload.confirmed {
+                    return refuse();
+                }
+                c.upload.uploaded_bytes = Some(size);
+                c.updated_at = now;
+                Ok(self.store.put_configuration(&c)?)
+            }
         }
-        c.upload.uploaded_bytes = Some(size);
-        c.updated_at = now_ms();
-        Ok(self.store.put_capsules(&[&c])?)
     }
 
     /// The capsules of `name` whose `is_latest` must be rewritten (the highest passed version

@@ -74,18 +74,6 @@ impl ProjectState {
         Ok(c)
     }
 
-    pub(super) fn configuration_uploaded(&self, id: u64, size: u64) -> Result<()> {
-        let mut c = self.configuration(id)?;
-        if c.upload.confirmed {
-            return Err(Error::Conflict(
-                "Configuration already confirmed; its bytes are immutable".into(),
-            ));
-        }
-        c.upload.uploaded_bytes = Some(size);
-        c.updated_at = now_ms();
-        Ok(self.store.put_configuration(&c)?)
-    }
-
     /// Inherits from the parent, checks the schema and the capsule's version, and records
     /// the verdict. A parent still pending is 409 (confirm it first); a failed one fails this.
     pub(super) fn settle_configuration(

@@ -28,6 +28,7 @@ use crate::events::Outbox;
 use crate::events::RolloutEvent;
 use crate::mailbox::Envelope;
 use crate::quota::Turn;
+use crate::rules::blob_keys::UploadKind;
 use crate::rules::deployments::{DeploymentPatch, DeploymentSpec, Transition};
 
 type Reply<T> = RpcReplyPort<Result<T>>;
@@ -97,7 +98,9 @@ pub(crate) enum ProjectMsg {
         turn: Arc<Turn>,
         reply: Reply<Capsule>,
     },
-    CapsuleUploaded {
+    /// The bytes of a capsule or configuration were stored (refused once confirmed).
+    Uploaded {
+        kind: UploadKind,
         id: u64,
         size: u64,
         reply: Reply<()>,
@@ -131,11 +134,6 @@ pub(crate) enum ProjectMsg {
         /// As for `CreateCapsule`.
         turn: Arc<Turn>,
         reply: Reply<Configuration>,
-    },
-    ConfigurationUploaded {
-        id: u64,
-        size: u64,
-        reply: Reply<()>,
     },
     /// Confirm's hashing and parsing done; inherit, check, record (`blob_key` as for
     /// `SettleCapsule`).
@@ -321,8 +319,13 @@ impl Actor for ProjectActor {
                 let _ = reply.send(st.create_capsule(*capsule));
                 drop(turn);
             }
-            ProjectMsg::CapsuleUploaded { id, size, reply } => {
-                let _ = reply.send(st.capsule_uploaded(id, size));
+            ProjectMsg::Uploaded {
+                kind,
+                id,
+                size,
+                reply,
+            } => {
+                let _ = reply.send(st.uploaded(kind, id, size));
             }
             ProjectMsg::SettleCapsule {
                 id,
@@ -349,9 +352,6 @@ impl Actor for ProjectActor {
             } => {
                 let _ = reply.send(st.create_configuration(*config));
                 drop(turn);
-            }
-            ProjectMsg::ConfigurationUploaded { id, size, reply } => {
-                let _ = reply.send(st.configuration_uploaded(id, size));
             }
             ProjectMsg::SettleConfiguration {
                 id,

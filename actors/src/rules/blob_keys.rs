@@ -30,3 +30,44 @@ pub(crate) fn staging(kind: &str, pid: u64, id: u64) -> String {
 pub(crate) fn content(kind: &str, pid: u64, id: u64, sha256_hex: &str) -> String {
     format!("{}/sha256-{sha256_hex}", sealed(kind, pid, id))
 }
+
+/// What an upload link, a lock or a blob folder is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum UploadKind {
+    Capsule,
+    Configuration,
+}
+
+impl UploadKind {
+    /// The name signed into links (`kind`).
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            UploadKind::Capsule => "capsule",
+            UploadKind::Configuration => "configuration",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "capsule" => Some(UploadKind::Capsule),
+            "configuration" => Some(UploadKind::Configuration),
+            _ => None,
+        }
+    }
+
+    /// The blob folder of its records.
+    pub const fn folder(self) -> &'static str {
+        match self {
+            UploadKind::Capsule => CAPSULES,
+            UploadKind::Configuration => CONFIGURATIONS,
+        }
+    }
+
+    /// For messages: "Capsule", "Configuration".
+    pub const fn noun(self) -> &'static str {
+        match self {
+            UploadKind::Capsule => "Capsule",
+            UploadKind::Configuration => "Configuration",
+        }
+    }
+}
