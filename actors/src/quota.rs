@@ -120,3 +120,101 @@ impl QuotaHandle {
             .await
     }
 }
+
+/// The QuotaActor driven through its mailbox on a temporary store, with no HTTP: a turn is
+/// exclusive (the next reservation is counted only once the holder's record is written and
+/// its turn released), and what is written counts.
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use std::time::Duration;
+
+    use fleetops_storage::{Capsule, Project, UploadState};
+
+    use super::*;
+
+    const ORG: u64 = 1;
+    const PID: u64 = 10;
+
+    fn capsule(id: u64, bytes: u64) -> Capsule {
+        Capsule {
+            id,
+            project_id: PID,
+            name: format!("c{id}"),
+            version: "1.0.0".into(),
+            version_major: 1,
+            version_minor: 0,
+            version_patch: 0,
+            description: None,
+            capsule_type: "SW".into(),
+            file_size_bytes: bytes,
+            metadata_json: b"{}".to_vec(),
+            dependencies: Vec::new(),
+            is_latest: false,
+            upload: UploadState::pending(".tar".into(), 0),
+            created_at: 0,
+            updated_at: 0,
+        }
+    }
+
+    async fn admit(
+        a: &ActorRef<Envelope<QuotaMsg>>,
+        limit: u64,
+        add: u64,
+    ) -> tokio::sync::oneshot::Receiver<Result<Turn>> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        a.cast(Envelope::cast(QuotaMsg::Admit {
+            limit,
+            add,
+            reply: tx.into(),
+        }))
+        .unwrap();
+        rx
+    }
+
+    #[tokio::test]
+    async fn a_turn_is_exclusive_and_what_is_written_counts() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        store
+            .insert_project(&Project {
+                id: PID,
+                org_id: ORG,
+                slug: "p".into(),
+                name: "p".into(),
+                secret_hash: [0; 32],
+                created_at: 0,
+            })
+            .unwrap();
+        store.put_capsules(&[&capsule(1, 1_000)]).unwrap();
+        let (a, _) = Actor::spawn(None, QuotaActor, (store.clone(), ORG))
+            .await
+            .unwrap();
+
+        // 1,000 held + 1,500 fits under 3,000: a turn.
+        let first = admit(&a, 3_000, 1_500).await.await.unwrap().unwrap();
+        // The next waits while the turn is held...
+        let mut second = admit(&a, 3_000, 1_500).await;
+        assert!(
+            tokio::time::timeout(Duration::from_millis(200), &mut second)
+                .await
+                .is_err(),
+            "a second reservation was counted while the first held its turn"
+        );
+        // ...and is counted once the first's record is written and its turn released.
+        store.put_capsules(&[&capsule(2, 1_500)]).unwrap();
+        drop(first);
+        let second = tokio::time::timeout(Duration::from_secs(5), second)
+            .await
+            .expect("the turn passed on")
+            .unwrap();
+        assert!(
+            matches!(second, Err(Error::TooLarge(_))),
+            "2,500 + 1,500 > 3,000"
+        );
+        // A reservation that fits the rest still gets its turn.
+        assert!(admit(&a, 3_000, 500).await.await.unwrap().is_ok());
+        a.stop(None);
+    }
+}
