@@ -292,3 +292,104 @@ impl SessionState {
         }
     }
 }
+
+/// The SessionActor driven through its mailbox on a temporary store, with no HTTP: appends
+/// count in arrival order, a sealed session refuses appends, a replacement actor rebuilds its
+/// counters and replay buffer from storage, and a subscriber's replay holds the last entries.
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use fleetops_storage::Session;
+
+    use super::*;
+    use crate::logs::{RawEntry, build_chunk};
+
+    const SID: u64 = 5;
+
+    async fn ask<T: Send + 'static>(
+        a: &ActorRef<Envelope<SessionMsg>>,
+        msg: impl FnOnce(Reply<T>) -> SessionMsg,
+    ) -> Result<T> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        a.cast(Envelope::cast(msg(tx.into()))).unwrap();
+        rx.await.unwrap()
+    }
+
+    fn batch(tag: &str, n: usize) -> Arc<LogChunk> {
+        let entries = (0..n)
+            .map(|i| RawEntry {
+                timestamp: None,
+                level: "info".into(),
+                module: Some("nav".into()),
+                message: format!("{tag}-{i}"),
+                metadata: None,
+            })
+            .collect();
+        Arc::new(build_chunk(entries).unwrap())
+    }
+
+    async fn spawn(store: &Store) -> ActorRef<Envelope<SessionMsg>> {
+        let ctx = (store.clone(), SessionsConfig::default());
+        Actor::spawn(None, SessionActor, (ctx, SID))
+            .await
+            .unwrap()
+            .0
+    }
+
+    #[tokio::test]
+    async fn appends_count_seal_refuses_and_a_replacement_rebuilds_from_storage() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        store
+            .put_session(&Session {
+                id: SID,
+                project_id: 1,
+                device_id: 2,
+                device_name: "r1".into(),
+                status: SessionStatus::Active,
+                started_at: 0,
+                ended_at: None,
+                tags: Vec::new(),
+                package_id: None,
+            })
+            .unwrap();
+        let a = spawn(&store).await;
+        assert_eq!(
+            ask(&a, |r| SessionMsg::Append(batch("a", 3), r))
+                .await
+                .unwrap(),
+            3
+        );
+        assert_eq!(
+            ask(&a, |r| SessionMsg::Append(batch("b", 2), r))
+                .await
+                .unwrap(),
+            2
+        );
+        assert_eq!(store.session_counters(SID).unwrap().log_count, 5);
+
+        // A replacement rebuilds its counters and replay buffer from storage.
+        a.stop(None);
+        let a = spawn(&store).await;
+        let sub = ask(&a, |reply| SessionMsg::Subscribe {
+            replay: Replay::Last(2),
+            filter: LogFilter::default(),
+            reply,
+        })
+        .await
+        .unwrap();
+        assert_eq!(sub.next_seq, 5);
+        assert_eq!(sub.replay.len(), 2);
+        let last = String::from_utf8(sub.replay[1].to_vec()).unwrap();
+        assert!(last.contains("b-1"), "{last}");
+        assert!(sub.feed.is_some() && sub.ended.is_none());
+
+        // Sealed (completion under way): appends are refused, nothing more is counted.
+        ask(&a, SessionMsg::Seal).await.unwrap();
+        let r = ask(&a, |r| SessionMsg::Append(batch("c", 1), r)).await;
+        assert!(matches!(r, Err(Error::Conflict(_))));
+        assert_eq!(store.session_counters(SID).unwrap().log_count, 5);
+        a.stop(None);
+    }
+}
