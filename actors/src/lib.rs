@@ -31,7 +31,7 @@
 //! # Module map
 //!
 //! Three layers, imports pointing one way (`tests/layering.rs` holds the rules to importing no
-//! handle or writer, and the modules to no import cycle):
+//! handle or writer, the writers to importing no handle, and the modules to no cycle):
 //!
 //! - **Handles**, the typed API `http` calls (validate input, send one message, shape the
 //!   reply): `directory` (users, organizations, projects, keys), [`projects`] (devices,

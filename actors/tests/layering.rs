@@ -202,3 +202,48 @@ fn the_reader_sees_imports() {
     }
     assert!(!p.iter().any(|x| x.contains("zzz")));
 }
+
+/// The writers (the actors and their state changes) import no handle: a handle calls its
+/// writer, never the other way round. The webhook worker and the housekeeper are not writers;
+/// they drive the writers through the handles.
+#[test]
+fn writers_import_no_handle() {
+    const WRITERS: &[&str] = &[
+        "directory",
+        "project",
+        "project::devices",
+        "project::sessions",
+        "project::capsules",
+        "project::configurations",
+        "project::deployments",
+        "session",
+        "quota",
+        "webhooks::intake",
+        "webhooks::installation",
+        "webhooks::dispatcher",
+        "webhooks::work",
+    ];
+    let handle = |m: &str| {
+        m.ends_with("::handle")
+            || m == "pipeline"
+            || m.starts_with("pipeline::")
+            || m == "webhooks"
+            || [
+                "session::artifacts",
+                "session::exports",
+                "webhooks::secret",
+                "webhooks::deliveries",
+                "webhooks::repositories",
+                "webhooks::runs",
+                "webhooks::views",
+            ]
+            .contains(&m)
+    };
+    let g = graph();
+    for w in WRITERS {
+        let deps = g.get(*w).unwrap_or_else(|| panic!("no module {w}"));
+        for d in deps {
+            assert!(!handle(d), "writer {w} imports the handle module {d}");
+        }
+    }
+}
