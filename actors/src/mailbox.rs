@@ -247,3 +247,17 @@ impl<M: Send + 'static> Slot<M> {
         }
     }
 }
+
+/// Test support: one request straight into an actor's mailbox (no deadline, no gate), and its
+/// answer; for tests that drive one actor without HTTP.
+#[cfg(test)]
+#[allow(clippy::expect_used)]
+pub(crate) async fn ask<M: Send + 'static, T: Send + 'static>(
+    a: &ActorRef<Envelope<M>>,
+    msg: impl FnOnce(RpcReplyPort<Result<T>>) -> M,
+) -> Result<T> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    a.cast(Envelope::cast(msg(tx.into())))
+        .expect("the actor is running");
+    rx.await.expect("the actor answered")
+}

@@ -15,6 +15,23 @@ fn project_id(s: &Srv) -> u64 {
         .id
 }
 
+/// A device and an active session of it; the session's id and its logs route.
+async fn session_with_logs(s: &Srv, k: &str) -> (u64, String) {
+    let d = s
+        .post(&format!("{DEV}/devices"), k, json!({"name": "d"}))
+        .await
+        .body["id"]
+        .as_u64()
+        .unwrap();
+    let sid = s
+        .post(&format!("{DEV}/sessions"), k, json!({"device_id": d}))
+        .await
+        .body["id"]
+        .as_u64()
+        .unwrap();
+    (sid, format!("{DEV}/sessions/{sid}/logs"))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn project_actor_panic_is_contained_and_restarts_from_storage() {
     let s = start().await;
@@ -310,19 +327,7 @@ async fn graceful_stop_and_restart_on_the_same_data_keeps_everything() {
 async fn session_actor_panic_loses_no_acknowledged_line() {
     let s = start().await;
     let k = s.key().to_string();
-    let d = s
-        .post(&format!("{DEV}/devices"), &k, json!({"name": "d"}))
-        .await
-        .body["id"]
-        .as_u64()
-        .unwrap();
-    let sid = s
-        .post(&format!("{DEV}/sessions"), &k, json!({"device_id": d}))
-        .await
-        .body["id"]
-        .as_u64()
-        .unwrap();
-    let logs = format!("{DEV}/sessions/{sid}/logs");
+    let (sid, logs) = session_with_logs(&s, &k).await;
     let rt = s.running.as_ref().unwrap().runtime.clone();
     let s = std::sync::Arc::new(s);
     let mut tasks = Vec::new();
@@ -360,19 +365,7 @@ async fn session_actor_panic_loses_no_acknowledged_line() {
 async fn a_panic_after_a_write_answers_the_original_result_once() {
     let s = start().await;
     let k = s.key().to_string();
-    let d = s
-        .post(&format!("{DEV}/devices"), &k, json!({"name": "d"}))
-        .await
-        .body["id"]
-        .as_u64()
-        .unwrap();
-    let sid = s
-        .post(&format!("{DEV}/sessions"), &k, json!({"device_id": d}))
-        .await
-        .body["id"]
-        .as_u64()
-        .unwrap();
-    let logs = format!("{DEV}/sessions/{sid}/logs");
+    let (sid, logs) = session_with_logs(&s, &k).await;
     let batch = |tag: &str| {
         serde_json::Value::Array(
             (0..3)

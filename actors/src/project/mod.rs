@@ -441,16 +441,8 @@ mod tests {
     use super::*;
     use crate::clock::Clock;
     use crate::error::Error;
+    use crate::mailbox::ask;
     use fleetops_storage::accounts::Seq;
-
-    async fn ask<T: Send + 'static>(
-        a: &ActorRef<Envelope<ProjectMsg>>,
-        msg: impl FnOnce(Reply<T>) -> ProjectMsg,
-    ) -> Result<T> {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        a.cast(Envelope::cast(msg(tx.into()))).unwrap();
-        rx.await.unwrap()
-    }
 
     async fn spawn(store: &Store, clock: &Clock, pid: u64) -> ActorRef<Envelope<ProjectMsg>> {
         let ctx = ProjectCtx {

@@ -304,17 +304,9 @@ mod tests {
 
     use super::*;
     use crate::logs::{RawEntry, build_chunk};
+    use crate::mailbox::ask;
 
     const SID: u64 = 5;
-
-    async fn ask<T: Send + 'static>(
-        a: &ActorRef<Envelope<SessionMsg>>,
-        msg: impl FnOnce(Reply<T>) -> SessionMsg,
-    ) -> Result<T> {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        a.cast(Envelope::cast(msg(tx.into()))).unwrap();
-        rx.await.unwrap()
-    }
 
     fn batch(tag: &str, n: usize) -> Arc<LogChunk> {
         let entries = (0..n)

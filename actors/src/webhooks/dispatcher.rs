@@ -582,17 +582,9 @@ mod tests {
 
     use super::*;
     use crate::clock::Clock;
+    use crate::mailbox::ask;
 
     const PROJECT: u64 = 7;
-
-    async fn ask<T: Send + 'static>(
-        a: &ActorRef<Envelope<DispatcherMsg>>,
-        msg: impl FnOnce(Reply<T>) -> DispatcherMsg,
-    ) -> Result<T> {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        a.cast(Envelope::cast(msg(tx.into()))).unwrap();
-        rx.await.unwrap()
-    }
 
     /// A dispatcher over a fresh store holding `n` queued runs of one project, oldest first.
     async fn with_queued(
