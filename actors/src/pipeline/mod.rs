@@ -576,7 +576,10 @@ impl PipelineHandle {
                     }
                 };
                 if !exists {
-                    self.blobs.delete(&key).await?;
+                    if let Err(e) = self.blobs.delete(&key).await {
+                        tracing::warn!(key, error = %e, "could not delete an orphaned blob");
+                        continue;
+                    }
                     gone += 1;
                 }
             }

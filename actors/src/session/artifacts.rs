@@ -66,7 +66,11 @@ impl SessionsHandle {
             if *exists && young {
                 continue;
             }
-            self.blobs.delete(&key).await?;
+            // One blob that cannot be deleted now does not stop the sweep; the next retries.
+            if let Err(e) = self.blobs.delete(&key).await {
+                tracing::warn!(key, error = %e, "could not delete an orphaned blob");
+                continue;
+            }
             gone += 1;
         }
         Ok(gone)

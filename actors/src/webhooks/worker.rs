@@ -95,8 +95,12 @@ impl Actor for WorkerActor {
             let page =
                 tokio::task::spawn_blocking(move || store.queued_after(after, PAGE)).await??;
             if page.is_empty() {
-                // Everything stored so far is taken; the intake wakes us for more.
+                // Everything stored so far is taken; the intake wakes us for more. After a
+                // wake the queue is read from its start again (worked entries have left it),
+                // so one a failed outcome write left behind is retried, once per wake rather
+                // than in a loop.
                 st.feed.wake.notified().await;
+                st.after = 0;
                 continue;
             }
             st.after = page.last().copied().unwrap_or(after);
