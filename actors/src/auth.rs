@@ -41,13 +41,23 @@ pub struct Principal {
     pub credential: Credential,
 }
 
+/// The party a rate-limit bucket belongs to: each credential has its own bucket, and the
+/// project-secret routes share one per project.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Caller {
+    ApiKey(u64),
+    User(u64),
+    Device(u64),
+    ProjectSecret(u64),
+}
+
 impl Principal {
-    /// The rate-limit bucket of this credential: (kind, id).
-    pub fn bucket(&self) -> (u8, u64) {
+    /// Who is charged for this request under the organization's rate limit.
+    pub fn caller(&self) -> Caller {
         match &self.credential {
-            Credential::ApiKey { key_id } => (b'k', *key_id),
-            Credential::Jwt { .. } => (b'u', self.user.as_ref().map_or(0, |u| u.id)),
-            Credential::Device { device_id, .. } => (b'd', *device_id),
+            Credential::ApiKey { key_id } => Caller::ApiKey(*key_id),
+            Credential::Jwt { .. } => Caller::User(self.user.as_ref().map_or(0, |u| u.id)),
+            Credential::Device { device_id, .. } => Caller::Device(*device_id),
         }
     }
 

@@ -32,6 +32,16 @@ pub(crate) struct Turn {
     _release: oneshot::Sender<()>,
 }
 
+#[cfg(test)]
+impl Turn {
+    /// A turn no quota actor waits on, for writer tests that bypass the quota.
+    pub(crate) fn detached() -> std::sync::Arc<Turn> {
+        std::sync::Arc::new(Turn {
+            _release: oneshot::channel().0,
+        })
+    }
+}
+
 #[derive(Default)]
 pub(crate) struct QuotaActor;
 

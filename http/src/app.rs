@@ -14,7 +14,7 @@ use crate::config::{HttpConfig, Tier};
 use crate::error::{ApiError, ApiResult};
 use crate::metrics::Metrics;
 use crate::query::Query;
-use crate::rate_limit::{RateHeaders, RateLimits};
+use crate::rate_limit::{Bucket, Caller, RateHeaders, RateLimits};
 use crate::router::{Router, routes};
 
 /// Shared by every connection.
@@ -176,8 +176,11 @@ impl<'a> Cx<'a> {
         let value = value.ok_or(ApiError::Domain(fleetops_actors::Error::Unauthorized))?;
         let p = self.app.rt.auth.resolve(value)?;
         let (tier, org_id) = self.app.rt.access.tier_for(&p, org)?;
-        let (kind, id) = p.bucket();
-        match self.app.limits.check(&tier, (kind, id, org_id)) {
+        let bucket = Bucket {
+            caller: p.caller(),
+            org_id,
+        };
+        match self.app.limits.check(&tier, bucket) {
             Ok(h) => {
                 self.rate = Some(h);
                 Ok(p)
@@ -204,7 +207,13 @@ impl<'a> Cx<'a> {
             req.param("project"),
             secret,
         )?;
-        match self.app.limits.check(&org.tier, (b's', pid, org.id)) {
+        match self.app.limits.check(
+            &org.tier,
+            Bucket {
+                caller: Caller::ProjectSecret(pid),
+                org_id: org.id,
+            },
+        ) {
             Ok(h) => {
                 self.rate = Some(h);
                 Ok((pid, org))

@@ -16,8 +16,15 @@ use http::HeaderValue;
 use crate::config::Tier;
 use crate::error::ApiError;
 
-/// One bucket: credential kind (`k`ey, `u`ser, `d`evice), its id, and the organization id.
-pub type Bucket = (u8, u64, u64);
+pub use fleetops_actors::auth::Caller;
+
+/// One bucket: a caller within one organization (a key used in two organizations is charged
+/// in each separately).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Bucket {
+    pub caller: Caller,
+    pub org_id: u64,
+}
 
 type Keyed<K> = RateLimiter<K, DefaultKeyedStateStore<K>, DefaultClock, StateInformationMiddleware>;
 
@@ -155,6 +162,13 @@ impl RateLimits {
 mod tests {
     use super::*;
 
+    fn key(id: u64) -> Bucket {
+        Bucket {
+            caller: Caller::ApiKey(id),
+            org_id: 0,
+        }
+    }
+
     #[test]
     fn counts_down_then_429_with_retry_after() {
         let rl = RateLimits::new(
@@ -165,18 +179,18 @@ mod tests {
             }],
             10,
         );
-        let h = rl.check("free", (b'k', 1, 0)).unwrap();
+        let h = rl.check("free", key(1)).unwrap();
         assert_eq!((h.limit, h.remaining), (3, 2));
-        rl.check("free", (b'k', 1, 0)).unwrap();
-        let h = rl.check("free", (b'k', 1, 0)).unwrap();
+        rl.check("free", key(1)).unwrap();
+        let h = rl.check("free", key(1)).unwrap();
         assert_eq!(h.remaining, 0);
-        let (e, h) = rl.check("free", (b'k', 1, 0)).unwrap_err();
+        let (e, h) = rl.check("free", key(1)).unwrap_err();
         assert_eq!(h.remaining, 0);
         match e {
             ApiError::RateLimited { retry_after } => assert!((1..=20).contains(&retry_after)),
             other => panic!("{other:?}"),
         }
         // Another bucket is untouched.
-        assert_eq!(rl.check("free", (b'k', 2, 0)).unwrap().remaining, 2);
+        assert_eq!(rl.check("free", key(2)).unwrap().remaining, 2);
     }
 }

@@ -293,17 +293,11 @@ impl PipelineHandle {
     ) -> Result<bool> {
         let blob = self
             .projects
-            .write(pid, |reply| match kind {
-                UploadKind::Capsule => ProjectMsg::DeleteCapsule {
-                    id,
-                    only_expired,
-                    reply,
-                },
-                UploadKind::Configuration => ProjectMsg::DeleteConfiguration {
-                    id,
-                    only_expired,
-                    reply,
-                },
+            .write(pid, |reply| ProjectMsg::DeleteUpload {
+                kind,
+                id,
+                only_expired,
+                reply,
             })
             .await?;
         if let Some(b) = &blob {

@@ -12,6 +12,7 @@ use super::views::DeliveryDetail;
 use super::views::DeliveryFilter;
 use super::views::DeliveryView;
 use super::views::InstallationView;
+use super::views::LogOutcome;
 use super::work::Work;
 use crate::clock::fmt_ms;
 use crate::error::Error;
@@ -59,7 +60,12 @@ impl WebhooksHandle {
         let seq = match r {
             Ok(seq) => seq,
             Err(e @ Error::Rejected(_)) => {
-                self.note_rejected(Some(&id), Some(event), "duplicate", "duplicate_delivery");
+                self.note_rejected(
+                    Some(&id),
+                    Some(event),
+                    LogOutcome::Duplicate,
+                    "duplicate_delivery",
+                );
                 return Err(e);
             }
             Err(e) => return Err(e),
@@ -175,7 +181,7 @@ impl WebhooksHandle {
             action: d.action.clone(),
             received_at: fmt_ms(d.received_at),
             status_code: d.status_code,
-            outcome: d.outcome.to_string(),
+            outcome: LogOutcome::Stored(d.outcome),
             reason: d.reason.clone(),
             installation_id: d.installation_id,
             repository: d.repository.clone(),
@@ -197,8 +203,8 @@ impl WebhooksHandle {
             Some(p) => self.store.project_deliveries(p)?,
             None => self.store.deliveries()?,
         };
-        let keep = |outcome: &str, reason: Option<&str>| {
-            f.outcome.as_deref().is_none_or(|o| o == outcome)
+        let keep = |outcome: LogOutcome, reason: Option<&str>| {
+            f.outcome.is_none_or(|o| o == outcome)
                 && f.reason.as_deref().is_none_or(|r| Some(r) == reason)
         };
         // Views (which look up the project) are built for the page only.
@@ -208,7 +214,7 @@ impl WebhooksHandle {
         }
         let mut all: Vec<(i64, Entry)> = records
             .iter()
-            .filter(|d| keep(d.outcome.as_str(), d.reason.as_deref()))
+            .filter(|d| keep(LogOutcome::Stored(d.outcome), d.reason.as_deref()))
             .map(|d| (d.received_at, Entry::Stored(d)))
             .collect();
         let rejected = match project {
@@ -218,7 +224,7 @@ impl WebhooksHandle {
         if let Some(r) = &rejected {
             all.extend(
                 r.iter()
-                    .filter(|v| keep(&v.outcome, v.reason.as_deref()))
+                    .filter(|v| keep(v.outcome, v.reason.as_deref()))
                     .map(|v| (v.received_ms, Entry::Rejected(v))),
             );
             all.sort_by_key(|(t, _)| std::cmp::Reverse(*t));

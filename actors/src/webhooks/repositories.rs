@@ -2,7 +2,7 @@
 
 use super::WebhooksHandle;
 use super::dispatcher::DispatcherMsg;
-use super::views::RepoView;
+use super::views::{RepoState, RepoView};
 use crate::clock::fmt_ms;
 use crate::error::Error;
 use crate::error::Result;
@@ -21,9 +21,9 @@ impl WebhooksHandle {
     fn repo_view(&self, r: &RepoLink) -> Result<RepoView> {
         let hold = self.store.repo_hold(&r.full_name)?;
         let state = match &hold {
-            None => "pending",
-            Some(h) if h.current => "connected",
-            Some(_) => "disconnected",
+            None => RepoState::Pending,
+            Some(h) if h.current => RepoState::Connected,
+            Some(_) => RepoState::Disconnected,
         };
         Ok(RepoView {
             id: r.id,

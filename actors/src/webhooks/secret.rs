@@ -8,6 +8,7 @@ use super::intake;
 use super::intake::IntakeMsg;
 use super::intake::SecretState;
 use super::views::DeliveryView;
+use super::views::LogOutcome;
 use super::views::Rotated;
 use super::views::WebhooksStatus;
 use crate::clock::fmt_ms;
@@ -86,7 +87,7 @@ impl WebhooksHandle {
         &self,
         id: Option<&str>,
         event: Option<&str>,
-        outcome: &str,
+        outcome: LogOutcome,
         reason: &str,
     ) {
         let now = self.clock.now_ms();
@@ -101,7 +102,7 @@ impl WebhooksHandle {
                 action: None,
                 received_at: fmt_ms(now),
                 status_code: 401,
-                outcome: outcome.into(),
+                outcome,
                 reason: Some(reason.into()),
                 installation_id: None,
                 repository: None,
@@ -147,7 +148,7 @@ impl WebhooksHandle {
                 f.push_back(now);
             }
         }
-        self.note_rejected(id, event, "rejected", "invalid_signature");
+        self.note_rejected(id, event, LogOutcome::Rejected, "invalid_signature");
         Err(Error::Rejected("Invalid signature".into()))
     }
 

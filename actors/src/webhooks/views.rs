@@ -1,8 +1,8 @@
 //! What the webhook routes answer.
 
 use crate::clock::fmt_ms;
-use fleetops_storage::Installation;
 use fleetops_storage::TestRun;
+use fleetops_storage::{DeliveryOutcome, Installation};
 use serde::Serialize;
 use serde_json::value::RawValue;
 
@@ -22,7 +22,7 @@ pub struct DeliveryView {
     pub action: Option<String>,
     pub received_at: String,
     pub status_code: u16,
-    pub outcome: String,
+    pub outcome: LogOutcome,
     pub reason: Option<String>,
     pub installation_id: Option<u64>,
     pub repository: Option<String>,
@@ -31,6 +31,59 @@ pub struct DeliveryView {
     pub test_run_id: Option<u64>,
     #[serde(skip)]
     pub(super) received_ms: i64,
+}
+
+/// The outcome the delivery log shows: a stored delivery's, or one of the two refusals kept
+/// in memory only (they never became records).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogOutcome {
+    Stored(DeliveryOutcome),
+    /// A bad or missing signature (401).
+    Rejected,
+    /// A delivery id already accepted (401).
+    Duplicate,
+}
+
+impl LogOutcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LogOutcome::Stored(o) => o.as_str(),
+            LogOutcome::Rejected => "rejected",
+            LogOutcome::Duplicate => "duplicate",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "rejected" => Some(LogOutcome::Rejected),
+            "duplicate" => Some(LogOutcome::Duplicate),
+            _ => DeliveryOutcome::parse(s).map(LogOutcome::Stored),
+        }
+    }
+
+    /// Every name, for the 422 that answers an unknown one.
+    pub fn names() -> Vec<&'static str> {
+        let mut v: Vec<_> = DeliveryOutcome::ALL.iter().map(|o| o.as_str()).collect();
+        v.extend(["rejected", "duplicate"]);
+        v
+    }
+}
+
+impl Serialize for LogOutcome {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+/// Whether a repository link is held by an installation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RepoState {
+    /// No installation holds it yet.
+    Pending,
+    Connected,
+    /// The installation removed it; its history is kept.
+    Disconnected,
 }
 
 #[derive(Debug, Serialize)]
@@ -43,7 +96,7 @@ pub struct DeliveryDetail {
 
 #[derive(Debug, Default, Clone)]
 pub struct DeliveryFilter {
-    pub outcome: Option<String>,
+    pub outcome: Option<LogOutcome>,
     pub reason: Option<String>,
 }
 
@@ -74,8 +127,7 @@ impl From<&Installation> for InstallationView {
 pub struct RepoView {
     pub id: u64,
     pub full_name: String,
-    /// pending (no installation holds it), connected, disconnected (removed; history kept).
-    pub state: &'static str,
+    pub state: RepoState,
     pub installation_id: Option<u64>,
     pub branch_patterns: Vec<String>,
     pub include_drafts: bool,

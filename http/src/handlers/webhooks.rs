@@ -5,7 +5,7 @@
 
 use fleetops_actors::Role;
 use fleetops_actors::views::Items;
-use fleetops_actors::webhooks::{DeliveryFilter, RepoPatch, RunFilter};
+use fleetops_actors::webhooks::{DeliveryFilter, LogOutcome, RepoPatch, RunFilter};
 use http::{Response, StatusCode};
 use serde::Deserialize;
 
@@ -55,15 +55,12 @@ pub fn installations(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
 fn delivery_filter(req: &Req) -> ApiResult<DeliveryFilter> {
     let outcome = match req.query.get("outcome") {
         None => None,
-        Some(
-            o @ ("queued" | "processed" | "dispatched" | "skipped" | "ignored" | "rejected"
-            | "duplicate"),
-        ) => Some(o.to_string()),
-        Some(_) => {
-            return Err(ApiError::unprocessable(
-                "outcome: must be queued, processed, dispatched, skipped, ignored, rejected or duplicate",
-            ));
-        }
+        Some(o) => Some(LogOutcome::parse(o).ok_or_else(|| {
+            ApiError::unprocessable(format!(
+                "outcome: must be one of {}",
+                LogOutcome::names().join(", ")
+            ))
+        })?),
     };
     Ok(DeliveryFilter {
         outcome,
