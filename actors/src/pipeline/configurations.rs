@@ -161,7 +161,7 @@ fn environment(s: &str) -> Result<()> {
 }
 
 impl PipelineHandle {
-    fn configuration(&self, pid: u64, id: u64) -> Result<Configuration> {
+    pub(super) fn configuration(&self, pid: u64, id: u64) -> Result<Configuration> {
         self.store
             .configuration(pid, id)?
             .ok_or_else(|| Error::not_found("Configuration"))
@@ -262,43 +262,10 @@ impl PipelineHandle {
         Ok(ConfigUploadUrl {
             config_id: c.id,
             upload_url: self
-                .upload_link(
-                    UploadKind::Configuration,
-                    pid,
-                    c.id,
-                    &c.upload.blob_key,
-                    c.upload.upload_expires_at,
-                )
+                .upload_link(UploadKind::Configuration, pid, c.id, &c.upload)
                 .await?,
             expires_in: self.cfg.upload_ttl_seconds,
         })
-    }
-
-    /// The bytes of a configuration upload, at most the declared size (or 1 MiB).
-    pub(crate) async fn config_upload(
-        &self,
-        pid: u64,
-        id: u64,
-        body: futures::stream::BoxStream<'static, std::io::Result<bytes::Bytes>>,
-    ) -> Result<u64> {
-        let _busy = self.busy(UploadKind::Configuration, id)?;
-        let c = self.configuration(pid, id)?;
-        if c.upload.confirmed {
-            return Err(Error::Conflict(
-                "Configuration already confirmed; its bytes are immutable".into(),
-            ));
-        }
-        let max = c.declared_size.unwrap_or(MAX_CONFIG_BYTES);
-        let size = self.put_upload(&c.upload.blob_key, body, max).await?;
-        self.projects
-            .write(pid, |reply| ProjectMsg::Uploaded {
-                kind: UploadKind::Configuration,
-                id,
-                size,
-                reply,
-            })
-            .await?;
-        Ok(size)
     }
 
     /// Hashes and parses the stored file; the project's actor then inherits, checks and
@@ -344,10 +311,7 @@ impl PipelineHandle {
         let size = bytes.len() as u64;
         let sha =
             hex::encode(aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, &bytes).as_ref());
-        let mismatch = !crate::secrets::ct_eq(
-            sha.as_bytes(),
-            checksum.trim().to_ascii_lowercase().as_bytes(),
-        );
+        let mismatch = Self::checksum_mismatch(&sha, &checksum);
         let mut notes = Vec::new();
         if mismatch {
             notes.push("Checksum mismatch".to_string());
@@ -385,20 +349,9 @@ impl PipelineHandle {
             }
             Err(e) => Err(e),
         };
-        // Once the verdict is durable, keep only what the record points at. After an error
-        // nothing is deleted: the write may be applied in memory and not yet on disk, and
-        // the record on disk may still point at the upload key.
         if seal && settled.is_ok() {
-            match self.store.configuration(pid, id) {
-                Ok(now) => {
-                    let now = now.map(|n| n.upload.blob_key);
-                    self.tidy_sealed(UploadKind::Configuration, pid, id, now.as_deref())
-                        .await;
-                }
-                Err(e) => {
-                    tracing::warn!(configuration = id, error = %e, "could not tidy a sealed upload")
-                }
-            }
+            self.tidy_after_verdict(UploadKind::Configuration, pid, id)
+                .await;
         }
         let settled = settled?;
         if mismatch {

@@ -301,13 +301,7 @@ impl PipelineHandle {
         Ok(UploadUrl {
             capsule_id: c.id,
             upload_url: self
-                .upload_link(
-                    UploadKind::Capsule,
-                    pid,
-                    c.id,
-                    &c.upload.blob_key,
-                    c.upload.upload_expires_at,
-                )
+                .upload_link(UploadKind::Capsule, pid, c.id, &c.upload)
                 .await?,
             expires_in: self.cfg.upload_ttl_seconds,
         })
@@ -411,21 +405,9 @@ impl PipelineHandle {
             ));
         }
         let settled = self.check_and_settle(&c, &staging, checksum, true).await;
-        // Once the verdict is durable (a checksum mismatch is a written verdict too), keep
-        // only what the record points at. After any other error nothing is deleted: the
-        // write may be applied in memory and not yet on disk, and the record on disk may
-        // still point at the upload key.
+        // A checksum mismatch is a written verdict too.
         if matches!(settled, Ok(_) | Err(Error::BadRequest(_))) {
-            match self.store.capsule(pid, id) {
-                Ok(now) => {
-                    let now = now.map(|n| n.upload.blob_key);
-                    self.tidy_sealed(UploadKind::Capsule, pid, id, now.as_deref())
-                        .await;
-                }
-                Err(e) => {
-                    tracing::warn!(capsule = id, error = %e, "could not tidy a sealed upload")
-                }
-            }
+            self.tidy_after_verdict(UploadKind::Capsule, pid, id).await;
         }
         settled
     }
@@ -472,10 +454,7 @@ impl PipelineHandle {
             self.tmp_dir.as_deref(),
         )
         .await?;
-        let mismatch = !crate::secrets::ct_eq(
-            sha.as_bytes(),
-            checksum.trim().to_ascii_lowercase().as_bytes(),
-        );
+        let mismatch = Self::checksum_mismatch(&sha, &checksum);
         let mut notes = Vec::new();
         if mismatch {
             notes.push("Checksum mismatch".to_string());

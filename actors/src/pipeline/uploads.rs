@@ -9,6 +9,8 @@ use crate::clock::now_ms;
 use crate::error::{Error, Result};
 use crate::links::{Link, Purpose};
 use crate::project::ProjectMsg;
+use crate::rules::config_files::MAX_CONFIG_BYTES;
+use fleetops_storage::UploadState;
 use fleetops_storage::blobs::PutError;
 use futures::StreamExt;
 use futures::stream::BoxStream;
@@ -22,11 +24,10 @@ impl PipelineHandle {
         kind: UploadKind,
         pid: u64,
         id: u64,
-        blob_key: &str,
-        expires_at_ms: i64,
+        upload: &UploadState,
     ) -> Result<String> {
         let ttl = std::time::Duration::from_secs(self.cfg.upload_ttl_seconds.max(1) as u64);
-        if let Some(url) = self.blobs.presign(true, blob_key, ttl).await? {
+        if let Some(url) = self.blobs.presign(true, &upload.blob_key, ttl).await? {
             return Ok(url);
         }
         let token = self.signer.sign(&Link {
@@ -34,7 +35,7 @@ impl PipelineHandle {
             kind: kind.as_str().into(),
             project_id: pid,
             id,
-            exp: expires_at_ms / 1000,
+            exp: upload.upload_expires_at / 1000,
         })?;
         Ok(format!("{}/api/v1/uploads/{token}", self.base()))
     }
@@ -60,6 +61,15 @@ impl PipelineHandle {
             exp: exp_secs,
         })?;
         Ok(format!("{}/api/v1/downloads/{token}", self.base()))
+    }
+
+    /// Whether `claimed` differs from the computed `sha` (constant time; case and surrounding
+    /// spaces of the claim ignored).
+    pub(super) fn checksum_mismatch(sha: &str, claimed: &str) -> bool {
+        !crate::secrets::ct_eq(
+            sha.as_bytes(),
+            claimed.trim().to_ascii_lowercase().as_bytes(),
+        )
     }
 
     /// Streams an upload into the blob store, at most `max` bytes.
@@ -122,24 +132,31 @@ impl PipelineHandle {
         let link = self
             .signer
             .verify(token, Purpose::Upload, now_ms() / 1000)?;
-        if UploadKind::parse(&link.kind) == Some(UploadKind::Configuration) {
-            return self.config_upload(link.project_id, link.id, body).await;
-        }
-        let _busy = self.busy(UploadKind::Capsule, link.id)?;
+        let kind = UploadKind::parse(&link.kind)
+            .ok_or_else(|| Error::BadRequest("Unknown upload kind".into()))?;
+        let (pid, id) = (link.project_id, link.id);
+        let _busy = self.busy(kind, id)?;
         // Read under the lock: a confirm that finished first makes the bytes immutable.
-        let c = self.capsule(link.project_id, link.id)?;
-        if c.upload.confirmed {
-            return Err(Error::Conflict(
-                "Capsule already confirmed; its bytes are immutable".into(),
-            ));
+        let (upload, max) = match kind {
+            UploadKind::Capsule => {
+                let c = self.capsule(pid, id)?;
+                (c.upload, c.file_size_bytes)
+            }
+            UploadKind::Configuration => {
+                let c = self.configuration(pid, id)?;
+                (c.upload, c.declared_size.unwrap_or(MAX_CONFIG_BYTES))
+            }
+        };
+        if upload.confirmed {
+            return Err(Error::Conflict(format!(
+                "{} already confirmed; its bytes are immutable",
+                kind.noun()
+            )));
         }
-        let size = self
-            .put_upload(&c.upload.blob_key, body, c.file_size_bytes)
-            .await?;
-        let id = c.id;
+        let size = self.put_upload(&upload.blob_key, body, max).await?;
         self.projects
-            .write(link.project_id, |reply| ProjectMsg::Uploaded {
-                kind: UploadKind::Capsule,
+            .write(pid, |reply| ProjectMsg::Uploaded {
+                kind,
                 id,
                 size,
                 reply,
@@ -252,6 +269,26 @@ impl PipelineHandle {
             && let Err(e) = self.blobs.delete(&upload).await
         {
             tracing::warn!(key = %upload, error = %e, "could not delete a sealed upload's key");
+        }
+    }
+
+    /// Once a sealing confirm's verdict is durable: keeps only what the record points at
+    /// (see [`Self::tidy_sealed`]). Never called after another error, when the write may be
+    /// applied in memory and not yet on disk and the record may still point at the upload key.
+    pub(super) async fn tidy_after_verdict(&self, kind: UploadKind, pid: u64, id: u64) {
+        let current = match kind {
+            UploadKind::Capsule => self.store.capsule(pid, id).map(|c| c.map(|c| c.upload)),
+            UploadKind::Configuration => self
+                .store
+                .configuration(pid, id)
+                .map(|c| c.map(|c| c.upload)),
+        };
+        match current {
+            Ok(now) => {
+                let now = now.map(|u| u.blob_key);
+                self.tidy_sealed(kind, pid, id, now.as_deref()).await;
+            }
+            Err(e) => tracing::warn!(id, error = %e, "could not tidy a sealed upload"),
         }
     }
 

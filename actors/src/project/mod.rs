@@ -450,11 +450,11 @@ mod tests {
             .0
     }
 
-    #[tokio::test]
-    async fn devices_and_groups_keep_their_invariants_across_a_restart() {
+    /// A store on a temporary directory holding one project; the directory lives as long as
+    /// the first element.
+    fn project_store() -> (tempfile::TempDir, Store, u64) {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path()).unwrap();
-        let clock = Clock::default();
         let pid = store.new_id(Seq::Project).unwrap();
         store
             .insert_project(&Project {
@@ -466,6 +466,13 @@ mod tests {
                 created_at: 0,
             })
             .unwrap();
+        (dir, store, pid)
+    }
+
+    #[tokio::test]
+    async fn devices_and_groups_keep_their_invariants_across_a_restart() {
+        let (_dir, store, pid) = project_store();
+        let clock = Clock::default();
         let a = spawn(&store, &clock, pid).await;
         let device = |name: &str| {
             let name = name.to_string();
@@ -573,20 +580,8 @@ mod tests {
     /// immutability of confirmed bytes, and the references that keep one from being deleted.
     #[tokio::test]
     async fn capsules_settle_move_latest_and_refuse_deletion_while_referred_to() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(dir.path()).unwrap();
+        let (_dir, store, pid) = project_store();
         let clock = Clock::default();
-        let pid = store.new_id(Seq::Project).unwrap();
-        store
-            .insert_project(&Project {
-                id: pid,
-                org_id: 1,
-                slug: "p".into(),
-                name: "p".into(),
-                secret_hash: [0; 32],
-                created_at: 0,
-            })
-            .unwrap();
         let a = spawn(&store, &clock, pid).await;
         let create = |c: Capsule| {
             ask(&a, move |reply| ProjectMsg::CreateCapsule {

@@ -84,9 +84,10 @@ pub async fn upload_url(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Bod
     )
 }
 
+/// The body of both confirms (capsules and configurations).
 #[derive(Deserialize)]
-struct ConfirmBody {
-    checksum_sha256: String,
+pub(super) struct ConfirmBody {
+    pub checksum_sha256: String,
 }
 
 pub async fn confirm(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {

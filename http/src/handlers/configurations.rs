@@ -7,6 +7,7 @@ use http::Response;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
+use super::capsules::ConfirmBody;
 use crate::app::{Cx, Req};
 use crate::body::{self, Body};
 use crate::error::{ApiError, ApiResult};
@@ -67,11 +68,6 @@ pub async fn upload_url(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Bod
             .config_upload_url(org.id, &org.tier, pid, r)
             .await?,
     )
-}
-
-#[derive(Deserialize)]
-struct ConfirmBody {
-    checksum_sha256: String,
 }
 
 pub async fn confirm(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
