@@ -35,6 +35,10 @@ pub struct Config {
     pub scm: fleetops_actors::config::ScmConfig,
     /// `[runs]`: test-run leases.
     pub runs: fleetops_actors::config::RunsConfig,
+    /// `[alerts]`: evaluation and outbound notifications.
+    pub alerts: fleetops_actors::config::AlertsConfig,
+    /// `[smtp]`: where e-mail integrations send.
+    pub smtp: fleetops_actors::config::SmtpConfig,
     /// `[storage]`: where artifacts (and later capsules) live.
     pub storage: fleetops_storage::blobs::StorageConfig,
     /// `[tiers.<name>]`; a table given here replaces only the keys it sets.
@@ -84,6 +88,8 @@ impl Default for Config {
             pipeline: fleetops_actors::config::PipelineConfig::default(),
             scm: fleetops_actors::config::ScmConfig::default(),
             runs: fleetops_actors::config::RunsConfig::default(),
+            alerts: fleetops_actors::config::AlertsConfig::default(),
+            smtp: fleetops_actors::config::SmtpConfig::default(),
             storage: fleetops_storage::blobs::StorageConfig::default(),
             tiers: BTreeMap::new(),
             admin: AdminConfig::default(),
@@ -133,6 +139,15 @@ impl Config {
         }
         if let Some(v) = get("FLEETOPS_SCM_WEBHOOK_SECRET") {
             self.scm.webhook_secret = v;
+        }
+        if let Some(v) = get("FLEETOPS_ALERTS_ALLOW_PRIVATE_TARGETS") {
+            self.alerts.allow_private_targets = match v.trim() {
+                "true" | "1" => true,
+                "false" | "0" | "" => false,
+                other => anyhow::bail!(
+                    "FLEETOPS_ALERTS_ALLOW_PRIVATE_TARGETS must be true or false, not {other:?}"
+                ),
+            };
         }
         if let Some(v) = get("FLEETOPS_LOG") {
             self.log = v;
@@ -209,6 +224,8 @@ impl Config {
             pipeline: self.pipeline.clone(),
             scm: self.scm.clone(),
             runs: self.runs.clone(),
+            alerts: self.alerts.clone(),
+            smtp: self.smtp.clone(),
             public_url: self.public_url.trim_end_matches('/').to_string(),
             tmp_dir: Some(self.data_dir.join("tmp")),
         }

@@ -174,6 +174,85 @@ impl Default for RunsConfig {
     }
 }
 
+/// `[alerts]`: rule evaluation and outbound notifications.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AlertsConfig {
+    /// Let integrations target loopback, private, link-local, CGNAT and unique-local
+    /// addresses (`FLEETOPS_ALERTS_ALLOW_PRIVATE_TARGETS`). Off: such targets are 422 at
+    /// create and refused again at send time after resolving.
+    pub allow_private_targets: bool,
+    /// Attempts per notification (the first included) before it is recorded as failed.
+    pub max_attempts: u32,
+    /// Delay before the second attempt; it doubles for each later one.
+    pub retry_base_ms: u64,
+    /// The longest `Retry-After` honoured (longer ones are cut to this).
+    pub max_retry_after_seconds: u64,
+    /// Where incident integrations send (PagerDuty Events API v2).
+    pub pagerduty_events_url: String,
+    pub connect_timeout_seconds: u64,
+    /// The whole request, connection included.
+    pub request_timeout_seconds: u64,
+    /// Notifications being sent at once, across all targets.
+    pub max_in_flight: usize,
+    /// Static host entries consulted before DNS (like `/etc/hosts`); their addresses are
+    /// vetted like any DNS answer.
+    pub hosts: std::collections::BTreeMap<String, std::net::IpAddr>,
+    /// How often the evaluators look at their due timers.
+    pub tick_ms: u64,
+    /// Days of heartbeat metrics kept for backtests.
+    pub history_days: u64,
+    /// An alert names the deployment last activated for its device when it fires within
+    /// this many seconds of the activation.
+    pub correlation_window_seconds: i64,
+}
+
+impl Default for AlertsConfig {
+    fn default() -> Self {
+        Self {
+            allow_private_targets: false,
+            max_attempts: 3,
+            retry_base_ms: 1_000,
+            max_retry_after_seconds: 300,
+            pagerduty_events_url: "https://events.pagerduty.com/v2/enqueue".into(),
+            connect_timeout_seconds: 5,
+            request_timeout_seconds: 10,
+            max_in_flight: 64,
+            hosts: std::collections::BTreeMap::new(),
+            tick_ms: 250,
+            history_days: 7,
+            correlation_window_seconds: 3600,
+        }
+    }
+}
+
+/// `[smtp]`: the server e-mail integrations send through.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SmtpConfig {
+    /// Empty: e-mail integrations can be created but their sends fail with a clear reason.
+    pub host: String,
+    pub port: u16,
+    pub from: String,
+    /// With a username, TLS is required (STARTTLS); without, STARTTLS is used when offered.
+    pub username: String,
+    pub password: String,
+    pub timeout_seconds: u64,
+}
+
+impl Default for SmtpConfig {
+    fn default() -> Self {
+        Self {
+            host: String::new(),
+            port: 25,
+            from: "fleetops@localhost".into(),
+            username: String::new(),
+            password: String::new(),
+            timeout_seconds: 10,
+        }
+    }
+}
+
 /// Everything the runtime needs, assembled by the binary from `config.toml` and env.
 #[derive(Debug, Clone, Default)]
 pub struct RuntimeConfig {
@@ -188,6 +267,8 @@ pub struct RuntimeConfig {
     pub pipeline: PipelineConfig,
     pub scm: ScmConfig,
     pub runs: RunsConfig,
+    pub alerts: AlertsConfig,
+    pub smtp: SmtpConfig,
     /// Base of the links handed out; empty until the server knows its address.
     pub public_url: String,
     /// Where temporary copies (capsules being checked) go: inside the data directory, not a

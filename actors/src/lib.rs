@@ -56,6 +56,7 @@
 //! [`archives`] and [`secrets`].
 
 pub mod access;
+pub mod alerts;
 pub mod archives;
 pub mod auth;
 pub mod clock;
@@ -119,6 +120,7 @@ pub struct Runtime {
     pub sessions: SessionsHandle,
     pub pipeline: pipeline::PipelineHandle,
     pub webhooks: webhooks::WebhooksHandle,
+    pub alerts: alerts::AlertsHandle,
     /// The webhook worker and the housekeeper, supervised by the root (killed first at
     /// shutdown: the worker may be waiting on its queue).
     worker: Arc<Slot<webhooks::worker::WorkerMsg>>,
@@ -136,6 +138,8 @@ pub struct Runtime {
 
 /// The meta key of the generated JWT secret.
 const JWT_SECRET_META: &str = "jwt_secret";
+/// The meta key of the data directory's secret-encryption key (integration secrets).
+const SEALING_KEY_META: &str = "secret_encryption_key";
 /// The meta key of the key that signs upload and download links.
 const LINK_KEY_META: &str = "link_signing_key";
 
@@ -181,11 +185,18 @@ impl Runtime {
         };
         let clock = clock::Clock::default();
         let rollouts = events::Outbox::start(store.clone());
+        let sealer = secrets::Sealer::new(&store.meta_get_or_init(SEALING_KEY_META, || {
+            secrets::random_bytes(32).unwrap_or_default()
+        })?)?;
         let project_args = KeyedArgs::<project::ProjectActor> {
             ctx: project::ProjectCtx {
                 store: store.clone(),
                 rollouts: rollouts.clone(),
                 clock: clock.clone(),
+                alerting: project::alerting::AlertingCtx {
+                    sealer: sealer.clone(),
+                    allow_private_targets: cfg.alerts.allow_private_targets,
+                },
             },
             cfg: cfg.supervision.clone(),
             registry: Arc::new(DashMap::new()),
@@ -280,6 +291,13 @@ impl Runtime {
             failures: Arc::new(std::sync::Mutex::new(std::collections::VecDeque::new())),
             clock: clock.clone(),
         };
+        let alerts = alerts::AlertsHandle {
+            projects: projects.clone(),
+            store: store.clone(),
+            sealer: sealer.clone(),
+            sender: alerts::sender::Sender::new(&cfg.alerts, &cfg.smtp)?,
+            clock: clock.clone(),
+        };
         let worker_slot = Arc::new(Slot::new(limit, timeout));
         let housekeeper_slot = Arc::new(Slot::new(limit, timeout));
         let pruners: housekeeper::Pruners = Arc::new(std::sync::Mutex::new(Vec::new()));
@@ -354,6 +372,7 @@ impl Runtime {
             sessions,
             pipeline,
             webhooks,
+            alerts,
             worker: worker_slot,
             worker_feed: feed,
             housekeeper: housekeeper_slot,

@@ -57,9 +57,78 @@ pub fn verify_password(password: &str, phc: &str) -> bool {
         .is_ok()
 }
 
+/// Seals integration secrets with the data directory's secret-encryption key (AES-256-GCM,
+/// a fresh random nonce per value). The record's identity is the associated data, so a
+/// sealed value copied onto another record does not open.
+#[derive(Clone)]
+pub struct Sealer {
+    key: std::sync::Arc<aws_lc_rs::aead::LessSafeKey>,
+}
+
+const NONCE_LEN: usize = 12;
+
+impl Sealer {
+    pub fn new(key: &[u8]) -> Result<Self> {
+        let unbound = aws_lc_rs::aead::UnboundKey::new(&aws_lc_rs::aead::AES_256_GCM, key)
+            .map_err(|_| Error::Internal("the secret-encryption key must be 32 bytes".into()))?;
+        Ok(Self {
+            key: std::sync::Arc::new(aws_lc_rs::aead::LessSafeKey::new(unbound)),
+        })
+    }
+
+    /// nonce ‖ ciphertext ‖ tag.
+    pub fn seal(&self, context: &[u8], plain: &[u8]) -> Result<Vec<u8>> {
+        let nonce_bytes = random_bytes(NONCE_LEN)?;
+        let nonce = aws_lc_rs::aead::Nonce::try_assume_unique_for_key(&nonce_bytes)
+            .map_err(|_| Error::Internal("nonce".into()))?;
+        let mut buf = plain.to_vec();
+        self.key
+            .seal_in_place_append_tag(nonce, aws_lc_rs::aead::Aad::from(context), &mut buf)
+            .map_err(|_| Error::Internal("sealing failed".into()))?;
+        let mut out = nonce_bytes;
+        out.extend_from_slice(&buf);
+        Ok(out)
+    }
+
+    pub fn open(&self, context: &[u8], sealed: &[u8]) -> Result<Vec<u8>> {
+        let (Some(nonce), Some(body)) = (sealed.get(..NONCE_LEN), sealed.get(NONCE_LEN..)) else {
+            return Err(Error::Internal("a sealed secret is truncated".into()));
+        };
+        let nonce = aws_lc_rs::aead::Nonce::try_assume_unique_for_key(nonce)
+            .map_err(|_| Error::Internal("nonce".into()))?;
+        let mut buf = body.to_vec();
+        let plain = self
+            .key
+            .open_in_place(nonce, aws_lc_rs::aead::Aad::from(context), &mut buf)
+            .map_err(|_| {
+                Error::Internal(
+                    "a sealed secret does not open with this data directory's key".into(),
+                )
+            })?;
+        Ok(plain.to_vec())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sealed_values_open_only_with_their_key_and_context() {
+        let s = Sealer::new(&[7u8; 32]).unwrap();
+        let a = s.seal(b"i/1", b"hunter2").unwrap();
+        assert!(!a.windows(7).any(|w| w == b"hunter2"));
+        assert_ne!(
+            a,
+            s.seal(b"i/1", b"hunter2").unwrap(),
+            "fresh nonce each time"
+        );
+        assert_eq!(s.open(b"i/1", &a).unwrap(), b"hunter2");
+        assert!(s.open(b"i/2", &a).is_err());
+        assert!(Sealer::new(&[8u8; 32]).unwrap().open(b"i/1", &a).is_err());
+        assert!(s.open(b"i/1", &a[..5]).is_err());
+        assert!(Sealer::new(&[1u8; 5]).is_err());
+    }
 
     #[test]
     fn keys_have_prefix_and_entropy() {

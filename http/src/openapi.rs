@@ -78,12 +78,17 @@ fn doc(op: Op) -> Doc {
         Refresh | ListApiKeys | Me | ListOrgs | ListProjects | GetDevice | ListGroups
         | GetGroup | GetSession | ListFiles | GetCapsule | GetConfig | PlanDeployment
         | GetDeployment | ScmStatus | ScmInstallations | ScmDelivery | GetRepo | GetRun
-        | ProjectDelivery => PLAIN,
+        | ProjectDelivery | ListIntegrations | GetIntegration | ListAlertRules | GetAlertRule => {
+            PLAIN
+        }
         OrgDevices | ListDevices | ListSessions | QueryLogs | ListCapsules | ListConfigs
         | ListDeployments | ScmDeliveries | ListRepos | ListRuns | ProjectDeliveries => QUERY,
         CreateApiKey | DeleteApiKey | RotateSecret | CreateDevice | PatchDevice | DeleteDevice
         | CreateGroup | PatchGroup | DeleteGroup | CreateSession | DeleteSession | AddTag
-        | RemoveTag | ScmRotate | PatchRepo | DeleteRepo => WRITE,
+        | RemoveTag | ScmRotate | PatchRepo | DeleteRepo | CreateIntegration | PatchIntegration
+        | DeleteIntegration | CreateAlertRule | PatchAlertRule | DeleteAlertRule => WRITE,
+        // The target's refusal is `success: false` in a 200, never an error of the request.
+        TestIntegration => PLAIN,
         Heartbeat => Doc {
             body: Some(ReqBody::OptionalJson),
             ..WRITE

@@ -90,6 +90,17 @@ pub enum Op {
     CompleteRun,
     ProjectDeliveries,
     ProjectDelivery,
+    CreateIntegration,
+    ListIntegrations,
+    GetIntegration,
+    PatchIntegration,
+    DeleteIntegration,
+    TestIntegration,
+    CreateAlertRule,
+    ListAlertRules,
+    GetAlertRule,
+    PatchAlertRule,
+    DeleteAlertRule,
 }
 
 /// How a route authenticates, for the OpenAPI document.
@@ -218,6 +229,17 @@ pub fn routes() -> Vec<RouteDef> {
         route!(POST "/api/v1/organizations/{org}/projects/{project}/test-runs/{run_id}/complete", CompleteRun, "webhooks", Bearer, 200, true, "Finish a running run as passed or failed"),
         route!(GET "/api/v1/organizations/{org}/projects/{project}/webhook-deliveries", ProjectDeliveries, "webhooks", Bearer, 200, false, "Deliveries resolved to this project"),
         route!(GET "/api/v1/organizations/{org}/projects/{project}/webhook-deliveries/{delivery_id}", ProjectDelivery, "webhooks", Bearer, 200, false, "One delivery of this project with its payload"),
+        route!(POST "/api/v1/organizations/{org}/projects/{project}/integrations", CreateIntegration, "alerts", Bearer, 201, true, "Create an integration (chat, incident, email, webhook)"),
+        route!(GET "/api/v1/organizations/{org}/projects/{project}/integrations", ListIntegrations, "alerts", Bearer, 200, false, "Integrations, secrets masked"),
+        route!(GET "/api/v1/organizations/{org}/projects/{project}/integrations/{integration_id}", GetIntegration, "alerts", Bearer, 200, false, "An integration, secrets masked"),
+        route!(PATCH "/api/v1/organizations/{org}/projects/{project}/integrations/{integration_id}", PatchIntegration, "alerts", Bearer, 200, true, "Rename, enable or disable, or merge config keys"),
+        route!(DELETE "/api/v1/organizations/{org}/projects/{project}/integrations/{integration_id}", DeleteIntegration, "alerts", Bearer, 204, false, "Delete an integration (and take it out of every rule)"),
+        route!(POST "/api/v1/organizations/{org}/projects/{project}/integrations/{integration_id}/test", TestIntegration, "alerts", Bearer, 200, false, "Send one test alert now"),
+        route!(POST "/api/v1/organizations/{org}/projects/{project}/alert-rules", CreateAlertRule, "alerts", Bearer, 201, true, "Create an alert rule"),
+        route!(GET "/api/v1/organizations/{org}/projects/{project}/alert-rules", ListAlertRules, "alerts", Bearer, 200, false, "Alert rules"),
+        route!(GET "/api/v1/organizations/{org}/projects/{project}/alert-rules/{rule_id}", GetAlertRule, "alerts", Bearer, 200, false, "An alert rule"),
+        route!(PATCH "/api/v1/organizations/{org}/projects/{project}/alert-rules/{rule_id}", PatchAlertRule, "alerts", Bearer, 200, true, "Change any subset of a rule's fields"),
+        route!(DELETE "/api/v1/organizations/{org}/projects/{project}/alert-rules/{rule_id}", DeleteAlertRule, "alerts", Bearer, 204, false, "Delete an alert rule"),
         route!(POST "/api/v1/organizations/{org}/projects/{project}/sessions/{session_id}/complete", CompleteSession, "sessions", Bearer, 200, true, "End a session as completed or failed"),
     ]
 }

@@ -23,6 +23,10 @@ pub enum Seq {
     Delivery,
     Repository,
     TestRun,
+    Integration,
+    AlertRule,
+    Alert,
+    Notification,
 }
 
 impl Seq {
@@ -41,6 +45,10 @@ impl Seq {
             Seq::Delivery => "delivery",
             Seq::Repository => "repository",
             Seq::TestRun => "test_run",
+            Seq::Integration => "integration",
+            Seq::AlertRule => "alert_rule",
+            Seq::Alert => "alert",
+            Seq::Notification => "notification",
         }
     }
 }

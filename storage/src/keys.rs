@@ -289,6 +289,50 @@ pub(crate) fn trailing_id(k: &[u8]) -> Option<u64> {
         .map(u64::from_be_bytes)
 }
 
+// Alerting.
+pub(crate) fn integration(project: u64, id: u64) -> Vec<u8> {
+    key(&[b"ig", &be(project), &be(id)])
+}
+pub(crate) fn integration_prefix(project: u64) -> Vec<u8> {
+    key(&[b"ig", &be(project), b""])
+}
+pub(crate) fn alert_rule(project: u64, id: u64) -> Vec<u8> {
+    key(&[b"ar", &be(project), &be(id)])
+}
+pub(crate) fn alert_rule_prefix(project: u64) -> Vec<u8> {
+    key(&[b"ar", &be(project), b""])
+}
+pub(crate) fn alert(project: u64, id: u64) -> Vec<u8> {
+    key(&[b"al", &be(project), &be(id)])
+}
+pub(crate) fn alert_prefix(project: u64) -> Vec<u8> {
+    key(&[b"al", &be(project), b""])
+}
+/// The evaluator's durable state of one (rule, device): a condition holding since a moment
+/// (not yet fired), or the id of the alert firing now.
+pub(crate) fn condition(project: u64, rule: u64, device: u64) -> Vec<u8> {
+    key(&[b"acs", &be(project), &be(rule), &be(device)])
+}
+pub(crate) fn condition_prefix(project: u64) -> Vec<u8> {
+    key(&[b"acs", &be(project), b""])
+}
+pub(crate) fn condition_rule_prefix(project: u64, rule: u64) -> Vec<u8> {
+    key(&[b"acs", &be(project), &be(rule), b""])
+}
+pub(crate) fn notification(alert: u64, id: u64) -> Vec<u8> {
+    key(&[b"nt", &be(alert), &be(id)])
+}
+pub(crate) fn notification_prefix(alert: u64) -> Vec<u8> {
+    key(&[b"nt", &be(alert), b""])
+}
+/// A notification still owed (value: its record's key).
+pub(crate) fn owed_notification(id: u64) -> Vec<u8> {
+    key(&[b"ntq", &be(id)])
+}
+pub(crate) fn owed_notification_prefix() -> Vec<u8> {
+    key(&[b"ntq", b""])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -8,6 +8,7 @@
 //! followed by [`Store::durable`], a group commit shared by all writers waiting at that moment.
 
 pub mod accounts;
+pub mod alerts;
 pub mod blobs;
 mod cache;
 mod codec;
@@ -28,8 +29,8 @@ use std::sync::Arc;
 pub use blobs::BlobStore;
 pub use model::*;
 pub use states::{
-    DeliveryOutcome, DeploymentStatus, InstallationState, RolloutStatus, RunStatus,
-    ValidationStatus,
+    AlertEvent, AlertState, DeliveryOutcome, DeploymentStatus, InstallationState, IntegrationType,
+    RolloutStatus, RunStatus, Severity, ValidationStatus,
 };
 
 /// Errors from the storage layer. Callers map them to 5xx; domain conflicts are decided by the

@@ -119,6 +119,46 @@ states! {
     }
 }
 
+states! {
+    /// The kind of an alert integration; fixed at creation.
+    IntegrationType {
+        /// A Slack-compatible incoming webhook.
+        Chat = "chat",
+        /// PagerDuty Events API v2.
+        Incident = "incident",
+        Email = "email",
+        /// A signed HTTP request to any URL.
+        Webhook = "webhook",
+    }
+}
+
+states! {
+    /// How urgent an alert is.
+    Severity {
+        Critical = "critical",
+        Warning = "warning",
+        Info = "info",
+    }
+}
+
+states! {
+    /// An alert: firing until its condition stops holding.
+    AlertState {
+        Firing = "firing",
+        Resolved = "resolved",
+    }
+}
+
+states! {
+    /// What a notification tells its integration.
+    AlertEvent {
+        Firing = "firing",
+        Resolved = "resolved",
+        /// `POST /integrations/{id}/test` (never stored).
+        Test = "test",
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -160,6 +160,21 @@ impl Srv {
         self.login(email, "pw-123456").await
     }
 
+    /// A JWT for a new user who is a member of organization `default` with `role`.
+    pub async fn member_key(&self, role: &str) -> String {
+        let email = format!("{role}-{}@example.com", uuid::Uuid::new_v4().simple());
+        let jwt = self.user(&email).await;
+        let r = self
+            .post(
+                "/api/v1/organizations/default/members",
+                self.key(),
+                json!({"email": email, "role": role}),
+            )
+            .await;
+        assert!(r.status.is_success(), "{}", r.body);
+        jwt
+    }
+
     /// Graceful stop, then a new server on the same data directory (and a new port).
     pub async fn restart(mut self) -> Srv {
         if let Some(r) = self.running.take() {

@@ -5,6 +5,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod accounts;
+mod alerts;
 mod artifacts;
 mod bad_input;
 mod capsules;
@@ -15,6 +16,7 @@ mod deployments;
 mod devices;
 mod live;
 mod ops;
+mod peers;
 mod rate_limits;
 mod s3;
 mod sessions;

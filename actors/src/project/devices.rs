@@ -140,6 +140,12 @@ impl ProjectState {
 
     pub(super) fn delete_group(&self, id: u64) -> Result<()> {
         let g = self.group(id)?;
+        if let Some(r) = self.rule_naming_group(id)? {
+            return Err(Error::Conflict(format!(
+                "Device group {} is used by alert rule {} ({})",
+                g.name, r.id, r.name
+            )));
+        }
         self.store.delete_group(&g)?;
         Ok(())
     }

@@ -7,6 +7,7 @@
 //! Its state is rebuilt from storage in `pre_start`, so a restart after a panic loses nothing
 //! that was acknowledged. Reads do not pass through it (see `projects::ProjectsHandle`).
 
+pub(crate) mod alerting;
 mod capsules;
 mod configurations;
 mod deployments;
@@ -167,6 +168,39 @@ pub(crate) enum ProjectMsg {
         reply: Reply<Deployment>,
     },
     /// A device's rollout result; replies with it and the device's previous status.
+    CreateIntegration {
+        kind: fleetops_storage::IntegrationType,
+        name: String,
+        enabled: bool,
+        config: serde_json::Value,
+        reply: Reply<fleetops_storage::Integration>,
+    },
+    UpdateIntegration {
+        id: u64,
+        kind: Option<fleetops_storage::IntegrationType>,
+        name: Option<String>,
+        enabled: Option<bool>,
+        config: Option<serde_json::Map<String, serde_json::Value>>,
+        reply: Reply<fleetops_storage::Integration>,
+    },
+    /// Also takes it out of every rule.
+    DeleteIntegration {
+        id: u64,
+        reply: Reply<()>,
+    },
+    CreateAlertRule {
+        draft: Box<alerting::RuleDraft>,
+        reply: Reply<fleetops_storage::AlertRule>,
+    },
+    UpdateAlertRule {
+        id: u64,
+        patch: Box<alerting::RulePatch>,
+        reply: Reply<fleetops_storage::AlertRule>,
+    },
+    DeleteAlertRule {
+        id: u64,
+        reply: Reply<()>,
+    },
     ReportRollout {
         id: u64,
         device_id: u64,
@@ -197,6 +231,7 @@ pub(crate) struct ProjectCtx {
     pub rollouts: Outbox<RolloutEvent>,
     /// What a heartbeat's `last_seen_at` is (the clock readers judge online by).
     pub clock: crate::clock::Clock,
+    pub alerting: alerting::AlertingCtx,
 }
 
 pub(crate) struct ProjectState {
@@ -205,6 +240,7 @@ pub(crate) struct ProjectState {
     store: Store,
     rollouts: Outbox<RolloutEvent>,
     clock: crate::clock::Clock,
+    alerting: alerting::AlertingCtx,
 }
 
 impl Actor for ProjectActor {
@@ -220,6 +256,7 @@ impl Actor for ProjectActor {
                 store,
                 rollouts,
                 clock,
+                alerting,
             },
             project_id,
         ): Self::Arguments,
@@ -232,6 +269,7 @@ impl Actor for ProjectActor {
             store,
             rollouts,
             clock,
+            alerting,
         })
     }
 
@@ -384,6 +422,37 @@ impl Actor for ProjectActor {
             ProjectMsg::TransitionDeployment { id, to, reply } => {
                 let _ = reply.send(st.transition(id, to));
             }
+            ProjectMsg::CreateIntegration {
+                kind,
+                name,
+                enabled,
+                config,
+                reply,
+            } => {
+                let _ = reply.send(st.create_integration(kind, name, enabled, config));
+            }
+            ProjectMsg::UpdateIntegration {
+                id,
+                kind,
+                name,
+                enabled,
+                config,
+                reply,
+            } => {
+                let _ = reply.send(st.update_integration(id, kind, name, enabled, config));
+            }
+            ProjectMsg::DeleteIntegration { id, reply } => {
+                let _ = reply.send(st.delete_integration(id));
+            }
+            ProjectMsg::CreateAlertRule { draft, reply } => {
+                let _ = reply.send(st.create_alert_rule(*draft));
+            }
+            ProjectMsg::UpdateAlertRule { id, patch, reply } => {
+                let _ = reply.send(st.update_alert_rule(id, *patch));
+            }
+            ProjectMsg::DeleteAlertRule { id, reply } => {
+                let _ = reply.send(st.delete_alert_rule(id));
+            }
             ProjectMsg::ReportRollout {
                 id,
                 device_id,
@@ -443,6 +512,10 @@ mod tests {
             store: store.clone(),
             rollouts: Outbox::start(store.clone()),
             clock: clock.clone(),
+            alerting: alerting::AlertingCtx {
+                sealer: crate::secrets::Sealer::new(&[1; 32]).unwrap(),
+                allow_private_targets: false,
+            },
         };
         Actor::spawn(None, ProjectActor, (ctx, pid))
             .await

@@ -3,10 +3,13 @@
 //! a 422 that names the field; the children hold deployment evaluation, configuration lineage
 //! and files, and blob keys. Some read the store; none writes it.
 
+pub mod alert_conditions;
 pub mod blob_keys;
 pub mod config_files;
 pub mod configurations;
 pub mod deployments;
+pub mod notifications;
+pub mod targets;
 
 use crate::error::{Error, Result};
 

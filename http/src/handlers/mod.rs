@@ -2,6 +2,7 @@
 //! runtime and maps the reply; no business rule lives here.
 
 mod accounts;
+mod alerts;
 mod artifacts;
 mod capsules;
 mod configurations;
@@ -118,5 +119,16 @@ pub async fn dispatch(op: Op, cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<B
         Op::CompleteRun => webhooks::complete(cx, req).await,
         Op::ProjectDeliveries => webhooks::project_deliveries(cx, req),
         Op::ProjectDelivery => webhooks::project_delivery(cx, req),
+        Op::CreateIntegration => alerts::create_integration(cx, req).await,
+        Op::ListIntegrations => alerts::integrations(cx, req),
+        Op::GetIntegration => alerts::integration(cx, req),
+        Op::PatchIntegration => alerts::patch_integration(cx, req).await,
+        Op::DeleteIntegration => alerts::delete_integration(cx, req).await,
+        Op::TestIntegration => alerts::test_integration(cx, req).await,
+        Op::CreateAlertRule => alerts::create_rule(cx, req).await,
+        Op::ListAlertRules => alerts::rules(cx, req),
+        Op::GetAlertRule => alerts::rule(cx, req),
+        Op::PatchAlertRule => alerts::patch_rule(cx, req).await,
+        Op::DeleteAlertRule => alerts::delete_rule(cx, req).await,
     }
 }

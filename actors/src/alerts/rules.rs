@@ -1,0 +1,158 @@
+//! Alert rules: the bodies `http/` sends, their checks (a condition of a known type with
+//! valid fields, a known severity), and the rules as shown. Whether the named integrations
+//! and groups exist is decided by the project's actor when it writes.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::AlertsHandle;
+use crate::clock::fmt_ms;
+use crate::error::{Error, Result};
+use crate::project::ProjectMsg;
+use crate::project::alerting::{RuleDraft, RulePatch};
+use crate::rules::alert_conditions::Condition;
+use fleetops_storage::{AlertRule, Severity};
+
+#[derive(Debug, Deserialize)]
+pub struct RuleRequest {
+    pub name: String,
+    pub condition: Value,
+    pub severity: String,
+    #[serde(default)]
+    pub integration_ids: Vec<u64>,
+    #[serde(default)]
+    pub device_group_ids: Option<Vec<u64>>,
+    #[serde(default)]
+    pub enabled: Option<bool>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RulePatchRequest {
+    pub name: Option<String>,
+    pub condition: Option<Value>,
+    pub severity: Option<String>,
+    pub integration_ids: Option<Vec<u64>>,
+    pub device_group_ids: Option<Vec<u64>>,
+    pub enabled: Option<bool>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct RuleView {
+    pub id: u64,
+    pub name: String,
+    pub condition: Value,
+    pub severity: Severity,
+    pub integration_ids: Vec<u64>,
+    pub device_group_ids: Vec<u64>,
+    pub enabled: bool,
+    pub created_at: String,
+    pub updated_at: String,
+}
+
+impl From<&AlertRule> for RuleView {
+    fn from(r: &AlertRule) -> Self {
+        Self {
+            id: r.id,
+            name: r.name.clone(),
+            condition: serde_json::from_slice(&r.condition_json).unwrap_or(Value::Null),
+            severity: r.severity,
+            integration_ids: r.integration_ids.clone(),
+            device_group_ids: r.device_group_ids.clone(),
+            enabled: r.enabled,
+            created_at: fmt_ms(r.created_at),
+            updated_at: fmt_ms(r.updated_at),
+        }
+    }
+}
+
+fn severity(s: &str) -> Result<Severity> {
+    Severity::parse(s)
+        .ok_or_else(|| Error::unprocessable("severity", "must be critical, warning or info"))
+}
+
+/// A condition, with the log level checked against the levels logs carry.
+pub fn condition(v: &Value) -> Result<Condition> {
+    let c = Condition::parse(v)?;
+    if let Condition::LogPattern {
+        level: Some(level), ..
+    } = &c
+        && crate::logs::parse_level(level).is_none()
+    {
+        return Err(Error::unprocessable(
+            "condition.level",
+            "must be debug, info, warning or error",
+        ));
+    }
+    Ok(c)
+}
+
+impl AlertsHandle {
+    pub fn rules(&self, pid: u64) -> Result<Vec<RuleView>> {
+        Ok(self
+            .store
+            .project_alert_rules(pid)?
+            .iter()
+            .map(RuleView::from)
+            .collect())
+    }
+
+    pub fn rule(&self, pid: u64, id: u64) -> Result<RuleView> {
+        self.store
+            .alert_rule(pid, id)?
+            .map(|r| RuleView::from(&r))
+            .ok_or_else(|| Error::not_found("Alert rule"))
+    }
+
+    pub async fn create_rule(&self, pid: u64, req: RuleRequest) -> Result<RuleView> {
+        let draft = RuleDraft {
+            name: req.name,
+            condition: condition(&req.condition)?,
+            severity: severity(&req.severity)?,
+            integration_ids: req.integration_ids,
+            device_group_ids: req.device_group_ids.unwrap_or_default(),
+            enabled: req.enabled.unwrap_or(true),
+        };
+        let r = self
+            .projects
+            .write(pid, |reply| ProjectMsg::CreateAlertRule {
+                draft: Box::new(draft.clone()),
+                reply,
+            })
+            .await?;
+        self.rules_changed(pid);
+        Ok(RuleView::from(&r))
+    }
+
+    pub async fn update_rule(&self, pid: u64, id: u64, req: RulePatchRequest) -> Result<RuleView> {
+        let patch = RulePatch {
+            name: req.name,
+            condition: req.condition.as_ref().map(condition).transpose()?,
+            severity: req.severity.as_deref().map(severity).transpose()?,
+            integration_ids: req.integration_ids,
+            device_group_ids: req.device_group_ids,
+            enabled: req.enabled,
+        };
+        let r = self
+            .projects
+            .write(pid, |reply| ProjectMsg::UpdateAlertRule {
+                id,
+                patch: Box::new(patch.clone()),
+                reply,
+            })
+            .await?;
+        self.rules_changed(pid);
+        Ok(RuleView::from(&r))
+    }
+
+    pub async fn delete_rule(&self, pid: u64, id: u64) -> Result<()> {
+        self.projects
+            .write(pid, |reply| ProjectMsg::DeleteAlertRule { id, reply })
+            .await?;
+        self.rules_changed(pid);
+        Ok(())
+    }
+
+    /// Tells the project's evaluator to reload its rules (none runs yet: a no-op).
+    fn rules_changed(&self, _pid: u64) {}
+}

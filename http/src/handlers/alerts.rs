@@ -1,0 +1,96 @@
+//! Integrations and alert rules (project-scoped; admin to write, viewer to read).
+
+use fleetops_actors::Role;
+use fleetops_actors::alerts::{
+    IntegrationPatch, IntegrationRequest, RulePatchRequest, RuleRequest,
+};
+use fleetops_actors::views::Items;
+use http::Response;
+
+use crate::app::{Cx, Req};
+use crate::body::{self, Body};
+use crate::error::ApiResult;
+
+pub async fn create_integration(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.project(&req, Role::Admin)?;
+    let b: IntegrationRequest = cx.json(&mut req).await?;
+    body::created(&cx.rt().alerts.create_integration(s.project.id, b).await?)
+}
+
+pub fn integrations(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.project(&req, Role::Viewer)?;
+    body::ok(&Items {
+        items: cx.rt().alerts.integrations(s.project.id)?,
+    })
+}
+
+pub fn integration(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.project(&req, Role::Viewer)?;
+    let id = req.id("integration_id", "Integration")?;
+    body::ok(&cx.rt().alerts.integration(s.project.id, id)?)
+}
+
+pub async fn patch_integration(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.project(&req, Role::Admin)?;
+    let id = req.id("integration_id", "Integration")?;
+    cx.rt().alerts.integration(s.project.id, id)?;
+    let b: IntegrationPatch = cx.json(&mut req).await?;
+    body::ok(
+        &cx.rt()
+            .alerts
+            .update_integration(s.project.id, id, b)
+            .await?,
+    )
+}
+
+pub async fn delete_integration(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.project(&req, Role::Admin)?;
+    let id = req.id("integration_id", "Integration")?;
+    cx.rt().alerts.delete_integration(s.project.id, id).await?;
+    body::no_content()
+}
+
+pub async fn test_integration(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.project(&req, Role::Admin)?;
+    let id = req.id("integration_id", "Integration")?;
+    body::ok(
+        &cx.rt()
+            .alerts
+            .test_integration(s.project.id, id, &s.project.slug)
+            .await?,
+    )
+}
+
+pub async fn create_rule(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.project(&req, Role::Admin)?;
+    let b: RuleRequest = cx.json(&mut req).await?;
+    body::created(&cx.rt().alerts.create_rule(s.project.id, b).await?)
+}
+
+pub fn rules(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.project(&req, Role::Viewer)?;
+    body::ok(&Items {
+        items: cx.rt().alerts.rules(s.project.id)?,
+    })
+}
+
+pub fn rule(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.project(&req, Role::Viewer)?;
+    let id = req.id("rule_id", "Alert rule")?;
+    body::ok(&cx.rt().alerts.rule(s.project.id, id)?)
+}
+
+pub async fn patch_rule(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.project(&req, Role::Admin)?;
+    let id = req.id("rule_id", "Alert rule")?;
+    cx.rt().alerts.rule(s.project.id, id)?;
+    let b: RulePatchRequest = cx.json(&mut req).await?;
+    body::ok(&cx.rt().alerts.update_rule(s.project.id, id, b).await?)
+}
+
+pub async fn delete_rule(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.project(&req, Role::Admin)?;
+    let id = req.id("rule_id", "Alert rule")?;
+    cx.rt().alerts.delete_rule(s.project.id, id).await?;
+    body::no_content()
+}

@@ -1,0 +1,138 @@
+//! Alerting records: integrations and rules (written by the project's actor), alerts and the
+//! evaluator's condition states (written by the project's rule evaluator), notifications
+//! (created by the evaluator, then updated by the notifier only).
+
+use crate::{
+    Alert, AlertRule, ConditionState, Integration, Notification, Result, Store, Writes, codec, keys,
+};
+
+impl Store {
+    pub fn integration(&self, project: u64, id: u64) -> Result<Option<Integration>> {
+        self.get(&keys::integration(project, id))
+    }
+
+    /// A project's integrations, newest first.
+    pub fn project_integrations(&self, project: u64) -> Result<Vec<Integration>> {
+        self.scan_rev(&keys::integration_prefix(project))
+    }
+
+    pub fn put_integration(&self, i: &Integration) -> Result<()> {
+        let mut w = Writes::new();
+        w.put(keys::integration(i.project_id, i.id), i)?;
+        self.apply(w.0)
+    }
+
+    /// Deletes an integration and rewrites the rules that named it, atomically.
+    pub fn delete_integration(&self, i: &Integration, rules: &[AlertRule]) -> Result<()> {
+        let mut w = Writes::new();
+        w.delete(keys::integration(i.project_id, i.id));
+        for r in rules {
+            w.put(keys::alert_rule(r.project_id, r.id), r)?;
+        }
+        self.apply(w.0)
+    }
+
+    pub fn alert_rule(&self, project: u64, id: u64) -> Result<Option<AlertRule>> {
+        self.get(&keys::alert_rule(project, id))
+    }
+
+    /// A project's rules, newest first.
+    pub fn project_alert_rules(&self, project: u64) -> Result<Vec<AlertRule>> {
+        self.scan_rev(&keys::alert_rule_prefix(project))
+    }
+
+    pub fn put_alert_rule(&self, r: &AlertRule) -> Result<()> {
+        let mut w = Writes::new();
+        w.put(keys::alert_rule(r.project_id, r.id), r)?;
+        self.apply(w.0)
+    }
+
+    pub fn delete_alert_rule(&self, r: &AlertRule) -> Result<()> {
+        let mut w = Writes::new();
+        w.delete(keys::alert_rule(r.project_id, r.id));
+        self.apply(w.0)
+    }
+
+    pub fn alert(&self, project: u64, id: u64) -> Result<Option<Alert>> {
+        self.get(&keys::alert(project, id))
+    }
+
+    /// A project's alerts, newest first.
+    pub fn project_alerts(&self, project: u64) -> Result<Vec<Alert>> {
+        self.scan_rev(&keys::alert_prefix(project))
+    }
+
+    /// Every condition state of a project (the evaluator's start-up).
+    pub fn condition_states(&self, project: u64) -> Result<Vec<ConditionState>> {
+        self.scan_rev(&keys::condition_prefix(project))
+    }
+
+    /// One evaluator step, atomically: condition states set (`Some`) or cleared (`None`),
+    /// alerts written, and new notifications recorded as owed.
+    pub fn apply_evaluation(
+        &self,
+        project: u64,
+        states: &[(u64, u64, Option<ConditionState>)],
+        alerts: &[Alert],
+        notifications: &[Notification],
+    ) -> Result<()> {
+        let mut w = Writes::new();
+        for (rule, device, st) in states {
+            match st {
+                Some(st) => w.put(keys::condition(project, *rule, *device), st)?,
+                None => w.delete(keys::condition(project, *rule, *device)),
+            }
+        }
+        for a in alerts {
+            w.put(keys::alert(a.project_id, a.id), a)?;
+        }
+        for n in notifications {
+            let k = keys::notification(n.alert_id, n.id);
+            w.put(k.clone(), n)?;
+            if n.success.is_none() {
+                w.0.insert(keys::owed_notification(n.id), k);
+            }
+        }
+        self.apply(w.0)
+    }
+
+    /// The condition states of one rule (cleared when the rule goes or changes).
+    pub fn rule_condition_states(&self, project: u64, rule: u64) -> Result<Vec<ConditionState>> {
+        self.scan_rev(&keys::condition_rule_prefix(project, rule))
+    }
+
+    /// An alert's notifications, oldest first.
+    pub fn alert_notifications(&self, alert: u64) -> Result<Vec<Notification>> {
+        let mut v: Vec<Notification> = self.scan_rev(&keys::notification_prefix(alert))?;
+        v.reverse();
+        Ok(v)
+    }
+
+    /// Rewrites a notification after an attempt; once it has an outcome it is no longer owed.
+    pub fn put_notification(&self, n: &Notification) -> Result<()> {
+        let mut w = Writes::new();
+        let k = keys::notification(n.alert_id, n.id);
+        w.put(k.clone(), n)?;
+        match n.success {
+            None => w.0.insert(keys::owed_notification(n.id), k),
+            Some(_) => w.delete(keys::owed_notification(n.id)),
+        }
+        self.apply(w.0)
+    }
+
+    /// Every notification still owed, oldest first (the notifier's start-up).
+    pub fn owed_notifications(&self) -> Result<Vec<Notification>> {
+        let mut out = Vec::new();
+        for kv in self
+            .inner
+            .records
+            .scan_prefix(keys::owed_notification_prefix())
+        {
+            let (_, k) = kv?;
+            if let Some(v) = self.inner.records.get(&k)? {
+                out.push(codec::decode(&v)?);
+            }
+        }
+        Ok(out)
+    }
+}
