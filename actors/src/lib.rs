@@ -15,11 +15,13 @@
 //!  │   └─ InstallationActor one per host installation
 //!  ├─ QuotasSupervisor
 //!  │   └─ QuotaActor        one per organization: checks and reserves its storage quota
+//!  ├─ NotifiersSupervisor
+//!  │   └─ Notifier          one per project with owed notifications: sends, retries, records
+//!  ├─ EvaluatorsSupervisor
+//!  │   └─ RuleEvaluator     one per project with enabled rules: condition states and alerts
 //!  ├─ WebhookWorker         routes queued deliveries to their owners
 //!  └─ Housekeeper           asks each owner to prune what expired
 //! ```
-//!
-//! The alerting work adds AlertsSupervisor → RuleEvaluator.
 //!
 //! A panic inside an actor's handler is caught by ractor and reported to its supervisor, which
 //! restarts the actor from storage within the `[supervision]` budget; the request being handled
@@ -37,10 +39,11 @@
 //!   reply): `directory` (users, organizations, projects, keys), [`projects`] (devices,
 //!   groups, heartbeats), [`sessions`] (sessions, logs, artifacts, exports), [`pipeline`]
 //!   (capsules, configurations, deployments), [`webhooks`] (intake, delivery log,
-//!   repositories, test runs).
+//!   repositories, test runs), [`alerts`] (integrations, rules, the alert history).
 //! - **Writers**, the actors, each the single writer of its keys: `project` (one per project),
 //!   `session` (one per active session), `quota` (one per organization), `webhooks::intake`,
-//!   `webhooks::installation`, `webhooks::dispatcher`, `directory`; supervised by `root`
+//!   `webhooks::installation`, `webhooks::dispatcher`, `directory`, `alerts::evaluator` (one
+//!   per project with rules), `alerts::notifier` (one per project with owed notifications); supervised by `root`
 //!   through `keyed` (per-entity supervisors) with `mailbox` (deadlines, bounded waiting, the
 //!   caller's state) and `supervision` (restart budgets). Two supervised actors write nothing
 //!   and drive the writers through the handles: `webhooks::worker` and `housekeeper`.
@@ -99,8 +102,8 @@ pub use config::RuntimeConfig;
 pub use directory::{BootstrapReq, DirectoryHandle};
 pub use error::{Error, Result};
 pub use fleetops_storage::{
-    DeliveryOutcome, DeploymentStatus, InstallationState, Organization, Role, RolloutStatus,
-    RunStatus, ValidationStatus,
+    AlertState, DeliveryOutcome, DeploymentStatus, InstallationState, Organization, Role,
+    RolloutStatus, RunStatus, ValidationStatus,
 };
 pub use projects::ProjectsHandle;
 pub use sessions::SessionsHandle;
@@ -177,6 +180,8 @@ impl Runtime {
         let installations_slot = Arc::new(Slot::new(limit, timeout));
         let restarts = Arc::new(AtomicU64::new(0));
         let quotas_slot = Arc::new(Slot::new(limit, timeout));
+        let evaluators_slot = Arc::new(Slot::new(limit, timeout));
+        let notifiers_slot = Arc::new(Slot::new(limit, timeout));
         let quota_args = KeyedArgs::<quota::QuotaActor> {
             ctx: store.clone(),
             cfg: cfg.supervision.clone(),
@@ -226,6 +231,46 @@ impl Runtime {
             project_args.registry.clone(),
             cfg.supervision.clone(),
         );
+        let sender = alerts::sender::Sender::new(&cfg.alerts, &cfg.smtp)?;
+        let notifier_args = KeyedArgs::<alerts::notifier::NotifierActor> {
+            ctx: alerts::notifier::NotifierCtx {
+                store: store.clone(),
+                clock: clock.clone(),
+                sealer: sealer.clone(),
+                sender: sender.clone(),
+                cfg: Arc::new(cfg.alerts.clone()),
+                in_flight: Arc::new(tokio::sync::Semaphore::new(cfg.alerts.max_in_flight.max(1))),
+            },
+            cfg: cfg.supervision.clone(),
+            registry: Arc::new(DashMap::new()),
+            restarts: restarts.clone(),
+        };
+        let notifier_actors = Keyed::new(
+            notifiers_slot.clone(),
+            notifier_args.registry.clone(),
+            cfg.supervision.clone(),
+        );
+        let evaluator_args = KeyedArgs::<alerts::evaluator::EvaluatorActor> {
+            ctx: alerts::evaluator::EvaluatorCtx {
+                store: store.clone(),
+                clock: clock.clone(),
+                offline_after_ms: (cfg.devices.offline_after_seconds as i64).saturating_mul(1000),
+                tick: Duration::from_millis(cfg.alerts.tick_ms.clamp(10, 1000)),
+                notifiers: notifier_actors.clone(),
+            },
+            cfg: cfg.supervision.clone(),
+            registry: Arc::new(DashMap::new()),
+            restarts: restarts.clone(),
+        };
+        let alert_feed = alerts::evaluator::AlertFeed {
+            evaluators: Keyed::new(
+                evaluators_slot.clone(),
+                evaluator_args.registry.clone(),
+                cfg.supervision.clone(),
+            ),
+            notifiers: notifier_actors.clone(),
+            active: Arc::new(DashMap::new()),
+        };
         let session_actors = Keyed::new(
             sessions_slot.clone(),
             session_args.registry.clone(),
@@ -244,6 +289,7 @@ impl Runtime {
             devices: cfg.devices.clone(),
             restarts: restarts.clone(),
             clock: clock.clone(),
+            alerts: alert_feed.clone(),
         };
         let sessions = SessionsHandle {
             actors: session_actors,
@@ -295,8 +341,9 @@ impl Runtime {
             projects: projects.clone(),
             store: store.clone(),
             sealer: sealer.clone(),
-            sender: alerts::sender::Sender::new(&cfg.alerts, &cfg.smtp)?,
+            sender,
             clock: clock.clone(),
+            feed: alert_feed.clone(),
         };
         let worker_slot = Arc::new(Slot::new(limit, timeout));
         let housekeeper_slot = Arc::new(Slot::new(limit, timeout));
@@ -340,6 +387,10 @@ impl Runtime {
                 },
                 quotas: quotas_slot.clone(),
                 quota_args,
+                evaluators: evaluators_slot,
+                evaluator_args,
+                notifiers: notifiers_slot,
+                notifier_args,
                 restarts: restarts.clone(),
                 health: health.clone(),
                 clock: clock.clone(),
@@ -359,6 +410,7 @@ impl Runtime {
         if owed > 0 {
             tracing::info!(owed, "resuming capsule validations");
         }
+        alerts.start(pipeline.subscribe_rollouts()).await?;
         let access = Access {
             store: store.clone(),
             tier_rank: Arc::new(cfg.tiers.iter().rev().cloned().collect()),

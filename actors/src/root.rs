@@ -11,6 +11,8 @@ use std::time::Instant;
 use fleetops_storage::Store;
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, SupervisionEvent};
 
+use crate::alerts::evaluator::{EvaluatorActor, EvaluatorMsg};
+use crate::alerts::notifier::{NotifierActor, NotifierMsg};
 use crate::config::SupervisionConfig;
 use crate::directory::{DirectoryActor, DirectoryMsg};
 use crate::housekeeper::{Housekeeper, HousekeeperArgs, HousekeeperMsg};
@@ -37,6 +39,8 @@ pub(crate) enum Child {
     Worker,
     Housekeeper,
     Quotas,
+    Evaluators,
+    Notifiers,
 }
 
 impl Child {
@@ -51,6 +55,8 @@ impl Child {
             Child::Worker => "webhook-worker",
             Child::Housekeeper => "housekeeper",
             Child::Quotas => "quotas",
+            Child::Evaluators => "alert-evaluators",
+            Child::Notifiers => "notifiers",
         }
     }
 }
@@ -126,6 +132,10 @@ pub(crate) struct RootArgs {
     pub housekeeper_args: HousekeeperArgs,
     pub quotas: Arc<Slot<KeyedMsg<QuotaMsg>>>,
     pub quota_args: KeyedArgs<QuotaActor>,
+    pub evaluators: Arc<Slot<KeyedMsg<EvaluatorMsg>>>,
+    pub evaluator_args: KeyedArgs<EvaluatorActor>,
+    pub notifiers: Arc<Slot<KeyedMsg<NotifierMsg>>>,
+    pub notifier_args: KeyedArgs<NotifierActor>,
     pub restarts: Arc<AtomicU64>,
     pub health: Health,
     pub clock: crate::clock::Clock,
@@ -244,6 +254,22 @@ impl RootState {
             Child::Quotas => {
                 spawn_keyed(myself, &self.args.quotas, self.args.quota_args.clone()).await?
             }
+            Child::Evaluators => {
+                spawn_keyed(
+                    myself,
+                    &self.args.evaluators,
+                    self.args.evaluator_args.clone(),
+                )
+                .await?
+            }
+            Child::Notifiers => {
+                spawn_keyed(
+                    myself,
+                    &self.args.notifiers,
+                    self.args.notifier_args.clone(),
+                )
+                .await?
+            }
         };
         self.children.insert(cell.get_id(), child);
         self.args.health.set(child, false);
@@ -273,6 +299,8 @@ impl RootState {
             Child::Worker => self.args.worker.set(None),
             Child::Housekeeper => self.args.housekeeper.set(None),
             Child::Quotas => self.args.quotas.set(None),
+            Child::Evaluators => self.args.evaluators.set(None),
+            Child::Notifiers => self.args.notifiers.set(None),
         }
     }
 }
@@ -300,6 +328,8 @@ impl Actor for RootSupervisor {
             Child::Dispatcher,
             Child::Installations,
             Child::Quotas,
+            Child::Notifiers,
+            Child::Evaluators,
             Child::Worker,
             Child::Housekeeper,
         ] {

@@ -216,6 +216,9 @@ fn writers_import_no_handle() {
         "project::capsules",
         "project::configurations",
         "project::deployments",
+        "project::alerting",
+        "alerts::evaluator",
+        "alerts::notifier",
         "session",
         "quota",
         "webhooks::intake",
@@ -228,7 +231,11 @@ fn writers_import_no_handle() {
             || m == "pipeline"
             || m.starts_with("pipeline::")
             || m == "webhooks"
+            || m == "alerts"
             || [
+                "alerts::integrations",
+                "alerts::rules",
+                "alerts::history",
                 "session::artifacts",
                 "session::exports",
                 "webhooks::secret",

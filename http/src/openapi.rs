@@ -78,11 +78,11 @@ fn doc(op: Op) -> Doc {
         Refresh | ListApiKeys | Me | ListOrgs | ListProjects | GetDevice | ListGroups
         | GetGroup | GetSession | ListFiles | GetCapsule | GetConfig | PlanDeployment
         | GetDeployment | ScmStatus | ScmInstallations | ScmDelivery | GetRepo | GetRun
-        | ProjectDelivery | ListIntegrations | GetIntegration | ListAlertRules | GetAlertRule => {
-            PLAIN
-        }
+        | ProjectDelivery | ListIntegrations | GetIntegration | ListAlertRules | GetAlertRule
+        | GetAlert => PLAIN,
         OrgDevices | ListDevices | ListSessions | QueryLogs | ListCapsules | ListConfigs
-        | ListDeployments | ScmDeliveries | ListRepos | ListRuns | ProjectDeliveries => QUERY,
+        | ListDeployments | ScmDeliveries | ListRepos | ListRuns | ProjectDeliveries
+        | ListAlerts => QUERY,
         CreateApiKey | DeleteApiKey | RotateSecret | CreateDevice | PatchDevice | DeleteDevice
         | CreateGroup | PatchGroup | DeleteGroup | CreateSession | DeleteSession | AddTag
         | RemoveTag | ScmRotate | PatchRepo | DeleteRepo | CreateIntegration | PatchIntegration

@@ -101,6 +101,8 @@ pub enum Op {
     GetAlertRule,
     PatchAlertRule,
     DeleteAlertRule,
+    ListAlerts,
+    GetAlert,
 }
 
 /// How a route authenticates, for the OpenAPI document.
@@ -240,6 +242,8 @@ pub fn routes() -> Vec<RouteDef> {
         route!(GET "/api/v1/organizations/{org}/projects/{project}/alert-rules/{rule_id}", GetAlertRule, "alerts", Bearer, 200, false, "An alert rule"),
         route!(PATCH "/api/v1/organizations/{org}/projects/{project}/alert-rules/{rule_id}", PatchAlertRule, "alerts", Bearer, 200, true, "Change any subset of a rule's fields"),
         route!(DELETE "/api/v1/organizations/{org}/projects/{project}/alert-rules/{rule_id}", DeleteAlertRule, "alerts", Bearer, 204, false, "Delete an alert rule"),
+        route!(GET "/api/v1/organizations/{org}/projects/{project}/alerts", ListAlerts, "alerts", Bearer, 200, false, "Alert history (state, rule_id, page, page_size)"),
+        route!(GET "/api/v1/organizations/{org}/projects/{project}/alerts/{alert_id}", GetAlert, "alerts", Bearer, 200, false, "One alert with its notifications"),
         route!(POST "/api/v1/organizations/{org}/projects/{project}/sessions/{session_id}/complete", CompleteSession, "sessions", Bearer, 200, true, "End a session as completed or failed"),
     ]
 }

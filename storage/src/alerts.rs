@@ -41,6 +41,25 @@ impl Store {
         self.scan_rev(&keys::alert_rule_prefix(project))
     }
 
+    /// The projects that have alert rules (the evaluators to start with the server).
+    pub fn projects_with_alert_rules(&self) -> Result<Vec<u64>> {
+        let prefix = keys::alert_rule_all_prefix();
+        let mut out: Vec<u64> = Vec::new();
+        for kv in self.inner.records.scan_prefix(&prefix) {
+            let (k, _) = kv?;
+            let pid = k
+                .get(prefix.len()..prefix.len() + 8)
+                .and_then(|b| <[u8; 8]>::try_from(b).ok())
+                .map(u64::from_be_bytes);
+            if let Some(pid) = pid
+                && out.last() != Some(&pid)
+            {
+                out.push(pid);
+            }
+        }
+        Ok(out)
+    }
+
     pub fn put_alert_rule(&self, r: &AlertRule) -> Result<()> {
         let mut w = Writes::new();
         w.put(keys::alert_rule(r.project_id, r.id), r)?;

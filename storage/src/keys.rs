@@ -299,6 +299,9 @@ pub(crate) fn integration_prefix(project: u64) -> Vec<u8> {
 pub(crate) fn alert_rule(project: u64, id: u64) -> Vec<u8> {
     key(&[b"ar", &be(project), &be(id)])
 }
+pub(crate) fn alert_rule_all_prefix() -> Vec<u8> {
+    key(&[b"ar", b""])
+}
 pub(crate) fn alert_rule_prefix(project: u64) -> Vec<u8> {
     key(&[b"ar", &be(project), b""])
 }

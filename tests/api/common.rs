@@ -176,11 +176,16 @@ impl Srv {
     }
 
     /// Graceful stop, then a new server on the same data directory (and a new port).
-    pub async fn restart(mut self) -> Srv {
+    pub async fn restart(self) -> Srv {
+        self.restart_with(|_| {}).await
+    }
+
+    /// As `restart`, with the configuration changed by `f`.
+    pub async fn restart_with(mut self, f: impl FnOnce(&mut Config)) -> Srv {
         if let Some(r) = self.running.take() {
             r.stop().await;
         }
-        let cfg = test_config(&self._dir, |_| {});
+        let cfg = test_config(&self._dir, f);
         // The previous instance released its lock on stop; allow its flusher thread a moment.
         let mut attempt = 0;
         let running = loop {

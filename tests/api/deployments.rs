@@ -9,7 +9,7 @@ use crate::capsules::{CAPS, archive, publish};
 use crate::common::*;
 use crate::configurations::{CONFS, capsule, conf, configure};
 
-const DEPS: &str = "/api/v1/projects/default/default/deployments";
+pub(crate) const DEPS: &str = "/api/v1/projects/default/default/deployments";
 
 async fn device(s: &Srv, name: &str, labels: Value) -> (u64, String) {
     let r = s

@@ -14,6 +14,7 @@ mod common;
 mod configurations;
 mod deployments;
 mod devices;
+mod evaluation;
 mod live;
 mod ops;
 mod peers;

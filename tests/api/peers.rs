@@ -19,7 +19,6 @@ pub struct Recorded {
     pub headers: Vec<(String, String)>,
     pub body: Vec<u8>,
     /// When it arrived (for backoff checks).
-    #[allow(dead_code)]
     pub at: std::time::Instant,
 }
 

@@ -141,10 +141,13 @@ impl AlertsHandle {
         self.view(&i)
     }
 
+    /// Also takes it out of every rule, so the evaluator reloads them.
     pub async fn delete_integration(&self, pid: u64, id: u64) -> Result<()> {
         self.projects
             .write(pid, |reply| ProjectMsg::DeleteIntegration { id, reply })
-            .await
+            .await?;
+        self.feed.rules_changed(&self.store, pid).await;
+        Ok(())
     }
 
     /// Sends one test alert (severity info) and answers how it went; a refusal or a timeout

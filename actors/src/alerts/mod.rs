@@ -4,7 +4,10 @@
 //! references and a group's deletion are decided by one writer); alerts by the project's
 //! evaluator; notification outcomes by the notifier.
 
+pub(crate) mod evaluator;
+pub mod history;
 pub mod integrations;
+pub(crate) mod notifier;
 pub mod rules;
 pub mod sender;
 
@@ -13,6 +16,7 @@ use crate::project::handle::ProjectsHandle;
 use crate::secrets::Sealer;
 use fleetops_storage::Store;
 
+pub use history::{AlertFilter, AlertView};
 pub use integrations::{IntegrationPatch, IntegrationRequest, IntegrationView, TestResult};
 pub use rules::{RulePatchRequest, RuleRequest, RuleView};
 
@@ -23,4 +27,53 @@ pub struct AlertsHandle {
     pub(crate) sealer: Sealer,
     pub(crate) sender: sender::Sender,
     pub(crate) clock: Clock,
+    pub(crate) feed: evaluator::AlertFeed,
+}
+
+impl AlertsHandle {
+    /// At start-up: the evaluators of every project with enabled rules (so silent devices
+    /// still go offline), the notifiers of every project with owed notifications, and the
+    /// forwarding of rollout results to the evaluators.
+    pub(crate) async fn start(
+        &self,
+        rollouts: tokio::sync::broadcast::Receiver<crate::events::RolloutEvent>,
+    ) -> crate::error::Result<()> {
+        for pid in self.store.projects_with_alert_rules()? {
+            self.feed.rules_changed(&self.store, pid).await;
+        }
+        let mut owed: Vec<u64> = self
+            .store
+            .owed_notifications()?
+            .iter()
+            .map(|n| n.project_id)
+            .collect();
+        owed.sort_unstable();
+        owed.dedup();
+        for pid in owed {
+            self.feed.notifiers.actor(pid).await?;
+        }
+        let feed = self.feed.clone();
+        let mut rx = rollouts;
+        tokio::spawn(async move {
+            loop {
+                match rx.recv().await {
+                    Ok(e) => {
+                        feed.signal(
+                            e.project_id,
+                            evaluator::EvaluatorMsg::Rollout {
+                                device_id: e.device_id,
+                                status: e.status,
+                            },
+                        )
+                        .await
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
+                        tracing::warn!(missed = n, "alert evaluators missed rollout results")
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
+                }
+            }
+        });
+        Ok(())
+    }
 }

@@ -120,7 +120,7 @@ impl AlertsHandle {
                 reply,
             })
             .await?;
-        self.rules_changed(pid);
+        self.feed.rules_changed(&self.store, pid).await;
         Ok(RuleView::from(&r))
     }
 
@@ -141,7 +141,7 @@ impl AlertsHandle {
                 reply,
             })
             .await?;
-        self.rules_changed(pid);
+        self.feed.rules_changed(&self.store, pid).await;
         Ok(RuleView::from(&r))
     }
 
@@ -149,10 +149,7 @@ impl AlertsHandle {
         self.projects
             .write(pid, |reply| ProjectMsg::DeleteAlertRule { id, reply })
             .await?;
-        self.rules_changed(pid);
+        self.feed.rules_changed(&self.store, pid).await;
         Ok(())
     }
-
-    /// Tells the project's evaluator to reload its rules (none runs yet: a no-op).
-    fn rules_changed(&self, _pid: u64) {}
 }

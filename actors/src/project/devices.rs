@@ -78,7 +78,8 @@ impl ProjectState {
         Ok(())
     }
 
-    pub(super) fn heartbeat(&self, id: u64, metrics: BTreeMap<String, f64>) -> Result<()> {
+    /// Returns the time stamped as `last_seen_at`.
+    pub(super) fn heartbeat(&self, id: u64, metrics: BTreeMap<String, f64>) -> Result<i64> {
         if metrics.len() > 256 || metrics.keys().any(|k| k.is_empty() || k.len() > 128) {
             return Err(Error::unprocessable(
                 "metrics",
@@ -86,10 +87,11 @@ impl ProjectState {
             ));
         }
         let mut d = self.device(id)?;
-        d.last_seen_at = Some(self.clock.now_ms());
+        let at = self.clock.now_ms();
+        d.last_seen_at = Some(at);
         d.metrics = metrics;
         self.store.update_device(&d)?;
-        Ok(())
+        Ok(at)
     }
 
     pub(super) fn check_members(&self, ids: Vec<u64>) -> Result<Vec<u64>> {

@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use fleetops_storage::{Device, DeviceGroup, Store};
 use ractor::RpcReplyPort;
 
+use crate::alerts::evaluator::{AlertFeed, EvaluatorMsg};
 use crate::config::DevicesConfig;
 use crate::error::{Error, Result};
 use crate::keyed::Keyed;
@@ -53,6 +54,8 @@ pub struct ProjectsHandle {
     pub(crate) restarts: Arc<AtomicU64>,
     /// Online/offline is judged by the runtime's clock.
     pub(crate) clock: crate::clock::Clock,
+    /// Heartbeats go on to the project's alert evaluator.
+    pub(crate) alerts: AlertFeed,
 }
 
 impl ProjectsHandle {
@@ -239,12 +242,25 @@ impl ProjectsHandle {
         id: u64,
         metrics: BTreeMap<String, f64>,
     ) -> Result<HeartbeatAck> {
-        self.write(pid, |reply| ProjectMsg::Heartbeat {
-            id,
-            metrics: metrics.clone(),
-            reply,
-        })
-        .await?;
+        let metrics = Arc::new(metrics);
+        let at = self
+            .write(pid, |reply| ProjectMsg::Heartbeat {
+                id,
+                metrics: (*metrics).clone(),
+                reply,
+            })
+            .await?;
+        // Durable now: the project's alert rules may judge it.
+        self.alerts
+            .signal(
+                pid,
+                EvaluatorMsg::Heartbeat {
+                    device_id: id,
+                    at,
+                    metrics,
+                },
+            )
+            .await;
         Ok(HeartbeatAck { status: "online" })
     }
 

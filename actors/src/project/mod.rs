@@ -53,7 +53,7 @@ pub(crate) enum ProjectMsg {
     Heartbeat {
         id: u64,
         metrics: BTreeMap<String, f64>,
-        reply: Reply<()>,
+        reply: Reply<i64>,
     },
     CreateGroup {
         name: String,

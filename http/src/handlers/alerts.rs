@@ -1,15 +1,16 @@
-//! Integrations and alert rules (project-scoped; admin to write, viewer to read).
+//! Integrations, alert rules and the alert history (project-scoped; admin to write, viewer
+//! to read).
 
-use fleetops_actors::Role;
 use fleetops_actors::alerts::{
-    IntegrationPatch, IntegrationRequest, RulePatchRequest, RuleRequest,
+    AlertFilter, IntegrationPatch, IntegrationRequest, RulePatchRequest, RuleRequest,
 };
 use fleetops_actors::views::Items;
+use fleetops_actors::{AlertState, Role};
 use http::Response;
 
 use crate::app::{Cx, Req};
 use crate::body::{self, Body};
-use crate::error::ApiResult;
+use crate::error::{ApiError, ApiResult};
 
 pub async fn create_integration(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
     let (_, s) = cx.project(&req, Role::Admin)?;
@@ -93,4 +94,36 @@ pub async fn delete_rule(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>>
     let id = req.id("rule_id", "Alert rule")?;
     cx.rt().alerts.delete_rule(s.project.id, id).await?;
     body::no_content()
+}
+
+pub fn list_alerts(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.project(&req, Role::Viewer)?;
+    let state = req
+        .query
+        .get("state")
+        .map(|v| {
+            AlertState::parse(v)
+                .ok_or_else(|| ApiError::unprocessable("state: must be firing or resolved"))
+        })
+        .transpose()?;
+    let rule_id = req
+        .query
+        .get("rule_id")
+        .map(|v| {
+            v.parse::<u64>()
+                .map_err(|_| ApiError::unprocessable("rule_id: must be a positive integer"))
+        })
+        .transpose()?;
+    let page = req.query.page()?;
+    body::ok(
+        &cx.rt()
+            .alerts
+            .alerts(s.project.id, &AlertFilter { state, rule_id }, page)?,
+    )
+}
+
+pub fn alert(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.project(&req, Role::Viewer)?;
+    let id = req.id("alert_id", "Alert")?;
+    body::ok(&cx.rt().alerts.alert(s.project.id, id)?)
 }

@@ -130,5 +130,7 @@ pub async fn dispatch(op: Op, cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<B
         Op::GetAlertRule => alerts::rule(cx, req),
         Op::PatchAlertRule => alerts::patch_rule(cx, req).await,
         Op::DeleteAlertRule => alerts::delete_rule(cx, req).await,
+        Op::ListAlerts => alerts::list_alerts(cx, req),
+        Op::GetAlert => alerts::alert(cx, req),
     }
 }

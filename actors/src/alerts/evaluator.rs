@@ -1,0 +1,759 @@
+//! RuleEvaluator: one per project (started for projects with rules), the single writer of the
+//! project's alerts and of the evaluator's condition states. It is fed by messages: heartbeats
+//! (status and metrics) and log batches from the handles once they are durable, rollout
+//! results from the pipeline's channel, and its own tick.
+//!
+//! Timers are a deadline heap holding at most one live entry per device (the next moment its
+//! status or a held metric can change anything) and one per (log rule, device) window, so a
+//! tick costs the entries that are due, never a pass over every device.
+//!
+//! Durable state: a condition that holds (since when) and a firing alert are written in the
+//! same batch as the alert and its owed notifications, and the notifier is told only once that
+//! batch is on disk. On a restart the states, the devices' last heartbeats and metrics are read
+//! back, so a firing alert is neither lost nor fired again.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use dashmap::DashMap;
+use ractor::{Actor, ActorProcessingErr, ActorRef};
+
+use crate::alerts::notifier::NotifierMsg;
+use crate::clock::Clock;
+use crate::error::Result;
+use crate::keyed::Keyed;
+use crate::mailbox::Envelope;
+use crate::rules::alert_conditions::{Condition, DeviceStatus, RolloutOutcome};
+use fleetops_storage::accounts::Seq;
+use fleetops_storage::{
+    Alert, AlertEvent, AlertRule, AlertState, ConditionState, LogChunk, Notification,
+    RolloutStatus, Store,
+};
+
+pub(crate) enum EvaluatorMsg {
+    Heartbeat {
+        device_id: u64,
+        at: i64,
+        metrics: Arc<BTreeMap<String, f64>>,
+    },
+    Logs {
+        device_id: u64,
+        chunk: Arc<LogChunk>,
+    },
+    Rollout {
+        device_id: u64,
+        status: RolloutStatus,
+    },
+    /// The project's rules were written: reload them.
+    RulesChanged,
+    Tick,
+}
+
+/// What every evaluator shares.
+#[derive(Clone)]
+pub(crate) struct EvaluatorCtx {
+    pub store: Store,
+    pub clock: Clock,
+    pub offline_after_ms: i64,
+    pub tick: Duration,
+    pub notifiers: Keyed<crate::alerts::notifier::NotifierActor>,
+}
+
+#[derive(Default)]
+pub(crate) struct EvaluatorActor;
+
+impl crate::keyed::KeyedChild for EvaluatorActor {
+    type Req = EvaluatorMsg;
+    type Ctx = EvaluatorCtx;
+    const KIND: &'static str = "alert-evaluator";
+}
+
+/// How the handles reach the evaluators: only projects with enabled rules get signals, so a
+/// project without rules never starts one.
+#[derive(Clone)]
+pub(crate) struct AlertFeed {
+    pub evaluators: Keyed<EvaluatorActor>,
+    pub notifiers: Keyed<crate::alerts::notifier::NotifierActor>,
+    pub active: Arc<DashMap<u64, ()>>,
+}
+
+impl AlertFeed {
+    /// Sends a signal to the project's evaluator (started if needed); never fails the caller.
+    pub(crate) async fn signal(&self, pid: u64, msg: EvaluatorMsg) {
+        if !self.active.contains_key(&pid) {
+            return;
+        }
+        match self.evaluators.actor(pid).await {
+            Ok(a) => {
+                let _ = a.cast(Envelope::cast(msg));
+            }
+            Err(e) => tracing::warn!(project = pid, error = %e, "alert evaluator unavailable"),
+        }
+    }
+
+    /// Marks the project as having enabled rules (or not), from storage, and tells its
+    /// evaluator to reload.
+    pub(crate) async fn rules_changed(&self, store: &Store, pid: u64) {
+        let any = store
+            .project_alert_rules(pid)
+            .map(|r| r.iter().any(|r| r.enabled))
+            .unwrap_or(true);
+        let was = self.active.contains_key(&pid);
+        if any {
+            self.active.insert(pid, ());
+        }
+        if (any || was)
+            && let Ok(a) = self.evaluators.actor(pid).await
+        {
+            let _ = a.cast(Envelope::cast(EvaluatorMsg::RulesChanged));
+        }
+        if !any {
+            self.active.remove(&pid);
+        }
+    }
+}
+
+/// A rule as the evaluator uses it.
+struct Loaded {
+    rule: AlertRule,
+    cond: Condition,
+    regex: Option<regex::Regex>,
+    level: Option<u8>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+enum Due {
+    /// The device's status and held metrics.
+    Device(u64),
+    /// A log rule's window for a device: (rule, device).
+    Window(u64, u64),
+}
+
+pub(crate) struct EvaluatorState {
+    pid: u64,
+    slug: String,
+    ctx: EvaluatorCtx,
+    rules: Vec<Loaded>,
+    states: HashMap<(u64, u64), ConditionState>,
+    last_seen: HashMap<u64, i64>,
+    /// When each online device came online (its first heartbeat after being offline).
+    online_since: HashMap<u64, i64>,
+    metrics: HashMap<u64, Arc<BTreeMap<String, f64>>>,
+    /// The times of the most recent matches, at most `count` of them.
+    windows: HashMap<(u64, u64), VecDeque<i64>>,
+    heap: BinaryHeap<Reverse<(i64, Due)>>,
+    scheduled: HashMap<Due, i64>,
+}
+
+/// The writes of one step, applied in one batch.
+#[derive(Default)]
+struct Changes {
+    states: Vec<(u64, u64, Option<ConditionState>)>,
+    alerts: Vec<Alert>,
+    notifications: Vec<Notification>,
+}
+
+fn load_rules(store: &Store, pid: u64) -> Result<Vec<Loaded>> {
+    let mut out = Vec::new();
+    for r in store.project_alert_rules(pid)? {
+        if !r.enabled {
+            continue;
+        }
+        let Ok(v) = serde_json::from_slice::<serde_json::Value>(&r.condition_json) else {
+            continue;
+        };
+        let Ok(cond) = Condition::parse(&v) else {
+            continue;
+        };
+        let (regex, level) = match &cond {
+            Condition::LogPattern { pattern, level, .. } => (
+                crate::rules::alert_conditions::compile(pattern).ok(),
+                level.as_deref().and_then(crate::logs::parse_level),
+            ),
+            _ => (None, None),
+        };
+        out.push(Loaded {
+            rule: r,
+            cond,
+            regex,
+            level,
+        });
+    }
+    Ok(out)
+}
+
+impl Actor for EvaluatorActor {
+    type Msg = Envelope<EvaluatorMsg>;
+    type State = EvaluatorState;
+    type Arguments = (EvaluatorCtx, u64);
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        (ctx, pid): Self::Arguments,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        let store = ctx.store.clone();
+        let slug = store
+            .project(pid)?
+            .map(|p| p.slug.clone())
+            .ok_or_else(|| format!("project {pid} does not exist"))?;
+        let mut st = EvaluatorState {
+            pid,
+            slug,
+            rules: load_rules(&store, pid)?,
+            states: store
+                .condition_states(pid)?
+                .into_iter()
+                .map(|s| ((s.rule_id, s.device_id), s))
+                .collect(),
+            last_seen: HashMap::new(),
+            online_since: HashMap::new(),
+            metrics: HashMap::new(),
+            windows: HashMap::new(),
+            heap: BinaryHeap::new(),
+            scheduled: HashMap::new(),
+            ctx,
+        };
+        for d in store.project_devices(pid)? {
+            if let Some(ls) = d.last_seen_at {
+                st.last_seen.insert(d.id, ls);
+                // Unknown after a restart: counted from the last heartbeat at the latest.
+                st.online_since.insert(d.id, ls);
+                st.metrics.insert(d.id, Arc::new(d.metrics));
+            }
+        }
+        myself.send_interval(st.ctx.tick, || Envelope::cast(EvaluatorMsg::Tick));
+        let now = st.ctx.clock.now_ms();
+        let mut ch = Changes::default();
+        st.recheck_everything(now, &mut ch)?;
+        st.commit(ch).await?;
+        Ok(st)
+    }
+
+    async fn handle(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        msg: Self::Msg,
+        st: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        let Some(msg) = msg.open() else {
+            return Ok(());
+        };
+        let now = st.ctx.clock.now_ms();
+        let mut ch = Changes::default();
+        match msg {
+            EvaluatorMsg::Heartbeat {
+                device_id,
+                at,
+                metrics,
+            } => st.heartbeat(device_id, at, metrics, now, &mut ch)?,
+            EvaluatorMsg::Logs { device_id, chunk } => st.logs(device_id, &chunk, now, &mut ch)?,
+            EvaluatorMsg::Rollout { device_id, status } => {
+                st.rollout(device_id, status, now, &mut ch)?
+            }
+            EvaluatorMsg::RulesChanged => st.reload(now, &mut ch)?,
+            EvaluatorMsg::Tick => st.tick(now, &mut ch)?,
+        }
+        st.commit(ch).await?;
+        Ok(())
+    }
+}
+
+impl EvaluatorState {
+    fn store(&self) -> &Store {
+        &self.ctx.store
+    }
+
+    /// Whether `rule` covers `device` (no groups: every device).
+    fn applies(&self, rule: &AlertRule, device: u64) -> Result<bool> {
+        if rule.device_group_ids.is_empty() {
+            return Ok(true);
+        }
+        let groups = self.store().project_groups(self.pid)?;
+        Ok(groups.iter().any(|g| {
+            rule.device_group_ids.binary_search(&g.id).is_ok()
+                && g.device_ids.binary_search(&device).is_ok()
+        }))
+    }
+
+    fn schedule(&mut self, due: Due, at: i64) {
+        if self.scheduled.get(&due).is_some_and(|t| *t <= at) {
+            return;
+        }
+        self.scheduled.insert(due, at);
+        self.heap.push(Reverse((at, due)));
+    }
+
+    fn online(&self, device: u64, now: i64) -> Option<bool> {
+        self.last_seen
+            .get(&device)
+            .map(|ls| now < ls + self.ctx.offline_after_ms)
+    }
+
+    fn heartbeat(
+        &mut self,
+        device: u64,
+        at: i64,
+        metrics: Arc<BTreeMap<String, f64>>,
+        now: i64,
+        ch: &mut Changes,
+    ) -> Result<()> {
+        if self.online(device, at) != Some(true) {
+            self.online_since.insert(device, at);
+        }
+        let prev = self.last_seen.get(&device).copied().unwrap_or(i64::MIN);
+        self.last_seen.insert(device, at.max(prev));
+        self.metrics.insert(device, metrics);
+        self.check_device(device, now, ch)
+    }
+
+    /// Re-judges every status and metric rule for `device` now, fires or resolves, and
+    /// schedules the next moment anything can change.
+    fn check_device(&mut self, device: u64, now: i64, ch: &mut Changes) -> Result<()> {
+        let mut next: Option<i64> = None;
+        let mut want = |t: i64| next = Some(next.map_or(t, |n: i64| n.min(t)));
+        let online = self.online(device, now);
+        if online == Some(true)
+            && let Some(ls) = self.last_seen.get(&device)
+        {
+            // Going offline changes status rules.
+            want(ls + self.ctx.offline_after_ms);
+        }
+        let mut verdicts = Vec::new();
+        for (i, l) in self.rules.iter().enumerate() {
+            let since = match &l.cond {
+                Condition::DeviceStatus { status, .. } => match (status, online) {
+                    (DeviceStatus::Offline, Some(false)) => self
+                        .last_seen
+                        .get(&device)
+                        .map(|ls| ls + self.ctx.offline_after_ms),
+                    (DeviceStatus::Online, Some(true)) => self.online_since.get(&device).copied(),
+                    _ => None,
+                },
+                Condition::MetricThreshold {
+                    metric,
+                    operator,
+                    threshold,
+                    ..
+                } => {
+                    let holds = self
+                        .metrics
+                        .get(&device)
+                        .and_then(|m| m.get(metric))
+                        .is_some_and(|v| operator.holds(*v, *threshold));
+                    holds.then(|| {
+                        self.states
+                            .get(&(l.rule.id, device))
+                            .map_or(now, |s| s.since)
+                    })
+                }
+                _ => continue,
+            };
+            if !self.applies(&l.rule, device)? {
+                continue;
+            }
+            verdicts.push((i, since));
+        }
+        for (i, since) in verdicts {
+            let rule_id = self.rules[i].rule.id;
+            let dur = self.rules[i].cond.duration_ms();
+            let cur = self.states.get(&(rule_id, device)).cloned();
+            match (since, cur) {
+                (None, Some(s)) => self.clear(i, device, &s, now, ch)?,
+                (None, None) => {}
+                (Some(_), Some(s)) if s.alert_id.is_some() => {}
+                (Some(since), cur) => {
+                    let since = cur.map_or(since, |c| c.since);
+                    if now >= since + dur {
+                        self.fire(i, device, since, now, ch)?;
+                    } else {
+                        self.hold(rule_id, device, since, ch);
+                        want(since + dur);
+                    }
+                }
+            }
+        }
+        if let Some(t) = next {
+            self.schedule(Due::Device(device), t);
+        }
+        Ok(())
+    }
+
+    fn logs(&mut self, device: u64, chunk: &LogChunk, now: i64, ch: &mut Changes) -> Result<()> {
+        for i in 0..self.rules.len() {
+            let (rule_id, count, window_ms, module) = match &self.rules[i].cond {
+                Condition::LogPattern {
+                    count,
+                    window_seconds,
+                    module,
+                    ..
+                } => (
+                    self.rules[i].rule.id,
+                    *count as usize,
+                    (*window_seconds as i64).saturating_mul(1000),
+                    module.clone(),
+                ),
+                _ => continue,
+            };
+            let Some(re) = &self.rules[i].regex else {
+                continue;
+            };
+            if !self.applies(&self.rules[i].rule, device)? {
+                continue;
+            }
+            let level = self.rules[i].level;
+            if level.is_some_and(|l| chunk.level_mask & (1 << l) == 0) {
+                continue;
+            }
+            let mut matched = 0usize;
+            for e in 0..chunk.len() {
+                if level.is_some_and(|l| chunk.level_at(e) != Some(l)) {
+                    continue;
+                }
+                if let Some(m) = &module {
+                    let idx = chunk.module_at(e).map(|x| x as usize);
+                    if idx.and_then(|x| chunk.modules.get(x)) != Some(m) {
+                        continue;
+                    }
+                }
+                if chunk.message(e).is_some_and(|t| re.is_match(t)) {
+                    matched += 1;
+                    if matched >= count {
+                        break;
+                    }
+                }
+            }
+            if matched == 0 {
+                continue;
+            }
+            let w = self.windows.entry((rule_id, device)).or_default();
+            for _ in 0..matched {
+                w.push_back(now);
+            }
+            while w.len() > count {
+                w.pop_front();
+            }
+            let front = w.front().copied().unwrap_or(now);
+            let holds = w.len() >= count && front > now - window_ms;
+            if holds {
+                if !self.states.contains_key(&(rule_id, device)) {
+                    self.fire(i, device, now, now, ch)?;
+                }
+                self.schedule(Due::Window(rule_id, device), front + window_ms);
+            }
+        }
+        Ok(())
+    }
+
+    fn window_due(&mut self, rule_id: u64, device: u64, now: i64, ch: &mut Changes) -> Result<()> {
+        let Some(i) = self.rules.iter().position(|l| l.rule.id == rule_id) else {
+            return Ok(());
+        };
+        let Condition::LogPattern {
+            count,
+            window_seconds,
+            ..
+        } = self.rules[i].cond
+        else {
+            return Ok(());
+        };
+        let window_ms = (window_seconds as i64).saturating_mul(1000);
+        let w = self.windows.entry((rule_id, device)).or_default();
+        while w.front().is_some_and(|t| *t <= now - window_ms) {
+            w.pop_front();
+        }
+        if w.len() >= count as usize {
+            let front = w.front().copied().unwrap_or(now);
+            self.schedule(Due::Window(rule_id, device), front + window_ms);
+        } else if let Some(s) = self.states.get(&(rule_id, device)).cloned() {
+            self.clear(i, device, &s, now, ch)?;
+        }
+        Ok(())
+    }
+
+    fn rollout(
+        &mut self,
+        device: u64,
+        status: RolloutStatus,
+        now: i64,
+        ch: &mut Changes,
+    ) -> Result<()> {
+        for i in 0..self.rules.len() {
+            let Condition::DeploymentStatus { status: want } = self.rules[i].cond else {
+                continue;
+            };
+            if !self.applies(&self.rules[i].rule, device)? {
+                continue;
+            }
+            let hit = matches!(
+                (want, status),
+                (RolloutOutcome::Succeeded, RolloutStatus::Succeeded)
+                    | (RolloutOutcome::Failed, RolloutStatus::Failed)
+            );
+            let key = (self.rules[i].rule.id, device);
+            match (hit, self.states.get(&key).cloned()) {
+                (true, None) => self.fire(i, device, now, now, ch)?,
+                (false, Some(s)) => self.clear(i, device, &s, now, ch)?,
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    fn tick(&mut self, now: i64, ch: &mut Changes) -> Result<()> {
+        while let Some(Reverse((at, due))) = self.heap.peek().copied() {
+            if at > now {
+                break;
+            }
+            self.heap.pop();
+            if self.scheduled.get(&due) != Some(&at) {
+                continue; // superseded
+            }
+            self.scheduled.remove(&due);
+            match due {
+                Due::Device(d) => self.check_device(d, now, ch)?,
+                Due::Window(r, d) => self.window_due(r, d, now, ch)?,
+            }
+        }
+        Ok(())
+    }
+
+    /// After the rules changed: states of rules that are gone, disabled or changed (condition
+    /// or groups) are
+    /// cleared (a firing alert of theirs is resolved without notifications: the rule that
+    /// would be resolved no longer exists as it was), then everything is judged again.
+    fn reload(&mut self, now: i64, ch: &mut Changes) -> Result<()> {
+        let fresh = load_rules(self.store(), self.pid)?;
+        // What a rule's states depend on: its condition and its devices.
+        let shape = |l: &Loaded| {
+            (
+                l.rule.condition_json.clone(),
+                l.rule.device_group_ids.clone(),
+            )
+        };
+        let kept: HashMap<u64, _> = fresh.iter().map(|l| (l.rule.id, shape(l))).collect();
+        let old: HashMap<u64, _> = self.rules.iter().map(|l| (l.rule.id, shape(l))).collect();
+        let stale: Vec<(u64, u64)> = self
+            .states
+            .keys()
+            .filter(|(r, _)| !kept.contains_key(r) || kept.get(r) != old.get(r))
+            .copied()
+            .collect();
+        for key in stale {
+            if let Some(s) = self.states.remove(&key) {
+                ch.states.push((key.0, key.1, None));
+                if let Some(a) = s.alert_id
+                    && let Some(mut alert) = self.store().alert(self.pid, a)?
+                {
+                    alert.state = AlertState::Resolved;
+                    alert.resolved_at = Some(now);
+                    ch.alerts.push(alert);
+                }
+            }
+            self.windows.remove(&key);
+        }
+        self.rules = fresh;
+        self.recheck_everything(now, ch)
+    }
+
+    fn recheck_everything(&mut self, now: i64, ch: &mut Changes) -> Result<()> {
+        let devices: Vec<u64> = self.last_seen.keys().copied().collect();
+        for d in devices {
+            self.check_device(d, now, ch)?;
+        }
+        // A firing log alert whose window was lost with a restart resolves once a whole
+        // window passes without matches.
+        let firing_logs: Vec<(u64, u64, i64)> = self
+            .states
+            .keys()
+            .filter_map(|(r, d)| {
+                self.rules
+                    .iter()
+                    .find(|l| l.rule.id == *r)
+                    .and_then(|l| match l.cond {
+                        Condition::LogPattern { window_seconds, .. } => {
+                            Some((*r, *d, (window_seconds as i64).saturating_mul(1000)))
+                        }
+                        _ => None,
+                    })
+            })
+            .collect();
+        for (r, d, w) in firing_logs {
+            if let std::collections::hash_map::Entry::Vacant(e) = self.windows.entry((r, d)) {
+                e.insert(VecDeque::from([now]));
+                self.schedule(Due::Window(r, d), now + w);
+            }
+        }
+        Ok(())
+    }
+
+    fn hold(&mut self, rule_id: u64, device: u64, since: i64, ch: &mut Changes) {
+        let st = ConditionState {
+            rule_id,
+            device_id: device,
+            since,
+            alert_id: None,
+        };
+        if self.states.get(&(rule_id, device)) != Some(&st) {
+            self.states.insert((rule_id, device), st.clone());
+            ch.states.push((rule_id, device, Some(st)));
+        }
+    }
+
+    fn summary(&self, l: &Loaded, device_name: &str) -> String {
+        match &l.cond {
+            Condition::DeviceStatus {
+                status,
+                duration_seconds,
+            } => format!(
+                "{device_name} has been {} for {duration_seconds} s",
+                match status {
+                    DeviceStatus::Online => "online",
+                    DeviceStatus::Offline => "offline",
+                }
+            ),
+            Condition::MetricThreshold {
+                metric,
+                operator,
+                threshold,
+                duration_seconds,
+            } => format!(
+                "{metric} {} {threshold} on {device_name} for {duration_seconds} s",
+                operator.symbol()
+            ),
+            Condition::LogPattern {
+                pattern,
+                count,
+                window_seconds,
+                ..
+            } => format!(
+                "{count} log line(s) matching /{pattern}/ within {window_seconds} s on {device_name}"
+            ),
+            Condition::DeploymentStatus { status } => format!(
+                "a deployment {} on {device_name}",
+                match status {
+                    RolloutOutcome::Succeeded => "succeeded",
+                    RolloutOutcome::Failed => "failed",
+                }
+            ),
+        }
+    }
+
+    fn notify(
+        &self,
+        l: &Loaded,
+        alert: &Alert,
+        event: AlertEvent,
+        now: i64,
+        ch: &mut Changes,
+    ) -> Result<()> {
+        let n = l.rule.integration_ids.len() as u64;
+        if n == 0 {
+            return Ok(());
+        }
+        let first = self.store().new_ids(Seq::Notification, n)?;
+        for (k, integration_id) in l.rule.integration_ids.iter().enumerate() {
+            ch.notifications.push(Notification {
+                id: first + k as u64,
+                project_id: self.pid,
+                alert_id: alert.id,
+                integration_id: *integration_id,
+                event,
+                attempts: 0,
+                success: None,
+                last_error: None,
+                next_attempt_at: now,
+                created_at: now,
+            });
+        }
+        Ok(())
+    }
+
+    fn fire(
+        &mut self,
+        i: usize,
+        device: u64,
+        since: i64,
+        now: i64,
+        ch: &mut Changes,
+    ) -> Result<()> {
+        let l = &self.rules[i];
+        let name = self
+            .store()
+            .device(self.pid, device)?
+            .map_or_else(|| format!("device {device}"), |d| d.name);
+        let id = self.store().new_id(Seq::Alert)?;
+        let alert = Alert {
+            id,
+            project_id: self.pid,
+            rule_id: l.rule.id,
+            rule_name: l.rule.name.clone(),
+            severity: l.rule.severity,
+            state: AlertState::Firing,
+            device_id: device,
+            summary: self.summary(l, &name),
+            fired_at: now,
+            resolved_at: None,
+            dedup_key: format!("fleetops-{}-{id}", self.slug),
+            related_deployment: None,
+        };
+        self.notify(l, &alert, AlertEvent::Firing, now, ch)?;
+        let st = ConditionState {
+            rule_id: l.rule.id,
+            device_id: device,
+            since,
+            alert_id: Some(id),
+        };
+        ch.states.push((st.rule_id, device, Some(st.clone())));
+        self.states.insert((st.rule_id, device), st);
+        ch.alerts.push(alert);
+        Ok(())
+    }
+
+    fn clear(
+        &mut self,
+        i: usize,
+        device: u64,
+        s: &ConditionState,
+        now: i64,
+        ch: &mut Changes,
+    ) -> Result<()> {
+        let rule_id = self.rules[i].rule.id;
+        self.states.remove(&(rule_id, device));
+        ch.states.push((rule_id, device, None));
+        if let Some(a) = s.alert_id
+            && let Some(mut alert) = self.store().alert(self.pid, a)?
+            && alert.state == AlertState::Firing
+        {
+            alert.state = AlertState::Resolved;
+            alert.resolved_at = Some(now);
+            self.notify(&self.rules[i], &alert, AlertEvent::Resolved, now, ch)?;
+            ch.alerts.push(alert);
+        }
+        Ok(())
+    }
+
+    /// Writes a step's changes in one batch, waits until they are on disk, then hands the
+    /// owed notifications to the project's notifier.
+    async fn commit(&mut self, ch: Changes) -> Result<()> {
+        if ch.states.is_empty() && ch.alerts.is_empty() && ch.notifications.is_empty() {
+            return Ok(());
+        }
+        self.ctx
+            .store
+            .apply_evaluation(self.pid, &ch.states, &ch.alerts, &ch.notifications)?;
+        self.ctx.store.durable().await?;
+        if !ch.notifications.is_empty() {
+            match self.ctx.notifiers.actor(self.pid).await {
+                Ok(a) => {
+                    let _ = a.cast(Envelope::cast(NotifierMsg::Owed(ch.notifications)));
+                }
+                // Stored as owed: the notifier takes them when it starts.
+                Err(e) => tracing::warn!(project = self.pid, error = %e, "notifier unavailable"),
+            }
+        }
+        Ok(())
+    }
+}

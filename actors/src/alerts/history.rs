@@ -1,0 +1,125 @@
+//! The alert history: firing and resolved alerts, newest first, each with how its
+//! notifications went (per integration, the latest notification's outcome).
+
+use serde::Serialize;
+
+use super::AlertsHandle;
+use crate::clock::fmt_ms;
+use crate::error::{Error, Result};
+use crate::views::{Page, PageReq};
+use fleetops_storage::{Alert, AlertEvent, AlertState, Severity};
+
+#[derive(Debug, Default, Clone, Copy)]
+pub struct AlertFilter {
+    pub state: Option<AlertState>,
+    pub rule_id: Option<u64>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct RelatedDeploymentView {
+    pub id: u64,
+    pub name: String,
+    pub activated_at: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct NotificationView {
+    pub integration_id: u64,
+    /// `false` while still owed (see `pending`) and after the last attempt failed.
+    pub success: bool,
+    pub attempts: u32,
+    pub last_error: Option<String>,
+    /// Still being delivered (attempts left).
+    pub pending: bool,
+    /// Which message this is: `firing` or `resolved`.
+    pub event: AlertEvent,
+}
+
+#[derive(Debug, Serialize)]
+pub struct AlertView {
+    pub id: u64,
+    pub rule_id: u64,
+    pub rule_name: String,
+    pub severity: Severity,
+    pub state: AlertState,
+    pub device_id: u64,
+    pub summary: String,
+    pub fired_at: String,
+    pub resolved_at: Option<String>,
+    pub related_deployment: Option<RelatedDeploymentView>,
+    pub notifications: Vec<NotificationView>,
+}
+
+impl AlertsHandle {
+    fn alert_view(&self, a: &Alert) -> Result<AlertView> {
+        let mut latest: Vec<NotificationView> = Vec::new();
+        for n in self.store.alert_notifications(a.id)? {
+            let v = NotificationView {
+                integration_id: n.integration_id,
+                success: n.success == Some(true),
+                attempts: n.attempts,
+                last_error: n.last_error.clone(),
+                pending: n.success.is_none(),
+                event: n.event,
+            };
+            // Oldest first: a later notification (the resolve) replaces the earlier one.
+            match latest
+                .iter_mut()
+                .find(|x| x.integration_id == n.integration_id)
+            {
+                Some(x) => *x = v,
+                None => latest.push(v),
+            }
+        }
+        Ok(AlertView {
+            id: a.id,
+            rule_id: a.rule_id,
+            rule_name: a.rule_name.clone(),
+            severity: a.severity,
+            state: a.state,
+            device_id: a.device_id,
+            summary: a.summary.clone(),
+            fired_at: fmt_ms(a.fired_at),
+            resolved_at: a.resolved_at.map(fmt_ms),
+            related_deployment: a
+                .related_deployment
+                .as_ref()
+                .map(|d| RelatedDeploymentView {
+                    id: d.id,
+                    name: d.name.clone(),
+                    activated_at: fmt_ms(d.activated_at),
+                }),
+            notifications: latest,
+        })
+    }
+
+    pub fn alerts(&self, pid: u64, f: &AlertFilter, page: PageReq) -> Result<Page<AlertView>> {
+        let all: Vec<Alert> = self
+            .store
+            .project_alerts(pid)?
+            .into_iter()
+            .filter(|a| f.state.is_none_or(|s| a.state == s))
+            .filter(|a| f.rule_id.is_none_or(|r| a.rule_id == r))
+            .collect();
+        let p = page.slice(all);
+        Ok(Page {
+            items: p
+                .items
+                .iter()
+                .map(|a| self.alert_view(a))
+                .collect::<Result<Vec<_>>>()?,
+            total: p.total,
+            page: p.page,
+            page_size: p.page_size,
+            has_more: p.has_more,
+        })
+    }
+
+    pub fn alert(&self, pid: u64, id: u64) -> Result<AlertView> {
+        let a = self
+            .store
+            .alert(pid, id)?
+            .ok_or_else(|| Error::not_found("Alert"))?;
+        self.alert_view(&a)
+    }
+}

@@ -1,0 +1,260 @@
+//! Notifier: one per project, the single writer of its notifications' outcomes. It holds the
+//! owed notifications in a deadline heap, sends each in its own task (at most
+//! `[alerts] max_in_flight` at once across all projects, so a slow target holds one slot and
+//! never delays another target or the evaluator), records every attempt, and retries 5xx,
+//! 429 (`Retry-After`, capped), timeouts and connection errors with exponential backoff up to
+//! `[alerts] max_attempts`. Owed notifications are stored, so a restart resumes them.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use ractor::{Actor, ActorProcessingErr, ActorRef};
+use tokio::sync::Semaphore;
+
+use crate::alerts::sender::{SendError, Sender};
+use crate::clock::Clock;
+use crate::config::AlertsConfig;
+use crate::error::{Error, Result};
+use crate::mailbox::Envelope;
+use crate::project::alerting::full_config;
+use crate::rules::notifications::{AlertMessage, render};
+use crate::secrets::Sealer;
+use fleetops_storage::{Notification, Store};
+
+pub(crate) enum NotifierMsg {
+    /// Notifications written as owed (on disk already).
+    Owed(Vec<Notification>),
+    /// An attempt ended.
+    Attempted {
+        id: u64,
+        outcome: std::result::Result<String, SendError>,
+    },
+    Tick,
+}
+
+#[derive(Clone)]
+pub(crate) struct NotifierCtx {
+    pub store: Store,
+    pub clock: Clock,
+    pub sealer: Sealer,
+    pub sender: Sender,
+    pub cfg: Arc<AlertsConfig>,
+    /// Shared by every project's notifier.
+    pub in_flight: Arc<Semaphore>,
+}
+
+#[derive(Default)]
+pub(crate) struct NotifierActor;
+
+impl crate::keyed::KeyedChild for NotifierActor {
+    type Req = NotifierMsg;
+    type Ctx = NotifierCtx;
+    const KIND: &'static str = "notifier";
+}
+
+pub(crate) struct NotifierState {
+    slug: String,
+    ctx: NotifierCtx,
+    owed: HashMap<u64, Notification>,
+    heap: BinaryHeap<Reverse<(i64, u64)>>,
+    sending: HashSet<u64>,
+}
+
+impl Actor for NotifierActor {
+    type Msg = Envelope<NotifierMsg>;
+    type State = NotifierState;
+    type Arguments = (NotifierCtx, u64);
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        (ctx, pid): Self::Arguments,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        let slug = ctx
+            .store
+            .project(pid)?
+            .map(|p| p.slug.clone())
+            .unwrap_or_default();
+        let mut st = NotifierState {
+            slug,
+            owed: HashMap::new(),
+            heap: BinaryHeap::new(),
+            sending: HashSet::new(),
+            ctx,
+        };
+        for n in st.ctx.store.owed_notifications()? {
+            if n.project_id == pid {
+                st.take(n);
+            }
+        }
+        let tick = Duration::from_millis(st.ctx.cfg.tick_ms.clamp(10, 1000));
+        myself.send_interval(tick, || Envelope::cast(NotifierMsg::Tick));
+        Ok(st)
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        msg: Self::Msg,
+        st: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        let Some(msg) = msg.open() else {
+            return Ok(());
+        };
+        match msg {
+            NotifierMsg::Owed(list) => {
+                for n in list {
+                    st.take(n);
+                }
+                st.start_due(&myself);
+            }
+            NotifierMsg::Tick => st.start_due(&myself),
+            NotifierMsg::Attempted { id, outcome } => {
+                st.sending.remove(&id);
+                st.record(id, outcome).await?;
+                st.start_due(&myself);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl NotifierState {
+    fn take(&mut self, n: Notification) {
+        if n.success.is_some() || self.owed.contains_key(&n.id) {
+            return;
+        }
+        self.heap.push(Reverse((n.next_attempt_at, n.id)));
+        self.owed.insert(n.id, n);
+    }
+
+    /// Starts every due attempt a slot is free for; the rest wait for the next tick.
+    fn start_due(&mut self, myself: &ActorRef<Envelope<NotifierMsg>>) {
+        let now = self.ctx.clock.now_ms();
+        while let Some(Reverse((at, id))) = self.heap.peek().copied() {
+            if at > now {
+                break;
+            }
+            let Some(n) = self.owed.get(&id) else {
+                self.heap.pop();
+                continue;
+            };
+            if n.next_attempt_at != at || self.sending.contains(&id) {
+                self.heap.pop();
+                continue;
+            }
+            let Ok(permit) = self.ctx.in_flight.clone().try_acquire_owned() else {
+                break;
+            };
+            self.heap.pop();
+            self.sending.insert(id);
+            let (n, ctx, slug, me) = (
+                n.clone(),
+                self.ctx.clone(),
+                self.slug.clone(),
+                myself.clone(),
+            );
+            tokio::spawn(async move {
+                let outcome = attempt(&ctx, &slug, &n).await;
+                drop(permit);
+                let _ = me.cast(Envelope::cast(NotifierMsg::Attempted { id: n.id, outcome }));
+            });
+        }
+    }
+
+    /// Records an attempt: done, retried later, or failed for good.
+    async fn record(
+        &mut self,
+        id: u64,
+        outcome: std::result::Result<String, SendError>,
+    ) -> Result<()> {
+        let Some(mut n) = self.owed.remove(&id) else {
+            return Ok(());
+        };
+        let now = self.ctx.clock.now_ms();
+        n.attempts += 1;
+        match outcome {
+            Ok(_) => {
+                n.success = Some(true);
+                n.last_error = None;
+            }
+            Err(SendError::Retry { message, after }) if n.attempts < self.ctx.cfg.max_attempts => {
+                let backoff = self
+                    .ctx
+                    .cfg
+                    .retry_base_ms
+                    .saturating_mul(1u64 << (n.attempts - 1).min(20));
+                let wait = after.map_or(backoff, |a| a.as_millis() as u64);
+                n.last_error = Some(message);
+                n.next_attempt_at = now + wait as i64;
+            }
+            Err(e) => {
+                n.success = Some(false);
+                n.last_error = Some(e.message().to_string());
+            }
+        }
+        self.ctx.store.put_notification(&n)?;
+        self.ctx.store.durable().await?;
+        if n.success.is_none() {
+            self.heap.push(Reverse((n.next_attempt_at, n.id)));
+            self.owed.insert(n.id, n);
+        }
+        Ok(())
+    }
+}
+
+/// One attempt of one notification: what the alert says, rendered for its integration.
+async fn attempt(
+    ctx: &NotifierCtx,
+    slug: &str,
+    n: &Notification,
+) -> std::result::Result<String, SendError> {
+    let fail = |e: Error| SendError::Final(e.to_string());
+    let integration = ctx
+        .store
+        .integration(n.project_id, n.integration_id)
+        .map_err(|e| fail(e.into()))?
+        .ok_or_else(|| SendError::Final("the integration was deleted".into()))?;
+    if !integration.enabled {
+        return Err(SendError::Final("the integration is disabled".into()));
+    }
+    let alert = ctx
+        .store
+        .alert(n.project_id, n.alert_id)
+        .map_err(|e| fail(e.into()))?
+        .ok_or_else(|| SendError::Final("the alert is gone".into()))?;
+    let cfg = full_config(&ctx.sealer, &integration).map_err(fail)?;
+    let device_name = ctx
+        .store
+        .device(n.project_id, alert.device_id)
+        .ok()
+        .flatten()
+        .map(|d| d.name);
+    let msg = AlertMessage {
+        event: n.event,
+        alert_id: Some(alert.id),
+        rule_id: Some(alert.rule_id),
+        rule_name: alert.rule_name.clone(),
+        severity: alert.severity,
+        project: slug.to_string(),
+        device_id: Some(alert.device_id),
+        device_name,
+        summary: alert.summary.clone(),
+        fired_at: alert.fired_at,
+        resolved_at: alert.resolved_at,
+        dedup_key: alert.dedup_key.clone(),
+        related_deployment: alert.related_deployment.clone(),
+    };
+    // The same delivery id on every attempt of one notification, so receivers can dedupe.
+    let delivery = uuid::Uuid::from_u64_pair(n.alert_id, n.id).to_string();
+    let out = render(
+        &cfg,
+        &msg,
+        ctx.sender.pagerduty_url(),
+        &delivery,
+        ctx.clock.now_ms() / 1000,
+    );
+    ctx.sender.send(&out).await
+}

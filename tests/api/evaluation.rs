@@ -1,0 +1,455 @@
+//! The rule evaluator and the notifier through the real server: every condition type fires
+//! once and resolves, with short durations, notifications reach a real HTTP sink, failures
+//! are retried with backoff (and `Retry-After`), and a restart neither loses nor repeats an
+//! alert.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::common::*;
+use crate::peers::{Recorded, Reply, Sink};
+use crate::sessions::{device, session};
+
+const INTEGRATIONS: &str = "/api/v1/organizations/default/projects/default/integrations";
+const RULES: &str = "/api/v1/organizations/default/projects/default/alert-rules";
+const ALERTS: &str = "/api/v1/organizations/default/projects/default/alerts";
+
+fn fast(c: &mut fleetops::config::Config) {
+    c.alerts.allow_private_targets = true;
+    c.alerts.tick_ms = 50;
+    c.alerts.retry_base_ms = 200;
+    c.alerts.request_timeout_seconds = 2;
+    c.devices.offline_after_seconds = 1;
+}
+
+async fn webhook(s: &Srv, sink: &Sink) -> u64 {
+    let r = s
+        .post(
+            INTEGRATIONS,
+            s.key(),
+            json!({"type": "webhook", "name": "sink", "config": {"url": sink.url("/alerts"), "signing_secret": "s3cret"}}),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.body);
+    r.body["id"].as_u64().unwrap()
+}
+
+async fn rule(s: &Srv, integration: u64, condition: Value) -> u64 {
+    let r = s
+        .post(
+            RULES,
+            s.key(),
+            json!({"name": "r", "condition": condition, "severity": "critical", "integration_ids": [integration]}),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.body);
+    r.body["id"].as_u64().unwrap()
+}
+
+async fn heartbeat(s: &Srv, d: u64, tok: &str, metrics: Value) {
+    let r = s
+        .post(
+            &format!("{DEV}/devices/{d}/heartbeat"),
+            tok,
+            json!({"metrics": metrics}),
+        )
+        .await;
+    assert_eq!(r.status, 202, "{}", r.body);
+}
+
+async fn alerts(s: &Srv, query: &str) -> Value {
+    let r = s.get(&format!("{ALERTS}?{query}"), s.key()).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    r.body
+}
+
+/// Waits until the alert list (with `query`) has `n` items.
+async fn wait_alerts(s: &Srv, query: &str, n: usize) -> Value {
+    let mut last = Value::Null;
+    for _ in 0..200 {
+        last = alerts(s, query).await;
+        if last["items"].as_array().map_or(0, Vec::len) >= n {
+            return last;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("{n} alerts ({query}) never came: {last}");
+}
+
+fn events(reqs: &[Recorded]) -> Vec<String> {
+    reqs.iter()
+        .map(|r| r.header("x-fleetops-event").unwrap_or("").to_string())
+        .collect()
+}
+
+#[tokio::test]
+async fn device_status_offline_fires_once_and_resolves_on_the_next_heartbeat() {
+    let sink = Sink::start().await;
+    let s = start_with(fast).await;
+    let hook = webhook(&s, &sink).await;
+    let rid = rule(
+        &s,
+        hook,
+        json!({"type": "device_status", "status": "offline", "duration_seconds": 1}),
+    )
+    .await;
+    let (d, tok) = device(&s, "r1").await;
+    let (_never_seen, _) = device(&s, "r2").await;
+    heartbeat(&s, d, &tok, json!({})).await;
+    let beat = Instant::now();
+    // Offline after 1 s, for 1 s: due 2 s after the heartbeat.
+    let l = wait_alerts(&s, "state=firing", 1).await;
+    let fired_after = beat.elapsed();
+    assert!(
+        fired_after >= Duration::from_millis(1900),
+        "{fired_after:?}"
+    );
+    assert!(fired_after <= Duration::from_secs(4), "{fired_after:?}");
+    let a = &l["items"][0];
+    assert_eq!(a["rule_id"], rid);
+    assert_eq!(a["device_id"], d);
+    assert_eq!(a["severity"], "critical");
+    assert_eq!(a["state"], "firing");
+    assert_eq!(a["resolved_at"], Value::Null);
+    assert!(a["summary"].as_str().unwrap().contains("r1"), "{a}");
+    let got = sink.wait_for(1).await;
+    assert_eq!(events(&got), ["alert.firing"]);
+    assert_eq!(got[0].json()["alert"]["device_id"], d);
+    let a = wait_notified(&s, a["id"].as_u64().unwrap()).await;
+    assert_eq!(
+        a["notifications"],
+        json!([{"integration_id": hook, "success": true, "attempts": 1, "last_error": null, "pending": false, "event": "firing"}])
+    );
+    // Still offline: no second firing; the device never seen fires nothing.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(alerts(&s, "").await["total"], 1);
+    assert_eq!(sink.count(), 1);
+
+    // Back online: resolved, notified once more.
+    heartbeat(&s, d, &tok, json!({})).await;
+    let l = wait_alerts(&s, "state=resolved", 1).await;
+    assert!(l["items"][0]["resolved_at"].is_string());
+    let got = sink.wait_for(2).await;
+    assert_eq!(events(&got), ["alert.firing", "alert.resolved"]);
+    assert_eq!(alerts(&s, &format!("rule_id={rid}")).await["total"], 1);
+    assert_eq!(alerts(&s, "rule_id=999").await["total"], 0);
+    s.get(&format!("{ALERTS}?state=maybe"), s.key())
+        .await
+        .assert_error(422);
+}
+
+/// The alert once its notifications are no longer pending.
+async fn wait_notified(s: &Srv, id: u64) -> Value {
+    let mut last = Value::Null;
+    for _ in 0..200 {
+        let r = s.get(&format!("{ALERTS}/{id}"), s.key()).await;
+        last = r.body;
+        if last["notifications"]
+            .as_array()
+            .is_some_and(|n| !n.is_empty() && n.iter().all(|x| x["pending"] == false))
+        {
+            return last;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("alert {id} was never notified: {last}");
+}
+
+#[tokio::test]
+async fn metric_threshold_fires_after_holding_and_pairs_incident_trigger_and_resolve() {
+    let sink = Sink::start().await;
+    let pd = sink.url("/v2/enqueue");
+    let s = start_with(move |c| {
+        fast(c);
+        c.devices.offline_after_seconds = 60;
+        c.alerts.pagerduty_events_url = pd;
+    })
+    .await;
+    let r = s
+        .post(
+            INTEGRATIONS,
+            s.key(),
+            json!({"type": "incident", "name": "pd", "config": {"integration_key": "rk-1", "severity_mapping": {"critical": "error"}}}),
+        )
+        .await;
+    let pdi = r.body["id"].as_u64().unwrap();
+    rule(
+        &s,
+        pdi,
+        json!({"type": "metric_threshold", "metric": "temp", "operator": "gt", "threshold": 80.0, "duration_seconds": 1}),
+    )
+    .await;
+    let (d, tok) = device(&s, "r1").await;
+    heartbeat(&s, d, &tok, json!({"temp": 85.0})).await;
+    let hot = Instant::now();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    heartbeat(&s, d, &tok, json!({"temp": 90.0})).await;
+    assert_eq!(alerts(&s, "").await["total"], 0, "not yet held for 1 s");
+    let l = wait_alerts(&s, "state=firing", 1).await;
+    assert!(hot.elapsed() >= Duration::from_millis(950));
+    assert!(
+        l["items"][0]["summary"]
+            .as_str()
+            .unwrap()
+            .contains("temp > 80")
+    );
+    let got = sink.wait_for(1).await;
+    let trigger = got[0].json();
+    assert_eq!(trigger["event_action"], "trigger");
+    assert_eq!(trigger["payload"]["severity"], "error");
+    // Back under the threshold: resolved with the same dedup key.
+    heartbeat(&s, d, &tok, json!({"temp": 70.0})).await;
+    wait_alerts(&s, "state=resolved", 1).await;
+    let got = sink.wait_for(2).await;
+    let resolve = got[1].json();
+    assert_eq!(resolve["event_action"], "resolve");
+    assert_eq!(resolve["dedup_key"], trigger["dedup_key"]);
+    // A dip that does not hold long enough fires nothing.
+    heartbeat(&s, d, &tok, json!({"temp": 99.0})).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    heartbeat(&s, d, &tok, json!({"temp": 10.0})).await;
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert_eq!(alerts(&s, "").await["total"], 1);
+}
+
+#[tokio::test]
+async fn log_pattern_counts_in_its_window_and_resolves_when_the_count_falls() {
+    let sink = Sink::start().await;
+    let s = start_with(|c| {
+        fast(c);
+        c.devices.offline_after_seconds = 60;
+    })
+    .await;
+    let hook = webhook(&s, &sink).await;
+    rule(
+        &s,
+        hook,
+        json!({"type": "log_pattern", "pattern": "over(heat|temp)", "level": "error", "module": "arm", "count": 2, "window_seconds": 2}),
+    )
+    .await;
+    let (d, tok) = device(&s, "r1").await;
+    let sid = session(&s, d, &tok).await;
+    let logs = format!("{DEV}/sessions/{sid}/logs");
+    let send = |entries: Value| {
+        let (s, logs, tok) = (&s, logs.clone(), tok.clone());
+        async move {
+            let r = s.post(&logs, &tok, entries).await;
+            assert_eq!(r.status, 202, "{}", r.body);
+        }
+    };
+    // Near misses: wrong level, wrong module, no match; then one real match.
+    send(json!([
+        {"level": "warning", "module": "arm", "message": "overheat"},
+        {"level": "error", "module": "base", "message": "overheat"},
+        {"level": "error", "module": "arm", "message": "all good"},
+        {"level": "error", "module": "arm", "message": "motor overheat"},
+    ]))
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(alerts(&s, "").await["total"], 0, "one match of two");
+    send(json!([{"level": "error", "module": "arm", "message": "overtemp again"}])).await;
+    let l = wait_alerts(&s, "state=firing", 1).await;
+    assert_eq!(l["items"][0]["device_id"], d);
+    // No more matches: the count falls below 2 when the window passes.
+    let l = wait_alerts(&s, "state=resolved", 1).await;
+    assert_eq!(l["total"], 1);
+    assert_eq!(
+        events(&sink.wait_for(2).await),
+        ["alert.firing", "alert.resolved"]
+    );
+}
+
+#[tokio::test]
+async fn deployment_status_fires_on_a_failed_rollout_and_resolves_on_success() {
+    let sink = Sink::start().await;
+    let s = start_with(fast).await;
+    let hook = webhook(&s, &sink).await;
+    rule(
+        &s,
+        hook,
+        json!({"type": "deployment_status", "status": "failed"}),
+    )
+    .await;
+    let nav = crate::configurations::capsule(&s, "nav", "1.0.0").await;
+    let (d, _) = device(&s, "r1").await;
+    let deps = crate::deployments::DEPS;
+    let r = s
+        .post(
+            deps,
+            s.key(),
+            json!({"name": "n", "composition_tag": "t", "capsule_id": nav, "target_devices": [d]}),
+        )
+        .await;
+    let dep = r.body["id"].as_u64().unwrap();
+    s.post(&format!("{deps}/{dep}/activate"), s.key(), json!({}))
+        .await;
+    let report = |status: &'static str| {
+        let (s, url) = (&s, format!("{deps}/{dep}/device-status"));
+        async move {
+            let r = s
+                .post(&url, s.key(), json!({"device_id": d, "status": status}))
+                .await;
+            assert_eq!(r.status, 202, "{}", r.body);
+        }
+    };
+    report("failed").await;
+    wait_alerts(&s, "state=firing", 1).await;
+    report("failed").await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        alerts(&s, "").await["total"],
+        1,
+        "fires once per device and rule"
+    );
+    report("succeeded").await;
+    wait_alerts(&s, "state=resolved", 1).await;
+    assert_eq!(
+        events(&sink.wait_for(2).await),
+        ["alert.firing", "alert.resolved"]
+    );
+}
+
+#[tokio::test]
+async fn notifications_retry_5xx_and_429_with_backoff_and_stop_at_other_4xx() {
+    let sink = Sink::start().await;
+    let s = start_with(|c| {
+        fast(c);
+        c.alerts.max_attempts = 4;
+    })
+    .await;
+    let hook = webhook(&s, &sink).await;
+    rule(
+        &s,
+        hook,
+        json!({"type": "deployment_status", "status": "failed"}),
+    )
+    .await;
+    sink.script([
+        Reply::Status(500, vec![]),
+        Reply::Status(429, vec![("retry-after", "1".into())]),
+        Reply::Status(200, vec![]),
+        // The resolve: refused for good.
+        Reply::Status(400, vec![]),
+    ]);
+    let nav = crate::configurations::capsule(&s, "nav", "1.0.0").await;
+    let (d, _) = device(&s, "r1").await;
+    let deps = crate::deployments::DEPS;
+    let r = s
+        .post(
+            deps,
+            s.key(),
+            json!({"name": "n", "composition_tag": "t", "capsule_id": nav, "target_devices": [d]}),
+        )
+        .await;
+    let dep = r.body["id"].as_u64().unwrap();
+    s.post(&format!("{deps}/{dep}/activate"), s.key(), json!({}))
+        .await;
+    let url = format!("{deps}/{dep}/device-status");
+    s.post(&url, s.key(), json!({"device_id": d, "status": "failed"}))
+        .await;
+    let got = sink.wait_for(3).await;
+    // Backoff: 200 ms after the 500, then the 429's Retry-After of 1 s.
+    let gap1 = got[1].at - got[0].at;
+    let gap2 = got[2].at - got[1].at;
+    assert!(gap1 >= Duration::from_millis(180), "{gap1:?}");
+    assert!(gap2 >= Duration::from_millis(950), "{gap2:?}");
+    assert_eq!(
+        got[0].header("x-fleetops-delivery"),
+        got[2].header("x-fleetops-delivery"),
+        "one delivery id across the attempts of one notification"
+    );
+    let id = wait_alerts(&s, "", 1).await["items"][0]["id"]
+        .as_u64()
+        .unwrap();
+    let a = wait_notified(&s, id).await;
+    assert_eq!(a["notifications"][0]["success"], true);
+    assert_eq!(a["notifications"][0]["attempts"], 3);
+    assert_eq!(a["notifications"][0]["last_error"], Value::Null);
+
+    s.post(
+        &url,
+        s.key(),
+        json!({"device_id": d, "status": "succeeded"}),
+    )
+    .await;
+    sink.wait_for(4).await;
+    let a = wait_notified(&s, id).await;
+    let n = &a["notifications"][0];
+    assert_eq!(
+        (
+            n["event"].clone(),
+            n["success"].clone(),
+            n["attempts"].clone()
+        ),
+        (json!("resolved"), json!(false), json!(1))
+    );
+    assert_eq!(n["last_error"], "HTTP 400");
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(sink.count(), 4, "a 400 is not retried");
+}
+
+#[tokio::test]
+async fn a_restart_keeps_a_firing_alert_without_firing_it_again() {
+    let sink = Sink::start().await;
+    let s = start_with(fast).await;
+    let hook = webhook(&s, &sink).await;
+    rule(
+        &s,
+        hook,
+        json!({"type": "device_status", "status": "offline", "duration_seconds": 1}),
+    )
+    .await;
+    let (d, tok) = device(&s, "r1").await;
+    heartbeat(&s, d, &tok, json!({})).await;
+    let l = wait_alerts(&s, "state=firing", 1).await;
+    let id = l["items"][0]["id"].clone();
+    sink.wait_for(1).await;
+    let s = s.restart_with(fast).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let l = alerts(&s, "").await;
+    assert_eq!(l["total"], 1, "{l}");
+    assert_eq!(l["items"][0]["state"], "firing");
+    assert_eq!(sink.count(), 1, "not notified again");
+    heartbeat(&s, d, &tok, json!({})).await;
+    let l = wait_alerts(&s, "state=resolved", 1).await;
+    assert_eq!(l["items"][0]["id"], id);
+    assert_eq!(
+        events(&sink.wait_for(2).await),
+        ["alert.firing", "alert.resolved"]
+    );
+}
+
+#[tokio::test]
+async fn a_pending_notification_is_sent_after_a_restart() {
+    let sink = Sink::start().await;
+    let s = start_with(|c| {
+        fast(c);
+        c.alerts.max_attempts = 10;
+        c.alerts.retry_base_ms = 1_000;
+    })
+    .await;
+    let hook = webhook(&s, &sink).await;
+    rule(
+        &s,
+        hook,
+        json!({"type": "device_status", "status": "offline", "duration_seconds": 0}),
+    )
+    .await;
+    sink.script([Reply::Status(503, vec![])]);
+    let (d, tok) = device(&s, "r1").await;
+    heartbeat(&s, d, &tok, json!({})).await;
+    sink.wait_for(1).await;
+    let id = wait_alerts(&s, "", 1).await["items"][0]["id"]
+        .as_u64()
+        .unwrap();
+    let a = s.get(&format!("{ALERTS}/{id}"), s.key()).await.body;
+    assert_eq!(a["notifications"][0]["pending"], true, "{a}");
+    assert_eq!(a["notifications"][0]["last_error"], "HTTP 503");
+    // Stopped before the retry is due; the new server sends it.
+    let s = s.restart_with(fast).await;
+    let a = wait_notified(&s, id).await;
+    assert_eq!(a["notifications"][0]["success"], true, "{a}");
+    assert_eq!(a["notifications"][0]["attempts"], 2);
+    assert_eq!(sink.count(), 2);
+}
