@@ -43,8 +43,8 @@
 //! - **Writers**, the actors, each the single writer of its keys: `project` (one per project),
 //!   `session` (one per active session), `quota` (one per organization), `webhooks::intake`,
 //!   `webhooks::installation`, `webhooks::dispatcher`, `directory`, `alerts::evaluator` (one
-//!   per project with rules), `alerts::notifier` (one per project with owed notifications); supervised by `root`
-//!   through `keyed` (per-entity supervisors) with `mailbox` (deadlines, bounded waiting, the
+//!   per project with rules), `alerts::notifier` (one per project with owed notifications);
+//!   supervised by `root` through `keyed` (per-entity supervisors) with `mailbox` (deadlines, bounded waiting, the
 //!   caller's state) and `supervision` (restart budgets). Two supervised actors write nothing
 //!   and drive the writers through the handles: `webhooks::worker` and `housekeeper`.
 //! - **Rules**, functions and types that decide and never write (some read the store):
@@ -256,6 +256,7 @@ impl Runtime {
                 clock: clock.clone(),
                 offline_after_ms: (cfg.devices.offline_after_seconds as i64).saturating_mul(1000),
                 tick: Duration::from_millis(cfg.alerts.tick_ms.clamp(10, 1000)),
+                correlation_window_ms: cfg.alerts.correlation_window_seconds.saturating_mul(1000),
                 notifiers: notifier_actors.clone(),
             },
             cfg: cfg.supervision.clone(),

@@ -803,3 +803,132 @@ async fn kill_9_keeps_artifacts_transitions_rollouts_and_owed_validations() {
         "the owed validation finished after the restart"
     );
 }
+
+/// `kill -9` while an alert fires and its notification is owed (the target answered 503):
+/// the restarted server keeps the alert firing without firing it again, sends the owed
+/// notification once its retry is due, and resolves the same alert on the next heartbeat.
+#[tokio::test]
+async fn kill_9_while_an_alert_fires_and_its_notification_is_owed() {
+    use crate::peers::{Reply, Sink};
+    let sink = Sink::start().await;
+    sink.script([Reply::Status(503, vec![])]);
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("config.toml"),
+        "[devices]\noffline_after_seconds = 1\n\
+         [alerts]\nallow_private_targets = true\ntick_ms = 50\nretry_base_ms = 1500\nmax_attempts = 5\n",
+    )
+    .unwrap();
+    let mut p = serve(dir.path(), &[]);
+    let key = field(&p.stdout, "API key:").unwrap().to_string();
+    let c = client();
+    let post = |base: String, path: String, cred: String, body: serde_json::Value| {
+        let c = c.clone();
+        async move {
+            let r = c
+                .post(format!("{base}{path}"))
+                .bearer_auth(cred)
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            let status = r.status().as_u16();
+            (
+                status,
+                r.json::<serde_json::Value>().await.unwrap_or_default(),
+            )
+        }
+    };
+    let (st, hook) = post(
+        p.base.clone(),
+        format!("{DEV}/integrations"),
+        key.clone(),
+        json!({"type": "webhook", "name": "w", "config": {"url": sink.url("/a"), "signing_secret": "s"}}),
+    )
+    .await;
+    assert_eq!(st, 201, "{hook}");
+    let (st, _) = post(
+        p.base.clone(),
+        format!("{DEV}/alert-rules"),
+        key.clone(),
+        json!({"name": "down", "severity": "critical", "integration_ids": [hook["id"]],
+               "condition": {"type": "device_status", "status": "offline", "duration_seconds": 0}}),
+    )
+    .await;
+    assert_eq!(st, 201);
+    let (_, dev) = post(
+        p.base.clone(),
+        format!("{DEV}/devices"),
+        key.clone(),
+        json!({"name": "r1"}),
+    )
+    .await;
+    let (d, token) = (
+        dev["id"].as_u64().unwrap(),
+        dev["device_token"].as_str().unwrap().to_string(),
+    );
+    let beat = |base: String| {
+        post(
+            base,
+            format!("{DEV}/devices/{d}/heartbeat"),
+            token.clone(),
+            json!({}),
+        )
+    };
+    assert_eq!(beat(p.base.clone()).await.0, 202);
+    let alerts = |base: String| {
+        let (c, key) = (c.clone(), key.clone());
+        async move {
+            c.get(format!("{base}{DEV}/alerts"))
+                .bearer_auth(key)
+                .send()
+                .await
+                .unwrap()
+                .json::<serde_json::Value>()
+                .await
+                .unwrap()
+        }
+    };
+    // Fired, and its first attempt refused (503): owed, retry due 1.5 s later.
+    let base = p.base.clone();
+    assert!(
+        crate::common::eventually(10, || async {
+            alerts(base.clone()).await["items"][0]["notifications"][0]["last_error"] == "HTTP 503"
+        })
+        .await
+    );
+    let first = alerts(base.clone()).await["items"][0].clone();
+    assert_eq!(first["notifications"][0]["pending"], true);
+    // The attempt is visible as soon as it is written; give its group commit a moment.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    p.child.kill().unwrap();
+    p.child.wait().unwrap();
+    assert_eq!(sink.count(), 1);
+
+    let p = serve(dir.path(), &[]);
+    let base = p.base.clone();
+    assert!(
+        crate::common::eventually(10, || async {
+            alerts(base.clone()).await["items"][0]["notifications"][0]["success"] == true
+        })
+        .await,
+        "the owed notification was sent after the restart"
+    );
+    let l = alerts(base.clone()).await;
+    assert_eq!(l["total"], 1, "not fired again: {l}");
+    assert_eq!(l["items"][0]["id"], first["id"]);
+    assert_eq!(l["items"][0]["state"], "firing");
+    assert_eq!(l["items"][0]["notifications"][0]["attempts"], 2);
+    let got = sink.wait_for(2).await;
+    assert_eq!(got.len(), 2);
+    assert_eq!(got[0].header("webhook-id"), got[1].header("webhook-id"));
+    // Back online: the same alert resolves.
+    assert_eq!(beat(base.clone()).await.0, 202);
+    assert!(
+        crate::common::eventually(10, || async {
+            alerts(base.clone()).await["items"][0]["state"] == "resolved"
+        })
+        .await
+    );
+    assert_eq!(alerts(base.clone()).await["total"], 1);
+}

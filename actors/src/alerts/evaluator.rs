@@ -29,7 +29,7 @@ use crate::rules::alert_conditions::{Condition, DeviceStatus, RolloutOutcome};
 use fleetops_storage::accounts::Seq;
 use fleetops_storage::{
     Alert, AlertEvent, AlertRule, AlertState, ConditionState, LogChunk, Notification,
-    RolloutStatus, Store,
+    RelatedDeployment, RolloutStatus, Store,
 };
 
 pub(crate) enum EvaluatorMsg {
@@ -58,6 +58,8 @@ pub(crate) struct EvaluatorCtx {
     pub clock: Clock,
     pub offline_after_ms: i64,
     pub tick: Duration,
+    /// An alert names the package last activated for its device within this window.
+    pub correlation_window_ms: i64,
     pub notifiers: Keyed<crate::alerts::notifier::NotifierActor>,
 }
 
@@ -671,6 +673,33 @@ impl EvaluatorState {
         Ok(())
     }
 
+    /// The deployment package most recently activated for `device` within the correlation
+    /// window before `now`, if any.
+    fn related(
+        &self,
+        device: &fleetops_storage::Device,
+        now: i64,
+    ) -> Result<Option<RelatedDeployment>> {
+        let mut best: Option<RelatedDeployment> = None;
+        for d in self.store().project_deployments(self.pid)? {
+            let Some(at) = d.deployed_at else { continue };
+            if at > now || now - at > self.ctx.correlation_window_ms {
+                continue;
+            }
+            if best.as_ref().is_some_and(|b| b.activated_at >= at) {
+                continue;
+            }
+            if crate::rules::deployments::targets_device(self.store(), &d, device)? {
+                best = Some(RelatedDeployment {
+                    id: d.id,
+                    name: d.name.clone(),
+                    activated_at: at,
+                });
+            }
+        }
+        Ok(best)
+    }
+
     fn fire(
         &mut self,
         i: usize,
@@ -679,11 +708,13 @@ impl EvaluatorState {
         now: i64,
         ch: &mut Changes,
     ) -> Result<()> {
+        let stored = self.store().device(self.pid, device)?;
+        let related = match &stored {
+            Some(d) => self.related(d, now)?,
+            None => None,
+        };
         let l = &self.rules[i];
-        let name = self
-            .store()
-            .device(self.pid, device)?
-            .map_or_else(|| format!("device {device}"), |d| d.name);
+        let name = stored.map_or_else(|| format!("device {device}"), |d| d.name);
         let id = self.store().new_id(Seq::Alert)?;
         let alert = Alert {
             id,
@@ -697,7 +728,7 @@ impl EvaluatorState {
             fired_at: now,
             resolved_at: None,
             dedup_key: format!("fleetops-{}-{id}", self.slug),
-            related_deployment: None,
+            related_deployment: related,
         };
         self.notify(l, &alert, AlertEvent::Firing, now, ch)?;
         let st = ConditionState {

@@ -146,6 +146,42 @@ pub fn composition_tag(s: &str) -> bool {
 }
 
 /// Every reason `spec` would be refused, and the devices it would target.
+/// Whether the stored package `d` targets `device` (by id, through a group, or by labels), as
+/// its targets read now.
+pub fn targets_device(
+    store: &Store,
+    d: &fleetops_storage::Deployment,
+    device: &fleetops_storage::Device,
+) -> Result<bool> {
+    let items: Vec<Value> = serde_json::from_slice(&d.target_devices_json).unwrap_or_default();
+    for item in items {
+        let hit = match &item {
+            Value::Number(n) => n.as_u64() == Some(device.id),
+            Value::Object(m) => {
+                if let Some(gid) = m.get("group_id").and_then(Value::as_u64) {
+                    store
+                        .group(d.project_id, gid)?
+                        .is_some_and(|g| g.device_ids.binary_search(&device.id).is_ok())
+                } else if let Some(Value::Object(l)) = m.get("labels") {
+                    !l.is_empty()
+                        && l.iter().all(|(k, v)| {
+                            v.as_str().is_some_and(|v| {
+                                device.labels.get(k).map(String::as_str) == Some(v)
+                            })
+                        })
+                } else {
+                    false
+                }
+            }
+            _ => false,
+        };
+        if hit {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
 pub fn evaluate(store: &Store, pid: u64, spec: &DeploymentSpec) -> Result<Evaluation> {
     let mut blockers = Vec::new();
     let mut block = |status: u16, field: &str, reason: String| {
