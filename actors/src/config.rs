@@ -186,7 +186,7 @@ pub struct AlertsConfig {
     pub max_attempts: u32,
     /// Delay before the second attempt; it doubles for each later one.
     pub retry_base_ms: u64,
-    /// The longest `Retry-After` honoured (longer ones are cut to this).
+    /// The longest `Retry-After` honoured (longer ones are cut to this; never above 300).
     pub max_retry_after_seconds: u64,
     /// Where incident integrations send (PagerDuty Events API v2).
     pub pagerduty_events_url: String,
@@ -236,6 +236,8 @@ pub struct SmtpConfig {
     pub from: String,
     /// With a username, TLS is required (STARTTLS); without, STARTTLS is used when offered.
     pub username: String,
+    /// TLS from the first byte (SMTPS, usually port 465) instead of STARTTLS.
+    pub implicit_tls: bool,
     pub password: String,
     pub timeout_seconds: u64,
 }
@@ -247,6 +249,7 @@ impl Default for SmtpConfig {
             port: 25,
             from: "fleetops@localhost".into(),
             username: String::new(),
+            implicit_tls: false,
             password: String::new(),
             timeout_seconds: 10,
         }

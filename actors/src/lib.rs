@@ -150,9 +150,10 @@ impl Runtime {
     /// Starts the supervision tree over an open store.
     pub async fn start(store: Store, blobs: BlobStore, cfg: RuntimeConfig) -> anyhow::Result<Self> {
         let secret = if cfg.auth.jwt_secret.is_empty() {
-            store.meta_get_or_init(JWT_SECRET_META, || {
-                secrets::random_bytes(32).unwrap_or_default()
-            })?
+            // Drawn before the call so that a failing random source fails the start, not
+            // stores an empty key.
+            let fresh = secrets::random_bytes(32)?;
+            store.meta_get_or_init(JWT_SECRET_META, || fresh)?
         } else {
             if cfg.auth.jwt_secret.len() < 32 {
                 anyhow::bail!("the configured JWT secret is shorter than 32 bytes");
@@ -190,9 +191,8 @@ impl Runtime {
         };
         let clock = clock::Clock::default();
         let rollouts = events::Outbox::start(store.clone());
-        let sealer = secrets::Sealer::new(&store.meta_get_or_init(SEALING_KEY_META, || {
-            secrets::random_bytes(32).unwrap_or_default()
-        })?)?;
+        let fresh = secrets::random_bytes(32)?;
+        let sealer = secrets::Sealer::new(&store.meta_get_or_init(SEALING_KEY_META, || fresh)?)?;
         let project_args = KeyedArgs::<project::ProjectActor> {
             ctx: project::ProjectCtx {
                 store: store.clone(),
@@ -299,9 +299,8 @@ impl Runtime {
             blobs,
             cfg: cfg.sessions.clone(),
         };
-        let signing_key = store.meta_get_or_init(LINK_KEY_META, || {
-            secrets::random_bytes(32).unwrap_or_default()
-        })?;
+        let fresh = secrets::random_bytes(32)?;
+        let signing_key = store.meta_get_or_init(LINK_KEY_META, || fresh)?;
         if signing_key.len() < 32 {
             anyhow::bail!("could not generate the link signing key");
         }

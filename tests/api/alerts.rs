@@ -63,6 +63,16 @@ async fn integrations_mask_secrets_merge_patches_and_encrypt_at_rest() {
         chat["config"],
         json!({"webhook_url": "https://hooks.slack.com/****", "channel": "#ops"})
     );
+    // An optional string left out is shown as null.
+    let bare = create(
+        &s,
+        json!({"type": "chat", "name": "bare", "config": {"webhook_url": secret_url}}),
+    )
+    .await;
+    assert_eq!(bare["config"]["channel"], Value::Null);
+    assert!(bare["config"].as_object().unwrap().contains_key("channel"));
+    s.delete(&format!("{INTEGRATIONS}/{}", bare["id"]), s.key())
+        .await;
     let key = "R0UTINGKEY0123456789abcdefXYZW";
     let pd = create(
         &s,
@@ -96,7 +106,7 @@ async fn integrations_mask_secrets_merge_patches_and_encrypt_at_rest() {
     assert_eq!(r.status, 200, "{}", r.body);
     assert_eq!(r.body["name"], "pager2");
     assert_eq!(r.body["config"]["integration_key"], "****XYZW");
-    assert!(r.body["config"].get("service_id").is_none(), "{}", r.body);
+    assert_eq!(r.body["config"]["service_id"], Value::Null, "{}", r.body);
     assert_eq!(r.body["config"]["severity_mapping"]["warning"], "error");
     // The type cannot change (repeating it is fine).
     s.patch(
@@ -175,6 +185,9 @@ async fn integration_configs_are_validated_per_type() {
         json!({"type": "webhook", "name": "x", "config": {"url": "http://[::ffff:127.0.0.1]/h", "signing_secret": "s"}}),
         json!({"type": "webhook", "name": "x", "config": {"url": "http://169.254.169.254/latest", "signing_secret": "s"}}),
         json!({"type": "webhook", "name": "x", "config": {"url": "http://100.64.1.1/h", "signing_secret": "s"}}),
+        // NAT64 and 6to4 forms of private IPv4 addresses.
+        json!({"type": "webhook", "name": "x", "config": {"url": "http://[64:ff9b::a9fe:a9fe]/h", "signing_secret": "s"}}),
+        json!({"type": "webhook", "name": "x", "config": {"url": "http://[2002:a00:1::1]/h", "signing_secret": "s"}}),
     ] {
         let r = s.post(INTEGRATIONS, s.key(), body.clone()).await;
         r.assert_error(422);
@@ -502,23 +515,54 @@ async fn alert_rules_validate_conditions_and_references() {
 #[tokio::test]
 async fn alerting_writes_need_an_admin() {
     let s = start().await;
-    // A viewer's API key: reads are fine, writes are 403.
-    let viewer = s.member_key("viewer").await;
-    assert_eq!(s.get(INTEGRATIONS, &viewer).await.status, 200);
-    assert_eq!(s.get(RULES, &viewer).await.status, 200);
-    s.post(
-        INTEGRATIONS,
-        &viewer,
-        json!({"type": "chat", "name": "c", "config": {"webhook_url": "https://example.com/x"}}),
-    )
-    .await
-    .assert_error(403);
-    s.post(
-        RULES,
-        &viewer,
-        json!({"name": "r", "severity": "info", "integration_ids": [],
-               "condition": {"type": "deployment_status", "status": "failed"}}),
-    )
-    .await
-    .assert_error(403);
+    // Viewers and members read; only admins (and owners) write.
+    for role in ["viewer", "member"] {
+        let jwt = s.member_key(role).await;
+        assert_eq!(s.get(INTEGRATIONS, &jwt).await.status, 200);
+        assert_eq!(s.get(RULES, &jwt).await.status, 200);
+        assert_eq!(
+            s.get(
+                "/api/v1/organizations/default/projects/default/alerts",
+                &jwt
+            )
+            .await
+            .status,
+            200
+        );
+        s.post(
+            INTEGRATIONS,
+            &jwt,
+            json!({"type": "chat", "name": "c", "config": {"webhook_url": "https://example.com/x"}}),
+        )
+        .await
+        .assert_error(403);
+        s.post(
+            RULES,
+            &jwt,
+            json!({"name": "r", "severity": "info", "integration_ids": [],
+                   "condition": {"type": "deployment_status", "status": "failed"}}),
+        )
+        .await
+        .assert_error(403);
+    }
+    let admin = s.member_key("admin").await;
+    let r = s
+        .post(
+            RULES,
+            &admin,
+            json!({"name": "r", "severity": "info", "integration_ids": [],
+                   "condition": {"type": "deployment_status", "status": "failed"}}),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.body);
+    // A rule sent back as GET shows it, with one field changed, is a valid PATCH.
+    let mut back = r.body.clone();
+    back["name"] = json!("renamed");
+    let p = s
+        .patch(&format!("{RULES}/{}", r.body["id"]), &admin, back)
+        .await;
+    assert_eq!(
+        (p.status.as_u16(), p.body["name"].clone()),
+        (200, json!("renamed"))
+    );
 }

@@ -112,7 +112,11 @@ async fn device_status_offline_fires_once_and_resolves_on_the_next_heartbeat() {
     assert_eq!(a["severity"], "critical");
     assert_eq!(a["state"], "firing");
     assert_eq!(a["resolved_at"], Value::Null);
-    assert_eq!(a["related_deployment"], Value::Null, "no package was activated");
+    assert_eq!(
+        a["related_deployment"],
+        Value::Null,
+        "no package was activated"
+    );
     assert!(a["summary"].as_str().unwrap().contains("r1"), "{a}");
     let got = sink.wait_for(1).await;
     assert_eq!(events(&got), ["alert.firing"]);
@@ -299,7 +303,11 @@ async fn deployment_status_fires_on_a_failed_rollout_and_resolves_on_success() {
     // Fired within the correlation window of the activation: the package is named, in the
     // alert and in the notification.
     let rel = &l["items"][0]["related_deployment"];
-    assert_eq!((rel["id"].clone(), rel["name"].clone()), (json!(dep), json!("n")), "{l}");
+    assert_eq!(
+        (rel["id"].clone(), rel["name"].clone()),
+        (json!(dep), json!("n")),
+        "{l}"
+    );
     assert!(rel["activated_at"].as_str().unwrap().ends_with('Z'));
     let first = sink.wait_for(1).await[0].json();
     assert_eq!(first["alert"]["related_deployment"]["id"], dep);

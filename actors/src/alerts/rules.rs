@@ -26,8 +26,9 @@ pub struct RuleRequest {
     pub enabled: Option<bool>,
 }
 
+/// Any subset of the fields; others (such as `id` or `created_at` from a GET sent back) are
+/// ignored, as for integrations.
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct RulePatchRequest {
     pub name: Option<String>,
     pub condition: Option<Value>,

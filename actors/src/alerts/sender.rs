@@ -33,6 +33,25 @@ impl SendError {
     }
 }
 
+/// The resolver's refusal, found again by type in the client's error chain.
+#[derive(Debug)]
+struct RefusedTarget(String);
+
+impl std::fmt::Display for RefusedTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} resolves only to loopback or private addresses",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for RefusedTarget {}
+
+/// The longest wait a `Retry-After` can impose, whatever the configuration says.
+const RETRY_AFTER_CEILING_SECS: u64 = 300;
+
 /// Resolves with `[alerts] hosts` first, then the system's resolver, and keeps only the
 /// addresses the guard allows; no address left is an error, so nothing connects elsewhere.
 struct VettingResolver {
@@ -59,7 +78,7 @@ impl reqwest::dns::Resolve for VettingResolver {
                 let why: Box<dyn std::error::Error + Send + Sync> = if found.is_empty() {
                     format!("{host} did not resolve").into()
                 } else {
-                    format!("{host} resolves only to loopback or private addresses").into()
+                    Box::new(RefusedTarget(host.clone()))
                 };
                 return Err(why);
             }
@@ -145,7 +164,13 @@ impl Sender {
             .get(reqwest::header::RETRY_AFTER)
             .and_then(|v| v.to_str().ok())
             .and_then(parse_retry_after)
-            .map(|d| d.min(Duration::from_secs(self.cfg.max_retry_after_seconds)));
+            .map(|d| {
+                d.min(Duration::from_secs(
+                    self.cfg
+                        .max_retry_after_seconds
+                        .min(RETRY_AFTER_CEILING_SECS),
+                ))
+            });
         let message = format!("HTTP {}", status.as_u16());
         if status.is_server_error() || status.as_u16() == 429 {
             Err(SendError::Retry {
@@ -190,19 +215,26 @@ impl Sender {
             lettre::AsyncSmtpTransport::<lettre::Tokio1Executor>::builder_dangerous(&s.host)
                 .port(s.port)
                 .timeout(Some(Duration::from_secs(s.timeout_seconds.max(1))));
-        if s.username.is_empty() {
+        if s.implicit_tls {
+            t = t.tls(Tls::Wrapper(params));
+        } else if s.username.is_empty() {
             t = t.tls(Tls::Opportunistic(params));
         } else {
-            t = t.tls(Tls::Required(params)).credentials(
-                lettre::transport::smtp::authentication::Credentials::new(
-                    s.username.clone(),
-                    s.password.clone(),
-                ),
-            );
+            t = t.tls(Tls::Required(params));
+        }
+        if !s.username.is_empty() {
+            t = t.credentials(lettre::transport::smtp::authentication::Credentials::new(
+                s.username.clone(),
+                s.password.clone(),
+            ));
         }
         match t.build().send(msg).await {
             Ok(r) => Ok(format!("SMTP {}", r.code())),
-            Err(e) if e.is_permanent() => Err(SendError::Final(format!("SMTP: {e}"))),
+            // A permanent reply, or a client-side failure (TLS required and not offered, a
+            // refused certificate): the same on every attempt.
+            Err(e) if e.is_permanent() || e.is_client() || e.is_tls() => {
+                Err(SendError::Final(format!("SMTP: {e}")))
+            }
             Err(e) => Err(SendError::Retry {
                 message: format!("SMTP: {e}"),
                 after: None,
@@ -215,11 +247,13 @@ fn classify(e: &reqwest::Error) -> SendError {
     // The resolver's refusal is final: the target is not allowed, trying again changes nothing.
     let mut src: Option<&dyn std::error::Error> = Some(e);
     while let Some(s) = src {
-        let text = s.to_string();
-        if text.contains("resolves only to loopback or private addresses") {
-            return SendError::Final(format!("refused target: {text}"));
+        if let Some(r) = s.downcast_ref::<RefusedTarget>() {
+            return SendError::Final(format!("refused target: {r}"));
         }
         src = s.source();
+    }
+    if e.is_builder() || e.is_redirect() {
+        return SendError::Final(format!("request failed: {}", root_cause(e)));
     }
     let kind = if e.is_timeout() {
         "timed out"

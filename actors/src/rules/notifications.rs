@@ -272,7 +272,6 @@ impl IntegrationConfig {
     /// The whole config object (secret included): `public` with the secret field put back.
     pub fn join(kind: IntegrationType, public: &Value, secret: Option<&str>) -> Value {
         let mut m = public.as_object().cloned().unwrap_or_default();
-        m.retain(|_, v| !v.is_null());
         if let (Some(f), Some(s)) = (secret_field(kind), secret) {
             m.insert(f.into(), Value::String(s.into()));
         }
@@ -409,7 +408,8 @@ pub fn render(
                     "event_action": "trigger",
                     "dedup_key": msg.dedup_key,
                     "payload": {
-                        "summary": msg.headline(),
+                        // PagerDuty refuses (400, final) a summary over 1024 characters.
+                        "summary": msg.headline().chars().take(1024).collect::<String>(),
                         "source": msg.device_name.clone().unwrap_or_else(|| format!("fleetops/{}", msg.project)),
                         "severity": severity,
                         "timestamp": fmt_ms(msg.fired_at),

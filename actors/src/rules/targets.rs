@@ -2,7 +2,7 @@
 //! operator allows it) no address on loopback or a private network. Checked on the URL's
 //! literal host at create and patch, and again on every resolved address at send time.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr};
 
 use crate::error::{Error, Result};
 
@@ -26,11 +26,23 @@ pub fn is_private(ip: IpAddr) -> bool {
                     s[7] as u8,
                 ));
             }
+            let embedded = |hi: u16, lo: u16| {
+                Ipv4Addr::new((hi >> 8) as u8, hi as u8, (lo >> 8) as u8, lo as u8)
+            };
+            // NAT64 (64:ff9b::/96) and 6to4 (2002::/16) carry an IPv4 address inside.
+            if s[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
+                return private_v4(embedded(s[6], s[7]));
+            }
+            if s[0] == 0x2002 {
+                return private_v4(embedded(s[1], s[2]));
+            }
             v6.is_loopback()
                 || v6.is_unspecified()
                 || (s[0] & 0xfe00) == 0xfc00
                 || (s[0] & 0xffc0) == 0xfe80
-                || v6 == Ipv6Addr::new(0x64, 0xff9b, 0, 0, 0, 0, 0, 0)
+                // Site-local (deprecated, still routed privately) and local-use NAT64.
+                || (s[0] & 0xffc0) == 0xfec0
+                || (s[0] == 0x64 && s[1] == 0xff9b && s[2] == 1)
         }
     }
 }
@@ -112,6 +124,12 @@ mod tests {
             "::ffff:127.0.0.1",
             "::ffff:10.0.0.1",
             "::127.0.0.1",
+            "64:ff9b::a9fe:a9fe",
+            "64:ff9b::a00:1",
+            "64:ff9b:1::1",
+            "2002:a00:1::1",
+            "2002:7f00:1::",
+            "fec0::1",
         ] {
             assert!(is_private(ip.parse().unwrap()), "{ip}");
         }
