@@ -202,6 +202,10 @@ pub struct AlertsConfig {
     pub tick_ms: u64,
     /// Days of heartbeat metrics kept for backtests.
     pub history_days: u64,
+    /// At most one heartbeat per device per this many seconds is kept for backtests (so the
+    /// history holds at most `history_days * 86400 / history_resolution_seconds` samples per
+    /// device); a backtest sees gaps and changes no finer than this.
+    pub history_resolution_seconds: u64,
     /// An alert names the deployment last activated for its device when it fires within
     /// this many seconds of the activation.
     pub correlation_window_seconds: i64,
@@ -221,6 +225,7 @@ impl Default for AlertsConfig {
             hosts: std::collections::BTreeMap::new(),
             tick_ms: 250,
             history_days: 7,
+            history_resolution_seconds: 10,
             correlation_window_seconds: 3600,
         }
     }

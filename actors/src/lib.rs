@@ -201,6 +201,8 @@ impl Runtime {
                 alerting: project::alerting::AlertingCtx {
                     sealer: sealer.clone(),
                     allow_private_targets: cfg.alerts.allow_private_targets,
+                    history_resolution_ms: (cfg.alerts.history_resolution_seconds as i64)
+                        .saturating_mul(1000),
                 },
             },
             cfg: cfg.supervision.clone(),
@@ -344,10 +346,24 @@ impl Runtime {
             sender,
             clock: clock.clone(),
             feed: alert_feed.clone(),
+            history_days: cfg.alerts.history_days,
+            offline_after_ms: (cfg.devices.offline_after_seconds as i64).saturating_mul(1000),
         };
         let worker_slot = Arc::new(Slot::new(limit, timeout));
         let housekeeper_slot = Arc::new(Slot::new(limit, timeout));
         let pruners: housekeeper::Pruners = Arc::new(std::sync::Mutex::new(Vec::new()));
+        {
+            // Heartbeat samples older than `[alerts] history_days`, a bounded number a pass.
+            let (store, clock) = (store.clone(), clock.clone());
+            let keep_ms = (cfg.alerts.history_days as i64).saturating_mul(86_400_000);
+            if let Ok(mut p) = pruners.lock() {
+                p.push(Box::new(move || {
+                    if let Err(e) = store.prune_metric_history(clock.now_ms() - keep_ms, 100_000) {
+                        tracing::warn!(error = %e, "pruning the metric history failed");
+                    }
+                }));
+            }
+        }
         let health = root::Health::default();
 
         let (root, _) = Actor::spawn(

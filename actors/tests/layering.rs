@@ -236,6 +236,7 @@ fn writers_import_no_handle() {
                 "alerts::integrations",
                 "alerts::rules",
                 "alerts::history",
+                "alerts::backtest",
                 "session::artifacts",
                 "session::exports",
                 "webhooks::secret",

@@ -89,6 +89,8 @@ fn doc(op: Op) -> Doc {
         | DeleteIntegration | CreateAlertRule | PatchAlertRule | DeleteAlertRule => WRITE,
         // The target's refusal is `success: false` in a 200, never an error of the request.
         TestIntegration => PLAIN,
+        // Reads only: 422 for a bad condition, window or group.
+        BacktestRule => answers(&[422]),
         Heartbeat => Doc {
             body: Some(ReqBody::OptionalJson),
             ..WRITE

@@ -103,6 +103,7 @@ pub enum Op {
     DeleteAlertRule,
     ListAlerts,
     GetAlert,
+    BacktestRule,
 }
 
 /// How a route authenticates, for the OpenAPI document.
@@ -239,6 +240,7 @@ pub fn routes() -> Vec<RouteDef> {
         route!(POST "/api/v1/organizations/{org}/projects/{project}/integrations/{integration_id}/test", TestIntegration, "alerts", Bearer, 200, false, "Send one test alert now"),
         route!(POST "/api/v1/organizations/{org}/projects/{project}/alert-rules", CreateAlertRule, "alerts", Bearer, 201, true, "Create an alert rule"),
         route!(GET "/api/v1/organizations/{org}/projects/{project}/alert-rules", ListAlertRules, "alerts", Bearer, 200, false, "Alert rules"),
+        route!(POST "/api/v1/organizations/{org}/projects/{project}/alert-rules/backtest", BacktestRule, "alerts", Bearer, 200, true, "When a draft rule would have fired and resolved over the stored history"),
         route!(GET "/api/v1/organizations/{org}/projects/{project}/alert-rules/{rule_id}", GetAlertRule, "alerts", Bearer, 200, false, "An alert rule"),
         route!(PATCH "/api/v1/organizations/{org}/projects/{project}/alert-rules/{rule_id}", PatchAlertRule, "alerts", Bearer, 200, true, "Change any subset of a rule's fields"),
         route!(DELETE "/api/v1/organizations/{org}/projects/{project}/alert-rules/{rule_id}", DeleteAlertRule, "alerts", Bearer, 204, false, "Delete an alert rule"),

@@ -328,6 +328,20 @@ pub(crate) fn notification(alert: u64, id: u64) -> Vec<u8> {
 pub(crate) fn notification_prefix(alert: u64) -> Vec<u8> {
     key(&[b"nt", &be(alert), b""])
 }
+/// One heartbeat's metrics kept for backtests.
+pub(crate) fn metric_sample(project: u64, device: u64, at: i64) -> Vec<u8> {
+    key(&[b"mh", &be(project), &be(device), &be(at.max(0) as u64)])
+}
+pub(crate) fn metric_sample_prefix(project: u64, device: u64) -> Vec<u8> {
+    key(&[b"mh", &be(project), &be(device), b""])
+}
+/// The expiry index of samples: time first, so pruning reads only what expired.
+pub(crate) fn metric_sample_expiry(at: i64, project: u64, device: u64) -> Vec<u8> {
+    key(&[b"mhx", &be(at.max(0) as u64), &be(project), &be(device)])
+}
+pub(crate) fn metric_sample_expiry_prefix() -> Vec<u8> {
+    key(&[b"mhx", b""])
+}
 /// A notification still owed (value: its record's key).
 pub(crate) fn owed_notification(id: u64) -> Vec<u8> {
     key(&[b"ntq", &be(id)])

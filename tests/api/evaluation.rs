@@ -469,3 +469,91 @@ async fn a_pending_notification_is_sent_after_a_restart() {
     assert_eq!(a["notifications"][0]["attempts"], 2);
     assert_eq!(sink.count(), 2);
 }
+
+#[tokio::test]
+async fn backtest_replays_stored_history_without_sending_anything() {
+    let sink = Sink::start().await;
+    let s = start_with(|c| {
+        fast(c);
+        c.devices.offline_after_seconds = 60;
+    })
+    .await;
+    let clock = s.running.as_ref().unwrap().runtime.clock.clone();
+    let hook = webhook(&s, &sink).await;
+    let (d, tok) = device(&s, "r1").await;
+    let (_quiet, _) = device(&s, "r2").await;
+    // temp: 90 at t0, 95 at t0+20 s, 10 at t0+40 s; then silence for 200 s.
+    let t0 = clock.now_ms();
+    for (temp, step) in [(90.0, 20), (95.0, 20), (10.0, 200)] {
+        heartbeat(&s, d, &tok, json!({"temp": temp})).await;
+        clock.advance(Duration::from_secs(step));
+    }
+    let bt = |condition: Value| {
+        let s = &s;
+        async move {
+            let r = s
+                .post(
+                    &format!("{RULES}/backtest"),
+                    s.key(),
+                    json!({"condition": condition}),
+                )
+                .await;
+            assert_eq!(r.status, 200, "{}", r.body);
+            r.body
+        }
+    };
+    let ms = |v: &Value| fleetops_actors::clock::parse_ms(v.as_str().unwrap()).unwrap();
+    let r = bt(json!({"type": "metric_threshold", "metric": "temp", "operator": "gt", "threshold": 80, "duration_seconds": 30})).await;
+    assert_eq!(r["devices_evaluated"], 2);
+    let f = &r["devices"][0]["firings"];
+    assert_eq!(r["devices"][0]["device_id"], d);
+    assert_eq!(f.as_array().unwrap().len(), 1, "{r}");
+    assert!((ms(&f[0]["fired_at"]) - (t0 + 30_000)).abs() < 2_000, "{r}");
+    assert!((ms(&f[0]["resolved_at"]) - (t0 + 40_000)).abs() < 2_000, "{r}");
+    // Offline 60 s after the last heartbeat (t0+40 s), for 30 s: fired at t0+130 s, unresolved.
+    let r = bt(json!({"type": "device_status", "status": "offline", "duration_seconds": 30})).await;
+    let f = &r["devices"][0]["firings"];
+    assert_eq!(f.as_array().unwrap().len(), 1, "{r}");
+    assert!((ms(&f[0]["fired_at"]) - (t0 + 130_000)).abs() < 2_000, "{r}");
+    assert_eq!(f[0]["resolved_at"], Value::Null);
+    // A threshold never held long enough fires nothing.
+    let r = bt(json!({"type": "metric_threshold", "metric": "temp", "operator": "gt", "threshold": 92, "duration_seconds": 30})).await;
+    assert_eq!(r["devices"], json!([]));
+    // Logs, by their own timestamps: two error lines of module arm within 10 s fire at the
+    // second and resolve 10 s after the first of them; other levels and modules do not count.
+    let sid = session(&s, d, &tok).await;
+    let at = |secs: i64| fleetops_actors::clock::fmt_ms(t0 + secs * 1000);
+    let r = s
+        .post(
+            &format!("{DEV}/sessions/{sid}/logs"),
+            &tok,
+            json!([
+                {"timestamp": at(1), "level": "error", "module": "arm", "message": "overheat 1"},
+                {"timestamp": at(2), "level": "info", "module": "arm", "message": "overheat (info)"},
+                {"timestamp": at(3), "level": "error", "module": "base", "message": "overheat (base)"},
+                {"timestamp": at(4), "level": "error", "module": "arm", "message": "overheat 2"},
+            ]),
+        )
+        .await;
+    assert_eq!(r.status, 202, "{}", r.body);
+    let r = bt(json!({"type": "log_pattern", "pattern": "overheat", "level": "error", "module": "arm", "count": 2, "window_seconds": 10})).await;
+    let f = &r["devices"][0]["firings"];
+    assert_eq!(f.as_array().unwrap().len(), 1, "{r}");
+    assert_eq!(ms(&f[0]["fired_at"]), t0 + 4_000, "{r}");
+    assert_eq!(ms(&f[0]["resolved_at"]), t0 + 11_000, "{r}");
+    assert_eq!(r["log_lines_scanned"], 4);
+    // Bad input.
+    for bad in [
+        json!({"condition": {"type": "log_pattern", "pattern": "("}}),
+        json!({"condition": {"type": "deployment_status", "status": "failed"}, "from": "yesterday"}),
+        json!({"condition": {"type": "deployment_status", "status": "failed"}, "device_group_ids": [999]}),
+    ] {
+        s.post(&format!("{RULES}/backtest"), s.key(), bad)
+            .await
+            .assert_error(422);
+    }
+    // Nothing was sent or recorded.
+    let _ = hook;
+    assert_eq!(alerts(&s, "").await["total"], 0);
+    assert_eq!(sink.count(), 0);
+}

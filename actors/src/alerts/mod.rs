@@ -4,6 +4,7 @@
 //! references and a group's deletion are decided by one writer); alerts by the project's
 //! evaluator; notification outcomes by the notifier.
 
+pub mod backtest;
 pub(crate) mod evaluator;
 pub mod history;
 pub mod integrations;
@@ -16,6 +17,7 @@ use crate::project::handle::ProjectsHandle;
 use crate::secrets::Sealer;
 use fleetops_storage::Store;
 
+pub use backtest::{BacktestRequest, BacktestView};
 pub use history::{AlertFilter, AlertView};
 pub use integrations::{IntegrationPatch, IntegrationRequest, IntegrationView, TestResult};
 pub use rules::{RulePatchRequest, RuleRequest, RuleView};
@@ -28,6 +30,9 @@ pub struct AlertsHandle {
     pub(crate) sender: sender::Sender,
     pub(crate) clock: Clock,
     pub(crate) feed: evaluator::AlertFeed,
+    /// What backtests may look back over, and when a device counts as offline.
+    pub(crate) history_days: u64,
+    pub(crate) offline_after_ms: i64,
 }
 
 impl AlertsHandle {

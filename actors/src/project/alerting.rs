@@ -18,6 +18,8 @@ use fleetops_storage::{AlertRule, Integration, IntegrationType, Severity};
 pub(crate) struct AlertingCtx {
     pub sealer: Sealer,
     pub allow_private_targets: bool,
+    /// At most one heartbeat sample per device per this many milliseconds is kept.
+    pub history_resolution_ms: i64,
 }
 
 /// The associated data a sealed secret is bound to.

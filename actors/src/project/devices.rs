@@ -79,7 +79,7 @@ impl ProjectState {
     }
 
     /// Returns the time stamped as `last_seen_at`.
-    pub(super) fn heartbeat(&self, id: u64, metrics: BTreeMap<String, f64>) -> Result<i64> {
+    pub(super) fn heartbeat(&mut self, id: u64, metrics: BTreeMap<String, f64>) -> Result<i64> {
         if metrics.len() > 256 || metrics.keys().any(|k| k.is_empty() || k.len() > 128) {
             return Err(Error::unprocessable(
                 "metrics",
@@ -90,7 +90,16 @@ impl ProjectState {
         let at = self.clock.now_ms();
         d.last_seen_at = Some(at);
         d.metrics = metrics;
-        self.store.update_device(&d)?;
+        // At most one kept sample per device per resolution (the backtests' history).
+        let every = self.alerting.history_resolution_ms;
+        let sample = self
+            .last_sample
+            .get(&id)
+            .is_none_or(|last| at - last >= every);
+        self.store.heartbeat_device(&d, sample)?;
+        if sample {
+            self.last_sample.insert(id, at);
+        }
         Ok(at)
     }
 

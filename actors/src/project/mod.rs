@@ -241,6 +241,8 @@ pub(crate) struct ProjectState {
     rollouts: Outbox<RolloutEvent>,
     clock: crate::clock::Clock,
     alerting: alerting::AlertingCtx,
+    /// When each device's last metric sample was kept (this incarnation).
+    last_sample: std::collections::HashMap<u64, i64>,
 }
 
 impl Actor for ProjectActor {
@@ -270,6 +272,7 @@ impl Actor for ProjectActor {
             rollouts,
             clock,
             alerting,
+            last_sample: std::collections::HashMap::new(),
         })
     }
 
@@ -515,6 +518,7 @@ mod tests {
             alerting: alerting::AlertingCtx {
                 sealer: crate::secrets::Sealer::new(&[1; 32]).unwrap(),
                 allow_private_targets: false,
+                history_resolution_ms: 10_000,
             },
         };
         Actor::spawn(None, ProjectActor, (ctx, pid))

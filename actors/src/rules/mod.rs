@@ -4,6 +4,7 @@
 //! and files, and blob keys. Some read the store; none writes it.
 
 pub mod alert_conditions;
+pub mod backtest;
 pub mod blob_keys;
 pub mod config_files;
 pub mod configurations;

@@ -2,7 +2,8 @@
 //! to read).
 
 use fleetops_actors::alerts::{
-    AlertFilter, IntegrationPatch, IntegrationRequest, RulePatchRequest, RuleRequest,
+    AlertFilter, BacktestRequest, IntegrationPatch, IntegrationRequest, RulePatchRequest,
+    RuleRequest,
 };
 use fleetops_actors::views::Items;
 use fleetops_actors::{AlertState, Role};
@@ -126,4 +127,11 @@ pub fn alert(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
     let (_, s) = cx.project(&req, Role::Viewer)?;
     let id = req.id("alert_id", "Alert")?;
     body::ok(&cx.rt().alerts.alert(s.project.id, id)?)
+}
+
+/// Reads only (nothing is sent), but scans history: members and above.
+pub async fn backtest(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.project(&req, Role::Member)?;
+    let b: BacktestRequest = cx.json(&mut req).await?;
+    body::ok(&cx.rt().alerts.backtest(s.project.id, b).await?)
 }

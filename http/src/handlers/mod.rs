@@ -132,5 +132,6 @@ pub async fn dispatch(op: Op, cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<B
         Op::DeleteAlertRule => alerts::delete_rule(cx, req).await,
         Op::ListAlerts => alerts::list_alerts(cx, req),
         Op::GetAlert => alerts::alert(cx, req),
+        Op::BacktestRule => alerts::backtest(cx, req).await,
     }
 }

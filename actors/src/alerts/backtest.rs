@@ -1,0 +1,219 @@
+//! `POST /alert-rules/backtest`: when a draft rule would have fired and resolved, per device,
+//! over the stored history (heartbeat samples, log lines, rollout results), without sending
+//! anything. The replay itself is `rules::backtest`; this gathers each device's history.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::AlertsHandle;
+use crate::clock::{fmt_ms, parse_ms};
+use crate::error::{Error, Result};
+use crate::rules::alert_conditions::Condition;
+use crate::rules::backtest::{Event, replay};
+
+/// Log lines a backtest reads at most; past it the answer says `truncated`.
+const MAX_LINES: usize = 5_000_000;
+
+#[derive(Debug, Deserialize)]
+pub struct BacktestRequest {
+    pub condition: Value,
+    #[serde(default)]
+    pub device_group_ids: Vec<u64>,
+    /// RFC 3339; default `to` minus `[alerts] history_days`, and never earlier.
+    pub from: Option<String>,
+    /// RFC 3339; default now.
+    pub to: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct FiringView {
+    pub fired_at: String,
+    pub resolved_at: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct DeviceFirings {
+    pub device_id: u64,
+    pub device_name: String,
+    pub firings: Vec<FiringView>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct BacktestView {
+    pub from: String,
+    pub to: String,
+    pub devices_evaluated: usize,
+    /// Devices with at least one firing.
+    pub devices: Vec<DeviceFirings>,
+    pub log_lines_scanned: usize,
+    /// The log-line budget ran out: later lines were not read.
+    pub truncated: bool,
+}
+
+impl AlertsHandle {
+    /// Scans storage on a blocking thread, so a long backtest never holds a runtime worker.
+    pub async fn backtest(&self, pid: u64, req: BacktestRequest) -> Result<BacktestView> {
+        let me = self.clone();
+        tokio::task::spawn_blocking(move || me.backtest_now(pid, req))
+            .await
+            .map_err(|e| Error::Internal(format!("backtest: {e}")))?
+    }
+
+    fn backtest_now(&self, pid: u64, req: BacktestRequest) -> Result<BacktestView> {
+        let cond = super::rules::condition(&req.condition)?;
+        let now = self.clock.now_ms();
+        let time = |field: &str, v: &Option<String>| -> Result<Option<i64>> {
+            v.as_deref()
+                .map(|s| {
+                    parse_ms(s).ok_or_else(|| {
+                        Error::unprocessable(field, "must be RFC 3339 with Z or an offset")
+                    })
+                })
+                .transpose()
+        };
+        let to = time("to", &req.to)?.unwrap_or(now).min(now);
+        let earliest = now - (self.history_days as i64).saturating_mul(86_400_000);
+        let from = time("from", &req.from)?
+            .unwrap_or(to - (self.history_days as i64).saturating_mul(86_400_000))
+            .max(earliest);
+        if from >= to {
+            return Err(Error::unprocessable("from", "must be before to"));
+        }
+        let groups = self.store.project_groups(pid)?;
+        for g in &req.device_group_ids {
+            if !groups.iter().any(|x| x.id == *g) {
+                return Err(Error::unprocessable(
+                    "device_group_ids",
+                    format!("device group {g} does not exist in this project"),
+                ));
+            }
+        }
+        let covered = |device: u64| {
+            req.device_group_ids.is_empty()
+                || groups
+                    .iter()
+                    .any(|g| req.device_group_ids.contains(&g.id) && g.device_ids.contains(&device))
+        };
+        let (regex, level, module) = match &cond {
+            Condition::LogPattern {
+                pattern,
+                level,
+                module,
+                ..
+            } => (
+                Some(crate::rules::alert_conditions::compile(pattern)?),
+                level.as_deref().and_then(crate::logs::parse_level),
+                module.clone(),
+            ),
+            _ => (None, None, None),
+        };
+        let sessions = match cond {
+            Condition::LogPattern { .. } => self.store.project_sessions(pid)?,
+            _ => Vec::new(),
+        };
+        let deployments = match cond {
+            Condition::DeploymentStatus { .. } => self.store.project_deployments(pid)?,
+            _ => Vec::new(),
+        };
+        let mut lines = 0usize;
+        let mut truncated = false;
+        let mut out = Vec::new();
+        let mut evaluated = 0;
+        for d in self.store.project_devices(pid)? {
+            if !covered(d.id) {
+                continue;
+            }
+            evaluated += 1;
+            let history = match cond {
+                Condition::DeviceStatus { .. } | Condition::MetricThreshold { .. } => {
+                    // Heartbeats just before the window tell the state it opened in.
+                    self.store
+                        .metric_history(pid, d.id, from - self.offline_after_ms, to)?
+                }
+                _ => Vec::new(),
+            };
+            let mut events: Vec<Event> = history
+                .iter()
+                .map(|(at, metrics)| Event::Heartbeat { at: *at, metrics })
+                .collect();
+            if let Some(re) = &regex {
+                for s in sessions.iter().filter(|s| s.device_id == d.id) {
+                    if s.started_at > to || s.ended_at.is_some_and(|e| e < from) {
+                        continue;
+                    }
+                    for item in self.store.log_chunks(s.id) {
+                        let (_, c) = item?;
+                        if c.max_ts < from || c.min_ts > to {
+                            continue;
+                        }
+                        if level.is_some_and(|l| c.level_mask & (1 << l) == 0) {
+                            continue;
+                        }
+                        for i in 0..c.len() {
+                            lines += 1;
+                            let at = c.ts_at(i).unwrap_or(0);
+                            if at < from || at > to {
+                                continue;
+                            }
+                            if level.is_some_and(|l| c.level_at(i) != Some(l)) {
+                                continue;
+                            }
+                            if let Some(m) = &module {
+                                let idx = c.module_at(i).map(|x| x as usize);
+                                if idx.and_then(|x| c.modules.get(x)) != Some(m) {
+                                    continue;
+                                }
+                            }
+                            if c.message(i).is_some_and(|t| re.is_match(t)) {
+                                events.push(Event::Match { at });
+                            }
+                        }
+                        if lines >= MAX_LINES {
+                            truncated = true;
+                            break;
+                        }
+                    }
+                    if truncated {
+                        break;
+                    }
+                }
+            }
+            for dep in &deployments {
+                for r in self.store.device_results(dep.id)? {
+                    if r.device_id == d.id && r.reported_at >= from && r.reported_at <= to {
+                        events.push(Event::Rollout {
+                            at: r.reported_at,
+                            status: r.status,
+                        });
+                    }
+                }
+            }
+            events.sort_by_key(Event::at);
+            let firings = replay(&cond, self.offline_after_ms, &events, from, to);
+            if !firings.is_empty() {
+                out.push(DeviceFirings {
+                    device_id: d.id,
+                    device_name: d.name.clone(),
+                    firings: firings
+                        .into_iter()
+                        .map(|f| FiringView {
+                            fired_at: fmt_ms(f.fired_at),
+                            resolved_at: f.resolved_at.map(fmt_ms),
+                        })
+                        .collect(),
+                });
+            }
+            if truncated {
+                break;
+            }
+        }
+        Ok(BacktestView {
+            from: fmt_ms(from),
+            to: fmt_ms(to),
+            devices_evaluated: evaluated,
+            devices: out,
+            log_lines_scanned: lines,
+            truncated,
+        })
+    }
+}
