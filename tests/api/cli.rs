@@ -816,7 +816,8 @@ async fn kill_9_while_an_alert_fires_and_its_notification_is_owed() {
     std::fs::write(
         dir.path().join("config.toml"),
         "[devices]\noffline_after_seconds = 1\n\
-         [alerts]\nallow_private_targets = true\ntick_ms = 50\nretry_base_ms = 1500\nmax_attempts = 5\n",
+         [alerts]\nallow_private_targets = true\ntick_ms = 50\nretry_base_ms = 5000\nmax_attempts = 5\n\
+         [tiers.free]\nrequests_per_minute = 100000\n",
     )
     .unwrap();
     let mut p = serve(dir.path(), &[]);
@@ -889,7 +890,7 @@ async fn kill_9_while_an_alert_fires_and_its_notification_is_owed() {
                 .unwrap()
         }
     };
-    // Fired, and its first attempt refused (503): owed, retry due 1.5 s later.
+    // Fired, and its first attempt refused (503): owed, retry due 5 s later.
     let base = p.base.clone();
     assert!(
         crate::common::eventually(10, || async {
@@ -908,7 +909,7 @@ async fn kill_9_while_an_alert_fires_and_its_notification_is_owed() {
     let p = serve(dir.path(), &[]);
     let base = p.base.clone();
     assert!(
-        crate::common::eventually(10, || async {
+        crate::common::eventually(20, || async {
             alerts(base.clone()).await["items"][0]["notifications"][0]["success"] == true
         })
         .await,

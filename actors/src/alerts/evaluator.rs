@@ -48,6 +48,8 @@ pub(crate) enum EvaluatorMsg {
     },
     /// The project's rules were written: reload them.
     RulesChanged,
+    /// A device was deleted or a group changed: reread devices and memberships.
+    DevicesChanged,
     Tick,
 }
 
@@ -121,8 +123,34 @@ impl AlertFeed {
 struct Loaded {
     rule: AlertRule,
     cond: Condition,
-    regex: Option<regex::Regex>,
     level: Option<u8>,
+}
+
+/// Every log rule's pattern in one set, so a line is scanned once whatever the number of rules.
+fn log_set(rules: &[Loaded]) -> (Vec<usize>, Option<regex::RegexSet>) {
+    let mut idx = Vec::new();
+    let mut patterns = Vec::new();
+    for (i, l) in rules.iter().enumerate() {
+        if let Condition::LogPattern { pattern, .. } = &l.cond {
+            idx.push(i);
+            patterns.push(pattern.clone());
+        }
+    }
+    if idx.is_empty() {
+        return (idx, None);
+    }
+    let limit = 256 * 1024 * patterns.len().max(1);
+    match regex::RegexSetBuilder::new(&patterns)
+        .size_limit(limit)
+        .dfa_size_limit(limit)
+        .build()
+    {
+        Ok(set) => (idx, Some(set)),
+        Err(e) => {
+            tracing::warn!(error = %e, "log rules could not be compiled together");
+            (Vec::new(), None)
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -138,6 +166,9 @@ pub(crate) struct EvaluatorState {
     slug: String,
     ctx: EvaluatorCtx,
     rules: Vec<Loaded>,
+    /// The indices (into `rules`) of the log rules, in the order of `log_set`'s patterns.
+    log_rules: Vec<usize>,
+    log_set: Option<regex::RegexSet>,
     states: HashMap<(u64, u64), ConditionState>,
     last_seen: HashMap<u64, i64>,
     /// When each online device came online (its first heartbeat after being offline).
@@ -169,17 +200,18 @@ fn load_rules(store: &Store, pid: u64) -> Result<Vec<Loaded>> {
         let Ok(cond) = Condition::parse(&v) else {
             continue;
         };
-        let (regex, level) = match &cond {
-            Condition::LogPattern { pattern, level, .. } => (
-                crate::rules::alert_conditions::compile(pattern).ok(),
-                level.as_deref().and_then(crate::logs::parse_level),
-            ),
-            _ => (None, None),
+        let level = match &cond {
+            Condition::LogPattern { pattern, level, .. } => {
+                if crate::rules::alert_conditions::compile(pattern).is_err() {
+                    continue;
+                }
+                level.as_deref().and_then(crate::logs::parse_level)
+            }
+            _ => None,
         };
         out.push(Loaded {
             rule: r,
             cond,
-            regex,
             level,
         });
     }
@@ -201,10 +233,14 @@ impl Actor for EvaluatorActor {
             .project(pid)?
             .map(|p| p.slug.clone())
             .ok_or_else(|| format!("project {pid} does not exist"))?;
+        let rules = load_rules(&store, pid)?;
+        let (log_rules, log_set) = log_set(&rules);
         let mut st = EvaluatorState {
             pid,
             slug,
-            rules: load_rules(&store, pid)?,
+            rules,
+            log_rules,
+            log_set,
             states: store
                 .condition_states(pid)?
                 .into_iter()
@@ -218,18 +254,12 @@ impl Actor for EvaluatorActor {
             scheduled: HashMap::new(),
             ctx,
         };
-        for d in store.project_devices(pid)? {
-            if let Some(ls) = d.last_seen_at {
-                st.last_seen.insert(d.id, ls);
-                // Unknown after a restart: counted from the last heartbeat at the latest.
-                st.online_since.insert(d.id, ls);
-                st.metrics.insert(d.id, Arc::new(d.metrics));
-            }
-        }
         myself.send_interval(st.ctx.tick, || Envelope::cast(EvaluatorMsg::Tick));
         let now = st.ctx.clock.now_ms();
         let mut ch = Changes::default();
-        st.recheck_everything(now, &mut ch)?;
+        // Devices and states from storage (online since: unknown after a restart, so counted
+        // from the last heartbeat at the latest).
+        st.refresh_devices(now, &mut ch)?;
         st.commit(ch).await?;
         Ok(st)
     }
@@ -256,6 +286,7 @@ impl Actor for EvaluatorActor {
                 st.rollout(device_id, status, now, &mut ch)?
             }
             EvaluatorMsg::RulesChanged => st.reload(now, &mut ch)?,
+            EvaluatorMsg::DevicesChanged => st.refresh_devices(now, &mut ch)?,
             EvaluatorMsg::Tick => st.tick(now, &mut ch)?,
         }
         st.commit(ch).await?;
@@ -353,9 +384,12 @@ impl EvaluatorState {
                 }
                 _ => continue,
             };
-            if !self.applies(&l.rule, device)? {
-                continue;
-            }
+            // A rule that no longer covers the device (it left the group) does not hold.
+            let since = if self.applies(&l.rule, device)? {
+                since
+            } else {
+                None
+            };
             verdicts.push((i, since));
         }
         for (i, since) in verdicts {
@@ -383,55 +417,69 @@ impl EvaluatorState {
         Ok(())
     }
 
+    /// Matches a batch once against every log rule's pattern (one `RegexSet` pass per line),
+    /// then counts per rule with its level and module.
     fn logs(&mut self, device: u64, chunk: &LogChunk, now: i64, ch: &mut Changes) -> Result<()> {
-        for i in 0..self.rules.len() {
-            let (rule_id, count, window_ms, module) = match &self.rules[i].cond {
-                Condition::LogPattern {
-                    count,
-                    window_seconds,
-                    module,
-                    ..
-                } => (
-                    self.rules[i].rule.id,
-                    *count as usize,
-                    (*window_seconds as i64).saturating_mul(1000),
-                    module.clone(),
-                ),
-                _ => continue,
-            };
-            let Some(re) = &self.rules[i].regex else {
+        let Some(set) = &self.log_set else {
+            return Ok(());
+        };
+        let mut applicable = Vec::with_capacity(self.log_rules.len());
+        for &i in &self.log_rules {
+            let l = &self.rules[i];
+            let level_present = l.level.is_none_or(|lv| chunk.level_mask & (1 << lv) != 0);
+            applicable.push(level_present && self.applies(&l.rule, device)?);
+        }
+        if !applicable.iter().any(|a| *a) {
+            return Ok(());
+        }
+        let mut counts = vec![0usize; self.log_rules.len()];
+        for e in 0..chunk.len() {
+            let Some(msg) = chunk.message(e) else {
                 continue;
             };
-            if !self.applies(&self.rules[i].rule, device)? {
+            if !set.is_match(msg) {
                 continue;
             }
-            let level = self.rules[i].level;
-            if level.is_some_and(|l| chunk.level_mask & (1 << l) == 0) {
-                continue;
-            }
-            let mut matched = 0usize;
-            for e in 0..chunk.len() {
-                if level.is_some_and(|l| chunk.level_at(e) != Some(l)) {
+            for k in set.matches(msg).iter() {
+                if !applicable.get(k).copied().unwrap_or(false) {
                     continue;
                 }
-                if let Some(m) = &module {
+                let Some(&i) = self.log_rules.get(k) else {
+                    continue;
+                };
+                let l = &self.rules[i];
+                if l.level.is_some_and(|lv| chunk.level_at(e) != Some(lv)) {
+                    continue;
+                }
+                if let Condition::LogPattern {
+                    module: Some(m), ..
+                } = &l.cond
+                {
                     let idx = chunk.module_at(e).map(|x| x as usize);
                     if idx.and_then(|x| chunk.modules.get(x)) != Some(m) {
                         continue;
                     }
                 }
-                if chunk.message(e).is_some_and(|t| re.is_match(t)) {
-                    matched += 1;
-                    if matched >= count {
-                        break;
-                    }
-                }
+                counts[k] += 1;
             }
+        }
+        for (k, matched) in counts.into_iter().enumerate() {
             if matched == 0 {
                 continue;
             }
+            let i = self.log_rules[k];
+            let Condition::LogPattern {
+                count,
+                window_seconds,
+                ..
+            } = self.rules[i].cond
+            else {
+                continue;
+            };
+            let (rule_id, count) = (self.rules[i].rule.id, count as usize);
+            let window_ms = (window_seconds as i64).saturating_mul(1000);
             let w = self.windows.entry((rule_id, device)).or_default();
-            for _ in 0..matched {
+            for _ in 0..matched.min(count) {
                 w.push_back(now);
             }
             while w.len() > count {
@@ -439,12 +487,11 @@ impl EvaluatorState {
             }
             let front = w.front().copied().unwrap_or(now);
             let holds = w.len() >= count && front > now - window_ms;
-            if holds {
-                if !self.states.contains_key(&(rule_id, device)) {
-                    self.fire(i, device, now, now, ch)?;
-                }
-                self.schedule(Due::Window(rule_id, device), front + window_ms);
+            if holds && !self.states.contains_key(&(rule_id, device)) {
+                self.fire(i, device, now, now, ch)?;
             }
+            // Looked at again when its oldest match leaves: resolves, or frees the window.
+            self.schedule(Due::Window(rule_id, device), front + window_ms);
         }
         Ok(())
     }
@@ -469,8 +516,16 @@ impl EvaluatorState {
         if w.len() >= count as usize {
             let front = w.front().copied().unwrap_or(now);
             self.schedule(Due::Window(rule_id, device), front + window_ms);
-        } else if let Some(s) = self.states.get(&(rule_id, device)).cloned() {
-            self.clear(i, device, &s, now, ch)?;
+        } else {
+            if w.is_empty() {
+                self.windows.remove(&(rule_id, device));
+            } else if let Some(front) = w.front().copied() {
+                // Below the count: look again when its oldest match leaves, to free it.
+                self.schedule(Due::Window(rule_id, device), front + window_ms);
+            }
+            if let Some(s) = self.states.get(&(rule_id, device)).cloned() {
+                self.clear(i, device, &s, now, ch)?;
+            }
         }
         Ok(())
     }
@@ -537,26 +592,73 @@ impl EvaluatorState {
         };
         let kept: HashMap<u64, _> = fresh.iter().map(|l| (l.rule.id, shape(l))).collect();
         let old: HashMap<u64, _> = self.rules.iter().map(|l| (l.rule.id, shape(l))).collect();
+        let changed = |r: &u64| !kept.contains_key(r) || kept.get(r) != old.get(r);
         let stale: Vec<(u64, u64)> = self
             .states
             .keys()
-            .filter(|(r, _)| !kept.contains_key(r) || kept.get(r) != old.get(r))
+            .filter(|(r, _)| changed(r))
             .copied()
             .collect();
         for key in stale {
-            if let Some(s) = self.states.remove(&key) {
-                ch.states.push((key.0, key.1, None));
-                if let Some(a) = s.alert_id
-                    && let Some(mut alert) = self.store().alert(self.pid, a)?
-                {
-                    alert.state = AlertState::Resolved;
-                    alert.resolved_at = Some(now);
-                    ch.alerts.push(alert);
+            // Resolved through the rule as it was, so its integrations hear the resolve.
+            if let (Some(s), Some(i)) = (
+                self.states.get(&key).cloned(),
+                self.rules.iter().position(|l| l.rule.id == key.0),
+            ) {
+                self.clear(i, key.1, &s, now, ch)?;
+            }
+        }
+        self.windows.retain(|(r, _), _| !changed(r));
+        self.rules = fresh;
+        (self.log_rules, self.log_set) = log_set(&self.rules);
+        self.refresh_devices(now, ch)
+    }
+
+    /// Rereads the devices (their last heartbeat and metrics) and reconciles the states: a
+    /// state whose device is gone, whose rule no longer covers the device, or whose rule is
+    /// gone is cleared (resolving its alert); then everything is judged again.
+    fn refresh_devices(&mut self, now: i64, ch: &mut Changes) -> Result<()> {
+        let devices = self.store().project_devices(self.pid)?;
+        let present: std::collections::HashSet<u64> = devices.iter().map(|d| d.id).collect();
+        self.last_seen.clear();
+        self.metrics.clear();
+        for d in devices {
+            if let Some(ls) = d.last_seen_at {
+                self.last_seen.insert(d.id, ls);
+                let since = self.online_since.get(&d.id).copied().unwrap_or(ls);
+                self.online_since.insert(d.id, since.min(ls));
+                self.metrics.insert(d.id, Arc::new(d.metrics));
+            }
+        }
+        self.online_since.retain(|d, _| present.contains(d));
+        self.windows.retain(|(_, d), _| present.contains(d));
+        let keys: Vec<(u64, u64)> = self.states.keys().copied().collect();
+        for (r, d) in keys {
+            let Some(s) = self.states.get(&(r, d)).cloned() else {
+                continue;
+            };
+            match self.rules.iter().position(|l| l.rule.id == r) {
+                Some(i) => {
+                    if !present.contains(&d) || !self.applies(&self.rules[i].rule, d)? {
+                        self.clear(i, d, &s, now, ch)?;
+                    }
+                }
+                None => {
+                    // A rule deleted or disabled while no evaluator ran: nothing to notify
+                    // through; the alert is closed.
+                    self.states.remove(&(r, d));
+                    ch.states.push((r, d, None));
+                    if let Some(a) = s.alert_id
+                        && let Some(mut alert) = self.store().alert(self.pid, a)?
+                        && alert.state == AlertState::Firing
+                    {
+                        alert.state = AlertState::Resolved;
+                        alert.resolved_at = Some(now);
+                        ch.alerts.push(alert);
+                    }
                 }
             }
-            self.windows.remove(&key);
         }
-        self.rules = fresh;
         self.recheck_everything(now, ch)
     }
 

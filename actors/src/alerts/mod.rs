@@ -55,7 +55,11 @@ impl AlertsHandle {
         owed.sort_unstable();
         owed.dedup();
         for pid in owed {
-            self.feed.notifiers.actor(pid).await?;
+            // One notifier that cannot start must not keep the server down; its
+            // notifications stay owed in storage.
+            if let Err(e) = self.feed.notifiers.actor(pid).await {
+                tracing::error!(project = pid, error = %e, "a notifier did not start");
+            }
         }
         let feed = self.feed.clone();
         let mut rx = rollouts;

@@ -54,8 +54,16 @@ impl crate::keyed::KeyedChild for NotifierActor {
     const KIND: &'static str = "notifier";
 }
 
+/// How often (in ticks) a notifier rereads its owed notifications from storage.
+const REREAD_EVERY_TICKS: u32 = 240;
+/// The longest backoff between two attempts.
+const MAX_BACKOFF_MS: u64 = 300_000;
+
 pub(crate) struct NotifierState {
+    pid: u64,
     slug: String,
+    /// Ticks since the owed notifications were last reread from storage.
+    ticks: u32,
     ctx: NotifierCtx,
     owed: HashMap<u64, Notification>,
     heap: BinaryHeap<Reverse<(i64, u64)>>,
@@ -78,7 +86,9 @@ impl Actor for NotifierActor {
             .map(|p| p.slug.clone())
             .unwrap_or_default();
         let mut st = NotifierState {
+            pid,
             slug,
+            ticks: 0,
             owed: HashMap::new(),
             heap: BinaryHeap::new(),
             sending: HashSet::new(),
@@ -106,11 +116,34 @@ impl Actor for NotifierActor {
         match msg {
             NotifierMsg::Owed(list) => {
                 for n in list {
-                    st.take(n);
+                    // Already settled by this notifier, which started from storage after the
+                    // batch was written: not taken again.
+                    let settled = st
+                        .ctx
+                        .store
+                        .alert_notifications(n.alert_id)?
+                        .iter()
+                        .any(|x| x.id == n.id && x.success.is_some());
+                    if !settled {
+                        st.take(n);
+                    }
                 }
                 st.start_due(&myself);
             }
-            NotifierMsg::Tick => st.start_due(&myself),
+            NotifierMsg::Tick => {
+                st.ticks += 1;
+                // Now and then, whatever is owed in storage (an evaluator whose message was
+                // lost after its write, for instance).
+                if st.ticks >= REREAD_EVERY_TICKS {
+                    st.ticks = 0;
+                    for n in st.ctx.store.owed_notifications()? {
+                        if n.project_id == st.pid {
+                            st.take(n);
+                        }
+                    }
+                }
+                st.start_due(&myself)
+            }
             NotifierMsg::Attempted { id, outcome } => {
                 st.sending.remove(&id);
                 st.record(id, outcome).await?;
@@ -143,6 +176,22 @@ impl NotifierState {
             };
             if n.next_attempt_at != at || self.sending.contains(&id) {
                 self.heap.pop();
+                continue;
+            }
+            // One integration hears an alert's messages in order: a resolve waits while the
+            // firing before it is still owed (retrying), so it never overtakes it.
+            let (alert, integration) = (n.alert_id, n.integration_id);
+            let earlier = self
+                .owed
+                .values()
+                .any(|o| o.alert_id == alert && o.integration_id == integration && o.id < id);
+            if earlier {
+                self.heap.pop();
+                let later = now + self.ctx.cfg.tick_ms.clamp(10, 1000) as i64;
+                if let Some(n) = self.owed.get_mut(&id) {
+                    n.next_attempt_at = later;
+                }
+                self.heap.push(Reverse((later, id)));
                 continue;
             }
             let Ok(permit) = self.ctx.in_flight.clone().try_acquire_owned() else {
@@ -185,10 +234,13 @@ impl NotifierState {
                     .ctx
                     .cfg
                     .retry_base_ms
-                    .saturating_mul(1u64 << (n.attempts - 1).min(20));
-                let wait = after.map_or(backoff, |a| a.as_millis() as u64);
+                    .saturating_mul(1u64 << (n.attempts - 1).min(20))
+                    .min(MAX_BACKOFF_MS);
+                let wait = after.map_or(backoff, |a| {
+                    a.as_millis().min(u128::from(MAX_BACKOFF_MS)) as u64
+                });
                 n.last_error = Some(message);
-                n.next_attempt_at = now + wait as i64;
+                n.next_attempt_at = now.saturating_add(wait as i64);
             }
             Err(e) => {
                 n.success = Some(false);

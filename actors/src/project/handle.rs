@@ -233,7 +233,10 @@ impl ProjectsHandle {
 
     pub async fn delete_device(&self, pid: u64, id: u64) -> Result<()> {
         self.write(pid, |reply| ProjectMsg::DeleteDevice { id, reply })
-            .await
+            .await?;
+        // Its alerts resolve; it no longer goes offline.
+        self.alerts.signal(pid, EvaluatorMsg::DevicesChanged).await;
+        Ok(())
     }
 
     pub async fn heartbeat(
@@ -286,18 +289,25 @@ impl ProjectsHandle {
         name: Option<String>,
         device_ids: Option<Vec<u64>>,
     ) -> Result<GroupView> {
-        self.write(pid, |reply| ProjectMsg::UpdateGroup {
-            id,
-            name: name.clone(),
-            device_ids: device_ids.clone(),
-            reply,
-        })
-        .await
-        .map(|g| GroupView::from(&g))
+        let g = self
+            .write(pid, |reply| ProjectMsg::UpdateGroup {
+                id,
+                name: name.clone(),
+                device_ids: device_ids.clone(),
+                reply,
+            })
+            .await?;
+        if device_ids.is_some() {
+            // Rules that name the group now cover other devices.
+            self.alerts.signal(pid, EvaluatorMsg::DevicesChanged).await;
+        }
+        Ok(GroupView::from(&g))
     }
 
     pub async fn delete_group(&self, pid: u64, id: u64) -> Result<()> {
         self.write(pid, |reply| ProjectMsg::DeleteGroup { id, reply })
-            .await
+            .await?;
+        self.alerts.signal(pid, EvaluatorMsg::DevicesChanged).await;
+        Ok(())
     }
 }

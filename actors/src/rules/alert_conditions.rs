@@ -9,6 +9,8 @@ use crate::error::{Error, Result};
 pub const MAX_SECONDS: u64 = 30 * 24 * 3600;
 /// The largest compiled pattern, so one rule cannot make every log batch slow.
 pub const MAX_PATTERN_BYTES: usize = 1024;
+/// The largest `count` of a log rule.
+pub const MAX_COUNT: u64 = 10_000;
 const REGEX_SIZE_LIMIT: usize = 256 * 1024;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -156,10 +158,11 @@ impl Condition {
                         "must be 1-128 bytes",
                     ));
                 }
-                if *count == 0 || *count > 1_000_000 {
+                // The evaluator keeps up to `count` match times per (rule, device).
+                if *count == 0 || *count > MAX_COUNT {
                     return Err(Error::unprocessable(
                         "condition.count",
-                        "must be between 1 and 1000000",
+                        format!("must be between 1 and {MAX_COUNT}"),
                     ));
                 }
                 within("condition.window_seconds", *window_seconds, 1)?;
