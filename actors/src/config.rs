@@ -200,6 +200,9 @@ pub struct AlertsConfig {
     pub hosts: std::collections::BTreeMap<String, std::net::IpAddr>,
     /// How often the evaluators look at their due timers.
     pub tick_ms: u64,
+    /// Bytes of log batches waiting for the evaluators, across projects; past it a batch is
+    /// not seen by the log rules (counted as `fleetops_alert_log_batches_dropped`).
+    pub max_log_bytes_in_flight: usize,
     /// Days of heartbeat metrics kept for backtests.
     pub history_days: u64,
     /// At most one heartbeat per device per this many seconds is kept for backtests (so the
@@ -224,6 +227,7 @@ impl Default for AlertsConfig {
             max_in_flight: 64,
             hosts: std::collections::BTreeMap::new(),
             tick_ms: 250,
+            max_log_bytes_in_flight: 64 * 1024 * 1024,
             history_days: 7,
             history_resolution_seconds: 10,
             correlation_window_seconds: 3600,

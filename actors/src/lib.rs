@@ -273,6 +273,9 @@ impl Runtime {
             ),
             notifiers: notifier_actors.clone(),
             active: Arc::new(DashMap::new()),
+            log_bytes: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
+            max_log_bytes: cfg.alerts.max_log_bytes_in_flight.max(1),
+            dropped: Arc::new(AtomicU64::new(0)),
         };
         let session_actors = Keyed::new(
             sessions_slot.clone(),

@@ -27,6 +27,7 @@ pub struct Metrics {
     requests: Family<RequestLabels, Counter>,
     latency: Family<RouteLabels, Histogram>,
     restarts: Gauge,
+    log_batches_dropped: Gauge,
 }
 
 impl Default for Metrics {
@@ -71,11 +72,18 @@ impl Metrics {
             "Actor restarts by supervisors since start-up",
             restarts.clone(),
         );
+        let log_batches_dropped = Gauge::default();
+        registry.register(
+            "alert_log_batches_dropped",
+            "Log batches the alert evaluators did not see (over [alerts] max_log_bytes_in_flight)",
+            log_batches_dropped.clone(),
+        );
         Self {
             registry,
             requests,
             latency,
             restarts,
+            log_batches_dropped,
         }
     }
 
@@ -94,8 +102,9 @@ impl Metrics {
 
     /// The registry in OpenMetrics text (`openmetrics`), else in Prometheus' text exposition
     /// format 0.0.4, which every other scraper (Telegraf, Datadog's agent, `curl | grep`) reads.
-    pub fn render(&self, restarts: u64, openmetrics: bool) -> String {
+    pub fn render(&self, restarts: u64, log_batches_dropped: u64, openmetrics: bool) -> String {
         self.restarts.set(restarts as i64);
+        self.log_batches_dropped.set(log_batches_dropped as i64);
         let mut out = String::new();
         if encode(&mut out, &self.registry).is_err() {
             out.clear();
@@ -158,13 +167,13 @@ mod tests {
     fn prometheus_text_names_counters_by_their_samples() {
         let m = Metrics::new();
         m.observe("/x", &http::Method::GET, 200, 0.01);
-        let om = m.render(3, true);
+        let om = m.render(3, 0, true);
         assert!(
             om.contains("# TYPE fleetops_http_requests counter\n"),
             "{om}"
         );
         assert!(om.ends_with("# EOF\n"));
-        let text = m.render(3, false);
+        let text = m.render(3, 0, false);
         assert!(
             text.contains("# HELP fleetops_http_requests_total HTTP requests"),
             "{text}"

@@ -690,3 +690,46 @@ async fn alerts_resolve_when_devices_groups_or_rules_change() {
         "d2 heartbeated just now"
     );
 }
+
+/// Past the byte budget for batches waiting on evaluators, a batch is not seen by the rules
+/// (the ingest itself still answers 202) and `/metrics` counts it.
+#[tokio::test]
+async fn log_batches_over_the_budget_are_counted_not_queued() {
+    let sink = Sink::start().await;
+    let s = start_with(|c| {
+        fast(c);
+        c.alerts.max_log_bytes_in_flight = 1;
+    })
+    .await;
+    let hook = webhook(&s, &sink).await;
+    rule(&s, hook, json!({"type": "log_pattern", "pattern": "panic"})).await;
+    let (d, tok) = device(&s, "r1").await;
+    let sid = session(&s, d, &tok).await;
+    let r = s
+        .post(
+            &format!("{DEV}/sessions/{sid}/logs"),
+            &tok,
+            json!([{"level": "error", "module": "m", "message": "kernel panic"}]),
+        )
+        .await;
+    assert_eq!(r.status, 202);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(alerts(&s, "").await["total"], 0);
+    let m = s
+        .http
+        .get(s.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        m.contains("fleetops_alert_log_batches_dropped 1\n"),
+        "{}",
+        m.lines()
+            .filter(|l| l.contains("dropped"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}

@@ -15,6 +15,7 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use dashmap::DashMap;
@@ -41,6 +42,9 @@ pub(crate) enum EvaluatorMsg {
     Logs {
         device_id: u64,
         chunk: Arc<LogChunk>,
+        /// Its share of the log budget, given back when the message is dropped (handled,
+        /// or lost with a crashed evaluator).
+        _budget: Budget,
     },
     Rollout {
         device_id: u64,
@@ -74,16 +78,60 @@ impl crate::keyed::KeyedChild for EvaluatorActor {
     const KIND: &'static str = "alert-evaluator";
 }
 
+/// Bytes of log batches waiting for evaluators, across projects; a batch holds its share
+/// until its message is dropped.
+pub(crate) struct Budget {
+    bytes: usize,
+    used: Arc<AtomicUsize>,
+}
+
+impl Drop for Budget {
+    fn drop(&mut self) {
+        self.used.fetch_sub(self.bytes, Ordering::Relaxed);
+    }
+}
+
 /// How the handles reach the evaluators: only projects with enabled rules get signals, so a
-/// project without rules never starts one.
+/// project without rules never starts one. Log batches are bounded in bytes: past
+/// `[alerts] max_log_bytes_in_flight` a batch is not seen by the rules (counted on `/metrics`)
+/// rather than queued without end.
 #[derive(Clone)]
 pub(crate) struct AlertFeed {
     pub evaluators: Keyed<EvaluatorActor>,
     pub notifiers: Keyed<crate::alerts::notifier::NotifierActor>,
     pub active: Arc<DashMap<u64, ()>>,
+    pub log_bytes: Arc<AtomicUsize>,
+    pub max_log_bytes: usize,
+    pub dropped: Arc<AtomicU64>,
 }
 
 impl AlertFeed {
+    /// A log batch for the project's rules, if the budget has room for it.
+    pub(crate) async fn logs(&self, pid: u64, device_id: u64, chunk: Arc<LogChunk>) {
+        if !self.active.contains_key(&pid) {
+            return;
+        }
+        let bytes = chunk.text.len() + chunk.len() * 16 + 64;
+        let before = self.log_bytes.fetch_add(bytes, Ordering::Relaxed);
+        let budget = Budget {
+            bytes,
+            used: self.log_bytes.clone(),
+        };
+        if before + bytes > self.max_log_bytes {
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        self.signal(
+            pid,
+            EvaluatorMsg::Logs {
+                device_id,
+                chunk,
+                _budget: budget,
+            },
+        )
+        .await;
+    }
+
     /// Sends a signal to the project's evaluator (started if needed); never fails the caller.
     pub(crate) async fn signal(&self, pid: u64, msg: EvaluatorMsg) {
         if !self.active.contains_key(&pid) {
@@ -281,7 +329,9 @@ impl Actor for EvaluatorActor {
                 at,
                 metrics,
             } => st.heartbeat(device_id, at, metrics, now, &mut ch)?,
-            EvaluatorMsg::Logs { device_id, chunk } => st.logs(device_id, &chunk, now, &mut ch)?,
+            EvaluatorMsg::Logs {
+                device_id, chunk, ..
+            } => st.logs(device_id, &chunk, now, &mut ch)?,
             EvaluatorMsg::Rollout { device_id, status } => {
                 st.rollout(device_id, status, now, &mut ch)?
             }

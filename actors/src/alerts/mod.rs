@@ -36,6 +36,11 @@ pub struct AlertsHandle {
 }
 
 impl AlertsHandle {
+    /// Log batches the evaluators did not see, over the byte budget (for `/metrics`).
+    pub fn log_batches_dropped(&self) -> u64 {
+        self.feed.dropped.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// At start-up: the evaluators of every project with enabled rules (so silent devices
     /// still go offline), the notifiers of every project with owed notifications, and the
     /// forwarding of rollout results to the evaluators.

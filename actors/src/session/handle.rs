@@ -13,7 +13,6 @@ use fleetops_storage::{BlobStore, Session, SessionStatus, Store};
 use super::exports;
 pub use super::exports::{ExportFormat, ExportStream};
 use super::{Replay, SessionActor, SessionMsg};
-use crate::alerts::evaluator::EvaluatorMsg;
 use crate::clock::now_ms;
 use crate::config::SessionsConfig;
 use crate::error::{Error, Result};
@@ -165,16 +164,7 @@ impl SessionsHandle {
             .call(id, |reply| SessionMsg::Append(chunk.clone(), reply))
             .await?;
         self.store.durable().await?;
-        self.projects
-            .alerts
-            .signal(
-                pid,
-                EvaluatorMsg::Logs {
-                    device_id: s.device_id,
-                    chunk,
-                },
-            )
-            .await;
+        self.projects.alerts.logs(pid, s.device_id, chunk).await;
         Ok(Accepted { accepted })
     }
 

@@ -46,7 +46,11 @@ pub fn metrics(cx: &Cx<'_>, req: &Req) -> ApiResult<Response<Body>> {
     let openmetrics = req
         .header("accept")
         .is_some_and(|a| a.contains("application/openmetrics-text"));
-    let text = cx.app.metrics.render(cx.rt().restarts(), openmetrics);
+    let text = cx.app.metrics.render(
+        cx.rt().restarts(),
+        cx.rt().alerts.log_batches_dropped(),
+        openmetrics,
+    );
     let mut r = Response::new(full(text));
     r.headers_mut().insert(
         header::CONTENT_TYPE,
