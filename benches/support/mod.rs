@@ -265,3 +265,18 @@ pub fn cpu_seconds() -> f64 {
         })
         .unwrap_or(f64::NAN)
 }
+
+/// A Lua string literal (for wrk scripts).
+pub fn lua_string(s: &str) -> String {
+    let mut out = String::from("\"");
+    for ch in s.chars() {
+        match ch {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
