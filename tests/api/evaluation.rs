@@ -733,3 +733,41 @@ async fn log_batches_over_the_budget_are_counted_not_queued() {
             .join("\n")
     );
 }
+
+#[tokio::test]
+async fn device_status_online_fires_after_the_duration_and_resolves_when_offline() {
+    let sink = Sink::start().await;
+    let s = start_with(|c| {
+        fast(c);
+        c.devices.offline_after_seconds = 2;
+    })
+    .await;
+    let hook = webhook(&s, &sink).await;
+    rule(
+        &s,
+        hook,
+        json!({"type": "device_status", "status": "online", "duration_seconds": 2}),
+    )
+    .await;
+    let (d, tok) = device(&s, "r1").await;
+    let (_never, _) = device(&s, "r2").await;
+    let first = Instant::now();
+    for _ in 0..3 {
+        heartbeat(&s, d, &tok, json!({})).await;
+        if first.elapsed() < Duration::from_millis(1500) {
+            assert_eq!(alerts(&s, "").await["total"], 0, "online for less than 2 s");
+        }
+        tokio::time::sleep(Duration::from_millis(800)).await;
+    }
+    let l = wait_alerts(&s, "state=firing", 1).await;
+    assert!(first.elapsed() >= Duration::from_millis(1900));
+    assert_eq!(l["total"], 1, "r2 was never seen: {l}");
+    assert_eq!(l["items"][0]["device_id"], d);
+    // Silent: offline 2 s after the last heartbeat, and the alert resolves.
+    let l = wait_alerts(&s, "state=resolved", 1).await;
+    assert!(l["items"][0]["resolved_at"].is_string());
+    assert_eq!(
+        events(&sink.wait_for(2).await),
+        ["alert.firing", "alert.resolved"]
+    );
+}
