@@ -209,8 +209,18 @@ enum Due {
     Window(u64, u64),
 }
 
+/// A reread of storage owed at the next tick (rules include devices).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Pending {
+    #[default]
+    Nothing,
+    Devices,
+    Rules,
+}
+
 pub(crate) struct EvaluatorState {
     pid: u64,
+    pending: Pending,
     slug: String,
     ctx: EvaluatorCtx,
     rules: Vec<Loaded>,
@@ -285,6 +295,7 @@ impl Actor for EvaluatorActor {
         let (log_rules, log_set) = log_set(&rules);
         let mut st = EvaluatorState {
             pid,
+            pending: Pending::Nothing,
             slug,
             rules,
             log_rules,
@@ -335,9 +346,18 @@ impl Actor for EvaluatorActor {
             EvaluatorMsg::Rollout { device_id, status } => {
                 st.rollout(device_id, status, now, &mut ch)?
             }
-            EvaluatorMsg::RulesChanged => st.reload(now, &mut ch)?,
-            EvaluatorMsg::DevicesChanged => st.refresh_devices(now, &mut ch)?,
-            EvaluatorMsg::Tick => st.tick(now, &mut ch)?,
+            // Both reread storage: a burst of changes (a script creating 100 rules) is done
+            // once, on the next tick.
+            EvaluatorMsg::RulesChanged => st.pending = st.pending.max(Pending::Rules),
+            EvaluatorMsg::DevicesChanged => st.pending = st.pending.max(Pending::Devices),
+            EvaluatorMsg::Tick => {
+                match std::mem::take(&mut st.pending) {
+                    Pending::Rules => st.reload(now, &mut ch)?,
+                    Pending::Devices => st.refresh_devices(now, &mut ch)?,
+                    Pending::Nothing => {}
+                }
+                st.tick(now, &mut ch)?
+            }
         }
         st.commit(ch).await?;
         Ok(())
@@ -482,8 +502,22 @@ impl EvaluatorState {
         if !applicable.iter().any(|a| *a) {
             return Ok(());
         }
+        // The levels some applicable rule looks at: lines of other levels are never matched.
+        let levels: u8 = self
+            .log_rules
+            .iter()
+            .zip(&applicable)
+            .filter(|(_, a)| **a)
+            .map(|(&i, _)| self.rules[i].level.map_or(0xff, |l| 1u8 << l))
+            .fold(0, |m, x| m | x);
+        if chunk.level_mask & levels == 0 {
+            return Ok(());
+        }
         let mut counts = vec![0usize; self.log_rules.len()];
         for e in 0..chunk.len() {
+            if chunk.level_at(e).is_some_and(|l| levels & (1u8 << l) == 0) {
+                continue;
+            }
             let Some(msg) = chunk.message(e) else {
                 continue;
             };
