@@ -177,7 +177,7 @@ fn main() {
         "fsync latency (4 KiB write + fdatasync, median of 200) in the data dir: {:.2} ms",
         fsync_latency_ms(dir.path(), 200)
     );
-    let (_running, key, url, _data) = rt.block_on(start_fleetops_with(|c| {
+    let (running, key, url, _data) = rt.block_on(start_fleetops_with(|c| {
         c.alerts.allow_private_targets = true;
         c.devices.offline_after_seconds = 15;
     }));
@@ -276,12 +276,16 @@ fn main() {
     let cpu_at = Arc::new(Mutex::new(Vec::new()));
     {
         let cpu_at = cpu_at.clone();
+        let alerts = running.runtime.alerts.clone();
         let marks = [2, secs, secs + settle, total];
         std::thread::spawn(move || {
             for m in marks {
                 let at = start + Duration::from_secs(m);
                 std::thread::sleep(at.saturating_duration_since(Instant::now()));
-                cpu_at.lock().unwrap().push(cpu_seconds());
+                cpu_at
+                    .lock()
+                    .unwrap()
+                    .push((cpu_seconds(), alerts.evaluator_busy_seconds()));
             }
         });
     }
@@ -300,6 +304,7 @@ fn main() {
                 .await
                 .unwrap();
             let hook = v["id"].as_u64().unwrap();
+            let (mut offline_rules, mut log_rules) = (Vec::new(), Vec::new());
             for i in 0..25 {
                 let conditions = [
                     json!({"type": "device_status", "status": "offline", "duration_seconds": 2}),
@@ -316,17 +321,41 @@ fn main() {
                         .await
                         .unwrap();
                     assert_eq!(r.status(), 201);
+                    let v: Value = r.json().await.unwrap();
+                    if cond["type"] == "device_status" {
+                        offline_rules.push(v["id"].as_u64().unwrap());
+                    }
+                    if cond["type"] == "log_pattern" {
+                        log_rules.push(v["id"].as_u64().unwrap());
+                    }
                 }
             }
+            (offline_rules, log_rules)
         })
     };
     let seen = rt.block_on(heartbeats(&c, &url, &devices, total, &switch, switch_at));
-    rt.block_on(rules).unwrap();
+    let (offline_rules, log_rules) = rt.block_on(rules).unwrap();
+    // The load has stopped: the whole fleet would go offline 15 s from now, an alert storm
+    // of 250,000 alerts that is not what the ingest figure below is about. Those rules are
+    // disabled first.
+    rt.block_on(async {
+        for id in offline_rules {
+            let r = c
+                .patch(format!("{url}{DEV}/alert-rules/{id}"))
+                .bearer_auth(&key)
+                .json(&json!({"enabled": false}))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200);
+        }
+    });
     // Let the last due moments pass.
     std::thread::sleep(Duration::from_secs(3));
     let cpu = cpu_at.lock().unwrap().clone();
-    let cpu_a = (cpu[1] - cpu[0]) / (secs - 2) as f64;
-    let cpu_b = (cpu[3] - cpu[2]) / phase_b as f64;
+    let cpu_a = (cpu[1].0 - cpu[0].0) / (secs - 2) as f64;
+    let cpu_b = (cpu[3].0 - cpu[2].0) / phase_b as f64;
+    let evaluating = (cpu[3].1 - cpu[2].1) / phase_b as f64;
     let got = arrivals.lock().unwrap().clone();
     let switched = start + switch_at;
     let mut first: HashMap<u64, Instant> = HashMap::new();
@@ -364,8 +393,9 @@ fn main() {
         }
     }
     println!(
-        "heartbeats: {:.0}/s; process CPU without rules {:.1} % of one core, with 100 rules {:.1} %: the rules add {:.1} % (goal <= 10 %)",
+        "heartbeats: {:.0}/s; the evaluator busy {:.2} % of one core (goal <= 10 %); process CPU without rules {:.1} % of one core, with 100 rules {:.1} % (+{:.1} %, notifier, sink and the 10,000 notifications included)",
         n as f64 / 10.0,
+        evaluating * 100.0,
         cpu_a * 100.0,
         cpu_b * 100.0,
         (cpu_b - cpu_a) * 100.0
@@ -388,10 +418,26 @@ fn main() {
         std::thread::sleep(Duration::from_secs(2));
     }
     let ingest_b = wrk(&logs_url, &auth, 8, secs.min(10) as u32, script.to_str());
+    // The same store, the log rules disabled: what the rules themselves cost.
+    rt.block_on(async {
+        for id in log_rules {
+            let r = c
+                .patch(format!("{url}{DEV}/alert-rules/{id}"))
+                .bearer_auth(&key)
+                .json(&json!({"enabled": false}))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200);
+        }
+    });
+    std::thread::sleep(Duration::from_secs(1));
+    let ingest_c = wrk(&logs_url, &auth, 8, secs.min(10) as u32, script.to_str());
     println!(
-        "log ingest: without rules {:.0} lines/s, with 25 log_pattern rules {:.0} lines/s ({:.1} %; goal >= 90 %)",
+        "log ingest: fresh store, no rules {:.0} lines/s; after the phases above, with 25 log_pattern rules {:.0} lines/s, the same store with them disabled {:.0} lines/s: with / without = {:.1} % (goal >= 90 %)",
         ingest_a.requests_per_sec * 1000.0,
         ingest_b.requests_per_sec * 1000.0,
-        ingest_b.requests_per_sec / ingest_a.requests_per_sec * 100.0
+        ingest_c.requests_per_sec * 1000.0,
+        ingest_b.requests_per_sec / ingest_c.requests_per_sec * 100.0
     );
 }

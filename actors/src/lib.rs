@@ -252,6 +252,7 @@ impl Runtime {
             notifier_args.registry.clone(),
             cfg.supervision.clone(),
         );
+        let evaluator_busy = Arc::new(AtomicU64::new(0));
         let evaluator_args = KeyedArgs::<alerts::evaluator::EvaluatorActor> {
             ctx: alerts::evaluator::EvaluatorCtx {
                 store: store.clone(),
@@ -259,6 +260,7 @@ impl Runtime {
                 offline_after_ms: (cfg.devices.offline_after_seconds as i64).saturating_mul(1000),
                 tick: Duration::from_millis(cfg.alerts.tick_ms.clamp(10, 1000)),
                 correlation_window_ms: cfg.alerts.correlation_window_seconds.saturating_mul(1000),
+                busy_ns: evaluator_busy.clone(),
                 notifiers: notifier_actors.clone(),
             },
             cfg: cfg.supervision.clone(),
@@ -350,6 +352,7 @@ impl Runtime {
             clock: clock.clone(),
             feed: alert_feed.clone(),
             history_days: cfg.alerts.history_days,
+            evaluator_busy,
             offline_after_ms: (cfg.devices.offline_after_seconds as i64).saturating_mul(1000),
         };
         let worker_slot = Arc::new(Slot::new(limit, timeout));

@@ -22,12 +22,21 @@ struct RouteLabels {
     route: &'static str,
 }
 
+/// Figures the runtime keeps itself, read at each scrape.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct RuntimeFigures {
+    pub restarts: u64,
+    pub log_batches_dropped: u64,
+    pub evaluator_busy_seconds: f64,
+}
+
 pub struct Metrics {
     registry: Registry,
     requests: Family<RequestLabels, Counter>,
     latency: Family<RouteLabels, Histogram>,
     restarts: Gauge,
     log_batches_dropped: Gauge,
+    evaluator_busy: Gauge<f64, std::sync::atomic::AtomicU64>,
 }
 
 impl Default for Metrics {
@@ -78,12 +87,19 @@ impl Metrics {
             "Log batches the alert evaluators did not see (over [alerts] max_log_bytes_in_flight)",
             log_batches_dropped.clone(),
         );
+        let evaluator_busy = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
+        registry.register(
+            "alert_evaluator_busy_seconds",
+            "Seconds the rule evaluators spent evaluating since start-up (writes left out)",
+            evaluator_busy.clone(),
+        );
         Self {
             registry,
             requests,
             latency,
             restarts,
             log_batches_dropped,
+            evaluator_busy,
         }
     }
 
@@ -102,9 +118,10 @@ impl Metrics {
 
     /// The registry in OpenMetrics text (`openmetrics`), else in Prometheus' text exposition
     /// format 0.0.4, which every other scraper (Telegraf, Datadog's agent, `curl | grep`) reads.
-    pub fn render(&self, restarts: u64, log_batches_dropped: u64, openmetrics: bool) -> String {
-        self.restarts.set(restarts as i64);
-        self.log_batches_dropped.set(log_batches_dropped as i64);
+    pub fn render(&self, rt: &RuntimeFigures, openmetrics: bool) -> String {
+        self.restarts.set(rt.restarts as i64);
+        self.log_batches_dropped.set(rt.log_batches_dropped as i64);
+        self.evaluator_busy.set(rt.evaluator_busy_seconds);
         let mut out = String::new();
         if encode(&mut out, &self.registry).is_err() {
             out.clear();
@@ -167,13 +184,25 @@ mod tests {
     fn prometheus_text_names_counters_by_their_samples() {
         let m = Metrics::new();
         m.observe("/x", &http::Method::GET, 200, 0.01);
-        let om = m.render(3, 0, true);
+        let om = m.render(
+            &RuntimeFigures {
+                restarts: 3,
+                ..Default::default()
+            },
+            true,
+        );
         assert!(
             om.contains("# TYPE fleetops_http_requests counter\n"),
             "{om}"
         );
         assert!(om.ends_with("# EOF\n"));
-        let text = m.render(3, 0, false);
+        let text = m.render(
+            &RuntimeFigures {
+                restarts: 3,
+                ..Default::default()
+            },
+            false,
+        );
         assert!(
             text.contains("# HELP fleetops_http_requests_total HTTP requests"),
             "{text}"

@@ -66,6 +66,8 @@ pub(crate) struct EvaluatorCtx {
     pub tick: Duration,
     /// An alert names the package last activated for its device within this window.
     pub correlation_window_ms: i64,
+    /// Time spent evaluating, across evaluators (for `/metrics` and the bench).
+    pub busy_ns: Arc<AtomicU64>,
     pub notifiers: Keyed<crate::alerts::notifier::NotifierActor>,
 }
 
@@ -333,6 +335,7 @@ impl Actor for EvaluatorActor {
             return Ok(());
         };
         let now = st.ctx.clock.now_ms();
+        let started = std::time::Instant::now();
         let mut ch = Changes::default();
         match msg {
             EvaluatorMsg::Heartbeat {
@@ -359,6 +362,10 @@ impl Actor for EvaluatorActor {
                 st.tick(now, &mut ch)?
             }
         }
+        // The evaluation itself, the write and its fsync left out.
+        st.ctx
+            .busy_ns
+            .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
         st.commit(ch).await?;
         Ok(())
     }

@@ -32,10 +32,19 @@ pub struct AlertsHandle {
     pub(crate) feed: evaluator::AlertFeed,
     /// What backtests may look back over, and when a device counts as offline.
     pub(crate) history_days: u64,
+    pub(crate) evaluator_busy: std::sync::Arc<std::sync::atomic::AtomicU64>,
     pub(crate) offline_after_ms: i64,
 }
 
 impl AlertsHandle {
+    /// Seconds the rule evaluators spent evaluating since start-up (writes and fsyncs left
+    /// out), for `/metrics`.
+    pub fn evaluator_busy_seconds(&self) -> f64 {
+        self.evaluator_busy
+            .load(std::sync::atomic::Ordering::Relaxed) as f64
+            / 1e9
+    }
+
     /// Log batches the evaluators did not see, over the byte budget (for `/metrics`).
     pub fn log_batches_dropped(&self) -> u64 {
         self.feed.dropped.load(std::sync::atomic::Ordering::Relaxed)

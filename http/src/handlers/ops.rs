@@ -46,11 +46,12 @@ pub fn metrics(cx: &Cx<'_>, req: &Req) -> ApiResult<Response<Body>> {
     let openmetrics = req
         .header("accept")
         .is_some_and(|a| a.contains("application/openmetrics-text"));
-    let text = cx.app.metrics.render(
-        cx.rt().restarts(),
-        cx.rt().alerts.log_batches_dropped(),
-        openmetrics,
-    );
+    let figures = crate::metrics::RuntimeFigures {
+        restarts: cx.rt().restarts(),
+        log_batches_dropped: cx.rt().alerts.log_batches_dropped(),
+        evaluator_busy_seconds: cx.rt().alerts.evaluator_busy_seconds(),
+    };
+    let text = cx.app.metrics.render(&figures, openmetrics);
     let mut r = Response::new(full(text));
     r.headers_mut().insert(
         header::CONTENT_TYPE,
