@@ -3,6 +3,7 @@
 //! (401 → 429 → 403 → 404), remembering the rate-limit headers for the response.
 
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use fleetops_actors::{OrgScope, Principal, ProjectScope, Role, Runtime};
@@ -29,6 +30,7 @@ pub struct App {
     pub openapi: Bytes,
     /// Cancelled on shutdown: open WebSockets close with 1001.
     pub closing: tokio_util::sync::CancellationToken,
+    pub edge: Arc<crate::edge::Edge>,
 }
 
 impl App {
@@ -39,12 +41,13 @@ impl App {
         Ok(Self {
             limits: RateLimits::new(&tiers, cfg.login_per_minute),
             rt,
-            cfg,
             tiers,
             metrics: Metrics::new(),
             router,
             openapi,
             closing: tokio_util::sync::CancellationToken::new(),
+            edge: Arc::new(crate::edge::Edge::new(&cfg)),
+            cfg,
         })
     }
 }
@@ -53,6 +56,9 @@ impl App {
 pub struct Req {
     pub parts: http::request::Parts,
     body: Option<Incoming>,
+    edge: Arc<crate::edge::Edge>,
+    /// The budget share of a body read whole, held until the request is done.
+    held: Option<crate::edge::BodyPermit>,
     pub params: Vec<(String, String)>,
     pub query: Query,
     pub peer: SocketAddr,
@@ -64,6 +70,7 @@ impl Req {
         body: Incoming,
         params: Vec<(String, String)>,
         peer: SocketAddr,
+        edge: Arc<crate::edge::Edge>,
     ) -> ApiResult<Self> {
         let params = params
             .into_iter()
@@ -78,6 +85,8 @@ impl Req {
         Ok(Self {
             parts,
             body: Some(body),
+            edge,
+            held: None,
             params,
             query,
             peer,
@@ -130,22 +139,44 @@ impl Req {
             .filter(|v| !v.is_empty())
     }
 
-    /// The body as a stream of pieces (for uploads that must not be held in memory).
+    /// The body as a stream of pieces (for uploads that must not be held in memory); a
+    /// sender that pauses longer than `[http] body_timeout_seconds` ends it with an error.
     pub fn body_stream(&mut self) -> futures::stream::BoxStream<'static, std::io::Result<Bytes>> {
         use futures::{StreamExt, TryStreamExt};
         match self.body.take() {
-            Some(b) => http_body_util::BodyDataStream::new(b)
-                .map_err(std::io::Error::other)
-                .boxed(),
+            Some(b) => self.edge.idle_limited(
+                http_body_util::BodyDataStream::new(b)
+                    .map_err(std::io::Error::other)
+                    .boxed(),
+            ),
             None => futures::stream::empty().boxed(),
         }
     }
 
+    /// The whole body, at most `limit` bytes, within the body deadline, and within the
+    /// budget all buffered bodies share (its share reserved from the declared length, or
+    /// `limit` when none is declared, and given back when the bytes are dropped).
     pub async fn body_bytes(&mut self, limit: usize) -> ApiResult<Bytes> {
-        match self.body.take() {
-            Some(b) => body::read(&self.parts.headers, b, limit).await,
-            None => Ok(Bytes::new()),
+        let Some(b) = self.body.take() else {
+            return Ok(Bytes::new());
+        };
+        let declared = self
+            .parts
+            .headers
+            .get(http::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<usize>().ok());
+        if declared == Some(0) {
+            return Ok(Bytes::new());
         }
+        let permit = self.edge.reserve(declared.unwrap_or(limit).min(limit))?;
+        let bytes = self
+            .edge
+            .within_deadline(body::read(&self.parts.headers, b, limit))
+            .await?;
+        // The permit lives as long as the bytes: the owner's copy is what the budget counts.
+        self.held = Some(permit);
+        Ok(bytes)
     }
 }
 

@@ -18,6 +18,17 @@ pub struct HttpConfig {
     pub metrics_token: String,
     /// How long shutdown waits for in-flight requests.
     pub shutdown_grace_seconds: u64,
+    /// A client must send a request's whole header within this, and an idle keep-alive
+    /// connection is closed after waiting this long for the next request (HTTP/1).
+    pub header_read_timeout_seconds: u64,
+    /// A buffered body (JSON, a webhook delivery) must arrive whole within this (408 past
+    /// it); a streamed upload may pause at most this long between two pieces.
+    pub body_timeout_seconds: u64,
+    /// Connections served at once; past it new connections wait in the accept backlog.
+    pub max_connections: usize,
+    /// Bytes of buffered request bodies all connections together may hold (503 with
+    /// `Retry-After` past it); streamed uploads do not count.
+    pub body_budget_bytes: usize,
 }
 
 impl Default for HttpConfig {
@@ -28,6 +39,10 @@ impl Default for HttpConfig {
             login_per_minute: 10,
             metrics_token: String::new(),
             shutdown_grace_seconds: 10,
+            header_read_timeout_seconds: 10,
+            body_timeout_seconds: 60,
+            max_connections: 4096,
+            body_budget_bytes: 256 * 1024 * 1024,
         }
     }
 }

@@ -19,6 +19,8 @@ pub enum ApiError {
     },
     /// A WebSocket handshake in a version other than 13 (RFC 6455 section 4.4).
     UpgradeRequired,
+    /// The body did not arrive within `[http] body_timeout_seconds`.
+    BodyTimeout,
 }
 
 impl From<Error> for ApiError {
@@ -56,6 +58,7 @@ impl ApiError {
             ApiError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::UpgradeRequired => StatusCode::UPGRADE_REQUIRED,
+            ApiError::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
         }
     }
 
@@ -91,6 +94,10 @@ impl ApiError {
             ApiError::UpgradeRequired => {
                 headers.push((header::SEC_WEBSOCKET_VERSION, "13".into()));
                 "Unsupported WebSocket version: only 13 is spoken".into()
+            }
+            ApiError::BodyTimeout => {
+                headers.push((header::CONNECTION, "close".into()));
+                "The request body was not received in time".into()
             }
         };
         let mut body = serde_json::Map::new();

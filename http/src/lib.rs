@@ -8,6 +8,7 @@
 pub mod app;
 pub mod body;
 pub mod config;
+pub mod edge;
 pub mod error;
 pub(crate) mod handlers;
 pub mod metrics;

@@ -28,6 +28,11 @@ pub struct RuntimeFigures {
     pub restarts: u64,
     pub log_batches_dropped: u64,
     pub evaluator_busy_seconds: f64,
+    pub connections_open: i64,
+    pub connection_waits: u64,
+    pub header_timeouts: u64,
+    pub body_timeouts: u64,
+    pub body_budget_refusals: u64,
 }
 
 pub struct Metrics {
@@ -37,6 +42,8 @@ pub struct Metrics {
     restarts: Gauge,
     log_batches_dropped: Gauge,
     evaluator_busy: Gauge<f64, std::sync::atomic::AtomicU64>,
+    /// The edge's limits: open connections, and how often each limit was hit.
+    edge: [Gauge; 5],
 }
 
 impl Default for Metrics {
@@ -93,6 +100,28 @@ impl Metrics {
             "Seconds the rule evaluators spent evaluating since start-up (writes left out)",
             evaluator_busy.clone(),
         );
+        let edge: [Gauge; 5] = Default::default();
+        for (g, (name, help)) in edge.iter().zip([
+            ("http_connections_open", "Connections being served now"),
+            (
+                "http_connection_limit_waits",
+                "Times a new connection waited for [http] max_connections",
+            ),
+            (
+                "http_header_timeouts",
+                "Connections closed by [http] header_read_timeout_seconds",
+            ),
+            (
+                "http_body_timeouts",
+                "Request bodies cut by [http] body_timeout_seconds",
+            ),
+            (
+                "http_body_budget_refusals",
+                "Requests refused (503) over [http] body_budget_bytes",
+            ),
+        ]) {
+            registry.register(name, help, g.clone());
+        }
         Self {
             registry,
             requests,
@@ -100,6 +129,7 @@ impl Metrics {
             restarts,
             log_batches_dropped,
             evaluator_busy,
+            edge,
         }
     }
 
@@ -122,6 +152,15 @@ impl Metrics {
         self.restarts.set(rt.restarts as i64);
         self.log_batches_dropped.set(rt.log_batches_dropped as i64);
         self.evaluator_busy.set(rt.evaluator_busy_seconds);
+        for (g, v) in self.edge.iter().zip([
+            rt.connections_open,
+            rt.connection_waits as i64,
+            rt.header_timeouts as i64,
+            rt.body_timeouts as i64,
+            rt.body_budget_refusals as i64,
+        ]) {
+            g.set(v);
+        }
         let mut out = String::new();
         if encode(&mut out, &self.registry).is_err() {
             out.clear();

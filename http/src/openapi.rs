@@ -3,7 +3,7 @@
 //!
 //! Most of what an operation answers follows from the table: its security (401, 403, 429), its
 //! path parameters (400 for a path that does not decode, 404 for the organization, project or
-//! record they name) and its body (400, 413, 422). The rest (other successes, 409, 503, query
+//! record they name) and its body (400, 408, 413, 422, and 503 for the shared body budget). The rest (other successes, 409, 503, query
 //! validation, bodies that are not JSON) is decided per operation in [`doc`], one exhaustive
 //! match, so that a new operation does not compile until it is described.
 
@@ -151,7 +151,8 @@ fn doc(op: Op) -> Doc {
         // delivery id that is not a UUID or a missing event.
         ScmWebhook => Doc {
             body: Some(ReqBody::Raw("application/json")),
-            ..answers(&[401, 503])
+            // Read whole before the signature can be checked: 408 and the body budget's 503.
+            ..answers(&[401, 408, 503])
         },
     }
 }
@@ -273,7 +274,10 @@ fn statuses(r: &RouteDef, d: &Doc, body: ReqBody) -> (BTreeSet<u16>, BTreeSet<u1
         err.insert(404);
     }
     match body {
-        ReqBody::Json | ReqBody::OptionalJson | ReqBody::Logs => err.extend([400, 413, 422]),
+        // Read whole: 408 past the body deadline, 503 over the shared body budget.
+        ReqBody::Json | ReqBody::OptionalJson | ReqBody::Logs => {
+            err.extend([400, 408, 413, 422, 503])
+        }
         ReqBody::Raw(_) => err.extend([400, 413]),
         ReqBody::None => {}
     }
@@ -316,6 +320,7 @@ fn error_ref(status: u16) -> Value {
         403 => "Forbidden",
         404 => "NotFound",
         409 => "Conflict",
+        408 => "RequestTimeout",
         413 => "TooLarge",
         416 => "RangeNotSatisfiable",
         422 => "Unprocessable",
@@ -460,6 +465,7 @@ pub fn document(routes: &[RouteDef]) -> Value {
                 "Forbidden": error("Not enough permissions"),
                 "NotFound": error("The organization, project or record does not exist"),
                 "Conflict": error("Duplicate, state transition not allowed, or still referenced"),
+                "RequestTimeout": error("The request body did not arrive within [http] body_timeout_seconds"),
                 "TooLarge": error("Request body over the limit, or over the storage quota"),
                 "RangeNotSatisfiable": error("The Range cannot be satisfied"),
                 "Unprocessable": error("Parsed input that breaks a rule; `detail` names the field"),

@@ -7,13 +7,14 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use futures::FutureExt;
 use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
@@ -28,9 +29,41 @@ use crate::router::Resolved;
 /// grace) for in-flight requests.
 pub async fn serve(listener: TcpListener, app: Arc<App>, shutdown: impl Future<Output = ()>) {
     let graceful = GracefulShutdown::new();
-    let builder = auto::Builder::new(TokioExecutor::new());
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    // Without a timer hyper's header-read timeout is off: a client sending its header one
+    // byte at a time would hold its connection forever.
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(Duration::from_secs(
+            app.cfg.header_read_timeout_seconds.max(1),
+        ));
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .keep_alive_interval(Duration::from_secs(
+            app.cfg.header_read_timeout_seconds.max(1),
+        ))
+        .keep_alive_timeout(Duration::from_secs(
+            app.cfg.header_read_timeout_seconds.max(1),
+        ));
     tokio::pin!(shutdown);
     loop {
+        // A connection slot first: past the ceiling, new connections wait in the kernel's
+        // accept backlog instead of each taking memory here.
+        let slot = match app.edge.connections.clone().try_acquire_owned() {
+            Ok(p) => p,
+            Err(_) => {
+                app.edge.connection_waits.fetch_add(1, Ordering::Relaxed);
+                tokio::select! {
+                    p = app.edge.connections.clone().acquire_owned() => match p {
+                        Ok(p) => p,
+                        Err(_) => break,
+                    },
+                    _ = &mut shutdown => break,
+                }
+            }
+        };
         tokio::select! {
             accepted = listener.accept() => {
                 let (stream, peer) = match accepted {
@@ -43,6 +76,7 @@ pub async fn serve(listener: TcpListener, app: Arc<App>, shutdown: impl Future<O
                     }
                 };
                 let _ = stream.set_nodelay(true);
+                let edge = app.edge.clone();
                 let app = app.clone();
                 let svc = service_fn(move |req| {
                     let app = app.clone();
@@ -50,8 +84,17 @@ pub async fn serve(listener: TcpListener, app: Arc<App>, shutdown: impl Future<O
                 });
                 let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), svc);
                 let conn = graceful.watch(conn.into_owned());
+                edge.connections_open.fetch_add(1, Ordering::Relaxed);
                 tokio::spawn(async move {
-                    let _ = conn.await;
+                    if let Err(e) = conn.await
+                        && e
+                            .downcast_ref::<hyper::Error>()
+                            .is_some_and(hyper::Error::is_timeout)
+                    {
+                        edge.header_timeouts.fetch_add(1, Ordering::Relaxed);
+                    }
+                    edge.connections_open.fetch_sub(1, Ordering::Relaxed);
+                    drop(slot);
                 });
             }
             _ = &mut shutdown => break,
@@ -78,7 +121,7 @@ pub async fn handle(app: &App, req: Request<Incoming>, peer: SocketAddr) -> Resp
         Resolved::Found(op, template, params) => {
             let mut cx = Cx { app, rate: None };
             let fut = async {
-                let req = Req::new(parts, body, params, peer)?;
+                let req = Req::new(parts, body, params, peer, app.edge.clone())?;
                 handlers::dispatch(op, &mut cx, req).await
             };
             let result = match AssertUnwindSafe(fut).catch_unwind().await {

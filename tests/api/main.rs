@@ -15,6 +15,7 @@ mod configurations;
 mod deployments;
 mod devices;
 mod evaluation;
+mod hostile;
 mod live;
 mod ops;
 mod peers;

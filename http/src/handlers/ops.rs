@@ -46,10 +46,19 @@ pub fn metrics(cx: &Cx<'_>, req: &Req) -> ApiResult<Response<Body>> {
     let openmetrics = req
         .header("accept")
         .is_some_and(|a| a.contains("application/openmetrics-text"));
+    let edge = &cx.app.edge;
+    let n = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
     let figures = crate::metrics::RuntimeFigures {
         restarts: cx.rt().restarts(),
         log_batches_dropped: cx.rt().alerts.log_batches_dropped(),
         evaluator_busy_seconds: cx.rt().alerts.evaluator_busy_seconds(),
+        connections_open: edge
+            .connections_open
+            .load(std::sync::atomic::Ordering::Relaxed),
+        connection_waits: n(&edge.connection_waits),
+        header_timeouts: n(&edge.header_timeouts),
+        body_timeouts: n(&edge.body_timeouts),
+        body_budget_refusals: n(&edge.budget_refusals),
     };
     let text = cx.app.metrics.render(&figures, openmetrics);
     let mut r = Response::new(full(text));

@@ -1,0 +1,111 @@
+//! Limits at the edge that no actor sees: how many connections are served at once, how long a
+//! client may take to send its headers and its body, and how many bytes of buffered request
+//! bodies all connections together may hold. Each limit counts when it is hit (`/metrics`).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::config::HttpConfig;
+use crate::error::{ApiError, ApiResult};
+
+pub struct Edge {
+    /// Buffered request bodies in flight, in KiB (streamed uploads do not count).
+    body_budget: Arc<Semaphore>,
+    budget_kib: u32,
+    pub body_timeout: Duration,
+    pub connections: Arc<Semaphore>,
+    pub header_timeouts: AtomicU64,
+    pub body_timeouts: AtomicU64,
+    pub budget_refusals: AtomicU64,
+    pub connection_waits: AtomicU64,
+    pub connections_open: AtomicI64,
+}
+
+/// A share of the body budget, given back when the body is dropped.
+pub struct BodyPermit(#[allow(dead_code)] Option<OwnedSemaphorePermit>);
+
+impl Edge {
+    pub fn new(cfg: &HttpConfig) -> Self {
+        let budget_kib = u32::try_from(cfg.body_budget_bytes / 1024)
+            .unwrap_or(u32::MAX)
+            .clamp(1, Semaphore::MAX_PERMITS as u32);
+        Self {
+            body_budget: Arc::new(Semaphore::new(budget_kib as usize)),
+            budget_kib,
+            body_timeout: Duration::from_secs(cfg.body_timeout_seconds.max(1)),
+            connections: Arc::new(Semaphore::new(cfg.max_connections.max(1))),
+            header_timeouts: AtomicU64::new(0),
+            body_timeouts: AtomicU64::new(0),
+            budget_refusals: AtomicU64::new(0),
+            connection_waits: AtomicU64::new(0),
+            connections_open: AtomicI64::new(0),
+        }
+    }
+
+    /// Reserves `bytes` of the body budget for a body about to be buffered; 503 with
+    /// `Retry-After` when all connections together already hold the budget.
+    pub fn reserve(&self, bytes: usize) -> ApiResult<BodyPermit> {
+        let kib = u32::try_from(bytes.div_ceil(1024))
+            .unwrap_or(u32::MAX)
+            .clamp(1, self.budget_kib);
+        match self.body_budget.clone().try_acquire_many_owned(kib) {
+            Ok(p) => Ok(BodyPermit(Some(p))),
+            Err(_) => {
+                self.budget_refusals.fetch_add(1, Ordering::Relaxed);
+                Err(ApiError::Domain(fleetops_actors::Error::Unavailable {
+                    retry_after_secs: 1,
+                }))
+            }
+        }
+    }
+
+    /// Reads a whole body within the deadline (408 past it).
+    pub async fn within_deadline<T>(
+        &self,
+        read: impl Future<Output = ApiResult<T>>,
+    ) -> ApiResult<T> {
+        match tokio::time::timeout(self.body_timeout, read).await {
+            Ok(r) => r,
+            Err(_) => {
+                self.body_timeouts.fetch_add(1, Ordering::Relaxed);
+                Err(ApiError::BodyTimeout)
+            }
+        }
+    }
+
+    /// A streamed body whose sender may pause at most `body_timeout` between two pieces (a
+    /// large upload may take long as a whole, but never stalls for free).
+    pub fn idle_limited(
+        self: &Arc<Self>,
+        body: BoxStream<'static, std::io::Result<Bytes>>,
+    ) -> BoxStream<'static, std::io::Result<Bytes>> {
+        let edge = self.clone();
+        futures::stream::unfold(Some(body), move |state| {
+            let edge = edge.clone();
+            async move {
+                let mut body = state?;
+                match tokio::time::timeout(edge.body_timeout, body.next()).await {
+                    Ok(Some(piece)) => Some((piece, Some(body))),
+                    Ok(None) => None,
+                    Err(_) => {
+                        edge.body_timeouts.fetch_add(1, Ordering::Relaxed);
+                        Some((
+                            Err(std::io::Error::new(
+                                std::io::ErrorKind::TimedOut,
+                                "the request body stalled",
+                            )),
+                            None,
+                        ))
+                    }
+                }
+            }
+        })
+        .boxed()
+    }
+}

@@ -1,0 +1,206 @@
+//! The edge under hostile clients, through the real server: slowloris connections closed by
+//! the header timeout while normal requests go on, bodies that stall cut by the body
+//! deadline, buffered bodies bounded by the shared budget, and the connection ceiling.
+
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::common::*;
+
+fn addr(s: &Srv) -> String {
+    s.base.trim_start_matches("http://").to_string()
+}
+
+/// Reads until the server closes the connection (or `limit` passes); whether it closed.
+async fn closed_within(c: &mut TcpStream, limit: Duration) -> bool {
+    let mut buf = [0u8; 1024];
+    let deadline = Instant::now() + limit;
+    loop {
+        match tokio::time::timeout_at(deadline.into(), c.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return true,
+            Ok(Ok(_)) => continue,
+            Err(_) => return false,
+        }
+    }
+}
+
+async fn metric(s: &Srv, name: &str) -> f64 {
+    let text = s
+        .http
+        .get(s.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} ")))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{name} not on /metrics"))
+}
+
+#[tokio::test]
+async fn slowloris_connections_are_closed_while_normal_requests_go_on() {
+    let s = start_with(|c| c.http.header_read_timeout_seconds = 1).await;
+    let mut slow = Vec::new();
+    for _ in 0..200 {
+        let mut c = TcpStream::connect(addr(&s)).await.unwrap();
+        c.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+            .await
+            .unwrap();
+        slow.push(c);
+    }
+    // Normal requests meanwhile keep their latency.
+    let started = Instant::now();
+    for _ in 0..20 {
+        let t = Instant::now();
+        let r = s.get(&format!("{DEV}/devices"), s.key()).await;
+        assert_eq!(r.status, 200);
+        assert!(
+            t.elapsed() < Duration::from_millis(500),
+            "{:?}",
+            t.elapsed()
+        );
+    }
+    // One byte now and then does not keep a connection: all closed after about 1 s.
+    for c in &mut slow {
+        let _ = c.write_all(b"a").await;
+    }
+    let mut closed = 0;
+    for c in &mut slow {
+        if closed_within(
+            c,
+            Duration::from_secs(4)
+                .saturating_sub(started.elapsed())
+                .max(Duration::from_millis(100)),
+        )
+        .await
+        {
+            closed += 1;
+        }
+    }
+    assert_eq!(closed, 200);
+    assert!(metric(&s, "fleetops_http_header_timeouts").await >= 200.0);
+}
+
+#[tokio::test]
+async fn a_body_that_stalls_is_cut_with_408() {
+    let s = start_with(|c| c.http.body_timeout_seconds = 1).await;
+    let mut c = TcpStream::connect(addr(&s)).await.unwrap();
+    let head = format!(
+        "POST {DEV}/devices HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{{\"name\":",
+        s.key()
+    );
+    c.write_all(head.as_bytes()).await.unwrap();
+    let t = Instant::now();
+    let mut resp = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), c.read_to_end(&mut resp)).await;
+    let text = String::from_utf8_lossy(&resp);
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    assert!(text.contains("\"status_code\":408"), "{text}");
+    assert!(t.elapsed() >= Duration::from_millis(900));
+    assert!(metric(&s, "fleetops_http_body_timeouts").await >= 1.0);
+    // Nothing half-written: no device was created.
+    let r = s.get(&format!("{DEV}/devices"), s.key()).await;
+    assert_eq!(r.body["total"], 0, "{}", r.body);
+}
+
+#[tokio::test]
+async fn buffered_bodies_share_one_budget() {
+    let s = start_with(|c| {
+        c.http.body_budget_bytes = 1024 * 1024;
+        c.scm.webhook_secret = crate::webhooks::SECRET.into();
+    })
+    .await;
+    // A delivery of 900 KiB that arrives slowly holds its share of the budget...
+    let mut first = TcpStream::connect(addr(&s)).await.unwrap();
+    first
+        .write_all(
+            b"POST /api/v1/scm/webhooks HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 921600\r\n\r\n{",
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // ...so a second one of the same size is refused at once, with Retry-After.
+    let r = s
+        .http
+        .post(s.url("/api/v1/scm/webhooks"))
+        .header("content-type", "application/json")
+        .body(vec![b' '; 921_600])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 503);
+    assert_eq!(r.headers()["retry-after"], "1");
+    let body: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(body["status_code"], 503);
+    assert!(metric(&s, "fleetops_http_body_budget_refusals").await >= 1.0);
+    // Small bodies still fit, and once the slow one is gone the large one is read (and
+    // refused for its signature, as an unsigned delivery is).
+    let r = s
+        .post(
+            &format!("{DEV}/devices"),
+            s.key(),
+            serde_json::json!({"name": "r1"}),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.body);
+    drop(first);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let r = s
+        .http
+        .post(s.url("/api/v1/scm/webhooks"))
+        .header("content-type", "application/json")
+        .header("X-Host-Event", "ping")
+        .header("X-Host-Delivery", uuid::Uuid::new_v4().to_string())
+        .body(vec![b' '; 921_600])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+    // One body larger than the whole budget is still admitted when nothing else is held.
+    let r = s
+        .http
+        .post(s.url("/api/v1/scm/webhooks"))
+        .header("content-type", "application/json")
+        .header("X-Host-Event", "ping")
+        .header("X-Host-Delivery", uuid::Uuid::new_v4().to_string())
+        .body(vec![b' '; 3 * 1024 * 1024])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+}
+
+#[tokio::test]
+async fn past_the_connection_ceiling_new_connections_wait() {
+    let s = start_with(|c| {
+        c.http.max_connections = 1;
+        c.http.header_read_timeout_seconds = 1;
+    })
+    .await;
+    // The only slot, held by an idle connection.
+    let mut idle = TcpStream::connect(addr(&s)).await.unwrap();
+    idle.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let t = Instant::now();
+    let r = reqwest::Client::new()
+        .get(s.url("/healthz"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    // Served once the idle connection was closed by the header timeout.
+    assert!(
+        t.elapsed() >= Duration::from_millis(700),
+        "{:?}",
+        t.elapsed()
+    );
+    assert!(closed_within(&mut idle, Duration::from_secs(1)).await);
+    assert!(metric(&s, "fleetops_http_connection_limit_waits").await >= 1.0);
+}
