@@ -65,6 +65,9 @@ pub struct SessionsConfig {
     pub buffer_entries: usize,
     /// Batches a live subscriber may fall behind before it is told `lagged` and skipped ahead.
     pub subscriber_queue: usize,
+    /// Bytes of batches queued for one live subscriber; past it the subscriber is skipped
+    /// ahead (told `lagged`), so a viewer that does not read holds at most this much.
+    pub subscriber_queue_bytes: usize,
     /// Seconds between WebSocket pings.
     pub ping_interval_seconds: u64,
 }
@@ -75,6 +78,7 @@ impl Default for SessionsConfig {
             max_artifact_bytes: 1024 * 1024 * 1024,
             buffer_entries: 10_000,
             subscriber_queue: 256,
+            subscriber_queue_bytes: 8 * 1024 * 1024,
             ping_interval_seconds: 30,
         }
     }

@@ -137,6 +137,8 @@ pub struct Runtime {
     pub clock: clock::Clock,
     root: ActorRef<RootMsg>,
     restarts: Arc<AtomicU64>,
+    /// Live batches not queued for subscribers too far behind.
+    live_skipped: Arc<AtomicU64>,
 }
 
 /// The meta key of the generated JWT secret.
@@ -209,8 +211,9 @@ impl Runtime {
             registry: Arc::new(DashMap::new()),
             restarts: restarts.clone(),
         };
+        let live_skipped = Arc::new(AtomicU64::new(0));
         let session_args = KeyedArgs::<session::SessionActor> {
-            ctx: (store.clone(), cfg.sessions.clone()),
+            ctx: (store.clone(), cfg.sessions.clone(), live_skipped.clone()),
             cfg: cfg.supervision.clone(),
             registry: Arc::new(DashMap::new()),
             restarts: restarts.clone(),
@@ -455,6 +458,7 @@ impl Runtime {
             clock,
             root,
             restarts,
+            live_skipped,
         })
     }
 
@@ -505,6 +509,11 @@ impl Runtime {
     }
 
     /// Actor restarts since start-up, all supervisors together.
+    /// Live batches skipped for subscribers over their queue bound (for `/metrics`).
+    pub fn live_batches_skipped(&self) -> u64 {
+        self.live_skipped.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     pub fn restarts(&self) -> u64 {
         self.restarts.load(std::sync::atomic::Ordering::Relaxed)
     }

@@ -1,16 +1,20 @@
 //! The live log stream: what a session actor broadcasts and what a subscriber receives.
 //!
-//! The actor broadcasts each stored batch once (an `Arc`, with its frames serialized once for
-//! all subscribers) on a tokio broadcast channel. A subscriber that falls more than
-//! `subscriber_queue` batches behind loses the oldest ones and learns how many entries it
-//! missed from the arrival sequence numbers; ingestion and other subscribers never wait for it.
+//! The actor sends each stored batch once (an `Arc`, with its frames serialized once for all
+//! subscribers) to every subscriber's own queue. A queue is bounded in batches
+//! (`subscriber_queue`) and in bytes (`subscriber_queue_bytes`): a subscriber that does not
+//! read is skipped (the batch is not queued for it) and learns how many entries it missed from
+//! the arrival sequence numbers, so one stalled viewer holds a bounded amount of memory and
+//! ingestion and other subscribers never wait for it.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use bytes::Bytes;
 use fleetops_storage::LogChunk;
 use serde::Serialize;
 use serde_json::value::RawValue;
+use tokio::sync::mpsc;
 
 use crate::logs::{LogFilter, entry};
 
@@ -23,9 +27,130 @@ pub struct LiveBatch {
     pub frames: Vec<Bytes>,
 }
 
+impl LiveBatch {
+    /// What the batch holds in memory, about.
+    pub fn bytes(&self) -> usize {
+        self.frames.iter().map(|f| f.len() + 32).sum::<usize>()
+            + self.chunk.text.len()
+            + self.chunk.meta.len()
+            + self.chunk.len() * 16
+    }
+}
+
+/// One subscriber's queue, as the actor sees it.
+struct Sink {
+    tx: mpsc::UnboundedSender<(LiveEvent, usize)>,
+    queued: Arc<Queued>,
+}
+
+#[derive(Default)]
+struct Queued {
+    bytes: AtomicUsize,
+    batches: AtomicUsize,
+    /// The end of the newest batch skipped (0: none since last told).
+    skipped_to: AtomicU64,
+}
+
+/// The receiving end of one subscriber's queue.
+pub struct LiveFeed {
+    rx: mpsc::UnboundedReceiver<(LiveEvent, usize)>,
+    queued: Arc<Queued>,
+}
+
+impl LiveFeed {
+    /// The next event; `None` once the actor is gone (it restarted or stopped). Once the
+    /// queue is empty, batches skipped for this subscriber are told before waiting.
+    pub async fn recv(&mut self) -> Option<LiveEvent> {
+        let (ev, bytes) = match self.rx.try_recv() {
+            Ok(x) => x,
+            Err(mpsc::error::TryRecvError::Disconnected) => return None,
+            Err(mpsc::error::TryRecvError::Empty) => {
+                let to = self.queued.skipped_to.swap(0, Ordering::Relaxed);
+                if to > 0 {
+                    return Some(LiveEvent::Skipped(to));
+                }
+                self.rx.recv().await?
+            }
+        };
+        self.queued.bytes.fetch_sub(bytes, Ordering::Relaxed);
+        self.queued.batches.fetch_sub(1, Ordering::Relaxed);
+        Some(ev)
+    }
+}
+
+/// The live subscribers of one session and their bounded queues.
+pub struct Fanout {
+    sinks: Vec<Sink>,
+    max_batches: usize,
+    max_bytes: usize,
+    /// Batches not queued for a subscriber that was too far behind (for `/metrics`).
+    skipped: Arc<AtomicU64>,
+}
+
+impl Fanout {
+    pub fn new(max_batches: usize, max_bytes: usize, skipped: Arc<AtomicU64>) -> Self {
+        Self {
+            sinks: Vec::new(),
+            max_batches: max_batches.max(1),
+            max_bytes: max_bytes.max(1),
+            skipped,
+        }
+    }
+
+    pub fn subscribe(&mut self) -> LiveFeed {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let queued = Arc::new(Queued::default());
+        self.sinks.push(Sink {
+            tx,
+            queued: queued.clone(),
+        });
+        LiveFeed { rx, queued }
+    }
+
+    /// Whether anyone listens (subscribers that left are forgotten here).
+    pub fn listening(&mut self) -> bool {
+        self.sinks.retain(|s| !s.tx.is_closed());
+        !self.sinks.is_empty()
+    }
+
+    /// Queues the batch for every subscriber with room for it.
+    pub fn batch(&mut self, b: Arc<LiveBatch>) {
+        let bytes = b.bytes();
+        for s in &self.sinks {
+            let q = &s.queued;
+            let full = q.batches.load(Ordering::Relaxed) >= self.max_batches
+                || q.bytes.load(Ordering::Relaxed) + bytes > self.max_bytes;
+            // A batch alone larger than the byte bound still goes to an empty queue.
+            if full && q.batches.load(Ordering::Relaxed) > 0 {
+                self.skipped.fetch_add(1, Ordering::Relaxed);
+                q.skipped_to
+                    .fetch_max(b.first_seq + b.chunk.len() as u64, Ordering::Relaxed);
+                continue;
+            }
+            q.bytes.fetch_add(bytes, Ordering::Relaxed);
+            q.batches.fetch_add(1, Ordering::Relaxed);
+            if s.tx.send((LiveEvent::Batch(b.clone()), bytes)).is_err() {
+                q.bytes.fetch_sub(bytes, Ordering::Relaxed);
+                q.batches.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// The end, to every subscriber (never skipped).
+    pub fn end(&mut self, status: Option<&'static str>) {
+        for s in &self.sinks {
+            s.queued.batches.fetch_add(1, Ordering::Relaxed);
+            let _ = s.tx.send((LiveEvent::Ended(status), 0));
+        }
+    }
+}
+
 #[derive(Clone)]
 pub enum LiveEvent {
     Batch(Arc<LiveBatch>),
+    /// Batches up to this arrival index were not queued for this subscriber (it was too far
+    /// behind); told once its queue is empty.
+    Skipped(u64),
     /// The session ended with this status (`None`: it was deleted).
     Ended(Option<&'static str>),
 }
@@ -107,7 +232,7 @@ pub struct Subscription {
     pub replay: Vec<Bytes>,
     /// Arrival index of the next entry the feed will carry.
     pub next_seq: u64,
-    pub feed: Option<tokio::sync::broadcast::Receiver<LiveEvent>>,
+    pub feed: Option<LiveFeed>,
     /// Set when the session is not active: send the replay, this status, and close.
     pub ended: Option<&'static str>,
 }

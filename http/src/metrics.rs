@@ -33,6 +33,7 @@ pub struct RuntimeFigures {
     pub header_timeouts: u64,
     pub body_timeouts: u64,
     pub body_budget_refusals: u64,
+    pub live_batches_skipped: u64,
 }
 
 pub struct Metrics {
@@ -43,7 +44,7 @@ pub struct Metrics {
     log_batches_dropped: Gauge,
     evaluator_busy: Gauge<f64, std::sync::atomic::AtomicU64>,
     /// The edge's limits: open connections, and how often each limit was hit.
-    edge: [Gauge; 5],
+    edge: [Gauge; 6],
 }
 
 impl Default for Metrics {
@@ -100,7 +101,7 @@ impl Metrics {
             "Seconds the rule evaluators spent evaluating since start-up (writes left out)",
             evaluator_busy.clone(),
         );
-        let edge: [Gauge; 5] = Default::default();
+        let edge: [Gauge; 6] = Default::default();
         for (g, (name, help)) in edge.iter().zip([
             ("http_connections_open", "Connections being served now"),
             (
@@ -118,6 +119,10 @@ impl Metrics {
             (
                 "http_body_budget_refusals",
                 "Requests refused (503) over [http] body_budget_bytes",
+            ),
+            (
+                "live_batches_skipped",
+                "Live log batches not queued for a subscriber over its [sessions] queue bound",
             ),
         ]) {
             registry.register(name, help, g.clone());
@@ -158,6 +163,7 @@ impl Metrics {
             rt.header_timeouts as i64,
             rt.body_timeouts as i64,
             rt.body_budget_refusals as i64,
+            rt.live_batches_skipped as i64,
         ]) {
             g.set(v);
         }

@@ -12,7 +12,6 @@ use fleetops_actors::{Role, SessionsHandle};
 use futures::{SinkExt, StreamExt};
 use http::{HeaderValue, Response, StatusCode, header};
 use hyper_util::rt::TokioIo;
-use tokio::sync::broadcast::error::RecvError;
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Role as WsRole};
@@ -67,9 +66,19 @@ pub async fn live_logs(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body
     tokio::spawn(async move {
         match on_upgrade.await {
             Ok(upgraded) => {
-                let ws =
-                    WebSocketStream::from_raw_socket(TokioIo::new(upgraded), WsRole::Server, None)
-                        .await;
+                // Subscribers send nothing large (pongs and a close): small incoming limits; the
+                // outgoing buffer is bounded too (it only grows while writes fail).
+                let config = tokio_tungstenite::tungstenite::protocol::WebSocketConfig::default()
+                    .max_message_size(Some(64 * 1024))
+                    .max_frame_size(Some(16 * 1024))
+                    .write_buffer_size(128 * 1024)
+                    .max_write_buffer_size(4 * 1024 * 1024);
+                let ws = WebSocketStream::from_raw_socket(
+                    TokioIo::new(upgraded),
+                    WsRole::Server,
+                    Some(config),
+                )
+                .await;
                 pump(ws, sub, filter, sessions, id, ping, closing).await;
             }
             Err(e) => tracing::debug!(error = %e, "WebSocket upgrade failed"),
@@ -166,7 +175,7 @@ async fn pump(
         let resumed = loop {
             tokio::select! {
                 ev = feed.recv() => match ev {
-                    Ok(LiveEvent::Batch(b)) => {
+                    Some(LiveEvent::Batch(b)) => {
                         let end = b.first_seq + b.chunk.len() as u64;
                         if end <= next {
                             continue; // already sent (replayed after a resume)
@@ -189,7 +198,17 @@ async fn pump(
                         }
                         next = end;
                     }
-                    Ok(LiveEvent::Ended(status)) => {
+                    Some(LiveEvent::Skipped(to)) => {
+                        if to > next {
+                            if let Some(m) = text(lagged_frame(to - next))
+                                && tx.send(m).await.is_err()
+                            {
+                                return;
+                            }
+                            next = to;
+                        }
+                    }
+                    Some(LiveEvent::Ended(status)) => {
                         if let Some(s) = status
                             && let Some(m) = text(ended_frame(s))
                         {
@@ -198,9 +217,8 @@ async fn pump(
                         let _ = tx.send(close(CloseCode::Normal)).await;
                         return;
                     }
-                    // The next batch tells how many entries were skipped.
-                    Err(RecvError::Lagged(_)) => {}
-                    Err(RecvError::Closed) => break true,
+                    // The actor is gone (restarted): resume from the next entry.
+                    None => break true,
                 },
                 msg = rx.next() => match msg {
                     Some(Ok(Message::Close(_))) | None | Some(Err(_)) => return,

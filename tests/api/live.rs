@@ -365,3 +365,89 @@ async fn subscribers_resume_after_the_session_actor_restarts() {
     send_lines(&s, sid, &tok, &[("info", "a", "after-3")]).await;
     assert_eq!(next_json(&mut ws).await["message"], "after-3");
 }
+
+/// The live queue is bounded in bytes too: with room for 256 batches but only 1 MiB, a
+/// subscriber that reads nothing is skipped ahead, and `/metrics` counts the skipped batches.
+#[tokio::test]
+async fn a_stalled_subscriber_is_bounded_in_bytes() {
+    let s = start_with(|c| {
+        c.sessions.subscriber_queue = 256;
+        c.sessions.subscriber_queue_bytes = 1024 * 1024;
+    })
+    .await;
+    let (d, tok) = device(&s, "r").await;
+    let sid = session(&s, d, &tok).await;
+    let mut stalled = connect(&ws_url(&s, sid, &format!("?token={}", s.key())))
+        .await
+        .unwrap();
+    let big = "x".repeat(2000);
+    for b in 0..40 {
+        let batch: Vec<Value> = (0..200)
+            .map(|i| json!({"level": "info", "message": format!("{b}-{i} {big}")}))
+            .collect();
+        let r = s
+            .post(
+                &format!("{DEV}/sessions/{sid}/logs"),
+                &tok,
+                Value::Array(batch),
+            )
+            .await;
+        assert_eq!(r.status, 202);
+    }
+    let m = s
+        .http
+        .get(s.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let skipped: f64 = m
+        .lines()
+        .find_map(|l| l.strip_prefix("fleetops_live_batches_skipped "))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(skipped >= 1.0, "{skipped}");
+    let mut dropped = 0;
+    let mut logs = 0;
+    while dropped == 0 {
+        let f = next_json(&mut stalled).await;
+        match f["type"].as_str().unwrap() {
+            "log" => logs += 1,
+            "lagged" => dropped = f["dropped"].as_u64().unwrap(),
+            other => panic!("{other}"),
+        }
+    }
+    assert_eq!(
+        logs + dropped as usize,
+        8_000,
+        "every entry read or counted as dropped"
+    );
+}
+
+/// Subscribers send nothing large: a 100 KB message ends the conversation.
+#[tokio::test]
+async fn an_oversized_incoming_message_closes_the_socket() {
+    let s = start().await;
+    let (d, tok) = device(&s, "r").await;
+    let sid = session(&s, d, &tok).await;
+    let mut ws = connect(&ws_url(&s, sid, &format!("?token={}", s.key())))
+        .await
+        .unwrap();
+    ws.send(Message::Text("y".repeat(100_000).into()))
+        .await
+        .unwrap();
+    let end = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            match ws.next().await {
+                None | Some(Err(_)) | Some(Ok(Message::Close(_))) => return true,
+                Some(Ok(_)) => continue,
+            }
+        }
+    })
+    .await;
+    assert_eq!(end, Ok(true));
+}

@@ -8,10 +8,10 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 
 use fleetops_storage::{Artifact, LogChunk, SessionCounters, SessionStatus, Store};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
-use tokio::sync::broadcast;
 
 mod artifacts;
 mod exports;
@@ -19,7 +19,7 @@ pub mod handle;
 
 use crate::config::SessionsConfig;
 use crate::error::{Error, Result};
-use crate::live::{self, LiveBatch, LiveEvent, Subscription};
+use crate::live::{self, LiveBatch, Subscription};
 use crate::logs::LogFilter;
 use crate::mailbox::Envelope;
 
@@ -59,7 +59,8 @@ pub(crate) struct SessionActor;
 
 impl crate::keyed::KeyedChild for SessionActor {
     type Req = SessionMsg;
-    type Ctx = (Store, SessionsConfig);
+    /// The store, the settings, and the count of live batches skipped for slow subscribers.
+    type Ctx = (Store, SessionsConfig, Arc<AtomicU64>);
     const KIND: &'static str = "session";
 }
 
@@ -79,7 +80,7 @@ pub(crate) struct SessionState {
     ring: VecDeque<(u64, Arc<LogChunk>)>,
     ring_entries: usize,
     cfg: SessionsConfig,
-    live: broadcast::Sender<LiveEvent>,
+    live: live::Fanout,
     /// Injected fault (tests): the next fan-out panics.
     panic_after_write: bool,
 }
@@ -87,12 +88,12 @@ pub(crate) struct SessionState {
 impl Actor for SessionActor {
     type Msg = Envelope<SessionMsg>;
     type State = SessionState;
-    type Arguments = ((Store, SessionsConfig), u64);
+    type Arguments = ((Store, SessionsConfig, Arc<AtomicU64>), u64);
 
     async fn pre_start(
         &self,
         _myself: ActorRef<Self::Msg>,
-        ((store, cfg), id): Self::Arguments,
+        ((store, cfg, skipped), id): Self::Arguments,
     ) -> Result<Self::State, ActorProcessingErr> {
         let session = store.session_by_id(id)?;
         let counters = store.session_counters(id)?;
@@ -109,7 +110,7 @@ impl Actor for SessionActor {
             ring_entries += chunk.len();
             ring.push_front((next, Arc::new(chunk)));
         }
-        let (live, _) = broadcast::channel(cfg.subscriber_queue.max(1));
+        let live = live::Fanout::new(cfg.subscriber_queue, cfg.subscriber_queue_bytes, skipped);
         Ok(SessionState {
             id,
             counters,
@@ -172,7 +173,7 @@ impl Actor for SessionActor {
                 }
             }
             SessionMsg::End(status) => {
-                let _ = st.live.send(LiveEvent::Ended(status));
+                st.live.end(status);
                 myself.stop(None);
             }
             SessionMsg::Panic => panic!("injected fault in SessionActor {}", st.id),
@@ -235,13 +236,13 @@ impl SessionState {
             panic!("injected fault in SessionActor {} after a write", self.id);
         }
         self.remember(first_seq, chunk.clone());
-        if self.live.receiver_count() > 0 {
+        if self.live.listening() {
             let frames = live::frames(&chunk);
-            let _ = self.live.send(LiveEvent::Batch(Arc::new(LiveBatch {
+            self.live.batch(Arc::new(LiveBatch {
                 first_seq,
                 chunk,
                 frames,
-            })));
+            }));
         }
     }
 
@@ -258,7 +259,7 @@ impl SessionState {
         }
     }
 
-    fn subscribe(&self, replay: Replay, filter: &LogFilter) -> Subscription {
+    fn subscribe(&mut self, replay: Replay, filter: &LogFilter) -> Subscription {
         let frames = match replay {
             Replay::Last(n) => {
                 let chunks: Vec<Arc<LogChunk>> = self.ring.iter().map(|(_, c)| c.clone()).collect();
@@ -283,7 +284,11 @@ impl SessionState {
         Subscription {
             replay: frames,
             next_seq: self.counters.log_count,
-            feed: self.open.then(|| self.live.subscribe()),
+            feed: if self.open {
+                Some(self.live.subscribe())
+            } else {
+                None
+            },
             ended: if self.open {
                 None
             } else {
@@ -322,7 +327,7 @@ mod tests {
     }
 
     async fn spawn(store: &Store) -> ActorRef<Envelope<SessionMsg>> {
-        let ctx = (store.clone(), SessionsConfig::default());
+        let ctx = (store.clone(), SessionsConfig::default(), Arc::default());
         Actor::spawn(None, SessionActor, (ctx, SID))
             .await
             .unwrap()

@@ -59,6 +59,7 @@ pub fn metrics(cx: &Cx<'_>, req: &Req) -> ApiResult<Response<Body>> {
         header_timeouts: n(&edge.header_timeouts),
         body_timeouts: n(&edge.body_timeouts),
         body_budget_refusals: n(&edge.budget_refusals),
+        live_batches_skipped: cx.rt().live_batches_skipped(),
     };
     let text = cx.app.metrics.render(&figures, openmetrics);
     let mut r = Response::new(full(text));
