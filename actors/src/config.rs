@@ -70,6 +70,10 @@ pub struct SessionsConfig {
     pub subscriber_queue_bytes: usize,
     /// Seconds between WebSocket pings.
     pub ping_interval_seconds: u64,
+    /// An active session's actor with no appends, artifacts or subscribers for this long is
+    /// stopped and its replay buffer released; the next append or subscriber starts it again
+    /// from storage.
+    pub idle_seconds: u64,
 }
 
 impl Default for SessionsConfig {
@@ -80,6 +84,7 @@ impl Default for SessionsConfig {
             subscriber_queue: 256,
             subscriber_queue_bytes: 8 * 1024 * 1024,
             ping_interval_seconds: 30,
+            idle_seconds: 300,
         }
     }
 }

@@ -256,6 +256,11 @@ impl<C: KeyedChild> Keyed<C> {
         self.sup.call(|r| KeyedMsg::Get(key, r)).await
     }
 
+    /// How many of these actors run now.
+    pub(crate) fn running_count(&self) -> usize {
+        self.registry.len()
+    }
+
     /// The live actor if one runs now (never starts one).
     pub(crate) fn running(&self, key: u64) -> Option<ActorRef<Envelope<C::Req>>> {
         self.registry.get(&key).map(|a| a.clone())

@@ -34,6 +34,7 @@ pub struct RuntimeFigures {
     pub body_timeouts: u64,
     pub body_budget_refusals: u64,
     pub live_batches_skipped: u64,
+    pub session_actors: u64,
 }
 
 pub struct Metrics {
@@ -44,7 +45,7 @@ pub struct Metrics {
     log_batches_dropped: Gauge,
     evaluator_busy: Gauge<f64, std::sync::atomic::AtomicU64>,
     /// The edge's limits: open connections, and how often each limit was hit.
-    edge: [Gauge; 6],
+    edge: [Gauge; 7],
 }
 
 impl Default for Metrics {
@@ -101,7 +102,7 @@ impl Metrics {
             "Seconds the rule evaluators spent evaluating since start-up (writes left out)",
             evaluator_busy.clone(),
         );
-        let edge: [Gauge; 6] = Default::default();
+        let edge: [Gauge; 7] = Default::default();
         for (g, (name, help)) in edge.iter().zip([
             ("http_connections_open", "Connections being served now"),
             (
@@ -123,6 +124,10 @@ impl Metrics {
             (
                 "live_batches_skipped",
                 "Live log batches not queued for a subscriber over its [sessions] queue bound",
+            ),
+            (
+                "session_actors_running",
+                "Session actors running (idle ones stop after [sessions] idle_seconds)",
             ),
         ]) {
             registry.register(name, help, g.clone());
@@ -164,6 +169,7 @@ impl Metrics {
             rt.body_timeouts as i64,
             rt.body_budget_refusals as i64,
             rt.live_batches_skipped as i64,
+            rt.session_actors as i64,
         ]) {
             g.set(v);
         }

@@ -770,3 +770,56 @@ async fn export_of_many_lines_with_quoting() {
     assert_eq!(v.as_array().unwrap().len(), 15_000);
     assert_eq!(v[14_999]["metadata"], json!({"i": 4999}));
 }
+
+/// Idle session actors passivate: with no appends and no subscribers for
+/// `[sessions] idle_seconds` they stop and release their buffers; the next append or
+/// subscriber starts them again from storage, with nothing lost.
+#[tokio::test]
+async fn idle_sessions_passivate_and_come_back_on_append() {
+    let s = start_with(|c| c.sessions.idle_seconds = 1).await;
+    let (d, tok) = device(&s, "r").await;
+    let running = |s: &Srv| {
+        let s = s.http.get(s.url("/metrics"));
+        async move {
+            let m = s.send().await.unwrap().text().await.unwrap();
+            m.lines()
+                .find_map(|l| l.strip_prefix("fleetops_session_actors_running "))
+                .unwrap()
+                .trim()
+                .parse::<u64>()
+                .unwrap()
+        }
+    };
+    let mut ids = Vec::new();
+    for _ in 0..200 {
+        let sid = session(&s, d, &tok).await;
+        let r = s
+            .post(
+                &format!("{DEV}/sessions/{sid}/logs"),
+                &tok,
+                json!([{"level": "info", "message": "first"}]),
+            )
+            .await;
+        assert_eq!(r.status, 202);
+        ids.push(sid);
+    }
+    assert!(running(&s).await >= 200);
+    assert!(
+        eventually(5, || async { running(&s).await == 0 }).await,
+        "idle session actors stopped"
+    );
+    // Back on append, counts and replay rebuilt from storage.
+    for sid in ids.iter().take(20) {
+        let r = s
+            .post(
+                &format!("{DEV}/sessions/{sid}/logs"),
+                &tok,
+                json!([{"level": "info", "message": "second"}]),
+            )
+            .await;
+        assert_eq!(r.status, 202, "{}", r.body);
+        let l = s.get(&format!("{DEV}/sessions/{sid}/logs"), s.key()).await;
+        assert_eq!(l.body["total"], 2, "{}", l.body);
+    }
+    assert_eq!(running(&s).await, 20);
+}

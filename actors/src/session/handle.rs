@@ -168,6 +168,11 @@ impl SessionsHandle {
         Ok(Accepted { accepted })
     }
 
+    /// Session actors running now (active sessions not passivated), for `/metrics`.
+    pub fn running_actors(&self) -> usize {
+        self.actors.running_count()
+    }
+
     /// Seals the session's actor (starting it if needed, so that no append that raced with
     /// this call can land after it).
     async fn seal(&self, id: u64) -> Result<()> {

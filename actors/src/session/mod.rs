@@ -9,6 +9,7 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
+use std::time::Duration;
 
 use fleetops_storage::{Artifact, LogChunk, SessionCounters, SessionStatus, Store};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
@@ -41,6 +42,9 @@ pub(crate) enum SessionMsg {
     },
     /// The session ended with this status (`None`: deleted): tell subscribers and stop.
     End(Option<&'static str>),
+    /// Stops the actor if nothing happened for `[sessions] idle_seconds` and nobody
+    /// listens (passivation; the next append or subscriber starts it again from storage).
+    IdleCheck,
     /// Fault injection for supervision tests.
     Panic,
     /// Fault injection: the next append panics after its write, while fanning it out.
@@ -83,6 +87,8 @@ pub(crate) struct SessionState {
     live: live::Fanout,
     /// Injected fault (tests): the next fan-out panics.
     panic_after_write: bool,
+    /// When the last append, artifact or subscriber came.
+    last_active: std::time::Instant,
 }
 
 impl Actor for SessionActor {
@@ -92,7 +98,7 @@ impl Actor for SessionActor {
 
     async fn pre_start(
         &self,
-        _myself: ActorRef<Self::Msg>,
+        myself: ActorRef<Self::Msg>,
         ((store, cfg, skipped), id): Self::Arguments,
     ) -> Result<Self::State, ActorProcessingErr> {
         let session = store.session_by_id(id)?;
@@ -111,6 +117,8 @@ impl Actor for SessionActor {
             ring.push_front((next, Arc::new(chunk)));
         }
         let live = live::Fanout::new(cfg.subscriber_queue, cfg.subscriber_queue_bytes, skipped);
+        let idle = Duration::from_secs(cfg.idle_seconds.max(1));
+        myself.send_after(idle, || Envelope::cast(SessionMsg::IdleCheck));
         Ok(SessionState {
             id,
             counters,
@@ -128,6 +136,7 @@ impl Actor for SessionActor {
             cfg,
             live,
             panic_after_write: false,
+            last_active: std::time::Instant::now(),
         })
     }
 
@@ -142,19 +151,23 @@ impl Actor for SessionActor {
             return Ok(());
         };
         match msg {
-            SessionMsg::Append(chunk, reply) => match st.append(&chunk) {
-                Ok(first_seq) => {
-                    // Answered as soon as the write is applied, before the replay buffer and
-                    // the fan-out: a panic in those cannot leave the caller without the truth,
-                    // so a request lost to a panic never wrote anything.
-                    let _ = reply.send(Ok(chunk.len()));
-                    st.fan_out(first_seq, chunk);
+            SessionMsg::Append(chunk, reply) => {
+                st.last_active = std::time::Instant::now();
+                match st.append(&chunk) {
+                    Ok(first_seq) => {
+                        // Answered as soon as the write is applied, before the replay buffer and
+                        // the fan-out: a panic in those cannot leave the caller without the truth,
+                        // so a request lost to a panic never wrote anything.
+                        let _ = reply.send(Ok(chunk.len()));
+                        st.fan_out(first_seq, chunk);
+                    }
+                    Err(e) => {
+                        let _ = reply.send(Err(e));
+                    }
                 }
-                Err(e) => {
-                    let _ = reply.send(Err(e));
-                }
-            },
+            }
             SessionMsg::PutArtifact(a, reply) => {
+                st.last_active = std::time::Instant::now();
                 let _ = reply.send(st.put_artifact(a));
             }
             SessionMsg::Seal(reply) => {
@@ -166,6 +179,7 @@ impl Actor for SessionActor {
                 filter,
                 reply,
             } => {
+                st.last_active = std::time::Instant::now();
                 let _ = reply.send(Ok(st.subscribe(replay, &filter)));
                 if !st.open {
                     // Started only to answer a late subscriber: nothing more to do.
@@ -175,6 +189,17 @@ impl Actor for SessionActor {
             SessionMsg::End(status) => {
                 st.live.end(status);
                 myself.stop(None);
+            }
+            SessionMsg::IdleCheck => {
+                let idle = Duration::from_secs(st.cfg.idle_seconds.max(1));
+                let quiet = st.last_active.elapsed();
+                if quiet >= idle && !st.live.listening() {
+                    // Its state is all in storage; the ring and the actor go.
+                    myself.stop(Some("idle".into()));
+                } else {
+                    let next = idle.saturating_sub(quiet).max(Duration::from_millis(100));
+                    myself.send_after(next, || Envelope::cast(SessionMsg::IdleCheck));
+                }
             }
             SessionMsg::Panic => panic!("injected fault in SessionActor {}", st.id),
             SessionMsg::PanicAfterNextWrite => st.panic_after_write = true,
