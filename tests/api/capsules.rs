@@ -666,3 +666,29 @@ async fn large_capsules_confirm_in_the_background() {
     .await;
     assert!(done);
 }
+
+/// A decompression bomb (64 MiB of zeros in a 64 KiB `.tar.gz`) fails its validation with a
+/// note, quickly, instead of being expanded.
+#[tokio::test]
+async fn a_decompression_bomb_fails_validation_with_a_note() {
+    let s = start().await;
+    let bomb = {
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+        gz.write_all(&tar_bytes(&vec![0u8; 64 << 20])).unwrap();
+        gz.finish().unwrap()
+    };
+    assert!(bomb.len() < 1 << 20, "{}", bomb.len());
+    let t = std::time::Instant::now();
+    let r = publish(&s, "bomb", "1.0.0", ".tar.gz", &bomb, json!([])).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.body["validation_status"], "failed");
+    assert!(
+        r.body["validation_notes"]
+            .as_str()
+            .unwrap()
+            .contains("decompression bomb"),
+        "{}",
+        r.body
+    );
+    assert!(t.elapsed() < std::time::Duration::from_secs(20));
+}

@@ -688,7 +688,11 @@ async fn hash_and_check(
     let archive = tokio::task::spawn_blocking(move || {
         let _keep = tmp;
         match std::fs::File::open(&path) {
-            Ok(f) => archives::validate(&format, std::io::BufReader::new(f)),
+            Ok(f) => archives::validate(
+                &format,
+                std::io::BufReader::new(f),
+                archives::Caps::for_archive(size),
+            ),
             Err(e) => Err(format!("could not read the upload back: {e}")),
         }
     })
