@@ -150,3 +150,76 @@ fn futures_util_stream(
 ) -> impl futures::Stream<Item = Result<Vec<u8>, std::io::Error>> + Send + 'static {
     futures::stream::iter(chunks)
 }
+
+/// Documented maxima per entity: tags per session, devices per group, references per rule,
+/// labels per device; past them 422 naming the field and the bound, and nothing written.
+#[tokio::test]
+async fn per_entity_maxima_are_422() {
+    let s = start().await;
+    let (d, tok) = crate::sessions::device(&s, "r").await;
+    let tags: Vec<String> = (0..65).map(|i| format!("t{i}")).collect();
+    let r = s
+        .post(
+            &format!("{DEV}/sessions"),
+            &tok,
+            json!({"device_id": d, "tags": tags}),
+        )
+        .await;
+    assert!(r.assert_error(422).contains("at most 64"), "{}", r.body);
+    let r = s
+        .post(
+            &format!("{DEV}/sessions"),
+            &tok,
+            json!({"device_id": d, "tags": &tags[..64]}),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.body);
+    let sid = r.body["id"].as_u64().unwrap();
+    let r = s
+        .post(
+            &format!("{DEV}/sessions/{sid}/tags"),
+            s.key(),
+            json!({"tag": "one-more"}),
+        )
+        .await;
+    assert!(r.assert_error(422).contains("at most 64"), "{}", r.body);
+    // Re-adding a tag it has is fine.
+    let r = s
+        .post(
+            &format!("{DEV}/sessions/{sid}/tags"),
+            s.key(),
+            json!({"tag": "t1"}),
+        )
+        .await;
+    assert!(r.status.is_success(), "{}", r.body);
+
+    let ids: Vec<u64> = (1..=10_001).collect();
+    let r = s
+        .post(
+            &format!("{DEV}/device-groups"),
+            s.key(),
+            json!({"name": "g", "device_ids": ids}),
+        )
+        .await;
+    assert!(r.assert_error(422).contains("at most 10000"), "{}", r.body);
+    let refs: Vec<u64> = (1..=101).collect();
+    let r = s
+        .post(
+            "/api/v1/organizations/default/projects/default/alert-rules",
+            s.key(),
+            json!({"name": "r", "severity": "info", "integration_ids": refs,
+                   "condition": {"type": "deployment_status", "status": "failed"}}),
+        )
+        .await;
+    assert!(r.assert_error(422).contains("at most 100"), "{}", r.body);
+    let labels: serde_json::Map<String, serde_json::Value> =
+        (0..65).map(|i| (format!("k{i}"), json!("v"))).collect();
+    let r = s
+        .post(
+            &format!("{DEV}/devices"),
+            s.key(),
+            json!({"name": "l", "labels": labels}),
+        )
+        .await;
+    assert!(r.assert_error(422).contains("at most 64"), "{}", r.body);
+}

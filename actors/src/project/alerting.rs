@@ -206,6 +206,8 @@ impl ProjectState {
     }
 
     fn check_references(&self, integrations: &[u64], groups: &[u64]) -> Result<()> {
+        rules::at_most("integration_ids", integrations.len(), rules::MAX_RULE_REFS)?;
+        rules::at_most("device_group_ids", groups.len(), rules::MAX_RULE_REFS)?;
         for id in integrations {
             if self.store.integration(self.pid(), *id)?.is_none() {
                 return Err(Error::unprocessable(

@@ -107,6 +107,7 @@ impl ProjectState {
         let mut ids = ids;
         ids.sort_unstable();
         ids.dedup();
+        rules::at_most("device_ids", ids.len(), rules::MAX_GROUP_MEMBERS)?;
         for id in &ids {
             if self.store.device(self.pid(), *id)?.is_none() {
                 return Err(Error::unprocessable(

@@ -42,6 +42,7 @@ impl ProjectState {
             .collect::<Result<_>>()?;
         tags.sort();
         tags.dedup();
+        rules::at_most("tags", tags.len(), rules::MAX_TAGS)?;
         let s = Session {
             id: self.store.new_id(Seq::Session)?,
             project_id: self.pid(),
@@ -73,6 +74,7 @@ impl ProjectState {
         if add {
             rules::tag("tag", &tag)?;
             if let Err(at) = s.tags.binary_search(&tag) {
+                rules::at_most("tags", s.tags.len() + 1, rules::MAX_TAGS)?;
                 s.tags.insert(at, tag);
                 self.store.put_session(&s)?;
             }

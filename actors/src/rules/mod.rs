@@ -107,6 +107,21 @@ pub fn artifact_path(s: &str) -> Result<()> {
     }
 }
 
+/// Tags one session may carry.
+pub const MAX_TAGS: usize = 64;
+/// Devices one group may hold.
+pub const MAX_GROUP_MEMBERS: usize = 10_000;
+/// Integrations or device groups one alert rule may name.
+pub const MAX_RULE_REFS: usize = 100;
+
+/// At most `max` items in `field` (422 naming it beyond).
+pub fn at_most(field: &str, n: usize, max: usize) -> Result<()> {
+    if n > max {
+        return Err(Error::unprocessable(field, format!("at most {max} items")));
+    }
+    Ok(())
+}
+
 /// A session tag: 1-64 characters of `[A-Za-z0-9._:-]`.
 pub fn tag(field: &str, s: &str) -> Result<()> {
     let ok = !s.is_empty()
