@@ -210,9 +210,32 @@ pub(super) fn query(
     limit: usize,
     offset: usize,
 ) -> Result<LogPage> {
-    let hits = sorted_hits(store, session, f)?;
-    let total = hits.len();
-    let page: Vec<(i64, u64, u32)> = hits.into_iter().skip(offset).take(limit).collect();
+    // The first `offset + limit` matches in time order, kept in a bounded max-heap: memory
+    // grows with the page asked for, not with the number of matches.
+    let keep = offset.saturating_add(limit);
+    let mut heap: std::collections::BinaryHeap<(i64, u64, u32)> =
+        std::collections::BinaryHeap::with_capacity(keep.min(1 << 16) + 1);
+    let mut total = 0usize;
+    for item in store.log_chunks(session) {
+        let (seq, chunk) = item?;
+        for i in f.matches(&chunk) {
+            let Some(ts) = chunk.ts_at(i) else { continue };
+            total += 1;
+            let key = (ts, seq, i as u32);
+            if heap.len() < keep {
+                heap.push(key);
+            } else if heap.peek().is_some_and(|top| key < *top) {
+                heap.pop();
+                heap.push(key);
+            }
+        }
+    }
+    let page: Vec<(i64, u64, u32)> = heap
+        .into_sorted_vec()
+        .into_iter()
+        .skip(offset)
+        .take(limit)
+        .collect();
     // Pass 2: decode only the chunks that hold the page.
     let mut wanted: BTreeMap<u64, Vec<(usize, u32)>> = BTreeMap::new();
     for (pos, (_, seq, i)) in page.iter().enumerate() {
