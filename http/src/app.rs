@@ -31,6 +31,8 @@ pub struct App {
     /// Cancelled on shutdown: open WebSockets close with 1001.
     pub closing: tokio_util::sync::CancellationToken,
     pub edge: Arc<crate::edge::Edge>,
+    /// The operations that take no credential (counted per client address).
+    pub unauthenticated: std::collections::HashSet<crate::router::Op>,
 }
 
 impl App {
@@ -47,6 +49,11 @@ impl App {
             openapi,
             closing: tokio_util::sync::CancellationToken::new(),
             edge: Arc::new(crate::edge::Edge::new(&cfg)),
+            unauthenticated: defs
+                .iter()
+                .filter(|d| d.security == crate::router::Security::None)
+                .map(|d| d.op)
+                .collect(),
             cfg,
         })
     }

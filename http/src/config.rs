@@ -29,6 +29,10 @@ pub struct HttpConfig {
     /// Bytes of buffered request bodies all connections together may hold (503 with
     /// `Retry-After` past it); streamed uploads do not count.
     pub body_budget_bytes: usize,
+    /// Requests in flight from one client address on the routes that take no credential
+    /// (the webhook intake, login, health, metrics, signed links); 503 with `Retry-After`
+    /// past it.
+    pub max_unauthenticated_per_address: usize,
 }
 
 impl Default for HttpConfig {
@@ -43,6 +47,7 @@ impl Default for HttpConfig {
             body_timeout_seconds: 60,
             max_connections: 4096,
             body_budget_bytes: 256 * 1024 * 1024,
+            max_unauthenticated_per_address: 512,
         }
     }
 }

@@ -25,6 +25,25 @@ pub struct Edge {
     pub budget_refusals: AtomicU64,
     pub connection_waits: AtomicU64,
     pub connections_open: AtomicI64,
+    /// Requests in flight per client address on routes that take no credential.
+    per_address: Arc<dashmap::DashMap<std::net::IpAddr, usize>>,
+    max_per_address: usize,
+    pub per_address_refusals: AtomicU64,
+}
+
+/// One request counted against its address; released when dropped.
+pub struct AddressSlot {
+    map: Arc<dashmap::DashMap<std::net::IpAddr, usize>>,
+    ip: std::net::IpAddr,
+}
+
+impl Drop for AddressSlot {
+    fn drop(&mut self) {
+        self.map.remove_if_mut(&self.ip, |_, n| {
+            *n = n.saturating_sub(1);
+            *n == 0
+        });
+    }
 }
 
 /// A share of the body budget, given back when the body is dropped.
@@ -45,7 +64,30 @@ impl Edge {
             budget_refusals: AtomicU64::new(0),
             connection_waits: AtomicU64::new(0),
             connections_open: AtomicI64::new(0),
+            per_address: Arc::new(dashmap::DashMap::new()),
+            max_per_address: cfg.max_unauthenticated_per_address.max(1),
+            per_address_refusals: AtomicU64::new(0),
         }
+    }
+
+    /// Counts a request from `ip` on a route that takes no credential; 503 with
+    /// `Retry-After` when that address already has `max_unauthenticated_per_address` in
+    /// flight (one address cannot take the whole budget or the connection ceiling).
+    pub fn per_address(&self, ip: std::net::IpAddr) -> ApiResult<AddressSlot> {
+        let mut n = self.per_address.entry(ip).or_insert(0);
+        if *n >= self.max_per_address {
+            drop(n);
+            self.per_address_refusals.fetch_add(1, Ordering::Relaxed);
+            return Err(ApiError::Domain(fleetops_actors::Error::Unavailable {
+                retry_after_secs: 1,
+            }));
+        }
+        *n += 1;
+        drop(n);
+        Ok(AddressSlot {
+            map: self.per_address.clone(),
+            ip,
+        })
     }
 
     /// Reserves `bytes` of the body budget for a body about to be buffered; 503 with

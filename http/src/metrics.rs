@@ -35,6 +35,7 @@ pub struct RuntimeFigures {
     pub body_budget_refusals: u64,
     pub live_batches_skipped: u64,
     pub session_actors: u64,
+    pub per_address_refusals: u64,
 }
 
 pub struct Metrics {
@@ -45,7 +46,7 @@ pub struct Metrics {
     log_batches_dropped: Gauge,
     evaluator_busy: Gauge<f64, std::sync::atomic::AtomicU64>,
     /// The edge's limits: open connections, and how often each limit was hit.
-    edge: [Gauge; 7],
+    edge: [Gauge; 8],
 }
 
 impl Default for Metrics {
@@ -102,7 +103,7 @@ impl Metrics {
             "Seconds the rule evaluators spent evaluating since start-up (writes left out)",
             evaluator_busy.clone(),
         );
-        let edge: [Gauge; 7] = Default::default();
+        let edge: [Gauge; 8] = Default::default();
         for (g, (name, help)) in edge.iter().zip([
             ("http_connections_open", "Connections being served now"),
             (
@@ -128,6 +129,10 @@ impl Metrics {
             (
                 "session_actors_running",
                 "Session actors running (idle ones stop after [sessions] idle_seconds)",
+            ),
+            (
+                "http_per_address_refusals",
+                "Requests refused (503) over [http] max_unauthenticated_per_address",
             ),
         ]) {
             registry.register(name, help, g.clone());
@@ -170,6 +175,7 @@ impl Metrics {
             rt.body_budget_refusals as i64,
             rt.live_batches_skipped as i64,
             rt.session_actors as i64,
+            rt.per_address_refusals as i64,
         ]) {
             g.set(v);
         }

@@ -5,7 +5,7 @@
 use http::Method;
 
 /// Every operation the server answers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Op {
     Healthz,
     Metrics,

@@ -121,6 +121,12 @@ pub async fn handle(app: &App, req: Request<Incoming>, peer: SocketAddr) -> Resp
         Resolved::Found(op, template, params) => {
             let mut cx = Cx { app, rate: None };
             let fut = async {
+                // Held for the whole request on the routes that take no credential.
+                let _slot = if app.unauthenticated.contains(&op) {
+                    Some(app.edge.per_address(peer.ip())?)
+                } else {
+                    None
+                };
                 let req = Req::new(parts, body, params, peer, app.edge.clone())?;
                 handlers::dispatch(op, &mut cx, req).await
             };

@@ -204,3 +204,38 @@ async fn past_the_connection_ceiling_new_connections_wait() {
     assert!(closed_within(&mut idle, Duration::from_secs(1)).await);
     assert!(metric(&s, "fleetops_http_connection_limit_waits").await >= 1.0);
 }
+
+#[tokio::test]
+async fn one_address_holds_a_bounded_share_of_the_unauthenticated_routes() {
+    let s = start_with(|c| {
+        c.http.max_unauthenticated_per_address = 2;
+        c.scm.webhook_secret = crate::webhooks::SECRET.into();
+    })
+    .await;
+    // Two deliveries whose bodies trickle in hold this address's two slots.
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let mut c = TcpStream::connect(addr(&s)).await.unwrap();
+        c.write_all(
+            b"POST /api/v1/scm/webhooks HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{",
+        )
+        .await
+        .unwrap();
+        held.push(c);
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let r = s.http.get(s.url("/healthz")).send().await.unwrap();
+    assert_eq!(r.status(), 503);
+    assert_eq!(r.headers()["retry-after"], "1");
+    // Authenticated routes are not counted per address.
+    let r = s.get(&format!("{DEV}/devices"), s.key()).await;
+    assert_eq!(r.status, 200);
+    drop(held);
+    assert!(
+        eventually(5, || async {
+            s.http.get(s.url("/healthz")).send().await.unwrap().status() == 200
+        })
+        .await
+    );
+    assert!(metric(&s, "fleetops_http_per_address_refusals").await >= 1.0);
+}

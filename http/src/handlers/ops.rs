@@ -61,6 +61,7 @@ pub fn metrics(cx: &Cx<'_>, req: &Req) -> ApiResult<Response<Body>> {
         body_budget_refusals: n(&edge.budget_refusals),
         live_batches_skipped: cx.rt().live_batches_skipped(),
         session_actors: cx.rt().sessions.running_actors() as u64,
+        per_address_refusals: n(&edge.per_address_refusals),
     };
     let text = cx.app.metrics.render(&figures, openmetrics);
     let mut r = Response::new(full(text));
