@@ -121,13 +121,17 @@ pub async fn handle(app: &App, req: Request<Incoming>, peer: SocketAddr) -> Resp
         Resolved::Found(op, template, params) => {
             let mut cx = Cx { app, rate: None };
             let fut = async {
-                // Held for the whole request on the routes that take no credential.
+                let req = Req::new(parts, body, params, peer, app.edge.clone())?;
+                // Held for the whole request on the routes that take no credential; behind a
+                // trusted proxy, per forwarded client.
                 let _slot = if app.unauthenticated.contains(&op) {
-                    Some(app.edge.per_address(peer.ip())?)
+                    Some(
+                        app.edge
+                            .per_address(req.client_ip(&app.cfg.trusted_proxies))?,
+                    )
                 } else {
                     None
                 };
-                let req = Req::new(parts, body, params, peer, app.edge.clone())?;
                 handlers::dispatch(op, &mut cx, req).await
             };
             let result = match AssertUnwindSafe(fut).catch_unwind().await {
