@@ -36,15 +36,49 @@ pub fn validate<R: Read + Seek>(format: &str, file: R, caps: Caps) -> Result<usi
     }
 }
 
+/// Counts every byte the tar reader takes (headers and the long-name and PAX extensions it
+/// reads whole, not only entry data) against the cap.
+struct Capped<R> {
+    inner: R,
+    left: u64,
+    over: std::rc::Rc<std::cell::Cell<bool>>,
+}
+
+impl<R: Read> Read for Capped<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if self.left == 0 {
+            // One byte more tells a stream that ends exactly at the cap from a bomb.
+            let mut probe = [0u8; 1];
+            return match self.inner.read(&mut probe)? {
+                0 => Ok(0),
+                _ => {
+                    self.over.set(true);
+                    Err(std::io::Error::other("over the decompression cap"))
+                }
+            };
+        }
+        let want = buf
+            .len()
+            .min(usize::try_from(self.left).unwrap_or(usize::MAX));
+        let n = self.inner.read(&mut buf[..want])?;
+        self.left -= n as u64;
+        Ok(n)
+    }
+}
+
+fn bomb(caps: Caps) -> String {
+    format!(
+        "the archive expands to more than {} bytes (16 times its size); refused as a decompression bomb",
+        caps.max_bytes
+    )
+}
+
 /// Copies one entry to nowhere, counting against the remaining byte cap.
 fn drain(r: &mut impl Read, left: &mut u64, caps: Caps) -> Result<(), String> {
     let n = std::io::copy(&mut r.take(*left + 1), &mut std::io::sink())
         .map_err(|e| format!("corrupt archive entry: {e}"))?;
     if n > *left {
-        return Err(format!(
-            "the archive expands to more than {} bytes (16 times its size); refused as a decompression bomb",
-            caps.max_bytes
-        ));
+        return Err(bomb(caps));
     }
     *left -= n;
     Ok(())
@@ -55,19 +89,44 @@ fn too_many(caps: Caps) -> String {
 }
 
 fn read_tar<R: Read>(r: R, caps: Caps) -> Result<usize, String> {
-    let mut a = tar::Archive::new(r);
+    let over = std::rc::Rc::new(std::cell::Cell::new(false));
+    let capped = Capped {
+        inner: r,
+        left: caps.max_bytes,
+        over: over.clone(),
+    };
+    let counted = || over.get();
+    let mut a = tar::Archive::new(capped);
     let mut n = 0;
-    let mut left = caps.max_bytes;
-    for e in a
-        .entries()
-        .map_err(|e| format!("not a valid tar archive: {e}"))?
-    {
-        let mut e = e.map_err(|e| format!("not a valid tar archive: {e}"))?;
-        drain(&mut e, &mut left, caps)?;
+    let entries = a.entries().map_err(|e| {
+        if counted() {
+            bomb(caps)
+        } else {
+            format!("not a valid tar archive: {e}")
+        }
+    })?;
+    for e in entries {
+        let mut e = e.map_err(|e| {
+            if counted() {
+                bomb(caps)
+            } else {
+                format!("not a valid tar archive: {e}")
+            }
+        })?;
+        if let Err(e) = std::io::copy(&mut e, &mut std::io::sink()) {
+            return Err(if counted() {
+                bomb(caps)
+            } else {
+                format!("corrupt archive entry: {e}")
+            });
+        }
         n += 1;
         if n > caps.max_entries {
             return Err(too_many(caps));
         }
+    }
+    if counted() {
+        return Err(bomb(caps));
     }
     if n == 0 {
         return Err("the archive holds no entries".into());
@@ -129,6 +188,28 @@ mod tests {
         let bomb = gz.finish().unwrap();
         let caps = Caps::for_archive(bomb.len() as u64);
         let why = validate(".tar.gz", Cursor::new(bomb), caps).unwrap_err();
+        assert!(why.contains("decompression bomb"), "{why}");
+        // The same through a GNU long-name extension, which the tar reader reads whole.
+        let mut raw = Vec::new();
+        let name = vec![b'a'; 32 << 20];
+        let mut h = tar::Header::new_gnu();
+        h.as_gnu_mut().unwrap().name[..13].copy_from_slice(b"././@LongLink");
+        h.set_entry_type(tar::EntryType::GNULongName);
+        h.set_size(name.len() as u64 + 1);
+        h.set_cksum();
+        raw.extend_from_slice(h.as_bytes());
+        raw.extend_from_slice(&name);
+        raw.extend(std::iter::repeat_n(0u8, 512 - (name.len() % 512)));
+        let mut f = tar::Header::new_gnu();
+        f.set_size(0);
+        f.set_cksum();
+        raw.extend_from_slice(f.as_bytes());
+        raw.extend(std::iter::repeat_n(0u8, 1024));
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+        gz.write_all(&raw).unwrap();
+        let long = gz.finish().unwrap();
+        let caps = Caps::for_archive(long.len() as u64);
+        let why = validate(".tar.gz", Cursor::new(long), caps).unwrap_err();
         assert!(why.contains("decompression bomb"), "{why}");
         // Entries over the cap.
         let mut z = zip::ZipWriter::new(Cursor::new(Vec::new()));

@@ -136,9 +136,15 @@ impl Fanout {
         }
     }
 
-    /// The end, to every subscriber (never skipped).
+    /// The end, to every subscriber (never skipped), after telling a subscriber that was
+    /// skipped how far (an end queued behind its batches would otherwise hide the gap).
     pub fn end(&mut self, status: Option<&'static str>) {
         for s in &self.sinks {
+            let to = s.queued.skipped_to.swap(0, Ordering::Relaxed);
+            if to > 0 {
+                s.queued.batches.fetch_add(1, Ordering::Relaxed);
+                let _ = s.tx.send((LiveEvent::Skipped(to), 0));
+            }
             s.queued.batches.fetch_add(1, Ordering::Relaxed);
             let _ = s.tx.send((LiveEvent::Ended(status), 0));
         }

@@ -246,7 +246,11 @@ async fn pump(
         }
         // The session's actor restarted: pick up from the next entry.
         match sessions.resume(id, next, filter.clone()).await {
-            Ok(s) => sub = s,
+            Ok(s) => {
+                // The replay covers every buffered entry from `next` up to here.
+                next = next.max(s.next_seq);
+                sub = s;
+            }
             Err(_) => {
                 let _ = tx.send(close(CloseCode::Error)).await;
                 return;
