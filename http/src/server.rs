@@ -41,6 +41,7 @@ pub async fn serve(listener: TcpListener, app: Arc<App>, shutdown: impl Future<O
     builder
         .http2()
         .timer(TokioTimer::new())
+        .max_concurrent_streams(256)
         .keep_alive_interval(Duration::from_secs(
             app.cfg.header_read_timeout_seconds.max(1),
         ))
@@ -77,15 +78,27 @@ pub async fn serve(listener: TcpListener, app: Arc<App>, shutdown: impl Future<O
                 };
                 let _ = stream.set_nodelay(true);
                 let edge = app.edge.clone();
+                let header_timeout =
+                    Duration::from_secs(app.cfg.header_read_timeout_seconds.max(1));
                 let app = app.clone();
                 let svc = service_fn(move |req| {
                     let app = app.clone();
                     async move { Ok::<_, Infallible>(handle(&app, req, peer).await) }
                 });
-                let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), svc);
-                let conn = graceful.watch(conn.into_owned());
+                let (builder, watcher) = (builder.clone(), graceful.watcher());
                 edge.connections_open.fetch_add(1, Ordering::Relaxed);
                 tokio::spawn(async move {
+                    // hyper's header timer starts only once the protocol is known (hyper-util
+                    // reads the opening bytes first, with no timer): until they arrive, this
+                    // deadline holds the socket, so a silent client costs one timeout.
+                    if !opening_within(&stream, header_timeout).await {
+                        edge.header_timeouts.fetch_add(1, Ordering::Relaxed);
+                        edge.connections_open.fetch_sub(1, Ordering::Relaxed);
+                        drop(slot);
+                        return;
+                    }
+                    let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), svc);
+                    let conn = watcher.watch(conn.into_owned());
                     if let Err(e) = conn.await
                         && e
                             .downcast_ref::<hyper::Error>()
@@ -108,6 +121,32 @@ pub async fn serve(listener: TcpListener, app: Arc<App>, shutdown: impl Future<O
         _ = tokio::time::sleep(grace) => {
             tracing::warn!("in-flight requests did not finish within the shutdown grace period");
         }
+    }
+}
+
+/// The HTTP/2 connection preface, which hyper-util reads whole before choosing a protocol.
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// Whether the client sends the opening of its first request within `limit`: any first bytes
+/// for HTTP/1 (hyper's own header timer takes over from there), the whole 24-byte preface
+/// for HTTP/2.
+async fn opening_within(stream: &tokio::net::TcpStream, limit: Duration) -> bool {
+    let deadline = tokio::time::Instant::now() + limit;
+    let mut buf = [0u8; 24];
+    loop {
+        let n = match tokio::time::timeout_at(deadline, stream.peek(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) | Err(_) => return false,
+            Ok(Ok(n)) => n,
+        };
+        let seen = &buf[..n];
+        if !H2_PREFACE.starts_with(seen) || n == H2_PREFACE.len() {
+            return true;
+        }
+        // A partial preface: look again shortly (peek returns at once while bytes wait).
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 

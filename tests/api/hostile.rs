@@ -239,3 +239,28 @@ async fn one_address_holds_a_bounded_share_of_the_unauthenticated_routes() {
     );
     assert!(metric(&s, "fleetops_http_per_address_refusals").await >= 1.0);
 }
+
+/// A client that sends nothing, or only part of the HTTP/2 preface, is closed after the
+/// header timeout too (hyper-util reads the opening bytes before hyper's timer starts).
+#[tokio::test]
+async fn silent_and_partial_preface_connections_are_closed() {
+    let s = start_with(|c| {
+        c.http.header_read_timeout_seconds = 1;
+        c.http.max_connections = 4;
+    })
+    .await;
+    let mut silent = TcpStream::connect(addr(&s)).await.unwrap();
+    let mut partial = TcpStream::connect(addr(&s)).await.unwrap();
+    partial.write_all(b"PRI * HTTP/2.0\r\n").await.unwrap();
+    let t = Instant::now();
+    assert!(closed_within(&mut silent, Duration::from_secs(4)).await);
+    assert!(closed_within(&mut partial, Duration::from_secs(4)).await);
+    assert!(
+        t.elapsed() >= Duration::from_millis(800),
+        "{:?}",
+        t.elapsed()
+    );
+    // Their slots are free again: normal requests are served.
+    let r = s.http.get(s.url("/healthz")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+}
