@@ -46,6 +46,11 @@ impl Drop for AddressSlot {
     }
 }
 
+/// A connection's place under `[http] max_connections`, held by the connection and by a
+/// WebSocket it was upgraded to, released when the last of them ends.
+#[derive(Clone)]
+pub struct ConnSlot(#[allow(dead_code)] pub Arc<OwnedSemaphorePermit>);
+
 /// A share of the body budget, given back when the body is dropped.
 pub struct BodyPermit(#[allow(dead_code)] Option<OwnedSemaphorePermit>);
 

@@ -81,8 +81,13 @@ pub async fn serve(listener: TcpListener, app: Arc<App>, shutdown: impl Future<O
                 let header_timeout =
                     Duration::from_secs(app.cfg.header_read_timeout_seconds.max(1));
                 let app = app.clone();
-                let svc = service_fn(move |req| {
+                // Shared with the requests, so a WebSocket keeps the connection's slot after
+                // the upgrade ends the HTTP connection.
+                let slot = crate::edge::ConnSlot(Arc::new(slot));
+                let conn_slot = slot.clone();
+                let svc = service_fn(move |mut req: Request<Incoming>| {
                     let app = app.clone();
+                    req.extensions_mut().insert(conn_slot.clone());
                     async move { Ok::<_, Infallible>(handle(&app, req, peer).await) }
                 });
                 let (builder, watcher) = (builder.clone(), graceful.watcher());

@@ -54,6 +54,8 @@ pub async fn live_logs(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body
         .sessions
         .subscribe(s.project.id, id, replay as usize, filter.clone())
         .await?;
+    // The connection's slot under the ceiling goes with the WebSocket.
+    let slot = req.parts.extensions.remove::<crate::edge::ConnSlot>();
     let on_upgrade = req
         .parts
         .extensions
@@ -64,6 +66,7 @@ pub async fn live_logs(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body
     let closing = cx.app.closing.clone();
     let ping = Duration::from_secs(cx.rt().sessions.config().ping_interval_seconds.max(1));
     tokio::spawn(async move {
+        let _slot = slot;
         match on_upgrade.await {
             Ok(upgraded) => {
                 // Subscribers send nothing large (pongs and a close): small incoming limits; the
@@ -134,6 +137,15 @@ fn close(code: CloseCode) -> Message {
 
 type Ws = WebSocketStream<TokioIo<hyper::upgrade::Upgraded>>;
 
+/// Whether a write finished in time: a subscriber whose socket takes no bytes for this long
+/// (it does not read) is dropped rather than held with its buffers.
+async fn within<E>(
+    limit: Duration,
+    write: impl std::future::Future<Output = Result<(), E>>,
+) -> bool {
+    matches!(tokio::time::timeout(limit, write).await, Ok(Ok(())))
+}
+
 async fn pump(
     ws: Ws,
     sub: Subscription,
@@ -144,29 +156,30 @@ async fn pump(
     closing: tokio_util::sync::CancellationToken,
 ) {
     let (mut tx, mut rx) = ws.split();
+    let stall = ping_every.saturating_mul(2);
     let mut sub = sub;
     let mut next = sub.next_seq;
     loop {
         // Frames are fed, then flushed once: one write per batch, not one per entry.
         for frame in std::mem::take(&mut sub.replay) {
             if let Some(m) = text(frame)
-                && tx.feed(m).await.is_err()
+                && !within(stall, tx.feed(m)).await
             {
                 return;
             }
         }
-        if tx.flush().await.is_err() {
+        if !within(stall, tx.flush()).await {
             return;
         }
         if let Some(status) = sub.ended {
             if let Some(m) = text(ended_frame(status)) {
-                let _ = tx.send(m).await;
+                let _ = within(stall, tx.send(m)).await;
             }
-            let _ = tx.send(close(CloseCode::Normal)).await;
+            let _ = within(stall, tx.send(close(CloseCode::Normal))).await;
             return;
         }
         let Some(mut feed) = sub.feed.take() else {
-            let _ = tx.send(close(CloseCode::Normal)).await;
+            let _ = within(stall, tx.send(close(CloseCode::Normal))).await;
             return;
         };
         let mut ping = tokio::time::interval(ping_every);
@@ -182,18 +195,18 @@ async fn pump(
                         }
                         if b.first_seq > next
                             && let Some(m) = text(lagged_frame(b.first_seq - next))
-                            && tx.feed(m).await.is_err()
+                            && !within(stall, tx.feed(m)).await
                         {
                             return;
                         }
                         for frame in matching_frames(&b, &filter) {
                             if let Some(m) = text(frame.clone())
-                                && tx.feed(m).await.is_err()
+                                && !within(stall, tx.feed(m)).await
                             {
                                 return;
                             }
                         }
-                        if tx.flush().await.is_err() {
+                        if !within(stall, tx.flush()).await {
                             return;
                         }
                         next = end;
@@ -201,7 +214,7 @@ async fn pump(
                     Some(LiveEvent::Skipped(to)) => {
                         if to > next {
                             if let Some(m) = text(lagged_frame(to - next))
-                                && tx.send(m).await.is_err()
+                                && !within(stall, tx.send(m)).await
                             {
                                 return;
                             }
@@ -212,9 +225,9 @@ async fn pump(
                         if let Some(s) = status
                             && let Some(m) = text(ended_frame(s))
                         {
-                            let _ = tx.send(m).await;
+                            let _ = within(stall, tx.send(m)).await;
                         }
-                        let _ = tx.send(close(CloseCode::Normal)).await;
+                        let _ = within(stall, tx.send(close(CloseCode::Normal))).await;
                         return;
                     }
                     // The actor is gone (restarted): resume from the next entry.
@@ -224,19 +237,19 @@ async fn pump(
                     Some(Ok(Message::Close(_))) | None | Some(Err(_)) => return,
                     // tungstenite queued the pong; flushing sends it.
                     Some(Ok(Message::Ping(_))) => {
-                        if tx.flush().await.is_err() {
+                        if !within(stall, tx.flush()).await {
                             return;
                         }
                     }
                     Some(Ok(_)) => {}
                 },
                 _ = ping.tick() => {
-                    if tx.send(Message::Ping(Bytes::new())).await.is_err() {
+                    if !within(stall, tx.send(Message::Ping(Bytes::new()))).await {
                         return;
                     }
                 }
                 _ = closing.cancelled() => {
-                    let _ = tx.send(close(CloseCode::Away)).await;
+                    let _ = within(stall, tx.send(close(CloseCode::Away))).await;
                     return;
                 }
             }
@@ -252,7 +265,7 @@ async fn pump(
                 sub = s;
             }
             Err(_) => {
-                let _ = tx.send(close(CloseCode::Error)).await;
+                let _ = within(stall, tx.send(close(CloseCode::Error))).await;
                 return;
             }
         }

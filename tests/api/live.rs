@@ -451,3 +451,36 @@ async fn an_oversized_incoming_message_closes_the_socket() {
     .await;
     assert_eq!(end, Ok(true));
 }
+
+/// A WebSocket keeps its connection's place under `[http] max_connections`: with a ceiling of
+/// 2 and two subscribers open, a third client waits until one leaves.
+#[tokio::test]
+async fn websockets_count_against_the_connection_ceiling() {
+    let s = start_with(|c| {
+        c.http.max_connections = 2;
+        c.http.header_read_timeout_seconds = 1;
+    })
+    .await;
+    let (d, tok) = device(&s, "r").await;
+    let sid = session(&s, d, &tok).await;
+    let url = ws_url(&s, sid, &format!("?token={}", s.key()));
+    // The setup's idle pooled connection is closed by the header timeout first.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let mut a = connect(&url).await.unwrap();
+    let b = connect(&url).await.unwrap();
+    let fresh = reqwest::Client::new();
+    let waited = tokio::time::timeout(
+        Duration::from_millis(700),
+        fresh.get(s.url("/healthz")).send(),
+    )
+    .await;
+    assert!(waited.is_err(), "served past the ceiling");
+    let _ = a.send(Message::Close(None)).await;
+    drop(a);
+    drop(b);
+    let r = tokio::time::timeout(Duration::from_secs(5), fresh.get(s.url("/healthz")).send())
+        .await
+        .expect("served once a subscriber left")
+        .unwrap();
+    assert_eq!(r.status(), 200);
+}
