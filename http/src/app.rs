@@ -160,28 +160,29 @@ impl Req {
         }
     }
 
-    /// The whole body, at most `limit` bytes, within the body deadline, and within the
-    /// budget all buffered bodies share (its share reserved from the declared length, or
-    /// `limit` when none is declared, and given back when the bytes are dropped).
+    /// The whole body, at most `limit` bytes (413 at once when it declares more), within the
+    /// body deadline, its bytes reserved from the budget all buffered bodies share as they
+    /// arrive and held until the request is done.
     pub async fn body_bytes(&mut self, limit: usize) -> ApiResult<Bytes> {
         let Some(b) = self.body.take() else {
             return Ok(Bytes::new());
         };
-        let declared = self
+        if let Some(len) = self
             .parts
             .headers
             .get(http::header::CONTENT_LENGTH)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<usize>().ok());
-        if declared == Some(0) {
-            return Ok(Bytes::new());
+            .and_then(|v| v.parse::<u64>().ok())
+            && len > limit as u64
+        {
+            return Err(ApiError::too_large(format!(
+                "Request body exceeds the limit of {limit} bytes"
+            )));
         }
-        let permit = self.edge.reserve(declared.unwrap_or(limit).min(limit))?;
-        let bytes = self
+        let (bytes, permit) = self
             .edge
-            .within_deadline(body::read(&self.parts.headers, b, limit))
+            .within_deadline(self.edge.read_budgeted(b, limit))
             .await?;
-        // The permit lives as long as the bytes: the owner's copy is what the budget counts.
         self.held = Some(permit);
         Ok(bytes)
     }

@@ -52,7 +52,7 @@ impl Drop for AddressSlot {
 pub struct ConnSlot(#[allow(dead_code)] pub Arc<OwnedSemaphorePermit>);
 
 /// A share of the body budget, given back when the body is dropped.
-pub struct BodyPermit(#[allow(dead_code)] Option<OwnedSemaphorePermit>);
+pub struct BodyPermit(#[allow(dead_code)] Vec<OwnedSemaphorePermit>);
 
 impl Edge {
     pub fn new(cfg: &HttpConfig) -> Self {
@@ -95,21 +95,54 @@ impl Edge {
         })
     }
 
-    /// Reserves `bytes` of the body budget for a body about to be buffered; 503 with
-    /// `Retry-After` when all connections together already hold the budget.
-    pub fn reserve(&self, bytes: usize) -> ApiResult<BodyPermit> {
-        let kib = u32::try_from(bytes.div_ceil(1024))
-            .unwrap_or(u32::MAX)
-            .clamp(1, self.budget_kib);
-        match self.body_budget.clone().try_acquire_many_owned(kib) {
-            Ok(p) => Ok(BodyPermit(Some(p))),
-            Err(_) => {
-                self.budget_refusals.fetch_add(1, Ordering::Relaxed);
-                Err(ApiError::Domain(fleetops_actors::Error::Unavailable {
-                    retry_after_secs: 1,
-                }))
+    /// Reads a body whole, at most `limit` bytes, reserving its bytes from the shared budget
+    /// as they arrive (a client that declares a large body and sends nothing holds nothing);
+    /// 503 with `Retry-After` when the budget runs out. One body holds at most the whole
+    /// budget, so a single large body is always admitted when nothing else holds it.
+    pub async fn read_budgeted(
+        &self,
+        mut body: hyper::body::Incoming,
+        limit: usize,
+    ) -> ApiResult<(Bytes, BodyPermit)> {
+        use http_body_util::BodyExt;
+        let mut permits = Vec::new();
+        let mut reserved_kib: u32 = 0;
+        let mut buf = bytes::BytesMut::new();
+        while let Some(frame) = body.frame().await {
+            let frame =
+                frame.map_err(|_| ApiError::bad_request("Could not read the request body"))?;
+            let Ok(data) = frame.into_data() else {
+                continue; // trailers
+            };
+            if buf.len() + data.len() > limit {
+                return Err(ApiError::too_large(format!(
+                    "Request body exceeds the limit of {limit} bytes"
+                )));
+            }
+            buf.extend_from_slice(&data);
+            let want = u32::try_from(buf.len().div_ceil(1024))
+                .unwrap_or(u32::MAX)
+                .min(self.budget_kib);
+            if want > reserved_kib {
+                match self
+                    .body_budget
+                    .clone()
+                    .try_acquire_many_owned(want - reserved_kib)
+                {
+                    Ok(p) => {
+                        permits.push(p);
+                        reserved_kib = want;
+                    }
+                    Err(_) => {
+                        self.budget_refusals.fetch_add(1, Ordering::Relaxed);
+                        return Err(ApiError::Domain(fleetops_actors::Error::Unavailable {
+                            retry_after_secs: 1,
+                        }));
+                    }
+                }
             }
         }
+        Ok((buf.freeze(), BodyPermit(permits)))
     }
 
     /// Reads a whole body within the deadline (408 past it).

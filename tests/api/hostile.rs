@@ -115,15 +115,23 @@ async fn buffered_bodies_share_one_budget() {
         c.scm.webhook_secret = crate::webhooks::SECRET.into();
     })
     .await;
-    // A delivery of 900 KiB that arrives slowly holds its share of the budget...
+    // A client that declares a large body and sends nothing holds nothing...
+    let mut idle = TcpStream::connect(addr(&s)).await.unwrap();
+    idle.write_all(
+        b"POST /api/v1/scm/webhooks HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 921600\r\n\r\n{",
+    )
+    .await
+    .unwrap();
+    // ...but a delivery whose first 900 KiB arrived holds their share of the budget...
     let mut first = TcpStream::connect(addr(&s)).await.unwrap();
     first
         .write_all(
-            b"POST /api/v1/scm/webhooks HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 921600\r\n\r\n{",
+            b"POST /api/v1/scm/webhooks HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 931600\r\n\r\n",
         )
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    first.write_all(&vec![b' '; 921_600]).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
     // ...so a second one of the same size is refused at once, with Retry-After.
     let r = s
         .http
@@ -149,6 +157,7 @@ async fn buffered_bodies_share_one_budget() {
         .await;
     assert_eq!(r.status, 201, "{}", r.body);
     drop(first);
+    drop(idle);
     tokio::time::sleep(Duration::from_millis(200)).await;
     let r = s
         .http
