@@ -776,7 +776,7 @@ async fn export_of_many_lines_with_quoting() {
 /// subscriber starts them again from storage, with nothing lost.
 #[tokio::test]
 async fn idle_sessions_passivate_and_come_back_on_append() {
-    let s = start_with(|c| c.sessions.idle_seconds = 1).await;
+    let s = start_with(|c| c.sessions.idle_seconds = 3).await;
     let (d, tok) = device(&s, "r").await;
     let running = |s: &Srv| {
         let s = s.http.get(s.url("/metrics"));
@@ -805,7 +805,7 @@ async fn idle_sessions_passivate_and_come_back_on_append() {
     }
     assert!(running(&s).await >= 200);
     assert!(
-        eventually(5, || async { running(&s).await == 0 }).await,
+        eventually(10, || async { running(&s).await == 0 }).await,
         "idle session actors stopped"
     );
     // Back on append, counts and replay rebuilt from storage.
