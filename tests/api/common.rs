@@ -134,6 +134,27 @@ impl Srv {
         self.send(Method::DELETE, path, Some(cred), None).await
     }
 
+    /// The `/metrics` text.
+    pub async fn metrics_text(&self) -> String {
+        self.http
+            .get(self.url("/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+
+    /// One unlabelled sample of `/metrics`.
+    pub async fn metric(&self, name: &str) -> f64 {
+        let text = self.metrics_text().await;
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} ")))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{name} not on /metrics"))
+    }
+
     pub async fn login(&self, email: &str, password: &str) -> String {
         let r = self
             .send(

@@ -26,22 +26,6 @@ async fn closed_within(c: &mut TcpStream, limit: Duration) -> bool {
     }
 }
 
-async fn metric(s: &Srv, name: &str) -> f64 {
-    let text = s
-        .http
-        .get(s.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix(&format!("{name} ")))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("{name} not on /metrics"))
-}
-
 #[tokio::test]
 async fn slowloris_connections_are_closed_while_normal_requests_go_on() {
     let s = start_with(|c| c.http.header_read_timeout_seconds = 1).await;
@@ -83,7 +67,7 @@ async fn slowloris_connections_are_closed_while_normal_requests_go_on() {
         }
     }
     assert_eq!(closed, 200);
-    assert!(metric(&s, "fleetops_http_header_timeouts").await >= 200.0);
+    assert!(s.metric("fleetops_http_header_timeouts").await >= 200.0);
 }
 
 #[tokio::test]
@@ -102,7 +86,7 @@ async fn a_body_that_stalls_is_cut_with_408() {
     assert!(text.starts_with("HTTP/1.1 408"), "{text}");
     assert!(text.contains("\"status_code\":408"), "{text}");
     assert!(t.elapsed() >= Duration::from_millis(900));
-    assert!(metric(&s, "fleetops_http_body_timeouts").await >= 1.0);
+    assert!(s.metric("fleetops_http_body_timeouts").await >= 1.0);
     // Nothing half-written: no device was created.
     let r = s.get(&format!("{DEV}/devices"), s.key()).await;
     assert_eq!(r.body["total"], 0, "{}", r.body);
@@ -145,7 +129,7 @@ async fn buffered_bodies_share_one_budget() {
     assert_eq!(r.headers()["retry-after"], "1");
     let body: serde_json::Value = r.json().await.unwrap();
     assert_eq!(body["status_code"], 503);
-    assert!(metric(&s, "fleetops_http_body_budget_refusals").await >= 1.0);
+    assert!(s.metric("fleetops_http_body_budget_refusals").await >= 1.0);
     // Small bodies still fit, and once the slow one is gone the large one is read (and
     // refused for its signature, as an unsigned delivery is).
     let r = s
@@ -211,7 +195,7 @@ async fn past_the_connection_ceiling_new_connections_wait() {
         t.elapsed()
     );
     assert!(closed_within(&mut idle, Duration::from_secs(1)).await);
-    assert!(metric(&s, "fleetops_http_connection_limit_waits").await >= 1.0);
+    assert!(s.metric("fleetops_http_connection_limit_waits").await >= 1.0);
 }
 
 #[tokio::test]
@@ -246,7 +230,7 @@ async fn one_address_holds_a_bounded_share_of_the_unauthenticated_routes() {
         })
         .await
     );
-    assert!(metric(&s, "fleetops_http_per_address_refusals").await >= 1.0);
+    assert!(s.metric("fleetops_http_per_address_refusals").await >= 1.0);
 }
 
 /// A client that sends nothing, or only part of the HTTP/2 preface, is closed after the
