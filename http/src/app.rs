@@ -167,21 +167,21 @@ impl Req {
         let Some(b) = self.body.take() else {
             return Ok(Bytes::new());
         };
-        if let Some(len) = self
+        let declared = self
             .parts
             .headers
             .get(http::header::CONTENT_LENGTH)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<u64>().ok())
-            && len > limit as u64
-        {
+            .and_then(|v| v.parse::<u64>().ok());
+        if declared.is_some_and(|len| len > limit as u64) {
             return Err(ApiError::too_large(format!(
                 "Request body exceeds the limit of {limit} bytes"
             )));
         }
+        let declared = declared.and_then(|d| usize::try_from(d).ok());
         let (bytes, permit) = self
             .edge
-            .within_deadline(self.edge.read_budgeted(b, limit))
+            .within_deadline(self.edge.read_budgeted(b, limit, declared))
             .await?;
         self.held = Some(permit);
         Ok(bytes)

@@ -103,11 +103,14 @@ impl Edge {
         &self,
         mut body: hyper::body::Incoming,
         limit: usize,
+        declared: Option<usize>,
     ) -> ApiResult<(Bytes, BodyPermit)> {
         use http_body_util::BodyExt;
         let mut permits = Vec::new();
         let mut reserved_kib: u32 = 0;
-        let mut buf = bytes::BytesMut::new();
+        // Sized from the declared length (pages are only touched as bytes arrive), so the
+        // buffer does not double past what the budget counts.
+        let mut buf = bytes::BytesMut::with_capacity(declared.unwrap_or(0).min(limit));
         while let Some(frame) = body.frame().await {
             let frame =
                 frame.map_err(|_| ApiError::bad_request("Could not read the request body"))?;

@@ -1,0 +1,188 @@
+//! Issue 8's figures: resident memory under each hostile case, and the p99 of a normal
+//! authenticated GET while it runs against its idle figure. In-process server; the hostile
+//! clients and the GET probe in the same process.
+//!
+//! Run: `cargo bench --bench hostile`. Knobs: BENCH_LOG_MB (logs fed past a stalled viewer,
+//! default 250).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use support::*;
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+
+const DEV: &str = "/api/v1/organizations/default/projects/default";
+
+fn percentile(v: &mut [f64], p: f64) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[((v.len() as f64 - 1.0) * p).round() as usize]
+}
+
+/// p99 (ms) of `n` sequential authenticated GETs.
+async fn probe(c: &reqwest::Client, url: &str, key: &str, n: usize) -> f64 {
+    let mut ms = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = Instant::now();
+        let r = c
+            .get(format!("{url}{DEV}/devices?page_size=10"))
+            .bearer_auth(key)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        let _ = r.bytes().await;
+        ms.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    percentile(&mut ms, 0.99)
+}
+
+fn main() {
+    let log_mb = env_u32("BENCH_LOG_MB", 250) as usize;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    println!("machine: {}", machine());
+    let (running, key, url, _data) = rt.block_on(start_fleetops_with(|c| {
+        c.scm.webhook_secret = "bench-secret".into();
+    }));
+    let pid = std::process::id();
+    let c = reqwest::Client::new();
+    let addr = url.trim_start_matches("http://").to_string();
+    let idle_rss = rss_mb(pid);
+    let idle_p99 = rt.block_on(probe(&c, &url, &key, 500));
+    println!("idle: RSS {idle_rss:.0} MB, GET p99 {idle_p99:.2} ms");
+
+    // 1. 200 slowloris connections, one header byte a second.
+    let (rss, p99) = rt.block_on(async {
+        let mut conns = Vec::new();
+        for _ in 0..200 {
+            let mut s = TcpStream::connect(&addr).await.unwrap();
+            s.write_all(b"GET /healthz HTTP/1.1\r\nX-Slow: ")
+                .await
+                .unwrap();
+            conns.push(s);
+        }
+        let drip = tokio::spawn(async move {
+            for _ in 0..15 {
+                for s in &mut conns {
+                    let _ = s.write_all(b"a").await;
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        });
+        let p99 = probe(&c, &url, &key, 500).await;
+        let rss = rss_mb(pid);
+        drip.abort();
+        (rss, p99)
+    });
+    println!(
+        "200 slowloris connections: RSS {rss:.0} MB (+{:.0}), GET p99 {p99:.2} ms ({:.1} x idle; goal <= 2 x)",
+        rss - idle_rss,
+        p99 / idle_p99
+    );
+
+    // 2. 64 concurrent unsigned 25 MiB webhook bodies, sent as fast as they go.
+    let (peak, p99, statuses) = rt.block_on(async {
+        let body = bytes::Bytes::from(vec![b' '; 25 << 20]);
+        let mut tasks = Vec::new();
+        for _ in 0..64 {
+            let (c, url, body) = (c.clone(), url.clone(), body.clone());
+            tasks.push(tokio::spawn(async move {
+                c.post(format!("{url}/api/v1/scm/webhooks"))
+                    .header("content-type", "application/json")
+                    .header("X-Host-Event", "ping")
+                    .header("X-Host-Delivery", uuid::Uuid::new_v4().to_string())
+                    .body(body)
+                    .send()
+                    .await
+                    .map(|r| r.status().as_u16())
+                    .unwrap_or(0)
+            }));
+        }
+        let sampler = tokio::spawn(async move {
+            let mut peak: f64 = 0.0;
+            for _ in 0..100 {
+                peak = peak.max(rss_mb(pid));
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            peak
+        });
+        let p99 = probe(&c, &url, &key, 300).await;
+        let mut statuses = std::collections::BTreeMap::new();
+        for t in tasks {
+            *statuses.entry(t.await.unwrap()).or_insert(0) += 1;
+        }
+        (sampler.await.unwrap(), p99, statuses)
+    });
+    println!(
+        "64 concurrent unsigned 25 MiB webhook bodies: peak RSS {peak:.0} MB (+{:.0}; body budget 256 MiB), GET p99 {p99:.2} ms ({:.1} x idle), answers {statuses:?}",
+        peak - idle_rss,
+        p99 / idle_p99
+    );
+
+    // 3. A WebSocket subscriber that never reads while `log_mb` of logs flow.
+    let (grown, p99) = rt.block_on(async {
+        let d: Value = c
+            .post(format!("{url}{DEV}/devices"))
+            .bearer_auth(&key)
+            .json(&json!({"name": "r"}))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let s: Value = c
+            .post(format!("{url}{DEV}/sessions"))
+            .bearer_auth(&key)
+            .json(&json!({"device_id": d["id"]}))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let sid = s["id"].as_u64().unwrap();
+        let ws_url = format!(
+            "{}/api/v1/ws/organizations/default/projects/default/sessions/{sid}/logs?token={key}",
+            url.replace("http://", "ws://")
+        );
+        let (mut stalled, _) = tokio_tungstenite::connect_async(ws_url).await.unwrap();
+        let before = rss_mb(pid);
+        let line = "x".repeat(1000);
+        let batch: Vec<Value> = (0..1000)
+            .map(|_| json!({"level": "info", "message": line}))
+            .collect();
+        let body = serde_json::to_vec(&batch).unwrap();
+        let batches = (log_mb << 20) / body.len();
+        let mut peak: f64 = 0.0;
+        for i in 0..batches {
+            let r = c
+                .post(format!("{url}{DEV}/sessions/{sid}/logs"))
+                .bearer_auth(&key)
+                .header("content-type", "application/json")
+                .body(body.clone())
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 202);
+            if i % 20 == 0 {
+                peak = peak.max(rss_mb(pid));
+            }
+        }
+        let p99 = probe(&c, &url, &key, 300).await;
+        let _ = stalled.close(None).await;
+        (peak - before, p99)
+    });
+    println!(
+        "a subscriber that never reads while {log_mb} MB of logs flow: RSS grew {grown:.0} MB at most (queue bound 8 MiB), GET p99 after {p99:.2} ms"
+    );
+    drop(running);
+}
