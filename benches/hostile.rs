@@ -132,27 +132,7 @@ fn main() {
     let ingest = |watch: bool| {
         let (c, url, key) = (c.clone(), url.clone(), key.clone());
         async move {
-            let d: Value = c
-                .post(format!("{url}{DEV}/devices"))
-                .bearer_auth(&key)
-                .json(&json!({"name": format!("r{watch}")}))
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
-            let s: Value = c
-                .post(format!("{url}{DEV}/sessions"))
-                .bearer_auth(&key)
-                .json(&json!({"device_id": d["id"]}))
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
-            let sid = s["id"].as_u64().unwrap();
+            let sid = sessions(&c, &url, &key, 1).await[0];
             let ws_url = format!(
                 "{}/api/v1/ws/organizations/default/projects/default/sessions/{sid}/logs?token={key}",
                 url.replace("http://", "ws://")

@@ -58,6 +58,27 @@ async fn heartbeat(s: &Srv, d: u64, tok: &str, metrics: Value) {
     assert_eq!(r.status, 202, "{}", r.body);
 }
 
+/// A device and an activated package targeting it: (device id, package id).
+async fn activated_package(s: &Srv) -> (u64, u64) {
+    let nav = crate::configurations::capsule(s, "nav", "1.0.0").await;
+    let (d, _) = device(s, "r1").await;
+    let deps = crate::deployments::DEPS;
+    let r = s
+        .post(
+            deps,
+            s.key(),
+            json!({"name": "n", "composition_tag": "t", "capsule_id": nav, "target_devices": [d]}),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.body);
+    let dep = r.body["id"].as_u64().unwrap();
+    let r = s
+        .post(&format!("{deps}/{dep}/activate"), s.key(), json!({}))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    (d, dep)
+}
+
 async fn alerts(s: &Srv, query: &str) -> Value {
     let r = s.get(&format!("{ALERTS}?{query}"), s.key()).await;
     assert_eq!(r.status, 200, "{}", r.body);
@@ -282,19 +303,8 @@ async fn deployment_status_fires_on_a_failed_rollout_and_resolves_on_success() {
         json!({"type": "deployment_status", "status": "failed"}),
     )
     .await;
-    let nav = crate::configurations::capsule(&s, "nav", "1.0.0").await;
-    let (d, _) = device(&s, "r1").await;
+    let (d, dep) = activated_package(&s).await;
     let deps = crate::deployments::DEPS;
-    let r = s
-        .post(
-            deps,
-            s.key(),
-            json!({"name": "n", "composition_tag": "t", "capsule_id": nav, "target_devices": [d]}),
-        )
-        .await;
-    let dep = r.body["id"].as_u64().unwrap();
-    s.post(&format!("{deps}/{dep}/activate"), s.key(), json!({}))
-        .await;
     let report = |status: &'static str| {
         let (s, url) = (&s, format!("{deps}/{dep}/device-status"));
         async move {
@@ -354,19 +364,8 @@ async fn notifications_retry_5xx_and_429_with_backoff_and_stop_at_other_4xx() {
         // The resolve: refused for good.
         Reply::Status(400, vec![]),
     ]);
-    let nav = crate::configurations::capsule(&s, "nav", "1.0.0").await;
-    let (d, _) = device(&s, "r1").await;
+    let (d, dep) = activated_package(&s).await;
     let deps = crate::deployments::DEPS;
-    let r = s
-        .post(
-            deps,
-            s.key(),
-            json!({"name": "n", "composition_tag": "t", "capsule_id": nav, "target_devices": [d]}),
-        )
-        .await;
-    let dep = r.body["id"].as_u64().unwrap();
-    s.post(&format!("{deps}/{dep}/activate"), s.key(), json!({}))
-        .await;
     let url = format!("{deps}/{dep}/device-status");
     s.post(&url, s.key(), json!({"device_id": d, "status": "failed"}))
         .await;

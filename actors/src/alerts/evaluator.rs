@@ -143,7 +143,9 @@ impl AlertFeed {
             Ok(a) => {
                 let _ = a.cast(Envelope::cast(msg));
             }
-            Err(e) => tracing::warn!(project = pid, error = %e, "alert evaluator unavailable"),
+            // Once per signal while it is down (heartbeats come often): debug, not warn; the
+            // supervisor logs the failure itself.
+            Err(e) => tracing::debug!(project = pid, error = %e, "alert evaluator unavailable"),
         }
     }
 

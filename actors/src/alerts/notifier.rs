@@ -6,7 +6,7 @@
 //! `[alerts] max_attempts`. Owed notifications are stored, so a restart resumes them.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, HashSet};
+use std::collections::{BTreeSet, BinaryHeap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -68,6 +68,9 @@ pub(crate) struct NotifierState {
     owed: HashMap<u64, Notification>,
     heap: BinaryHeap<Reverse<(i64, u64)>>,
     sending: HashSet<u64>,
+    /// The owed notifications of each (alert, integration), in order: only the first may be
+    /// sent, so a resolve never overtakes its firing.
+    order: HashMap<(u64, u64), BTreeSet<u64>>,
 }
 
 impl Actor for NotifierActor {
@@ -92,6 +95,7 @@ impl Actor for NotifierActor {
             owed: HashMap::new(),
             heap: BinaryHeap::new(),
             sending: HashSet::new(),
+            order: HashMap::new(),
             ctx,
         };
         for n in st.ctx.store.owed_notifications()? {
@@ -115,16 +119,23 @@ impl Actor for NotifierActor {
         };
         match msg {
             NotifierMsg::Owed(list) => {
+                // Already settled by this notifier, which started from storage after the batch
+                // was written: not taken again (each alert's records read once).
+                let mut settled: HashMap<u64, HashSet<u64>> = HashMap::new();
                 for n in list {
-                    // Already settled by this notifier, which started from storage after the
-                    // batch was written: not taken again.
-                    let settled = st
-                        .ctx
-                        .store
-                        .alert_notifications(n.alert_id)?
-                        .iter()
-                        .any(|x| x.id == n.id && x.success.is_some());
-                    if !settled {
+                    let done = match settled.entry(n.alert_id) {
+                        std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+                        std::collections::hash_map::Entry::Vacant(e) => e.insert(
+                            st.ctx
+                                .store
+                                .alert_notifications(n.alert_id)?
+                                .into_iter()
+                                .filter(|x| x.success.is_some())
+                                .map(|x| x.id)
+                                .collect(),
+                        ),
+                    };
+                    if !done.contains(&n.id) {
                         st.take(n);
                     }
                 }
@@ -160,6 +171,10 @@ impl NotifierState {
             return;
         }
         self.heap.push(Reverse((n.next_attempt_at, n.id)));
+        self.order
+            .entry((n.alert_id, n.integration_id))
+            .or_default()
+            .insert(n.id);
         self.owed.insert(n.id, n);
     }
 
@@ -182,9 +197,10 @@ impl NotifierState {
             // firing before it is still owed (retrying), so it never overtakes it.
             let (alert, integration) = (n.alert_id, n.integration_id);
             let earlier = self
-                .owed
-                .values()
-                .any(|o| o.alert_id == alert && o.integration_id == integration && o.id < id);
+                .order
+                .get(&(alert, integration))
+                .and_then(|ids| ids.first())
+                .is_some_and(|first| *first < id);
             if earlier {
                 self.heap.pop();
                 let later = now + self.ctx.cfg.tick_ms.clamp(10, 1000) as i64;
@@ -260,6 +276,14 @@ impl NotifierState {
         if n.success.is_none() {
             self.heap.push(Reverse((n.next_attempt_at, n.id)));
             self.owed.insert(n.id, n);
+        } else {
+            let key = (n.alert_id, n.integration_id);
+            if let Some(ids) = self.order.get_mut(&key) {
+                ids.remove(&n.id);
+                if ids.is_empty() {
+                    self.order.remove(&key);
+                }
+            }
         }
         Ok(())
     }
