@@ -340,6 +340,21 @@ async fn deployment_status_fires_on_a_failed_rollout_and_resolves_on_success() {
         events(&sink.wait_for(2).await),
         ["alert.firing", "alert.resolved"]
     );
+    // A backtest sees the device's stored result (the latest, succeeded): a rule on
+    // `succeeded` would have fired for it, one on `failed` no longer shows.
+    let bt = |status: &str| {
+        let s = &s;
+        let body = json!({"condition": {"type": "deployment_status", "status": status}});
+        async move {
+            let r = s.post(&format!("{RULES}/backtest"), s.key(), body).await;
+            assert_eq!(r.status, 200, "{}", r.body);
+            r.body
+        }
+    };
+    let r = bt("succeeded").await;
+    assert_eq!(r["devices"][0]["device_id"], d, "{r}");
+    assert_eq!(r["devices"][0]["firings"].as_array().unwrap().len(), 1);
+    assert_eq!(bt("failed").await["devices"], json!([]));
 }
 
 #[tokio::test]

@@ -2,6 +2,8 @@
 //! over the stored history (heartbeat samples, log lines, rollout results), without sending
 //! anything. The replay itself is `rules::backtest`; this gathers each device's history.
 
+use std::collections::HashMap;
+
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -107,14 +109,29 @@ impl AlertsHandle {
             ),
             _ => (None, None, None),
         };
-        let sessions = match cond {
-            Condition::LogPattern { .. } => self.store.project_sessions(pid)?,
-            _ => Vec::new(),
-        };
-        let deployments = match cond {
-            Condition::DeploymentStatus { .. } => self.store.project_deployments(pid)?,
-            _ => Vec::new(),
-        };
+        // Sessions and rollout results grouped by device once, not searched per device.
+        let mut sessions: HashMap<u64, Vec<fleetops_storage::Session>> = HashMap::new();
+        if let Condition::LogPattern { .. } = cond {
+            for s in self.store.project_sessions(pid)? {
+                if s.started_at <= to && s.ended_at.is_none_or(|e| e >= from) {
+                    sessions.entry(s.device_id).or_default().push(s);
+                }
+            }
+        }
+        let mut rollouts: HashMap<u64, Vec<(i64, fleetops_storage::RolloutStatus)>> =
+            HashMap::new();
+        if let Condition::DeploymentStatus { .. } = cond {
+            for dep in self.store.project_deployments(pid)? {
+                for r in self.store.device_results(dep.id)? {
+                    if r.reported_at >= from && r.reported_at <= to {
+                        rollouts
+                            .entry(r.device_id)
+                            .or_default()
+                            .push((r.reported_at, r.status));
+                    }
+                }
+            }
+        }
         let mut lines = 0usize;
         let mut truncated = false;
         let mut out = Vec::new();
@@ -137,10 +154,7 @@ impl AlertsHandle {
                 .map(|(at, metrics)| Event::Heartbeat { at: *at, metrics })
                 .collect();
             if let Some(re) = &regex {
-                for s in sessions.iter().filter(|s| s.device_id == d.id) {
-                    if s.started_at > to || s.ended_at.is_some_and(|e| e < from) {
-                        continue;
-                    }
+                for s in sessions.get(&d.id).into_iter().flatten() {
                     for item in self.store.log_chunks(s.id) {
                         let (_, c) = item?;
                         if c.max_ts < from || c.min_ts > to {
@@ -178,15 +192,11 @@ impl AlertsHandle {
                     }
                 }
             }
-            for dep in &deployments {
-                for r in self.store.device_results(dep.id)? {
-                    if r.device_id == d.id && r.reported_at >= from && r.reported_at <= to {
-                        events.push(Event::Rollout {
-                            at: r.reported_at,
-                            status: r.status,
-                        });
-                    }
-                }
+            for (at, status) in rollouts.get(&d.id).into_iter().flatten() {
+                events.push(Event::Rollout {
+                    at: *at,
+                    status: *status,
+                });
             }
             events.sort_by_key(Event::at);
             let firings = replay(&cond, self.offline_after_ms, &events, from, to);
