@@ -36,6 +36,23 @@ impl Default for PageReq {
 impl PageReq {
     pub const MAX_PAGE_SIZE: usize = 500;
 
+    /// How many items come before this page.
+    pub fn skip(&self) -> usize {
+        (self.page - 1).saturating_mul(self.page_size)
+    }
+
+    /// This page's items, read from an index, and the count of all.
+    pub fn of<T>(&self, items: Vec<T>, total: u64) -> Page<T> {
+        let total = usize::try_from(total).unwrap_or(usize::MAX);
+        Page {
+            items,
+            total,
+            page: self.page,
+            page_size: self.page_size,
+            has_more: self.page.saturating_mul(self.page_size) < total,
+        }
+    }
+
     pub fn slice<T>(&self, all: Vec<T>) -> Page<T> {
         let total = all.len();
         let start = (self.page - 1).saturating_mul(self.page_size);

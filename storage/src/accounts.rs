@@ -100,7 +100,7 @@ impl Store {
         w.put(keys::user(user.id), user)?;
         w.put_id(keys::user_by_email(&user.email), user.id);
         self.inner.cache.users.forget(&user.id);
-        self.apply(w.0)?;
+        self.apply(w)?;
         self.inner.cache.users.forget(&user.id);
         Ok(())
     }
@@ -134,7 +134,7 @@ impl Store {
         w.put_id(keys::org_by_slug(&org.slug), org.id);
         put_membership(&mut w, owner)?;
         self.forget_org(org, owner);
-        self.apply(w.0)?;
+        self.apply(w)?;
         self.forget_org(org, owner);
         Ok(())
     }
@@ -167,7 +167,7 @@ impl Store {
         put_membership(&mut w, m)?;
         let k = (m.org_id, m.user_id);
         self.inner.cache.members.forget(&k);
-        self.apply(w.0)?;
+        self.apply(w)?;
         self.inner.cache.members.forget(&k);
         Ok(())
     }
@@ -240,7 +240,7 @@ impl Store {
     fn write_project(&self, p: &Project, w: Writes) -> Result<()> {
         let k = (p.org_id, p.slug.clone());
         self.inner.cache.projects_by_slug.forget(&k);
-        self.apply(w.0)?;
+        self.apply(w)?;
         self.inner.cache.projects_by_slug.forget(&k);
         Ok(())
     }
@@ -291,7 +291,7 @@ impl Store {
 
     fn write_key(&self, k: &ApiKey, w: Writes) -> Result<()> {
         self.inner.cache.keys_by_hash.forget(&k.hash);
-        self.apply(w.0)?;
+        self.apply(w)?;
         self.inner.cache.keys_by_hash.forget(&k.hash);
         Ok(())
     }

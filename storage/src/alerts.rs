@@ -2,9 +2,31 @@
 //! evaluator's condition states (written by the project's rule evaluator), notifications
 //! (created by the evaluator, then updated by the notifier only).
 
+use crate::lists::{Entry, ListId, Listed, Query};
 use crate::{
     Alert, AlertRule, ConditionState, Integration, Notification, Result, Store, Writes, codec, keys,
 };
+
+fn alert_list(project: u64) -> ListId {
+    ListId::new("al").id(project)
+}
+fn alert_state_list(project: u64, s: crate::AlertState) -> ListId {
+    ListId::new("als").id(project).str(s.as_str())
+}
+fn alert_rule_list(project: u64, rule: u64) -> ListId {
+    ListId::new("alr").id(project).id(rule)
+}
+
+impl Listed for Alert {
+    fn entries(&self) -> Vec<Entry> {
+        let (p, id) = (self.project_id, self.id);
+        vec![
+            Entry::at(alert_list(p), id, id),
+            Entry::at(alert_state_list(p, self.state), id, id),
+            Entry::at(alert_rule_list(p, self.rule_id), id, id),
+        ]
+    }
+}
 
 impl Store {
     pub fn integration(&self, project: u64, id: u64) -> Result<Option<Integration>> {
@@ -19,7 +41,7 @@ impl Store {
     pub fn put_integration(&self, i: &Integration) -> Result<()> {
         let mut w = Writes::new();
         w.put(keys::integration(i.project_id, i.id), i)?;
-        self.apply(w.0)
+        self.apply(w)
     }
 
     /// Deletes an integration and rewrites the rules that named it, atomically.
@@ -29,7 +51,7 @@ impl Store {
         for r in rules {
             w.put(keys::alert_rule(r.project_id, r.id), r)?;
         }
-        self.apply(w.0)
+        self.apply(w)
     }
 
     pub fn alert_rule(&self, project: u64, id: u64) -> Result<Option<AlertRule>> {
@@ -63,17 +85,48 @@ impl Store {
     pub fn put_alert_rule(&self, r: &AlertRule) -> Result<()> {
         let mut w = Writes::new();
         w.put(keys::alert_rule(r.project_id, r.id), r)?;
-        self.apply(w.0)
+        self.apply(w)
     }
 
     pub fn delete_alert_rule(&self, r: &AlertRule) -> Result<()> {
         let mut w = Writes::new();
         w.delete(keys::alert_rule(r.project_id, r.id));
-        self.apply(w.0)
+        self.apply(w)
     }
 
     pub fn alert(&self, project: u64, id: u64) -> Result<Option<Alert>> {
         self.get(&keys::alert(project, id))
+    }
+
+    /// A page of a project's alerts, newest first, and how many match.
+    pub fn alerts_page(
+        &self,
+        project: u64,
+        state: Option<crate::AlertState>,
+        rule: Option<u64>,
+        skip: usize,
+        take: usize,
+    ) -> Result<(Vec<Alert>, u64)> {
+        let keep =
+            |a: &Alert| state.is_none_or(|s| a.state == s) && rule.is_none_or(|r| a.rule_id == r);
+        let get = |id| self.alert(project, id);
+        let mut candidates = Vec::new();
+        if let Some(s) = state {
+            candidates.push(alert_state_list(project, s));
+        }
+        if let Some(r) = rule {
+            candidates.push(alert_rule_list(project, r));
+        }
+        Query {
+            unlisted: false,
+            candidates,
+            all: alert_list(project),
+            lo: 0,
+            hi: None,
+            keep: &keep,
+            get: &get,
+        }
+        .run(self, skip, take)
     }
 
     /// A project's alerts, newest first.
@@ -103,7 +156,7 @@ impl Store {
             }
         }
         for a in alerts {
-            w.put(keys::alert(a.project_id, a.id), a)?;
+            w.put_listed(keys::alert(a.project_id, a.id), a)?;
         }
         for n in notifications {
             let k = keys::notification(n.alert_id, n.id);
@@ -112,7 +165,7 @@ impl Store {
                 w.0.insert(keys::owed_notification(n.id), k);
             }
         }
-        self.apply(w.0)
+        self.apply(w)
     }
 
     /// The condition states of one rule (cleared when the rule goes or changes).
@@ -136,7 +189,7 @@ impl Store {
             None => w.0.insert(keys::owed_notification(n.id), k),
             Some(_) => w.delete(keys::owed_notification(n.id)),
         }
-        self.apply(w.0)
+        self.apply(w)
     }
 
     /// Every notification still owed, oldest first (the notifier's start-up).

@@ -4,7 +4,160 @@ use std::sync::Arc;
 
 use std::collections::BTreeMap;
 
+use crate::lists::{Entry, ListId, Listed};
 use crate::{Device, DeviceGroup, Result, Store, Writes, codec, keys};
+
+fn all(project: u64) -> ListId {
+    ListId::new("dv").id(project)
+}
+fn named(project: u64, name: &str) -> ListId {
+    ListId::new("dvn").id(project).str(name)
+}
+/// By last-seen time (0: never seen), for the status filter's small side.
+fn seen(project: u64) -> ListId {
+    ListId::new("dvs").id(project)
+}
+/// Count-only buckets of last-seen seconds: how many devices are online is a sum over the
+/// offline window's seconds, not a walk over the devices.
+fn seen_buckets(project: u64) -> ListId {
+    ListId::new("dvb").id(project)
+}
+
+impl Listed for Device {
+    fn entries(&self) -> Vec<Entry> {
+        let (p, id) = (self.project_id, self.id);
+        let at = self.last_seen_at.map(|t| t.max(0) as u64);
+        // The id-ordered lists carry the last-seen time, so a status filter reads no record.
+        let v = at.unwrap_or(0).to_be_bytes().to_vec();
+        let mut e = vec![
+            Entry::at(all(p), id, id).with_value(v.clone()),
+            Entry::at(named(p, &self.name), id, id).with_value(v),
+            Entry::at(seen(p), at.unwrap_or(0), id),
+        ];
+        if let Some(t) = at {
+            e.push(Entry::count(seen_buckets(p).id(t / 1000)));
+        }
+        e
+    }
+}
+
+/// Which devices a list shows.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DeviceQuery<'a> {
+    pub name: Option<&'a str>,
+    /// `(online, since)`: online devices were seen at or after `since` (ms); offline ones
+    /// were not.
+    pub presence: Option<(bool, i64)>,
+}
+
+/// When no more devices than this match a status filter, they are read from the last-seen
+/// list and sorted; otherwise the id-ordered list is walked, which then finds a page within
+/// about `page × all / matching` entries.
+const SMALL_SIDE: u64 = 4096;
+
+impl Store {
+    /// How many of a project's devices were seen at or after `since` (ms).
+    pub fn online_devices(&self, project: u64, since: i64) -> Result<u64> {
+        let since = since.max(1) as u64;
+        let next_second = since / 1000 + 1;
+        let mut n = self.bucket_sum(&seen_buckets(project), next_second)?;
+        for h in self.list_rev(&seen(project), since, Some(next_second * 1000)) {
+            h?;
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    /// The ids of the first `n` devices the query shows, newest first, and how many it
+    /// shows in all.
+    pub fn device_ids(
+        &self,
+        project: u64,
+        q: DeviceQuery<'_>,
+        n: usize,
+    ) -> Result<(Vec<u64>, u64)> {
+        let Some((online, since)) = q.presence else {
+            let list = match q.name {
+                Some(name) => named(project, name),
+                None => all(project),
+            };
+            let ids = crate::lists::page_ids(self.list_rev(&list, 0, None), 0, n)?;
+            return Ok((ids.iter().map(|h| h.id).collect(), self.list_len(&list)?));
+        };
+        let since_u = since.max(0) as u64;
+        let matches = |v: &[u8]| {
+            let at = <[u8; 8]>::try_from(v).map(u64::from_be_bytes).unwrap_or(0);
+            (at > 0 && at >= since_u) == online
+        };
+        if let Some(name) = q.name {
+            // A name's devices are few: walk them all for the count.
+            let (mut ids, mut total) = (Vec::new(), 0u64);
+            for h in self.list_rev(&named(project, name), 0, None) {
+                let h = h?;
+                if matches(&h.value) {
+                    if ids.len() < n {
+                        ids.push(h.id);
+                    }
+                    total += 1;
+                }
+            }
+            return Ok((ids, total));
+        }
+        let on = self.online_devices(project, since)?;
+        let total = if online {
+            on
+        } else {
+            self.list_len(&all(project))?.saturating_sub(on)
+        };
+        let mut ids = Vec::new();
+        if total <= SMALL_SIDE {
+            let (lo, hi) = if online {
+                (since_u.max(1), None)
+            } else {
+                (0, Some(since_u.max(1)))
+            };
+            for h in self.list_rev(&seen(project), lo, hi) {
+                ids.push(h?.id);
+            }
+            ids.sort_unstable_by(|a, b| b.cmp(a));
+            ids.truncate(n);
+        } else {
+            for h in self.list_rev(&all(project), 0, None) {
+                let h = h?;
+                if matches(&h.value) {
+                    ids.push(h.id);
+                    if ids.len() >= n {
+                        break;
+                    }
+                }
+            }
+        }
+        Ok((ids, total))
+    }
+
+    /// A page of a project's devices, newest first, and how many the query shows in all.
+    pub fn devices_page(
+        &self,
+        project: u64,
+        q: DeviceQuery<'_>,
+        skip: usize,
+        take: usize,
+    ) -> Result<(Vec<Device>, u64)> {
+        let (ids, total) = self.device_ids(project, q, skip.saturating_add(take))?;
+        let mut out = Vec::with_capacity(take);
+        for id in ids.into_iter().skip(skip) {
+            if let Some(d) = self.device(project, id)? {
+                out.push(d);
+            }
+        }
+        Ok((out, total))
+    }
+
+    /// How many devices a project has (one read).
+    pub fn device_count(&self, project: u64) -> Result<u64> {
+        self.list_len(&all(project))
+    }
+}
 
 impl Store {
     pub fn device(&self, project: u64, id: u64) -> Result<Option<Device>> {
@@ -27,25 +180,25 @@ impl Store {
 
     pub fn insert_device(&self, d: &Device) -> Result<()> {
         let mut w = Writes::new();
-        w.put(keys::device(d.project_id, d.id), d)?;
+        w.put_listed(keys::device(d.project_id, d.id), d)?;
         let mut loc = d.project_id.to_be_bytes().to_vec();
         loc.extend_from_slice(&d.id.to_be_bytes());
         w.0.insert(keys::device_by_token(&d.token_hash), loc);
-        self.apply(w.0)
+        self.apply(w)
     }
 
     /// Rewrites a device whose token did not change.
     pub fn update_device(&self, d: &Device) -> Result<()> {
         let mut w = Writes::new();
-        w.put(keys::device(d.project_id, d.id), d)?;
-        self.apply(w.0)
+        w.put_listed(keys::device(d.project_id, d.id), d)?;
+        self.apply(w)
     }
 
     /// Rewrites a device after a heartbeat and, when `sample`, keeps its metrics as one
     /// sample of its history, in the same write.
     pub fn heartbeat_device(&self, d: &Device, sample: bool) -> Result<()> {
         let mut w = Writes::new();
-        w.put(keys::device(d.project_id, d.id), d)?;
+        w.put_listed(keys::device(d.project_id, d.id), d)?;
         if sample && let Some(at) = d.last_seen_at {
             let metrics: Vec<(&str, f64)> =
                 d.metrics.iter().map(|(k, v)| (k.as_str(), *v)).collect();
@@ -55,7 +208,7 @@ impl Store {
                 Vec::new(),
             );
         }
-        self.apply(w.0)
+        self.apply(w)
     }
 
     /// A device's kept heartbeats in `[from, to]`, oldest first.
@@ -105,7 +258,7 @@ impl Store {
             n += 1;
         }
         if n > 0 {
-            self.apply(w.0)?;
+            self.apply(w)?;
         }
         Ok(n)
     }
@@ -113,7 +266,7 @@ impl Store {
     /// Deletes a device and takes it out of the given (already updated) groups, atomically.
     pub fn delete_device(&self, d: &Device, groups: &[DeviceGroup]) -> Result<()> {
         let mut w = Writes::new();
-        w.delete(keys::device(d.project_id, d.id));
+        w.delete_listed::<Device>(keys::device(d.project_id, d.id));
         w.delete(keys::device_by_token(&d.token_hash));
         for g in groups {
             w.put(keys::group(g.project_id, g.id), g)?;
@@ -144,7 +297,7 @@ impl Store {
 
     fn write_groups(&self, project: u64, w: Writes) -> Result<()> {
         self.inner.cache.groups.forget(&project);
-        self.apply(w.0)?;
+        self.apply(w)?;
         self.inner.cache.groups.forget(&project);
         Ok(())
     }

@@ -188,12 +188,6 @@ pub(crate) fn queued(seq: u64) -> Vec<u8> {
 pub(crate) fn queued_prefix() -> Vec<u8> {
     key(&[b"wdq", b""])
 }
-pub(crate) fn project_delivery(project: u64, seq: u64) -> Vec<u8> {
-    key(&[b"wdp", &be(project), &be(seq)])
-}
-pub(crate) fn project_delivery_prefix(project: u64) -> Vec<u8> {
-    key(&[b"wdp", &be(project), b""])
-}
 pub(crate) fn installation(id: u64) -> Vec<u8> {
     key(&[b"inst", &be(id)])
 }
@@ -215,9 +209,6 @@ pub(crate) fn repo_by_name(full_name: &str) -> Vec<u8> {
 }
 pub(crate) fn run(project: u64, id: u64) -> Vec<u8> {
     key(&[b"tr", &be(project), &be(id)])
-}
-pub(crate) fn run_prefix(project: u64) -> Vec<u8> {
-    key(&[b"tr", &be(project), b""])
 }
 pub(crate) fn run_queue(project: u64, id: u64) -> Vec<u8> {
     key(&[b"trq", &be(project), &be(id)])
@@ -279,6 +270,23 @@ pub(crate) fn commit_run_prefix(full_name: &str, sha: &str) -> Vec<u8> {
 /// Every run of every project.
 pub(crate) fn all_runs_prefix() -> Vec<u8> {
     key(&[b"tr", b""])
+}
+
+/// Every record of a listed family, all projects (list indexes are rebuilt from these).
+pub(crate) fn all_devices_prefix() -> Vec<u8> {
+    key(&[b"d", b""])
+}
+pub(crate) fn all_sessions_prefix() -> Vec<u8> {
+    key(&[b"s", b""])
+}
+pub(crate) fn all_configs_prefix() -> Vec<u8> {
+    key(&[b"cf", b""])
+}
+pub(crate) fn all_deployments_prefix() -> Vec<u8> {
+    key(&[b"dp", b""])
+}
+pub(crate) fn all_alerts_prefix() -> Vec<u8> {
+    key(&[b"al", b""])
 }
 
 /// The trailing big-endian id of a key built above.

@@ -15,6 +15,7 @@ mod codec;
 pub mod devices;
 mod flush;
 mod keys;
+mod lists;
 pub mod meta;
 pub mod model;
 pub mod pipeline;
@@ -75,6 +76,9 @@ struct Inner {
     meta: sled::Tree,
     flusher: flush::GroupCommit,
     cache: cache::Caches,
+    /// Held while a batch that changes listed records works out and applies its list
+    /// entries and counters, so concurrent writers never lose a count.
+    list_lock: std::sync::Mutex<()>,
     /// Webhook payloads, outside sled.
     spool: spool::Spool,
 }
@@ -108,7 +112,7 @@ impl Store {
         let meta = db.open_tree("meta")?;
         let flusher = flush::GroupCommit::start(db.clone(), commit_delay);
         let spool = spool::Spool::open(&dir.join("webhook-payloads"))?;
-        Ok(Self {
+        let store = Self {
             inner: Arc::new(Inner {
                 db,
                 records,
@@ -117,9 +121,28 @@ impl Store {
                 meta,
                 flusher,
                 cache: cache::Caches::default(),
+                list_lock: std::sync::Mutex::new(()),
                 spool,
             }),
-        })
+        };
+        store.ensure_lists()?;
+        Ok(store)
+    }
+
+    /// Builds the list indexes of a store written before they existed (once; a marker in
+    /// `meta` says they are kept from then on).
+    fn ensure_lists(&self) -> Result<()> {
+        const MARK: &[u8] = b"lists-format";
+        if self.inner.meta.get(MARK)?.as_deref() == Some(b"1".as_slice()) {
+            return Ok(());
+        }
+        let n = self.rebuild_lists(&listed_families())?;
+        self.inner.meta.insert(MARK, b"1".as_slice())?;
+        self.inner.db.flush()?;
+        if n > 0 {
+            tracing::info!(records = n, "list indexes built");
+        }
+        Ok(())
     }
 
     /// Waits until everything written before this call is on disk. Concurrent callers share
@@ -174,9 +197,28 @@ impl Store {
             .map(u64::from_be_bytes))
     }
 
-    fn apply(&self, batch: sled::Batch) -> Result<()> {
+    fn apply(&self, w: Writes) -> Result<()> {
+        let Writes(mut batch, relist) = w;
+        if relist.is_empty() {
+            self.inner.records.apply_batch(batch)?;
+            return Ok(());
+        }
+        let _g = self.list_guard();
+        for (k, v) in lists::plan(self, &relist)? {
+            match v {
+                Some(v) => batch.insert(k, v),
+                None => batch.remove(k),
+            }
+        }
         self.inner.records.apply_batch(batch)?;
         Ok(())
+    }
+
+    fn list_guard(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.inner
+            .list_lock
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Records under `prefix`, newest (highest key) first.
@@ -198,12 +240,35 @@ impl Store {
     }
 }
 
-/// Writes accumulated by a typed operation, applied atomically by [`Store::apply`].
-struct Writes(sled::Batch);
+/// Writes accumulated by a typed operation, applied atomically by [`Store::apply`], with the
+/// listed records whose list entries `apply` brings in step.
+struct Writes(sled::Batch, Vec<lists::Relist>);
 
 impl Writes {
     fn new() -> Self {
-        Self(sled::Batch::default())
+        Self(sled::Batch::default(), Vec::new())
+    }
+    /// Writes a record kept in lists.
+    fn put_listed<T: serde::Serialize + lists::Listed>(
+        &mut self,
+        key: Vec<u8>,
+        value: &T,
+    ) -> Result<()> {
+        self.1.push(lists::Relist {
+            key: key.clone(),
+            new: Some(value.entries()),
+            old: lists::old_entries::<T>,
+        });
+        self.put(key, value)
+    }
+    /// Deletes a record kept in lists.
+    fn delete_listed<T: lists::Listed>(&mut self, key: Vec<u8>) {
+        self.1.push(lists::Relist {
+            key: key.clone(),
+            new: None,
+            old: lists::old_entries::<T>,
+        });
+        self.delete(key);
     }
     fn put<T: serde::Serialize>(&mut self, key: Vec<u8>, value: &T) -> Result<()> {
         self.0.insert(key, codec::encode(value)?);
@@ -215,4 +280,20 @@ impl Writes {
     fn delete(&mut self, key: Vec<u8>) {
         self.0.remove(key);
     }
+}
+
+/// Every listed record family: its key prefix and how to read a stored record's entries.
+type Family = (Vec<u8>, fn(&[u8]) -> Result<Vec<lists::Entry>>);
+
+fn listed_families() -> Vec<Family> {
+    use lists::old_entries;
+    vec![
+        (keys::all_devices_prefix(), old_entries::<Device>),
+        (keys::all_sessions_prefix(), old_entries::<Session>),
+        (keys::delivery_prefix(), old_entries::<Delivery>),
+        (keys::all_runs_prefix(), old_entries::<TestRun>),
+        (keys::all_configs_prefix(), old_entries::<Configuration>),
+        (keys::all_deployments_prefix(), old_entries::<Deployment>),
+        (keys::all_alerts_prefix(), old_entries::<Alert>),
+    ]
 }

@@ -2,7 +2,48 @@
 
 use std::sync::Arc;
 
-use crate::{Capsule, Configuration, Deployment, DeviceResult, Result, Store, Writes, keys};
+use crate::lists::{Entry, ListId, Listed, Query};
+use crate::{
+    Capsule, Configuration, Deployment, DeploymentStatus, DeviceResult, Result, Store, Writes, keys,
+};
+
+fn config_list(project: u64) -> ListId {
+    ListId::new("cf").id(project)
+}
+fn config_capsule_list(project: u64, capsule: u64) -> ListId {
+    ListId::new("cfc").id(project).id(capsule)
+}
+fn config_env_list(project: u64, env: &str) -> ListId {
+    ListId::new("cfe").id(project).str(env)
+}
+
+impl Listed for Configuration {
+    fn entries(&self) -> Vec<Entry> {
+        let (p, id) = (self.project_id, self.id);
+        vec![
+            Entry::at(config_list(p), id, id),
+            Entry::at(config_capsule_list(p, self.capsule_id), id, id),
+            Entry::at(config_env_list(p, &self.environment), id, id),
+        ]
+    }
+}
+
+fn deployment_list(project: u64, status: Option<DeploymentStatus>) -> ListId {
+    match status {
+        None => ListId::new("dp").id(project),
+        Some(s) => ListId::new("dps").id(project).str(s.as_str()),
+    }
+}
+
+impl Listed for Deployment {
+    fn entries(&self) -> Vec<Entry> {
+        let (p, id) = (self.project_id, self.id);
+        vec![
+            Entry::at(deployment_list(p, None), id, id),
+            Entry::at(deployment_list(p, Some(self.status)), id, id),
+        ]
+    }
+}
 
 impl Store {
     pub fn capsule(&self, project: u64, id: u64) -> Result<Option<Capsule>> {
@@ -48,7 +89,7 @@ impl Store {
         let c = &self.inner.cache.capsules;
         let before = c.get(&project);
         c.forget(&project);
-        self.apply(w.0)?;
+        self.apply(w)?;
         c.forget(&project);
         if let Some(old) = before {
             let g = c.generation();
@@ -161,21 +202,54 @@ impl Store {
         self.scan_rev(&keys::config_prefix(project))
     }
 
+    /// A page of a project's configurations, newest first, and how many match.
+    pub fn configurations_page(
+        &self,
+        project: u64,
+        capsule: Option<u64>,
+        environment: Option<&str>,
+        skip: usize,
+        take: usize,
+    ) -> Result<(Vec<Configuration>, u64)> {
+        let keep = |c: &Configuration| {
+            capsule.is_none_or(|id| c.capsule_id == id)
+                && environment.is_none_or(|e| c.environment == e)
+        };
+        let get = |id| self.configuration(project, id);
+        let mut candidates = Vec::new();
+        if let Some(c) = capsule {
+            candidates.push(config_capsule_list(project, c));
+        }
+        if let Some(e) = environment {
+            candidates.push(config_env_list(project, e));
+        }
+        Query {
+            unlisted: false,
+            candidates,
+            all: config_list(project),
+            lo: 0,
+            hi: None,
+            keep: &keep,
+            get: &get,
+        }
+        .run(self, skip, take)
+    }
+
     pub fn put_configuration(&self, c: &Configuration) -> Result<()> {
         let mut w = Writes::new();
-        w.put(keys::config(c.project_id, c.id), c)?;
+        w.put_listed(keys::config(c.project_id, c.id), c)?;
         w.put_id(
             keys::config_by_version(c.project_id, &c.name, &c.version),
             c.id,
         );
-        self.apply(w.0)
+        self.apply(w)
     }
 
     pub fn delete_configuration(&self, c: &Configuration) -> Result<()> {
         let mut w = Writes::new();
-        w.delete(keys::config(c.project_id, c.id));
+        w.delete_listed::<Configuration>(keys::config(c.project_id, c.id));
         w.delete(keys::config_by_version(c.project_id, &c.name, &c.version));
-        self.apply(w.0)
+        self.apply(w)
     }
 
     pub fn deployment(&self, project: u64, id: u64) -> Result<Option<Deployment>> {
@@ -187,20 +261,45 @@ impl Store {
         self.scan_rev(&keys::deployment_prefix(project))
     }
 
+    /// A page of a project's deployment packages, newest first, and how many match.
+    pub fn deployments_page(
+        &self,
+        project: u64,
+        status: Option<DeploymentStatus>,
+        skip: usize,
+        take: usize,
+    ) -> Result<(Vec<Deployment>, u64)> {
+        let keep = |_: &Deployment| true;
+        let get = |id| self.deployment(project, id);
+        Query {
+            unlisted: false,
+            candidates: status
+                .map(|s| deployment_list(project, Some(s)))
+                .into_iter()
+                .collect(),
+            all: deployment_list(project, None),
+            lo: 0,
+            hi: None,
+            keep: &keep,
+            get: &get,
+        }
+        .run(self, skip, take)
+    }
+
     pub fn put_deployment(&self, d: &Deployment) -> Result<()> {
         let mut w = Writes::new();
-        w.put(keys::deployment(d.project_id, d.id), d)?;
-        self.apply(w.0)
+        w.put_listed(keys::deployment(d.project_id, d.id), d)?;
+        self.apply(w)
     }
 
     /// Deletes a deployment package and its rollout results.
     pub fn delete_deployment(&self, d: &Deployment) -> Result<()> {
         let mut w = Writes::new();
-        w.delete(keys::deployment(d.project_id, d.id));
+        w.delete_listed::<Deployment>(keys::deployment(d.project_id, d.id));
         for k in self.scan_keys(&keys::device_result_prefix(d.id))? {
             w.0.remove(k);
         }
-        self.apply(w.0)
+        self.apply(w)
     }
 
     /// The latest result each device reported for a deployment, by device id.
@@ -217,6 +316,6 @@ impl Store {
     pub fn put_device_result(&self, r: &DeviceResult) -> Result<()> {
         let mut w = Writes::new();
         w.put(keys::device_result(r.deployment_id, r.device_id), r)?;
-        self.apply(w.0)
+        self.apply(w)
     }
 }

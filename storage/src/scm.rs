@@ -9,6 +9,69 @@ use crate::{
     Delivery, Installation, RepoHold, RepoLink, Result, Store, TestRun, Writes, codec, keys,
 };
 
+use crate::lists::{Entry, ListId, Listed, Query};
+
+/// The delivery log's lists: every delivery, or a project's, each whole or by outcome.
+fn delivery_list(project: Option<u64>, outcome: Option<DeliveryOutcome>) -> ListId {
+    match (project, outcome) {
+        (None, None) => ListId::new("wd"),
+        (None, Some(o)) => ListId::new("wdo").str(o.as_str()),
+        (Some(p), None) => ListId::new("wdp").id(p),
+        (Some(p), Some(o)) => ListId::new("wdpo").id(p).str(o.as_str()),
+    }
+}
+
+impl Listed for Delivery {
+    fn entries(&self) -> Vec<Entry> {
+        let (s, o) = (self.seq, Some(self.outcome));
+        let mut e = vec![
+            Entry::at(delivery_list(None, None), s, s),
+            Entry::at(delivery_list(None, o), s, s),
+        ];
+        if let Some(p) = self.project_id {
+            e.push(Entry::at(delivery_list(Some(p), None), s, s));
+            e.push(Entry::at(delivery_list(Some(p), o), s, s));
+        }
+        e
+    }
+}
+
+/// A project's test runs: whole, by status, by repository (case-insensitive), by commit.
+fn run_list(project: u64) -> ListId {
+    ListId::new("tr").id(project)
+}
+fn run_status_list(project: u64, s: RunStatus) -> ListId {
+    ListId::new("trs").id(project).str(s.as_str())
+}
+fn run_repo_list(project: u64, repo: &str) -> ListId {
+    ListId::new("trr")
+        .id(project)
+        .str(&repo.to_ascii_lowercase())
+}
+fn run_commit_list(project: u64, sha: &str) -> ListId {
+    ListId::new("trc").id(project).str(sha)
+}
+
+impl Listed for TestRun {
+    fn entries(&self) -> Vec<Entry> {
+        let (p, id) = (self.project_id, self.id);
+        vec![
+            Entry::at(run_list(p), id, id),
+            Entry::at(run_status_list(p, self.status), id, id),
+            Entry::at(run_repo_list(p, &self.repository), id, id),
+            Entry::at(run_commit_list(p, &self.commit_sha), id, id),
+        ]
+    }
+}
+
+/// Which test runs a list shows.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RunQuery<'a> {
+    pub status: Option<RunStatus>,
+    pub repository: Option<&'a str>,
+    pub commit_sha: Option<&'a str>,
+}
+
 /// Changes applied together by [`ScmBatch::commit`].
 pub struct ScmBatch(Writes);
 
@@ -21,13 +84,8 @@ impl Default for ScmBatch {
 impl ScmBatch {
     /// Records a delivery's outcome: out of the queue, into its project's log.
     pub fn finish_delivery(&mut self, d: &Delivery) -> Result<()> {
-        self.0.put(keys::delivery(d.seq), d)?;
+        self.0.put_listed(keys::delivery(d.seq), d)?;
         self.0.delete(keys::queued(d.seq));
-        if let Some(p) = d.project_id {
-            self.0
-                .0
-                .insert(keys::project_delivery(p, d.seq), Vec::new());
-        }
         Ok(())
     }
 
@@ -42,7 +100,7 @@ impl ScmBatch {
     /// Writes a run and keeps its indexes (queue, running, idempotency key, pull request)
     /// in step with its status. `old` is the run as stored before, if any.
     pub fn put_run(&mut self, old: Option<&TestRun>, r: &TestRun) -> Result<()> {
-        self.0.put(keys::run(r.project_id, r.id), r)?;
+        self.0.put_listed(keys::run(r.project_id, r.id), r)?;
         let pid = r.project_id.to_be_bytes().to_vec();
         if r.status == RunStatus::Queued {
             self.0
@@ -97,7 +155,7 @@ impl ScmBatch {
     }
 
     pub fn commit(self, store: &Store) -> Result<()> {
-        store.apply(self.0.0)
+        store.apply(self.0)
     }
 }
 
@@ -153,12 +211,12 @@ impl Store {
             let mut entry = d.seq.to_be_bytes().to_vec();
             entry.extend_from_slice(&d.received_at.to_be_bytes());
             w.0.insert(keys::delivery_by_id(&d.delivery_id), entry);
-            w.put(keys::delivery(d.seq), d)?;
+            w.put_listed(keys::delivery(d.seq), d)?;
             if *queue {
                 w.0.insert(keys::queued(d.seq), Vec::new());
             }
         }
-        self.apply(w.0)
+        self.apply(w)
     }
 
     /// Whether the id was claimed by a delivery received at or after `since` (the dedup
@@ -239,23 +297,38 @@ impl Store {
         self.scan_rev(&keys::delivery_prefix())
     }
 
-    /// The deliveries resolved to a project, newest first.
-    pub fn project_deliveries(&self, project: u64) -> Result<Vec<Delivery>> {
-        let mut out = Vec::new();
-        for k in self
-            .scan_keys(&keys::project_delivery_prefix(project))?
-            .iter()
-            .rev()
-        {
-            if let Some(d) = keys::trailing_id(k)
-                .map(|s| self.delivery(s))
-                .transpose()?
-                .flatten()
-            {
-                out.push(d);
-            }
+    /// The first `n` deliveries of the log (or of a project's), newest first, that have
+    /// `outcome` and `reason`, and how many there are. A reason filter decodes the list it
+    /// narrows; the others read the page and a counter.
+    pub fn deliveries_page(
+        &self,
+        project: Option<u64>,
+        outcome: Option<DeliveryOutcome>,
+        reason: Option<&str>,
+        skip: usize,
+        take: usize,
+    ) -> Result<(Vec<Delivery>, u64)> {
+        let keep = |d: &Delivery| {
+            outcome.is_none_or(|o| d.outcome == o)
+                && reason.is_none_or(|r| d.reason.as_deref() == Some(r))
+        };
+        let get = |seq| self.delivery(seq);
+        let all = delivery_list(project, None);
+        let mut candidates = Vec::new();
+        if let Some(o) = outcome {
+            candidates.push(delivery_list(project, Some(o)));
         }
-        Ok(out)
+        Query {
+            // No list per reason: the narrowest list there is gets walked.
+            unlisted: reason.is_some(),
+            candidates,
+            all,
+            lo: 0,
+            hi: None,
+            keep: &keep,
+            get: &get,
+        }
+        .run(self, skip, take)
     }
 
     /// Drops processed deliveries received before `log_before` (the log's retention), with
@@ -274,16 +347,13 @@ impl Store {
             if d.outcome == DeliveryOutcome::Queued {
                 continue;
             }
-            w.delete(keys::delivery(d.seq));
+            w.delete_listed::<Delivery>(keys::delivery(d.seq));
             // A later delivery may have reclaimed the id: its entry stays.
             if self.id_entry(&d.delivery_id)?.map(|(s, _)| s) == Some(d.seq) {
                 w.delete(keys::delivery_by_id(&d.delivery_id));
             }
-            if let Some(p) = d.project_id {
-                w.delete(keys::project_delivery(p, d.seq));
-            }
         }
-        self.apply(w.0)?;
+        self.apply(w)?;
         // The deletions are on disk before any payload goes, so a crash cannot bring back a
         // delivery whose payload is gone.
         self.flush_blocking()?;
@@ -347,9 +417,41 @@ impl Store {
         }
     }
 
-    /// A project's runs, newest first.
-    pub fn project_runs(&self, project: u64) -> Result<Vec<TestRun>> {
-        self.scan_rev(&keys::run_prefix(project))
+    /// A page of a project's runs, newest first, and how many the query shows.
+    pub fn runs_page(
+        &self,
+        project: u64,
+        q: RunQuery<'_>,
+        skip: usize,
+        take: usize,
+    ) -> Result<(Vec<TestRun>, u64)> {
+        let keep = |r: &TestRun| {
+            q.status.is_none_or(|s| r.status == s)
+                && q.repository
+                    .is_none_or(|x| r.repository.eq_ignore_ascii_case(x))
+                && q.commit_sha.is_none_or(|x| r.commit_sha == x)
+        };
+        let get = |id| self.run(project, id);
+        let mut candidates = Vec::new();
+        if let Some(s) = q.status {
+            candidates.push(run_status_list(project, s));
+        }
+        if let Some(r) = q.repository {
+            candidates.push(run_repo_list(project, r));
+        }
+        if let Some(c) = q.commit_sha {
+            candidates.push(run_commit_list(project, c));
+        }
+        Query {
+            unlisted: false,
+            candidates,
+            all: run_list(project),
+            lo: 0,
+            hi: None,
+            keep: &keep,
+            get: &get,
+        }
+        .run(self, skip, take)
     }
 
     /// The oldest queued run of a project.

@@ -7,9 +7,43 @@
 
 use sled::Transactional;
 
+use crate::lists::{Entry, ListId, Listed, Query, ord};
 use crate::{
-    Artifact, LogChunk, Result, Session, SessionCounters, StorageError, Store, Writes, codec, keys,
+    Artifact, LogChunk, Result, Session, SessionCounters, SessionStatus, StorageError, Store,
+    Writes, codec, keys,
 };
+
+/// Sessions are listed by start time; each (device, status) filter has its own list.
+fn list(project: u64, device: Option<u64>, status: Option<SessionStatus>) -> ListId {
+    match (device, status) {
+        (None, None) => ListId::new("ss").id(project),
+        (Some(d), None) => ListId::new("ssd").id(project).id(d),
+        (None, Some(s)) => ListId::new("sst").id(project).str(s.as_str()),
+        (Some(d), Some(s)) => ListId::new("ssdt").id(project).id(d).str(s.as_str()),
+    }
+}
+
+impl Listed for Session {
+    fn entries(&self) -> Vec<Entry> {
+        let (p, o, id) = (self.project_id, ord(self.started_at), self.id);
+        let (d, s) = (Some(self.device_id), Some(self.status));
+        vec![
+            Entry::at(list(p, None, None), o, id),
+            Entry::at(list(p, d, None), o, id),
+            Entry::at(list(p, None, s), o, id),
+            Entry::at(list(p, d, s), o, id),
+        ]
+    }
+}
+
+/// Which sessions a list shows; `since` inclusive and `until` exclusive on the start.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SessionQuery {
+    pub device: Option<u64>,
+    pub status: Option<SessionStatus>,
+    pub since: Option<i64>,
+    pub until: Option<i64>,
+}
 
 impl Store {
     pub fn session(&self, project: u64, id: u64) -> Result<Option<Session>> {
@@ -24,6 +58,29 @@ impl Store {
         }
     }
 
+    /// A page of a project's sessions, newest start first (id breaking ties), and how many
+    /// the query shows. A time range counts its entries by key; otherwise one read counts.
+    pub fn sessions_page(
+        &self,
+        project: u64,
+        q: SessionQuery,
+        skip: usize,
+        take: usize,
+    ) -> Result<(Vec<Session>, u64)> {
+        let keep = |_: &Session| true;
+        let get = |id| self.session(project, id);
+        Query {
+            unlisted: false,
+            candidates: vec![list(project, q.device, q.status)],
+            all: list(project, None, None),
+            lo: q.since.map(ord).unwrap_or(0),
+            hi: q.until.map(ord),
+            keep: &keep,
+            get: &get,
+        }
+        .run(self, skip, take)
+    }
+
     /// A project's sessions, newest first.
     pub fn project_sessions(&self, project: u64) -> Result<Vec<Session>> {
         self.scan_rev(&keys::session_prefix(project))
@@ -31,9 +88,9 @@ impl Store {
 
     pub fn put_session(&self, s: &Session) -> Result<()> {
         let mut w = Writes::new();
-        w.put(keys::session(s.project_id, s.id), s)?;
+        w.put_listed(keys::session(s.project_id, s.id), s)?;
         w.put_id(keys::session_project(s.id), s.project_id);
-        self.apply(w.0)
+        self.apply(w)
     }
 
     pub fn session_counters(&self, id: u64) -> Result<SessionCounters> {
@@ -69,7 +126,7 @@ impl Store {
     pub fn put_session_counters(&self, id: u64, c: &SessionCounters) -> Result<()> {
         let mut w = Writes::new();
         w.put(keys::session_counters(id), c)?;
-        self.apply(w.0)
+        self.apply(w)
     }
 
     /// The session's chunks in arrival order with their sequence numbers, decoded lazily.
@@ -126,7 +183,7 @@ impl Store {
         let mut w = Writes::new();
         w.put(keys::artifact(a.session_id, &a.path), a)?;
         w.put(keys::session_counters(a.session_id), counters)?;
-        self.apply(w.0)
+        self.apply(w)
     }
 
     /// Removes the session record, its counters, every log chunk and every artifact record in
@@ -147,8 +204,23 @@ impl Store {
         let rec = keys::session(s.project_id, s.id);
         let counters = keys::session_counters(s.id);
         let owner = keys::session_project(s.id);
+        let _g = self.list_guard();
+        let relist = crate::lists::plan(
+            self,
+            &[crate::lists::Relist {
+                key: rec.clone(),
+                new: None,
+                old: crate::lists::old_entries::<Session>,
+            }],
+        )?;
         (&self.inner.logs, &self.inner.records)
             .transaction(|(logs, records)| {
+                for (k, v) in &relist {
+                    match v {
+                        Some(v) => records.insert(k.as_slice(), v.as_slice())?,
+                        None => records.remove(k.as_slice())?,
+                    };
+                }
                 for k in &chunk_keys {
                     logs.remove(k)?;
                 }

@@ -94,25 +94,14 @@ impl AlertsHandle {
     }
 
     pub fn alerts(&self, pid: u64, f: &AlertFilter, page: PageReq) -> Result<Page<AlertView>> {
-        let all: Vec<Alert> = self
-            .store
-            .project_alerts(pid)?
-            .into_iter()
-            .filter(|a| f.state.is_none_or(|s| a.state == s))
-            .filter(|a| f.rule_id.is_none_or(|r| a.rule_id == r))
-            .collect();
-        let p = page.slice(all);
-        Ok(Page {
-            items: p
-                .items
-                .iter()
-                .map(|a| self.alert_view(a))
-                .collect::<Result<Vec<_>>>()?,
-            total: p.total,
-            page: p.page,
-            page_size: p.page_size,
-            has_more: p.has_more,
-        })
+        let (alerts, total) =
+            self.store
+                .alerts_page(pid, f.state, f.rule_id, page.skip(), page.page_size)?;
+        let items = alerts
+            .iter()
+            .map(|a| self.alert_view(a))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(page.of(items, total))
     }
 
     pub fn alert(&self, pid: u64, id: u64) -> Result<AlertView> {

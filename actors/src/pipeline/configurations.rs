@@ -366,21 +366,14 @@ impl PipelineHandle {
         f: &ConfigFilter,
         page: PageReq,
     ) -> Result<Page<ConfigurationView>> {
-        let all: Vec<Configuration> = self
-            .store
-            .project_configurations(pid)?
-            .into_iter()
-            .filter(|c| f.capsule_id.is_none_or(|id| c.capsule_id == id))
-            .filter(|c| f.environment.as_ref().is_none_or(|e| &c.environment == e))
-            .collect();
-        let p = page.slice(all);
-        Ok(Page {
-            items: p.items.iter().map(ConfigurationView::from).collect(),
-            total: p.total,
-            page: p.page,
-            page_size: p.page_size,
-            has_more: p.has_more,
-        })
+        let (configs, total) = self.store.configurations_page(
+            pid,
+            f.capsule_id,
+            f.environment.as_deref(),
+            page.skip(),
+            page.page_size,
+        )?;
+        Ok(page.of(configs.iter().map(ConfigurationView::from).collect(), total))
     }
 
     pub async fn configuration_detail(&self, pid: u64, id: u64) -> Result<ConfigurationDetail> {

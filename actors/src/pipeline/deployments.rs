@@ -126,14 +126,13 @@ impl PipelineHandle {
         status: Option<fleetops_storage::DeploymentStatus>,
         page: PageReq,
     ) -> Result<Page<DeploymentView>> {
-        let all: Vec<DeploymentView> = self
-            .store
-            .project_deployments(pid)?
-            .iter()
-            .filter(|d| status.is_none_or(|s| d.status == s))
-            .map(DeploymentView::from)
-            .collect();
-        Ok(page.slice(all))
+        let (deployments, total) =
+            self.store
+                .deployments_page(pid, status, page.skip(), page.page_size)?;
+        Ok(page.of(
+            deployments.iter().map(DeploymentView::from).collect(),
+            total,
+        ))
     }
 
     pub fn deployment_detail(&self, pid: u64, id: u64) -> Result<DeploymentDetail> {

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use fleetops_storage::devices::DeviceQuery;
 use fleetops_storage::{Device, DeviceGroup, Store};
 use ractor::RpcReplyPort;
 
@@ -35,12 +36,6 @@ impl DeviceStatus {
             "online" => Some(Self::Online),
             "offline" => Some(Self::Offline),
             _ => None,
-        }
-    }
-    fn as_str(self) -> &'static str {
-        match self {
-            Self::Online => "online",
-            Self::Offline => "offline",
         }
     }
 }
@@ -136,24 +131,31 @@ impl ProjectsHandle {
             .ok_or_else(|| Error::not_found("Device"))
     }
 
-    fn filtered(&self, pid: u64, f: &DeviceFilter, now: i64) -> Result<Vec<DeviceView>> {
-        let groups = self.store.project_groups(pid)?;
-        Ok(self
-            .store
-            .project_devices(pid)?
-            .iter()
-            .filter(|d| f.name.as_ref().is_none_or(|n| &d.name == n))
-            .map(|d| self.view(d, &groups, now))
-            .filter(|v| f.status.is_none_or(|s| v.status == s.as_str()))
-            .collect())
+    /// What the store needs to apply the filter: online means seen within the offline
+    /// window (`now - seen < window`).
+    fn query<'a>(&self, f: &'a DeviceFilter, now: i64) -> DeviceQuery<'a> {
+        let window = self.devices.offline_after_seconds as i64 * 1000;
+        DeviceQuery {
+            name: f.name.as_deref(),
+            presence: f
+                .status
+                .map(|s| (s == DeviceStatus::Online, now - window + 1)),
+        }
     }
 
     pub fn devices(&self, pid: u64, f: &DeviceFilter, page: PageReq) -> Result<Page<DeviceView>> {
-        Ok(page.slice(self.filtered(pid, f, self.clock.now_ms())?))
+        let now = self.clock.now_ms();
+        let (devices, total) =
+            self.store
+                .devices_page(pid, self.query(f, now), page.skip(), page.page_size)?;
+        let groups = self.store.project_groups(pid)?;
+        let items = devices.iter().map(|d| self.view(d, &groups, now)).collect();
+        Ok(page.of(items, total))
     }
 
     /// Devices of several projects (an organization's), each with its project slug, newest
-    /// first.
+    /// first: each project gives its first page's worth, and the pages merge by id (ids
+    /// follow creation).
     pub fn org_devices(
         &self,
         projects: &[(u64, String)],
@@ -161,15 +163,28 @@ impl ProjectsHandle {
         page: PageReq,
     ) -> Result<Page<DeviceView>> {
         let now = self.clock.now_ms();
-        let mut all = Vec::new();
-        for (pid, slug) in projects {
-            for mut v in self.filtered(*pid, f, now)? {
+        let q = self.query(f, now);
+        let want = page.skip().saturating_add(page.page_size);
+        let (mut ids, mut total) = (Vec::new(), 0u64);
+        for (i, (pid, _)) in projects.iter().enumerate() {
+            let (found, n) = self.store.device_ids(*pid, q, want)?;
+            total = total.saturating_add(n);
+            ids.extend(found.into_iter().map(|id| (id, i)));
+        }
+        ids.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+        let mut items = Vec::with_capacity(page.page_size);
+        for (id, i) in ids.into_iter().skip(page.skip()).take(page.page_size) {
+            let Some((pid, slug)) = projects.get(i) else {
+                continue;
+            };
+            if let Some(d) = self.store.device(*pid, id)? {
+                let groups = self.store.project_groups(*pid)?;
+                let mut v = self.view(&d, &groups, now);
                 v.project = Some(slug.clone());
-                all.push(v);
+                items.push(v);
             }
         }
-        all.sort_by(|a, b| b.created_at.cmp(&a.created_at).then(b.id.cmp(&a.id)));
-        Ok(page.slice(all))
+        Ok(page.of(items, total))
     }
 
     pub fn group(&self, pid: u64, id: u64) -> Result<GroupView> {

@@ -8,6 +8,7 @@
 
 use std::sync::Arc;
 
+use fleetops_storage::sessions::SessionQuery;
 use fleetops_storage::{BlobStore, Session, SessionStatus, Store};
 
 use super::exports;
@@ -100,34 +101,24 @@ impl SessionsHandle {
 
     pub fn list(&self, pid: u64, f: &SessionFilter, page: PageReq) -> Result<Page<SessionItem>> {
         let now = now_ms();
-        let mut items = Vec::new();
-        for s in self.store.project_sessions(pid)? {
-            let keep = f.device_id.is_none_or(|d| s.device_id == d)
-                && f.status.is_none_or(|st| s.status == st)
-                && f.since.is_none_or(|t| s.started_at >= t)
-                && f.until.is_none_or(|t| s.started_at < t);
-            if keep {
-                items.push(s);
-            }
-        }
-        // Newest first by start, id breaking ties.
-        items.sort_by(|a, b| b.started_at.cmp(&a.started_at).then(b.id.cmp(&a.id)));
-        let page = page.slice(items);
-        let mut out = Vec::with_capacity(page.items.len());
-        for s in &page.items {
+        let q = SessionQuery {
+            device: f.device_id,
+            status: f.status,
+            since: f.since,
+            until: f.until,
+        };
+        let (sessions, total) = self
+            .store
+            .sessions_page(pid, q, page.skip(), page.page_size)?;
+        let mut out = Vec::with_capacity(sessions.len());
+        for s in &sessions {
             out.push(SessionItem::new(
                 s,
                 &self.store.session_counters(s.id)?,
                 now,
             ));
         }
-        Ok(Page {
-            items: out,
-            total: page.total,
-            page: page.page,
-            page_size: page.page_size,
-            has_more: page.has_more,
-        })
+        Ok(page.of(out, total))
     }
 
     pub async fn create(

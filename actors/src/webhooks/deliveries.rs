@@ -199,52 +199,60 @@ impl WebhooksHandle {
         f: &DeliveryFilter,
         page: PageReq,
     ) -> Result<Page<DeliveryView>> {
-        let records = match project {
-            Some(p) => self.store.project_deliveries(p)?,
-            None => self.store.deliveries()?,
+        // The stored log pages from its lists; rejected and duplicate deliveries are a
+        // bounded recent list in memory, merged in by time.
+        let want = page.skip().saturating_add(page.page_size);
+        let (stored, stored_total) = match f.outcome {
+            None => self
+                .store
+                .deliveries_page(project, None, f.reason.as_deref(), 0, want)?,
+            Some(LogOutcome::Stored(o)) => {
+                self.store
+                    .deliveries_page(project, Some(o), f.reason.as_deref(), 0, want)?
+            }
+            Some(_) => (Vec::new(), 0),
         };
-        let keep = |outcome: LogOutcome, reason: Option<&str>| {
-            f.outcome.is_none_or(|o| o == outcome)
-                && f.reason.as_deref().is_none_or(|r| Some(r) == reason)
+        let rejected: Vec<DeliveryView> = match (project, self.rejected.lock()) {
+            (None, Ok(r)) => r
+                .iter()
+                .filter(|v| {
+                    f.outcome.is_none_or(|o| o == v.outcome)
+                        && f.reason
+                            .as_deref()
+                            .is_none_or(|x| Some(x) == v.reason.as_deref())
+                })
+                .cloned()
+                .collect(),
+            _ => Vec::new(),
         };
-        // Views (which look up the project) are built for the page only.
-        enum Entry<'a> {
-            Stored(&'a Delivery),
-            Rejected(&'a DeliveryView),
+        let total = stored_total.saturating_add(rejected.len() as u64);
+        enum Entry {
+            Stored(Delivery),
+            Rejected(DeliveryView),
         }
-        let mut all: Vec<(i64, Entry)> = records
-            .iter()
-            .filter(|d| keep(LogOutcome::Stored(d.outcome), d.reason.as_deref()))
+        let mut all: Vec<(i64, Entry)> = stored
+            .into_iter()
             .map(|d| (d.received_at, Entry::Stored(d)))
             .collect();
-        let rejected = match project {
-            None => self.rejected.lock().ok(),
-            Some(_) => None,
-        };
-        if let Some(r) = &rejected {
+        if !rejected.is_empty() {
             all.extend(
-                r.iter()
-                    .filter(|v| keep(v.outcome, v.reason.as_deref()))
+                rejected
+                    .into_iter()
                     .map(|v| (v.received_ms, Entry::Rejected(v))),
             );
             all.sort_by_key(|(t, _)| std::cmp::Reverse(*t));
         }
-        let p = page.slice(all);
-        let items = p
-            .items
+        // Views (which look up the project) are built for the page only.
+        let items = all
             .into_iter()
+            .skip(page.skip())
+            .take(page.page_size)
             .map(|(_, e)| match e {
-                Entry::Stored(d) => self.view(d),
-                Entry::Rejected(v) => Ok(v.clone()),
+                Entry::Stored(d) => self.view(&d),
+                Entry::Rejected(v) => Ok(v),
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(Page {
-            items,
-            total: p.total,
-            page: p.page,
-            page_size: p.page_size,
-            has_more: p.has_more,
-        })
+        Ok(page.of(items, total))
     }
 
     pub fn delivery(&self, project: Option<u64>, delivery_id: &str) -> Result<DeliveryDetail> {

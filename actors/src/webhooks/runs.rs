@@ -1,6 +1,8 @@
 //! Test runs: listing, and the runner's claim, heartbeat and completion (the dispatcher
 //! writes them).
 
+use fleetops_storage::scm::RunQuery;
+
 use super::WebhooksHandle;
 use super::dispatcher::DispatcherMsg;
 use super::views::RunFilter;
@@ -12,20 +14,15 @@ use crate::views::PageReq;
 
 impl WebhooksHandle {
     pub fn runs(&self, project_id: u64, f: &RunFilter, page: PageReq) -> Result<Page<TestRunView>> {
-        let all: Vec<TestRunView> = self
+        let q = RunQuery {
+            status: f.status,
+            repository: f.repository.as_deref(),
+            commit_sha: f.commit_sha.as_deref(),
+        };
+        let (runs, total) = self
             .store
-            .project_runs(project_id)?
-            .iter()
-            .filter(|r| f.status.is_none_or(|s| r.status == s))
-            .filter(|r| {
-                f.repository
-                    .as_ref()
-                    .is_none_or(|x| r.repository.eq_ignore_ascii_case(x))
-            })
-            .filter(|r| f.commit_sha.as_ref().is_none_or(|x| &r.commit_sha == x))
-            .map(TestRunView::from)
-            .collect();
-        Ok(page.slice(all))
+            .runs_page(project_id, q, page.skip(), page.page_size)?;
+        Ok(page.of(runs.iter().map(TestRunView::from).collect(), total))
     }
 
     pub fn run(&self, project_id: u64, id: u64) -> Result<TestRunView> {
