@@ -20,6 +20,27 @@ pub struct Srv {
 }
 
 /// A server with limits high enough that tests never meet them by accident.
+/// Every test ends with the list indexes checked against the records, so a write path that
+/// forgets a list, or a count that drifts, fails the test that took it.
+impl Drop for Srv {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            return;
+        }
+        if let Some(r) = &self.running {
+            let diffs = r
+                .runtime
+                .store
+                .verify_lists()
+                .unwrap_or_else(|e| vec![e.to_string()]);
+            assert!(
+                diffs.is_empty(),
+                "list indexes disagree with the records: {diffs:?}"
+            );
+        }
+    }
+}
+
 pub async fn start() -> Srv {
     start_with(|_| {}).await
 }

@@ -366,3 +366,143 @@ async fn organization_wide_device_list() {
         true
     );
 }
+
+/// Filtered pages come from the list indexes: status (from last-seen time) alone, with a
+/// name, across projects and past page 1, each with the exact total; the indexes agree with
+/// the records afterwards.
+#[tokio::test]
+async fn status_and_name_filters_page_with_exact_totals() {
+    let s = start().await;
+    let k = s.key();
+    s.post(
+        "/api/v1/organizations/default/projects",
+        k,
+        json!({"slug": "second"}),
+    )
+    .await;
+    let mut made = Vec::new();
+    for i in 0..24u64 {
+        let project = if i % 3 == 0 { "second" } else { "default" };
+        let r = s
+            .post(
+                &format!("/api/v1/organizations/default/projects/{project}/devices"),
+                k,
+                json!({"name": format!("bot-{}", i % 2)}),
+            )
+            .await;
+        assert_eq!(r.status, 201);
+        made.push((
+            project,
+            r.body["id"].as_u64().unwrap(),
+            r.body["device_token"].as_str().unwrap().to_string(),
+            i,
+        ));
+    }
+    let clock = s.running.as_ref().unwrap().runtime.clock.clone();
+    // Every fourth device beats now; every fifth beat 61 s ago (offline by now).
+    for (project, id, token, i) in &made {
+        if i % 5 == 0 {
+            let r = s
+                .post(
+                    &format!(
+                        "/api/v1/organizations/default/projects/{project}/devices/{id}/heartbeat"
+                    ),
+                    token,
+                    json!({}),
+                )
+                .await;
+            assert_eq!(r.status, 202);
+        }
+    }
+    clock.advance(std::time::Duration::from_secs(61));
+    for (project, id, token, i) in &made {
+        if i % 4 == 0 {
+            let r = s
+                .post(
+                    &format!(
+                        "/api/v1/organizations/default/projects/{project}/devices/{id}/heartbeat"
+                    ),
+                    token,
+                    json!({}),
+                )
+                .await;
+            assert_eq!(r.status, 202);
+        }
+    }
+    let online = |i: u64| i.is_multiple_of(4);
+    let ids = |body: &serde_json::Value| -> Vec<u64> {
+        body["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d["id"].as_u64().unwrap())
+            .collect()
+    };
+    let want = |project: Option<&str>, on: bool, bot: Option<u64>| -> Vec<u64> {
+        made.iter()
+            .rev()
+            .filter(|(p, _, _, _)| project.is_none_or(|x| x == *p))
+            .filter(|(_, _, _, i)| online(*i) == on)
+            .filter(|(_, _, _, i)| bot.is_none_or(|b| i % 2 == b))
+            .map(|(_, id, _, _)| *id)
+            .collect()
+    };
+    for on in [true, false] {
+        let st = if on { "online" } else { "offline" };
+        let w = want(Some("default"), on, None);
+        let r = s
+            .get(&format!("{DEV}/devices?status={st}&page_size=3&page=2"), k)
+            .await;
+        assert_eq!(r.body["total"], w.len(), "{st}: {}", r.body);
+        assert_eq!(
+            ids(&r.body),
+            w.iter().skip(3).take(3).copied().collect::<Vec<_>>(),
+            "{st}"
+        );
+        let w = want(Some("default"), on, Some(1));
+        let r = s
+            .get(&format!("{DEV}/devices?status={st}&name=bot-1"), k)
+            .await;
+        assert_eq!(r.body["total"], w.len(), "{st} bot-1");
+        assert_eq!(ids(&r.body), w, "{st} bot-1");
+        let w = want(None, on, None);
+        let r = s
+            .get(
+                &format!("/api/v1/organizations/default/devices?status={st}&page_size=4&page=2"),
+                k,
+            )
+            .await;
+        assert_eq!(r.body["total"], w.len(), "org {st}");
+        assert_eq!(
+            ids(&r.body),
+            w.iter().skip(4).take(4).copied().collect::<Vec<_>>(),
+            "org {st}"
+        );
+        for d in r.body["items"].as_array().unwrap() {
+            assert_eq!(d["status"], st);
+        }
+    }
+    // A rename moves the device between name lists; a delete leaves every list.
+    let (_, first, _, _) = &made[1];
+    s.patch(
+        &format!("{DEV}/devices/{first}"),
+        k,
+        json!({"name": "bot-0"}),
+    )
+    .await;
+    assert_eq!(
+        s.get(&format!("{DEV}/devices?name=bot-1"), k).await.body["total"],
+        want(Some("default"), true, Some(1)).len() + want(Some("default"), false, Some(1)).len()
+            - 1
+    );
+    assert_eq!(
+        s.delete(&format!("{DEV}/devices/{first}"), k).await.status,
+        204
+    );
+    assert_eq!(
+        s.get(&format!("{DEV}/devices"), k).await.body["total"],
+        made.iter().filter(|m| m.0 == "default").count() - 1
+    );
+    let store = &s.running.as_ref().unwrap().runtime.store;
+    assert_eq!(store.verify_lists().unwrap(), Vec::<String>::new());
+}

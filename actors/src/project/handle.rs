@@ -171,7 +171,7 @@ impl ProjectsHandle {
             total = total.saturating_add(n);
             ids.extend(found.into_iter().map(|id| (id, i)));
         }
-        ids.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+        ids.sort_unstable_by_key(|x| std::cmp::Reverse(x.0));
         let mut items = Vec::with_capacity(page.page_size);
         for (id, i) in ids.into_iter().skip(page.skip()).take(page.page_size) {
             let Some((pid, slug)) = projects.get(i) else {
