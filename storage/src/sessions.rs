@@ -144,6 +144,19 @@ impl Store {
             })
     }
 
+    /// Every chunk's (seq, min_ts, max_ts), in arrival order, read without decoding the
+    /// entries: what a time-ordered merge needs to know which chunks to open next.
+    pub fn log_chunk_heads(&self, session: u64) -> Result<Vec<(u64, i64, i64)>> {
+        let mut out = Vec::new();
+        for kv in self.inner.logs.scan_prefix(keys::log_prefix(session)) {
+            let (k, v) = kv?;
+            let seq = keys::trailing_id(&k).unwrap_or(0);
+            let (min, max): (i64, i64) = codec::decode_head(&v)?;
+            out.push((seq, min, max));
+        }
+        Ok(out)
+    }
+
     /// The session's chunks from the newest back, with their sequence numbers.
     pub fn log_chunks_rev(
         &self,

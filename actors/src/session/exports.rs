@@ -7,7 +7,6 @@ use crate::logs::{self, LogFilter};
 use crate::views::LogPage;
 use fleetops_storage::{Artifact, BlobStore, Store};
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 /// Export formats.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -21,22 +20,90 @@ pub type ExportStream = tokio::sync::mpsc::Receiver<std::io::Result<bytes::Bytes
 
 const EXPORT_PIECE: usize = 64 * 1024;
 
-/// Chunks decoded and kept while exporting (timestamps out of arrival order revisit chunks).
-const EXPORT_CHUNK_CACHE: usize = 32;
+/// One chunk open during a time-ordered merge: its matches sorted by (timestamp, index).
+struct Open {
+    chunk: fleetops_storage::LogChunk,
+    matches: Vec<(i64, u32)>,
+    pos: usize,
+}
 
-/// The sort keys (timestamp, chunk, index) of every match, ascending.
-fn sorted_hits(store: &Store, session: u64, f: &LogFilter) -> Result<Vec<(i64, u64, u32)>> {
-    let mut hits: Vec<(i64, u64, u32)> = Vec::new();
-    for item in store.log_chunks(session) {
-        let (seq, chunk) = item?;
-        for i in f.matches(&chunk) {
-            if let Some(ts) = chunk.ts_at(i) {
-                hits.push((ts, seq, i as u32));
+/// Calls `emit` for every match in (timestamp, chunk, index) order, until it returns false.
+///
+/// A k-way merge over chunks sorted by their first timestamp: a chunk is opened only once
+/// the merge reaches its first timestamp, and dropped when its last match is out. Memory is
+/// what the chunks overlapping in time hold (one or two when devices send in time order),
+/// not what the session holds: the only whole-session state is one (seq, min, max) per
+/// chunk, about 24 bytes per thousand lines.
+fn merged(
+    store: &Store,
+    session: u64,
+    f: &LogFilter,
+    mut emit: impl FnMut(&fleetops_storage::LogChunk, usize) -> Result<bool>,
+) -> Result<()> {
+    use std::cmp::Reverse;
+    let mut heads = store.log_chunk_heads(session)?;
+    heads.retain(|&(_, min, max)| {
+        f.since.is_none_or(|s| max >= s) && f.until.is_none_or(|u| min < u)
+    });
+    heads.sort_unstable_by_key(|&(seq, min, _)| (min, seq));
+    let mut open: Vec<Option<Open>> = Vec::new();
+    let mut heap: std::collections::BinaryHeap<Reverse<(i64, u64, u32, usize)>> =
+        std::collections::BinaryHeap::new();
+    let mut next = heads.iter().peekable();
+    loop {
+        // Open every chunk that may hold something at or before the merge's next entry.
+        while let Some(&&(seq, min, _)) = next.peek() {
+            if heap.peek().is_some_and(|Reverse(top)| top.0 < min) {
+                break;
+            }
+            next.next();
+            let Some(chunk) = store.log_chunk(session, seq)? else {
+                continue;
+            };
+            let mut matches: Vec<(i64, u32)> = f
+                .matches(&chunk)
+                .into_iter()
+                .filter_map(|i| chunk.ts_at(i).map(|ts| (ts, i as u32)))
+                .collect();
+            matches.sort_unstable();
+            let Some(&(ts, i)) = matches.first() else {
+                continue;
+            };
+            let slot = match open.iter().position(Option::is_none) {
+                Some(s) => s,
+                None => {
+                    open.push(None);
+                    open.len() - 1
+                }
+            };
+            if let Some(o) = open.get_mut(slot) {
+                *o = Some(Open {
+                    chunk,
+                    matches,
+                    pos: 0,
+                });
+            }
+            heap.push(Reverse((ts, seq, i, slot)));
+        }
+        let Some(Reverse((_, seq, i, slot))) = heap.pop() else {
+            return Ok(());
+        };
+        let Some(Some(o)) = open.get_mut(slot) else {
+            continue;
+        };
+        if !emit(&o.chunk, i as usize)? {
+            return Ok(());
+        }
+        o.pos += 1;
+        match o.matches.get(o.pos) {
+            Some(&(ts, i)) => heap.push(Reverse((ts, seq, i, slot))),
+            None => {
+                if let Some(x) = open.get_mut(slot) {
+                    *x = None;
+                }
             }
         }
     }
-    hits.sort_unstable();
-    Ok(hits)
 }
 
 /// A `Write` that sends what it is given down the channel in pieces.
@@ -116,8 +183,7 @@ pub(super) fn export_into(
     tx: &tokio::sync::mpsc::Sender<std::io::Result<bytes::Bytes>>,
 ) -> Result<()> {
     let internal = |e: &dyn std::fmt::Display| Error::Internal(e.to_string());
-    let hits = sorted_hits(store, session, f)?;
-    let mut cache: Vec<(u64, Arc<fleetops_storage::LogChunk>)> = Vec::new();
+    let mut n = 0usize;
     let mut ts_buf = String::with_capacity(24);
     let buf = Shared::default();
     let mut out = csv::WriterBuilder::new().from_writer(buf.clone());
@@ -127,22 +193,7 @@ pub(super) fn export_into(
     } else {
         buf.0.borrow_mut().push(b'[');
     }
-    for (n, (_, seq, i)) in hits.iter().enumerate() {
-        let chunk = match cache.iter().find(|(s, _)| s == seq) {
-            Some((_, c)) => c.clone(),
-            None => {
-                let Some(c) = store.log_chunk(session, *seq)? else {
-                    continue;
-                };
-                let c = Arc::new(c);
-                if cache.len() >= EXPORT_CHUNK_CACHE {
-                    cache.remove(0);
-                }
-                cache.push((*seq, c.clone()));
-                c
-            }
-        };
-        let i = *i as usize;
+    merged(store, session, f, |chunk, i| {
         // Written straight from the chunk's columns: no allocation per entry.
         let (Some(ts), Some(level), Some(module), Some(message), Some(meta)) = (
             chunk.ts_at(i),
@@ -153,7 +204,7 @@ pub(super) fn export_into(
             chunk.message(i),
             chunk.metadata(i),
         ) else {
-            continue;
+            return Ok(true);
         };
         ts_buf.clear();
         write_ms(&mut ts_buf, ts);
@@ -190,10 +241,12 @@ pub(super) fn export_into(
         if buf.0.borrow().len() >= EXPORT_PIECE {
             let piece = std::mem::take(&mut *buf.0.borrow_mut());
             if tx.blocking_send(Ok(bytes::Bytes::from(piece))).is_err() {
-                return Ok(()); // the client went away
+                return Ok(false); // the client went away
             }
         }
-    }
+        n += 1;
+        Ok(true)
+    })?;
     out.flush().map_err(|e| internal(&e))?;
     if format == ExportFormat::Json {
         buf.0.borrow_mut().push(b']');
@@ -256,4 +309,87 @@ pub(super) fn query(
         items: items.into_iter().flatten().collect(),
         total,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fleetops_storage::{LogChunk, SessionCounters};
+
+    /// The merge emits exactly what a full sort of every match would, in the same order,
+    /// with chunks in and out of time order, overlapping, and tied timestamps.
+    #[test]
+    fn the_merge_matches_a_full_sort() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let mut x: u64 = 9;
+        let mut rand = |n: u64| {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (x >> 33) % n
+        };
+        let mut all = Vec::new();
+        for seq in 1..=60u64 {
+            let mut c = LogChunk::default();
+            // Mostly advancing time, some chunks reaching far back or spanning widely.
+            let base = seq as i64 * 100 - if seq % 7 == 0 { 3000 } else { 0 };
+            for i in 0..(1 + rand(40)) {
+                let ts = base + rand(if seq % 11 == 0 { 5000 } else { 150 }) as i64;
+                let level = rand(4) as u8;
+                c.push(ts, level, 0, &format!("m{seq}-{i}"), b"{}").unwrap();
+                all.push((ts, seq, i as u32, level));
+            }
+            c.modules.push("core".into());
+            store
+                .append_chunk(7, &c, &SessionCounters::default(), seq)
+                .unwrap();
+        }
+        // A tie where a chunk opened early (62, from 5) meets one not yet open (61, from
+        // 1,000,000) at the latter's first timestamp: the lower chunk number goes first.
+        for (seq, stamps) in [(61u64, vec![1_000_000i64]), (62, vec![5, 1_000_000])] {
+            let mut c = LogChunk::default();
+            for (i, ts) in stamps.into_iter().enumerate() {
+                c.push(ts, 1, 0, &format!("m{seq}-{i}"), b"{}").unwrap();
+                all.push((ts, seq, i as u32, 1));
+            }
+            c.modules.push("core".into());
+            store
+                .append_chunk(7, &c, &SessionCounters::default(), seq)
+                .unwrap();
+        }
+        for f in [
+            LogFilter::default(),
+            LogFilter {
+                levels: 1 << 2 | 1 << 3,
+                since: Some(1500),
+                until: Some(4000),
+                ..LogFilter::default()
+            },
+        ] {
+            let mut want: Vec<(i64, u64, u32)> = all
+                .iter()
+                .filter(|(ts, _, _, lv)| {
+                    (f.levels == 0 || f.levels & (1 << lv) != 0)
+                        && f.since.is_none_or(|s| *ts >= s)
+                        && f.until.is_none_or(|u| *ts < u)
+                })
+                .map(|&(ts, seq, i, _)| (ts, seq, i))
+                .collect();
+            want.sort_unstable();
+            let mut got = Vec::new();
+            merged(&store, 7, &f, |chunk, i| {
+                let msg = chunk.message(i).unwrap();
+                let (seq, idx) = msg[1..].split_once('-').unwrap();
+                got.push((
+                    chunk.ts_at(i).unwrap(),
+                    seq.parse().unwrap(),
+                    idx.parse().unwrap(),
+                ));
+                Ok(true)
+            })
+            .unwrap();
+            assert_eq!(got, want, "{f:?}");
+        }
+    }
 }
