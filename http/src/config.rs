@@ -24,6 +24,9 @@ pub struct HttpConfig {
     /// A buffered body (JSON, a webhook delivery) must arrive whole within this (408 past
     /// it); a streamed upload may pause at most this long between two pieces.
     pub body_timeout_seconds: u64,
+    /// A connection with no request in flight for this long is closed (HTTP/1 keep-alive,
+    /// and HTTP/2, whose pings alone would keep it open forever).
+    pub idle_timeout_seconds: u64,
     /// Connections served at once; past it new connections wait in the accept backlog.
     pub max_connections: usize,
     /// Bytes of buffered request bodies all connections together may hold (503 with
@@ -45,6 +48,7 @@ impl Default for HttpConfig {
             shutdown_grace_seconds: 10,
             header_read_timeout_seconds: 10,
             body_timeout_seconds: 60,
+            idle_timeout_seconds: 60,
             max_connections: 4096,
             body_budget_bytes: 256 * 1024 * 1024,
             max_unauthenticated_per_address: 512,

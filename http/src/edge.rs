@@ -21,6 +21,11 @@ pub struct Edge {
     pub body_timeout: Duration,
     pub connections: Arc<Semaphore>,
     pub header_timeouts: AtomicU64,
+    /// HTTP/2 connections whose peer stopped answering pings.
+    pub keepalive_timeouts: AtomicU64,
+    /// Connections closed by `idle_timeout_seconds`.
+    pub idle_closes: AtomicU64,
+    pub idle_timeout: Duration,
     pub body_timeouts: AtomicU64,
     pub budget_refusals: AtomicU64,
     pub connection_waits: AtomicU64,
@@ -49,7 +54,120 @@ impl Drop for AddressSlot {
 /// A connection's place under `[http] max_connections`, held by the connection and by a
 /// WebSocket it was upgraded to, released when the last of them ends.
 #[derive(Clone)]
-pub struct ConnSlot(#[allow(dead_code)] pub Arc<OwnedSemaphorePermit>);
+pub struct ConnSlot(#[allow(dead_code)] pub Arc<SlotHold>);
+
+/// A connection's slot under `max_connections` and its place in the open-connections gauge,
+/// both given back when the connection (or the WebSocket it became) ends.
+pub struct SlotHold {
+    _permit: OwnedSemaphorePermit,
+    edge: Arc<Edge>,
+}
+
+impl SlotHold {
+    pub fn new(permit: OwnedSemaphorePermit, edge: Arc<Edge>) -> Self {
+        edge.connections_open.fetch_add(1, Ordering::Relaxed);
+        Self {
+            _permit: permit,
+            edge,
+        }
+    }
+}
+
+impl Drop for SlotHold {
+    fn drop(&mut self) {
+        self.edge.connections_open.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Requests in flight on one connection, and when the last one ended: what the idle
+/// watchdog reads. A request counts until its response body is done (a streamed export
+/// keeps its connection busy).
+pub struct Activity {
+    in_flight: std::sync::atomic::AtomicUsize,
+    last_ms: AtomicU64,
+    born: tokio::time::Instant,
+}
+
+impl Default for Activity {
+    fn default() -> Self {
+        Self {
+            in_flight: Default::default(),
+            last_ms: Default::default(),
+            born: tokio::time::Instant::now(),
+        }
+    }
+}
+
+/// One request in flight on a connection.
+pub struct InFlight(Arc<Activity>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let a = &self.0;
+        a.last_ms
+            .store(a.born.elapsed().as_millis() as u64, Ordering::Relaxed);
+        a.in_flight.fetch_sub(1, Ordering::Release);
+    }
+}
+
+impl Activity {
+    pub fn start(self: &Arc<Self>) -> InFlight {
+        self.in_flight.fetch_add(1, Ordering::Acquire);
+        InFlight(self.clone())
+    }
+
+    /// Resolves once no request has been in flight for `limit`.
+    pub async fn idle_for(&self, limit: Duration) {
+        loop {
+            let wait = if self.in_flight.load(Ordering::Acquire) == 0 {
+                let last = Duration::from_millis(self.last_ms.load(Ordering::Relaxed));
+                let idle = self.born.elapsed().saturating_sub(last);
+                if idle >= limit {
+                    return;
+                }
+                limit - idle
+            } else {
+                limit
+            };
+            tokio::time::sleep(wait).await;
+        }
+    }
+}
+
+/// A response body that holds its request's place in the connection's activity until it
+/// is done.
+pub struct Tracked {
+    inner: crate::body::Body,
+    _in_flight: InFlight,
+}
+
+impl Tracked {
+    pub fn wrap(inner: crate::body::Body, in_flight: InFlight) -> crate::body::Body {
+        use http_body_util::BodyExt;
+        Tracked {
+            inner,
+            _in_flight: in_flight,
+        }
+        .boxed_unsync()
+    }
+}
+
+impl hyper::body::Body for Tracked {
+    type Data = bytes::Bytes;
+    type Error = std::io::Error;
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        std::pin::Pin::new(&mut self.get_mut().inner).poll_frame(cx)
+    }
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
+    }
+}
 
 /// A share of the body budget, given back when the body is dropped.
 pub struct BodyPermit(#[allow(dead_code)] Vec<OwnedSemaphorePermit>);
@@ -65,6 +183,9 @@ impl Edge {
             body_timeout: Duration::from_secs(cfg.body_timeout_seconds.max(1)),
             connections: Arc::new(Semaphore::new(cfg.max_connections.max(1))),
             header_timeouts: AtomicU64::new(0),
+            keepalive_timeouts: AtomicU64::new(0),
+            idle_closes: AtomicU64::new(0),
+            idle_timeout: Duration::from_secs(cfg.idle_timeout_seconds.max(1)),
             body_timeouts: AtomicU64::new(0),
             budget_refusals: AtomicU64::new(0),
             connection_waits: AtomicU64::new(0),

@@ -31,6 +31,8 @@ pub struct RuntimeFigures {
     pub connections_open: i64,
     pub connection_waits: u64,
     pub header_timeouts: u64,
+    pub keepalive_timeouts: u64,
+    pub idle_closes: u64,
     pub body_timeouts: u64,
     pub body_budget_refusals: u64,
     pub live_batches_skipped: u64,
@@ -46,7 +48,7 @@ pub struct Metrics {
     log_batches_dropped: Gauge,
     evaluator_busy: Gauge<f64, std::sync::atomic::AtomicU64>,
     /// The edge's limits: open connections, and how often each limit was hit.
-    edge: [Gauge; 8],
+    edge: [Gauge; 10],
 }
 
 impl Default for Metrics {
@@ -103,7 +105,7 @@ impl Metrics {
             "Seconds the rule evaluators spent evaluating since start-up (writes left out)",
             evaluator_busy.clone(),
         );
-        let edge: [Gauge; 8] = Default::default();
+        let edge: [Gauge; 10] = Default::default();
         for (g, (name, help)) in edge.iter().zip([
             ("http_connections_open", "Connections being served now"),
             (
@@ -113,6 +115,14 @@ impl Metrics {
             (
                 "http_header_timeouts",
                 "Connections closed by [http] header_read_timeout_seconds",
+            ),
+            (
+                "http_keepalive_timeouts",
+                "HTTP/2 connections closed because the peer stopped answering pings",
+            ),
+            (
+                "http_idle_closes",
+                "Connections closed by [http] idle_timeout_seconds",
             ),
             (
                 "http_body_timeouts",
@@ -171,6 +181,8 @@ impl Metrics {
             rt.connections_open,
             rt.connection_waits as i64,
             rt.header_timeouts as i64,
+            rt.keepalive_timeouts as i64,
+            rt.idle_closes as i64,
             rt.body_timeouts as i64,
             rt.body_budget_refusals as i64,
             rt.live_batches_skipped as i64,

@@ -16,7 +16,6 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 
 use crate::app::{App, Cx, Req};
@@ -28,7 +27,9 @@ use crate::router::Resolved;
 /// Serves until `shutdown` resolves, then stops accepting and waits (up to the configured
 /// grace) for in-flight requests.
 pub async fn serve(listener: TcpListener, app: Arc<App>, shutdown: impl Future<Output = ()>) {
-    let graceful = GracefulShutdown::new();
+    // Every connection's task, so shutdown can wait for them (each closes gracefully when
+    // `app.closing` fires).
+    let tracker = tokio_util::task::TaskTracker::new();
     let mut builder = auto::Builder::new(TokioExecutor::new());
     // Without a timer hyper's header-read timeout is off: a client sending its header one
     // byte at a time would hold its connection forever.
@@ -81,37 +82,68 @@ pub async fn serve(listener: TcpListener, app: Arc<App>, shutdown: impl Future<O
                 let header_timeout =
                     Duration::from_secs(app.cfg.header_read_timeout_seconds.max(1));
                 let app = app.clone();
+                let closing = app.closing.clone();
                 // Shared with the requests, so a WebSocket keeps the connection's slot after
                 // the upgrade ends the HTTP connection.
-                let slot = crate::edge::ConnSlot(Arc::new(slot));
+                let slot = crate::edge::ConnSlot(Arc::new(crate::edge::SlotHold::new(
+                    slot,
+                    edge.clone(),
+                )));
                 let conn_slot = slot.clone();
+                let activity = Arc::new(crate::edge::Activity::default());
+                let seen = activity.clone();
                 let svc = service_fn(move |mut req: Request<Incoming>| {
                     let app = app.clone();
+                    let in_flight = seen.start();
                     req.extensions_mut().insert(conn_slot.clone());
-                    async move { Ok::<_, Infallible>(handle(&app, req, peer).await) }
+                    async move {
+                        let resp = handle(&app, req, peer).await;
+                        Ok::<_, Infallible>(resp.map(|b| crate::edge::Tracked::wrap(b, in_flight)))
+                    }
                 });
-                let (builder, watcher) = (builder.clone(), graceful.watcher());
-                edge.connections_open.fetch_add(1, Ordering::Relaxed);
-                tokio::spawn(async move {
+                let builder = builder.clone();
+                tracker.spawn(async move {
                     // hyper's header timer starts only once the protocol is known (hyper-util
                     // reads the opening bytes first, with no timer): until they arrive, this
                     // deadline holds the socket, so a silent client costs one timeout.
-                    if !opening_within(&stream, header_timeout).await {
+                    let Some(h2) = opening_within(&stream, header_timeout).await else {
                         edge.header_timeouts.fetch_add(1, Ordering::Relaxed);
-                        edge.connections_open.fetch_sub(1, Ordering::Relaxed);
                         drop(slot);
                         return;
-                    }
-                    let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), svc);
-                    let conn = watcher.watch(conn.into_owned());
-                    if let Err(e) = conn.await
+                    };
+                    let conn = builder
+                        .serve_connection_with_upgrades(TokioIo::new(stream), svc)
+                        .into_owned();
+                    tokio::pin!(conn);
+                    let mut closing_sent = false;
+                    let result = loop {
+                        tokio::select! {
+                            r = conn.as_mut() => break r,
+                            _ = closing.cancelled(), if !closing_sent => {
+                                conn.as_mut().graceful_shutdown();
+                                closing_sent = true;
+                            }
+                            // Nothing in flight for the idle limit: close (an HTTP/2 peer
+                            // that answers pings would otherwise hold it forever).
+                            _ = activity.idle_for(edge.idle_timeout), if !closing_sent => {
+                                edge.idle_closes.fetch_add(1, Ordering::Relaxed);
+                                conn.as_mut().graceful_shutdown();
+                                closing_sent = true;
+                            }
+                        }
+                    };
+                    if let Err(e) = result
                         && e
                             .downcast_ref::<hyper::Error>()
                             .is_some_and(hyper::Error::is_timeout)
                     {
-                        edge.header_timeouts.fetch_add(1, Ordering::Relaxed);
+                        let counter = if h2 {
+                            &edge.keepalive_timeouts
+                        } else {
+                            &edge.header_timeouts
+                        };
+                        counter.fetch_add(1, Ordering::Relaxed);
                     }
-                    edge.connections_open.fetch_sub(1, Ordering::Relaxed);
                     drop(slot);
                 });
             }
@@ -121,8 +153,9 @@ pub async fn serve(listener: TcpListener, app: Arc<App>, shutdown: impl Future<O
     drop(listener);
     app.closing.cancel();
     let grace = Duration::from_secs(app.cfg.shutdown_grace_seconds);
+    tracker.close();
     tokio::select! {
-        _ = graceful.shutdown() => {}
+        _ = tracker.wait() => {}
         _ = tokio::time::sleep(grace) => {
             tracing::warn!("in-flight requests did not finish within the shutdown grace period");
         }
@@ -134,22 +167,25 @@ const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
 /// Whether the client sends the opening of its first request within `limit`: any first bytes
 /// for HTTP/1 (hyper's own header timer takes over from there), the whole 24-byte preface
-/// for HTTP/2.
-async fn opening_within(stream: &tokio::net::TcpStream, limit: Duration) -> bool {
+/// for HTTP/2. `Some(true)` for HTTP/2.
+async fn opening_within(stream: &tokio::net::TcpStream, limit: Duration) -> Option<bool> {
     let deadline = tokio::time::Instant::now() + limit;
     let mut buf = [0u8; 24];
     loop {
         let n = match tokio::time::timeout_at(deadline, stream.peek(&mut buf)).await {
-            Ok(Ok(0)) | Ok(Err(_)) | Err(_) => return false,
+            Ok(Ok(0)) | Ok(Err(_)) | Err(_) => return None,
             Ok(Ok(n)) => n,
         };
-        let seen = &buf[..n];
-        if !H2_PREFACE.starts_with(seen) || n == H2_PREFACE.len() {
-            return true;
+        let seen = buf.get(..n).unwrap_or_default();
+        if !H2_PREFACE.starts_with(seen) {
+            return Some(false);
+        }
+        if n == H2_PREFACE.len() {
+            return Some(true);
         }
         // A partial preface: look again shortly (peek returns at once while bytes wait).
         if tokio::time::Instant::now() >= deadline {
-            return false;
+            return None;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }

@@ -257,3 +257,70 @@ async fn silent_and_partial_preface_connections_are_closed() {
     let r = s.http.get(s.url("/healthz")).send().await.unwrap();
     assert_eq!(r.status(), 200);
 }
+
+/// Reads one HTTP/2 frame: (type, flags, payload); `None` once the server closed.
+async fn h2_frame(c: &mut TcpStream) -> Option<(u8, u8, Vec<u8>)> {
+    let mut head = [0u8; 9];
+    c.read_exact(&mut head).await.ok()?;
+    let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
+    let mut payload = vec![0u8; len];
+    c.read_exact(&mut payload).await.ok()?;
+    Some((head[3], head[4], payload))
+}
+
+/// An HTTP/2 client that answers every ping but sends no request is closed by the idle
+/// limit (GOAWAY, then the socket), as is an idle HTTP/1 keep-alive connection; neither
+/// counts as a header or ping timeout.
+#[tokio::test]
+async fn connections_with_nothing_in_flight_close_after_the_idle_limit() {
+    let s = start_with(|c| {
+        c.http.header_read_timeout_seconds = 1;
+        c.http.idle_timeout_seconds = 2;
+    })
+    .await;
+    let mut h2 = TcpStream::connect(addr(&s)).await.unwrap();
+    h2.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+        .await
+        .unwrap();
+    h2.write_all(&[0, 0, 0, 4, 0, 0, 0, 0, 0]).await.unwrap(); // SETTINGS, empty
+    let t = Instant::now();
+    let (mut pings, mut goaway) = (0, false);
+    let closed = tokio::time::timeout(Duration::from_secs(8), async {
+        while let Some((kind, flags, payload)) = h2_frame(&mut h2).await {
+            match (kind, flags & 1) {
+                (4, 0) => h2.write_all(&[0, 0, 0, 4, 1, 0, 0, 0, 0]).await.unwrap(),
+                (6, 0) => {
+                    pings += 1;
+                    let mut ack = vec![0, 0, 8, 6, 1, 0, 0, 0, 0];
+                    ack.extend_from_slice(&payload);
+                    h2.write_all(&ack).await.unwrap();
+                }
+                (7, _) => goaway = true,
+                _ => {}
+            }
+        }
+    })
+    .await;
+    assert!(
+        closed.is_ok(),
+        "the HTTP/2 connection was still open after 8 s"
+    );
+    assert!(goaway, "closed without GOAWAY");
+    assert!(pings >= 1, "the server never pinged");
+    assert!(
+        t.elapsed() >= Duration::from_millis(1800),
+        "{:?}",
+        t.elapsed()
+    );
+
+    let mut h1 = TcpStream::connect(addr(&s)).await.unwrap();
+    h1.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut buf = [0u8; 512];
+    let n = h1.read(&mut buf).await.unwrap();
+    assert!(buf[..n].starts_with(b"HTTP/1.1 200"));
+    assert!(closed_within(&mut h1, Duration::from_secs(6)).await);
+    assert!(s.metric("fleetops_http_idle_closes").await >= 1.0);
+    assert_eq!(s.metric("fleetops_http_keepalive_timeouts").await, 0.0);
+}

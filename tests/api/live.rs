@@ -468,6 +468,8 @@ async fn websockets_count_against_the_connection_ceiling() {
     // The setup's idle pooled connection is closed by the header timeout first.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let mut a = connect(&url).await.unwrap();
+    // The upgraded socket still counts as an open connection, beside the scrape's own.
+    assert_eq!(s.metric("fleetops_http_connections_open").await, 2.0);
     let b = connect(&url).await.unwrap();
     let fresh = reqwest::Client::new();
     let waited = tokio::time::timeout(

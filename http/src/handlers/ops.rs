@@ -57,6 +57,8 @@ pub fn metrics(cx: &Cx<'_>, req: &Req) -> ApiResult<Response<Body>> {
             .load(std::sync::atomic::Ordering::Relaxed),
         connection_waits: n(&edge.connection_waits),
         header_timeouts: n(&edge.header_timeouts),
+        keepalive_timeouts: n(&edge.keepalive_timeouts),
+        idle_closes: n(&edge.idle_closes),
         body_timeouts: n(&edge.body_timeouts),
         body_budget_refusals: n(&edge.budget_refusals),
         live_batches_skipped: cx.rt().live_batches_skipped(),
