@@ -3,7 +3,7 @@
 //! clients and the GET probe in the same process.
 //!
 //! Run: `cargo bench --bench hostile`. Knobs: BENCH_LOG_MB (logs fed past a stalled viewer,
-//! default 250).
+//! default 250), BENCH_IDLE_SESSIONS (open sessions left idle, default 100,000).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -49,8 +49,10 @@ fn main() {
         .build()
         .unwrap();
     println!("machine: {}", machine());
+    let idle_sessions = env_u32("BENCH_IDLE_SESSIONS", 100_000) as usize;
     let (running, key, url, _data) = rt.block_on(start_fleetops_with(|c| {
         c.scm.webhook_secret = "bench-secret".into();
+        c.sessions.idle_seconds = 5;
     }));
     let pid = std::process::id();
     let c = reqwest::Client::new();
@@ -174,6 +176,90 @@ fn main() {
     println!(
         "{log_mb} MB of logs ingested: RSS grew {plain:.0} MB with nobody watching, {watched:.0} MB with a subscriber that never reads (the viewer's share: {:.0} MB; its queue bound is 8 MiB), GET p99 after {p99:.2} ms",
         watched - plain
+    );
+
+    // Open sessions left idle: each gets one log line (its actor starts with a replay ring),
+    // then nothing; their actors stop after [sessions] idle_seconds (5 here).
+    let before = rss_mb(pid);
+    let t = Instant::now();
+    let peak = rt.block_on(async {
+        let d: Value = c
+            .post(format!("{url}{DEV}/devices"))
+            .bearer_auth(&key)
+            .json(&json!({"name": "idle"}))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let device = d["id"].as_u64().unwrap();
+        let mut tasks = Vec::new();
+        for w in 0..64 {
+            let (c, url, key) = (c.clone(), url.clone(), key.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut n = w;
+                while n < idle_sessions {
+                    let s: Value = c
+                        .post(format!("{url}{DEV}/sessions"))
+                        .bearer_auth(&key)
+                        .json(&json!({"device_id": device}))
+                        .send()
+                        .await
+                        .unwrap()
+                        .json()
+                        .await
+                        .unwrap();
+                    let r = c
+                        .post(format!("{url}{DEV}/sessions/{}/logs", s["id"]))
+                        .bearer_auth(&key)
+                        .json(&json!([{"timestamp": "2026-05-01T10:00:00.000Z", "level": "info", "module": "m", "message": "up"}]))
+                        .send()
+                        .await
+                        .unwrap();
+                    assert_eq!(r.status(), 202);
+                    n += 64;
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        rss_mb(pid)
+    });
+    let made = t.elapsed().as_secs_f64();
+    let running_before = rt.block_on(async {
+        let text = reqwest::get(format!("{url}/metrics"))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        text.lines()
+            .find_map(|l| l.strip_prefix("fleetops_session_actors_running "))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or(f64::NAN)
+    });
+    std::thread::sleep(Duration::from_secs(12));
+    let (after, running_after) = rt.block_on(async {
+        let text = reqwest::get(format!("{url}/metrics"))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let n = text
+            .lines()
+            .find_map(|l| l.strip_prefix("fleetops_session_actors_running "))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or(f64::NAN);
+        (rss_mb(pid), n)
+    });
+    let p99 = rt.block_on(probe(&c, &url, &key, 300));
+    println!(
+        "{idle_sessions} open sessions with one line each (made in {made:.0} s): RSS +{:.0} MB with {running_before:.0} session actors running, +{:.0} MB once idle ones stopped ({running_after:.0} running), GET p99 after {p99:.2} ms",
+        peak - before,
+        after - before
     );
     drop(running);
 }

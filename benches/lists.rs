@@ -125,6 +125,16 @@ fn main() {
         store.size_on_disk().unwrap() as f64 / 1e6
     );
 
+    // The 1% that should be online beat now (seeding took longer than the offline window).
+    let beat = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    for i in (0..n).step_by(100) {
+        let mut d = store.device(pid, BASE + i).unwrap().unwrap();
+        d.last_seen_at = Some(beat);
+        store.heartbeat_device(&d, false).unwrap();
+    }
     let auth = vec![format!("Authorization: Bearer {key}")];
     let lists = [
         ("devices", format!("{proj}/devices")),
@@ -185,5 +195,6 @@ fn main() {
         );
     }
     println!("{conns} connections, {secs} s each");
+    println!("{}", rt.block_on(poll_summary(&url)));
     rt.block_on(running.stop());
 }

@@ -206,5 +206,6 @@ fn main() {
         (rows.saturating_sub(1)) as f64 / el,
         growth
     );
+    println!("{}", rt.block_on(poll_summary(&url)));
     rt.block_on(running.stop());
 }

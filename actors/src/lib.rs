@@ -552,3 +552,15 @@ impl Runtime {
         }
     }
 }
+
+/// Runs a storage read that may walk many records (a filtered list page) on the blocking
+/// pool, so it never holds an async worker thread.
+pub(crate) async fn off_thread<T, F>(f: F) -> Result<T>
+where
+    F: FnOnce() -> Result<T> + Send + 'static,
+    T: Send + 'static,
+{
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| Error::Internal(format!("a blocking read did not finish: {e}")))?
+}

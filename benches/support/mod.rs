@@ -280,3 +280,51 @@ pub fn lua_string(s: &str) -> String {
     out.push('"');
     out
 }
+
+/// The server's histogram of connection-task poll times (`/metrics`), summed up: how many
+/// polls, how many held an async thread over 1 ms, and the bucket bounds under which 99.9%
+/// and all of them fall.
+pub async fn poll_summary(url: &str) -> String {
+    let text = reqwest::get(format!("{url}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let mut buckets: Vec<(f64, f64)> = Vec::new();
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("fleetops_http_task_poll_seconds_bucket{le=\"") else {
+            continue;
+        };
+        let Some((le, n)) = rest.split_once("\"} ") else {
+            continue;
+        };
+        let le = if le == "+Inf" {
+            f64::INFINITY
+        } else {
+            le.parse().unwrap_or(f64::NAN)
+        };
+        buckets.push((le, n.trim().parse().unwrap_or(0.0)));
+    }
+    let total = buckets.last().map(|b| b.1).unwrap_or(0.0);
+    let under = |bound: f64| {
+        buckets
+            .iter()
+            .find(|b| b.0 >= bound)
+            .map(|b| b.1)
+            .unwrap_or(total)
+    };
+    let covering = |share: f64| {
+        buckets
+            .iter()
+            .find(|b| b.1 >= total * share)
+            .map(|b| b.0 * 1000.0)
+            .unwrap_or(f64::NAN)
+    };
+    format!(
+        "{total:.0} polls of connection tasks, {:.0} over 1 ms; 99.9% within {:.2} ms, all within {:.2} ms",
+        total - under(0.001),
+        covering(0.999),
+        covering(1.0)
+    )
+}

@@ -313,3 +313,33 @@ impl Edge {
         .boxed()
     }
 }
+
+pin_project_lite::pin_project! {
+    /// Times every poll of a future (a request's handler) into a histogram: what a blocking
+    /// call on an async thread costs shows up as a long poll.
+    pub struct PollTimed<F> {
+        #[pin]
+        inner: F,
+        polls: Arc<crate::metrics::PollTimes>,
+    }
+}
+
+impl<F> PollTimed<F> {
+    pub fn new(inner: F, polls: Arc<crate::metrics::PollTimes>) -> Self {
+        Self { inner, polls }
+    }
+}
+
+impl<F: std::future::Future> std::future::Future for PollTimed<F> {
+    type Output = F::Output;
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<F::Output> {
+        let this = self.project();
+        let started = std::time::Instant::now();
+        let out = this.inner.poll(cx);
+        this.polls.observe(started.elapsed());
+        out
+    }
+}

@@ -44,6 +44,9 @@ pub struct Metrics {
     registry: Registry,
     requests: Family<RequestLabels, Counter>,
     latency: Family<RouteLabels, Histogram>,
+    /// How long each poll of a request's handler held its async thread: a blocking call in a
+    /// handler shows here as a long poll.
+    pub polls: std::sync::Arc<PollTimes>,
     restarts: Gauge,
     log_batches_dropped: Gauge,
     evaluator_busy: Gauge<f64, std::sync::atomic::AtomicU64>,
@@ -87,6 +90,8 @@ impl Metrics {
             "Time to the response head, by route",
             latency.clone(),
         );
+        let polls = std::sync::Arc::new(PollTimes::default());
+        registry.register_collector(Box::new(polls.clone()));
         let restarts = Gauge::default();
         registry.register(
             "actor_restarts",
@@ -151,6 +156,7 @@ impl Metrics {
             registry,
             requests,
             latency,
+            polls,
             restarts,
             log_batches_dropped,
             evaluator_busy,
@@ -283,5 +289,73 @@ mod tests {
         assert!(text.contains("# TYPE fleetops_actor_restarts gauge\nfleetops_actor_restarts 3\n"));
         assert!(text.contains("# TYPE fleetops_http_request_duration_seconds histogram\n"));
         assert!(!text.contains("# EOF") && !text.contains("# UNIT"));
+    }
+}
+
+/// Upper bounds of the poll-time buckets: 62.5 µs doubling to about 2 s (1 ms is one).
+const POLL_BOUNDS: [f64; 16] = {
+    let mut b = [0.0; 16];
+    let mut i = 0;
+    while i < 16 {
+        b[i] = 0.0000625 * (1u64 << i) as f64;
+        i += 1;
+    }
+    b
+};
+
+/// A histogram of poll times kept in relaxed atomics (one add per poll, no lock): every wake
+/// of every request is timed, so a locked histogram would be what the figure measures.
+#[derive(Debug, Default)]
+pub struct PollTimes {
+    /// One per bound, and the last past every bound.
+    buckets: [std::sync::atomic::AtomicU64; 17],
+    sum_ns: std::sync::atomic::AtomicU64,
+}
+
+impl PollTimes {
+    pub fn observe(&self, took: std::time::Duration) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let secs = took.as_secs_f64();
+        let i = POLL_BOUNDS
+            .iter()
+            .position(|b| secs <= *b)
+            .unwrap_or(POLL_BOUNDS.len());
+        if let Some(b) = self.buckets.get(i) {
+            b.fetch_add(1, Relaxed);
+        }
+        self.sum_ns
+            .fetch_add(took.as_nanos().min(u64::MAX as u128) as u64, Relaxed);
+    }
+}
+
+impl prometheus_client::collector::Collector for PollTimes {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::DescriptorEncoder,
+    ) -> Result<(), std::fmt::Error> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let mut cumulative = Vec::with_capacity(POLL_BOUNDS.len() + 1);
+        let mut n = 0u64;
+        for (i, bound) in POLL_BOUNDS
+            .iter()
+            .copied()
+            .chain([f64::INFINITY])
+            .enumerate()
+        {
+            n += self.buckets.get(i).map_or(0, |b| b.load(Relaxed));
+            cumulative.push((bound, n));
+        }
+        let mut metric = encoder.encode_descriptor(
+            "http_task_poll_seconds",
+            "Time one poll of a request's handler held an async worker thread",
+            None,
+            prometheus_client::metrics::MetricType::Histogram,
+        )?;
+        metric.encode_histogram::<prometheus_client::encoding::NoLabelSet>(
+            self.sum_ns.load(Relaxed) as f64 / 1e9,
+            n,
+            &cumulative,
+            None,
+        )
     }
 }

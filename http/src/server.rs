@@ -96,17 +96,30 @@ pub async fn serve(listener: TcpListener, app: Arc<App>, shutdown: impl Future<O
                     let app = app.clone();
                     let in_flight = seen.start();
                     req.extensions_mut().insert(conn_slot.clone());
-                    async move {
-                        let resp = handle(&app, req, peer).await;
-                        Ok::<_, Infallible>(resp.map(|b| crate::edge::Tracked::wrap(b, in_flight)))
-                    }
+                    // Timed here, around the handler: HTTP/2 runs each stream's handler in a
+                    // task of its own, apart from the connection's.
+                    let polls = app.metrics.polls.clone();
+                    crate::edge::PollTimed::new(
+                        async move {
+                            let resp = handle(&app, req, peer).await;
+                            Ok::<_, Infallible>(
+                                resp.map(|b| crate::edge::Tracked::wrap(b, in_flight)),
+                            )
+                        },
+                        polls,
+                    )
                 });
                 let builder = builder.clone();
                 tracker.spawn(async move {
                     // hyper's header timer starts only once the protocol is known (hyper-util
                     // reads the opening bytes first, with no timer): until they arrive, this
                     // deadline holds the socket, so a silent client costs one timeout.
-                    let Some(h2) = opening_within(&stream, header_timeout).await else {
+                    // Shutdown does not wait for a client that has sent nothing yet.
+                    let opening = tokio::select! {
+                        o = opening_within(&stream, header_timeout) => o,
+                        _ = closing.cancelled() => return,
+                    };
+                    let Some(h2) = opening else {
                         edge.header_timeouts.fetch_add(1, Ordering::Relaxed);
                         drop(slot);
                         return;

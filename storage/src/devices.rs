@@ -17,11 +17,16 @@ fn named(project: u64, name: &str) -> ListId {
 fn seen(project: u64) -> ListId {
     ListId::new("dvs").id(project)
 }
-/// Count-only buckets of last-seen seconds: how many devices are online is a sum over the
-/// offline window's seconds, not a walk over the devices.
+/// One list per last-seen second, each newest device first: how many devices are online is a
+/// sum of the offline window's counters, and a page of them a merge of those lists by id,
+/// neither a walk over the devices.
 fn seen_buckets(project: u64) -> ListId {
     ListId::new("dvb").id(project)
 }
+
+/// Past this many seconds in the offline window, online pages stop merging per-second lists
+/// and walk instead (a window of hours).
+const MAX_MERGED_SECONDS: usize = 1024;
 
 impl Listed for Device {
     fn entries(&self) -> Vec<Entry> {
@@ -31,11 +36,11 @@ impl Listed for Device {
         let v = at.unwrap_or(0).to_be_bytes().to_vec();
         let mut e = vec![
             Entry::at(all(p), id, id).with_value(v.clone()),
-            Entry::at(named(p, &self.name), id, id).with_value(v),
+            Entry::at(named(p, &self.name), id, id).with_value(v.clone()),
             Entry::at(seen(p), at.unwrap_or(0), id),
         ];
         if let Some(t) = at {
-            e.push(Entry::count(seen_buckets(p).id(t / 1000)));
+            e.push(Entry::at(seen_buckets(p).id(t / 1000), id, id).with_value(v));
         }
         e
     }
@@ -50,22 +55,77 @@ pub struct DeviceQuery<'a> {
     pub presence: Option<(bool, i64)>,
 }
 
-/// When no more devices than this match a status filter, they are read from the last-seen
-/// list and sorted; otherwise the id-ordered list is walked, which then finds a page within
-/// about `page × all / matching` entries.
-const SMALL_SIDE: u64 = 4096;
+fn seen_at(v: &[u8]) -> u64 {
+    <[u8; 8]>::try_from(v).map(u64::from_be_bytes).unwrap_or(0)
+}
 
 impl Store {
     /// How many of a project's devices were seen at or after `since` (ms).
     pub fn online_devices(&self, project: u64, since: i64) -> Result<u64> {
         let since = since.max(1) as u64;
-        let next_second = since / 1000 + 1;
-        let mut n = self.bucket_sum(&seen_buckets(project), next_second)?;
-        for h in self.list_rev(&seen(project), since, Some(next_second * 1000)) {
-            h?;
-            n += 1;
+        self.online_count(project, since, &self.online_seconds(project, since)?)
+    }
+
+    /// The last-seen seconds at or after `since`'s, with how many devices each holds.
+    fn online_seconds(&self, project: u64, since: u64) -> Result<Vec<(u64, u64)>> {
+        self.bucket_counts(&seen_buckets(project), since / 1000)
+    }
+
+    fn online_count(&self, project: u64, since: u64, seconds: &[(u64, u64)]) -> Result<u64> {
+        let edge = since / 1000;
+        let mut n = 0u64;
+        for &(sec, count) in seconds {
+            if sec > edge {
+                n = n.saturating_add(count);
+                continue;
+            }
+            // The second `since` falls in: only its devices seen at or after it.
+            for h in self.list_rev(&seen_buckets(project).id(sec), 0, None) {
+                if seen_at(&h?.value) >= since {
+                    n += 1;
+                }
+            }
         }
         Ok(n)
+    }
+
+    /// The first `n` online devices, newest first: a merge by id of the per-second lists of
+    /// the offline window (the oldest second filtered by the exact time).
+    fn online_ids(
+        &self,
+        project: u64,
+        since: u64,
+        seconds: &[(u64, u64)],
+        n: usize,
+    ) -> Result<Vec<u64>> {
+        type Hits = Box<dyn Iterator<Item = Result<crate::lists::Hit>>>;
+        let edge = since / 1000;
+        let mut lists: Vec<Hits> = Vec::with_capacity(seconds.len());
+        for &(sec, _) in seconds {
+            let hits = self.list_rev(&seen_buckets(project).id(sec), 0, None);
+            if sec > edge {
+                lists.push(Box::new(hits));
+            } else {
+                lists.push(Box::new(hits.filter(move |h| {
+                    h.as_ref().map_or(true, |h| seen_at(&h.value) >= since)
+                })));
+            }
+        }
+        let mut heads = std::collections::BinaryHeap::new();
+        for (i, l) in lists.iter_mut().enumerate() {
+            if let Some(h) = l.next() {
+                heads.push((h?.id, i));
+            }
+        }
+        let mut ids = Vec::with_capacity(n.min(4096));
+        while ids.len() < n {
+            let Some((id, i)) = heads.pop() else { break };
+            ids.push(id);
+            if let Some(h) = lists.get_mut(i).and_then(|l| l.next()) {
+                heads.push((h?.id, i));
+            }
+        }
+        Ok(ids)
     }
 
     /// The ids of the first `n` devices the query shows, newest first, and how many it
@@ -84,10 +144,10 @@ impl Store {
             let ids = crate::lists::page_ids(self.list_rev(&list, 0, None), 0, n)?;
             return Ok((ids.iter().map(|h| h.id).collect(), self.list_len(&list)?));
         };
-        let since_u = since.max(0) as u64;
+        let since = since.max(1) as u64;
         let matches = |v: &[u8]| {
-            let at = <[u8; 8]>::try_from(v).map(u64::from_be_bytes).unwrap_or(0);
-            (at > 0 && at >= since_u) == online
+            let at = seen_at(v);
+            (at > 0 && at >= since) == online
         };
         if let Some(name) = q.name {
             // A name's devices are few: walk them all for the count.
@@ -103,18 +163,27 @@ impl Store {
             }
             return Ok((ids, total));
         }
-        let on = self.online_devices(project, since)?;
+        let seconds = self.online_seconds(project, since)?;
+        let on = self.online_count(project, since, &seconds)?;
+        if online && seconds.len() <= MAX_MERGED_SECONDS {
+            return Ok((self.online_ids(project, since, &seconds, n)?, on));
+        }
+        let everyone = self.list_len(&all(project))?;
         let total = if online {
             on
         } else {
-            self.list_len(&all(project))?.saturating_sub(on)
+            everyone.saturating_sub(on)
         };
+        // The matching side read whole from the last-seen list and sorted, or the newest-first
+        // list walked until the page is full (about `n × everyone / total` entries): whichever
+        // is smaller, so neither costs more than about `sqrt(n × everyone)` entries.
+        let small = ((n as f64) * (everyone as f64)).sqrt() as u64;
         let mut ids = Vec::new();
-        if total <= SMALL_SIDE {
+        if total <= small.max(1024) {
             let (lo, hi) = if online {
-                (since_u.max(1), None)
+                (since, None)
             } else {
-                (0, Some(since_u.max(1)))
+                (0, Some(since))
             };
             for h in self.list_rev(&seen(project), lo, hi) {
                 ids.push(h?.id);

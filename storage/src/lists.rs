@@ -55,15 +55,13 @@ impl ListId {
     }
 }
 
-/// One membership of a record: in `list` at (`order`, `id`), carrying `value`. A
-/// `count_only` entry has no key, only its share of the counter (time buckets).
+/// One membership of a record: in `list` at (`order`, `id`), carrying `value`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Entry {
     pub list: ListId,
     pub order: u64,
     pub id: u64,
     pub value: Vec<u8>,
-    pub count_only: bool,
 }
 
 impl Entry {
@@ -73,21 +71,11 @@ impl Entry {
             order,
             id,
             value: Vec::new(),
-            count_only: false,
         }
     }
     pub(crate) fn with_value(mut self, value: Vec<u8>) -> Self {
         self.value = value;
         self
-    }
-    pub(crate) fn count(list: ListId) -> Self {
-        Self {
-            list,
-            order: 0,
-            id: 0,
-            value: Vec::new(),
-            count_only: true,
-        }
     }
 }
 
@@ -135,15 +123,11 @@ pub(crate) fn plan(store: &Store, changes: &[Relist]) -> Result<Vec<KeyWrite>> {
         };
         let new = c.new.clone().unwrap_or_default();
         for e in old.iter().filter(|e| !new.contains(e)) {
-            if !e.count_only {
-                out.push((e.list.entry_key(e.order, e.id), None));
-            }
+            out.push((e.list.entry_key(e.order, e.id), None));
             *deltas.entry(e.list.clone()).or_default() -= 1;
         }
         for e in new.iter().filter(|e| !old.contains(e)) {
-            if !e.count_only {
-                out.push((e.list.entry_key(e.order, e.id), Some(e.value.clone())));
-            }
+            out.push((e.list.entry_key(e.order, e.id), Some(e.value.clone())));
             *deltas.entry(e.list.clone()).or_default() += 1;
         }
         current.insert(c.key.as_slice(), new);
@@ -153,8 +137,9 @@ pub(crate) fn plan(store: &Store, changes: &[Relist]) -> Result<Vec<KeyWrite>> {
         let n = store.counter(&k)?.saturating_add_signed(d);
         out.push((k, (n > 0).then(|| n.to_be_bytes().to_vec())));
     }
-    // An entry removed and re-added with a new value: the insert must come last.
-    out.sort_by_key(|(_, v)| v.is_some());
+    // In the order made: each change's removals before its inserts, changes in batch order
+    // (a sled batch keeps the last write of a key), so an entry re-added with a new value,
+    // or dropped by a later change of the same record, ends as the last change says.
     Ok(out)
 }
 
@@ -180,25 +165,29 @@ impl Store {
         self.counter(&list.counter_key())
     }
 
-    /// The sum of the counters of the lists `prefix` + `be(x)` for every `x >= from` (time
-    /// buckets).
-    pub(crate) fn bucket_sum(&self, prefix: &ListId, from: u64) -> Result<u64> {
+    /// The lists `prefix` + `be(x)` for every `x >= from` (time buckets), with their counts.
+    pub(crate) fn bucket_counts(&self, prefix: &ListId, from: u64) -> Result<Vec<(u64, u64)>> {
         let base = prefix.counter_key();
         let mut start = base.clone();
         start.extend_from_slice(&from.to_be_bytes());
-        let mut n = 0u64;
+        let mut out = Vec::new();
         for kv in self.inner.records.range(start..) {
             let (k, v) = kv?;
             if !k.starts_with(&base) {
                 break;
             }
-            n = n.saturating_add(
-                <[u8; 8]>::try_from(v.as_ref())
-                    .map(u64::from_be_bytes)
-                    .unwrap_or(0),
-            );
+            let x = k
+                .get(base.len()..base.len() + 8)
+                .and_then(|b| <[u8; 8]>::try_from(b).ok())
+                .map(u64::from_be_bytes);
+            let n = <[u8; 8]>::try_from(v.as_ref())
+                .map(u64::from_be_bytes)
+                .unwrap_or(0);
+            if let Some(x) = x {
+                out.push((x, n));
+            }
         }
-        Ok(n)
+        Ok(out)
     }
 
     /// The list's entries with order in `[lo, hi)`, highest first.
@@ -238,25 +227,40 @@ impl Store {
     /// existed, or a check). Returns how many records were listed.
     pub(crate) fn rebuild_lists(&self, families: &[crate::Family]) -> Result<u64> {
         let _g = self.list_guard();
-        for prefix in [list_entries_root(), list_counters_root()] {
+        // Also the project delivery index that the lists replaced.
+        let mut old_delivery_index = keys::V.to_vec();
+        old_delivery_index.extend_from_slice(b"wdp/");
+        for prefix in [
+            list_entries_root(),
+            list_counters_root(),
+            old_delivery_index,
+        ] {
             let mut b = sled::Batch::default();
-            for k in self.inner.records.scan_prefix(&prefix).keys() {
+            for (n, k) in self.inner.records.scan_prefix(&prefix).keys().enumerate() {
                 b.remove(k?);
+                if n % 100_000 == 99_999 {
+                    self.inner.records.apply_batch(std::mem::take(&mut b))?;
+                }
             }
             self.inner.records.apply_batch(b)?;
         }
         let mut counts: BTreeMap<ListId, u64> = BTreeMap::new();
         let mut listed = 0;
+        let mut pending = 0usize;
         for (prefix, entries) in families {
             let mut b = sled::Batch::default();
             for kv in self.inner.records.scan_prefix(prefix) {
                 let (_, v) = kv?;
                 listed += 1;
                 for e in entries(&v)? {
-                    if !e.count_only {
-                        b.insert(e.list.entry_key(e.order, e.id), e.value.clone());
-                    }
+                    b.insert(e.list.entry_key(e.order, e.id), e.value.clone());
                     *counts.entry(e.list).or_default() += 1;
+                    pending += 1;
+                }
+                // In pieces: a million records are not one batch in memory.
+                if pending >= 100_000 {
+                    self.inner.records.apply_batch(std::mem::take(&mut b))?;
+                    pending = 0;
                 }
             }
             self.inner.records.apply_batch(b)?;
@@ -278,9 +282,7 @@ impl Store {
             for kv in self.inner.records.scan_prefix(prefix) {
                 let (_, v) = kv?;
                 for e in entries(&v)? {
-                    if !e.count_only {
-                        want_entries.insert(e.list.entry_key(e.order, e.id), e.value.clone());
-                    }
+                    want_entries.insert(e.list.entry_key(e.order, e.id), e.value.clone());
                     *want_counts.entry(e.list.counter_key()).or_default() += 1;
                 }
             }
@@ -602,6 +604,27 @@ mod tests {
                 "{q:?}"
             );
         }
+    }
+
+    /// A record changed twice in one batch ends in the lists as the last change says.
+    #[test]
+    fn two_changes_of_a_record_in_one_batch() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        store.insert_device(&device(1, "a", None)).unwrap();
+        let mut w = crate::Writes::new();
+        w.put_listed(keys::device(7, 1), &device(1, "b", Some(5_000)))
+            .unwrap();
+        w.put_listed(keys::device(7, 1), &device(1, "c", None))
+            .unwrap();
+        store.apply(w).unwrap();
+        assert_eq!(store.verify_lists().unwrap(), Vec::<String>::new());
+        let q = |name| DeviceQuery {
+            name: Some(name),
+            presence: None,
+        };
+        assert_eq!(store.device_ids(7, q("b"), 10).unwrap(), (vec![], 0));
+        assert_eq!(store.device_ids(7, q("c"), 10).unwrap(), (vec![1], 1));
     }
 
     #[test]

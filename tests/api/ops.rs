@@ -27,6 +27,17 @@ async fn healthz_metrics_openapi() {
         "{text}"
     );
     assert!(text.contains("fleetops_actor_restarts"), "{text}");
+    // Handler polls are timed; the earlier requests' polls are in the count.
+    let polls: f64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("fleetops_http_task_poll_seconds_count "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0);
+    assert!(polls >= 2.0, "{text}");
+    assert!(
+        text.contains("fleetops_http_task_poll_seconds_bucket{le=\"0.001\"}"),
+        "{text}"
+    );
 
     let r = s
         .send(Method::GET, "/api/v1/openapi.json", None, None)

@@ -93,7 +93,19 @@ impl AlertsHandle {
         })
     }
 
-    pub fn alerts(&self, pid: u64, f: &AlertFilter, page: PageReq) -> Result<Page<AlertView>> {
+    pub async fn alerts(
+        &self,
+        pid: u64,
+        f: &AlertFilter,
+        page: PageReq,
+    ) -> Result<Page<AlertView>> {
+        let me = self.clone();
+        let f = *f;
+        crate::off_thread(move || me.alerts_now(pid, &f, page)).await
+    }
+
+    /// On the blocking pool: a filtered list may walk storage.
+    fn alerts_now(&self, pid: u64, f: &AlertFilter, page: PageReq) -> Result<Page<AlertView>> {
         let (alerts, total) =
             self.store
                 .alerts_page(pid, f.state, f.rule_id, page.skip(), page.page_size)?;

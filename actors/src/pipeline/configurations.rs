@@ -360,7 +360,19 @@ impl PipelineHandle {
         Ok(ConfigurationView::from(&settled))
     }
 
-    pub fn configurations(
+    pub async fn configurations(
+        &self,
+        pid: u64,
+        f: &ConfigFilter,
+        page: PageReq,
+    ) -> Result<Page<ConfigurationView>> {
+        let me = self.clone();
+        let f = f.clone();
+        crate::off_thread(move || me.configurations_now(pid, &f, page)).await
+    }
+
+    /// On the blocking pool: a filtered list may walk storage.
+    fn configurations_now(
         &self,
         pid: u64,
         f: &ConfigFilter,

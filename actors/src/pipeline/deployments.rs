@@ -120,7 +120,18 @@ impl PipelineHandle {
         })
     }
 
-    pub fn deployments(
+    pub async fn deployments(
+        &self,
+        pid: u64,
+        status: Option<fleetops_storage::DeploymentStatus>,
+        page: PageReq,
+    ) -> Result<Page<DeploymentView>> {
+        let me = self.clone();
+        crate::off_thread(move || me.deployments_now(pid, status, page)).await
+    }
+
+    /// On the blocking pool: a filtered list may walk storage.
+    fn deployments_now(
         &self,
         pid: u64,
         status: Option<fleetops_storage::DeploymentStatus>,

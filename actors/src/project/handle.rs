@@ -143,7 +143,19 @@ impl ProjectsHandle {
         }
     }
 
-    pub fn devices(&self, pid: u64, f: &DeviceFilter, page: PageReq) -> Result<Page<DeviceView>> {
+    pub async fn devices(
+        &self,
+        pid: u64,
+        f: &DeviceFilter,
+        page: PageReq,
+    ) -> Result<Page<DeviceView>> {
+        let me = self.clone();
+        let f = f.clone();
+        crate::off_thread(move || me.devices_now(pid, &f, page)).await
+    }
+
+    /// On the blocking pool: a filtered list may walk storage.
+    fn devices_now(&self, pid: u64, f: &DeviceFilter, page: PageReq) -> Result<Page<DeviceView>> {
         let now = self.clock.now_ms();
         let (devices, total) =
             self.store
@@ -156,7 +168,20 @@ impl ProjectsHandle {
     /// Devices of several projects (an organization's), each with its project slug, newest
     /// first: each project gives its first page's worth, and the pages merge by id (ids
     /// follow creation).
-    pub fn org_devices(
+    pub async fn org_devices(
+        &self,
+        projects: &[(u64, String)],
+        f: &DeviceFilter,
+        page: PageReq,
+    ) -> Result<Page<DeviceView>> {
+        let me = self.clone();
+        let f = f.clone();
+        let projects = projects.to_vec();
+        crate::off_thread(move || me.org_devices_now(&projects, &f, page)).await
+    }
+
+    /// On the blocking pool: a filtered list may walk storage.
+    fn org_devices_now(
         &self,
         projects: &[(u64, String)],
         f: &DeviceFilter,

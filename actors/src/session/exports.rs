@@ -21,19 +21,25 @@ pub type ExportStream = tokio::sync::mpsc::Receiver<std::io::Result<bytes::Bytes
 const EXPORT_PIECE: usize = 64 * 1024;
 
 /// One chunk open during a time-ordered merge: its matches sorted by (timestamp, index).
+/// The decoded chunk itself is not kept here but in a small cache, so chunks that all
+/// overlap in time cost their sort keys, not their text.
 struct Open {
-    chunk: fleetops_storage::LogChunk,
     matches: Vec<(i64, u32)>,
     pos: usize,
 }
+
+/// Decoded chunks kept while merging; in time-ordered data every read is a hit.
+const MERGE_CHUNK_CACHE: usize = 8;
 
 /// Calls `emit` for every match in (timestamp, chunk, index) order, until it returns false.
 ///
 /// A k-way merge over chunks sorted by their first timestamp: a chunk is opened only once
 /// the merge reaches its first timestamp, and dropped when its last match is out. Memory is
-/// what the chunks overlapping in time hold (one or two when devices send in time order),
-/// not what the session holds: the only whole-session state is one (seq, min, max) per
-/// chunk, about 24 bytes per thousand lines.
+/// the sort keys of the chunks overlapping in time (one or two chunks when devices send in
+/// time order) and at most `MERGE_CHUNK_CACHE` decoded chunks, not the session: the only
+/// whole-session state is one (seq, min, max) per chunk, about 24 bytes per thousand lines.
+/// Chunks that all overlap (a device whose clock jumps) cost 16 bytes a match, as a full
+/// sort would, and are re-read as the merge moves between them.
 fn merged(
     store: &Store,
     session: u64,
@@ -50,6 +56,22 @@ fn merged(
     let mut heap: std::collections::BinaryHeap<Reverse<(i64, u64, u32, usize)>> =
         std::collections::BinaryHeap::new();
     let mut next = heads.iter().peekable();
+    let mut cache: std::collections::VecDeque<(u64, std::rc::Rc<fleetops_storage::LogChunk>)> =
+        std::collections::VecDeque::with_capacity(MERGE_CHUNK_CACHE);
+    let mut chunk_of = |seq: u64| -> Result<Option<std::rc::Rc<fleetops_storage::LogChunk>>> {
+        if let Some((_, c)) = cache.iter().find(|(s, _)| *s == seq) {
+            return Ok(Some(c.clone()));
+        }
+        let Some(c) = store.log_chunk(session, seq)? else {
+            return Ok(None);
+        };
+        let c = std::rc::Rc::new(c);
+        if cache.len() >= MERGE_CHUNK_CACHE {
+            cache.pop_front();
+        }
+        cache.push_back((seq, c.clone()));
+        Ok(Some(c))
+    };
     loop {
         // Open every chunk that may hold something at or before the merge's next entry.
         while let Some(&&(seq, min, _)) = next.peek() {
@@ -57,7 +79,7 @@ fn merged(
                 break;
             }
             next.next();
-            let Some(chunk) = store.log_chunk(session, seq)? else {
+            let Some(chunk) = chunk_of(seq)? else {
                 continue;
             };
             let mut matches: Vec<(i64, u32)> = f
@@ -77,11 +99,7 @@ fn merged(
                 }
             };
             if let Some(o) = open.get_mut(slot) {
-                *o = Some(Open {
-                    chunk,
-                    matches,
-                    pos: 0,
-                });
+                *o = Some(Open { matches, pos: 0 });
             }
             heap.push(Reverse((ts, seq, i, slot)));
         }
@@ -91,7 +109,10 @@ fn merged(
         let Some(Some(o)) = open.get_mut(slot) else {
             continue;
         };
-        if !emit(&o.chunk, i as usize)? {
+        let Some(chunk) = chunk_of(seq)? else {
+            continue;
+        };
+        if !emit(&chunk, i as usize)? {
             return Ok(());
         }
         o.pos += 1;

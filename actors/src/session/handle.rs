@@ -99,7 +99,19 @@ impl SessionsHandle {
         self.detail_of(&self.record(pid, id)?)
     }
 
-    pub fn list(&self, pid: u64, f: &SessionFilter, page: PageReq) -> Result<Page<SessionItem>> {
+    pub async fn list(
+        &self,
+        pid: u64,
+        f: &SessionFilter,
+        page: PageReq,
+    ) -> Result<Page<SessionItem>> {
+        let me = self.clone();
+        let f = f.clone();
+        crate::off_thread(move || me.list_now(pid, &f, page)).await
+    }
+
+    /// On the blocking pool: a filtered list may walk storage.
+    fn list_now(&self, pid: u64, f: &SessionFilter, page: PageReq) -> Result<Page<SessionItem>> {
         let now = now_ms();
         let q = SessionQuery {
             device: f.device_id,

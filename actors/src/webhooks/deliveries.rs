@@ -193,25 +193,26 @@ impl WebhooksHandle {
 
     /// The delivery log, newest first: every accepted delivery, or those resolved to
     /// `project`; the global one also lists recent rejected and duplicate deliveries.
-    pub fn deliveries(
+    pub async fn deliveries(
+        &self,
+        project: Option<u64>,
+        f: &DeliveryFilter,
+        page: PageReq,
+    ) -> Result<Page<DeliveryView>> {
+        let me = self.clone();
+        let f = f.clone();
+        crate::off_thread(move || me.deliveries_now(project, &f, page)).await
+    }
+
+    /// On the blocking pool: a filtered list may walk storage.
+    fn deliveries_now(
         &self,
         project: Option<u64>,
         f: &DeliveryFilter,
         page: PageReq,
     ) -> Result<Page<DeliveryView>> {
         // The stored log pages from its lists; rejected and duplicate deliveries are a
-        // bounded recent list in memory, merged in by time.
-        let want = page.skip().saturating_add(page.page_size);
-        let (stored, stored_total) = match f.outcome {
-            None => self
-                .store
-                .deliveries_page(project, None, f.reason.as_deref(), 0, want)?,
-            Some(LogOutcome::Stored(o)) => {
-                self.store
-                    .deliveries_page(project, Some(o), f.reason.as_deref(), 0, want)?
-            }
-            Some(_) => (Vec::new(), 0),
-        };
+        // bounded recent list in memory (the global log only), merged in by time.
         let rejected: Vec<DeliveryView> = match (project, self.rejected.lock()) {
             (None, Ok(r)) => r
                 .iter()
@@ -224,6 +225,22 @@ impl WebhooksHandle {
                 .cloned()
                 .collect(),
             _ => Vec::new(),
+        };
+        // With nothing to merge, the store steps over the earlier pages itself; otherwise it
+        // gives the first `skip + take` to merge with the (bounded) rejected ones.
+        let (skip, take) = match rejected.is_empty() {
+            true => (page.skip(), page.page_size),
+            false => (0, page.skip().saturating_add(page.page_size)),
+        };
+        let (stored, stored_total) = match f.outcome {
+            None => self
+                .store
+                .deliveries_page(project, None, f.reason.as_deref(), skip, take)?,
+            Some(LogOutcome::Stored(o)) => {
+                self.store
+                    .deliveries_page(project, Some(o), f.reason.as_deref(), skip, take)?
+            }
+            Some(_) => (Vec::new(), 0),
         };
         let total = stored_total.saturating_add(rejected.len() as u64);
         enum Entry {
@@ -245,7 +262,7 @@ impl WebhooksHandle {
         // Views (which look up the project) are built for the page only.
         let items = all
             .into_iter()
-            .skip(page.skip())
+            .skip(page.skip().saturating_sub(skip))
             .take(page.page_size)
             .map(|(_, e)| match e {
                 Entry::Stored(d) => self.view(&d),

@@ -13,7 +13,19 @@ use crate::views::Page;
 use crate::views::PageReq;
 
 impl WebhooksHandle {
-    pub fn runs(&self, project_id: u64, f: &RunFilter, page: PageReq) -> Result<Page<TestRunView>> {
+    pub async fn runs(
+        &self,
+        project_id: u64,
+        f: &RunFilter,
+        page: PageReq,
+    ) -> Result<Page<TestRunView>> {
+        let me = self.clone();
+        let f = f.clone();
+        crate::off_thread(move || me.runs_now(project_id, &f, page)).await
+    }
+
+    /// On the blocking pool: a filtered list may walk storage.
+    fn runs_now(&self, project_id: u64, f: &RunFilter, page: PageReq) -> Result<Page<TestRunView>> {
         let q = RunQuery {
             status: f.status,
             repository: f.repository.as_deref(),

@@ -97,7 +97,7 @@ pub async fn delete_rule(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>>
     body::no_content()
 }
 
-pub fn list_alerts(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+pub async fn list_alerts(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
     let (_, s) = cx.project(&req, Role::Viewer)?;
     let state = req
         .query
@@ -119,7 +119,8 @@ pub fn list_alerts(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
     body::ok(
         &cx.rt()
             .alerts
-            .alerts(s.project.id, &AlertFilter { state, rule_id }, page)?,
+            .alerts(s.project.id, &AlertFilter { state, rule_id }, page)
+            .await?,
     )
 }
 

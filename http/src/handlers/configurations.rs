@@ -83,7 +83,7 @@ pub async fn confirm(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>>
     )
 }
 
-pub fn list(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+pub async fn list(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
     let (_, s) = cx.project(&req, Role::Viewer)?;
     let f = ConfigFilter {
         capsule_id: req.query.u64("capsule_id")?,
@@ -93,7 +93,12 @@ pub fn list(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
         },
     };
     let page = req.query.page()?;
-    body::ok(&cx.rt().pipeline.configurations(s.project.id, &f, page)?)
+    body::ok(
+        &cx.rt()
+            .pipeline
+            .configurations(s.project.id, &f, page)
+            .await?,
+    )
 }
 
 pub async fn get(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {

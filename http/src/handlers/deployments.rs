@@ -52,7 +52,7 @@ pub async fn plan(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
     body::ok(&cx.rt().pipeline.plan(s.project.id, &b.into())?)
 }
 
-pub fn list(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+pub async fn list(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
     let (_, s) = cx.project(&req, Role::Viewer)?;
     let status = match req.query.get("deployment_status") {
         None => None,
@@ -61,7 +61,12 @@ pub fn list(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
         })?),
     };
     let page = req.query.page()?;
-    body::ok(&cx.rt().pipeline.deployments(s.project.id, status, page)?)
+    body::ok(
+        &cx.rt()
+            .pipeline
+            .deployments(s.project.id, status, page)
+            .await?,
+    )
 }
 
 pub fn get(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {

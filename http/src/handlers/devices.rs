@@ -27,7 +27,7 @@ fn filter(req: &Req) -> ApiResult<DeviceFilter> {
     })
 }
 
-pub fn org_devices(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+pub async fn org_devices(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
     let (_, s) = cx.org(&req, Role::Viewer)?;
     let (f, page) = (filter(&req)?, req.query.page()?);
     let projects: Vec<(u64, String)> = cx
@@ -37,7 +37,7 @@ pub fn org_devices(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
         .into_iter()
         .map(|p| (p.id, p.slug))
         .collect();
-    body::ok(&cx.rt().projects.org_devices(&projects, &f, page)?)
+    body::ok(&cx.rt().projects.org_devices(&projects, &f, page).await?)
 }
 
 #[derive(Deserialize)]
@@ -58,10 +58,10 @@ pub async fn create(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> 
     )
 }
 
-pub fn list(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+pub async fn list(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
     let (_, s) = cx.project(&req, Role::Viewer)?;
     let (f, page) = (filter(&req)?, req.query.page()?);
-    body::ok(&cx.rt().projects.devices(s.project.id, &f, page)?)
+    body::ok(&cx.rt().projects.devices(s.project.id, &f, page).await?)
 }
 
 pub fn get(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {

@@ -67,7 +67,7 @@ pub async fn create(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> 
     )
 }
 
-pub fn list(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+pub async fn list(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
     let (_, s) = cx.project(&req, Role::Viewer)?;
     let status = req
         .query
@@ -84,7 +84,12 @@ pub fn list(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
         since: time_param(&req, "since")?,
         until: time_param(&req, "until")?,
     };
-    body::ok(&cx.rt().sessions.list(s.project.id, &f, req.query.page()?)?)
+    body::ok(
+        &cx.rt()
+            .sessions
+            .list(s.project.id, &f, req.query.page()?)
+            .await?,
+    )
 }
 
 pub fn get(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {

@@ -68,10 +68,10 @@ fn delivery_filter(req: &Req) -> ApiResult<DeliveryFilter> {
     })
 }
 
-pub fn deliveries(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+pub async fn deliveries(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
     superuser(cx, &req)?;
     let (f, page) = (delivery_filter(&req)?, req.query.page()?);
-    body::ok(&cx.rt().webhooks.deliveries(None, &f, page)?)
+    body::ok(&cx.rt().webhooks.deliveries(None, &f, page).await?)
 }
 
 pub fn delivery(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
@@ -79,10 +79,15 @@ pub fn delivery(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
     body::ok(&cx.rt().webhooks.delivery(None, req.param("delivery_id"))?)
 }
 
-pub fn project_deliveries(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+pub async fn project_deliveries(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
     let (_, s) = cx.project(&req, Role::Viewer)?;
     let (f, page) = (delivery_filter(&req)?, req.query.page()?);
-    body::ok(&cx.rt().webhooks.deliveries(Some(s.project.id), &f, page)?)
+    body::ok(
+        &cx.rt()
+            .webhooks
+            .deliveries(Some(s.project.id), &f, page)
+            .await?,
+    )
 }
 
 pub fn project_delivery(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
@@ -153,7 +158,7 @@ pub async fn delete_repo(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>>
     body::no_content()
 }
 
-pub fn runs(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+pub async fn runs(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
     let (_, s) = cx.project(&req, Role::Viewer)?;
     let status = match req.query.get("status") {
         None => None,
@@ -167,7 +172,7 @@ pub fn runs(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
         commit_sha: req.query.get("commit_sha").map(str::to_string),
     };
     let page = req.query.page()?;
-    body::ok(&cx.rt().webhooks.runs(s.project.id, &f, page)?)
+    body::ok(&cx.rt().webhooks.runs(s.project.id, &f, page).await?)
 }
 
 pub fn run(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
