@@ -24,8 +24,8 @@ pub struct HttpConfig {
     /// A buffered body (JSON, a webhook delivery) must arrive whole within this (408 past
     /// it); a streamed upload may pause at most this long between two pieces.
     pub body_timeout_seconds: u64,
-    /// A connection with no request in flight for this long is closed (HTTP/1 keep-alive,
-    /// and HTTP/2, whose pings alone would keep it open forever).
+    /// A connection with no request in flight for this long is closed (HTTP/2, whose pings
+    /// alone would keep it open forever; idle HTTP/1 meets the header timeout first).
     pub idle_timeout_seconds: u64,
     /// Connections served at once; past it new connections wait in the accept backlog.
     pub max_connections: usize,

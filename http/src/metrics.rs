@@ -334,16 +334,13 @@ impl prometheus_client::collector::Collector for PollTimes {
         mut encoder: prometheus_client::encoding::DescriptorEncoder,
     ) -> Result<(), std::fmt::Error> {
         use std::sync::atomic::Ordering::Relaxed;
-        let mut cumulative = Vec::with_capacity(POLL_BOUNDS.len() + 1);
+        // Per-bucket counts (the encoder sums them); `f64::MAX` is how it spells `+Inf`.
+        let mut buckets = Vec::with_capacity(POLL_BOUNDS.len() + 1);
         let mut n = 0u64;
-        for (i, bound) in POLL_BOUNDS
-            .iter()
-            .copied()
-            .chain([f64::INFINITY])
-            .enumerate()
-        {
-            n += self.buckets.get(i).map_or(0, |b| b.load(Relaxed));
-            cumulative.push((bound, n));
+        for (i, bound) in POLL_BOUNDS.iter().copied().chain([f64::MAX]).enumerate() {
+            let k = self.buckets.get(i).map_or(0, |b| b.load(Relaxed));
+            n += k;
+            buckets.push((bound, k));
         }
         let mut metric = encoder.encode_descriptor(
             "http_task_poll_seconds",
@@ -354,7 +351,7 @@ impl prometheus_client::collector::Collector for PollTimes {
         metric.encode_histogram::<prometheus_client::encoding::NoLabelSet>(
             self.sum_ns.load(Relaxed) as f64 / 1e9,
             n,
-            &cumulative,
+            &buckets,
             None,
         )
     }

@@ -34,6 +34,13 @@ async fn healthz_metrics_openapi() {
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or(0.0);
     assert!(polls >= 2.0, "{text}");
+    // Cumulative buckets: the last (`+Inf`) equals the count.
+    let inf: f64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("fleetops_http_task_poll_seconds_bucket{le=\"+Inf\"} "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(-1.0);
+    assert_eq!(inf, polls, "{text}");
     assert!(
         text.contains("fleetops_http_task_poll_seconds_bucket{le=\"0.001\"}"),
         "{text}"

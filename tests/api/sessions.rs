@@ -790,26 +790,49 @@ async fn idle_sessions_passivate_and_come_back_on_append() {
                 .unwrap()
         }
     };
-    let mut ids = Vec::new();
-    for _ in 0..200 {
-        let sid = session(&s, d, &tok).await;
-        let r = s
-            .post(
-                &format!("{DEV}/sessions/{sid}/logs"),
-                &tok,
-                json!([{"level": "info", "message": "first"}]),
-            )
-            .await;
-        assert_eq!(r.status, 202);
-        ids.push(sid);
+    // 10,000 open sessions, each with one line (so each started an actor), from 32 clients.
+    let made = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for _ in 0..32 {
+        let (http, base, tok, made) = (s.http.clone(), s.base.clone(), tok.clone(), made.clone());
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..(10_000 / 32 + 1) {
+                let r: Value = http
+                    .post(format!("{base}{DEV}/sessions"))
+                    .bearer_auth(&tok)
+                    .json(&json!({"device_id": d}))
+                    .send()
+                    .await
+                    .unwrap()
+                    .json()
+                    .await
+                    .unwrap();
+                let sid = r["id"].as_u64().unwrap();
+                let r = http
+                    .post(format!("{base}{DEV}/sessions/{sid}/logs"))
+                    .bearer_auth(&tok)
+                    .json(&json!([{"level": "info", "message": "first"}]))
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(r.status(), 202);
+                made.lock().unwrap().push(sid);
+            }
+        }));
     }
-    assert!(running(&s).await >= 200);
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let mut ids = made.lock().unwrap().clone();
+    ids.sort_unstable();
+    assert!(ids.len() >= 10_000);
+    assert!(running(&s).await >= 1);
     assert!(
-        eventually(10, || async { running(&s).await == 0 }).await,
+        eventually(30, || async { running(&s).await == 0 }).await,
         "idle session actors stopped"
     );
     // Back on append, counts and replay rebuilt from storage.
-    for sid in ids.iter().take(20) {
+    for sid in ids.iter().step_by(ids.len() / 20).take(20) {
         let r = s
             .post(
                 &format!("{DEV}/sessions/{sid}/logs"),

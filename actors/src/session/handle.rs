@@ -158,7 +158,13 @@ impl SessionsHandle {
         if s.status != SessionStatus::Active {
             return Err(Error::Conflict("Session is not active".into()));
         }
-        let chunk = Arc::new(logs::build_chunk(entries)?);
+        // Columns for a large batch are built on the blocking pool (a thousand entries are
+        // about a millisecond of work).
+        let chunk = Arc::new(if entries.len() > 64 {
+            crate::off_thread(move || logs::build_chunk(entries)).await?
+        } else {
+            logs::build_chunk(entries)?
+        });
         if chunk.is_empty() {
             return Ok(Accepted { accepted: 0 });
         }

@@ -127,6 +127,15 @@ pub async fn remove_tag(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> 
 }
 
 /// `application/x-ndjson` (or `application/jsonl`): one entry a line.
+/// Log batches larger than this are parsed on the blocking pool.
+const PARSE_OFF_THREAD_BYTES: usize = 16 * 1024;
+
+fn is_large_batch(req: &Req) -> bool {
+    req.header("content-length")
+        .and_then(|v| v.parse::<usize>().ok())
+        .is_none_or(|n| n > PARSE_OFF_THREAD_BYTES)
+}
+
 fn is_ndjson(req: &Req) -> bool {
     req.header("content-type").is_some_and(|v| {
         let v = v.to_ascii_lowercase();
@@ -167,9 +176,10 @@ pub async fn append_logs(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Bo
     let (_, s, id) = ingestion(cx, &req)?;
     let ndjson = is_ndjson(&req);
     let bytes = req.body_bytes(MAX_BATCH_BYTES).await?;
-    let entries: Vec<RawEntry> = if ndjson {
-        parse_ndjson(&bytes)?
-    } else {
+    let parse = move || -> ApiResult<Vec<RawEntry>> {
+        if ndjson {
+            return parse_ndjson(&bytes);
+        }
         body::parse(&bytes).map_err(|e| match e {
             // "[3].level: ..." names the entry's index already; say it plainly.
             ApiError::Domain(fleetops_actors::Error::Unprocessable(d)) if d.starts_with('[') => {
@@ -180,7 +190,18 @@ pub async fn append_logs(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Bo
                 ApiError::unprocessable(format!("entry {idx}: {}", rest.trim_start_matches('.')))
             }
             other => other,
-        })?
+        })
+    };
+    // A batch of a thousand lines is a millisecond or more of parsing: past a few KiB it goes
+    // to the blocking pool rather than hold an async thread.
+    let entries = if is_large_batch(&req) {
+        tokio::task::spawn_blocking(parse).await.map_err(|e| {
+            ApiError::Domain(fleetops_actors::Error::Internal(format!(
+                "log batch parsing did not finish: {e}"
+            )))
+        })??
+    } else {
+        parse()?
     };
     body::accepted(&cx.rt().sessions.append(s.project.id, id, entries).await?)
 }
