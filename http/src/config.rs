@@ -32,6 +32,9 @@ pub struct HttpConfig {
     /// Bytes of buffered request bodies all connections together may hold (503 with
     /// `Retry-After` past it); streamed uploads do not count.
     pub body_budget_bytes: usize,
+    /// Buffered bodies over 1 MiB (or of no declared length) read at once; the others wait,
+    /// reading nothing, within their body deadline.
+    pub max_large_bodies: usize,
     /// Requests in flight from one client address on the routes that take no credential
     /// (the webhook intake, login, health, metrics, signed links); 503 with `Retry-After`
     /// past it.
@@ -51,6 +54,7 @@ impl Default for HttpConfig {
             idle_timeout_seconds: 60,
             max_connections: 4096,
             body_budget_bytes: 256 * 1024 * 1024,
+            max_large_bodies: 8,
             max_unauthenticated_per_address: 512,
         }
     }

@@ -18,6 +18,10 @@ pub struct Edge {
     /// Buffered request bodies in flight, in KiB (streamed uploads do not count).
     body_budget: Arc<Semaphore>,
     budget_kib: u32,
+    /// Bodies declared over `LARGE_BODY` read at once (`max_large_bodies`): a flood of big
+    /// unsigned webhook bodies is read a few at a time, so the bytes it pushes do not crowd
+    /// every other request off the async threads.
+    large_readers: Arc<Semaphore>,
     pub body_timeout: Duration,
     pub connections: Arc<Semaphore>,
     pub header_timeouts: AtomicU64,
@@ -169,17 +173,22 @@ impl hyper::body::Body for Tracked {
     }
 }
 
+/// Bodies past this declared size (or of no declared size) count under `max_large_bodies`.
+const LARGE_BODY: usize = 1024 * 1024;
+
 /// A share of the body budget, given back when the body is dropped.
 pub struct BodyPermit(#[allow(dead_code)] Vec<OwnedSemaphorePermit>);
 
 impl Edge {
     pub fn new(cfg: &HttpConfig) -> Self {
+        let large_readers = Arc::new(Semaphore::new(cfg.max_large_bodies.max(1)));
         let budget_kib = u32::try_from(cfg.body_budget_bytes / 1024)
             .unwrap_or(u32::MAX)
             .clamp(1, Semaphore::MAX_PERMITS as u32);
         Self {
             body_budget: Arc::new(Semaphore::new(budget_kib as usize)),
             budget_kib,
+            large_readers,
             body_timeout: Duration::from_secs(cfg.body_timeout_seconds.max(1)),
             connections: Arc::new(Semaphore::new(cfg.max_connections.max(1))),
             header_timeouts: AtomicU64::new(0),
@@ -227,6 +236,16 @@ impl Edge {
         declared: Option<usize>,
     ) -> ApiResult<(Bytes, BodyPermit)> {
         use http_body_util::BodyExt;
+        // Waiting here reads nothing (the sender is held back by TCP) and counts toward the
+        // body deadline.
+        let _reader = match declared.is_none_or(|n| n > LARGE_BODY) {
+            true => Some(self.large_readers.acquire().await.map_err(|_| {
+                ApiError::Domain(fleetops_actors::Error::Unavailable {
+                    retry_after_secs: 1,
+                })
+            })?),
+            false => None,
+        };
         let mut permits = Vec::new();
         let mut reserved_kib: u32 = 0;
         // Sized from the declared length (pages are only touched as bytes arrive), so the

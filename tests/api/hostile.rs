@@ -324,3 +324,51 @@ async fn connections_with_nothing_in_flight_close_after_the_idle_limit() {
     assert!(s.metric("fleetops_http_idle_closes").await >= 1.0);
     assert_eq!(s.metric("fleetops_http_keepalive_timeouts").await, 0.0);
 }
+
+/// Large buffered bodies are read `max_large_bodies` at a time: with a limit of one, a second
+/// 2 MB delivery waits (reading nothing) while a stalled one holds the reader, and is read and
+/// judged once the stalled one is cut by its deadline; small requests never wait.
+#[tokio::test]
+async fn large_bodies_are_read_a_few_at_a_time() {
+    let s = start_with(|c| {
+        c.http.body_timeout_seconds = 2;
+        c.http.max_large_bodies = 1;
+        c.scm.webhook_secret = "s3cret".into();
+    })
+    .await;
+    let head = |len: usize| {
+        format!(
+            "POST /api/v1/scm/webhooks HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nX-Host-Event: ping\r\nX-Host-Delivery: 0b4e6a2c-9d4f-4c53-9d7e-2a1f3c5b6d7e\r\nContent-Length: {len}\r\n\r\n"
+        )
+    };
+    let mut stalled = TcpStream::connect(addr(&s)).await.unwrap();
+    stalled.write_all(head(2_000_000).as_bytes()).await.unwrap();
+    stalled.write_all(b"{\"zen\":").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let t = Instant::now();
+    let waiting = tokio::spawn({
+        let a = addr(&s);
+        async move {
+            let mut c = TcpStream::connect(a).await.unwrap();
+            c.write_all(head(2_000_000).as_bytes()).await.unwrap();
+            let _ = c.write_all(&vec![b' '; 2_000_000]).await;
+            let mut buf = vec![0u8; 256];
+            let n = c.read(&mut buf).await.unwrap_or(0);
+            String::from_utf8_lossy(&buf[..n]).to_string()
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let r = s.http.get(s.url("/healthz")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(
+        !waiting.is_finished(),
+        "the second large body was read at once"
+    );
+    let answer = waiting.await.unwrap();
+    assert!(answer.starts_with("HTTP/1.1 401"), "{answer}");
+    assert!(
+        t.elapsed() >= Duration::from_millis(1200),
+        "{:?}",
+        t.elapsed()
+    );
+}
