@@ -3,7 +3,8 @@
 //! clients and the GET probe in the same process.
 //!
 //! Run: `cargo bench --bench hostile`. Knobs: BENCH_LOG_MB (logs fed past a stalled viewer,
-//! default 250), BENCH_IDLE_SESSIONS (open sessions left idle, default 100,000).
+//! default 250), BENCH_IDLE_SESSIONS (open sessions left idle, default 100,000),
+//! BENCH_LARGE_BODIES (`[http] max_large_bodies`, default 8).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -91,6 +92,7 @@ fn main() {
     let (running, key, url, _data) = rt.block_on(start_fleetops_with(|c| {
         c.scm.webhook_secret = "bench-secret".into();
         c.sessions.idle_seconds = 5;
+        c.http.max_large_bodies = env_u32("BENCH_LARGE_BODIES", 8) as usize;
     }));
     let pid = std::process::id();
     let c = reqwest::Client::new();

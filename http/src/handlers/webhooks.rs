@@ -25,7 +25,9 @@ pub async fn receive(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>>
     let bytes = req.body_bytes(limit).await?;
     let id = header2(&req, "x-host-delivery", "x-github-delivery");
     let event = header2(&req, "x-host-event", "x-github-event");
-    webhooks.verify(req.header("x-hub-signature-256"), &bytes, id, event)?;
+    webhooks
+        .verify(req.header("x-hub-signature-256"), &bytes, id, event)
+        .await?;
     body::accepted(&webhooks.accept(id, event, bytes).await?)
 }
 
