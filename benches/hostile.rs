@@ -42,39 +42,44 @@ async fn probe(c: &reqwest::Client, url: &str, key: &str, n: usize) -> f64 {
     percentile(&mut ms, 0.99)
 }
 
-/// The flood of case 2, sent by a child process (`FLEETOPS_FLOOD_URL` set): 64 concurrent
-/// unsigned 25 MiB webhook bodies; prints how many got each status.
+/// The flood of case 2, sent by a child process (`FLEETOPS_FLOOD_URL` set); prints how many
+/// got each status.
 fn flood(url: &str) {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .unwrap();
-    let statuses = rt.block_on(async {
-        let c = reqwest::Client::new();
-        let body = bytes::Bytes::from(vec![b' '; 25 << 20]);
-        let mut tasks = Vec::new();
-        for _ in 0..64 {
-            let (c, url, body) = (c.clone(), url.to_string(), body.clone());
-            tasks.push(tokio::spawn(async move {
-                c.post(format!("{url}/api/v1/scm/webhooks"))
-                    .header("content-type", "application/json")
-                    .header("X-Host-Event", "ping")
-                    .header("X-Host-Delivery", uuid::Uuid::new_v4().to_string())
-                    .body(body)
-                    .send()
-                    .await
-                    .map(|r| r.status().as_u16())
-                    .unwrap_or(0)
-            }));
-        }
-        let mut statuses = std::collections::BTreeMap::new();
-        for t in tasks {
-            *statuses.entry(t.await.unwrap()).or_insert(0) += 1;
-        }
-        statuses
-    });
-    println!("{statuses:?}");
+    println!(
+        "{:?}",
+        rt.block_on(flood_requests(&reqwest::Client::new(), url))
+    );
+}
+
+/// 64 concurrent unsigned 25 MiB webhook bodies, sent as fast as they go; how many got each
+/// status (0: the connection was reset).
+async fn flood_requests(c: &reqwest::Client, url: &str) -> std::collections::BTreeMap<u16, u32> {
+    let body = bytes::Bytes::from(vec![b' '; 25 << 20]);
+    let mut tasks = Vec::new();
+    for _ in 0..64 {
+        let (c, url, body) = (c.clone(), url.to_string(), body.clone());
+        tasks.push(tokio::spawn(async move {
+            c.post(format!("{url}/api/v1/scm/webhooks"))
+                .header("content-type", "application/json")
+                .header("X-Host-Event", "ping")
+                .header("X-Host-Delivery", uuid::Uuid::new_v4().to_string())
+                .body(body)
+                .send()
+                .await
+                .map(|r| r.status().as_u16())
+                .unwrap_or(0)
+        }));
+    }
+    let mut statuses = std::collections::BTreeMap::new();
+    for t in tasks {
+        *statuses.entry(t.await.unwrap()).or_insert(0) += 1;
+    }
+    statuses
 }
 
 fn main() {
@@ -101,240 +106,235 @@ fn main() {
     let idle_p99 = rt.block_on(probe(&c, &url, &key, 500));
     println!("idle: RSS {idle_rss:.0} MB, GET p99 {idle_p99:.2} ms");
 
-    // 1. 200 slowloris connections, one header byte a second.
-    let (rss, p99) = rt.block_on(async {
-        let mut conns = Vec::new();
-        for _ in 0..200 {
-            let mut s = TcpStream::connect(&addr).await.unwrap();
-            s.write_all(b"GET /healthz HTTP/1.1\r\nX-Slow: ")
-                .await
-                .unwrap();
-            conns.push(s);
-        }
-        let drip = tokio::spawn(async move {
-            for _ in 0..15 {
-                for s in &mut conns {
-                    let _ = s.write_all(b"a").await;
-                }
-                tokio::time::sleep(Duration::from_secs(1)).await;
-            }
-        });
-        let p99 = probe(&c, &url, &key, 500).await;
-        let rss = rss_mb(pid);
-        drip.abort();
-        (rss, p99)
-    });
-    println!(
-        "200 slowloris connections: RSS {rss:.0} MB (+{:.0}), GET p99 {p99:.2} ms ({:.1} x idle; goal <= 2 x)",
-        rss - idle_rss,
-        p99 / idle_p99
-    );
-
-    // 2. 64 concurrent unsigned 25 MiB webhook bodies, sent as fast as they go.
-    let (peak, p99, statuses) = rt.block_on(async {
-        let body = bytes::Bytes::from(vec![b' '; 25 << 20]);
-        let mut tasks = Vec::new();
-        for _ in 0..64 {
-            let (c, url, body) = (c.clone(), url.clone(), body.clone());
-            tasks.push(tokio::spawn(async move {
-                c.post(format!("{url}/api/v1/scm/webhooks"))
-                    .header("content-type", "application/json")
-                    .header("X-Host-Event", "ping")
-                    .header("X-Host-Delivery", uuid::Uuid::new_v4().to_string())
-                    .body(body)
-                    .send()
-                    .await
-                    .map(|r| r.status().as_u16())
-                    .unwrap_or(0)
-            }));
-        }
-        let sampler = tokio::spawn(async move {
-            let mut peak: f64 = 0.0;
-            for _ in 0..100 {
-                peak = peak.max(rss_mb(pid));
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            peak
-        });
-        let p99 = probe(&c, &url, &key, 300).await;
-        let mut statuses = std::collections::BTreeMap::new();
-        for t in tasks {
-            *statuses.entry(t.await.unwrap()).or_insert(0) += 1;
-        }
-        (sampler.await.unwrap(), p99, statuses)
-    });
-    println!(
-        "64 concurrent unsigned 25 MiB webhook bodies: peak RSS {peak:.0} MB (+{:.0}; body budget 256 MiB), GET p99 {p99:.2} ms ({:.1} x idle), answers {statuses:?}",
-        peak - idle_rss,
-        p99 / idle_p99
-    );
-
-    // 2b. The same flood from another process at the lowest CPU priority: the nearest this
-    // one machine comes to a sender on a second machine (the sender's own CPU use out of the
-    // way of the server and the probe).
-    let before_2b = rss_mb(pid);
-    let (peak, p99, statuses) = rt.block_on(async {
-        let child = tokio::process::Command::new("nice")
-            .args(["-n", "19"])
-            .arg(std::env::current_exe().unwrap())
-            .env("FLEETOPS_FLOOD_URL", &url)
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let sampler = tokio::spawn(async move {
-            let mut peak: f64 = 0.0;
-            for _ in 0..100 {
-                peak = peak.max(rss_mb(pid));
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            peak
-        });
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        let p99 = probe(&c, &url, &key, 300).await;
-        let out = child.wait_with_output().await.unwrap();
-        (
-            sampler.await.unwrap(),
-            p99,
-            String::from_utf8_lossy(&out.stdout).trim().to_string(),
-        )
-    });
-    println!(
-        "the same flood from a separate process at nice 19: peak RSS {peak:.0} MB (+{:.0} over the {before_2b:.0} MB it started from), GET p99 {p99:.2} ms ({:.1} x idle), answers {statuses}",
-        peak - before_2b,
-        p99 / idle_p99
-    );
-
-    // 3. The same ingest of `log_mb` twice: into a session nobody watches, then into one
-    // with a WebSocket subscriber that never reads; the difference is what the viewer costs.
-    let ingest = |watch: bool| {
-        let (c, url, key) = (c.clone(), url.clone(), key.clone());
-        async move {
-            let sid = sessions(&c, &url, &key, 1).await[0];
-            let ws_url = format!(
-                "{}/api/v1/ws/organizations/default/projects/default/sessions/{sid}/logs?token={key}",
-                url.replace("http://", "ws://")
-            );
-            let stalled = if watch {
-                Some(tokio_tungstenite::connect_async(ws_url).await.unwrap().0)
-            } else {
-                None
-            };
-            let before = rss_mb(pid);
-            let line = "x".repeat(1000);
-            let batch: Vec<Value> = (0..1000)
-                .map(|_| json!({"level": "info", "message": line}))
-                .collect();
-            let body = serde_json::to_vec(&batch).unwrap();
-            let batches = (log_mb << 20) / body.len();
-            let mut peak: f64 = 0.0;
-            for i in 0..batches {
-                let r = c
-                    .post(format!("{url}{DEV}/sessions/{sid}/logs"))
-                    .bearer_auth(&key)
-                    .header("content-type", "application/json")
-                    .body(body.clone())
-                    .send()
+    // BENCH_CASES picks cases (slowloris, flood, flood-process, viewer, idle); each in a
+    // fresh process gives resident figures no earlier case's freed memory blurs.
+    let cases = std::env::var("BENCH_CASES").unwrap_or_default();
+    let want = |c: &str| cases.is_empty() || cases.split(',').any(|x| x.trim() == c);
+    if want("slowloris") {
+        // 1. 200 slowloris connections, one header byte a second.
+        let (rss, p99) = rt.block_on(async {
+            let mut conns = Vec::new();
+            for _ in 0..200 {
+                let mut s = TcpStream::connect(&addr).await.unwrap();
+                s.write_all(b"GET /healthz HTTP/1.1\r\nX-Slow: ")
                     .await
                     .unwrap();
-                assert_eq!(r.status(), 202);
-                if i % 20 == 0 {
-                    peak = peak.max(rss_mb(pid));
-                }
+                conns.push(s);
             }
+            let drip = tokio::spawn(async move {
+                for _ in 0..15 {
+                    for s in &mut conns {
+                        let _ = s.write_all(b"a").await;
+                    }
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+            });
+            let p99 = probe(&c, &url, &key, 500).await;
+            let rss = rss_mb(pid);
+            drip.abort();
+            (rss, p99)
+        });
+        println!(
+            "200 slowloris connections: RSS {rss:.0} MB (+{:.0}), GET p99 {p99:.2} ms ({:.1} x idle; goal <= 2 x)",
+            rss - idle_rss,
+            p99 / idle_p99
+        );
+    }
+    if want("flood") {
+        // 2. 64 concurrent unsigned 25 MiB webhook bodies, sent as fast as they go.
+        let (peak, p99, statuses) = rt.block_on(async {
+            let flood = tokio::spawn({
+                let (c, url) = (c.clone(), url.clone());
+                async move { flood_requests(&c, &url).await }
+            });
+            let sampler = tokio::spawn(async move {
+                let mut peak: f64 = 0.0;
+                for _ in 0..100 {
+                    peak = peak.max(rss_mb(pid));
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                peak
+            });
             let p99 = probe(&c, &url, &key, 300).await;
-            drop(stalled);
-            (peak - before, p99)
-        }
-    };
-    let (plain, _) = rt.block_on(ingest(false));
-    let (watched, p99) = rt.block_on(ingest(true));
-    println!(
-        "{log_mb} MB of logs ingested: RSS grew {plain:.0} MB with nobody watching, {watched:.0} MB with a subscriber that never reads (the viewer's share: {:.0} MB; its queue bound is 8 MiB), GET p99 after {p99:.2} ms",
-        watched - plain
-    );
-
-    // Open sessions left idle: each gets one log line (its actor starts with a replay ring),
-    // then nothing; their actors stop after [sessions] idle_seconds (5 here).
-    let before = rss_mb(pid);
-    let t = Instant::now();
-    let peak = rt.block_on(async {
-        let d: Value = c
-            .post(format!("{url}{DEV}/devices"))
-            .bearer_auth(&key)
-            .json(&json!({"name": "idle"}))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        let device = d["id"].as_u64().unwrap();
-        let mut tasks = Vec::new();
-        for w in 0..64 {
+            let statuses = flood.await.unwrap();
+            (sampler.await.unwrap(), p99, statuses)
+        });
+        println!(
+            "64 concurrent unsigned 25 MiB webhook bodies: peak RSS {peak:.0} MB (+{:.0}; body budget 256 MiB), GET p99 {p99:.2} ms ({:.1} x idle), answers {statuses:?}",
+            peak - idle_rss,
+            p99 / idle_p99
+        );
+    }
+    if want("flood-process") {
+        // 2b. The same flood from another process at the lowest CPU priority: the nearest this
+        // one machine comes to a sender on a second machine (the sender's own CPU use out of the
+        // way of the server and the probe).
+        let before_2b = rss_mb(pid);
+        let (peak, p99, statuses) = rt.block_on(async {
+            let child = tokio::process::Command::new("nice")
+                .args(["-n", "19"])
+                .arg(std::env::current_exe().unwrap())
+                .env("FLEETOPS_FLOOD_URL", &url)
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .unwrap();
+            let sampler = tokio::spawn(async move {
+                let mut peak: f64 = 0.0;
+                for _ in 0..100 {
+                    peak = peak.max(rss_mb(pid));
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                peak
+            });
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let p99 = probe(&c, &url, &key, 300).await;
+            let out = child.wait_with_output().await.unwrap();
+            (
+                sampler.await.unwrap(),
+                p99,
+                String::from_utf8_lossy(&out.stdout).trim().to_string(),
+            )
+        });
+        println!(
+            "the same flood from a separate process at nice 19: peak RSS {peak:.0} MB (+{:.0} over the {before_2b:.0} MB it started from), GET p99 {p99:.2} ms ({:.1} x idle), answers {statuses}",
+            peak - before_2b,
+            p99 / idle_p99
+        );
+    }
+    if want("viewer") {
+        // 3. The same ingest of `log_mb` twice: into a session nobody watches, then into one
+        // with a WebSocket subscriber that never reads; the difference is what the viewer costs.
+        let ingest = |watch: bool| {
             let (c, url, key) = (c.clone(), url.clone(), key.clone());
-            tasks.push(tokio::spawn(async move {
-                let mut n = w;
-                while n < idle_sessions {
-                    let s: Value = c
-                        .post(format!("{url}{DEV}/sessions"))
-                        .bearer_auth(&key)
-                        .json(&json!({"device_id": device}))
-                        .send()
-                        .await
-                        .unwrap()
-                        .json()
-                        .await
-                        .unwrap();
+            async move {
+                let sid = sessions(&c, &url, &key, 1).await[0];
+                let ws_url = format!(
+                    "{}/api/v1/ws/organizations/default/projects/default/sessions/{sid}/logs?token={key}",
+                    url.replace("http://", "ws://")
+                );
+                let stalled = if watch {
+                    Some(tokio_tungstenite::connect_async(ws_url).await.unwrap().0)
+                } else {
+                    None
+                };
+                let before = rss_mb(pid);
+                let line = "x".repeat(1000);
+                let batch: Vec<Value> = (0..1000)
+                    .map(|_| json!({"level": "info", "message": line}))
+                    .collect();
+                let body = serde_json::to_vec(&batch).unwrap();
+                let batches = (log_mb << 20) / body.len();
+                let mut peak: f64 = 0.0;
+                for i in 0..batches {
                     let r = c
-                        .post(format!("{url}{DEV}/sessions/{}/logs", s["id"]))
+                        .post(format!("{url}{DEV}/sessions/{sid}/logs"))
                         .bearer_auth(&key)
-                        .json(&json!([{"timestamp": "2026-05-01T10:00:00.000Z", "level": "info", "module": "m", "message": "up"}]))
+                        .header("content-type", "application/json")
+                        .body(body.clone())
                         .send()
                         .await
                         .unwrap();
                     assert_eq!(r.status(), 202);
-                    n += 64;
+                    if i % 20 == 0 {
+                        peak = peak.max(rss_mb(pid));
+                    }
                 }
-            }));
-        }
-        for t in tasks {
-            t.await.unwrap();
-        }
-        rss_mb(pid)
-    });
-    let made = t.elapsed().as_secs_f64();
-    let running_before = rt.block_on(async {
-        let text = reqwest::get(format!("{url}/metrics"))
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        text.lines()
-            .find_map(|l| l.strip_prefix("fleetops_session_actors_running "))
-            .and_then(|v| v.trim().parse::<f64>().ok())
-            .unwrap_or(f64::NAN)
-    });
-    std::thread::sleep(Duration::from_secs(12));
-    let (after, running_after) = rt.block_on(async {
-        let text = reqwest::get(format!("{url}/metrics"))
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        let n = text
-            .lines()
-            .find_map(|l| l.strip_prefix("fleetops_session_actors_running "))
-            .and_then(|v| v.trim().parse::<f64>().ok())
-            .unwrap_or(f64::NAN);
-        (rss_mb(pid), n)
-    });
-    let p99 = rt.block_on(probe(&c, &url, &key, 300));
-    println!(
-        "{idle_sessions} open sessions with one line each (made in {made:.0} s): RSS +{:.0} MB with {running_before:.0} session actors running, +{:.0} MB once idle ones stopped ({running_after:.0} running), GET p99 after {p99:.2} ms",
-        peak - before,
-        after - before
-    );
+                let p99 = probe(&c, &url, &key, 300).await;
+                drop(stalled);
+                (peak - before, p99)
+            }
+        };
+        let (plain, _) = rt.block_on(ingest(false));
+        let (watched, p99) = rt.block_on(ingest(true));
+        println!(
+            "{log_mb} MB of logs ingested: RSS grew {plain:.0} MB with nobody watching, {watched:.0} MB with a subscriber that never reads (the viewer's share: {:.0} MB; its queue bound is 8 MiB), GET p99 after {p99:.2} ms",
+            watched - plain
+        );
+    }
+    if want("idle") {
+        // Open sessions left idle: each gets one log line (its actor starts with a replay ring),
+        // then nothing; their actors stop after [sessions] idle_seconds (5 here).
+        let before = rss_mb(pid);
+        let t = Instant::now();
+        let peak = rt.block_on(async {
+            let d: Value = c
+                .post(format!("{url}{DEV}/devices"))
+                .bearer_auth(&key)
+                .json(&json!({"name": "idle"}))
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            let device = d["id"].as_u64().unwrap();
+            let mut tasks = Vec::new();
+            for w in 0..64 {
+                let (c, url, key) = (c.clone(), url.clone(), key.clone());
+                tasks.push(tokio::spawn(async move {
+                    let mut n = w;
+                    while n < idle_sessions {
+                        let s: Value = c
+                            .post(format!("{url}{DEV}/sessions"))
+                            .bearer_auth(&key)
+                            .json(&json!({"device_id": device}))
+                            .send()
+                            .await
+                            .unwrap()
+                            .json()
+                            .await
+                            .unwrap();
+                        let r = c
+                            .post(format!("{url}{DEV}/sessions/{}/logs", s["id"]))
+                            .bearer_auth(&key)
+                            .json(&json!([{"timestamp": "2026-05-01T10:00:00.000Z", "level": "info", "module": "m", "message": "up"}]))
+                            .send()
+                            .await
+                            .unwrap();
+                        assert_eq!(r.status(), 202);
+                        n += 64;
+                    }
+                }));
+            }
+            for t in tasks {
+                t.await.unwrap();
+            }
+            rss_mb(pid)
+        });
+        let made = t.elapsed().as_secs_f64();
+        let running_before = rt.block_on(async {
+            let text = reqwest::get(format!("{url}/metrics"))
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap();
+            text.lines()
+                .find_map(|l| l.strip_prefix("fleetops_session_actors_running "))
+                .and_then(|v| v.trim().parse::<f64>().ok())
+                .unwrap_or(f64::NAN)
+        });
+        std::thread::sleep(Duration::from_secs(12));
+        let (after, running_after) = rt.block_on(async {
+            let text = reqwest::get(format!("{url}/metrics"))
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap();
+            let n = text
+                .lines()
+                .find_map(|l| l.strip_prefix("fleetops_session_actors_running "))
+                .and_then(|v| v.trim().parse::<f64>().ok())
+                .unwrap_or(f64::NAN);
+            (rss_mb(pid), n)
+        });
+        let p99 = rt.block_on(probe(&c, &url, &key, 300));
+        println!(
+            "{idle_sessions} open sessions with one line each (made in {made:.0} s): RSS +{:.0} MB with {running_before:.0} session actors running, +{:.0} MB once idle ones stopped ({running_after:.0} running), GET p99 after {p99:.2} ms",
+            peak - before,
+            after - before
+        );
+    }
     drop(running);
 }
