@@ -322,7 +322,7 @@ pub async fn poll_summary(url: &str) -> String {
             .unwrap_or(f64::NAN)
     };
     format!(
-        "{total:.0} polls of connection tasks, {:.0} over 1 ms; 99.9% within {:.2} ms, all within {:.2} ms",
+        "{total:.0} handler polls, {:.0} over 1 ms; 99.9% within {:.2} ms, all within {:.2} ms",
         total - under(0.001),
         covering(0.999),
         covering(1.0)

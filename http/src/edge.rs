@@ -22,6 +22,8 @@ pub struct Edge {
     /// unsigned webhook bodies is read a few at a time, so the bytes it pushes do not crowd
     /// every other request off the async threads.
     large_readers: Arc<Semaphore>,
+    /// Large bodies turned away after `LARGE_BODY_WAIT` without a reader.
+    pub large_body_waits: AtomicU64,
     pub body_timeout: Duration,
     pub connections: Arc<Semaphore>,
     pub header_timeouts: AtomicU64,
@@ -176,6 +178,9 @@ impl hyper::body::Body for Tracked {
 /// Bodies past this declared size (or of no declared size) count under `max_large_bodies`.
 const LARGE_BODY: usize = 1024 * 1024;
 
+/// How long a large body waits for a reader before it is turned away (503, retry).
+const LARGE_BODY_WAIT: Duration = Duration::from_secs(5);
+
 /// A share of the body budget, given back when the body is dropped.
 pub struct BodyPermit(#[allow(dead_code)] Vec<OwnedSemaphorePermit>);
 
@@ -189,6 +194,7 @@ impl Edge {
             body_budget: Arc::new(Semaphore::new(budget_kib as usize)),
             budget_kib,
             large_readers,
+            large_body_waits: AtomicU64::new(0),
             body_timeout: Duration::from_secs(cfg.body_timeout_seconds.max(1)),
             connections: Arc::new(Semaphore::new(cfg.max_connections.max(1))),
             header_timeouts: AtomicU64::new(0),
@@ -236,14 +242,35 @@ impl Edge {
         declared: Option<usize>,
     ) -> ApiResult<(Bytes, BodyPermit)> {
         use http_body_util::BodyExt;
-        // Waiting here reads nothing (the sender is held back by TCP) and counts toward the
-        // body deadline.
-        let _reader = match declared.is_none_or(|n| n > LARGE_BODY) {
-            true => Some(self.large_readers.acquire().await.map_err(|_| {
-                ApiError::Domain(fleetops_actors::Error::Unavailable {
-                    retry_after_secs: 1,
-                })
-            })?),
+        // Waiting here reads nothing (the sender is held back by TCP), and at most
+        // `LARGE_BODY_WAIT`: past it, 503 with `Retry-After`, so senders that hold every
+        // reader turn other large bodies away for a retry rather than into 408s. A body that
+        // is empty or says it is small never waits.
+        let large = match declared {
+            Some(n) => n > LARGE_BODY,
+            None => {
+                use hyper::body::Body as _;
+                !body.is_end_stream()
+                    && body
+                        .size_hint()
+                        .upper()
+                        .is_none_or(|n| n > LARGE_BODY as u64)
+            }
+        };
+        let busy = || {
+            ApiError::Domain(fleetops_actors::Error::Unavailable {
+                retry_after_secs: 1,
+            })
+        };
+        let _reader = match large {
+            true => match tokio::time::timeout(LARGE_BODY_WAIT, self.large_readers.acquire()).await
+            {
+                Ok(Ok(p)) => Some(p),
+                _ => {
+                    self.large_body_waits.fetch_add(1, Ordering::Relaxed);
+                    return Err(busy());
+                }
+            },
             false => None,
         };
         let mut permits = Vec::new();

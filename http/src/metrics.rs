@@ -35,6 +35,7 @@ pub struct RuntimeFigures {
     pub idle_closes: u64,
     pub body_timeouts: u64,
     pub body_budget_refusals: u64,
+    pub large_body_waits: u64,
     pub live_batches_skipped: u64,
     pub session_actors: u64,
     pub per_address_refusals: u64,
@@ -51,7 +52,7 @@ pub struct Metrics {
     log_batches_dropped: Gauge,
     evaluator_busy: Gauge<f64, std::sync::atomic::AtomicU64>,
     /// The edge's limits: open connections, and how often each limit was hit.
-    edge: [Gauge; 10],
+    edge: [Gauge; 11],
 }
 
 impl Default for Metrics {
@@ -110,7 +111,7 @@ impl Metrics {
             "Seconds the rule evaluators spent evaluating since start-up (writes left out)",
             evaluator_busy.clone(),
         );
-        let edge: [Gauge; 10] = Default::default();
+        let edge: [Gauge; 11] = Default::default();
         for (g, (name, help)) in edge.iter().zip([
             ("http_connections_open", "Connections being served now"),
             (
@@ -136,6 +137,10 @@ impl Metrics {
             (
                 "http_body_budget_refusals",
                 "Requests refused (503) over [http] body_budget_bytes",
+            ),
+            (
+                "http_large_body_refusals",
+                "Large bodies refused (503) after waiting 5 s for one of [http] max_large_bodies readers",
             ),
             (
                 "live_batches_skipped",
@@ -191,6 +196,7 @@ impl Metrics {
             rt.idle_closes as i64,
             rt.body_timeouts as i64,
             rt.body_budget_refusals as i64,
+            rt.large_body_waits as i64,
             rt.live_batches_skipped as i64,
             rt.session_actors as i64,
             rt.per_address_refusals as i64,

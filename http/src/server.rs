@@ -116,6 +116,7 @@ pub async fn serve(listener: TcpListener, app: Arc<App>, shutdown: impl Future<O
                     // deadline holds the socket, so a silent client costs one timeout.
                     // Shutdown does not wait for a client that has sent nothing yet.
                     let opening = tokio::select! {
+                        biased;
                         o = opening_within(&stream, header_timeout) => o,
                         _ = closing.cancelled() => return,
                     };

@@ -133,11 +133,12 @@ impl Store {
     /// `meta` says they are kept from then on).
     fn ensure_lists(&self) -> Result<()> {
         const MARK: &[u8] = b"lists-format";
-        if self.inner.meta.get(MARK)?.as_deref() == Some(b"1".as_slice()) {
+        // 2: last-seen seconds became lists with entries (1 kept only their counts).
+        if self.inner.meta.get(MARK)?.as_deref() == Some(b"2".as_slice()) {
             return Ok(());
         }
         let n = self.rebuild_lists(&listed_families())?;
-        self.inner.meta.insert(MARK, b"1".as_slice())?;
+        self.inner.meta.insert(MARK, b"2".as_slice())?;
         self.inner.db.flush()?;
         if n > 0 {
             tracing::info!(records = n, "list indexes built");

@@ -331,7 +331,7 @@ async fn connections_with_nothing_in_flight_close_after_the_idle_limit() {
 #[tokio::test]
 async fn large_bodies_are_read_a_few_at_a_time() {
     let s = start_with(|c| {
-        c.http.body_timeout_seconds = 2;
+        c.http.body_timeout_seconds = 3;
         c.http.max_large_bodies = 1;
         c.scm.webhook_secret = "s3cret".into();
     })
@@ -344,7 +344,9 @@ async fn large_bodies_are_read_a_few_at_a_time() {
     let mut stalled = TcpStream::connect(addr(&s)).await.unwrap();
     stalled.write_all(head(2_000_000).as_bytes()).await.unwrap();
     stalled.write_all(b"{\"zen\":").await.unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The waiting body's deadline runs while it waits: start it late enough to have time
+    // left for its 2 MB once the stalled one is cut (3 s after it began).
+    tokio::time::sleep(Duration::from_millis(1200)).await;
     let t = Instant::now();
     let waiting = tokio::spawn({
         let a = addr(&s);
@@ -371,4 +373,42 @@ async fn large_bodies_are_read_a_few_at_a_time() {
         "{:?}",
         t.elapsed()
     );
+}
+
+/// A large body that finds every reader held for 5 s is turned away with 503 and
+/// `Retry-After` (the host retries), not left to run into its deadline.
+#[tokio::test]
+async fn a_large_body_that_waits_too_long_for_a_reader_gets_503() {
+    let s = start_with(|c| {
+        c.http.body_timeout_seconds = 30;
+        c.http.max_large_bodies = 1;
+        c.scm.webhook_secret = "s3cret".into();
+    })
+    .await;
+    let head = "POST /api/v1/scm/webhooks HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nX-Host-Event: ping\r\nContent-Length: 2000000\r\n\r\n";
+    let mut stalled = TcpStream::connect(addr(&s)).await.unwrap();
+    stalled.write_all(head.as_bytes()).await.unwrap();
+    stalled.write_all(b"{").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let t = Instant::now();
+    let mut second = TcpStream::connect(addr(&s)).await.unwrap();
+    second.write_all(head.as_bytes()).await.unwrap();
+    let mut buf = vec![0u8; 512];
+    let n = tokio::time::timeout(Duration::from_secs(10), second.read(&mut buf))
+        .await
+        .unwrap()
+        .unwrap();
+    let answer = String::from_utf8_lossy(&buf[..n]).to_string();
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    assert!(
+        answer.to_ascii_lowercase().contains("retry-after: 1"),
+        "{answer}"
+    );
+    assert!(
+        t.elapsed() >= Duration::from_millis(4500),
+        "{:?}",
+        t.elapsed()
+    );
+    assert_eq!(s.metric("fleetops_http_large_body_refusals").await, 1.0);
+    drop(stalled);
 }

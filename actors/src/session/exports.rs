@@ -28,8 +28,9 @@ struct Open {
     pos: usize,
 }
 
-/// Decoded chunks kept while merging; in time-ordered data every read is a hit.
-const MERGE_CHUNK_CACHE: usize = 8;
+/// Decoded chunks kept while merging (least recently used goes first); in time-ordered data
+/// every read is a hit, and up to this many chunks may interleave before re-reads start.
+const MERGE_CHUNK_CACHE: usize = 32;
 
 /// Calls `emit` for every match in (timestamp, chunk, index) order, until it returns false.
 ///
@@ -59,8 +60,12 @@ fn merged(
     let mut cache: std::collections::VecDeque<(u64, std::rc::Rc<fleetops_storage::LogChunk>)> =
         std::collections::VecDeque::with_capacity(MERGE_CHUNK_CACHE);
     let mut chunk_of = |seq: u64| -> Result<Option<std::rc::Rc<fleetops_storage::LogChunk>>> {
-        if let Some((_, c)) = cache.iter().find(|(s, _)| *s == seq) {
-            return Ok(Some(c.clone()));
+        if let Some(i) = cache.iter().position(|(s, _)| *s == seq) {
+            let hit = cache.remove(i);
+            if let Some((s, c)) = hit {
+                cache.push_back((s, c.clone()));
+                return Ok(Some(c));
+            }
         }
         let Some(c) = store.log_chunk(session, seq)? else {
             return Ok(None);

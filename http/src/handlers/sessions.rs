@@ -126,7 +126,6 @@ pub async fn remove_tag(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> 
     body::ok(&cx.rt().sessions.tag(s.project.id, id, tag, false).await?)
 }
 
-/// `application/x-ndjson` (or `application/jsonl`): one entry a line.
 /// Log batches larger than this are parsed on the blocking pool.
 const PARSE_OFF_THREAD_BYTES: usize = 16 * 1024;
 
@@ -136,6 +135,7 @@ fn is_large_batch(req: &Req) -> bool {
         .is_none_or(|n| n > PARSE_OFF_THREAD_BYTES)
 }
 
+/// `application/x-ndjson` (or `application/jsonl`): one entry a line.
 fn is_ndjson(req: &Req) -> bool {
     req.header("content-type").is_some_and(|v| {
         let v = v.to_ascii_lowercase();
