@@ -33,9 +33,9 @@ fn main() {
 
     let (running, key, base_url, _data) = rt.block_on(start_fleetops());
     let dev = "/api/v1/organizations/default/projects/default/devices";
-    let id = rt.block_on(async {
+    let (id, token) = rt.block_on(async {
         let c = reqwest::Client::new();
-        let mut id = 0;
+        let (mut id, mut token) = (0, String::new());
         for i in 0..100 {
             let r: serde_json::Value = c
                 .post(format!("{base_url}{dev}"))
@@ -48,13 +48,30 @@ fn main() {
                 .await
                 .unwrap();
             id = r["id"].as_u64().unwrap();
+            token = r["device_token"].as_str().unwrap().to_string();
         }
-        id
+        (id, token)
     });
     let url = format!("{base_url}{dev}/{id}");
     let auth = vec![format!("Authorization: Bearer {key}")];
     wrk(&url, &auth, conns, 2, None); // warm-up
     let fleet = wrk(&url, &auth, conns, secs, None);
+    // Durable heartbeats of one device (each moves it in the device lists: last-seen entries
+    // and per-second counters, in the same batch as the record).
+    let script = std::env::temp_dir().join("fleetops-heartbeat.lua");
+    std::fs::write(
+        &script,
+        "wrk.method = \"POST\"\nwrk.headers[\"Content-Type\"] = \"application/json\"\nwrk.body = '{\"metrics\": {\"cpu\": 0.5}}'\n",
+    )
+    .unwrap();
+    let beat_auth = vec![format!("Authorization: Bearer {token}")];
+    let beat = wrk(
+        &format!("{url}/heartbeat"),
+        &beat_auth,
+        conns,
+        secs,
+        script.to_str(),
+    );
     rt.block_on(running.stop());
 
     println!();
@@ -63,6 +80,7 @@ fn main() {
     for (name, r) in [
         ("bare hyper hello-world", &base),
         ("fleetops GET device (API key)", &fleet),
+        ("fleetops POST heartbeat (device token, durable)", &beat),
     ] {
         println!(
             "| {name} | {:.0} | {:.2} | {:.2} | {} |",
