@@ -399,36 +399,28 @@ async fn status_and_name_filters_page_with_exact_totals() {
         ));
     }
     let clock = s.running.as_ref().unwrap().runtime.clock.clone();
-    // Every fourth device beats now; every fifth beat 61 s ago (offline by now).
-    for (project, id, token, i) in &made {
-        if i % 5 == 0 {
-            let r = s
-                .post(
-                    &format!(
-                        "/api/v1/organizations/default/projects/{project}/devices/{id}/heartbeat"
-                    ),
-                    token,
-                    json!({}),
-                )
-                .await;
-            assert_eq!(r.status, 202);
+    // Every fifth device beat 61 s ago (offline by now); every fourth beats now.
+    let beat = |every: u64| {
+        let made = &made;
+        let s = &s;
+        async move {
+            for (project, id, token, i) in made.iter().filter(|m| m.3 % every == 0) {
+                let r = s
+                    .post(
+                        &format!(
+                            "/api/v1/organizations/default/projects/{project}/devices/{id}/heartbeat"
+                        ),
+                        token,
+                        json!({}),
+                    )
+                    .await;
+                assert_eq!(r.status, 202, "device {i}");
+            }
         }
-    }
+    };
+    beat(5).await;
     clock.advance(std::time::Duration::from_secs(61));
-    for (project, id, token, i) in &made {
-        if i % 4 == 0 {
-            let r = s
-                .post(
-                    &format!(
-                        "/api/v1/organizations/default/projects/{project}/devices/{id}/heartbeat"
-                    ),
-                    token,
-                    json!({}),
-                )
-                .await;
-            assert_eq!(r.status, 202);
-        }
-    }
+    beat(4).await;
     let online = |i: u64| i.is_multiple_of(4);
     let ids = |body: &serde_json::Value| -> Vec<u64> {
         body["items"]

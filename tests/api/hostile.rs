@@ -9,6 +9,13 @@ use tokio::net::TcpStream;
 
 use crate::common::*;
 
+/// The head of an unsigned `ping` delivery declaring `len` bytes of body.
+fn webhook_head(len: usize) -> String {
+    format!(
+        "POST /api/v1/scm/webhooks HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nX-Host-Event: ping\r\nX-Host-Delivery: 0b4e6a2c-9d4f-4c53-9d7e-2a1f3c5b6d7e\r\nContent-Length: {len}\r\n\r\n"
+    )
+}
+
 fn addr(s: &Srv) -> String {
     s.base.trim_start_matches("http://").to_string()
 }
@@ -336,13 +343,11 @@ async fn large_bodies_are_read_a_few_at_a_time() {
         c.scm.webhook_secret = "s3cret".into();
     })
     .await;
-    let head = |len: usize| {
-        format!(
-            "POST /api/v1/scm/webhooks HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nX-Host-Event: ping\r\nX-Host-Delivery: 0b4e6a2c-9d4f-4c53-9d7e-2a1f3c5b6d7e\r\nContent-Length: {len}\r\n\r\n"
-        )
-    };
     let mut stalled = TcpStream::connect(addr(&s)).await.unwrap();
-    stalled.write_all(head(2_000_000).as_bytes()).await.unwrap();
+    stalled
+        .write_all(webhook_head(2_000_000).as_bytes())
+        .await
+        .unwrap();
     stalled.write_all(b"{\"zen\":").await.unwrap();
     // The waiting body's deadline runs while it waits: start it late enough to have time
     // left for its 2 MB once the stalled one is cut (3 s after it began).
@@ -352,7 +357,9 @@ async fn large_bodies_are_read_a_few_at_a_time() {
         let a = addr(&s);
         async move {
             let mut c = TcpStream::connect(a).await.unwrap();
-            c.write_all(head(2_000_000).as_bytes()).await.unwrap();
+            c.write_all(webhook_head(2_000_000).as_bytes())
+                .await
+                .unwrap();
             let _ = c.write_all(&vec![b' '; 2_000_000]).await;
             let mut buf = vec![0u8; 256];
             let n = c.read(&mut buf).await.unwrap_or(0);
@@ -385,7 +392,7 @@ async fn a_large_body_that_waits_too_long_for_a_reader_gets_503() {
         c.scm.webhook_secret = "s3cret".into();
     })
     .await;
-    let head = "POST /api/v1/scm/webhooks HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nX-Host-Event: ping\r\nContent-Length: 2000000\r\n\r\n";
+    let head = webhook_head(2_000_000);
     let mut stalled = TcpStream::connect(addr(&s)).await.unwrap();
     stalled.write_all(head.as_bytes()).await.unwrap();
     stalled.write_all(b"{").await.unwrap();
