@@ -4,7 +4,9 @@
 //!
 //! Run: `cargo bench --bench hostile`. Knobs: BENCH_LOG_MB (logs fed past a stalled viewer,
 //! default 250), BENCH_IDLE_SESSIONS (open sessions left idle, default 100,000),
-//! BENCH_LARGE_BODIES (`[http] max_large_bodies`, default 8).
+//! BENCH_LARGE_BODIES (`[http] max_large_bodies`, default 8), BENCH_PACE (`[http]
+//! unauthenticated_body_bytes_per_second`, default as shipped; 0 unpaced), BENCH_TRACE (print
+//! the slow probes of the back-to-back probe).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -17,6 +19,11 @@ use support::*;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
+/// The flood cases probe one GET every 5 ms for 4 s, through the flood rather than only its
+/// first moments.
+const FLOOD_PROBES: usize = 800;
+const FLOOD_PROBE_GAP: Duration = Duration::from_millis(5);
+
 const DEV: &str = "/api/v1/organizations/default/projects/default";
 
 fn percentile(v: &mut [f64], p: f64) -> f64 {
@@ -26,8 +33,19 @@ fn percentile(v: &mut [f64], p: f64) -> f64 {
 
 /// p99 (ms) of `n` sequential authenticated GETs.
 async fn probe(c: &reqwest::Client, url: &str, key: &str, n: usize) -> f64 {
+    probe_every(c, url, key, n, Duration::ZERO).await
+}
+
+/// p99 (ms) of `n` authenticated GETs, one every `gap` (so they sample a whole flood rather
+/// than its first tenth of a second).
+async fn probe_every(c: &reqwest::Client, url: &str, key: &str, n: usize, gap: Duration) -> f64 {
     let mut ms = Vec::with_capacity(n);
+    let mut tick = tokio::time::interval(gap.max(Duration::from_micros(1)));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     for _ in 0..n {
+        if !gap.is_zero() {
+            tick.tick().await;
+        }
         let t = Instant::now();
         let r = c
             .get(format!("{url}{DEV}/devices?page_size=10"))
@@ -38,6 +56,15 @@ async fn probe(c: &reqwest::Client, url: &str, key: &str, n: usize) -> f64 {
         assert_eq!(r.status(), 200);
         let _ = r.bytes().await;
         ms.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    if std::env::var("BENCH_TRACE").is_ok() {
+        let mut at = 0.0;
+        for (i, m) in ms.iter().enumerate() {
+            at += m;
+            if *m > 2.0 && gap.is_zero() {
+                println!("probe {i} at {at:.1} ms took {m:.2} ms");
+            }
+        }
     }
     percentile(&mut ms, 0.99)
 }
@@ -98,6 +125,9 @@ fn main() {
         c.scm.webhook_secret = "bench-secret".into();
         c.sessions.idle_seconds = 5;
         c.http.max_large_bodies = env_u32("BENCH_LARGE_BODIES", 8) as usize;
+        if let Ok(pace) = std::env::var("BENCH_PACE") {
+            c.http.unauthenticated_body_bytes_per_second = pace.parse().unwrap();
+        }
     }));
     let pid = std::process::id();
     let c = reqwest::Client::new();
@@ -105,6 +135,10 @@ fn main() {
     let idle_rss = rss_mb(pid);
     let idle_p99 = rt.block_on(probe(&c, &url, &key, 500));
     println!("idle: RSS {idle_rss:.0} MB, GET p99 {idle_p99:.2} ms");
+    let idle_spread = rt.block_on(probe_every(&c, &url, &key, FLOOD_PROBES, FLOOD_PROBE_GAP));
+    println!(
+        "idle, one GET every {FLOOD_PROBE_GAP:?} (the flood cases' probe): p99 {idle_spread:.2} ms"
+    );
 
     // BENCH_CASES picks cases (slowloris, flood, flood-process, viewer, idle); each in a
     // fresh process gives resident figures no earlier case's freed memory blurs.
@@ -155,14 +189,14 @@ fn main() {
                 }
                 peak
             });
-            let p99 = probe(&c, &url, &key, 300).await;
+            let p99 = probe_every(&c, &url, &key, FLOOD_PROBES, FLOOD_PROBE_GAP).await;
             let statuses = flood.await.unwrap();
             (sampler.await.unwrap(), p99, statuses)
         });
         println!(
             "64 concurrent unsigned 25 MiB webhook bodies: peak RSS {peak:.0} MB (+{:.0}; body budget 256 MiB), GET p99 {p99:.2} ms ({:.1} x idle), answers {statuses:?}",
             peak - idle_rss,
-            p99 / idle_p99
+            p99 / idle_spread
         );
     }
     if want("flood-process") {
@@ -187,7 +221,7 @@ fn main() {
                 peak
             });
             tokio::time::sleep(Duration::from_millis(300)).await;
-            let p99 = probe(&c, &url, &key, 300).await;
+            let p99 = probe_every(&c, &url, &key, FLOOD_PROBES, FLOOD_PROBE_GAP).await;
             let out = child.wait_with_output().await.unwrap();
             (
                 sampler.await.unwrap(),
@@ -198,7 +232,7 @@ fn main() {
         println!(
             "the same flood from a separate process at nice 19: peak RSS {peak:.0} MB (+{:.0} over the {before_2b:.0} MB it started from), GET p99 {p99:.2} ms ({:.1} x idle), answers {statuses}",
             peak - before_2b,
-            p99 / idle_p99
+            p99 / idle_spread
         );
     }
     if want("viewer") {

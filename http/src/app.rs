@@ -132,6 +132,12 @@ impl Req {
         peer
     }
 
+    /// The body's length as its `Content-Length` declares it.
+    pub fn declared_len(&self) -> Option<u64> {
+        self.header("content-length")
+            .and_then(|v| v.trim().parse::<u64>().ok())
+    }
+
     /// The bearer value from `Authorization: Bearer` or `X-API-Key`.
     pub fn credential(&self) -> Option<&str> {
         if let Some(v) = self.header("authorization") {
@@ -164,15 +170,21 @@ impl Req {
     /// body deadline, its bytes reserved from the budget all buffered bodies share as they
     /// arrive and held until the request is done.
     pub async fn body_bytes(&mut self, limit: usize) -> ApiResult<Bytes> {
+        self.body_bytes_paced(limit, crate::edge::Pace::Authenticated)
+            .await
+    }
+
+    /// As [`Req::body_bytes`], for a route that reads the body before it knows the sender:
+    /// a large body is read at `[http] unauthenticated_body_bytes_per_second`.
+    pub async fn body_bytes_paced(
+        &mut self,
+        limit: usize,
+        pace: crate::edge::Pace,
+    ) -> ApiResult<Bytes> {
         let Some(b) = self.body.take() else {
             return Ok(Bytes::new());
         };
-        let declared = self
-            .parts
-            .headers
-            .get(http::header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<u64>().ok());
+        let declared = self.declared_len();
         if declared.is_some_and(|len| len > limit as u64) {
             return Err(ApiError::too_large(format!(
                 "Request body exceeds the limit of {limit} bytes"
@@ -181,7 +193,7 @@ impl Req {
         let declared = declared.and_then(|d| usize::try_from(d).ok());
         let (bytes, permit) = self
             .edge
-            .within_deadline(self.edge.read_budgeted(b, limit, declared))
+            .within_deadline(self.edge.read_budgeted(b, limit, declared, pace))
             .await?;
         self.held = Some(permit);
         Ok(bytes)

@@ -35,6 +35,10 @@ pub struct HttpConfig {
     /// Buffered bodies over 1 MiB (or of no declared length) read at once; the others wait,
     /// reading nothing, within their body deadline.
     pub max_large_bodies: usize,
+    /// Bytes per second all large bodies on routes that take no credential (the webhook
+    /// intake) are read at together, 0 for no pace: a flood of unsigned bodies costs at most
+    /// this much reading and hashing, whatever its senders push.
+    pub unauthenticated_body_bytes_per_second: u64,
     /// Requests in flight from one client address on the routes that take no credential
     /// (the webhook intake, login, health, metrics, signed links); 503 with `Retry-After`
     /// past it.
@@ -55,6 +59,7 @@ impl Default for HttpConfig {
             max_connections: 4096,
             body_budget_bytes: 256 * 1024 * 1024,
             max_large_bodies: 8,
+            unauthenticated_body_bytes_per_second: 64 * 1024 * 1024,
             max_unauthenticated_per_address: 512,
         }
     }

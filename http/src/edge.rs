@@ -24,6 +24,10 @@ pub struct Edge {
     large_readers: Arc<Semaphore>,
     /// Large bodies turned away after `LARGE_BODY_WAIT` without a reader.
     pub large_body_waits: AtomicU64,
+    /// The pace, in KiB, of large bodies on routes that take no credential (None: unpaced).
+    unauthenticated_pace: Option<governor::DefaultDirectRateLimiter>,
+    /// Times a large unauthenticated body waited for its pace.
+    pub paced_waits: AtomicU64,
     pub body_timeout: Duration,
     pub connections: Arc<Semaphore>,
     pub header_timeouts: AtomicU64,
@@ -181,6 +185,19 @@ const LARGE_BODY: usize = 1024 * 1024;
 /// How long a large body waits for a reader before it is turned away (503, retry).
 const LARGE_BODY_WAIT: Duration = Duration::from_secs(5);
 
+/// The largest piece of a paced body let through at once, in KiB (hyper hands over at most
+/// about 400 KiB a frame; larger frames are paced in pieces of this).
+const PACE_BURST_KIB: u32 = 1024;
+
+/// Whether a body's reading counts against `unauthenticated_body_bytes_per_second`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Pace {
+    /// The sender proved who it is before its body is read.
+    Authenticated,
+    /// The body is read before anything about the sender is known (the webhook intake).
+    Unauthenticated,
+}
+
 /// A share of the body budget, given back when the body is dropped.
 pub struct BodyPermit(#[allow(dead_code)] Vec<OwnedSemaphorePermit>);
 
@@ -190,11 +207,23 @@ impl Edge {
         let budget_kib = u32::try_from(cfg.body_budget_bytes / 1024)
             .unwrap_or(u32::MAX)
             .clamp(1, Semaphore::MAX_PERMITS as u32);
+        let unauthenticated_pace = std::num::NonZeroU32::new(
+            u32::try_from(cfg.unauthenticated_body_bytes_per_second.div_ceil(1024))
+                .unwrap_or(u32::MAX),
+        )
+        .map(|kib| {
+            governor::RateLimiter::direct(
+                governor::Quota::per_second(kib)
+                    .allow_burst(std::num::NonZeroU32::MIN.saturating_add(PACE_BURST_KIB - 1)),
+            )
+        });
         Self {
             body_budget: Arc::new(Semaphore::new(budget_kib as usize)),
             budget_kib,
             large_readers,
             large_body_waits: AtomicU64::new(0),
+            unauthenticated_pace,
+            paced_waits: AtomicU64::new(0),
             body_timeout: Duration::from_secs(cfg.body_timeout_seconds.max(1)),
             connections: Arc::new(Semaphore::new(cfg.max_connections.max(1))),
             header_timeouts: AtomicU64::new(0),
@@ -234,12 +263,14 @@ impl Edge {
     /// Reads a body whole, at most `limit` bytes, reserving its bytes from the shared budget
     /// as they arrive (a client that declares a large body and sends nothing holds nothing);
     /// 503 with `Retry-After` when the budget runs out. One body holds at most the whole
-    /// budget, so a single large body is always admitted when nothing else holds it.
+    /// budget, so a single large body is always admitted when nothing else holds it. A large
+    /// body read before its sender is known is read at the shared unauthenticated pace.
     pub async fn read_budgeted(
         &self,
         mut body: hyper::body::Incoming,
         limit: usize,
         declared: Option<usize>,
+        pace: Pace,
     ) -> ApiResult<(Bytes, BodyPermit)> {
         use http_body_util::BodyExt;
         // Waiting here reads nothing (the sender is held back by TCP), and at most
@@ -273,6 +304,10 @@ impl Edge {
             },
             false => None,
         };
+        let pace = match (large, pace) {
+            (true, Pace::Unauthenticated) => self.unauthenticated_pace.as_ref(),
+            _ => None,
+        };
         let mut permits = Vec::new();
         let mut reserved_kib: u32 = 0;
         // Sized from the declared length (pages are only touched as bytes arrive), so the
@@ -290,6 +325,9 @@ impl Edge {
                 )));
             }
             buf.extend_from_slice(&data);
+            if let Some(pace) = pace {
+                self.pace(pace, data.len()).await;
+            }
             let want = u32::try_from(buf.len().div_ceil(1024))
                 .unwrap_or(u32::MAX)
                 .min(self.budget_kib);
@@ -313,6 +351,19 @@ impl Edge {
             }
         }
         Ok((buf.freeze(), BodyPermit(permits)))
+    }
+
+    /// Waits until `bytes` more fit the pace; TCP holds the sender back meanwhile.
+    async fn pace(&self, pace: &governor::DefaultDirectRateLimiter, bytes: usize) {
+        let mut kib = u32::try_from(bytes.div_ceil(1024)).unwrap_or(u32::MAX);
+        while let Some(n) = std::num::NonZeroU32::new(kib.min(PACE_BURST_KIB)) {
+            if !matches!(pace.check_n(n), Ok(Ok(_))) {
+                self.paced_waits.fetch_add(1, Ordering::Relaxed);
+                // `n` never exceeds the burst, so this only waits.
+                let _ = pace.until_n_ready(n).await;
+            }
+            kib -= n.get();
+        }
     }
 
     /// Reads a whole body within the deadline (408 past it).

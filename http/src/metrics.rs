@@ -36,6 +36,7 @@ pub struct RuntimeFigures {
     pub body_timeouts: u64,
     pub body_budget_refusals: u64,
     pub large_body_waits: u64,
+    pub paced_waits: u64,
     pub live_batches_skipped: u64,
     pub session_actors: u64,
     pub per_address_refusals: u64,
@@ -52,7 +53,7 @@ pub struct Metrics {
     log_batches_dropped: Gauge,
     evaluator_busy: Gauge<f64, std::sync::atomic::AtomicU64>,
     /// The edge's limits: open connections, and how often each limit was hit.
-    edge: [Gauge; 11],
+    edge: [Gauge; 12],
 }
 
 impl Default for Metrics {
@@ -111,7 +112,7 @@ impl Metrics {
             "Seconds the rule evaluators spent evaluating since start-up (writes left out)",
             evaluator_busy.clone(),
         );
-        let edge: [Gauge; 11] = Default::default();
+        let edge: [Gauge; 12] = Default::default();
         for (g, (name, help)) in edge.iter().zip([
             ("http_connections_open", "Connections being served now"),
             (
@@ -141,6 +142,10 @@ impl Metrics {
             (
                 "http_large_body_refusals",
                 "Large bodies refused (503) after waiting 5 s for one of [http] max_large_bodies readers",
+            ),
+            (
+                "http_unauthenticated_body_paced",
+                "Times a large body on a route that takes no credential waited for [http] unauthenticated_body_bytes_per_second",
             ),
             (
                 "live_batches_skipped",
@@ -197,6 +202,7 @@ impl Metrics {
             rt.body_timeouts as i64,
             rt.body_budget_refusals as i64,
             rt.large_body_waits as i64,
+            rt.paced_waits as i64,
             rt.live_batches_skipped as i64,
             rt.session_actors as i64,
             rt.per_address_refusals as i64,

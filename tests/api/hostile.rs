@@ -419,3 +419,51 @@ async fn a_large_body_that_waits_too_long_for_a_reader_gets_503() {
     assert_eq!(s.metric("fleetops_http_large_body_refusals").await, 1.0);
     drop(stalled);
 }
+
+/// Large bodies on the webhook intake are read at `unauthenticated_body_bytes_per_second`
+/// (here 1 MiB/s): a correctly signed 3 MiB delivery is still accepted, after about two
+/// seconds; an authenticated 3 MiB log batch is not paced.
+#[tokio::test]
+async fn unauthenticated_large_bodies_are_read_at_their_pace() {
+    let s = start_with(|c| {
+        c.http.unauthenticated_body_bytes_per_second = 1 << 20;
+        c.scm.webhook_secret = crate::webhooks::SECRET.into();
+    })
+    .await;
+    let body = serde_json::to_vec(&serde_json::json!({"zen": "z".repeat(3 << 20)})).unwrap();
+    let t = Instant::now();
+    let r = s
+        .raw(
+            s.http
+                .post(s.url("/api/v1/scm/webhooks"))
+                .header("content-type", "application/json")
+                .header("X-Host-Event", "ping")
+                .header("X-Host-Delivery", uuid::Uuid::new_v4().to_string())
+                .header(
+                    "X-Hub-Signature-256",
+                    crate::webhooks::sign(crate::webhooks::SECRET, &body),
+                )
+                .body(body),
+        )
+        .await;
+    let paced = t.elapsed();
+    assert_eq!(r.status, 202, "{}", r.body);
+    // 1 MiB of burst, then 2 MiB at 1 MiB/s.
+    assert!(paced >= Duration::from_millis(1700), "{paced:?}");
+    let waits = s.metric("fleetops_http_unauthenticated_body_paced").await;
+    assert!(waits >= 1.0, "{waits}");
+
+    let (d, tok) = crate::sessions::device(&s, "r1").await;
+    let sid = crate::sessions::session(&s, d, &tok).await;
+    let line = serde_json::json!({"level": "info", "message": "m".repeat(1000)});
+    let batch = serde_json::Value::Array(vec![line; 3_000]);
+    let r = s
+        .post(&format!("{DEV}/sessions/{sid}/logs"), &tok, batch)
+        .await;
+    assert_eq!(r.status, 202, "{}", r.body);
+    assert_eq!(
+        s.metric("fleetops_http_unauthenticated_body_paced").await,
+        waits,
+        "an authenticated body was paced"
+    );
+}

@@ -62,6 +62,7 @@ pub fn metrics(cx: &Cx<'_>, req: &Req) -> ApiResult<Response<Body>> {
         body_timeouts: n(&edge.body_timeouts),
         body_budget_refusals: n(&edge.budget_refusals),
         large_body_waits: n(&edge.large_body_waits),
+        paced_waits: n(&edge.paced_waits),
         live_batches_skipped: cx.rt().live_batches_skipped(),
         session_actors: cx.rt().sessions.running_actors() as u64,
         per_address_refusals: n(&edge.per_address_refusals),

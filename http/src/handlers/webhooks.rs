@@ -22,7 +22,9 @@ fn header2<'a>(req: &'a Req, host: &str, github: &str) -> Option<&'a str> {
 pub async fn receive(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
     let webhooks = &cx.rt().webhooks;
     let limit = usize::try_from(webhooks.max_body_bytes()).unwrap_or(usize::MAX);
-    let bytes = req.body_bytes(limit).await?;
+    let bytes = req
+        .body_bytes_paced(limit, crate::edge::Pace::Unauthenticated)
+        .await?;
     let id = header2(&req, "x-host-delivery", "x-github-delivery");
     let event = header2(&req, "x-host-event", "x-github-event");
     webhooks
