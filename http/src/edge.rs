@@ -38,6 +38,8 @@ pub struct Edge {
     pub idle_timeout: Duration,
     pub body_timeouts: AtomicU64,
     pub budget_refusals: AtomicU64,
+    /// The most bytes of buffered bodies held at once since start-up (KiB).
+    pub budget_peak_kib: AtomicU64,
     pub connection_waits: AtomicU64,
     pub connections_open: AtomicI64,
     /// Requests in flight per client address on routes that take no credential.
@@ -232,6 +234,7 @@ impl Edge {
             idle_timeout: Duration::from_secs(cfg.idle_timeout_seconds.max(1)),
             body_timeouts: AtomicU64::new(0),
             budget_refusals: AtomicU64::new(0),
+            budget_peak_kib: AtomicU64::new(0),
             connection_waits: AtomicU64::new(0),
             connections_open: AtomicI64::new(0),
             per_address: Arc::new(dashmap::DashMap::new()),
@@ -340,6 +343,9 @@ impl Edge {
                     Ok(p) => {
                         permits.push(p);
                         reserved_kib = want;
+                        let held = self.budget_kib as usize - self.body_budget.available_permits();
+                        self.budget_peak_kib
+                            .fetch_max(held as u64, Ordering::Relaxed);
                     }
                     Err(_) => {
                         self.budget_refusals.fetch_add(1, Ordering::Relaxed);

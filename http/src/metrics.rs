@@ -35,6 +35,7 @@ pub struct RuntimeFigures {
     pub idle_closes: u64,
     pub body_timeouts: u64,
     pub body_budget_refusals: u64,
+    pub body_budget_peak_bytes: u64,
     pub large_body_waits: u64,
     pub paced_waits: u64,
     pub live_batches_skipped: u64,
@@ -53,7 +54,7 @@ pub struct Metrics {
     log_batches_dropped: Gauge,
     evaluator_busy: Gauge<f64, std::sync::atomic::AtomicU64>,
     /// The edge's limits: open connections, and how often each limit was hit.
-    edge: [Gauge; 12],
+    edge: [Gauge; 13],
 }
 
 impl Default for Metrics {
@@ -112,7 +113,7 @@ impl Metrics {
             "Seconds the rule evaluators spent evaluating since start-up (writes left out)",
             evaluator_busy.clone(),
         );
-        let edge: [Gauge; 12] = Default::default();
+        let edge: [Gauge; 13] = Default::default();
         for (g, (name, help)) in edge.iter().zip([
             ("http_connections_open", "Connections being served now"),
             (
@@ -138,6 +139,10 @@ impl Metrics {
             (
                 "http_body_budget_refusals",
                 "Requests refused (503) over [http] body_budget_bytes",
+            ),
+            (
+                "http_body_budget_peak_bytes",
+                "The most bytes of buffered request bodies held at once since start-up (at most [http] body_budget_bytes)",
             ),
             (
                 "http_large_body_refusals",
@@ -201,6 +206,7 @@ impl Metrics {
             rt.idle_closes as i64,
             rt.body_timeouts as i64,
             rt.body_budget_refusals as i64,
+            rt.body_budget_peak_bytes as i64,
             rt.large_body_waits as i64,
             rt.paced_waits as i64,
             rt.live_batches_skipped as i64,

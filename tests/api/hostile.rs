@@ -467,3 +467,64 @@ async fn unauthenticated_large_bodies_are_read_at_their_pace() {
         "an authenticated body was paced"
     );
 }
+
+/// 64 concurrent unsigned 25 MiB deliveries on the shipped limits: every one is answered 401
+/// (read at the pace, signature refused) or 503 with `Retry-After` (no reader within 5 s),
+/// never a reset or a timeout; the buffered bytes never pass the 256 MiB budget; normal
+/// requests are served meanwhile. (Resident memory under it: `cargo bench --bench hostile`.)
+#[tokio::test]
+async fn a_flood_of_large_unsigned_deliveries_stays_within_the_body_budget() {
+    let s = start_with(|c| c.scm.webhook_secret = crate::webhooks::SECRET.into()).await;
+    let body = bytes::Bytes::from(vec![b' '; 25 << 20]);
+    let client = reqwest::Client::new();
+    let mut tasks = Vec::new();
+    for _ in 0..64 {
+        let (c, url, body) = (client.clone(), s.url("/api/v1/scm/webhooks"), body.clone());
+        tasks.push(tokio::spawn(async move {
+            match c
+                .post(url)
+                .header("content-type", "application/json")
+                .header("X-Host-Event", "ping")
+                .header("X-Host-Delivery", uuid::Uuid::new_v4().to_string())
+                .header("X-Hub-Signature-256", format!("sha256={}", "0".repeat(64)))
+                .body(body)
+                .send()
+                .await
+            {
+                Ok(r) => (
+                    r.status().as_u16(),
+                    r.headers()
+                        .get("retry-after")
+                        .and_then(|v| v.to_str().ok())
+                        .map(str::to_string),
+                ),
+                Err(e) => panic!("a delivery got no answer: {e}"),
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for _ in 0..5 {
+        let r = s.get(&format!("{DEV}/devices"), s.key()).await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let mut by_status = std::collections::BTreeMap::new();
+    for t in tasks {
+        let (status, retry) = t.await.unwrap();
+        if status == 503 {
+            assert_eq!(retry.as_deref(), Some("1"));
+        }
+        *by_status.entry(status).or_insert(0) += 1;
+    }
+    assert!(
+        by_status.keys().all(|k| *k == 401 || *k == 503),
+        "{by_status:?}"
+    );
+    assert!(
+        by_status.get(&401).is_some_and(|n| *n >= 8),
+        "{by_status:?}"
+    );
+    let peak = s.metric("fleetops_http_body_budget_peak_bytes").await;
+    assert!(peak >= (25 << 20) as f64, "{peak}");
+    assert!(peak <= (256 << 20) as f64, "{peak}");
+}

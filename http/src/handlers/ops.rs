@@ -61,6 +61,7 @@ pub fn metrics(cx: &Cx<'_>, req: &Req) -> ApiResult<Response<Body>> {
         idle_closes: n(&edge.idle_closes),
         body_timeouts: n(&edge.body_timeouts),
         body_budget_refusals: n(&edge.budget_refusals),
+        body_budget_peak_bytes: n(&edge.budget_peak_kib) * 1024,
         large_body_waits: n(&edge.large_body_waits),
         paced_waits: n(&edge.paced_waits),
         live_batches_skipped: cx.rt().live_batches_skipped(),
