@@ -19,9 +19,9 @@ use support::*;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
-/// The flood cases probe one GET every 5 ms for 4 s, through the flood rather than only its
-/// first moments.
-const FLOOD_PROBES: usize = 800;
+/// The flood cases probe one GET every 5 ms for 7 s, through the whole flood (two waves of
+/// eight readers, about 6.3 s) rather than only its first moments.
+const FLOOD_PROBES: usize = 1400;
 const FLOOD_PROBE_GAP: Duration = Duration::from_millis(5);
 
 const DEV: &str = "/api/v1/organizations/default/projects/default";

@@ -171,7 +171,29 @@ impl Config {
                 anyhow::bail!("tiers.{name}.requests_per_minute must be at least 1");
             }
         }
+        if let Some(needed) = self.paced_flood_seconds()
+            && needed >= self.http.body_timeout_seconds
+        {
+            tracing::warn!(
+                needed,
+                body_timeout_seconds = self.http.body_timeout_seconds,
+                "at [http] unauthenticated_body_bytes_per_second, max_large_bodies deliveries of \
+                 [scm] max_body_bytes take longer than the body deadline to read together: in a \
+                 flood some get 408 rather than 401 or 503; raise the pace or the deadline"
+            );
+        }
         Ok(())
+    }
+
+    /// Seconds a webhook body of the largest size may need when every large reader holds one
+    /// and the pace is shared: its 5 s wait for a reader plus its share of the pace. The body
+    /// deadline covers both.
+    pub fn paced_flood_seconds(&self) -> Option<u64> {
+        let pace = self.http.unauthenticated_body_bytes_per_second;
+        (pace > 0).then(|| {
+            5 + (self.scm.max_body_bytes as u128 * self.http.max_large_bodies.max(1) as u128)
+                .div_ceil(pace as u128) as u64
+        })
     }
 
     /// The built-in tiers with the file's tables laid over them, plus any new tier the file
@@ -263,5 +285,7 @@ mod tests {
             std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/config.toml")).unwrap();
         let c: Config = toml::from_str(&text).unwrap();
         c.validate().unwrap();
+        // The shipped pace reads eight 25 MiB deliveries together well inside the deadline.
+        assert!(c.paced_flood_seconds().unwrap() < c.http.body_timeout_seconds);
     }
 }

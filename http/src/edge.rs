@@ -187,9 +187,13 @@ const LARGE_BODY: usize = 1024 * 1024;
 /// How long a large body waits for a reader before it is turned away (503, retry).
 const LARGE_BODY_WAIT: Duration = Duration::from_secs(5);
 
-/// The largest piece of a paced body let through at once, in KiB (hyper hands over at most
-/// about 400 KiB a frame; larger frames are paced in pieces of this).
+/// How much of the pace may be used at once after a quiet spell, in KiB: a lone delivery's
+/// first MiB is not held back.
 const PACE_BURST_KIB: u32 = 1024;
+
+/// The piece a paced read waits for at a time, in KiB (hyper hands over up to about 400 KiB
+/// a frame).
+const PACE_PIECE_KIB: u32 = 64;
 
 /// Whether a body's reading counts against `unauthenticated_body_bytes_per_second`.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -313,6 +317,7 @@ impl Edge {
         };
         let mut permits = Vec::new();
         let mut reserved_kib: u32 = 0;
+        let mut paced_kib: u64 = 0;
         // Sized from the declared length (pages are only touched as bytes arrive), so the
         // buffer does not double past what the budget counts.
         let mut buf = bytes::BytesMut::with_capacity(declared.unwrap_or(0).min(limit));
@@ -327,11 +332,9 @@ impl Edge {
                     "Request body exceeds the limit of {limit} bytes"
                 )));
             }
-            buf.extend_from_slice(&data);
-            if let Some(pace) = pace {
-                self.pace(pace, data.len()).await;
-            }
-            let want = u32::try_from(buf.len().div_ceil(1024))
+            // The budget first, so bytes waiting on the pace are already counted.
+            let len = buf.len() + data.len();
+            let want = u32::try_from(len.div_ceil(1024))
                 .unwrap_or(u32::MAX)
                 .min(self.budget_kib);
             if want > reserved_kib {
@@ -355,14 +358,23 @@ impl Edge {
                     }
                 }
             }
+            buf.extend_from_slice(&data);
+            if let Some(pace) = pace {
+                // Charged on the running total, so small frames do not round up each.
+                let due = len.div_ceil(1024) as u64;
+                self.pace(pace, due - paced_kib).await;
+                paced_kib = due;
+            }
         }
         Ok((buf.freeze(), BodyPermit(permits)))
     }
 
-    /// Waits until `bytes` more fit the pace; TCP holds the sender back meanwhile.
-    async fn pace(&self, pace: &governor::DefaultDirectRateLimiter, bytes: usize) {
-        let mut kib = u32::try_from(bytes.div_ceil(1024)).unwrap_or(u32::MAX);
-        while let Some(n) = std::num::NonZeroU32::new(kib.min(PACE_BURST_KIB)) {
+    /// Waits until `kib` more fit the pace; TCP holds the sender back meanwhile. Asked for in
+    /// small pieces, so a reader with a large frame in hand is not starved by readers with
+    /// small ones (a failed check reserves nothing).
+    async fn pace(&self, pace: &governor::DefaultDirectRateLimiter, kib: u64) {
+        let mut kib = u32::try_from(kib).unwrap_or(u32::MAX);
+        while let Some(n) = std::num::NonZeroU32::new(kib.min(PACE_PIECE_KIB)) {
             if !matches!(pace.check_n(n), Ok(Ok(_))) {
                 self.paced_waits.fetch_add(1, Ordering::Relaxed);
                 // `n` never exceeds the burst, so this only waits.

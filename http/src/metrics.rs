@@ -142,7 +142,7 @@ impl Metrics {
             ),
             (
                 "http_body_budget_peak_bytes",
-                "The most bytes of buffered request bodies held at once since start-up (at most [http] body_budget_bytes)",
+                "The most of [http] body_budget_bytes reserved at once by buffered request bodies since start-up",
             ),
             (
                 "http_large_body_refusals",

@@ -11,10 +11,10 @@ use crate::common::DEV;
 
 const BIN: &str = env!("CARGO_BIN_EXE_fleetops");
 
-struct Proc {
-    child: Child,
-    base: String,
-    stdout: Vec<String>,
+pub(crate) struct Proc {
+    pub child: Child,
+    pub base: String,
+    pub stdout: Vec<String>,
 }
 
 impl Drop for Proc {
@@ -25,7 +25,7 @@ impl Drop for Proc {
 }
 
 /// Starts `fleetops serve` on port 0 and reads stdout up to the listening line.
-fn serve(dir: &std::path::Path, extra_env: &[(&str, &str)]) -> Proc {
+pub(crate) fn serve(dir: &std::path::Path, extra_env: &[(&str, &str)]) -> Proc {
     let mut cmd = Command::new(BIN);
     cmd.arg("serve")
         .current_dir(dir)
@@ -73,13 +73,13 @@ fn serve(dir: &std::path::Path, extra_env: &[(&str, &str)]) -> Proc {
     }
 }
 
-fn field<'a>(lines: &'a [String], label: &str) -> Option<&'a str> {
+pub(crate) fn field<'a>(lines: &'a [String], label: &str) -> Option<&'a str> {
     lines
         .iter()
         .find_map(|l| l.trim_start().strip_prefix(label).map(str::trim))
 }
 
-fn client() -> reqwest::Client {
+pub(crate) fn client() -> reqwest::Client {
     reqwest::Client::builder()
         .timeout(Duration::from_secs(30))
         .build()
@@ -932,4 +932,164 @@ async fn kill_9_while_an_alert_fires_and_its_notification_is_owed() {
         .await
     );
     assert_eq!(alerts(base.clone()).await["total"], 1);
+}
+
+/// SIGTERM: the request in flight (its body still arriving) is finished and answered, an open
+/// WebSocket closes with 1001, the process exits 0; deliveries accepted just before are worked
+/// exactly once across the restart.
+#[tokio::test]
+async fn sigterm_finishes_in_flight_work_closes_websockets_1001_and_exits_0() {
+    use futures::StreamExt;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio_tungstenite::tungstenite::Message;
+
+    use crate::webhooks::{SECRET, pr, sign};
+    let dir = tempfile::tempdir().unwrap();
+    let env = [("FLEETOPS_SCM_WEBHOOK_SECRET", SECRET)];
+    let mut p = serve(dir.path(), &env);
+    let key = field(&p.stdout, "API key:").unwrap().to_string();
+    let c = client();
+    let base = p.base.clone();
+    let r = c
+        .post(format!("{base}{DEV}/repositories"))
+        .bearer_auth(&key)
+        .json(&json!({"full_name": "Codertocat/Hello-World"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let d: serde_json::Value = c
+        .post(format!("{base}{DEV}/devices"))
+        .bearer_auth(&key)
+        .json(&json!({"name": "r1"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let token = d["device_token"].as_str().unwrap().to_string();
+    let v: serde_json::Value = c
+        .post(format!("{base}{DEV}/sessions"))
+        .bearer_auth(&token)
+        .json(&json!({"device_id": d["id"]}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let sid = v["id"].as_u64().unwrap();
+    let (mut ws, _) = tokio_tungstenite::connect_async(format!(
+        "{}/api/v1/ws/organizations/default/projects/default/sessions/{sid}/logs?token={key}",
+        base.replace("http://", "ws://")
+    ))
+    .await
+    .unwrap();
+    let n = 50u64;
+    for i in 0..n {
+        let body = serde_json::to_vec(&pr("opened", i + 1, &format!("{i:040}"), false)).unwrap();
+        let r = c
+            .post(format!("{base}/api/v1/scm/webhooks"))
+            .header("X-Host-Event", "pull_request")
+            .header("X-Host-Delivery", uuid::Uuid::new_v4().to_string())
+            .header("X-Hub-Signature-256", sign(SECRET, &body))
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 202);
+    }
+    // A log batch whose head and half its body are in when SIGTERM comes.
+    let batch = serde_json::to_vec(&json!([{"level": "info", "message": "in flight"}])).unwrap();
+    let (first, rest) = batch.split_at(batch.len() / 2);
+    let mut slow = tokio::net::TcpStream::connect(base.trim_start_matches("http://"))
+        .await
+        .unwrap();
+    slow.write_all(
+        format!(
+            "POST {DEV}/sessions/{sid}/logs HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+            batch.len()
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap();
+    slow.write_all(first).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let t = std::time::Instant::now();
+    let killed = Command::new("kill")
+        .args(["-TERM", &p.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    slow.write_all(rest).await.unwrap();
+    let mut answer = vec![0u8; 1024];
+    let got = tokio::time::timeout(Duration::from_secs(10), slow.read(&mut answer))
+        .await
+        .unwrap()
+        .unwrap();
+    let answer = String::from_utf8_lossy(&answer[..got]).to_string();
+    assert!(answer.starts_with("HTTP/1.1 202"), "{answer}");
+    let close = tokio::time::timeout(Duration::from_secs(10), async {
+        while let Some(m) = ws.next().await {
+            if let Ok(Message::Close(frame)) = m {
+                return frame.map(|f| u16::from(f.code));
+            }
+        }
+        None
+    })
+    .await
+    .unwrap();
+    assert_eq!(close, Some(1001));
+    let status = loop {
+        if let Some(s) = p.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(t.elapsed() < Duration::from_secs(15), "still running");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(status.code(), Some(0), "{status:?}");
+    drop(p);
+
+    let p = serve(dir.path(), &env);
+    let total = |q: String| {
+        let (c, key) = (c.clone(), key.clone());
+        async move {
+            let v: serde_json::Value = c
+                .get(q)
+                .bearer_auth(key)
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            v["total"].as_u64().unwrap_or(0)
+        }
+    };
+    let base = p.base.clone();
+    assert!(
+        crate::common::eventually(30, || async {
+            total(format!(
+                "{base}/api/v1/scm/deliveries?outcome=dispatched&page_size=1"
+            ))
+            .await
+                == n
+        })
+        .await
+    );
+    assert_eq!(
+        total(format!("{base}{DEV}/test-runs?page_size=1")).await,
+        n,
+        "a delivery worked twice"
+    );
+    assert_eq!(
+        total(format!(
+            "{base}{DEV}/sessions/{sid}/logs?search=in%20flight&limit=1"
+        ))
+        .await,
+        1
+    );
 }
