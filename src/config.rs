@@ -13,6 +13,14 @@ use fleetops_actors::config::{
 use fleetops_http::{HttpConfig, Tier};
 use serde::Deserialize;
 
+/// How the tracing log (standard error) is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
@@ -25,6 +33,9 @@ pub struct Config {
     pub public_url: String,
     /// tracing filter (`FLEETOPS_LOG`), e.g. `info` or `fleetops=debug`.
     pub log: String,
+    /// `text` (for a terminal) or `json` (one object a line, for a log shipper;
+    /// `FLEETOPS_LOG_FORMAT`).
+    pub log_format: LogFormat,
     pub http: HttpConfig,
     pub auth: AuthConfig,
     pub supervision: SupervisionConfig,
@@ -80,6 +91,7 @@ impl Default for Config {
             data_dir: PathBuf::from("./data"),
             public_url: String::new(),
             log: "info".into(),
+            log_format: LogFormat::Text,
             http: HttpConfig::default(),
             auth: AuthConfig::default(),
             supervision: SupervisionConfig::default(),
@@ -151,6 +163,13 @@ impl Config {
         }
         if let Some(v) = get("FLEETOPS_LOG") {
             self.log = v;
+        }
+        if let Some(v) = get("FLEETOPS_LOG_FORMAT") {
+            self.log_format = match v.as_str() {
+                "text" => LogFormat::Text,
+                "json" => LogFormat::Json,
+                other => anyhow::bail!("FLEETOPS_LOG_FORMAT must be text or json, not {other:?}"),
+            };
         }
         if let Some(v) = get("FLEETOPS_ADMIN_EMAIL") {
             self.admin.email = v;

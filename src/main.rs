@@ -55,7 +55,7 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::from(2);
         }
     };
-    init_tracing(&cfg.log);
+    init_tracing(&cfg.log, cfg.log_format);
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -102,13 +102,16 @@ fn main() -> std::process::ExitCode {
     }
 }
 
-fn init_tracing(filter: &str) {
+fn init_tracing(filter: &str, format: fleetops::config::LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_new(filter)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt()
+    let log = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+        .with_writer(std::io::stderr);
+    match format {
+        fleetops::config::LogFormat::Text => log.init(),
+        fleetops::config::LogFormat::Json => log.json().init(),
+    }
 }
 
 async fn serve(cfg: Config) -> anyhow::Result<()> {

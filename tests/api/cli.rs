@@ -26,6 +26,21 @@ impl Drop for Proc {
 
 /// Starts `fleetops serve` on port 0 and reads stdout up to the listening line.
 pub(crate) fn serve(dir: &std::path::Path, extra_env: &[(&str, &str)]) -> Proc {
+    let stderr = match std::env::var_os("FLEETOPS_TEST_STDERR") {
+        Some(p) => Stdio::from(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(p)
+                .unwrap(),
+        ),
+        None => Stdio::null(),
+    };
+    serve_with_stderr(dir, extra_env, stderr)
+}
+
+/// As [`serve`], its standard error (the tracing log) going to `stderr`.
+fn serve_with_stderr(dir: &std::path::Path, extra_env: &[(&str, &str)], stderr: Stdio) -> Proc {
     let mut cmd = Command::new(BIN);
     cmd.arg("serve")
         .current_dir(dir)
@@ -33,16 +48,7 @@ pub(crate) fn serve(dir: &std::path::Path, extra_env: &[(&str, &str)]) -> Proc {
         .env("FLEETOPS_DATA_DIR", dir.join("data"))
         .env("FLEETOPS_LOG", "warn")
         .stdout(Stdio::piped())
-        .stderr(match std::env::var_os("FLEETOPS_TEST_STDERR") {
-            Some(p) => Stdio::from(
-                std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(p)
-                    .unwrap(),
-            ),
-            None => Stdio::null(),
-        });
+        .stderr(stderr);
     for (k, v) in extra_env {
         cmd.env(k, v);
     }
@@ -1092,4 +1098,49 @@ async fn sigterm_finishes_in_flight_work_closes_websockets_1001_and_exits_0() {
         .await,
         1
     );
+}
+
+/// `log_format = "json"`: every line of the tracing log is one JSON object with a timestamp,
+/// a level and fields; secrets printed on first start never reach it.
+#[tokio::test]
+async fn json_log_format_writes_one_object_a_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("stderr.log");
+    let file = std::fs::File::create(&log).unwrap();
+    let mut p = serve_with_stderr(
+        dir.path(),
+        &[("FLEETOPS_LOG_FORMAT", "json"), ("FLEETOPS_LOG", "info")],
+        Stdio::from(file),
+    );
+    let key = field(&p.stdout, "API key:").unwrap().to_string();
+    let r = client()
+        .get(format!("{}/healthz", p.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let killed = Command::new("kill")
+        .args(["-TERM", &p.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    assert_eq!(p.child.wait().unwrap().code(), Some(0));
+    let text = std::fs::read_to_string(&log).unwrap();
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    assert!(lines.len() >= 2, "{text}");
+    for l in &lines {
+        assert!(l["timestamp"].is_string(), "{l}");
+        assert!(l["level"].is_string(), "{l}");
+        assert!(l["fields"].is_object(), "{l}");
+    }
+    assert!(
+        lines
+            .iter()
+            .any(|l| l["fields"]["message"] == "listening" && l["fields"]["addr"].is_string()),
+        "{text}"
+    );
+    assert!(!text.contains(&key), "the API key reached the log");
 }
