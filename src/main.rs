@@ -1,4 +1,5 @@
-//! `fleetops`: the server (`serve`) and its offline admin commands (`admin bootstrap`).
+//! `fleetops`: the server (`serve`) and its admin commands (`admin bootstrap`, `admin backup`,
+//! `admin restore`).
 
 use std::path::PathBuf;
 
@@ -43,6 +44,26 @@ enum AdminCmd {
         project: String,
         #[arg(long, default_value = "free", value_parser = ["free", "personal", "team", "enterprise"])]
         tier: String,
+    },
+    /// A consistent copy of the data directory in DIR (absent or empty; prints a JSON report).
+    /// With the server stopped the copy is made here; while it serves (the directory is
+    /// locked), the running server makes it, on its own host: give its URL and a superuser's
+    /// API key or token. Writes wait while the copy is made.
+    Backup {
+        #[arg(long, value_name = "DIR")]
+        to: PathBuf,
+        /// The running server (default: the configured listening address).
+        #[arg(long)]
+        url: Option<String>,
+        /// A superuser's API key or token, for a server that is running.
+        #[arg(long, env = "FLEETOPS_TOKEN", hide_env_values = true)]
+        token: Option<String>,
+    },
+    /// Copies a backup into the data directory, which must be absent or empty (the server
+    /// stopped).
+    Restore {
+        #[arg(long, value_name = "DIR")]
+        from: PathBuf,
     },
 }
 
@@ -91,6 +112,12 @@ fn main() -> std::process::ExitCode {
                 )
                 .await
             }
+            Cmd::Admin {
+                cmd: AdminCmd::Backup { to, url, token },
+            } => backup(cfg, to, url, token).await,
+            Cmd::Admin {
+                cmd: AdminCmd::Restore { from },
+            } => restore(cfg, from),
         }
     });
     match result {
@@ -173,4 +200,65 @@ async fn shutdown_signal() {
     {
         let _ = tokio::signal::ctrl_c().await;
     }
+}
+
+async fn backup(
+    cfg: Config,
+    to: PathBuf,
+    url: Option<String>,
+    token: Option<String>,
+) -> anyhow::Result<()> {
+    let to = std::path::absolute(&to)?;
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_millis() as i64;
+    match fleetops_storage::Store::open(&cfg.data_dir) {
+        Ok(store) => {
+            let blobs =
+                fleetops_storage::blobs::BlobStore::from_config(&cfg.storage, &cfg.data_dir)?;
+            let root = blobs.local_root().map(std::path::Path::to_path_buf);
+            let report =
+                tokio::task::spawn_blocking(move || store.backup_to(&to, root.as_deref(), now_ms))
+                    .await??;
+            println!("{}", serde_json::to_string(&report)?);
+            Ok(())
+        }
+        Err(fleetops_storage::StorageError::Locked(_)) => {
+            let token = token.ok_or_else(|| {
+                anyhow::anyhow!(
+                    "the data directory is in use by a running server: give a superuser's API key with --token or FLEETOPS_TOKEN, and the server takes the backup"
+                )
+            })?;
+            let base = match url {
+                Some(u) => u.trim_end_matches('/').to_string(),
+                None => {
+                    let mut addr: std::net::SocketAddr = cfg.listen.parse()?;
+                    if addr.ip().is_unspecified() {
+                        addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+                    }
+                    format!("http://{addr}")
+                }
+            };
+            let r = reqwest::Client::new()
+                .post(format!("{base}/api/v1/admin/backup"))
+                .bearer_auth(token)
+                .json(&serde_json::json!({"to": to}))
+                .send()
+                .await?;
+            let status = r.status();
+            let text = r.text().await?;
+            if !status.is_success() {
+                anyhow::bail!("the server refused the backup ({status}): {text}");
+            }
+            println!("{text}");
+            Ok(())
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn restore(cfg: Config, from: PathBuf) -> anyhow::Result<()> {
+    let report = fleetops_storage::backup::restore(&from, &cfg.data_dir)?;
+    println!("{}", serde_json::to_string(&report)?);
+    Ok(())
 }

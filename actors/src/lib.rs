@@ -62,6 +62,7 @@ pub mod access;
 pub mod alerts;
 pub mod archives;
 pub mod auth;
+pub mod backup;
 pub mod clock;
 pub mod config;
 
@@ -124,6 +125,7 @@ pub struct Runtime {
     pub pipeline: pipeline::PipelineHandle,
     pub webhooks: webhooks::WebhooksHandle,
     pub alerts: alerts::AlertsHandle,
+    pub backups: backup::BackupsHandle,
     /// The webhook worker and the housekeeper, supervised by the root (killed first at
     /// shutdown: the worker may be waiting on its queue).
     worker: Arc<Slot<webhooks::worker::WorkerMsg>>,
@@ -440,8 +442,17 @@ impl Runtime {
             store: store.clone(),
             tier_rank: Arc::new(cfg.tiers.iter().rev().cloned().collect()),
         };
+        let backups = backup::BackupsHandle::new(
+            store.clone(),
+            sessions
+                .blobs
+                .local_root()
+                .map(std::path::Path::to_path_buf),
+            clock.clone(),
+        );
         Ok(Self {
             store,
+            backups,
             auth,
             access,
             directory,

@@ -98,7 +98,7 @@ fn doc(op: Op) -> Doc {
         CreateUser | CreateOrg | AddMember | CreateProject | CompleteSession | CapsuleUploadUrl
         | DeleteCapsule | ConfigUploadUrl | ConfigConfirm | DeleteConfig | CreateDeployment
         | PatchDeployment | DeleteDeployment | ActivateDeployment | DeprecateDeployment
-        | DeviceStatus | CreateRepo | RunHeartbeat | CompleteRun => WRITE_409,
+        | DeviceStatus | CreateRepo | RunHeartbeat | CompleteRun | Backup => WRITE_409,
         AppendLogs => Doc {
             body: Some(ReqBody::Logs),
             ..WRITE_409

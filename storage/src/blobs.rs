@@ -122,6 +122,11 @@ impl BlobStore {
         })
     }
 
+    /// The directory of the local backend; `None` for a remote store.
+    pub fn local_root(&self) -> Option<&Path> {
+        self.local_root.as_deref()
+    }
+
     /// A presigned URL for one `PUT` (or `GET`) of `key`, valid for `ttl`; `None` on the local
     /// backend, which has no signer of its own.
     pub async fn presign(

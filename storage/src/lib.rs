@@ -9,11 +9,13 @@
 
 pub mod accounts;
 pub mod alerts;
+pub mod backup;
 pub mod blobs;
 mod cache;
 mod codec;
 pub mod devices;
 mod flush;
+mod gate;
 mod keys;
 mod lists;
 pub mod meta;
@@ -64,17 +66,21 @@ pub struct Store {
 }
 
 struct Inner {
+    /// The data directory.
+    dir: std::path::PathBuf,
     db: sled::Db,
     /// Records and their secondary indexes share one tree so that a record and its index
     /// entries are written in one atomic `Batch`.
-    records: sled::Tree,
+    records: gate::Tree,
     /// Log chunks: the bulk of the data, apart from the records so record scans stay small.
-    logs: sled::Tree,
+    logs: gate::Tree,
     /// Monotonic id counters (gaps after a crash are harmless).
-    seq: sled::Tree,
+    seq: gate::Tree,
     /// Server-wide settings generated once (secrets) and markers.
-    meta: sled::Tree,
+    meta: gate::Tree,
     flusher: flush::GroupCommit,
+    /// Writes hold it shared; a backup holds it exclusive.
+    gate: gate::Gate,
     cache: cache::Caches,
     /// Held while a batch that changes listed records works out and applies its list
     /// entries and counters, so concurrent writers never lose a count.
@@ -106,20 +112,23 @@ impl Store {
                 }
                 other => StorageError::Sled(other),
             })?;
-        let records = db.open_tree("records")?;
-        let logs = db.open_tree("logs")?;
-        let seq = db.open_tree("seq")?;
-        let meta = db.open_tree("meta")?;
+        let gate = gate::Gate::default();
+        let records = gate::Tree::new(db.open_tree("records")?, gate.clone());
+        let logs = gate::Tree::new(db.open_tree("logs")?, gate.clone());
+        let seq = gate::Tree::new(db.open_tree("seq")?, gate.clone());
+        let meta = gate::Tree::new(db.open_tree("meta")?, gate.clone());
         let flusher = flush::GroupCommit::start(db.clone(), commit_delay);
         let spool = spool::Spool::open(&dir.join("webhook-payloads"))?;
         let store = Self {
             inner: Arc::new(Inner {
+                dir: dir.to_path_buf(),
                 db,
                 records,
                 logs,
                 seq,
                 meta,
                 flusher,
+                gate,
                 cache: cache::Caches::default(),
                 list_lock: std::sync::Mutex::new(()),
                 spool,
@@ -150,6 +159,11 @@ impl Store {
     /// one fsync (group commit).
     pub async fn durable(&self) -> Result<()> {
         self.inner.flusher.wait().await
+    }
+
+    /// The data directory.
+    pub fn dir(&self) -> &Path {
+        &self.inner.dir
     }
 
     /// Synchronous flush for shutdown and offline commands.

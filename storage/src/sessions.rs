@@ -109,7 +109,8 @@ impl Store {
         let counter_bytes = codec::encode(counters)?;
         let chunk_key = keys::log_chunk(session, seq);
         let counters_key = keys::session_counters(session);
-        (&self.inner.logs, &self.inner.records)
+        let _gate = self.inner.gate.shared();
+        (self.inner.logs.sled(), self.inner.records.sled())
             .transaction(|(logs, records)| {
                 logs.insert(chunk_key.as_slice(), chunk_bytes.as_slice())?;
                 records.insert(counters_key.as_slice(), counter_bytes.as_slice())?;
@@ -226,7 +227,8 @@ impl Store {
                 old: crate::lists::old_entries::<Session>,
             }],
         )?;
-        (&self.inner.logs, &self.inner.records)
+        let _gate = self.inner.gate.shared();
+        (self.inner.logs.sled(), self.inner.records.sled())
             .transaction(|(logs, records)| {
                 for (k, v) in &relist {
                     match v {

@@ -1144,3 +1144,213 @@ async fn json_log_format_writes_one_object_a_line() {
     );
     assert!(!text.contains(&key), "the API key reached the log");
 }
+
+fn admin(dir: &std::path::Path, args: &[&str], env: &[(&str, &str)]) -> (bool, String, String) {
+    let mut cmd = Command::new(BIN);
+    cmd.arg("admin")
+        .args(args)
+        .current_dir(dir)
+        .env("FLEETOPS_DATA_DIR", dir.join("data"))
+        .env("FLEETOPS_LOG", "warn");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).to_string(),
+        String::from_utf8_lossy(&out.stderr).to_string(),
+    )
+}
+
+/// `admin backup` while the server serves and log batches keep arriving (the server makes a
+/// consistent copy), then `admin restore` into an empty data directory: the restored server
+/// has every record and file acknowledged before the backup, its lists match its records,
+/// and it serves. Offline, the same command copies directly; a destination that is not empty
+/// and a restore over a data directory in use are refused.
+#[tokio::test]
+async fn backup_while_serving_then_restore_serves_the_copy() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = serve(dir.path(), &[]);
+    let key = field(&p.stdout, "API key:").unwrap().to_string();
+    let c = client();
+    let base = p.base.clone();
+    let d: serde_json::Value = c
+        .post(format!("{base}{DEV}/devices"))
+        .bearer_auth(&key)
+        .json(&json!({"name": "r1"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let token = d["device_token"].as_str().unwrap().to_string();
+    let v: serde_json::Value = c
+        .post(format!("{base}{DEV}/sessions"))
+        .bearer_auth(&token)
+        .json(&json!({"device_id": d["id"]}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let sid = v["id"].as_u64().unwrap();
+    let r = c
+        .put(format!("{base}{DEV}/sessions/{sid}/files/a/trace.bin"))
+        .bearer_auth(&token)
+        .body(vec![7u8; 50_000])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let logs = format!("{base}{DEV}/sessions/{sid}/logs");
+    let batch: Vec<_> = (0..100)
+        .map(|i| json!({"level": "info", "message": format!("line {i}")}))
+        .collect();
+    for _ in 0..5 {
+        let r = c
+            .post(&logs)
+            .bearer_auth(&token)
+            .json(&batch)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 202);
+    }
+    // Batches keep coming while the backup is taken.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = tokio::spawn({
+        let (c, logs, token, batch, stop) = (
+            c.clone(),
+            logs.clone(),
+            token.clone(),
+            batch.clone(),
+            stop.clone(),
+        );
+        async move {
+            let mut n = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let r = c
+                    .post(&logs)
+                    .bearer_auth(&token)
+                    .json(&batch)
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(r.status(), 202);
+                n += 1;
+            }
+            n
+        }
+    });
+    let backup = dir.path().join("backup");
+    let (ok, out, err) = tokio::task::spawn_blocking({
+        let (d, backup, base, key) = (
+            dir.path().to_path_buf(),
+            backup.clone(),
+            base.clone(),
+            key.clone(),
+        );
+        move || {
+            admin(
+                &d,
+                &["backup", "--to", backup.to_str().unwrap(), "--url", &base],
+                &[("FLEETOPS_TOKEN", &key)],
+            )
+        }
+    })
+    .await
+    .unwrap();
+    assert!(ok, "{out}{err}");
+    let report: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert!(report["keys"].as_u64().unwrap() > 0, "{report}");
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    assert!(writer.await.unwrap() > 0);
+    // Without a token, against a running server: refused with a reason.
+    let (ok, _, err) = admin(
+        dir.path(),
+        &["backup", "--to", dir.path().join("b2").to_str().unwrap()],
+        &[],
+    );
+    assert!(!ok && err.contains("--token"), "{err}");
+    // Not a superuser's key: 403 from the server.
+    let member = c
+        .post(format!("{base}/api/v1/admin/backup"))
+        .bearer_auth(&token)
+        .json(&json!({"to": dir.path().join("b3")}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(member.status(), 403);
+    // A destination inside the data directory: 422.
+    let inside = c
+        .post(format!("{base}/api/v1/admin/backup"))
+        .bearer_auth(&key)
+        .json(&json!({"to": dir.path().join("data/b")}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(inside.status(), 422);
+    drop(p);
+
+    // Restore into a second directory and serve it.
+    let other = tempfile::tempdir().unwrap();
+    let (ok, out, err) = admin(
+        other.path(),
+        &["restore", "--from", backup.to_str().unwrap()],
+        &[],
+    );
+    assert!(ok, "{out}{err}");
+    {
+        let store = fleetops_storage::Store::open(&other.path().join("data")).unwrap();
+        assert_eq!(store.verify_lists().unwrap(), Vec::<String>::new());
+    }
+    let p = serve(other.path(), &[]);
+    let base = p.base.clone();
+    let r = c
+        .get(format!("{base}{DEV}/sessions/{sid}/files/a/trace.bin"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.bytes().await.unwrap().len(), 50_000);
+    let v: serde_json::Value = c
+        .get(format!("{base}{DEV}/sessions/{sid}"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let lines = v["metrics"]["log_count"].as_u64().unwrap();
+    assert!(lines >= 500 && lines.is_multiple_of(100), "{v}");
+    // A restore over a data directory in use is refused.
+    let (ok, _, err) = admin(
+        other.path(),
+        &["restore", "--from", backup.to_str().unwrap()],
+        &[],
+    );
+    assert!(!ok && err.contains("not empty"), "{err}");
+    drop(p);
+    // Offline: the command copies directly; a destination that is not empty is refused.
+    let (ok, out, err) = admin(
+        other.path(),
+        &[
+            "backup",
+            "--to",
+            other.path().join("offline").to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert!(ok, "{out}{err}");
+    let (ok, _, err) = admin(
+        other.path(),
+        &["backup", "--to", backup.to_str().unwrap()],
+        &[],
+    );
+    assert!(!ok && err.contains("not empty"), "{err}");
+}

@@ -24,6 +24,7 @@ pub async fn dispatch(op: Op, cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<B
     match op {
         Op::Healthz => ops::healthz(cx),
         Op::Metrics => ops::metrics(cx, &req),
+        Op::Backup => ops::backup(cx, req).await,
         Op::OpenApi => ops::openapi(cx),
         Op::Login => accounts::login(cx, req).await,
         Op::Refresh => accounts::refresh(cx, req),

@@ -80,3 +80,17 @@ pub fn metrics(cx: &Cx<'_>, req: &Req) -> ApiResult<Response<Body>> {
     );
     Ok(r)
 }
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BackupBody {
+    to: String,
+}
+
+/// Superuser: a consistent copy of the data directory on the server's host.
+pub async fn backup(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
+    let p = cx.authenticate(&req, None)?;
+    cx.rt().access.require_superuser(&p)?;
+    let b: BackupBody = cx.json(&mut req).await?;
+    body::created(&cx.rt().backups.take(&b.to).await?)
+}

@@ -1,0 +1,60 @@
+//! Backups taken while serving: one at a time, on the blocking pool, into an absolute path on
+//! the server's host outside the data directory. Writes wait while the copy is made (see
+//! `fleetops_storage::backup`).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use fleetops_storage::Store;
+use fleetops_storage::backup::BackupReport;
+
+use crate::clock::Clock;
+use crate::{Error, Result};
+
+#[derive(Clone)]
+pub struct BackupsHandle {
+    pub(crate) store: Store,
+    /// The local blob directory (None when blobs live in S3).
+    pub(crate) blobs: Option<PathBuf>,
+    pub(crate) clock: Clock,
+    running: Arc<tokio::sync::Mutex<()>>,
+}
+
+impl BackupsHandle {
+    pub(crate) fn new(store: Store, blobs: Option<PathBuf>, clock: Clock) -> Self {
+        Self {
+            store,
+            blobs,
+            clock,
+            running: Arc::default(),
+        }
+    }
+
+    /// A consistent copy of the data directory at `to` (422 for a destination that cannot
+    /// take it, 409 while another backup runs).
+    pub async fn take(&self, to: &str) -> Result<BackupReport> {
+        let to = PathBuf::from(to);
+        let data_dir = self
+            .store
+            .dir()
+            .canonicalize()
+            .map_err(|e| Error::Internal(e.to_string()))?;
+        fleetops_storage::backup::check_destination(&to, &data_dir)
+            .map_err(|why| Error::unprocessable("to", why))?;
+        let _one = self
+            .running
+            .try_lock()
+            .map_err(|_| Error::Conflict("A backup is already running".into()))?;
+        let (store, blobs, now) = (self.store.clone(), self.blobs.clone(), self.clock.now_ms());
+        let report =
+            crate::off_thread(move || Ok(store.backup_to(&to, blobs.as_deref(), now)?)).await?;
+        tracing::info!(
+            path = %report.path,
+            keys = report.keys,
+            files = report.files,
+            paused_ms = report.paused_ms,
+            "backup taken"
+        );
+        Ok(report)
+    }
+}

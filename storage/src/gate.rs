@@ -1,0 +1,102 @@
+//! The backup gate: every write to sled holds it shared, a backup holds it exclusive while it
+//! copies the trees, so the copy is one moment of the store (sled's own iterators are not
+//! snapshots: a scan running beside a batch can see part of it).
+//!
+//! [`Tree`] wraps a sled tree and offers its writes only through the gate, so a write that
+//! forgot it does not compile. Transactions span two trees and take the gate themselves
+//! ([`Gate::shared`]).
+
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use sled::IVec;
+
+#[derive(Clone, Default)]
+pub(crate) struct Gate(Arc<RwLock<()>>);
+
+impl Gate {
+    /// Held by a write for as long as it applies. Never take it twice on one thread: a
+    /// waiting backup would stop the second one (the lock prefers writers).
+    pub(crate) fn shared(&self) -> RwLockReadGuard<'_, ()> {
+        self.0.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Held by a backup while it copies: every write waits.
+    pub(crate) fn exclusive(&self) -> RwLockWriteGuard<'_, ()> {
+        self.0.write().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// A sled tree whose writes go through the gate.
+#[derive(Clone)]
+pub(crate) struct Tree {
+    tree: sled::Tree,
+    gate: Gate,
+}
+
+impl Tree {
+    pub(crate) fn new(tree: sled::Tree, gate: Gate) -> Self {
+        Self { tree, gate }
+    }
+
+    /// The tree itself, for reads and for transactions (which hold [`Gate::shared`]).
+    pub(crate) fn sled(&self) -> &sled::Tree {
+        &self.tree
+    }
+
+    pub(crate) fn get(&self, key: impl AsRef<[u8]>) -> sled::Result<Option<IVec>> {
+        self.tree.get(key)
+    }
+
+    pub(crate) fn contains_key(&self, key: impl AsRef<[u8]>) -> sled::Result<bool> {
+        self.tree.contains_key(key)
+    }
+
+    pub(crate) fn range<K: AsRef<[u8]>, R: std::ops::RangeBounds<K>>(
+        &self,
+        range: R,
+    ) -> sled::Iter {
+        self.tree.range(range)
+    }
+
+    pub(crate) fn scan_prefix(&self, prefix: impl AsRef<[u8]>) -> sled::Iter {
+        self.tree.scan_prefix(prefix)
+    }
+
+    pub(crate) fn insert(
+        &self,
+        key: impl AsRef<[u8]>,
+        value: impl Into<IVec>,
+    ) -> sled::Result<Option<IVec>> {
+        let _g = self.gate.shared();
+        self.tree.insert(key, value)
+    }
+
+    pub(crate) fn remove(&self, key: impl AsRef<[u8]>) -> sled::Result<Option<IVec>> {
+        let _g = self.gate.shared();
+        self.tree.remove(key)
+    }
+
+    pub(crate) fn apply_batch(&self, batch: sled::Batch) -> sled::Result<()> {
+        let _g = self.gate.shared();
+        self.tree.apply_batch(batch)
+    }
+
+    pub(crate) fn update_and_fetch<V: Into<IVec>>(
+        &self,
+        key: impl AsRef<[u8]>,
+        f: impl FnMut(Option<&[u8]>) -> Option<V>,
+    ) -> sled::Result<Option<IVec>> {
+        let _g = self.gate.shared();
+        self.tree.update_and_fetch(key, f)
+    }
+
+    pub(crate) fn compare_and_swap<V1: AsRef<[u8]>, V2: Into<IVec>>(
+        &self,
+        key: impl AsRef<[u8]>,
+        old: Option<V1>,
+        new: Option<V2>,
+    ) -> sled::Result<Result<(), sled::CompareAndSwapError>> {
+        let _g = self.gate.shared();
+        self.tree.compare_and_swap(key, old, new)
+    }
+}
