@@ -1,14 +1,16 @@
 //! A consistent copy of a data directory, taken while it serves (pause, flush, copy), and
 //! its restore.
 //!
-//! Writes wait on the backup gate while the copy is made: the sled trees are copied key by key
-//! into a fresh database (compacted as a side effect), then the webhook payload segments and
-//! the local blobs. Every file a record refers to is written before the record and deleted
-//! after the record's removal, both of which wait, so the copy has every file its records need
-//! (and at most a few orphans, which housekeeping removes). Blobs are hard-linked when the
-//! destination is on the same filesystem (a blob file is never changed in place: a new version
-//! is a new file renamed over it), else copied. `backup.json` is written last: a directory
-//! without it is an interrupted backup, and restore refuses it.
+//! The webhook payload segments and the local blobs are first copied while everything runs.
+//! Then writes wait on the backup gate while the sled trees are copied key by key into a fresh
+//! database (compacted as a side effect) and the files are copied again where they changed
+//! since (size or modification time: the open payload segment, blobs written meanwhile). Every
+//! file a record refers to is written before the record and deleted after the record's
+//! removal, so the copy has every file its records need (and at most a few orphans, which
+//! housekeeping removes). Blobs are hard-linked when the destination is on the same filesystem
+//! (a blob file is never changed in place: a new version is a new file renamed over it), else
+//! copied. `backup.json` is written last: a directory without it is an interrupted backup, and
+//! restore refuses it.
 
 use std::path::{Path, PathBuf};
 
@@ -76,6 +78,13 @@ impl Store {
             bytes: 0,
             paused_ms: 0,
         };
+        let spool = self.inner.dir.join("webhook-payloads");
+        let mut seen = Seen::default();
+        // The bulk of the files while writes go on; the paused pass below copies what changed.
+        copy_tree(&spool, &dest.join("webhook-payloads"), false, &mut seen)?;
+        if let Some(blobs) = blobs {
+            copy_tree(blobs, &dest.join("blobs"), true, &mut seen)?;
+        }
         let paused = std::time::Instant::now();
         {
             let _writes_wait = self.inner.gate.exclusive();
@@ -98,17 +107,14 @@ impl Store {
                 to.apply_batch(batch)?;
             }
             copy.flush()?;
-            copy_tree(
-                &self.inner.dir.join("webhook-payloads"),
-                &dest.join("webhook-payloads"),
-                false,
-                &mut report,
-            )?;
+            copy_tree(&spool, &dest.join("webhook-payloads"), false, &mut seen)?;
             if let Some(blobs) = blobs {
-                copy_tree(blobs, &dest.join("blobs"), true, &mut report)?;
+                copy_tree(blobs, &dest.join("blobs"), true, &mut seen)?;
             }
         }
         report.paused_ms = paused.elapsed().as_millis() as u64;
+        report.files = seen.0.len() as u64;
+        report.bytes += seen.0.values().map(|(len, _)| len).sum::<u64>();
         drop(copy);
         let manifest =
             serde_json::to_vec_pretty(&report).map_err(|e| StorageError::Corrupt(e.to_string()))?;
@@ -137,18 +143,31 @@ pub fn restore(from: &Path, data_dir: &Path) -> Result<BackupReport> {
             data_dir.display()
         )));
     }
-    // Opened once where it lies (a copy of a store that does not open is no restore).
-    drop(Store::open(from)?);
-    let mut copied = report.clone();
-    copy_tree(from, data_dir, false, &mut copied)?;
+    copy_tree(from, data_dir, false, &mut Seen::default())?;
     let _ = std::fs::remove_file(data_dir.join(MANIFEST));
     sync_dir(data_dir)?;
+    // Opened once restored (the backup itself is left as it is); a copy that does not open
+    // is taken back out, leaving the data directory empty as it was.
+    if let Err(e) = Store::open(data_dir) {
+        if let Ok(entries) = std::fs::read_dir(data_dir) {
+            for entry in entries.flatten() {
+                let _ = std::fs::remove_dir_all(entry.path())
+                    .or_else(|_| std::fs::remove_file(entry.path()));
+            }
+        }
+        return Err(e);
+    }
     Ok(report)
 }
 
-/// Copies every file under `from` into `to`, keeping the layout; hard links when `link` and the
-/// filesystem allows it. Each copied file and directory is synced.
-fn copy_tree(from: &Path, to: &Path, link: bool, report: &mut BackupReport) -> Result<()> {
+/// The files copied so far: their source's size and modification time when copied.
+#[derive(Default)]
+struct Seen(std::collections::HashMap<PathBuf, (u64, Option<std::time::SystemTime>)>);
+
+/// Copies every file under `from` into `to`, keeping the layout, unless `seen` says it was
+/// copied as it is now; hard links when `link` and the filesystem allows it. Each copied file
+/// and directory is synced. A file deleted while the walk runs is skipped.
+fn copy_tree(from: &Path, to: &Path, link: bool, seen: &mut Seen) -> Result<()> {
     let mut stack: Vec<PathBuf> = vec![PathBuf::new()];
     while let Some(rel) = stack.pop() {
         let dir = from.join(&rel);
@@ -166,12 +185,24 @@ fn copy_tree(from: &Path, to: &Path, link: bool, report: &mut BackupReport) -> R
                 stack.push(rel_child);
             } else if kind.is_file() {
                 let (src, dst) = (from.join(&rel_child), to.join(&rel_child));
-                if !(link && std::fs::hard_link(&src, &dst).is_ok()) {
-                    std::fs::copy(&src, &dst)?;
-                    std::fs::File::open(&dst)?.sync_all()?;
+                let meta = match entry.metadata() {
+                    Ok(m) => m,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                    Err(e) => return Err(e.into()),
+                };
+                let now = (meta.len(), meta.modified().ok());
+                if seen.0.get(&src) == Some(&now) {
+                    continue;
                 }
-                report.files += 1;
-                report.bytes += entry.metadata()?.len();
+                let _ = std::fs::remove_file(&dst);
+                if !(link && std::fs::hard_link(&src, &dst).is_ok()) {
+                    match std::fs::copy(&src, &dst) {
+                        Ok(_) => std::fs::File::open(&dst)?.sync_all()?,
+                        Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+                seen.0.insert(src, now);
             }
         }
         sync_dir(&to.join(&rel))?;

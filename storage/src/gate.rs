@@ -15,9 +15,23 @@ pub(crate) struct Gate(Arc<RwLock<()>>);
 
 impl Gate {
     /// Held by a write for as long as it applies. Never take it twice on one thread: a
-    /// waiting backup would stop the second one (the lock prefers writers).
+    /// waiting backup would stop the second one (the lock prefers writers). A write that has
+    /// to wait for a backup on an async worker thread hands the thread's other tasks to
+    /// another worker first, so reads go on while writes wait.
     pub(crate) fn shared(&self) -> RwLockReadGuard<'_, ()> {
-        self.0.read().unwrap_or_else(|e| e.into_inner())
+        match self.0.try_read() {
+            Ok(g) => g,
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => {
+                let wait = || self.0.read().unwrap_or_else(|e| e.into_inner());
+                match tokio::runtime::Handle::try_current() {
+                    Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+                        tokio::task::block_in_place(wait)
+                    }
+                    _ => wait(),
+                }
+            }
+        }
     }
 
     /// Held by a backup while it copies: every write waits.
