@@ -100,9 +100,7 @@ impl Authenticator {
         secret: &[u8],
         touch_tx: tokio::sync::mpsc::UnboundedSender<(u64, i64)>,
     ) -> Result<Self> {
-        let mut validation = Validation::new(Algorithm::HS256);
-        validation.leeway = 0;
-        validation.set_required_spec_claims(&["exp", "sub", "iat"]);
+        let validation = jwt_validation();
         let a = Self {
             store,
             enc: EncodingKey::from_secret(secret),
@@ -261,4 +259,22 @@ impl Authenticator {
     pub fn token_ttl(&self) -> Duration {
         Duration::from_secs(self.cfg.token_ttl_seconds)
     }
+}
+
+/// What a token must be to be believed: HS256, no leeway, `exp`, `sub` and `iat` present.
+pub(crate) fn jwt_validation() -> Validation {
+    let mut validation = Validation::new(Algorithm::HS256);
+    validation.leeway = 0;
+    validation.set_required_spec_claims(&["exp", "sub", "iat"]);
+    validation
+}
+
+/// Decodes a token the way [`Authenticator::resolve`] does, under `secret`, and reads its
+/// subject; for the fuzz targets.
+pub(crate) fn decode_with(secret: &[u8], token: &str) -> Result<u64> {
+    let claims =
+        jsonwebtoken::decode::<Claims>(token, &DecodingKey::from_secret(secret), &jwt_validation())
+            .map(|d| d.claims)
+            .map_err(|_| Error::Unauthorized)?;
+    claims.sub.parse().map_err(|_| Error::Unauthorized)
 }

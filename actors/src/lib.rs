@@ -69,6 +69,7 @@ pub mod config;
 mod directory;
 pub mod error;
 pub mod events;
+pub mod fuzzing;
 mod housekeeper;
 mod keyed;
 pub mod links;

@@ -140,16 +140,7 @@ impl Req {
 
     /// The bearer value from `Authorization: Bearer` or `X-API-Key`.
     pub fn credential(&self) -> Option<&str> {
-        if let Some(v) = self.header("authorization") {
-            let (scheme, rest) = v.split_once(' ')?;
-            if scheme.eq_ignore_ascii_case("bearer") && !rest.trim().is_empty() {
-                return Some(rest.trim());
-            }
-            return None;
-        }
-        self.header("x-api-key")
-            .map(str::trim)
-            .filter(|v| !v.is_empty())
+        credential(self.header("authorization"), self.header("x-api-key"))
     }
 
     /// The body as a stream of pieces (for uploads that must not be held in memory); a
@@ -301,4 +292,19 @@ impl<'a> Cx<'a> {
         let bytes = req.body_bytes(self.app.cfg.max_body_bytes).await?;
         body::parse(&bytes)
     }
+}
+
+/// The bearer value from an `Authorization: Bearer` header, else from `X-API-Key`.
+pub(crate) fn credential<'a>(
+    authorization: Option<&'a str>,
+    api_key: Option<&'a str>,
+) -> Option<&'a str> {
+    if let Some(v) = authorization {
+        let (scheme, rest) = v.split_once(' ')?;
+        if scheme.eq_ignore_ascii_case("bearer") && !rest.trim().is_empty() {
+            return Some(rest.trim());
+        }
+        return None;
+    }
+    api_key.map(str::trim).filter(|v| !v.is_empty())
 }

@@ -10,6 +10,7 @@ pub mod body;
 pub mod config;
 pub mod edge;
 pub mod error;
+pub mod fuzzing;
 pub(crate) mod handlers;
 pub mod metrics;
 pub mod openapi;

@@ -22,6 +22,7 @@ pub mod payload;
 mod repositories;
 mod runs;
 mod secret;
+pub(crate) use secret::signature_matches;
 mod views;
 pub(crate) mod work;
 pub(crate) mod worker;

@@ -24,6 +24,19 @@ fn hmac_ok(key: &[u8], body: &[u8], sig: &[u8]) -> bool {
     aws_lc_rs::hmac::verify(&key, body, sig).is_ok()
 }
 
+/// The MAC an `X-Hub-Signature-256` header carries (`sha256=<hex>`).
+fn header_signature(header: Option<&str>) -> Option<Vec<u8>> {
+    header
+        .and_then(|h| h.trim().strip_prefix("sha256="))
+        .and_then(|h| hex::decode(h).ok())
+}
+
+/// Whether `header` signs `body` under `secret` (the check [`WebhooksHandle::verify`] makes
+/// for each live secret); for the fuzz targets.
+pub(crate) fn signature_matches(secret: &[u8], header: Option<&str>, body: &[u8]) -> bool {
+    header_signature(header).is_some_and(|sig| hmac_ok(secret, body, &sig))
+}
+
 /// Loads the secret state: the stored one, else seeded from the configuration.
 pub(crate) fn load_secret(store: &Store, cfg: &ScmConfig) -> Result<SecretState> {
     if let Some(v) = store.meta_get(intake::SECRET_META)? {
@@ -116,9 +129,7 @@ impl WebhooksHandle {
     /// Whether `X-Hub-Signature-256` matches the raw body under the current secret (or the
     /// previous one during its grace period), in constant time.
     fn signature_ok(&self, header: Option<&str>, body: &[u8]) -> bool {
-        let sig = header
-            .and_then(|h| h.trim().strip_prefix("sha256="))
-            .and_then(|h| hex::decode(h).ok());
+        let sig = header_signature(header);
         match (&sig, self.secret.read()) {
             (Some(sig), Ok(s)) => {
                 let now = self.clock.now_ms();

@@ -172,26 +172,29 @@ fn parse_ndjson(bytes: &[u8]) -> ApiResult<Vec<RawEntry>> {
     Ok(out)
 }
 
+/// A log batch body: NDJSON, or a JSON array of entries (422 naming the entry that is wrong).
+pub(crate) fn parse_batch(bytes: &[u8], ndjson: bool) -> ApiResult<Vec<RawEntry>> {
+    if ndjson {
+        return parse_ndjson(bytes);
+    }
+    body::parse(bytes).map_err(|e| match e {
+        // "[3].level: ..." names the entry's index already; say it plainly.
+        ApiError::Domain(fleetops_actors::Error::Unprocessable(d)) if d.starts_with('[') => {
+            let (idx, rest) = d
+                .trim_start_matches('[')
+                .split_once(']')
+                .unwrap_or(("?", &d));
+            ApiError::unprocessable(format!("entry {idx}: {}", rest.trim_start_matches('.')))
+        }
+        other => other,
+    })
+}
+
 pub async fn append_logs(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
     let (_, s, id) = ingestion(cx, &req)?;
     let ndjson = is_ndjson(&req);
     let bytes = req.body_bytes(MAX_BATCH_BYTES).await?;
-    let parse = move || -> ApiResult<Vec<RawEntry>> {
-        if ndjson {
-            return parse_ndjson(&bytes);
-        }
-        body::parse(&bytes).map_err(|e| match e {
-            // "[3].level: ..." names the entry's index already; say it plainly.
-            ApiError::Domain(fleetops_actors::Error::Unprocessable(d)) if d.starts_with('[') => {
-                let (idx, rest) = d
-                    .trim_start_matches('[')
-                    .split_once(']')
-                    .unwrap_or(("?", &d));
-                ApiError::unprocessable(format!("entry {idx}: {}", rest.trim_start_matches('.')))
-            }
-            other => other,
-        })
-    };
+    let parse = move || parse_batch(&bytes, ndjson);
     // A batch of a thousand lines is a millisecond or more of parsing: past a few KiB it goes
     // to the blocking pool rather than hold an async thread.
     let entries = if is_large_batch(&req) {
