@@ -745,7 +745,7 @@ async fn kill_9_at_random_moments_loses_and_duplicates_nothing() {
         "crash harness: {kills} kills, {} acknowledged writes ({} log batches, {} deliveries, \
          {} devices, {} alerts, {} artifacts, {} capsules, {} deployments), {} in doubt, \
          lost {lost}, duplicated {duplicated}, half-visible {half}; \
-         time to healthy p50 {:?}, max {:?} ({seeded} seeded log lines)",
+         time to healthy p50 {:?}, p90 {:?}, p99 {:?}, max {:?} ({seeded} seeded log lines)",
         l.acknowledged(),
         l.batches.values().filter(|a| **a).count(),
         l.deliveries.values().filter(|d| d.1).count(),
@@ -759,6 +759,8 @@ async fn kill_9_at_random_moments_loses_and_duplicates_nothing() {
             + l.devices.values().filter(|d| d.is_none()).count()
             + l.artifacts.values().filter(|a| !**a).count(),
         recoveries[recoveries.len() / 2],
+        recoveries[recoveries.len() * 9 / 10],
+        recoveries[recoveries.len() * 99 / 100],
         recoveries.last().unwrap(),
     );
     assert_eq!((lost, duplicated, half), (0, 0, 0));
