@@ -65,6 +65,9 @@ pub mod auth;
 pub mod backup;
 pub mod clock;
 pub mod config;
+pub mod counters;
+/// Atomic duration histograms (request polls at the edge, group-commit fsyncs here).
+pub use fleetops_storage::timings;
 
 mod directory;
 pub mod error;
@@ -127,6 +130,8 @@ pub struct Runtime {
     pub webhooks: webhooks::WebhooksHandle,
     pub alerts: alerts::AlertsHandle,
     pub backups: backup::BackupsHandle,
+    /// Lines ingested and notification outcomes, for `/metrics`.
+    pub counters: Arc<counters::Counters>,
     /// The webhook worker and the housekeeper, supervised by the root (killed first at
     /// shutdown: the worker may be waiting on its queue).
     worker: Arc<Slot<webhooks::worker::WorkerMsg>>,
@@ -239,9 +244,11 @@ impl Runtime {
             project_args.registry.clone(),
             cfg.supervision.clone(),
         );
+        let counters = Arc::new(counters::Counters::default());
         let sender = alerts::sender::Sender::new(&cfg.alerts, &cfg.smtp)?;
         let notifier_args = KeyedArgs::<alerts::notifier::NotifierActor> {
             ctx: alerts::notifier::NotifierCtx {
+                counters: counters.clone(),
                 store: store.clone(),
                 clock: clock.clone(),
                 sealer: sealer.clone(),
@@ -306,6 +313,7 @@ impl Runtime {
             alerts: alert_feed.clone(),
         };
         let sessions = SessionsHandle {
+            counters: counters.clone(),
             actors: session_actors,
             projects: projects.clone(),
             store: store.clone(),
@@ -454,6 +462,7 @@ impl Runtime {
         Ok(Self {
             store,
             backups,
+            counters,
             auth,
             access,
             directory,

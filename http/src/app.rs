@@ -40,11 +40,17 @@ impl App {
         let defs = routes();
         let router = Router::new(&defs)?;
         let openapi = Bytes::from(serde_json::to_vec(&crate::openapi::document(&defs))?);
+        let mut metrics = Metrics::new();
+        metrics.register_timings(
+            "storage_flush_seconds",
+            "How long each group-commit fsync took (every 201/202 waits for one)",
+            rt.store.flush_timings(),
+        );
         Ok(Self {
             limits: RateLimits::new(&tiers, cfg.login_per_minute),
             rt,
             tiers,
-            metrics: Metrics::new(),
+            metrics,
             router,
             openapi,
             closing: tokio_util::sync::CancellationToken::new(),

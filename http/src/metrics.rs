@@ -41,6 +41,11 @@ pub struct RuntimeFigures {
     pub live_batches_skipped: u64,
     pub session_actors: u64,
     pub per_address_refusals: u64,
+    pub log_lines_ingested: u64,
+    pub webhook_deliveries_queued: u64,
+    pub notifications_sent: u64,
+    pub notifications_retried: u64,
+    pub notifications_failed: u64,
 }
 
 pub struct Metrics {
@@ -54,7 +59,7 @@ pub struct Metrics {
     log_batches_dropped: Gauge,
     evaluator_busy: Gauge<f64, std::sync::atomic::AtomicU64>,
     /// The edge's limits: open connections, and how often each limit was hit.
-    edge: [Gauge; 13],
+    edge: [Gauge; 18],
 }
 
 impl Default for Metrics {
@@ -77,6 +82,20 @@ fn method_label(m: &http::Method) -> &'static str {
 }
 
 impl Metrics {
+    /// Adds a histogram of durations kept elsewhere (the store's group-commit fsyncs).
+    pub fn register_timings(
+        &mut self,
+        name: &'static str,
+        help: &'static str,
+        timings: std::sync::Arc<fleetops_actors::timings::Timings>,
+    ) {
+        self.registry.register_collector(Box::new(TimingsMetric {
+            name,
+            help,
+            timings,
+        }));
+    }
+
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("fleetops");
         let requests = Family::<RequestLabels, Counter>::default();
@@ -94,7 +113,11 @@ impl Metrics {
             latency.clone(),
         );
         let polls = std::sync::Arc::new(PollTimes::default());
-        registry.register_collector(Box::new(polls.clone()));
+        registry.register_collector(Box::new(TimingsMetric {
+            name: "http_task_poll_seconds",
+            help: "Time one poll of a request's handler held an async worker thread",
+            timings: polls.clone(),
+        }));
         let restarts = Gauge::default();
         registry.register(
             "actor_restarts",
@@ -113,7 +136,7 @@ impl Metrics {
             "Seconds the rule evaluators spent evaluating since start-up (writes left out)",
             evaluator_busy.clone(),
         );
-        let edge: [Gauge; 13] = Default::default();
+        let edge: [Gauge; 18] = Default::default();
         for (g, (name, help)) in edge.iter().zip([
             ("http_connections_open", "Connections being served now"),
             (
@@ -164,6 +187,26 @@ impl Metrics {
                 "http_per_address_refusals",
                 "Requests refused (503) over [http] max_unauthenticated_per_address",
             ),
+            (
+                "log_lines_ingested",
+                "Log lines acknowledged (durable) since start-up; its rate is the ingest rate",
+            ),
+            (
+                "webhook_deliveries_queued",
+                "Accepted webhook deliveries waiting for the worker (the backlog)",
+            ),
+            (
+                "alert_notifications_sent",
+                "Notification attempts the target accepted since start-up",
+            ),
+            (
+                "alert_notifications_retried",
+                "Notification attempts that failed and will be tried again, since start-up",
+            ),
+            (
+                "alert_notifications_failed",
+                "Notifications given up on (a final refusal or out of attempts) since start-up",
+            ),
         ]) {
             registry.register(name, help, g.clone());
         }
@@ -212,6 +255,11 @@ impl Metrics {
             rt.live_batches_skipped as i64,
             rt.session_actors as i64,
             rt.per_address_refusals as i64,
+            rt.log_lines_ingested as i64,
+            rt.webhook_deliveries_queued as i64,
+            rt.notifications_sent as i64,
+            rt.notifications_retried as i64,
+            rt.notifications_failed as i64,
         ]) {
             g.set(v);
         }
@@ -310,66 +358,34 @@ mod tests {
     }
 }
 
-/// Upper bounds of the poll-time buckets: 62.5 µs doubling to about 2 s (1 ms is one).
-const POLL_BOUNDS: [f64; 16] = {
-    let mut b = [0.0; 16];
-    let mut i = 0;
-    while i < 16 {
-        b[i] = 0.0000625 * (1u64 << i) as f64;
-        i += 1;
-    }
-    b
-};
+/// Every poll of a request's handler, timed (see `PollTimed` in `edge.rs`).
+pub type PollTimes = fleetops_actors::timings::Timings;
 
-/// A histogram of poll times kept in relaxed atomics (one add per poll, no lock): every wake
-/// of every request is timed, so a locked histogram would be what the figure measures.
-#[derive(Debug, Default)]
-pub struct PollTimes {
-    /// One per bound, and the last past every bound.
-    buckets: [std::sync::atomic::AtomicU64; 17],
-    sum_ns: std::sync::atomic::AtomicU64,
+/// Renders a [`fleetops_actors::timings::Timings`] as a histogram under `name`.
+#[derive(Debug)]
+struct TimingsMetric {
+    name: &'static str,
+    help: &'static str,
+    timings: std::sync::Arc<fleetops_actors::timings::Timings>,
 }
 
-impl PollTimes {
-    pub fn observe(&self, took: std::time::Duration) {
-        use std::sync::atomic::Ordering::Relaxed;
-        let secs = took.as_secs_f64();
-        let i = POLL_BOUNDS
-            .iter()
-            .position(|b| secs <= *b)
-            .unwrap_or(POLL_BOUNDS.len());
-        if let Some(b) = self.buckets.get(i) {
-            b.fetch_add(1, Relaxed);
-        }
-        self.sum_ns
-            .fetch_add(took.as_nanos().min(u64::MAX as u128) as u64, Relaxed);
-    }
-}
-
-impl prometheus_client::collector::Collector for PollTimes {
+impl prometheus_client::collector::Collector for TimingsMetric {
     fn encode(
         &self,
         mut encoder: prometheus_client::encoding::DescriptorEncoder,
     ) -> Result<(), std::fmt::Error> {
-        use std::sync::atomic::Ordering::Relaxed;
         // Per-bucket counts (the encoder sums them); `f64::MAX` is how it spells `+Inf`.
-        let mut buckets = Vec::with_capacity(POLL_BOUNDS.len() + 1);
-        let mut n = 0u64;
-        for (i, bound) in POLL_BOUNDS.iter().copied().chain([f64::MAX]).enumerate() {
-            let k = self.buckets.get(i).map_or(0, |b| b.load(Relaxed));
-            n += k;
-            buckets.push((bound, k));
-        }
+        let snap = self.timings.snapshot();
         let mut metric = encoder.encode_descriptor(
-            "http_task_poll_seconds",
-            "Time one poll of a request's handler held an async worker thread",
+            self.name,
+            self.help,
             None,
             prometheus_client::metrics::MetricType::Histogram,
         )?;
         metric.encode_histogram::<prometheus_client::encoding::NoLabelSet>(
-            self.sum_ns.load(Relaxed) as f64 / 1e9,
-            n,
-            &buckets,
+            snap.sum_seconds,
+            snap.count,
+            &snap.buckets,
             None,
         )
     }

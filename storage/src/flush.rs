@@ -21,6 +21,8 @@ struct Done {
 }
 
 pub(crate) struct GroupCommit {
+    /// How long each flush took.
+    pub(crate) timings: Arc<crate::timings::Timings>,
     requested: Arc<AtomicU64>,
     /// Set on drop so the flusher thread exits and releases its handle on the database (and
     /// with it the data directory's lock).
@@ -41,7 +43,13 @@ impl GroupCommit {
             failed_upto: 0,
         });
         let closed = Arc::new(AtomicBool::new(false));
-        let (req, w, stop) = (requested.clone(), wake.clone(), closed.clone());
+        let timings = Arc::new(crate::timings::Timings::default());
+        let (req, w, stop, t) = (
+            requested.clone(),
+            wake.clone(),
+            closed.clone(),
+            timings.clone(),
+        );
         // A dedicated thread, not a tokio task: it must outlive any one runtime (offline
         // commands and tests create several) and fsync is blocking anyway.
         let thread = std::thread::Builder::new()
@@ -62,7 +70,10 @@ impl GroupCommit {
                             tokio::time::sleep(delay).await;
                         }
                         let upto = req.load(Ordering::SeqCst);
-                        if let Err(e) = db.flush() {
+                        let started = std::time::Instant::now();
+                        let flushed = db.flush();
+                        t.observe(started.elapsed());
+                        if let Err(e) = flushed {
                             tracing::error!(error = %e, "durable flush failed");
                             failed_upto = upto;
                         }
@@ -74,6 +85,7 @@ impl GroupCommit {
             })
             .ok();
         Self {
+            timings,
             requested,
             closed,
             wake,

@@ -25,6 +25,7 @@ pub mod scm;
 pub mod sessions;
 mod spool;
 pub mod states;
+pub mod timings;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -159,6 +160,11 @@ impl Store {
     /// one fsync (group commit).
     pub async fn durable(&self) -> Result<()> {
         self.inner.flusher.wait().await
+    }
+
+    /// How long each group-commit fsync took (for `/metrics`).
+    pub fn flush_timings(&self) -> Arc<timings::Timings> {
+        self.inner.flusher.timings.clone()
     }
 
     /// The data directory.

@@ -264,6 +264,11 @@ impl Store {
     }
 
     /// Deliveries still waiting for the worker, in arrival order.
+    /// How many accepted deliveries wait for the worker (one counter read).
+    pub fn deliveries_queued(&self) -> Result<u64> {
+        self.list_len(&delivery_list(None, Some(DeliveryOutcome::Queued)))
+    }
+
     /// Up to `limit` queued deliveries with a seq above `after`, in arrival order: the worker
     /// reads its queue a page at a time, so a long backlog costs a page of memory.
     pub fn queued_after(&self, after: u64, limit: usize) -> Result<Vec<u64>> {

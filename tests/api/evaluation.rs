@@ -423,6 +423,10 @@ async fn notifications_retry_5xx_and_429_with_backoff_and_stop_at_other_4xx() {
     assert_eq!(n["last_error"], "HTTP 400");
     tokio::time::sleep(Duration::from_millis(600)).await;
     assert_eq!(sink.count(), 4, "a 400 is not retried");
+    // Each attempt's outcome is counted on /metrics.
+    assert_eq!(s.metric("fleetops_alert_notifications_sent").await, 1.0);
+    assert_eq!(s.metric("fleetops_alert_notifications_retried").await, 2.0);
+    assert_eq!(s.metric("fleetops_alert_notifications_failed").await, 1.0);
 }
 
 #[tokio::test]

@@ -255,3 +255,37 @@ async fn metrics_prometheus_text_unless_openmetrics_is_asked_for() {
     );
     assert!(text.ends_with("# EOF\n"), "{text}");
 }
+
+/// The ingest rate, the group-commit fsyncs and the webhook backlog are on /metrics.
+#[tokio::test]
+async fn metrics_count_ingested_lines_flushes_and_the_webhook_backlog() {
+    let s = start().await;
+    let (d, tok) = crate::sessions::device(&s, "r1").await;
+    let sid = crate::sessions::session(&s, d, &tok).await;
+    assert_eq!(s.metric("fleetops_log_lines_ingested").await, 0.0);
+    let flushes = s.metric("fleetops_storage_flush_seconds_count").await;
+    assert!(
+        flushes >= 1.0,
+        "creating a device and a session waited for fsyncs"
+    );
+    let r = s
+        .post(
+            &format!("{DEV}/sessions/{sid}/logs"),
+            &tok,
+            serde_json::json!([
+                {"level": "info", "message": "a"},
+                {"level": "info", "message": "b"},
+                {"level": "error", "message": "c"}
+            ]),
+        )
+        .await;
+    assert_eq!(r.status, 202, "{}", r.body);
+    assert_eq!(s.metric("fleetops_log_lines_ingested").await, 3.0);
+    assert!(s.metric("fleetops_storage_flush_seconds_count").await > flushes);
+    assert_eq!(s.metric("fleetops_webhook_deliveries_queued").await, 0.0);
+    let text = s.metrics_text().await;
+    assert!(
+        text.contains("# TYPE fleetops_storage_flush_seconds histogram"),
+        "{text}"
+    );
+}

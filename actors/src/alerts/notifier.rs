@@ -8,6 +8,8 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeSet, BinaryHeap, HashMap, HashSet};
 use std::sync::Arc;
+
+use crate::counters::Counters;
 use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
@@ -36,6 +38,7 @@ pub(crate) enum NotifierMsg {
 
 #[derive(Clone)]
 pub(crate) struct NotifierCtx {
+    pub counters: Arc<crate::counters::Counters>,
     pub store: Store,
     pub clock: Clock,
     pub sealer: Sealer,
@@ -244,6 +247,7 @@ impl NotifierState {
             Ok(_) => {
                 n.success = Some(true);
                 n.last_error = None;
+                Counters::add(&self.ctx.counters.notifications_sent, 1);
             }
             Err(SendError::Retry { message, after }) if n.attempts < self.ctx.cfg.max_attempts => {
                 let backoff = self
@@ -257,10 +261,12 @@ impl NotifierState {
                 });
                 n.last_error = Some(message);
                 n.next_attempt_at = now.saturating_add(wait as i64);
+                Counters::add(&self.ctx.counters.notifications_retried, 1);
             }
             Err(e) => {
                 n.success = Some(false);
                 n.last_error = Some(e.message().to_string());
+                Counters::add(&self.ctx.counters.notifications_failed, 1);
             }
         }
         self.ctx.store.put_notification(&n)?;

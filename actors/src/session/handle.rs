@@ -60,6 +60,7 @@ impl From<EndStatus> for SessionStatus {
 
 #[derive(Clone)]
 pub struct SessionsHandle {
+    pub(crate) counters: std::sync::Arc<crate::counters::Counters>,
     pub(crate) actors: Keyed<SessionActor>,
     pub(crate) projects: ProjectsHandle,
     pub(crate) store: Store,
@@ -173,6 +174,7 @@ impl SessionsHandle {
             .call(id, |reply| SessionMsg::Append(chunk.clone(), reply))
             .await?;
         self.store.durable().await?;
+        crate::counters::Counters::add(&self.counters.log_lines, chunk.levels.len() as u64);
         self.projects.alerts.logs(pid, s.device_id, chunk).await;
         Ok(Accepted { accepted })
     }
