@@ -212,7 +212,19 @@ async fn backup(
     let now_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)?
         .as_millis() as i64;
-    match fleetops_storage::Store::open(&cfg.data_dir) {
+    // With --url the running server makes the copy; offline, only a data directory that holds
+    // a store is copied (opening a missing one would create it, and back up nothing).
+    let offline = match url {
+        Some(_) => Err(fleetops_storage::StorageError::Locked(String::new())),
+        None if !cfg.data_dir.join("db").exists() => {
+            anyhow::bail!(
+                "{} holds no fleetops store: check data_dir (or FLEETOPS_DATA_DIR)",
+                cfg.data_dir.display()
+            )
+        }
+        None => fleetops_storage::Store::open(&cfg.data_dir),
+    };
+    match offline {
         Ok(store) => {
             let blobs =
                 fleetops_storage::blobs::BlobStore::from_config(&cfg.storage, &cfg.data_dir)?;

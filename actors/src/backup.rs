@@ -34,20 +34,21 @@ impl BackupsHandle {
     /// take it, 409 while another backup runs).
     pub async fn take(&self, to: &str) -> Result<BackupReport> {
         let to = PathBuf::from(to);
-        let data_dir = self
-            .store
-            .dir()
-            .canonicalize()
-            .map_err(|e| Error::Internal(e.to_string()))?;
-        fleetops_storage::backup::check_destination(&to, &data_dir)
+        fleetops_storage::backup::check_destination(&to, self.store.dir(), self.blobs.as_deref())
             .map_err(|why| Error::unprocessable("to", why))?;
-        let _one = self
+        // Held by the copy itself: a caller that hangs up does not free the slot while the
+        // copy goes on.
+        let one = self
             .running
-            .try_lock()
+            .clone()
+            .try_lock_owned()
             .map_err(|_| Error::Conflict("A backup is already running".into()))?;
         let (store, blobs, now) = (self.store.clone(), self.blobs.clone(), self.clock.now_ms());
-        let report =
-            crate::off_thread(move || Ok(store.backup_to(&to, blobs.as_deref(), now)?)).await?;
+        let report = crate::off_thread(move || {
+            let _one = one;
+            Ok(store.backup_to(&to, blobs.as_deref(), now)?)
+        })
+        .await?;
         tracing::info!(
             path = %report.path,
             keys = report.keys,

@@ -40,17 +40,43 @@ pub fn artifact_path(path: &str) {
     let _ = crate::rules::artifact_path(path);
 }
 
-/// A signed upload or download link's token.
-pub fn link(token: &str) {
+/// A signed upload or download link: `data` as a token, and `data` as the claims of a token
+/// signed with the right key (so the claims' parsing, purpose and expiry are reached).
+pub fn link(data: &[u8]) {
     static SIGNER: LazyLock<Signer> = LazyLock::new(|| Signer::new(vec![7; 32]));
-    for purpose in [Purpose::Upload, Purpose::Download] {
-        let _ = SIGNER.verify(token, purpose, 1_700_000_000);
+    let as_token = String::from_utf8_lossy(data);
+    let signed = SIGNER.sign_claims(data).unwrap_or_default();
+    for token in [as_token.as_ref(), signed.as_str()] {
+        for purpose in [Purpose::Upload, Purpose::Download] {
+            let _ = SIGNER.verify(token, purpose, 1_700_000_000);
+        }
     }
 }
 
+const JWT_SECRET: &[u8] = b"fuzz-secret-of-at-least-32-bytes!";
+
 /// A bearer value that is neither an API key nor a device token: decoded as a JWT.
 pub fn jwt(token: &str) {
-    let _ = crate::auth::decode_with(b"fuzz-secret-of-at-least-32-bytes!", token);
+    let _ = crate::auth::decode_with(JWT_SECRET, token);
+}
+
+/// `claims` as the payload of an HS256 token signed with the right key, decoded (so the
+/// claims' parsing and the `exp`/`sub`/`iat` checks are reached), and `claims` as a token.
+pub fn jwt_claims(claims: &[u8]) {
+    use base64::Engine as _;
+    let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    let message = format!(
+        "{}.{}",
+        b64.encode(br#"{"alg":"HS256","typ":"JWT"}"#),
+        b64.encode(claims)
+    );
+    let key = jsonwebtoken::EncodingKey::from_secret(JWT_SECRET);
+    if let Ok(sig) =
+        jsonwebtoken::crypto::sign(message.as_bytes(), &key, jsonwebtoken::Algorithm::HS256)
+    {
+        jwt(&format!("{message}.{sig}"));
+    }
+    jwt(&String::from_utf8_lossy(claims));
 }
 
 /// Parsed log entries turned into a stored chunk, and each entry read back.

@@ -22,6 +22,13 @@ pub struct Edge {
     /// unsigned webhook bodies is read a few at a time, so the bytes it pushes do not crowd
     /// every other request off the async threads.
     large_readers: Arc<Semaphore>,
+    /// The same for bodies read before the sender is known: their own readers, so a flood of
+    /// unsigned deliveries never holds the readers an authenticated large batch needs.
+    unauthenticated_readers: Arc<Semaphore>,
+    /// The share of the body budget unauthenticated bodies may hold together (3/4, in KiB):
+    /// the rest stays for authenticated bodies whatever a flood holds.
+    unauthenticated_budget: Arc<Semaphore>,
+    unauthenticated_budget_kib: u32,
     /// Large bodies turned away after `LARGE_BODY_WAIT` without a reader.
     pub large_body_waits: AtomicU64,
     /// The pace, in KiB, of large bodies on routes that take no credential (None: unpaced).
@@ -223,10 +230,14 @@ impl Edge {
                     .allow_burst(std::num::NonZeroU32::MIN.saturating_add(PACE_BURST_KIB - 1)),
             )
         });
+        let unauthenticated_budget_kib = (budget_kib / 4 * 3).max(1);
         Self {
             body_budget: Arc::new(Semaphore::new(budget_kib as usize)),
             budget_kib,
             large_readers,
+            unauthenticated_readers: Arc::new(Semaphore::new(cfg.max_large_bodies.max(1))),
+            unauthenticated_budget: Arc::new(Semaphore::new(unauthenticated_budget_kib as usize)),
+            unauthenticated_budget_kib,
             large_body_waits: AtomicU64::new(0),
             unauthenticated_pace,
             paced_waits: AtomicU64::new(0),
@@ -300,9 +311,13 @@ impl Edge {
                 retry_after_secs: 1,
             })
         };
+        let readers = match pace {
+            Pace::Authenticated => &self.large_readers,
+            Pace::Unauthenticated => &self.unauthenticated_readers,
+        };
+        let unauthenticated = pace == Pace::Unauthenticated;
         let _reader = match large {
-            true => match tokio::time::timeout(LARGE_BODY_WAIT, self.large_readers.acquire()).await
-            {
+            true => match tokio::time::timeout(LARGE_BODY_WAIT, readers.acquire()).await {
                 Ok(Ok(p)) => Some(p),
                 _ => {
                     self.large_body_waits.fetch_add(1, Ordering::Relaxed);
@@ -334,16 +349,30 @@ impl Edge {
             }
             // The budget first, so bytes waiting on the pace are already counted.
             let len = buf.len() + data.len();
+            let cap = match unauthenticated {
+                true => self.unauthenticated_budget_kib,
+                false => self.budget_kib,
+            };
             let want = u32::try_from(len.div_ceil(1024))
                 .unwrap_or(u32::MAX)
-                .min(self.budget_kib);
+                .min(cap);
             if want > reserved_kib {
-                match self
-                    .body_budget
-                    .clone()
-                    .try_acquire_many_owned(want - reserved_kib)
-                {
-                    Ok(p) => {
+                let share = match unauthenticated {
+                    true => self
+                        .unauthenticated_budget
+                        .clone()
+                        .try_acquire_many_owned(want - reserved_kib)
+                        .map(Some),
+                    false => Ok(None),
+                };
+                match share.and_then(|share| {
+                    self.body_budget
+                        .clone()
+                        .try_acquire_many_owned(want - reserved_kib)
+                        .map(|p| (share, p))
+                }) {
+                    Ok((share, p)) => {
+                        permits.extend(share);
                         permits.push(p);
                         reserved_kib = want;
                         let held = self.budget_kib as usize - self.body_budget.available_permits();

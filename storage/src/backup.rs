@@ -29,17 +29,55 @@ pub struct BackupReport {
     pub keys: u64,
     pub files: u64,
     pub bytes: u64,
-    /// How long writes waited (the whole copy).
+    /// How long writes waited: the sled copy and the second pass over the files.
     pub paused_ms: u64,
 }
 
-/// Why a destination cannot take a backup (or a restore): for a 4xx, not a 5xx.
-pub fn check_destination(dest: &Path, data_dir: &Path) -> std::result::Result<(), String> {
+/// `p` with symlinks resolved as far as it exists, the rest appended; `..` refused (it would
+/// resolve differently once the directories exist).
+fn resolved(p: &Path) -> std::result::Result<PathBuf, String> {
+    if p.components()
+        .any(|c| matches!(c, std::path::Component::ParentDir))
+    {
+        return Err("the backup destination must not contain '..'".into());
+    }
+    let mut existing = p.to_path_buf();
+    let mut rest = Vec::new();
+    loop {
+        if let Ok(real) = existing.canonicalize() {
+            let mut out = real;
+            out.extend(rest.iter().rev());
+            return Ok(out);
+        }
+        match (existing.file_name(), existing.parent()) {
+            (Some(name), Some(parent)) => {
+                rest.push(name.to_os_string());
+                existing = parent.to_path_buf();
+            }
+            _ => return Err("the backup destination cannot be resolved".into()),
+        }
+    }
+}
+
+/// Why a destination cannot take a backup: for a 4xx, not a 5xx. It must be absolute, absent
+/// or empty, and (symlinks resolved) neither inside nor around the data directory or the blob
+/// directory, or the copy would walk into itself.
+pub fn check_destination(
+    dest: &Path,
+    data_dir: &Path,
+    blobs: Option<&Path>,
+) -> std::result::Result<(), String> {
     if !dest.is_absolute() {
         return Err("the backup destination must be an absolute path".into());
     }
-    if dest.starts_with(data_dir) || data_dir.starts_with(dest) {
-        return Err("the backup destination must be outside the data directory".into());
+    let real = resolved(dest)?;
+    for dir in [Some(data_dir), blobs].into_iter().flatten() {
+        let dir = resolved(dir)?;
+        if real.starts_with(&dir) || dir.starts_with(&real) {
+            return Err(
+                "the backup destination must be outside the data and blob directories".into(),
+            );
+        }
     }
     match std::fs::read_dir(dest) {
         Ok(mut entries) => {
@@ -63,8 +101,7 @@ impl Store {
         blobs: Option<&Path>,
         now_ms: i64,
     ) -> Result<BackupReport> {
-        let data_dir = self.inner.dir.canonicalize()?;
-        check_destination(dest, &data_dir).map_err(StorageError::Config)?;
+        check_destination(dest, &self.inner.dir, blobs).map_err(StorageError::Config)?;
         std::fs::create_dir_all(dest)?;
         let copy = sled::Config::new()
             .path(dest.join("db"))
@@ -114,7 +151,7 @@ impl Store {
         }
         report.paused_ms = paused.elapsed().as_millis() as u64;
         report.files = seen.0.len() as u64;
-        report.bytes += seen.0.values().map(|(len, _)| len).sum::<u64>();
+        report.bytes += seen.0.values().map(|(_, len, _)| len).sum::<u64>();
         drop(copy);
         let manifest =
             serde_json::to_vec_pretty(&report).map_err(|e| StorageError::Corrupt(e.to_string()))?;
@@ -143,26 +180,42 @@ pub fn restore(from: &Path, data_dir: &Path) -> Result<BackupReport> {
             data_dir.display()
         )));
     }
-    copy_tree(from, data_dir, false, &mut Seen::default())?;
-    let _ = std::fs::remove_file(data_dir.join(MANIFEST));
-    sync_dir(data_dir)?;
-    // Opened once restored (the backup itself is left as it is); a copy that does not open
-    // is taken back out, leaving the data directory empty as it was.
-    if let Err(e) = Store::open(data_dir) {
-        if let Ok(entries) = std::fs::read_dir(data_dir) {
-            for entry in entries.flatten() {
-                let _ = std::fs::remove_dir_all(entry.path())
-                    .or_else(|_| std::fs::remove_file(entry.path()));
-            }
-        }
+    // Copied beside the data directory and opened there; moved into place only whole, so a
+    // failure part-way (a full disk) leaves the data directory as it was.
+    let name = data_dir
+        .file_name()
+        .ok_or_else(|| StorageError::Config("the data directory has no name".into()))?;
+    let parent = match data_dir.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    std::fs::create_dir_all(&parent)?;
+    let staging = parent.join(format!(
+        ".{}.restoring-{}",
+        name.to_string_lossy(),
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&staging);
+    let staged = (|| -> Result<()> {
+        copy_tree(from, &staging, false, &mut Seen::default())?;
+        std::fs::remove_file(staging.join(MANIFEST))?;
+        drop(Store::open(&staging)?);
+        sync_dir(&staging)?;
+        // An empty data directory that exists is replaced; rename refuses a non-empty one.
+        let _ = std::fs::remove_dir(data_dir);
+        std::fs::rename(&staging, data_dir)?;
+        sync_dir(&parent)
+    })();
+    if let Err(e) = staged {
+        let _ = std::fs::remove_dir_all(&staging);
         return Err(e);
     }
     Ok(report)
 }
 
-/// The files copied so far: their source's size and modification time when copied.
+/// The files copied so far: their source's inode, size and modification time when copied.
 #[derive(Default)]
-struct Seen(std::collections::HashMap<PathBuf, (u64, Option<std::time::SystemTime>)>);
+struct Seen(std::collections::HashMap<PathBuf, (u64, u64, Option<std::time::SystemTime>)>);
 
 /// Copies every file under `from` into `to`, keeping the layout, unless `seen` says it was
 /// copied as it is now; hard links when `link` and the filesystem allows it. Each copied file
@@ -181,7 +234,12 @@ fn copy_tree(from: &Path, to: &Path, link: bool, seen: &mut Seen) -> Result<()> 
             let entry = entry?;
             let kind = entry.file_type()?;
             let rel_child = rel.join(entry.file_name());
-            if kind.is_dir() {
+            if kind.is_symlink() {
+                return Err(StorageError::Config(format!(
+                    "{} is a symbolic link: a data directory holds none, so it is not copied",
+                    from.join(&rel_child).display()
+                )));
+            } else if kind.is_dir() {
                 stack.push(rel_child);
             } else if kind.is_file() {
                 let (src, dst) = (from.join(&rel_child), to.join(&rel_child));
@@ -190,7 +248,11 @@ fn copy_tree(from: &Path, to: &Path, link: bool, seen: &mut Seen) -> Result<()> 
                     Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
                     Err(e) => return Err(e.into()),
                 };
-                let now = (meta.len(), meta.modified().ok());
+                let now = (
+                    std::os::unix::fs::MetadataExt::ino(&meta),
+                    meta.len(),
+                    meta.modified().ok(),
+                );
                 if seen.0.get(&src) == Some(&now) {
                     continue;
                 }
@@ -281,6 +343,16 @@ mod tests {
         assert!(store.backup_to(&dest, None, 2).is_err());
         assert!(store.backup_to(&data.join("b"), None, 2).is_err());
         assert!(store.backup_to(Path::new("rel"), None, 2).is_err());
+        // ...and one that reaches the data or blob directory through a symlink or `..`.
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&data, &link).unwrap();
+        assert!(store.backup_to(&link.join("b"), None, 2).is_err());
+        assert!(
+            store
+                .backup_to(&dir.path().join("x/../data/b"), None, 2)
+                .is_err()
+        );
+        assert!(store.backup_to(&blobs.join("b"), Some(&blobs), 2).is_err());
         drop(store);
 
         let restored = dir.path().join("restored");

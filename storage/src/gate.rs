@@ -3,12 +3,14 @@
 //! snapshots: a scan running beside a batch can see part of it).
 //!
 //! [`Tree`] wraps a sled tree and offers its writes only through the gate, so a write that
-//! forgot it does not compile. Transactions span two trees and take the gate themselves
-//! ([`Gate::shared`]).
+//! forgot it does not compile. A writer that also takes the store's list lock takes the gate
+//! first and passes the guard in (`*_held`): taking it after the list lock would let a
+//! backup's wait stall every other listed writer on the plain mutex.
 
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use sled::IVec;
+use sled::transaction::{ConflictableTransactionResult, TransactionResult, TransactionalTree};
 
 #[derive(Clone, Default)]
 pub(crate) struct Gate(Arc<RwLock<()>>);
@@ -52,9 +54,24 @@ impl Tree {
         Self { tree, gate }
     }
 
-    /// The tree itself, for reads and for transactions (which hold [`Gate::shared`]).
-    pub(crate) fn sled(&self) -> &sled::Tree {
-        &self.tree
+    /// A transaction over this tree and `other`, under a gate guard the caller already holds.
+    pub(crate) fn transaction_held<A, E>(
+        &self,
+        other: &Tree,
+        _held: &RwLockReadGuard<'_, ()>,
+        f: impl Fn(&(TransactionalTree, TransactionalTree)) -> ConflictableTransactionResult<A, E>,
+    ) -> TransactionResult<A, E> {
+        use sled::Transactional;
+        (&self.tree, &other.tree).transaction(f)
+    }
+
+    /// A batch under a gate guard the caller already holds.
+    pub(crate) fn apply_batch_held(
+        &self,
+        batch: sled::Batch,
+        _held: &RwLockReadGuard<'_, ()>,
+    ) -> sled::Result<()> {
+        self.tree.apply_batch(batch)
     }
 
     pub(crate) fn get(&self, key: impl AsRef<[u8]>) -> sled::Result<Option<IVec>> {

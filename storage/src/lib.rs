@@ -224,6 +224,7 @@ impl Store {
             self.inner.records.apply_batch(batch)?;
             return Ok(());
         }
+        let gate = self.inner.gate.shared();
         let _g = self.list_guard();
         for (k, v) in lists::plan(self, &relist)? {
             match v {
@@ -231,7 +232,7 @@ impl Store {
                 None => batch.remove(k),
             }
         }
-        self.inner.records.apply_batch(batch)?;
+        self.inner.records.apply_batch_held(batch, &gate)?;
         Ok(())
     }
 

@@ -226,6 +226,7 @@ impl Store {
     /// Every list entry and counter rebuilt from the records (a store written before lists
     /// existed, or a check). Returns how many records were listed.
     pub(crate) fn rebuild_lists(&self, families: &[crate::Family]) -> Result<u64> {
+        let gate = self.inner.gate.shared();
         let _g = self.list_guard();
         // Also the project delivery index that the lists replaced.
         let mut old_delivery_index = keys::V.to_vec();
@@ -239,10 +240,12 @@ impl Store {
             for (n, k) in self.inner.records.scan_prefix(&prefix).keys().enumerate() {
                 b.remove(k?);
                 if n % 100_000 == 99_999 {
-                    self.inner.records.apply_batch(std::mem::take(&mut b))?;
+                    self.inner
+                        .records
+                        .apply_batch_held(std::mem::take(&mut b), &gate)?;
                 }
             }
-            self.inner.records.apply_batch(b)?;
+            self.inner.records.apply_batch_held(b, &gate)?;
         }
         let mut counts: BTreeMap<ListId, u64> = BTreeMap::new();
         let mut listed = 0;
@@ -259,17 +262,19 @@ impl Store {
                 }
                 // In pieces: a million records are not one batch in memory.
                 if pending >= 100_000 {
-                    self.inner.records.apply_batch(std::mem::take(&mut b))?;
+                    self.inner
+                        .records
+                        .apply_batch_held(std::mem::take(&mut b), &gate)?;
                     pending = 0;
                 }
             }
-            self.inner.records.apply_batch(b)?;
+            self.inner.records.apply_batch_held(b, &gate)?;
         }
         let mut b = sled::Batch::default();
         for (list, n) in counts {
             b.insert(list.counter_key(), n.to_be_bytes().to_vec());
         }
-        self.inner.records.apply_batch(b)?;
+        self.inner.records.apply_batch_held(b, &gate)?;
         Ok(listed)
     }
 

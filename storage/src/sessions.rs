@@ -5,8 +5,6 @@
 //! not a million. Appending a chunk and advancing the counters is one transaction over both
 //! trees, so a crash never leaves counters that disagree with the chunks.
 
-use sled::Transactional;
-
 use crate::lists::{Entry, ListId, Listed, Query, ord};
 use crate::{
     Artifact, LogChunk, Result, Session, SessionCounters, SessionStatus, StorageError, Store,
@@ -109,9 +107,10 @@ impl Store {
         let counter_bytes = codec::encode(counters)?;
         let chunk_key = keys::log_chunk(session, seq);
         let counters_key = keys::session_counters(session);
-        let _gate = self.inner.gate.shared();
-        (self.inner.logs.sled(), self.inner.records.sled())
-            .transaction(|(logs, records)| {
+        let gate = self.inner.gate.shared();
+        self.inner
+            .logs
+            .transaction_held(&self.inner.records, &gate, |(logs, records)| {
                 logs.insert(chunk_key.as_slice(), chunk_bytes.as_slice())?;
                 records.insert(counters_key.as_slice(), counter_bytes.as_slice())?;
                 Ok(())
@@ -218,6 +217,7 @@ impl Store {
         let rec = keys::session(s.project_id, s.id);
         let counters = keys::session_counters(s.id);
         let owner = keys::session_project(s.id);
+        let gate = self.inner.gate.shared();
         let _g = self.list_guard();
         let relist = crate::lists::plan(
             self,
@@ -227,9 +227,9 @@ impl Store {
                 old: crate::lists::old_entries::<Session>,
             }],
         )?;
-        let _gate = self.inner.gate.shared();
-        (self.inner.logs.sled(), self.inner.records.sled())
-            .transaction(|(logs, records)| {
+        self.inner
+            .logs
+            .transaction_held(&self.inner.records, &gate, |(logs, records)| {
                 for (k, v) in &relist {
                     match v {
                         Some(v) => records.insert(k.as_slice(), v.as_slice())?,

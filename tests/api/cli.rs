@@ -1353,4 +1353,13 @@ async fn backup_while_serving_then_restore_serves_the_copy() {
         &[],
     );
     assert!(!ok && err.contains("not empty"), "{err}");
+    // A data directory that holds no store is not backed up (nor created).
+    let empty = tempfile::tempdir().unwrap();
+    let (ok, _, err) = admin(
+        empty.path(),
+        &["backup", "--to", empty.path().join("b").to_str().unwrap()],
+        &[],
+    );
+    assert!(!ok && err.contains("holds no fleetops store"), "{err}");
+    assert!(!empty.path().join("data").exists());
 }
