@@ -305,6 +305,16 @@ impl<C: KeyedChild> Keyed<C> {
         })
     }
 
+    /// Calls waiting across every entity's actor, and on the busiest one (for `/metrics`: one
+    /// pass over the mailbox bounds of the entities that have them).
+    pub(crate) fn depths(&self) -> (usize, usize) {
+        let limit = self.cfg.mailbox_limit.max(1);
+        self.gates.iter().fold((0, 0), |(sum, max), g| {
+            let w = limit.saturating_sub(g.available_permits());
+            (sum + w, max.max(w))
+        })
+    }
+
     /// Drops the mailbox bound of an entity that is gone.
     pub(crate) fn forget(&self, key: u64) {
         self.gates.remove(&key);

@@ -531,6 +531,21 @@ impl Runtime {
 
     /// Actor restarts since start-up, all supervisors together.
     /// Live batches skipped for subscribers over their queue bound (for `/metrics`).
+    /// Per family of keyed actors: calls waiting in all their mailboxes, and in the fullest
+    /// one (for `/metrics`).
+    pub fn mailbox_depths(&self) -> Vec<(&'static str, usize, usize)> {
+        let feed = &self.alerts.feed;
+        let d = |name, (sum, max)| (name, sum, max);
+        vec![
+            d("project", self.projects.actors.depths()),
+            d("session", self.sessions.actors.depths()),
+            d("installation", self.webhooks.installations.depths()),
+            d("evaluator", feed.evaluators.depths()),
+            d("notifier", feed.notifiers.depths()),
+            d("quota", self.pipeline.quota.actors.depths()),
+        ]
+    }
+
     pub fn live_batches_skipped(&self) -> u64 {
         self.live_skipped.load(std::sync::atomic::Ordering::Relaxed)
     }

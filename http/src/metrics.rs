@@ -22,8 +22,14 @@ struct RouteLabels {
     route: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ActorLabels {
+    /// The family of keyed actors (`project`, `session`, ...).
+    actor: &'static str,
+}
+
 /// Figures the runtime keeps itself, read at each scrape.
-#[derive(Debug, Default, Clone, Copy)]
+#[derive(Debug, Default, Clone)]
 pub struct RuntimeFigures {
     pub restarts: u64,
     pub log_batches_dropped: u64,
@@ -41,6 +47,8 @@ pub struct RuntimeFigures {
     pub live_batches_skipped: u64,
     pub session_actors: u64,
     pub per_address_refusals: u64,
+    /// Per family of keyed actors: calls waiting in all mailboxes, and in the fullest one.
+    pub mailbox_depths: Vec<(&'static str, usize, usize)>,
     pub log_lines_ingested: u64,
     pub webhook_deliveries_queued: u64,
     pub notifications_sent: u64,
@@ -60,6 +68,8 @@ pub struct Metrics {
     evaluator_busy: Gauge<f64, std::sync::atomic::AtomicU64>,
     /// The edge's limits: open connections, and how often each limit was hit.
     edge: [Gauge; 18],
+    mailbox_waiting: Family<ActorLabels, Gauge>,
+    mailbox_deepest: Family<ActorLabels, Gauge>,
 }
 
 impl Default for Metrics {
@@ -210,7 +220,21 @@ impl Metrics {
         ]) {
             registry.register(name, help, g.clone());
         }
+        let mailbox_waiting = Family::<ActorLabels, Gauge>::default();
+        registry.register(
+            "mailbox_calls_waiting",
+            "Calls queued or in progress across every actor of a family (bounded per actor by [supervision] mailbox_limit)",
+            mailbox_waiting.clone(),
+        );
+        let mailbox_deepest = Family::<ActorLabels, Gauge>::default();
+        registry.register(
+            "mailbox_deepest",
+            "Calls queued or in progress at the fullest actor of a family",
+            mailbox_deepest.clone(),
+        );
         Self {
+            mailbox_waiting,
+            mailbox_deepest,
             registry,
             requests,
             latency,
@@ -241,6 +265,15 @@ impl Metrics {
         self.restarts.set(rt.restarts as i64);
         self.log_batches_dropped.set(rt.log_batches_dropped as i64);
         self.evaluator_busy.set(rt.evaluator_busy_seconds);
+        for (actor, waiting, deepest) in &rt.mailbox_depths {
+            let labels = ActorLabels { actor };
+            self.mailbox_waiting
+                .get_or_create(&labels)
+                .set(*waiting as i64);
+            self.mailbox_deepest
+                .get_or_create(&labels)
+                .set(*deepest as i64);
+        }
         for (g, v) in self.edge.iter().zip([
             rt.connections_open,
             rt.connection_waits as i64,

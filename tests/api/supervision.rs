@@ -556,3 +556,50 @@ async fn a_redelivery_after_a_503_is_the_delivery() {
     // And it is claimed now: a third attempt is the duplicate.
     assert_eq!(send(x.clone(), "x").await, 401);
 }
+
+/// Mailbox depths are on /metrics: calls waiting on a stalled project actor show under
+/// `actor="project"`, and the gauge falls back once it answers.
+#[tokio::test]
+async fn mailbox_depths_are_on_metrics() {
+    let s = start_with(|c| c.supervision.call_timeout_ms = 5000).await;
+    let k = s.key().to_string();
+    let pid = project_id(&s);
+    let rt = s.running.as_ref().unwrap().runtime.clone();
+    let r = s
+        .post(&format!("{DEV}/devices"), &k, json!({"name": "first"}))
+        .await;
+    assert_eq!(r.status, 201);
+    async fn waiting(s: &Srv) -> f64 {
+        s.metrics_text()
+            .await
+            .lines()
+            .find_map(|l| l.strip_prefix("fleetops_mailbox_calls_waiting{actor=\"project\"} "))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or(-1.0)
+    }
+    assert_eq!(waiting(&s).await, 0.0);
+    rt.projects
+        .inject_stall(pid, std::time::Duration::from_millis(1500))
+        .await
+        .unwrap();
+    let queued = tokio::spawn({
+        let (http, url, k) = (s.http.clone(), s.url(&format!("{DEV}/devices")), k.clone());
+        async move {
+            http.post(url)
+                .bearer_auth(k)
+                .json(&json!({"name": "queued"}))
+                .send()
+                .await
+                .unwrap()
+                .status()
+        }
+    });
+    assert!(eventually(2, || async { waiting(&s).await >= 1.0 }).await);
+    let text = s.metrics_text().await;
+    assert!(
+        text.contains("fleetops_mailbox_deepest{actor=\"project\"} "),
+        "{text}"
+    );
+    assert_eq!(queued.await.unwrap(), 201);
+    assert!(eventually(5, || async { waiting(&s).await == 0.0 }).await);
+}
