@@ -1127,3 +1127,38 @@ async fn delivery_ids_are_remembered_for_the_dedup_window() {
         .await
         .assert_error(401);
 }
+
+/// The delivery log keeps an accepted delivery 30 days: a day short of it the housekeeper
+/// keeps it, past it the housekeeper's pass removes it (404, out of the list and its total).
+#[tokio::test]
+async fn the_delivery_log_forgets_deliveries_after_30_days() {
+    let s = webhook_server().await;
+    let (id, r) = deliver(&s, "ping", &json!({"zen": "keep it logically awesome"})).await;
+    assert_eq!(r.status, 202, "{}", r.body);
+    settled(&s, &id).await;
+    let rt = s.running.as_ref().unwrap().runtime.clone();
+    let day = std::time::Duration::from_secs(86_400);
+    rt.clock.advance(29 * day);
+    rt.housekeep_now();
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert_eq!(
+        s.get(&format!("{SCM}/deliveries/{id}"), s.key())
+            .await
+            .status,
+        200
+    );
+    rt.clock.advance(2 * day);
+    rt.housekeep_now();
+    assert!(
+        eventually(10, || async {
+            s.get(&format!("{SCM}/deliveries/{id}"), s.key())
+                .await
+                .status
+                == 404
+        })
+        .await,
+        "a delivery older than 30 days is still in the log"
+    );
+    let r = s.get(&format!("{SCM}/deliveries"), s.key()).await;
+    assert_eq!(r.body["total"], 0, "{}", r.body);
+}
