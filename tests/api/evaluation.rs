@@ -773,3 +773,87 @@ async fn device_status_online_fires_after_the_duration_and_resolves_when_offline
         ["alert.firing", "alert.resolved"]
     );
 }
+
+/// A panic injected into the rule evaluator and into the notifier while heartbeats and log
+/// batches keep arriving: every request still succeeds, both actors restart (counted), and
+/// the restarted pair still fires an alert and delivers its notification.
+#[tokio::test]
+async fn evaluator_and_notifier_panics_under_load_are_contained() {
+    let sink = Sink::start().await;
+    let s = start_with(fast).await;
+    let hook = webhook(&s, &sink).await;
+    rule(
+        &s,
+        hook,
+        json!({"type": "device_status", "status": "offline", "duration_seconds": 0}),
+    )
+    .await;
+    let (busy, busy_tok) = device(&s, "busy").await;
+    let sid = session(&s, busy, &busy_tok).await;
+    let (quiet, quiet_tok) = device(&s, "quiet").await;
+    let rt = s.running.as_ref().unwrap().runtime.clone();
+    let pid = {
+        let org = rt.store.org_by_slug("default").unwrap().unwrap();
+        rt.store
+            .project_by_slug(org.id, "default")
+            .unwrap()
+            .unwrap()
+            .id
+    };
+    let restarts = s.metric("fleetops_actor_restarts").await;
+    // Load: heartbeats and log batches from the busy device, all of which must succeed.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let load = tokio::spawn({
+        let (http, base, tok, stop) = (
+            s.http.clone(),
+            s.base.clone(),
+            busy_tok.clone(),
+            stop.clone(),
+        );
+        async move {
+            let mut n = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let beat = http
+                    .post(format!("{base}{DEV}/devices/{busy}/heartbeat"))
+                    .bearer_auth(&tok)
+                    .json(&json!({}))
+                    .send()
+                    .await
+                    .unwrap()
+                    .status();
+                assert_eq!(beat, 202);
+                let logs = http
+                    .post(format!("{base}{DEV}/sessions/{sid}/logs"))
+                    .bearer_auth(&tok)
+                    .json(&json!([{"level": "info", "message": "working"}]))
+                    .send()
+                    .await
+                    .unwrap()
+                    .status();
+                assert_eq!(logs, 202);
+                n += 1;
+            }
+            n
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    rt.alerts.inject_evaluator_panic(pid).await.unwrap();
+    rt.alerts.inject_notifier_panic(pid).await.unwrap();
+    assert!(
+        eventually(5, || async {
+            s.metric("fleetops_actor_restarts").await >= restarts + 2.0
+        })
+        .await,
+        "both actors restarted"
+    );
+    // After the restarts: the quiet device's one heartbeat, then silence, fires and notifies.
+    heartbeat(&s, quiet, &quiet_tok, json!({})).await;
+    let l = wait_alerts(&s, "state=firing", 1).await;
+    assert_eq!(l["items"][0]["device_id"], quiet, "{l}");
+    let got = sink.wait_for(1).await;
+    assert_eq!(got[0].header("x-fleetops-event"), Some("alert.firing"));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    assert!(load.await.unwrap() > 0);
+    let r = s.get("/healthz", s.key()).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+}

@@ -55,6 +55,8 @@ pub(crate) enum EvaluatorMsg {
     /// A device was deleted or a group changed: reread devices and memberships.
     DevicesChanged,
     Tick,
+    /// Fault injection (supervision tests only).
+    Panic,
 }
 
 /// What every evaluator shares.
@@ -355,6 +357,7 @@ impl Actor for EvaluatorActor {
             // once, on the next tick.
             EvaluatorMsg::RulesChanged => st.pending = st.pending.max(Pending::Rules),
             EvaluatorMsg::DevicesChanged => st.pending = st.pending.max(Pending::Devices),
+            EvaluatorMsg::Panic => panic!("injected fault in the evaluator of project {}", st.pid),
             EvaluatorMsg::Tick => {
                 match std::mem::take(&mut st.pending) {
                     Pending::Rules => st.reload(now, &mut ch)?,

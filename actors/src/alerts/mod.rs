@@ -45,6 +45,28 @@ impl AlertsHandle {
             / 1e9
     }
 
+    /// Makes the project's rule evaluator panic in its handler (supervision tests only).
+    #[doc(hidden)]
+    pub async fn inject_evaluator_panic(&self, pid: u64) -> crate::error::Result<()> {
+        let a = self.feed.evaluators.actor(pid).await?;
+        a.cast(crate::mailbox::Envelope::cast(
+            evaluator::EvaluatorMsg::Panic,
+        ))
+        .map_err(|_| crate::error::Error::Unavailable {
+            retry_after_secs: 1,
+        })
+    }
+
+    /// Makes the project's notifier panic in its handler (supervision tests only).
+    #[doc(hidden)]
+    pub async fn inject_notifier_panic(&self, pid: u64) -> crate::error::Result<()> {
+        let a = self.feed.notifiers.actor(pid).await?;
+        a.cast(crate::mailbox::Envelope::cast(notifier::NotifierMsg::Panic))
+            .map_err(|_| crate::error::Error::Unavailable {
+                retry_after_secs: 1,
+            })
+    }
+
     /// Log batches the evaluators did not see, over the byte budget (for `/metrics`).
     pub fn log_batches_dropped(&self) -> u64 {
         self.feed.dropped.load(std::sync::atomic::Ordering::Relaxed)

@@ -34,6 +34,8 @@ pub(crate) enum NotifierMsg {
         outcome: std::result::Result<String, SendError>,
     },
     Tick,
+    /// Fault injection (supervision tests only).
+    Panic,
 }
 
 #[derive(Clone)]
@@ -121,6 +123,7 @@ impl Actor for NotifierActor {
             return Ok(());
         };
         match msg {
+            NotifierMsg::Panic => panic!("injected fault in a notifier"),
             NotifierMsg::Owed(list) => {
                 // Already settled by this notifier, which started from storage after the batch
                 // was written: not taken again (each alert's records read once).
