@@ -37,6 +37,7 @@ pub(crate) type Pruners = Arc<Mutex<Vec<Box<dyn Fn() + Send + Sync>>>>;
 pub(crate) enum HousekeeperMsg {
     Tick,
     /// Fault injection for supervision tests.
+    #[cfg(feature = "fault-injection")]
     Panic,
 }
 
@@ -78,6 +79,7 @@ impl Actor for Housekeeper {
     ) -> Result<(), ActorProcessingErr> {
         match msg.open() {
             Some(HousekeeperMsg::Tick) => {}
+            #[cfg(feature = "fault-injection")]
             Some(HousekeeperMsg::Panic) => panic!("injected fault in the housekeeper"),
             None => return Ok(()),
         }

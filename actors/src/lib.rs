@@ -136,6 +136,7 @@ pub struct Runtime {
     /// shutdown: the worker may be waiting on its queue).
     worker: Arc<Slot<webhooks::worker::WorkerMsg>>,
     /// Wakes the worker (fault injection only; the intake wakes it for stored deliveries).
+    #[cfg(feature = "fault-injection")]
     worker_feed: webhooks::worker::WorkerFeed,
     housekeeper: Arc<Slot<housekeeper::HousekeeperMsg>>,
     pruners: housekeeper::Pruners,
@@ -472,6 +473,7 @@ impl Runtime {
             webhooks,
             alerts,
             worker: worker_slot,
+            #[cfg(feature = "fault-injection")]
             worker_feed: feed,
             housekeeper: housekeeper_slot,
             pruners,
@@ -516,6 +518,7 @@ impl Runtime {
 
     /// Makes the webhook worker panic (supervision tests only).
     #[doc(hidden)]
+    #[cfg(feature = "fault-injection")]
     pub fn inject_worker_panic(&self) {
         self.worker_feed
             .panic_next
@@ -525,6 +528,7 @@ impl Runtime {
 
     /// Makes the housekeeper panic (supervision tests only).
     #[doc(hidden)]
+    #[cfg(feature = "fault-injection")]
     pub fn inject_housekeeper_panic(&self) {
         self.housekeeper.cast(housekeeper::HousekeeperMsg::Panic);
     }

@@ -66,6 +66,7 @@ impl Child {
 pub struct Health {
     down: Arc<Mutex<BTreeSet<&'static str>>>,
     /// Fault injection for tests: the next start of the named child fails.
+    #[cfg(feature = "fault-injection")]
     fail_next_start: Arc<Mutex<BTreeSet<String>>>,
 }
 
@@ -89,12 +90,14 @@ impl Health {
 
     /// Makes the next start of the named child fail (supervision tests only).
     #[doc(hidden)]
+    #[cfg(feature = "fault-injection")]
     pub fn inject_start_failure(&self, name: &str) {
         if let Ok(mut f) = self.fail_next_start.lock() {
             f.insert(name.to_string());
         }
     }
 
+    #[cfg(feature = "fault-injection")]
     fn take_start_failure(&self, child: Child) -> bool {
         self.fail_next_start
             .lock()
@@ -169,6 +172,7 @@ impl RootState {
         myself: &ActorRef<RootMsg>,
         child: Child,
     ) -> Result<(), ActorProcessingErr> {
+        #[cfg(feature = "fault-injection")]
         if self.args.health.take_start_failure(child) {
             return Err(format!("injected start failure of {}", child.name()).into());
         }

@@ -56,6 +56,7 @@ pub(crate) enum EvaluatorMsg {
     DevicesChanged,
     Tick,
     /// Fault injection (supervision tests only).
+    #[cfg(feature = "fault-injection")]
     Panic,
 }
 
@@ -357,6 +358,7 @@ impl Actor for EvaluatorActor {
             // once, on the next tick.
             EvaluatorMsg::RulesChanged => st.pending = st.pending.max(Pending::Rules),
             EvaluatorMsg::DevicesChanged => st.pending = st.pending.max(Pending::Devices),
+            #[cfg(feature = "fault-injection")]
             EvaluatorMsg::Panic => panic!("injected fault in the evaluator of project {}", st.pid),
             EvaluatorMsg::Tick => {
                 match std::mem::take(&mut st.pending) {

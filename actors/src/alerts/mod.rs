@@ -47,6 +47,7 @@ impl AlertsHandle {
 
     /// Makes the project's rule evaluator panic in its handler (supervision tests only).
     #[doc(hidden)]
+    #[cfg(feature = "fault-injection")]
     pub async fn inject_evaluator_panic(&self, pid: u64) -> crate::error::Result<()> {
         let a = self.feed.evaluators.actor(pid).await?;
         a.cast(crate::mailbox::Envelope::cast(
@@ -59,6 +60,7 @@ impl AlertsHandle {
 
     /// Makes the project's notifier panic in its handler (supervision tests only).
     #[doc(hidden)]
+    #[cfg(feature = "fault-injection")]
     pub async fn inject_notifier_panic(&self, pid: u64) -> crate::error::Result<()> {
         let a = self.feed.notifiers.actor(pid).await?;
         a.cast(crate::mailbox::Envelope::cast(notifier::NotifierMsg::Panic))

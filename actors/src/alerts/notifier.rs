@@ -35,6 +35,7 @@ pub(crate) enum NotifierMsg {
     },
     Tick,
     /// Fault injection (supervision tests only).
+    #[cfg(feature = "fault-injection")]
     Panic,
 }
 
@@ -123,6 +124,7 @@ impl Actor for NotifierActor {
             return Ok(());
         };
         match msg {
+            #[cfg(feature = "fault-injection")]
             NotifierMsg::Panic => panic!("injected fault in a notifier"),
             NotifierMsg::Owed(list) => {
                 // Already settled by this notifier, which started from storage after the batch

@@ -132,6 +132,7 @@ impl DirectoryHandle {
 
     /// Makes the actor panic in its handler (supervision tests only).
     #[doc(hidden)]
+    #[cfg(feature = "fault-injection")]
     pub fn inject_panic(&self) {
         self.slot.cast(DirectoryMsg::Panic);
     }

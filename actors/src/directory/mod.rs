@@ -82,6 +82,7 @@ pub(crate) enum DirectoryMsg {
         at: i64,
     },
     /// Fault injection for supervision tests.
+    #[cfg(feature = "fault-injection")]
     Panic,
 }
 
@@ -188,6 +189,7 @@ impl Actor for DirectoryActor {
                     }
                 }
             }
+            #[cfg(feature = "fault-injection")]
             DirectoryMsg::Panic => panic!("injected fault in DirectoryActor"),
         }
         Ok(())

@@ -72,6 +72,7 @@ impl ProjectsHandle {
 
     /// Makes the project's actor panic in its handler (supervision tests only).
     #[doc(hidden)]
+    #[cfg(feature = "fault-injection")]
     pub async fn inject_panic(&self, pid: u64) -> Result<()> {
         let a = self.actors.actor(pid).await?;
         a.cast(crate::mailbox::Envelope::cast(ProjectMsg::Panic))
@@ -88,6 +89,7 @@ impl ProjectsHandle {
 
     /// Holds the project's actor up for `d` (deadline tests only).
     #[doc(hidden)]
+    #[cfg(feature = "fault-injection")]
     pub async fn inject_stall(&self, pid: u64, d: std::time::Duration) -> Result<()> {
         let a = self.actors.actor(pid).await?;
         a.cast(crate::mailbox::Envelope::cast(ProjectMsg::Stall(d)))

@@ -209,8 +209,10 @@ pub(crate) enum ProjectMsg {
         reply: Reply<DeviceResult>,
     },
     /// Fault injection for supervision tests.
+    #[cfg(feature = "fault-injection")]
     Panic,
     /// Fault injection: holds the actor up, as a slow disk would (deadline tests).
+    #[cfg(feature = "fault-injection")]
     Stall(std::time::Duration),
 }
 
@@ -483,7 +485,9 @@ impl Actor for ProjectActor {
                     }
                 }
             }
+            #[cfg(feature = "fault-injection")]
             ProjectMsg::Panic => panic!("injected fault in ProjectActor {}", st.project.id),
+            #[cfg(feature = "fault-injection")]
             ProjectMsg::Stall(d) => tokio::time::sleep(d).await,
         }
         Ok(())

@@ -349,6 +349,7 @@ impl SessionsHandle {
 
     /// Makes a session's actor panic in its handler (supervision tests only).
     #[doc(hidden)]
+    #[cfg(feature = "fault-injection")]
     pub async fn inject_panic(&self, id: u64) -> Result<()> {
         let a = self.actors.actor(id).await?;
         a.cast(crate::mailbox::Envelope::cast(SessionMsg::Panic))
@@ -360,6 +361,7 @@ impl SessionsHandle {
     /// Makes the session's next append panic after its write, while fanning it out
     /// (supervision tests only).
     #[doc(hidden)]
+    #[cfg(feature = "fault-injection")]
     pub async fn inject_panic_after_next_write(&self, id: u64) -> Result<()> {
         let a = self.actors.actor(id).await?;
         a.cast(crate::mailbox::Envelope::cast(

@@ -46,8 +46,10 @@ pub(crate) enum SessionMsg {
     /// listens (passivation; the next append or subscriber starts it again from storage).
     IdleCheck,
     /// Fault injection for supervision tests.
+    #[cfg(feature = "fault-injection")]
     Panic,
     /// Fault injection: the next append panics after its write, while fanning it out.
+    #[cfg(feature = "fault-injection")]
     PanicAfterNextWrite,
 }
 
@@ -86,6 +88,7 @@ pub(crate) struct SessionState {
     cfg: SessionsConfig,
     live: live::Fanout,
     /// Injected fault (tests): the next fan-out panics.
+    #[cfg(feature = "fault-injection")]
     panic_after_write: bool,
     /// When the last append, artifact or subscriber came.
     last_active: std::time::Instant,
@@ -135,6 +138,7 @@ impl Actor for SessionActor {
             ring_entries,
             cfg,
             live,
+            #[cfg(feature = "fault-injection")]
             panic_after_write: false,
             last_active: std::time::Instant::now(),
         })
@@ -201,7 +205,9 @@ impl Actor for SessionActor {
                     myself.send_after(next, || Envelope::cast(SessionMsg::IdleCheck));
                 }
             }
+            #[cfg(feature = "fault-injection")]
             SessionMsg::Panic => panic!("injected fault in SessionActor {}", st.id),
+            #[cfg(feature = "fault-injection")]
             SessionMsg::PanicAfterNextWrite => st.panic_after_write = true,
         }
         Ok(())
@@ -257,6 +263,7 @@ impl SessionState {
 
     /// After a written batch: keep it for replay and send it to live subscribers.
     fn fan_out(&mut self, first_seq: u64, chunk: Arc<LogChunk>) {
+        #[cfg(feature = "fault-injection")]
         if std::mem::take(&mut self.panic_after_write) {
             panic!("injected fault in SessionActor {} after a write", self.id);
         }

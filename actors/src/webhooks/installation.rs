@@ -26,6 +26,7 @@ pub(crate) enum InstallationMsg {
         reply: Reply<()>,
     },
     /// Fault injection for supervision tests.
+    #[cfg(feature = "fault-injection")]
     Panic,
 }
 
@@ -76,6 +77,7 @@ impl Actor for InstallationActor {
                 let r = st.deliver(work).await;
                 let _ = reply.send(r);
             }
+            #[cfg(feature = "fault-injection")]
             InstallationMsg::Panic => panic!("injected fault in InstallationActor {}", st.id),
         }
         Ok(())

@@ -53,8 +53,10 @@ pub(crate) enum IntakeMsg {
     Expire { before: i64, reply: Reply<()> },
     /// Fault injection: the next batch write takes this much longer, as on a slow disk
     /// (deadline tests).
+    #[cfg(feature = "fault-injection")]
     StallNextWrite(std::time::Duration),
     /// Fault injection: the next batch write waits until the test releases it.
+    #[cfg(feature = "fault-injection")]
     HoldNextWrite(Arc<tokio::sync::Notify>),
 }
 
@@ -86,7 +88,9 @@ pub(crate) struct IntakeState {
     /// The dedup window.
     window_ms: i64,
     /// Injected delay of the next batch write (tests).
+    #[cfg(feature = "fault-injection")]
     stall: Option<std::time::Duration>,
+    #[cfg(feature = "fault-injection")]
     hold: Option<Arc<tokio::sync::Notify>>,
     clock: crate::clock::Clock,
 }
@@ -107,7 +111,9 @@ impl Actor for IntakeActor {
             window_ms: window_seconds * 1000,
             pending: Vec::new(),
             pending_ids: HashSet::new(),
+            #[cfg(feature = "fault-injection")]
             stall: None,
+            #[cfg(feature = "fault-injection")]
             hold: None,
             clock,
         })
@@ -167,7 +173,9 @@ impl Actor for IntakeActor {
                 }
             }
             IntakeMsg::Flush => st.flush().await,
+            #[cfg(feature = "fault-injection")]
             IntakeMsg::StallNextWrite(d) => st.stall = Some(d),
+            #[cfg(feature = "fault-injection")]
             IntakeMsg::HoldNextWrite(n) => st.hold = Some(n),
             IntakeMsg::Expire { before, reply } => {
                 if call.is_some_and(|c| !c.start()) {
@@ -265,9 +273,11 @@ impl IntakeState {
             })
             .collect();
         let store = self.store.clone();
+        #[cfg(feature = "fault-injection")]
         if let Some(d) = self.stall.take() {
             tokio::time::sleep(d).await;
         }
+        #[cfg(feature = "fault-injection")]
         if let Some(n) = self.hold.take() {
             n.notified().await;
         }

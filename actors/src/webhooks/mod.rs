@@ -37,11 +37,14 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use fleetops_storage::Store;
 
+#[cfg(feature = "fault-injection")]
 use crate::error::{Error, Result};
 use crate::keyed::Keyed;
 use crate::mailbox::Slot;
 use dispatcher::DispatcherMsg;
-use installation::{InstallationActor, InstallationMsg};
+use installation::InstallationActor;
+#[cfg(feature = "fault-injection")]
+use installation::InstallationMsg;
 use intake::IntakeMsg;
 
 pub use crate::config::{RunsConfig, ScmConfig};
@@ -67,6 +70,7 @@ pub struct WebhooksHandle {
 impl WebhooksHandle {
     /// Makes the intake's next batch write this much slower (deadline tests only).
     #[doc(hidden)]
+    #[cfg(feature = "fault-injection")]
     pub fn inject_write_stall(&self, d: std::time::Duration) {
         self.intake.cast(IntakeMsg::StallNextWrite(d));
     }
@@ -74,6 +78,7 @@ impl WebhooksHandle {
     /// Holds the intake's next batch write until the returned notify is notified (deadline
     /// tests only).
     #[doc(hidden)]
+    #[cfg(feature = "fault-injection")]
     pub fn inject_write_hold(&self) -> Arc<tokio::sync::Notify> {
         let n = Arc::new(tokio::sync::Notify::new());
         self.intake.cast(IntakeMsg::HoldNextWrite(n.clone()));
@@ -88,6 +93,7 @@ impl WebhooksHandle {
 
     /// Makes an installation's actor panic in its handler (supervision tests only).
     #[doc(hidden)]
+    #[cfg(feature = "fault-injection")]
     pub async fn inject_panic(&self, installation_id: u64) -> Result<()> {
         let a = self.installations.actor(installation_id).await?;
         a.cast(crate::mailbox::Envelope::cast(InstallationMsg::Panic))

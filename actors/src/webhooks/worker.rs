@@ -8,6 +8,7 @@
 //! and the dispatcher act on a delivery only while it is still queued.
 
 use std::sync::Arc;
+#[cfg(feature = "fault-injection")]
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
@@ -32,6 +33,7 @@ pub(crate) struct WorkerFeed {
     /// Stored deliveries are waiting (a permit is kept when the worker is not waiting).
     pub wake: Arc<Notify>,
     /// Fault injection for tests: the worker panics when it next wakes.
+    #[cfg(feature = "fault-injection")]
     pub panic_next: Arc<AtomicBool>,
 }
 
@@ -85,6 +87,7 @@ impl Actor for WorkerActor {
             return Ok(());
         };
         let seq = loop {
+            #[cfg(feature = "fault-injection")]
             if st.feed.panic_next.swap(false, Ordering::SeqCst) {
                 panic!("injected fault in the webhook worker");
             }
