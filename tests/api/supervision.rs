@@ -603,3 +603,104 @@ async fn mailbox_depths_are_on_metrics() {
     assert_eq!(queued.await.unwrap(), 201);
     assert!(eventually(5, || async { waiting(&s).await == 0.0 }).await);
 }
+
+/// Panics injected into the webhook intake and the dispatcher while deliveries and heartbeats
+/// keep arriving: heartbeats all succeed, a delivery refused at the panic (5xx) is redelivered
+/// as a host would until it is accepted, both actors restart, and every accepted delivery is
+/// worked into exactly one test run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn intake_and_dispatcher_panics_under_load_are_contained() {
+    use crate::webhooks::{SECRET, pr, sign};
+    let s = start_with(|c| c.scm.webhook_secret = SECRET.into()).await;
+    let rt = s.running.as_ref().unwrap().runtime.clone();
+    let r = s
+        .post(
+            &format!("{DEV}/repositories"),
+            s.key(),
+            json!({"full_name": "Codertocat/Hello-World"}),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.body);
+    let (d, tok) = crate::sessions::device(&s, "r1").await;
+    let restarts = s.metric("fleetops_actor_restarts").await;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let beats = tokio::spawn({
+        let (http, url, tok, stop) = (
+            s.http.clone(),
+            s.url(&format!("{DEV}/devices/{d}/heartbeat")),
+            tok.clone(),
+            stop.clone(),
+        );
+        async move {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let st = http
+                    .post(&url)
+                    .bearer_auth(&tok)
+                    .json(&json!({}))
+                    .send()
+                    .await
+                    .unwrap()
+                    .status();
+                assert_eq!(st, 202);
+            }
+        }
+    });
+    let n = 60u64;
+    let deliveries = tokio::spawn({
+        let (http, url) = (s.http.clone(), s.url("/api/v1/scm/webhooks"));
+        async move {
+            let mut redelivered = 0;
+            for i in 0..n {
+                let id = uuid::Uuid::new_v4().to_string();
+                let body =
+                    serde_json::to_vec(&pr("opened", i + 1, &format!("{i:040}"), false)).unwrap();
+                loop {
+                    let st = http
+                        .post(&url)
+                        .header("X-Host-Event", "pull_request")
+                        .header("X-Host-Delivery", &id)
+                        .header("X-Hub-Signature-256", sign(SECRET, &body))
+                        .body(body.clone())
+                        .send()
+                        .await
+                        .unwrap()
+                        .status()
+                        .as_u16();
+                    match st {
+                        202 => break,
+                        // Claimed by the attempt whose answer the panic took: accepted.
+                        401 if redelivered > 0 => break,
+                        500 | 503 => {
+                            redelivered += 1;
+                            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                        }
+                        other => panic!("delivery {i}: {other}"),
+                    }
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+            redelivered
+        }
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+    rt.webhooks.inject_intake_panic();
+    tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+    rt.webhooks.inject_dispatcher_panic();
+    deliveries.await.unwrap();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    beats.await.unwrap();
+    assert!(s.metric("fleetops_actor_restarts").await >= restarts + 2.0);
+    let total = |q: String| {
+        let s = &s;
+        async move { s.get(&q, s.key()).await.body["total"].as_u64().unwrap_or(0) }
+    };
+    assert!(
+        eventually(20, || async {
+            total("/api/v1/scm/deliveries?outcome=dispatched&page_size=1".into()).await == n
+        })
+        .await,
+        "not every accepted delivery was dispatched"
+    );
+    assert_eq!(total(format!("{DEV}/test-runs?page_size=1")).await, n);
+    assert_eq!(s.get("/healthz", s.key()).await.status, 200);
+}

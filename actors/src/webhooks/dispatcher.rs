@@ -67,6 +67,9 @@ pub(crate) enum DispatcherMsg {
     },
     /// Timer: requeue runs whose lease has expired.
     ExpireLeases,
+    /// Fault injection: the dispatcher panics in its handler (supervision tests).
+    #[cfg(feature = "fault-injection")]
+    Panic,
 }
 
 pub(crate) struct DispatcherActor;
@@ -108,6 +111,8 @@ impl Actor for DispatcherActor {
             return Ok(());
         };
         match msg {
+            #[cfg(feature = "fault-injection")]
+            DispatcherMsg::Panic => panic!("injected fault in the dispatcher"),
             DispatcherMsg::Dispatch { work, reply } => {
                 let _ = reply.send(st.dispatch(&work));
             }

@@ -58,6 +58,9 @@ pub(crate) enum IntakeMsg {
     /// Fault injection: the next batch write waits until the test releases it.
     #[cfg(feature = "fault-injection")]
     HoldNextWrite(Arc<tokio::sync::Notify>),
+    /// Fault injection: the intake panics in its handler (supervision tests).
+    #[cfg(feature = "fault-injection")]
+    Panic,
 }
 
 pub(crate) struct IntakeActor;
@@ -177,6 +180,8 @@ impl Actor for IntakeActor {
             IntakeMsg::StallNextWrite(d) => st.stall = Some(d),
             #[cfg(feature = "fault-injection")]
             IntakeMsg::HoldNextWrite(n) => st.hold = Some(n),
+            #[cfg(feature = "fault-injection")]
+            IntakeMsg::Panic => panic!("injected fault in the webhook intake"),
             IntakeMsg::Expire { before, reply } => {
                 if call.is_some_and(|c| !c.start()) {
                     return Ok(());

@@ -85,6 +85,20 @@ impl WebhooksHandle {
         n
     }
 
+    /// Makes the intake panic in its handler (supervision tests only).
+    #[doc(hidden)]
+    #[cfg(feature = "fault-injection")]
+    pub fn inject_intake_panic(&self) {
+        self.intake.cast(IntakeMsg::Panic);
+    }
+
+    /// Makes the dispatcher panic in its handler (supervision tests only).
+    #[doc(hidden)]
+    #[cfg(feature = "fault-injection")]
+    pub fn inject_dispatcher_panic(&self) {
+        self.dispatcher.cast(DispatcherMsg::Panic);
+    }
+
     /// Calls waiting on the intake now, queued or being answered (deadline tests only).
     #[doc(hidden)]
     pub fn intake_waiting(&self) -> usize {
