@@ -964,28 +964,7 @@ async fn sigterm_finishes_in_flight_work_closes_websockets_1001_and_exits_0() {
         .await
         .unwrap();
     assert_eq!(r.status(), 201);
-    let d: serde_json::Value = c
-        .post(format!("{base}{DEV}/devices"))
-        .bearer_auth(&key)
-        .json(&json!({"name": "r1"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let token = d["device_token"].as_str().unwrap().to_string();
-    let v: serde_json::Value = c
-        .post(format!("{base}{DEV}/sessions"))
-        .bearer_auth(&token)
-        .json(&json!({"device_id": d["id"]}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let sid = v["id"].as_u64().unwrap();
+    let (token, sid) = device_and_session(&c, &base, &key).await;
     let (mut ws, _) = tokio_tungstenite::connect_async(format!(
         "{}/api/v1/ws/organizations/default/projects/default/sessions/{sid}/logs?token={key}",
         base.replace("http://", "ws://")
@@ -1175,28 +1154,7 @@ async fn backup_while_serving_then_restore_serves_the_copy() {
     let key = field(&p.stdout, "API key:").unwrap().to_string();
     let c = client();
     let base = p.base.clone();
-    let d: serde_json::Value = c
-        .post(format!("{base}{DEV}/devices"))
-        .bearer_auth(&key)
-        .json(&json!({"name": "r1"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let token = d["device_token"].as_str().unwrap().to_string();
-    let v: serde_json::Value = c
-        .post(format!("{base}{DEV}/sessions"))
-        .bearer_auth(&token)
-        .json(&json!({"device_id": d["id"]}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let sid = v["id"].as_u64().unwrap();
+    let (token, sid) = device_and_session(&c, &base, &key).await;
     let r = c
         .put(format!("{base}{DEV}/sessions/{sid}/files/a/trace.bin"))
         .bearer_auth(&token)
@@ -1362,4 +1320,31 @@ async fn backup_while_serving_then_restore_serves_the_copy() {
     );
     assert!(!ok && err.contains("holds no fleetops store"), "{err}");
     assert!(!empty.path().join("data").exists());
+}
+
+/// A device `r1` and an active session of it, through a running binary: the device token and
+/// the session id.
+async fn device_and_session(c: &reqwest::Client, base: &str, key: &str) -> (String, u64) {
+    let d: serde_json::Value = c
+        .post(format!("{base}{DEV}/devices"))
+        .bearer_auth(key)
+        .json(&json!({"name": "r1"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let token = d["device_token"].as_str().unwrap().to_string();
+    let v: serde_json::Value = c
+        .post(format!("{base}{DEV}/sessions"))
+        .bearer_auth(&token)
+        .json(&json!({"device_id": d["id"]}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    (token, v["id"].as_u64().unwrap())
 }
