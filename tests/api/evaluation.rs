@@ -857,3 +857,41 @@ async fn evaluator_and_notifier_panics_under_load_are_contained() {
     let r = s.get("/healthz", s.key()).await;
     assert_eq!(r.status, 200, "{}", r.body);
 }
+
+/// Heartbeat samples (what backtests replay) are kept `[alerts] history_days` (7): with the
+/// injectable clock, the housekeeper's pass drops a sample 8 days old and keeps one 5 days
+/// old.
+#[tokio::test]
+async fn metric_history_is_pruned_after_its_retention() {
+    let s = start_with(fast).await;
+    let rt = s.running.as_ref().unwrap().runtime.clone();
+    let pid = {
+        let org = rt.store.org_by_slug("default").unwrap().unwrap();
+        rt.store
+            .project_by_slug(org.id, "default")
+            .unwrap()
+            .unwrap()
+            .id
+    };
+    let (d, tok) = device(&s, "r1").await;
+    let day = Duration::from_secs(86_400);
+    heartbeat(&s, d, &tok, json!({"temp": 40.0})).await;
+    rt.clock.advance(3 * day);
+    heartbeat(&s, d, &tok, json!({"temp": 41.0})).await;
+    let kept = |rt: &fleetops_actors::Runtime| {
+        rt.store
+            .metric_history(pid, d, 0, rt.clock.now_ms())
+            .unwrap()
+            .into_iter()
+            .map(|(_, m)| m["temp"])
+            .collect::<Vec<f64>>()
+    };
+    assert_eq!(kept(&rt), vec![40.0, 41.0]);
+    rt.clock.advance(5 * day);
+    rt.housekeep_now();
+    assert!(
+        eventually(5, || async { kept(&rt) == vec![41.0] }).await,
+        "{:?}",
+        kept(&rt)
+    );
+}
