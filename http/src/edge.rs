@@ -25,8 +25,9 @@ pub struct Edge {
     /// The same for bodies read before the sender is known: their own readers, so a flood of
     /// unsigned deliveries never holds the readers an authenticated large batch needs.
     unauthenticated_readers: Arc<Semaphore>,
-    /// The share of the body budget unauthenticated bodies may hold together (3/4, in KiB):
-    /// the rest stays for authenticated bodies whatever a flood holds.
+    /// The share of the body budget unauthenticated bodies may hold together (7/8, in KiB: 224
+    /// of the default 256 MiB, so eight 25 MiB deliveries fit): the rest stays for
+    /// authenticated bodies (four 8 MiB log batches at the default) whatever a flood holds.
     unauthenticated_budget: Arc<Semaphore>,
     unauthenticated_budget_kib: u32,
     /// Large bodies turned away after `LARGE_BODY_WAIT` without a reader.
@@ -212,7 +213,24 @@ pub enum Pace {
 }
 
 /// A share of the body budget, given back when the body is dropped.
-pub struct BodyPermit(#[allow(dead_code)] Vec<OwnedSemaphorePermit>);
+/// One permit per semaphore (the whole budget, and the unauthenticated share), grown by
+/// merging as the body arrives.
+#[derive(Default)]
+pub struct BodyPermit {
+    #[allow(dead_code)]
+    budget: Option<OwnedSemaphorePermit>,
+    #[allow(dead_code)]
+    share: Option<OwnedSemaphorePermit>,
+}
+
+impl BodyPermit {
+    fn add(slot: &mut Option<OwnedSemaphorePermit>, more: OwnedSemaphorePermit) {
+        match slot {
+            Some(p) => p.merge(more),
+            None => *slot = Some(more),
+        }
+    }
+}
 
 impl Edge {
     pub fn new(cfg: &HttpConfig) -> Self {
@@ -230,7 +248,7 @@ impl Edge {
                     .allow_burst(std::num::NonZeroU32::MIN.saturating_add(PACE_BURST_KIB - 1)),
             )
         });
-        let unauthenticated_budget_kib = (budget_kib / 4 * 3).max(1);
+        let unauthenticated_budget_kib = (budget_kib / 8 * 7).max(1);
         Self {
             body_budget: Arc::new(Semaphore::new(budget_kib as usize)),
             budget_kib,
@@ -330,7 +348,7 @@ impl Edge {
             (true, Pace::Unauthenticated) => self.unauthenticated_pace.as_ref(),
             _ => None,
         };
-        let mut permits = Vec::new();
+        let mut permits = BodyPermit::default();
         let mut reserved_kib: u32 = 0;
         let mut paced_kib: u64 = 0;
         // Sized from the declared length (pages are only touched as bytes arrive), so the
@@ -372,8 +390,10 @@ impl Edge {
                         .map(|p| (share, p))
                 }) {
                     Ok((share, p)) => {
-                        permits.extend(share);
-                        permits.push(p);
+                        if let Some(share) = share {
+                            BodyPermit::add(&mut permits.share, share);
+                        }
+                        BodyPermit::add(&mut permits.budget, p);
                         reserved_kib = want;
                         let held = self.budget_kib as usize - self.body_budget.available_permits();
                         self.budget_peak_kib
@@ -395,7 +415,7 @@ impl Edge {
                 paced_kib = due;
             }
         }
-        Ok((buf.freeze(), BodyPermit(permits)))
+        Ok((buf.freeze(), permits))
     }
 
     /// Waits until `kib` more fit the pace; TCP holds the sender back meanwhile. Asked for in

@@ -102,6 +102,19 @@ impl Store {
         now_ms: i64,
     ) -> Result<BackupReport> {
         check_destination(dest, &self.inner.dir, blobs).map_err(StorageError::Config)?;
+        let existed = dest.exists();
+        let taken = self.copy_into(dest, blobs, now_ms);
+        if taken.is_err() {
+            // Absent or empty before: left so, and a retry to the same path works.
+            let _ = std::fs::remove_dir_all(dest);
+            if existed {
+                let _ = std::fs::create_dir(dest);
+            }
+        }
+        taken
+    }
+
+    fn copy_into(&self, dest: &Path, blobs: Option<&Path>, now_ms: i64) -> Result<BackupReport> {
         std::fs::create_dir_all(dest)?;
         let copy = sled::Config::new()
             .path(dest.join("db"))
@@ -143,13 +156,15 @@ impl Store {
                 }
                 to.apply_batch(batch)?;
             }
-            copy.flush()?;
             copy_tree(&spool, &dest.join("webhook-payloads"), false, &mut seen)?;
             if let Some(blobs) = blobs {
                 copy_tree(blobs, &dest.join("blobs"), true, &mut seen)?;
             }
         }
         report.paused_ms = paused.elapsed().as_millis() as u64;
+        // Made durable once writes go on again: nothing live writes the copy.
+        copy.flush()?;
+        seen.sync()?;
         report.files = seen.0.len() as u64;
         report.bytes += seen.0.values().map(|(_, len, _)| len).sum::<u64>();
         drop(copy);
@@ -161,8 +176,8 @@ impl Store {
     }
 }
 
-/// Copies a backup into an absent or empty data directory (the server stopped). The backup is
-/// opened first, so a damaged one is refused before anything is copied.
+/// Copies a backup into an absent or empty data directory (the server stopped): staged beside
+/// it, opened there, and renamed into place whole; the backup itself is left untouched.
 pub fn restore(from: &Path, data_dir: &Path) -> Result<BackupReport> {
     let manifest = std::fs::read(from.join(MANIFEST)).map_err(|_| {
         StorageError::Config(format!(
@@ -197,7 +212,9 @@ pub fn restore(from: &Path, data_dir: &Path) -> Result<BackupReport> {
     ));
     let _ = std::fs::remove_dir_all(&staging);
     let staged = (|| -> Result<()> {
-        copy_tree(from, &staging, false, &mut Seen::default())?;
+        let mut seen = Seen::default();
+        copy_tree(from, &staging, false, &mut seen)?;
+        seen.sync()?;
         std::fs::remove_file(staging.join(MANIFEST))?;
         drop(Store::open(&staging)?);
         sync_dir(&staging)?;
@@ -215,7 +232,21 @@ pub fn restore(from: &Path, data_dir: &Path) -> Result<BackupReport> {
 
 /// The files copied so far: their source's inode, size and modification time when copied.
 #[derive(Default)]
-struct Seen(std::collections::HashMap<PathBuf, (u64, u64, Option<std::time::SystemTime>)>);
+struct Seen(
+    std::collections::HashMap<PathBuf, (u64, u64, Option<std::time::SystemTime>)>,
+    /// Files copied and directories changed, synced by [`Seen::sync`] (a backup does so once
+    /// writes go on again, so no fsync lengthens the pause).
+    Vec<PathBuf>,
+);
+
+impl Seen {
+    fn sync(&mut self) -> Result<()> {
+        for p in std::mem::take(&mut self.1) {
+            std::fs::File::open(&p)?.sync_all()?;
+        }
+        Ok(())
+    }
+}
 
 /// Copies every file under `from` into `to`, keeping the layout, unless `seen` says it was
 /// copied as it is now; hard links when `link` and the filesystem allows it. Each copied file
@@ -230,6 +261,7 @@ fn copy_tree(from: &Path, to: &Path, link: bool, seen: &mut Seen) -> Result<()> 
             Err(e) => return Err(e.into()),
         };
         std::fs::create_dir_all(to.join(&rel))?;
+        let mut changed = false;
         for entry in entries {
             let entry = entry?;
             let kind = entry.file_type()?;
@@ -259,15 +291,18 @@ fn copy_tree(from: &Path, to: &Path, link: bool, seen: &mut Seen) -> Result<()> 
                 let _ = std::fs::remove_file(&dst);
                 if !(link && std::fs::hard_link(&src, &dst).is_ok()) {
                     match std::fs::copy(&src, &dst) {
-                        Ok(_) => std::fs::File::open(&dst)?.sync_all()?,
+                        Ok(_) => seen.1.push(dst),
                         Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
                         Err(e) => return Err(e.into()),
                     }
                 }
+                changed = true;
                 seen.0.insert(src, now);
             }
         }
-        sync_dir(&to.join(&rel))?;
+        if changed {
+            seen.1.push(to.join(&rel));
+        }
     }
     Ok(())
 }

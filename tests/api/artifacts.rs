@@ -266,13 +266,7 @@ async fn the_sweep_collects_only_blobs_no_record_points_at() {
     let capsule = crate::configurations::capsule(&s, "nav", "1.0.0").await;
     let blobs = s._dir.path().join("data/blobs");
     let rt = s.running.as_ref().unwrap().runtime.clone();
-    let org = rt.store.org_by_slug("default").unwrap().unwrap();
-    let pid = rt
-        .store
-        .project_by_slug(org.id, "default")
-        .unwrap()
-        .unwrap()
-        .id;
+    let pid = s.project_id("default");
     let write = |rel: String| {
         let p = blobs.join(rel);
         std::fs::create_dir_all(p.parent().unwrap()).unwrap();

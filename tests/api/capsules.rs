@@ -529,8 +529,7 @@ async fn a_hung_up_reservation_never_lets_the_quota_be_exceeded() {
     .await;
     let secrets = projects(&s, 2).await;
     let rt = s.running.as_ref().unwrap().runtime.clone();
-    let org = rt.store.org_by_slug("default").unwrap().unwrap();
-    let q0 = rt.store.project_by_slug(org.id, "q0").unwrap().unwrap().id;
+    let q0 = s.project_id("q0");
     rt.projects
         .inject_stall(q0, std::time::Duration::from_millis(1500))
         .await

@@ -113,6 +113,18 @@ impl Resp {
 }
 
 impl Srv {
+    /// The runtime of the in-process server (fault injection, the clock, the store).
+    pub fn rt(&self) -> fleetops_actors::Runtime {
+        self.running.as_ref().unwrap().runtime.clone()
+    }
+
+    /// The id of project `slug` of organization `default`.
+    pub fn project_id(&self, slug: &str) -> u64 {
+        let rt = &self.running.as_ref().unwrap().runtime;
+        let org = rt.store.org_by_slug("default").unwrap().unwrap();
+        rt.store.project_by_slug(org.id, slug).unwrap().unwrap().id
+    }
+
     pub fn url(&self, path: &str) -> String {
         format!("{}{}", self.base, path)
     }

@@ -791,15 +791,8 @@ async fn evaluator_and_notifier_panics_under_load_are_contained() {
     let (busy, busy_tok) = device(&s, "busy").await;
     let sid = session(&s, busy, &busy_tok).await;
     let (quiet, quiet_tok) = device(&s, "quiet").await;
-    let rt = s.running.as_ref().unwrap().runtime.clone();
-    let pid = {
-        let org = rt.store.org_by_slug("default").unwrap().unwrap();
-        rt.store
-            .project_by_slug(org.id, "default")
-            .unwrap()
-            .unwrap()
-            .id
-    };
+    let rt = s.rt();
+    let pid = s.project_id("default");
     let restarts = s.metric("fleetops_actor_restarts").await;
     // Load: heartbeats and log batches from the busy device, all of which must succeed.
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -864,15 +857,8 @@ async fn evaluator_and_notifier_panics_under_load_are_contained() {
 #[tokio::test]
 async fn metric_history_is_pruned_after_its_retention() {
     let s = start_with(fast).await;
-    let rt = s.running.as_ref().unwrap().runtime.clone();
-    let pid = {
-        let org = rt.store.org_by_slug("default").unwrap().unwrap();
-        rt.store
-            .project_by_slug(org.id, "default")
-            .unwrap()
-            .unwrap()
-            .id
-    };
+    let rt = s.rt();
+    let pid = s.project_id("default");
     let (d, tok) = device(&s, "r1").await;
     let day = Duration::from_secs(86_400);
     heartbeat(&s, d, &tok, json!({"temp": 40.0})).await;

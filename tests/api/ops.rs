@@ -289,3 +289,31 @@ async fn metrics_count_ingested_lines_flushes_and_the_webhook_backlog() {
         "{text}"
     );
 }
+
+/// `POST /api/v1/admin/backup`: 401 without a credential, 400 for a body that is not JSON,
+/// 422 for one without `to` (the superuser's 201, 403 and the destination's 422 are tested
+/// through the binary in `cli.rs`).
+#[tokio::test]
+async fn backup_endpoint_refuses_missing_credentials_and_bad_bodies() {
+    let s = start().await;
+    let url = "/api/v1/admin/backup";
+    s.raw(
+        s.http
+            .post(s.url(url))
+            .json(&serde_json::json!({"to": "/tmp/x"})),
+    )
+    .await
+    .assert_error(401);
+    s.raw(
+        s.http
+            .post(s.url(url))
+            .bearer_auth(s.key())
+            .header("content-type", "application/json")
+            .body("{not json"),
+    )
+    .await
+    .assert_error(400);
+    s.post(url, s.key(), serde_json::json!({}))
+        .await
+        .assert_error(422);
+}

@@ -6,13 +6,7 @@ use serde_json::json;
 use crate::common::*;
 
 fn project_id(s: &Srv) -> u64 {
-    let rt = &s.running.as_ref().unwrap().runtime;
-    let org = rt.store.org_by_slug("default").unwrap().unwrap();
-    rt.store
-        .project_by_slug(org.id, "default")
-        .unwrap()
-        .unwrap()
-        .id
+    s.project_id("default")
 }
 
 /// A device and an active session of it; the session's id and its logs route.

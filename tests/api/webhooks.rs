@@ -254,6 +254,21 @@ async fn signature_ids_dedup_and_limits() {
     )
     .await;
     r.assert_error(413);
+    // The same sent chunked (no declared length): 413 once the 25 MiB are read, before the
+    // signature.
+    let pieces = (0..26).map(|_| Ok::<_, std::io::Error>(vec![b' '; 1024 * 1024]));
+    let r = s
+        .raw(
+            s.http
+                .post(s.url(&format!("{SCM}/webhooks")))
+                .header("content-type", "application/json")
+                .header("X-Host-Event", "push")
+                .header("X-Host-Delivery", uuid::Uuid::new_v4().to_string())
+                .header("X-Hub-Signature-256", "sha256=00")
+                .body(reqwest::Body::wrap_stream(futures::stream::iter(pieces))),
+        )
+        .await;
+    r.assert_error(413);
 
     // 20 concurrent deliveries of one id: exactly one accepted.
     let cid = uuid::Uuid::new_v4().to_string();

@@ -248,11 +248,11 @@ impl NotifierState {
         };
         let now = self.ctx.clock.now_ms();
         n.attempts += 1;
-        match outcome {
+        let counted = match outcome {
             Ok(_) => {
                 n.success = Some(true);
                 n.last_error = None;
-                Counters::add(&self.ctx.counters.notifications_sent, 1);
+                &self.ctx.counters.notifications_sent
             }
             Err(SendError::Retry { message, after }) if n.attempts < self.ctx.cfg.max_attempts => {
                 let backoff = self
@@ -266,15 +266,18 @@ impl NotifierState {
                 });
                 n.last_error = Some(message);
                 n.next_attempt_at = now.saturating_add(wait as i64);
-                Counters::add(&self.ctx.counters.notifications_retried, 1);
+                &self.ctx.counters.notifications_retried
             }
             Err(e) => {
                 n.success = Some(false);
                 n.last_error = Some(e.message().to_string());
-                Counters::add(&self.ctx.counters.notifications_failed, 1);
+                &self.ctx.counters.notifications_failed
             }
-        }
+        };
         self.ctx.store.put_notification(&n)?;
+        // Counted once recorded: an attempt whose record failed is made again after the
+        // restart and counted then.
+        Counters::add(counted, 1);
         // On disk with the next group commit, which this asks for without holding the
         // notifier (one fsync per attempt, in series, made 10,000 notifications take
         // seconds). A crash before it sends the attempt again: delivery is at least once.
