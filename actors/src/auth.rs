@@ -67,7 +67,7 @@ impl Principal {
 }
 
 /// An issued access token.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct Token {
     pub access_token: String,
     pub token_type: &'static str,

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use fleetops_storage::Store;
-use fleetops_storage::backup::BackupReport;
+pub use fleetops_storage::backup::BackupReport;
 
 use crate::clock::Clock;
 use crate::{Error, Result};

@@ -21,7 +21,7 @@ pub const MAX_QUERY_LIMIT: usize = 10_000;
 pub const LEVELS: [&str; 4] = ["DEBUG", "INFO", "WARN", "ERROR"];
 
 /// One entry as a device sends it.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
 pub struct RawEntry {
     pub timestamp: Option<String>,
     pub level: String,
@@ -126,7 +126,7 @@ fn json_depth(json: &[u8]) -> usize {
 }
 
 /// One entry as it is returned (levels upper-case, milliseconds).
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct LogEntryView {
     pub timestamp: String,
     pub level: &'static str,

@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use crate::clock::fmt_ms;
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct Page<T> {
     pub items: Vec<T>,
     pub total: usize,
@@ -67,12 +67,12 @@ impl PageReq {
     }
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct Items<T> {
     pub items: Vec<T>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct UserView {
     pub id: u64,
     pub email: String,
@@ -89,13 +89,13 @@ impl From<&User> for UserView {
     }
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct OrgRole {
     pub slug: String,
     pub role: &'static str,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct Me {
     pub id: u64,
     pub email: String,
@@ -103,7 +103,7 @@ pub struct Me {
     pub organizations: Vec<OrgRole>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct OrgView {
     pub id: u64,
     pub slug: String,
@@ -124,14 +124,14 @@ impl From<&Organization> for OrgView {
     }
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct MemberView {
     pub user_id: u64,
     pub email: String,
     pub role: &'static str,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct ProjectView {
     pub id: u64,
     pub slug: String,
@@ -154,12 +154,12 @@ impl ProjectView {
     }
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct ProjectSecret {
     pub project_secret: String,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct ApiKeyCreated {
     pub id: u64,
     pub name: String,
@@ -167,7 +167,7 @@ pub struct ApiKeyCreated {
     pub created_at: String,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct ApiKeyView {
     pub id: u64,
     pub name: String,
@@ -188,7 +188,7 @@ impl From<&ApiKey> for ApiKeyView {
     }
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct DeviceView {
     pub id: u64,
     pub name: String,
@@ -223,7 +223,7 @@ impl DeviceView {
     }
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct GroupView {
     pub id: u64,
     pub name: String,
@@ -242,7 +242,7 @@ impl From<&DeviceGroup> for GroupView {
     }
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct HeartbeatAck {
     pub status: &'static str,
 }
@@ -261,7 +261,7 @@ pub struct Bootstrapped {
     pub generated_password: Option<String>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct SessionItem {
     pub id: u64,
     pub device_id: u64,
@@ -274,20 +274,20 @@ pub struct SessionItem {
     pub artifact_count: u64,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct SessionMetrics {
     pub log_count: u64,
     pub artifact_count: u64,
     pub artifact_size_bytes: u64,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct PackageRef {
     pub id: u64,
     pub name: String,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct SessionDetail {
     #[serde(flatten)]
     pub item: SessionItem,
@@ -334,7 +334,7 @@ impl SessionDetail {
     }
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct ArtifactView {
     pub path: String,
     pub size_bytes: u64,
@@ -353,12 +353,13 @@ impl From<&fleetops_storage::Artifact> for ArtifactView {
     }
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
+#[schemars(rename = "LogsAccepted")]
 pub struct Accepted {
     pub accepted: usize,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct LogPage {
     pub items: Vec<crate::logs::LogEntryView>,
     pub total: usize,

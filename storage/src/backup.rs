@@ -21,7 +21,7 @@ use crate::{Result, StorageError, Store};
 /// Written last into a backup; what restore checks first.
 pub const MANIFEST: &str = "backup.json";
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct BackupReport {
     pub path: String,
     /// Unix milliseconds when the copy was taken.

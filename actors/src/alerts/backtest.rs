@@ -16,31 +16,36 @@ use crate::rules::backtest::{Event, replay};
 /// Log lines a backtest reads at most; past it the answer says `truncated`.
 const MAX_LINES: usize = 5_000_000;
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
 pub struct BacktestRequest {
+    #[schemars(with = "crate::rules::alert_conditions::Condition")]
     pub condition: Value,
     #[serde(default)]
     pub device_group_ids: Vec<u64>,
     /// RFC 3339; default `to` minus `[alerts] history_days`, and never earlier.
+    #[serde(default)]
+    #[schemars(schema_with = "crate::rules::schemas::opt_time")]
     pub from: Option<String>,
     /// RFC 3339; default now.
+    #[serde(default)]
+    #[schemars(schema_with = "crate::rules::schemas::opt_time")]
     pub to: Option<String>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct FiringView {
     pub fired_at: String,
     pub resolved_at: Option<String>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct DeviceFirings {
     pub device_id: u64,
     pub device_name: String,
     pub firings: Vec<FiringView>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct BacktestView {
     pub from: String,
     pub to: String,

@@ -15,14 +15,14 @@ pub struct AlertFilter {
     pub rule_id: Option<u64>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct RelatedDeploymentView {
     pub id: u64,
     pub name: String,
     pub activated_at: String,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct NotificationView {
     pub integration_id: u64,
     /// `false` while still owed (see `pending`) and after the last attempt failed.
@@ -35,7 +35,7 @@ pub struct NotificationView {
     pub event: AlertEvent,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct AlertView {
     pub id: u64,
     pub rule_id: u64,

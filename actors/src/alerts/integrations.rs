@@ -12,29 +12,36 @@ use crate::project::alerting::{full_config, open_secret};
 use crate::rules::notifications::{AlertMessage, IntegrationConfig, mask, render, secret_field};
 use fleetops_storage::{AlertEvent, Integration, IntegrationType, Severity};
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[schemars(transform = crate::rules::notifications::integration_variants)]
 pub struct IntegrationRequest {
     #[serde(rename = "type")]
+    #[schemars(with = "IntegrationType")]
     pub kind: String,
+    #[schemars(schema_with = "crate::rules::schemas::name")]
     pub name: String,
     #[serde(default)]
     pub enabled: Option<bool>,
+    #[schemars(with = "serde_json::Map<String, Value>")]
     pub config: Value,
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, schemars::JsonSchema)]
 pub struct IntegrationPatch {
     #[serde(rename = "type", default)]
+    #[schemars(with = "Option<IntegrationType>")]
     pub kind: Option<String>,
     #[serde(default)]
+    #[schemars(schema_with = "crate::rules::schemas::opt_name")]
     pub name: Option<String>,
     #[serde(default)]
     pub enabled: Option<bool>,
     #[serde(default)]
+    #[schemars(with = "Option<serde_json::Map<String, Value>>")]
     pub config: Option<Value>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct IntegrationView {
     pub id: u64,
     #[serde(rename = "type")]
@@ -48,7 +55,7 @@ pub struct IntegrationView {
 }
 
 /// What `POST /integrations/{id}/test` answers.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct TestResult {
     pub success: bool,
     pub message: String,

@@ -13,10 +13,13 @@ use crate::project::alerting::{RuleDraft, RulePatch};
 use crate::rules::alert_conditions::Condition;
 use fleetops_storage::{AlertRule, Severity};
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
 pub struct RuleRequest {
+    #[schemars(schema_with = "crate::rules::schemas::name")]
     pub name: String,
+    #[schemars(with = "Condition")]
     pub condition: Value,
+    #[schemars(with = "Severity")]
     pub severity: String,
     #[serde(default)]
     pub integration_ids: Vec<u64>,
@@ -28,20 +31,27 @@ pub struct RuleRequest {
 
 /// Any subset of the fields; others (such as `id` or `created_at` from a GET sent back) are
 /// ignored, as for integrations.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, schemars::JsonSchema)]
 pub struct RulePatchRequest {
+    #[serde(default)]
+    #[schemars(schema_with = "crate::rules::schemas::opt_name")]
     pub name: Option<String>,
+    #[serde(default)]
+    #[schemars(with = "Option<Condition>")]
     pub condition: Option<Value>,
+    #[serde(default)]
+    #[schemars(with = "Option<Severity>")]
     pub severity: Option<String>,
     pub integration_ids: Option<Vec<u64>>,
     pub device_group_ids: Option<Vec<u64>>,
     pub enabled: Option<bool>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct RuleView {
     pub id: u64,
     pub name: String,
+    #[schemars(with = "Condition")]
     pub condition: Value,
     pub severity: Severity,
     pub integration_ids: Vec<u64>,

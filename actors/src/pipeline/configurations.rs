@@ -32,7 +32,7 @@ pub struct ConfigRequest {
     pub validation_schema: Option<Box<RawValue>>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct ConfigUploadUrl {
     pub config_id: u64,
     pub upload_url: String,
@@ -40,7 +40,7 @@ pub struct ConfigUploadUrl {
 }
 
 /// The full configuration record as returned.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct ConfigurationView {
     pub id: u64,
     pub project_id: u64,
@@ -89,7 +89,7 @@ impl From<&Configuration> for ConfigurationView {
     }
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct ConfigurationDetail {
     #[serde(flatten)]
     pub configuration: ConfigurationView,
@@ -97,7 +97,7 @@ pub struct ConfigurationDetail {
 }
 
 /// A configuration named in `explain`.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct ConfigRef {
     pub id: u64,
     pub name: String,
@@ -115,7 +115,7 @@ impl From<&Configuration> for ConfigRef {
 }
 
 /// One leaf of the effective configuration and who set it.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct Source {
     pub pointer: String,
     pub value: Value,
@@ -123,7 +123,7 @@ pub struct Source {
 }
 
 /// `GET /configurations/{id}/explain`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct Explain {
     pub id: u64,
     pub name: String,

@@ -18,7 +18,7 @@ pub use crate::rules::deployments::{
 use crate::views::{Page, PageReq};
 
 /// A deployment package as returned.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct DeploymentView {
     pub id: u64,
     pub project_id: u64,
@@ -55,14 +55,14 @@ impl From<&Deployment> for DeploymentView {
     }
 }
 
-#[derive(Debug, Default, Serialize)]
+#[derive(Debug, Default, Serialize, schemars::JsonSchema)]
 pub struct DeviceResults {
     pub succeeded: usize,
     pub failed: usize,
 }
 
 /// `GET /deployments/{id}`: the record and the devices' rollout results.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct DeploymentDetail {
     #[serde(flatten)]
     pub deployment: DeploymentView,
@@ -70,7 +70,7 @@ pub struct DeploymentDetail {
 }
 
 /// `POST /deployments/plan`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct Plan {
     pub blocked: bool,
     pub blockers: Vec<Blocker>,
@@ -79,7 +79,7 @@ pub struct Plan {
 }
 
 /// A device's rollout report, as accepted.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct ResultAccepted {
     pub deployment_id: u64,
     pub device_id: u64,

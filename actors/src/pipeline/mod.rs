@@ -56,21 +56,21 @@ pub struct CapsuleRequest {
     pub dependencies: Vec<(String, String)>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct UploadUrl {
     pub capsule_id: u64,
     pub upload_url: String,
     pub expires_in: i64,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct Dependency {
     pub name: String,
     pub version: String,
 }
 
 /// The full capsule record as returned.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct CapsuleView {
     pub id: u64,
     pub project_id: u64,
@@ -127,7 +127,7 @@ impl From<&Capsule> for CapsuleView {
 }
 
 /// `GET /capsules/{id}`: the record, every version of its name, a download link.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct CapsuleDetail {
     #[serde(flatten)]
     pub capsule: CapsuleView,
@@ -136,7 +136,7 @@ pub struct CapsuleDetail {
 }
 
 /// An item of `GET /capsules`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct CapsuleItem {
     pub id: u64,
     pub name: String,

@@ -80,12 +80,7 @@ impl ProjectState {
 
     /// Returns the time stamped as `last_seen_at`.
     pub(super) fn heartbeat(&mut self, id: u64, metrics: BTreeMap<String, f64>) -> Result<i64> {
-        if metrics.len() > 256 || metrics.keys().any(|k| k.is_empty() || k.len() > 128) {
-            return Err(Error::unprocessable(
-                "metrics",
-                "at most 256 metrics with names of 1-128 bytes",
-            ));
-        }
+        rules::metrics(&metrics)?;
         let mut d = self.device(id)?;
         let at = self.clock.now_ms();
         d.last_seen_at = Some(at);

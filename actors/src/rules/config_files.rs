@@ -206,7 +206,7 @@ pub fn leaves(v: &Value) -> Vec<(String, Value)> {
 }
 
 /// A schema violation, located in the instance.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, schemars::JsonSchema)]
 pub struct SchemaError {
     /// JSON Pointer into `config_data` (`""` is the whole document).
     pub pointer: String,

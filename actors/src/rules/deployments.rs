@@ -76,7 +76,7 @@ impl DeploymentSpec {
 
 /// One reason a deployment cannot be created as given: 422 for input that breaks a rule,
 /// 409 for a capsule or configuration in the wrong state.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct Blocker {
     pub status: u16,
     pub field: String,
@@ -84,7 +84,7 @@ pub struct Blocker {
 }
 
 /// A targeted device.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct TargetDevice {
     pub id: u64,
     pub name: String,

@@ -10,6 +10,7 @@ pub mod config_files;
 pub mod configurations;
 pub mod deployments;
 pub mod notifications;
+pub mod schemas;
 pub mod targets;
 
 use crate::error::{Error, Result};
@@ -31,10 +32,12 @@ pub fn slug(field: &str, s: &str) -> Result<()> {
     }
 }
 
-/// A plausible address: one `@`, non-empty local part and a dotted domain, no spaces.
+/// A plausible address: at most 254 characters, no whitespace, a non-empty local part and a
+/// domain that neither starts nor ends with a dot; kept in lower case.
 pub fn email(field: &str, s: &str) -> Result<String> {
-    let s = s.trim().to_lowercase();
-    let valid = s.len() <= 254
+    let long = s.chars().count() > 254;
+    let s = s.to_lowercase();
+    let valid = !long
         && !s.chars().any(char::is_whitespace)
         && match s.split_once('@') {
             Some((local, domain)) => {
@@ -53,10 +56,10 @@ pub fn email(field: &str, s: &str) -> Result<String> {
     }
 }
 
-/// A display name: 1 to `max` characters after trimming.
+/// A display name: 1 to `max` characters, not all whitespace; kept trimmed.
 pub fn name(field: &str, s: &str, max: usize) -> Result<String> {
     let t = s.trim();
-    if t.is_empty() || t.chars().count() > max {
+    if t.is_empty() || s.chars().count() > max {
         return Err(Error::unprocessable(
             field,
             format!("must be 1 to {max} characters"),
@@ -66,8 +69,8 @@ pub fn name(field: &str, s: &str, max: usize) -> Result<String> {
 }
 
 pub fn password(field: &str, s: &str) -> Result<()> {
-    if s.is_empty() || s.len() > 1024 {
-        return Err(Error::unprocessable(field, "must be 1 to 1024 bytes"));
+    if s.is_empty() || s.chars().count() > 1024 {
+        return Err(Error::unprocessable(field, "must be 1 to 1024 characters"));
     }
     Ok(())
 }
@@ -84,6 +87,17 @@ pub fn labels(labels: &std::collections::BTreeMap<String, String>) -> Result<()>
                 "keys must be 1-128 characters and values at most 256",
             ));
         }
+    }
+    Ok(())
+}
+
+/// Heartbeat metrics: at most 256, names of 1 to 128 characters.
+pub fn metrics(m: &std::collections::BTreeMap<String, f64>) -> Result<()> {
+    if m.len() > 256 || m.keys().any(|k| k.is_empty() || k.chars().count() > 128) {
+        return Err(Error::unprocessable(
+            "metrics",
+            "at most 256 metrics with names of 1-128 characters",
+        ));
     }
     Ok(())
 }
@@ -176,7 +190,9 @@ mod tests {
 
     #[test]
     fn emails() {
-        assert_eq!(email("e", " A@B.io ").unwrap(), "a@b.io");
+        assert_eq!(email("e", "A@B.io").unwrap(), "a@b.io");
+        // Whitespace anywhere is refused, as the OpenAPI pattern says.
+        assert!(email("e", " a@b.io").is_err());
         assert!(email("e", "admin@localhost").is_ok());
         assert!(email("e", "nope").is_err());
         assert!(email("e", "a@@b").is_err());

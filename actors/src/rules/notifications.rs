@@ -42,6 +42,74 @@ pub enum IntegrationConfig {
     },
 }
 
+/// What [`IntegrationConfig::parse`] takes for each type, as JSON Schemas keyed by type name,
+/// for the OpenAPI document. The URL rules past the scheme (a host, no credentials, no private
+/// networks unless allowed) and the signing secret's encoding are left to the parser.
+pub fn config_schemas() -> Vec<(&'static str, Value)> {
+    let text = |max: usize| serde_json::json!({"type": ["string", "null"], "maxLength": max});
+    let url = serde_json::json!({"type": "string", "maxLength": 2048, "pattern": "^[\\t\\n\\r ]*[Hh][Tt][Tt][Pp][Ss]?://"});
+    vec![
+        (
+            "chat",
+            serde_json::json!({
+                "type": "object", "additionalProperties": false, "required": ["webhook_url"],
+                "properties": {"webhook_url": url, "channel": text(2048)}
+            }),
+        ),
+        (
+            "incident",
+            serde_json::json!({
+                "type": "object", "additionalProperties": false, "required": ["integration_key"],
+                "properties": {
+                    "integration_key": {"type": "string", "minLength": 1, "maxLength": 2048, "pattern": "[^\\t\\n\\u000B\\f\\r \\u0085\\u00A0\\u1680\\u2000-\\u200A\\u2028\\u2029\\u202F\\u205F\\u3000]"},
+                    "severity_mapping": {
+                        "type": ["object", "null"], "additionalProperties": false,
+                        "properties": {
+                            "critical": {"enum": PD_SEVERITIES},
+                            "warning": {"enum": PD_SEVERITIES},
+                            "info": {"enum": PD_SEVERITIES}
+                        }
+                    },
+                    "service_id": text(2048)
+                }
+            }),
+        ),
+        (
+            "email",
+            serde_json::json!({
+                "type": "object", "additionalProperties": false, "required": ["recipients"],
+                "properties": {
+                    "recipients": {"type": "array", "minItems": 1, "maxItems": MAX_RECIPIENTS,
+                                   "items": {"type": "string", "format": "email"}},
+                    "subject_prefix": {"type": ["string", "null"], "maxLength": 200, "pattern": "^[^\\r\\n]*$"}
+                }
+            }),
+        ),
+        (
+            "webhook",
+            serde_json::json!({
+                "type": "object", "additionalProperties": false, "required": ["url", "signing_secret"],
+                "properties": {
+                    "url": url,
+                    "method": {"type": ["string", "null"], "pattern": "^([Pp][Oo][Ss][Tt]|[Pp][Uu][Tt]|[Pp][Aa][Tt][Cc][Hh])$"},
+                    "signing_secret": {"type": "string", "minLength": 1, "maxLength": 2048}
+                }
+            }),
+        ),
+    ]
+}
+
+/// The request schema of a new integration: one variant per `type`, with its config.
+pub fn integration_variants(schema: &mut schemars::Schema) {
+    let variants: Vec<Value> = config_schemas()
+        .into_iter()
+        .map(|(kind, config)| {
+            serde_json::json!({"properties": {"type": {"const": kind}, "config": config}})
+        })
+        .collect();
+    schema.insert("oneOf".into(), Value::Array(variants));
+}
+
 /// The secret field of each type (the one masked and sealed).
 pub fn secret_field(kind: IntegrationType) -> Option<&'static str> {
     match kind {
@@ -77,10 +145,10 @@ fn string(m: &Map<String, Value>, field: &str, required: bool) -> Result<Option<
             &format!("config.{field}"),
             "is required",
         )),
-        Some(Value::String(s)) if s.len() <= 2048 => Ok(Some(s.clone())),
+        Some(Value::String(s)) if s.chars().count() <= 2048 => Ok(Some(s.clone())),
         Some(Value::String(_)) => Err(Error::unprocessable(
             &format!("config.{field}"),
-            "at most 2048 bytes",
+            "at most 2048 characters",
         )),
         Some(_) => Err(Error::unprocessable(
             &format!("config.{field}"),
@@ -194,10 +262,10 @@ impl IntegrationConfig {
                     recipients.push(addr);
                 }
                 let prefix = string(m, "subject_prefix", false)?.unwrap_or_default();
-                if prefix.len() > 200 || prefix.contains(['\r', '\n']) {
+                if prefix.chars().count() > 200 || prefix.contains(['\r', '\n']) {
                     return Err(Error::unprocessable(
                         "config.subject_prefix",
-                        "at most 200 bytes on one line",
+                        "at most 200 characters on one line",
                     ));
                 }
                 IntegrationConfig::Email {
@@ -504,6 +572,95 @@ fn hmac256(key: &[u8], parts: &[&[u8]]) -> Vec<u8> {
 
 #[cfg(test)]
 mod tests {
+    /// Each type's config schema takes what the parser takes (for public targets) and refuses
+    /// what it refuses, on examples of every field.
+    #[test]
+    fn config_schemas_agree_with_the_parser() {
+        use serde_json::json;
+        let cases: Vec<(&str, Value)> = vec![
+            (
+                "chat",
+                json!({"webhook_url": "https://chat.example.com/hook"}),
+            ),
+            (
+                "chat",
+                json!({"webhook_url": "https://chat.example.com/hook", "channel": "#ops"}),
+            ),
+            (
+                "chat",
+                json!({"webhook_url": "ftp://chat.example.com/hook"}),
+            ),
+            (
+                "chat",
+                json!({"webhook_url": "https://chat.example.com/hook", "extra": 1}),
+            ),
+            ("chat", json!({"channel": "#ops"})),
+            (
+                "chat",
+                json!({"webhook_url": format!("https://example.com/{}", "a".repeat(2100))}),
+            ),
+            ("incident", json!({"integration_key": "k-123"})),
+            ("incident", json!({"integration_key": " "})),
+            (
+                "incident",
+                json!({"integration_key": "k", "severity_mapping": {"critical": "error"}}),
+            ),
+            (
+                "incident",
+                json!({"integration_key": "k", "severity_mapping": {"major": "error"}}),
+            ),
+            (
+                "incident",
+                json!({"integration_key": "k", "severity_mapping": {"info": "low"}}),
+            ),
+            (
+                "email",
+                json!({"recipients": ["ops@example.com"], "subject_prefix": "[fleet]"}),
+            ),
+            ("email", json!({"recipients": []})),
+            (
+                "email",
+                json!({"recipients": ["ops@example.com"], "subject_prefix": "a\nb"}),
+            ),
+            (
+                "email",
+                json!({"recipients": ["ops@example.com"], "subject_prefix": "é".repeat(200)}),
+            ),
+            (
+                "email",
+                json!({"recipients": ["ops@example.com"], "subject_prefix": "é".repeat(201)}),
+            ),
+            (
+                "webhook",
+                json!({"url": "https://hooks.example.com/x", "signing_secret": "s3cret"}),
+            ),
+            (
+                "webhook",
+                json!({"url": "https://hooks.example.com/x", "signing_secret": "s", "method": "put"}),
+            ),
+            (
+                "webhook",
+                json!({"url": "https://hooks.example.com/x", "signing_secret": "s", "method": "GET"}),
+            ),
+            (
+                "webhook",
+                json!({"url": "https://hooks.example.com/x", "signing_secret": ""}),
+            ),
+            ("webhook", json!({"url": "https://hooks.example.com/x"})),
+        ];
+        let schemas = config_schemas();
+        for (kind, config) in cases {
+            let schema = &schemas.iter().find(|(k, _)| *k == kind).unwrap().1;
+            let v = jsonschema::validator_for(schema).unwrap();
+            let t = IntegrationType::parse(kind).unwrap();
+            assert_eq!(
+                v.is_valid(&config),
+                IntegrationConfig::parse(t, &config, false).is_ok(),
+                "{kind} {config}"
+            );
+        }
+    }
+
     use super::*;
 
     fn msg(event: AlertEvent) -> AlertMessage {

@@ -191,7 +191,7 @@ pub(crate) fn check_patterns(p: &[String]) -> Result<()> {
         return Err(Error::unprocessable("branch_patterns", "1 to 32 patterns"));
     }
     for x in p {
-        if x.is_empty() || x.len() > 255 || x.chars().any(char::is_whitespace) {
+        if x.is_empty() || x.chars().count() > 255 || x.chars().any(char::is_whitespace) {
             return Err(Error::unprocessable(
                 "branch_patterns",
                 "each pattern is 1-255 characters without whitespace",

@@ -7,7 +7,8 @@ use serde::Serialize;
 use serde_json::value::RawValue;
 
 /// What `POST /scm/webhooks` answers with 202.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
+#[schemars(rename = "DeliveryAccepted")]
 pub struct Accepted {
     pub status: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -15,7 +16,7 @@ pub struct Accepted {
 }
 
 /// A delivery in the log.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct DeliveryView {
     pub delivery_id: String,
     pub event: String,
@@ -69,6 +70,16 @@ impl LogOutcome {
     }
 }
 
+impl schemars::JsonSchema for LogOutcome {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "LogOutcome".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({"type": "string", "enum": LogOutcome::names()})
+    }
+}
+
 impl Serialize for LogOutcome {
     fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
         s.serialize_str(self.as_str())
@@ -76,7 +87,7 @@ impl Serialize for LogOutcome {
 }
 
 /// Whether a repository link is held by an installation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum RepoState {
     /// No installation holds it yet.
@@ -86,7 +97,7 @@ pub enum RepoState {
     Disconnected,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct DeliveryDetail {
     #[serde(flatten)]
     pub delivery: DeliveryView,
@@ -100,7 +111,7 @@ pub struct DeliveryFilter {
     pub reason: Option<String>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct InstallationView {
     pub id: u64,
     pub account_login: String,
@@ -123,7 +134,7 @@ impl From<&Installation> for InstallationView {
     }
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct RepoView {
     pub id: u64,
     pub full_name: String,
@@ -135,7 +146,7 @@ pub struct RepoView {
     pub updated_at: String,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct TestRunView {
     pub id: u64,
     pub repository: String,
@@ -184,13 +195,13 @@ pub struct RunFilter {
     pub commit_sha: Option<String>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct Rotated {
     pub webhook_secret: String,
     pub previous_valid_until: Option<String>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct WebhooksStatus {
     pub secret_age_days: Option<i64>,
     pub rotation_due: bool,
