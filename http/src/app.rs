@@ -39,7 +39,10 @@ impl App {
     pub fn new(rt: Runtime, cfg: HttpConfig, tiers: Vec<Tier>) -> anyhow::Result<Self> {
         let defs = routes();
         let router = Router::new(&defs)?;
-        let openapi = Bytes::from(serde_json::to_vec(&crate::openapi::document(&defs))?);
+        let openapi = Bytes::from(serde_json::to_vec(&crate::openapi::document(
+            &defs,
+            &tiers.iter().map(|t| t.name.clone()).collect::<Vec<_>>(),
+        ))?);
         let mut metrics = Metrics::new();
         metrics.register_timings(
             "storage_flush_seconds",
@@ -296,7 +299,7 @@ impl<'a> Cx<'a> {
     /// Reads and parses the JSON body under the ordinary limit.
     pub async fn json<T: DeserializeOwned>(&self, req: &mut Req) -> ApiResult<T> {
         let bytes = req.body_bytes(self.app.cfg.max_body_bytes).await?;
-        body::parse(&bytes)
+        body::parse_object(&bytes)
     }
 }
 

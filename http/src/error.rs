@@ -64,7 +64,7 @@ impl ApiError {
 
     pub fn into_response(self) -> Response<Body> {
         let status = self.status();
-        let mut extra = serde_json::Map::new();
+        let mut retry = None;
         let mut headers: Vec<(header::HeaderName, String)> = Vec::new();
         let detail = match &self {
             ApiError::Domain(Error::Internal(cause)) => {
@@ -87,7 +87,7 @@ impl ApiError {
                 "Method not allowed".into()
             }
             ApiError::RateLimited { retry_after } => {
-                extra.insert("retry_after".into(), (*retry_after).into());
+                retry = Some(*retry_after);
                 headers.push((header::RETRY_AFTER, retry_after.to_string()));
                 format!("Rate limit exceeded. Try again in {retry_after} seconds.")
             }
@@ -100,10 +100,11 @@ impl ApiError {
                 "The request body was not received in time".into()
             }
         };
-        let mut body = serde_json::Map::new();
-        body.insert("detail".into(), detail.into());
-        body.insert("status_code".into(), status.as_u16().into());
-        body.extend(extra);
+        let body = ErrorEnvelope {
+            detail,
+            status_code: status.as_u16(),
+            retry_after: retry,
+        };
         let bytes = serde_json::to_vec(&body).unwrap_or_default();
         let mut resp = json_bytes(status, Bytes::from(bytes));
         for (k, v) in headers {
@@ -113,6 +114,17 @@ impl ApiError {
         }
         resp
     }
+}
+
+/// The one error body every route answers; the OpenAPI document's `Error` schema is this type.
+#[derive(Debug, serde::Serialize, schemars::JsonSchema)]
+#[schemars(rename = "Error")]
+pub struct ErrorEnvelope {
+    pub detail: String,
+    pub status_code: u16,
+    /// Seconds to wait, on 429 only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retry_after: Option<u64>,
 }
 
 pub fn json_bytes(status: StatusCode, bytes: Bytes) -> Response<Body> {

@@ -7,11 +7,180 @@
 //! validation, bodies that are not JSON) is decided per operation in [`doc`], one exhaustive
 //! match, so that a new operation does not compile until it is described.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
+use fleetops_actors::{alerts, auth, backup, logs, pipeline, views, webhooks};
+use schemars::generate::SchemaSettings;
+use schemars::transform::RecursiveTransform;
+use schemars::{JsonSchema, Schema, SchemaGenerator};
 use serde_json::{Map, Value, json};
 
+use crate::error::ErrorEnvelope;
+use crate::handlers::{
+    accounts, capsules, configurations, deployments as deploy, devices, links, ops, sessions,
+    webhooks as hooks,
+};
 use crate::router::{Op, RouteDef, Security};
+
+/// A body's schema: a `$ref` into `components/schemas`, generated from the Rust type the
+/// handler parses or serializes.
+type SchemaFn = fn(&mut SchemaGenerator) -> Schema;
+
+fn ty<T: JsonSchema>(g: &mut SchemaGenerator) -> Schema {
+    g.subschema_for::<T>()
+}
+
+/// The plan takes a deployment's body and reports each rule it breaks as a blocker in its
+/// 200, so its schema is that body's shape alone: the types, without the rules.
+fn plan_request(g: &mut SchemaGenerator) -> Schema {
+    fn shape(v: &Value) -> Value {
+        let Value::Object(m) = v else {
+            return v.clone();
+        };
+        let mut out = Map::new();
+        for (k, x) in m {
+            match k.as_str() {
+                "type" | "required" | "description" | "format" | "minimum" | "maximum" => {
+                    out.insert(k.clone(), x.clone());
+                }
+                "properties" => {
+                    let props = x
+                        .as_object()
+                        .map(|p| p.iter().map(|(n, s)| (n.clone(), shape(s))).collect())
+                        .unwrap_or_default();
+                    out.insert(k.clone(), Value::Object(props));
+                }
+                _ => {}
+            }
+        }
+        Value::Object(out)
+    }
+    let full = deploy::CreateBody::json_schema(g).to_value();
+    let mut plan = shape(&full);
+    if let Value::Object(m) = &mut plan {
+        m.insert("title".into(), json!("DeploymentPlanRequest"));
+    }
+    Schema::try_from(plan).unwrap_or_default()
+}
+
+/// The request and success-response body types of an operation: the very types its handler
+/// parses and serializes, so the document follows the code. `None` where there is no JSON
+/// body (raw bytes, streams, 204, text).
+fn types(op: Op) -> (Option<SchemaFn>, Option<SchemaFn>) {
+    use Op::*;
+    use alerts::{
+        BacktestRequest, BacktestView, IntegrationPatch, IntegrationRequest, IntegrationView,
+        RulePatchRequest, RuleRequest, RuleView, TestResult,
+    };
+    use pipeline::configurations::{
+        ConfigUploadUrl, ConfigurationDetail, ConfigurationView, Explain,
+    };
+    use pipeline::deployments::{DeploymentDetail, DeploymentView, Plan, ResultAccepted};
+    use pipeline::{CapsuleDetail, CapsuleItem, CapsuleView, UploadUrl};
+    use views::*;
+    use webhooks::{
+        Accepted as DeliveryAccepted, DeliveryDetail, DeliveryView, InstallationView, RepoView,
+        Rotated, TestRunView, WebhooksStatus,
+    };
+    let none: Option<SchemaFn> = None;
+    match op {
+        Healthz => (none, Some(ty::<ops::Health>)),
+        Metrics | OpenApi => (none, none),
+        Login => (Some(ty::<accounts::LoginBody>), Some(ty::<auth::Token>)),
+        Refresh => (none, Some(ty::<auth::Token>)),
+        CreateApiKey => (Some(ty::<accounts::NameBody>), Some(ty::<ApiKeyCreated>)),
+        ListApiKeys => (none, Some(ty::<Items<ApiKeyView>>)),
+        DeleteApiKey => (none, none),
+        Me => (none, Some(ty::<views::Me>)),
+        CreateUser => (Some(ty::<accounts::UserBody>), Some(ty::<UserView>)),
+        CreateOrg => (Some(ty::<accounts::OrgBody>), Some(ty::<OrgView>)),
+        ListOrgs => (none, Some(ty::<Items<OrgView>>)),
+        AddMember => (Some(ty::<accounts::MemberBody>), Some(ty::<MemberView>)),
+        CreateProject => (Some(ty::<accounts::ProjectBody>), Some(ty::<ProjectView>)),
+        ListProjects => (none, Some(ty::<Items<ProjectView>>)),
+        RotateSecret => (none, Some(ty::<ProjectSecret>)),
+        OrgDevices | ListDevices => (none, Some(ty::<Page<DeviceView>>)),
+        CreateDevice => (Some(ty::<devices::CreateBody>), Some(ty::<DeviceView>)),
+        GetDevice => (none, Some(ty::<DeviceView>)),
+        PatchDevice => (Some(ty::<devices::PatchBody>), Some(ty::<DeviceView>)),
+        DeleteDevice | DeleteGroup | DeleteSession | DeleteCapsule | DeleteConfig
+        | DeleteDeployment | DeleteRepo | DeleteIntegration | DeleteAlertRule => (none, none),
+        Heartbeat => (Some(ty::<devices::HeartbeatBody>), Some(ty::<HeartbeatAck>)),
+        CreateGroup => (Some(ty::<devices::GroupBody>), Some(ty::<GroupView>)),
+        ListGroups => (none, Some(ty::<Items<GroupView>>)),
+        GetGroup => (none, Some(ty::<GroupView>)),
+        PatchGroup => (Some(ty::<devices::GroupPatch>), Some(ty::<GroupView>)),
+        CreateSession => (Some(ty::<sessions::CreateBody>), Some(ty::<SessionDetail>)),
+        ListSessions => (none, Some(ty::<Page<SessionItem>>)),
+        GetSession | RemoveTag => (none, Some(ty::<SessionDetail>)),
+        AddTag => (Some(ty::<sessions::TagBody>), Some(ty::<SessionDetail>)),
+        CompleteSession => (
+            Some(ty::<sessions::CompleteBody>),
+            Some(ty::<SessionDetail>),
+        ),
+        AppendLogs => (Some(ty::<Vec<logs::RawEntry>>), Some(ty::<views::Accepted>)),
+        QueryLogs => (none, Some(ty::<LogPage>)),
+        ExportLogs => (none, Some(ty::<Vec<logs::LogEntryView>>)),
+        PutFile => (none, Some(ty::<ArtifactView>)),
+        ListFiles => (none, Some(ty::<Items<ArtifactView>>)),
+        GetFile | DownloadFiles | LiveLogs | Download => (none, none),
+        CapsuleUploadUrl => (Some(ty::<capsules::UploadUrlBody>), Some(ty::<UploadUrl>)),
+        CapsuleConfirm => (Some(ty::<capsules::ConfirmBody>), Some(ty::<CapsuleView>)),
+        ListCapsules => (none, Some(ty::<Vec<CapsuleItem>>)),
+        GetCapsule => (none, Some(ty::<CapsuleDetail>)),
+        Upload => (none, Some(ty::<links::Uploaded>)),
+        ConfigUploadUrl => (
+            Some(ty::<configurations::UploadUrlBody>),
+            Some(ty::<ConfigUploadUrl>),
+        ),
+        ConfigConfirm => (
+            Some(ty::<capsules::ConfirmBody>),
+            Some(ty::<ConfigurationView>),
+        ),
+        ListConfigs => (none, Some(ty::<Page<ConfigurationView>>)),
+        GetConfig => (none, Some(ty::<ConfigurationDetail>)),
+        ExplainConfig => (none, Some(ty::<Explain>)),
+        CreateDeployment => (Some(ty::<deploy::CreateBody>), Some(ty::<DeploymentView>)),
+        PlanDeployment => (Some(plan_request), Some(ty::<Plan>)),
+        ListDeployments => (none, Some(ty::<Page<DeploymentView>>)),
+        GetDeployment => (none, Some(ty::<DeploymentDetail>)),
+        PatchDeployment => (Some(ty::<deploy::PatchBody>), Some(ty::<DeploymentView>)),
+        ActivateDeployment | DeprecateDeployment => (none, Some(ty::<DeploymentView>)),
+        DeviceStatus => (
+            Some(ty::<deploy::DeviceStatusBody>),
+            Some(ty::<ResultAccepted>),
+        ),
+        ScmWebhook => (none, Some(ty::<DeliveryAccepted>)),
+        ScmRotate => (none, Some(ty::<Rotated>)),
+        Backup => (
+            Some(ty::<ops::BackupBody>),
+            Some(ty::<backup::BackupReport>),
+        ),
+        ScmStatus => (none, Some(ty::<WebhooksStatus>)),
+        ScmInstallations => (none, Some(ty::<Items<InstallationView>>)),
+        ScmDeliveries | ProjectDeliveries => (none, Some(ty::<Page<DeliveryView>>)),
+        ScmDelivery | ProjectDelivery => (none, Some(ty::<DeliveryDetail>)),
+        CreateRepo => (Some(ty::<hooks::RepoBody>), Some(ty::<RepoView>)),
+        ListRepos => (none, Some(ty::<Page<RepoView>>)),
+        GetRepo => (none, Some(ty::<RepoView>)),
+        PatchRepo => (Some(ty::<hooks::RepoPatchBody>), Some(ty::<RepoView>)),
+        ListRuns => (none, Some(ty::<Page<TestRunView>>)),
+        GetRun | ClaimRun | RunHeartbeat => (none, Some(ty::<TestRunView>)),
+        CompleteRun => (Some(ty::<hooks::CompleteBody>), Some(ty::<TestRunView>)),
+        CreateIntegration => (Some(ty::<IntegrationRequest>), Some(ty::<IntegrationView>)),
+        ListIntegrations => (none, Some(ty::<Items<IntegrationView>>)),
+        GetIntegration => (none, Some(ty::<IntegrationView>)),
+        PatchIntegration => (Some(ty::<IntegrationPatch>), Some(ty::<IntegrationView>)),
+        TestIntegration => (none, Some(ty::<TestResult>)),
+        CreateAlertRule => (Some(ty::<RuleRequest>), Some(ty::<RuleView>)),
+        ListAlertRules => (none, Some(ty::<Items<RuleView>>)),
+        GetAlertRule => (none, Some(ty::<RuleView>)),
+        PatchAlertRule => (Some(ty::<RulePatchRequest>), Some(ty::<RuleView>)),
+        ListAlerts => (none, Some(ty::<Page<alerts::AlertView>>)),
+        GetAlert => (none, Some(ty::<alerts::AlertView>)),
+        BacktestRule => (Some(ty::<BacktestRequest>), Some(ty::<BacktestView>)),
+    }
+}
 
 /// The request body an operation takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -284,7 +453,7 @@ fn statuses(r: &RouteDef, d: &Doc, body: ReqBody) -> (BTreeSet<u16>, BTreeSet<u1
     (ok, err)
 }
 
-fn success(status: u16, media: &[&str]) -> Value {
+fn success(status: u16, media: &[&str], schema: Option<&Value>) -> Value {
     let description = match status {
         101 => "Switching Protocols: the WebSocket",
         200 => "Success",
@@ -300,12 +469,11 @@ fn success(status: u16, media: &[&str]) -> Value {
     let content: Map<String, Value> = media
         .iter()
         .map(|m| {
-            let schema = if m.contains("json") {
-                json!({})
-            } else if m.contains("text") {
-                json!({"type": "string"})
-            } else {
-                json!({"type": "string", "format": "binary"})
+            let schema = match schema {
+                Some(s) if m.contains("json") => s.clone(),
+                _ if m.contains("json") => json!({}),
+                _ if m.contains("text") => json!({"type": "string"}),
+                _ => json!({"type": "string", "format": "binary"}),
             };
             (m.to_string(), json!({"schema": schema}))
         })
@@ -332,35 +500,164 @@ fn error_ref(status: u16) -> Value {
     json!({"$ref": format!("#/components/responses/{name}")})
 }
 
-fn request_body(body: ReqBody) -> Option<Value> {
+fn request_body(body: ReqBody, schema: Option<Value>) -> Option<Value> {
     let any = json!({"schema": {}});
     let bytes = json!({"schema": {"type": "string", "format": "binary"}});
+    let schema = schema.unwrap_or_else(|| json!({"type": "object"}));
     match body {
         ReqBody::None => None,
         ReqBody::Json => Some(json!({"required": true, "content": {
-            "application/json": {"schema": {"type": "object"}}
+            "application/json": {"schema": schema}
         }})),
         ReqBody::OptionalJson => Some(json!({"required": false, "content": {
-            "application/json": {"schema": {"type": "object"}}
+            "application/json": {"schema": schema}
         }})),
         ReqBody::Logs => Some(json!({"required": true, "content": {
-            "application/json": {"schema": {"type": "array", "items": {"type": "object"}}},
+            "application/json": {"schema": schema},
             "application/x-ndjson": {"schema": {"type": "string"}}
         }})),
         ReqBody::Raw(m) => {
             let mut content = Map::new();
-            content.insert(m.into(), if m.contains("json") { any } else { bytes });
-            Some(json!({"required": true, "content": content}))
+            // Bytes may be empty (an empty artifact or upload); a webhook delivery may not.
+            let json = m.contains("json");
+            content.insert(m.into(), if json { any } else { bytes });
+            Some(json!({"required": json, "content": content}))
         }
     }
 }
 
-pub fn document(routes: &[RouteDef]) -> Value {
+/// The headers of a WebSocket handshake as `ws::handshake_key` reads them (RFC 6455): a
+/// plain request is 400, another version 426.
+fn handshake_headers() -> Vec<Value> {
+    let header = |name: &str, pattern: &str, description: &str| {
+        json!({"name": name, "in": "header", "required": true, "description": description,
+               "schema": {"type": "string", "pattern": pattern}})
+    };
+    vec![
+        header(
+            "Upgrade",
+            "^([\\t -+\\--~]*,)*[\\t ]*[Ww][Ee][Bb][Ss][Oo][Cc][Kk][Ee][Tt][\\t ]*(,[\\t -+\\--~]*)*$",
+            "`websocket`",
+        ),
+        header("Sec-WebSocket-Version", "^[\\t ]*13[\\t ]*$", "`13`"),
+        header(
+            "Sec-WebSocket-Key",
+            "^[\\t ]*[A-Za-z0-9+/]{21}[AQgw]==[\\t ]*$",
+            "The base64 of 16 random bytes",
+        ),
+    ]
+}
+
+/// OpenAPI links from each create (201) to the operations on what it created, so a client
+/// (or a stateful tester) can follow the id: `POST .../devices` gives `id`, which
+/// `GET .../devices/{device_id}` takes; an `upload-url` gives `capsule_id` or `config_id`.
+fn add_links(routes: &[RouteDef], paths: &mut Map<String, Value>) {
+    let ids = operation_ids(routes);
+    for r in routes
+        .iter()
+        .filter(|r| r.method == http::Method::POST && r.status == 201)
+    {
+        let base = r.path.strip_suffix("/upload-url").unwrap_or(r.path);
+        let mut links = Map::new();
+        for (t, id) in routes.iter().zip(&ids) {
+            let Some(rest) = t.path.strip_prefix(base).and_then(|x| x.strip_prefix("/{")) else {
+                continue;
+            };
+            let Some((param, _)) = rest.split_once('}') else {
+                continue;
+            };
+            if !param.ends_with("_id") {
+                continue;
+            }
+            let field = if base == r.path { "id" } else { param };
+            links.insert(
+                id.clone(),
+                json!({"operationId": id, "parameters": {param: format!("$response.body#/{field}")}}),
+            );
+        }
+        if links.is_empty() {
+            continue;
+        }
+        let method = r.method.as_str().to_lowercase();
+        if let Some(Value::Object(created)) = paths
+            .get_mut(&openapi_path(r.path))
+            .and_then(|p| p.get_mut(&method))
+            .and_then(|o| o.get_mut("responses"))
+            .and_then(|x| x.get_mut("201"))
+        {
+            created.insert("links".into(), Value::Object(links));
+        }
+    }
+}
+
+/// Schemas under `components/schemas`, as they serialize (responses) or deserialize
+/// (requests): a field with a default is optional in a request and present in a response.
+fn generator(serialize: bool) -> SchemaGenerator {
+    let s = SchemaSettings::draft2020_12()
+        .with(|s| {
+            s.definitions_path = "/components/schemas".into();
+            s.meta_schema = None;
+        })
+        .with_transform(RecursiveTransform(integer_range));
+    if serialize {
+        s.for_serialize().into_generator()
+    } else {
+        s.for_deserialize().into_generator()
+    }
+}
+
+/// The range of a fixed-width integer, which schemars names only by `format`: past it the
+/// server refuses the number (422), so the document bounds it.
+fn integer_range(s: &mut Schema) {
+    let (min, max): (Value, Value) = match s.get("format").and_then(Value::as_str) {
+        Some("uint64" | "uint") => (0.into(), u64::MAX.into()),
+        Some("uint32") => (0.into(), u32::MAX.into()),
+        Some("uint16") => (0.into(), u16::MAX.into()),
+        Some("uint8") => (0.into(), u8::MAX.into()),
+        Some("int64" | "int") => (i64::MIN.into(), i64::MAX.into()),
+        Some("int32") => (i32::MIN.into(), i32::MAX.into()),
+        _ => return,
+    };
+    let m = s.ensure_object();
+    m.entry("minimum").or_insert(min);
+    m.entry("maximum").or_insert(max);
+}
+
+/// Rewrites `$ref`s to renamed request schemas.
+fn rename_refs(v: &mut Value, renamed: &BTreeMap<String, String>) {
+    match v {
+        Value::Object(m) => {
+            for (k, x) in m.iter_mut() {
+                match x {
+                    Value::String(r) if k == "$ref" => {
+                        if let Some(name) = r.strip_prefix("#/components/schemas/")
+                            && let Some(new) = renamed.get(name)
+                        {
+                            *r = format!("#/components/schemas/{new}");
+                        }
+                    }
+                    _ => rename_refs(x, renamed),
+                }
+            }
+        }
+        Value::Array(a) => a.iter_mut().for_each(|x| rename_refs(x, renamed)),
+        _ => {}
+    }
+}
+
+/// `tiers` are the configured tier names, the values an organization's `tier` may take.
+pub fn document(routes: &[RouteDef], tiers: &[String]) -> Value {
     let mut paths = Map::new();
     let ids = operation_ids(routes);
+    let (mut res_gen, mut req_gen) = (generator(true), generator(false));
+    let error_schema = ty::<ErrorEnvelope>(&mut res_gen).to_value();
+    // Request bodies by (path, method), given their schemas once every name is known.
+    let mut requests: Vec<(String, String, Value)> = Vec::new();
     for (r, id) in routes.iter().zip(ids) {
         let d = doc(r.op);
         let body = req_body(r, &d);
+        let (req_t, res_t) = types(r.op);
+        let res_schema = res_t.map(|f| f(&mut res_gen).to_value());
         let params: Vec<Value> = r
             .path
             .split('/')
@@ -370,6 +667,10 @@ pub fn document(routes: &[RouteDef]) -> Value {
                 None => param(name, false),
             })
             .collect();
+        let mut params = params;
+        if r.op == Op::LiveLogs {
+            params.extend(handshake_headers());
+        }
         let mut op = Map::new();
         op.insert("operationId".into(), json!(id));
         op.insert("summary".into(), json!(r.summary));
@@ -377,8 +678,8 @@ pub fn document(routes: &[RouteDef]) -> Value {
         if !params.is_empty() {
             op.insert("parameters".into(), Value::Array(params));
         }
-        if let Some(b) = request_body(body) {
-            op.insert("requestBody".into(), b);
+        if let Some(b) = request_body(body, req_t.map(|f| f(&mut req_gen).to_value())) {
+            requests.push((openapi_path(r.path), r.method.as_str().to_lowercase(), b));
         }
         let security = match r.security {
             Security::None if r.op == Op::Metrics => json!([{}, {"metricsToken": []}]),
@@ -391,7 +692,7 @@ pub fn document(routes: &[RouteDef]) -> Value {
         let (ok, err) = statuses(r, &d, body);
         let mut responses = Map::new();
         for s in ok {
-            responses.insert(s.to_string(), success(s, d.media));
+            responses.insert(s.to_string(), success(s, d.media, res_schema.as_ref()));
         }
         for s in err {
             responses.insert(s.to_string(), error_ref(s));
@@ -405,10 +706,38 @@ pub fn document(routes: &[RouteDef]) -> Value {
             m.insert(r.method.as_str().to_lowercase(), Value::Object(op));
         }
     }
+    add_links(routes, &mut paths);
+    // One set of names: a request schema whose name a different response schema took gets
+    // `Input` appended.
+    let mut schemas = res_gen.take_definitions(true);
+    let mut renamed = BTreeMap::new();
+    let req_defs = req_gen.take_definitions(true);
+    for (name, v) in &req_defs {
+        if schemas.get(name).is_some_and(|existing| existing != v) {
+            renamed.insert(name.clone(), format!("{name}Input"));
+        }
+    }
+    for (name, mut v) in req_defs {
+        rename_refs(&mut v, &renamed);
+        let name = renamed.get(&name).cloned().unwrap_or(name);
+        schemas.insert(name, v);
+    }
+    if let Some(Value::Object(p)) = schemas
+        .get_mut("CreateOrganization")
+        .and_then(|s| s.get_mut("properties"))
+    {
+        p.insert("tier".into(), json!({"type": ["string", "null"], "enum": tiers.iter().map(|t| Value::from(t.as_str())).chain([Value::Null]).collect::<Vec<_>>()}));
+    }
+    for (path, method, mut b) in requests {
+        rename_refs(&mut b, &renamed);
+        if let Some(Value::Object(op)) = paths.get_mut(&path).and_then(|p| p.get_mut(&method)) {
+            op.insert("requestBody".into(), b);
+        }
+    }
     let error = |description: &str| {
         json!({
             "description": description,
-            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
+            "content": {"application/json": {"schema": error_schema.clone()}}
         })
     };
     let retry_after = json!({
@@ -448,17 +777,7 @@ pub fn document(routes: &[RouteDef]) -> Value {
                 "projectSecret": {"type": "apiKey", "in": "header", "name": "X-Project-Secret"},
                 "metricsToken": {"type": "http", "scheme": "bearer", "description": "`[http] metrics_token`, when configured"}
             },
-            "schemas": {
-                "Error": {
-                    "type": "object",
-                    "required": ["detail", "status_code"],
-                    "properties": {
-                        "detail": {"type": "string"},
-                        "status_code": {"type": "integer"},
-                        "retry_after": {"type": "integer"}
-                    }
-                }
-            },
+            "schemas": schemas,
             "responses": {
                 "BadRequest": error("A body, header, path or parameter that does not parse"),
                 "Unauthorized": error("Missing, invalid or expired credentials"),
@@ -501,7 +820,7 @@ mod tests {
 
     #[test]
     fn every_template_parameter_is_declared() {
-        let d = document(&routes());
+        let d = document(&routes(), &[]);
         for (path, item) in d["paths"].as_object().unwrap() {
             assert!(!path.contains('*'), "{path}");
             let names: Vec<&str> = path
@@ -525,7 +844,7 @@ mod tests {
 
     #[test]
     fn statuses_routes_answer() {
-        let d = document(&routes());
+        let d = document(&routes(), &[]);
         let p = "/api/v1/organizations/{org}/projects/{project}";
         let has = |path: &str, method: &str, codes: &[&str]| {
             let r = responses(&d, path, method);
@@ -606,6 +925,74 @@ mod tests {
         assert!(
             m.get("application/openmetrics-text; version=1.0.0; charset=utf-8")
                 .is_some()
+        );
+    }
+
+    /// Every JSON body, sent or answered, has the schema of its Rust type; the `$ref`s resolve.
+    #[test]
+    fn every_json_body_is_typed() {
+        let d = document(&routes(), &["free".into()]);
+        let schemas = d["components"]["schemas"].as_object().unwrap();
+        let resolves = |s: &Value, what: &str| {
+            if let Some(r) = s["$ref"].as_str() {
+                let name = r.strip_prefix("#/components/schemas/").unwrap();
+                assert!(schemas.contains_key(name), "{what}: {r} does not resolve");
+            } else {
+                assert!(
+                    s.get("type").is_some() || s.get("title").is_some(),
+                    "{what}: {s}"
+                );
+            }
+        };
+        for (path, item) in d["paths"].as_object().unwrap() {
+            for (method, op) in item.as_object().unwrap() {
+                let what = format!("{method} {path}");
+                if let Some(s) = op["requestBody"]["content"].get("application/json")
+                    && path != "/api/v1/scm/webhooks"
+                {
+                    resolves(&s["schema"], &what);
+                }
+                for (status, r) in op["responses"].as_object().unwrap() {
+                    if let Some(s) = r["content"].get("application/json")
+                        && path != "/api/v1/openapi.json"
+                    {
+                        resolves(&s["schema"], &format!("{what} {status}"));
+                    }
+                }
+            }
+        }
+        // The formats the server checks are in the schemas.
+        let dev = &schemas["CreateDevice"];
+        assert_eq!(dev["properties"]["name"]["maxLength"], 200, "{dev}");
+        assert_eq!(dev["required"], json!(["name"]));
+        assert_eq!(
+            schemas["CreateProject"]["properties"]["slug"]["pattern"],
+            "^[a-z0-9][a-z0-9-]{0,62}$"
+        );
+        assert_eq!(
+            schemas["CreateOrganization"]["properties"]["tier"]["enum"],
+            json!(["free", null])
+        );
+        assert_eq!(
+            schemas["Error"]["required"],
+            json!(["detail", "status_code"])
+        );
+        assert_eq!(
+            schemas["DeviceView"]["properties"]["id"]["maximum"],
+            json!(u64::MAX)
+        );
+        // A create links to what it created.
+        let p = "/api/v1/organizations/{org}/projects/{project}/devices";
+        let links = &d["paths"][p]["post"]["responses"]["201"]["links"];
+        assert_eq!(
+            links["GetDevice"]["parameters"]["device_id"], "$response.body#/id",
+            "{links}"
+        );
+        let p = "/api/v1/projects/{org}/{project}/capsules/upload-url";
+        let links = &d["paths"][p]["post"]["responses"]["201"]["links"];
+        assert_eq!(
+            links["CapsuleConfirm"]["parameters"]["capsule_id"], "$response.body#/capsule_id",
+            "{links}"
         );
     }
 }

@@ -223,3 +223,96 @@ async fn per_entity_maxima_are_422() {
         .await;
     assert!(r.assert_error(422).contains("at most 64"), "{}", r.body);
 }
+
+/// A body that must be an object is 422 as an array (serde would read a struct from one), and
+/// a whole number written `1.0` is that integer, as the document's `integer` says.
+#[tokio::test]
+async fn bodies_are_objects_and_whole_floats_are_integers() {
+    let s = start().await;
+    let k = s.key();
+    let r = s
+        .post(&format!("{DEV}/devices"), k, json!(["robot", {}]))
+        .await;
+    assert!(r.assert_error(422).contains("JSON object"), "{}", r.body);
+    let (d, _) = crate::sessions::device(&s, "r").await;
+    let r = s
+        .patch(&format!("{DEV}/devices/{d}"), k, json!([null, null]))
+        .await;
+    r.assert_error(422);
+    let r = s
+        .raw(
+            s.http
+                .post(s.url(&format!("{DEV}/sessions")))
+                .bearer_auth(k)
+                .header("content-type", "application/json")
+                .body(format!(r#"{{"device_id": {d}.0, "tags": ["x"]}}"#)),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.body);
+    assert_eq!(r.body["device_id"], d);
+    // 1.5 is not an id, and neither is a whole number past 64 bits.
+    for bad in [format!("{d}.5"), "1e20".to_string(), "-1.0".to_string()] {
+        let r = s
+            .raw(
+                s.http
+                    .post(s.url(&format!("{DEV}/sessions")))
+                    .bearer_auth(k)
+                    .header("content-type", "application/json")
+                    .body(format!(r#"{{"device_id": {bad}}}"#)),
+            )
+            .await;
+        assert!(
+            r.assert_error(422).contains("device_id"),
+            "{bad}: {}",
+            r.body
+        );
+    }
+}
+
+/// The formats the document states are the ones enforced: lengths count characters on what
+/// was sent, and an e-mail address with whitespace anywhere is refused.
+#[tokio::test]
+async fn formats_are_the_documented_ones() {
+    let s = start().await;
+    let k = s.key();
+    // 200 characters of two bytes each is a name; 201, or 200 after a leading space, is not.
+    let ok = "é".repeat(200);
+    let r = s
+        .post(&format!("{DEV}/devices"), k, json!({"name": ok}))
+        .await;
+    assert_eq!(r.status, 201, "{}", r.body);
+    for bad in [
+        "é".repeat(201),
+        format!(" {}", "é".repeat(200)),
+        " \u{3000} ".into(),
+    ] {
+        let r = s
+            .post(&format!("{DEV}/devices"), k, json!({"name": bad}))
+            .await;
+        assert!(r.assert_error(422).contains("name"), "{}", r.body);
+    }
+    for bad in [
+        " ops@example.com",
+        "ops@example.com ",
+        "ops@.example.com",
+        "ops@example.",
+    ] {
+        let r = s
+            .post(
+                "/api/v1/users",
+                k,
+                json!({"email": bad, "password": "pw-123456"}),
+            )
+            .await;
+        assert!(r.assert_error(422).contains("email"), "{bad}: {}", r.body);
+    }
+    let r = s
+        .post(
+            "/api/v1/users",
+            k,
+            json!({"email": "Ops@Example.COM", "password": "é".repeat(1024)}),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.body);
+    assert_eq!(r.body["email"], "ops@example.com");
+}

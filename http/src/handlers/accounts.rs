@@ -8,8 +8,9 @@ use crate::app::{Cx, Req};
 use crate::body::{self, Body};
 use crate::error::ApiResult;
 
-#[derive(Deserialize)]
-struct LoginBody {
+#[derive(Deserialize, schemars::JsonSchema)]
+#[schemars(rename = "Login")]
+pub(crate) struct LoginBody {
     email: String,
     password: String,
 }
@@ -28,8 +29,10 @@ pub fn refresh(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
     body::ok(&cx.rt().auth.refresh(&p)?)
 }
 
-#[derive(Deserialize)]
-struct NameBody {
+#[derive(Deserialize, schemars::JsonSchema)]
+#[schemars(rename = "CreateApiKey")]
+pub(crate) struct NameBody {
+    #[schemars(schema_with = "fleetops_actors::rules::schemas::name")]
     name: String,
 }
 
@@ -62,9 +65,12 @@ pub fn me(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
     body::ok(&cx.rt().access.me(&p)?)
 }
 
-#[derive(Deserialize)]
-struct UserBody {
+#[derive(Deserialize, schemars::JsonSchema)]
+#[schemars(rename = "CreateUser")]
+pub(crate) struct UserBody {
+    #[schemars(schema_with = "fleetops_actors::rules::schemas::email")]
     email: String,
+    #[schemars(schema_with = "fleetops_actors::rules::schemas::password")]
     password: String,
     #[serde(default)]
     is_superuser: bool,
@@ -82,9 +88,13 @@ pub async fn create_user(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Bo
     )
 }
 
-#[derive(Deserialize)]
-struct OrgBody {
+#[derive(Deserialize, schemars::JsonSchema)]
+#[schemars(rename = "CreateOrganization")]
+pub(crate) struct OrgBody {
+    #[schemars(schema_with = "fleetops_actors::rules::schemas::slug")]
     slug: String,
+    #[serde(default)]
+    #[schemars(schema_with = "fleetops_actors::rules::schemas::opt_name")]
     name: Option<String>,
     tier: Option<String>,
 }
@@ -112,17 +122,20 @@ pub fn list_orgs(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
     })
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
-enum RoleBody {
+#[schemars(rename = "Role")]
+pub(crate) enum RoleBody {
     Owner,
     Admin,
     Member,
     Viewer,
 }
 
-#[derive(Deserialize)]
-struct MemberBody {
+#[derive(Deserialize, schemars::JsonSchema)]
+#[schemars(rename = "AddMember")]
+pub(crate) struct MemberBody {
+    #[schemars(schema_with = "fleetops_actors::rules::schemas::email")]
     email: String,
     role: RoleBody,
 }
@@ -144,9 +157,13 @@ pub async fn add_member(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Bod
     )
 }
 
-#[derive(Deserialize)]
-struct ProjectBody {
+#[derive(Deserialize, schemars::JsonSchema)]
+#[schemars(rename = "CreateProject")]
+pub(crate) struct ProjectBody {
+    #[schemars(schema_with = "fleetops_actors::rules::schemas::slug")]
     slug: String,
+    #[serde(default)]
+    #[schemars(schema_with = "fleetops_actors::rules::schemas::opt_name")]
     name: Option<String>,
 }
 

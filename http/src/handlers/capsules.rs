@@ -10,15 +10,15 @@ use crate::app::{Cx, Req};
 use crate::body::{self, Body};
 use crate::error::{ApiError, ApiResult};
 
-#[derive(Deserialize)]
-enum CapsuleType {
+#[derive(Deserialize, schemars::JsonSchema)]
+pub(crate) enum CapsuleType {
     SW,
     FW,
     OS,
 }
 
-#[derive(Deserialize)]
-enum FileFormat {
+#[derive(Deserialize, schemars::JsonSchema)]
+pub(crate) enum FileFormat {
     #[serde(rename = ".tar.gz")]
     TarGz,
     #[serde(rename = ".tgz")]
@@ -29,20 +29,30 @@ enum FileFormat {
     Zip,
 }
 
-#[derive(Deserialize)]
-struct DependencyBody {
+#[derive(Deserialize, schemars::JsonSchema)]
+#[schemars(rename = "DependencyRequest")]
+pub(crate) struct DependencyBody {
+    #[schemars(schema_with = "fleetops_actors::rules::schemas::capsule_name")]
     name: String,
+    #[schemars(schema_with = "fleetops_actors::rules::schemas::constraint")]
     version: String,
 }
 
-#[derive(Deserialize)]
-struct UploadUrlBody {
+#[derive(Deserialize, schemars::JsonSchema)]
+#[schemars(rename = "CapsuleUploadRequest")]
+pub(crate) struct UploadUrlBody {
+    #[schemars(schema_with = "fleetops_actors::rules::schemas::capsule_name")]
     name: String,
+    #[schemars(schema_with = "fleetops_actors::rules::schemas::version")]
     version: String,
+    #[serde(default)]
+    #[schemars(schema_with = "fleetops_actors::rules::schemas::text::<2000>")]
     description: Option<String>,
     capsule_type: CapsuleType,
     file_format: FileFormat,
     file_size_bytes: u64,
+    #[serde(default)]
+    #[schemars(schema_with = "fleetops_actors::rules::schemas::opt_object")]
     metadata: Option<Box<RawValue>>,
     #[serde(default)]
     dependencies: Vec<DependencyBody>,
@@ -85,8 +95,10 @@ pub async fn upload_url(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Bod
 }
 
 /// The body of both confirms (capsules and configurations).
-#[derive(Deserialize)]
-pub(super) struct ConfirmBody {
+#[derive(Deserialize, schemars::JsonSchema)]
+#[schemars(rename = "ConfirmUpload")]
+pub(crate) struct ConfirmBody {
+    #[schemars(schema_with = "fleetops_actors::rules::schemas::sha256")]
     pub checksum_sha256: String,
 }
 

@@ -12,8 +12,8 @@ use crate::app::{Cx, Req};
 use crate::body::{self, Body};
 use crate::error::{ApiError, ApiResult};
 
-#[derive(Deserialize)]
-enum ConfigFormat {
+#[derive(Deserialize, schemars::JsonSchema)]
+pub(crate) enum ConfigFormat {
     #[serde(rename = ".json")]
     Json,
     #[serde(rename = ".yaml")]
@@ -26,17 +26,24 @@ enum ConfigFormat {
     Env,
 }
 
-#[derive(Deserialize)]
-struct UploadUrlBody {
+#[derive(Deserialize, schemars::JsonSchema)]
+#[schemars(rename = "ConfigUploadRequest")]
+pub(crate) struct UploadUrlBody {
     name: String,
     capsule_id: u64,
+    #[schemars(schema_with = "fleetops_actors::rules::schemas::version")]
     version: String,
     environment: String,
+    #[schemars(schema_with = "fleetops_actors::rules::schemas::constraint")]
     compatible_capsule_versions: String,
     file_format: ConfigFormat,
     parent_config_id: Option<u64>,
+    #[serde(default)]
+    #[schemars(schema_with = "fleetops_actors::rules::schemas::text::<2000>")]
     description: Option<String>,
     file_size_bytes: Option<u64>,
+    #[serde(default)]
+    #[schemars(schema_with = "fleetops_actors::rules::schemas::opt_object")]
     validation_schema: Option<Box<RawValue>>,
 }
 

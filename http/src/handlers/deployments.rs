@@ -11,14 +11,19 @@ use crate::app::{Cx, Req};
 use crate::body::{self, Body};
 use crate::error::{ApiError, ApiResult};
 
-#[derive(Deserialize)]
-struct CreateBody {
+#[derive(Deserialize, schemars::JsonSchema)]
+#[schemars(rename = "DeploymentRequest")]
+pub(crate) struct CreateBody {
+    #[schemars(schema_with = "fleetops_actors::rules::schemas::name")]
     name: String,
+    #[serde(default)]
+    #[schemars(schema_with = "fleetops_actors::rules::schemas::text::<2000>")]
     description: Option<String>,
     composition_tag: String,
     capsule_id: u64,
     configuration_id: Option<u64>,
     #[serde(default)]
+    #[schemars(schema_with = "fleetops_actors::rules::schemas::targets")]
     target_devices: Vec<Value>,
 }
 
@@ -82,15 +87,21 @@ fn nullable<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
     Option::<T>::deserialize(d).map(Some)
 }
 
-#[derive(Deserialize)]
-struct PatchBody {
+#[derive(Deserialize, schemars::JsonSchema)]
+#[schemars(rename = "PatchDeployment")]
+pub(crate) struct PatchBody {
+    #[serde(default)]
+    #[schemars(schema_with = "fleetops_actors::rules::schemas::opt_name")]
     name: Option<String>,
     #[serde(default, deserialize_with = "nullable")]
+    #[schemars(schema_with = "fleetops_actors::rules::schemas::text::<2000>")]
     description: Option<Option<String>>,
     composition_tag: Option<String>,
     capsule_id: Option<u64>,
     #[serde(default, deserialize_with = "nullable")]
     configuration_id: Option<Option<u64>>,
+    #[serde(default)]
+    #[schemars(schema_with = "fleetops_actors::rules::schemas::opt_targets")]
     target_devices: Option<Vec<Value>>,
 }
 
@@ -128,10 +139,14 @@ pub async fn transition(cx: &mut Cx<'_>, req: Req, to: Transition) -> ApiResult<
     body::ok(&cx.rt().pipeline.transition(s.project.id, id, to).await?)
 }
 
-#[derive(Deserialize)]
-struct DeviceStatusBody {
+#[derive(Deserialize, schemars::JsonSchema)]
+#[schemars(rename = "DeviceStatusReport")]
+pub(crate) struct DeviceStatusBody {
     device_id: u64,
+    #[schemars(with = "fleetops_actors::RolloutStatus")]
     status: String,
+    #[serde(default)]
+    #[schemars(schema_with = "fleetops_actors::rules::schemas::text::<2000>")]
     message: Option<String>,
 }
 

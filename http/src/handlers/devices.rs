@@ -40,10 +40,13 @@ pub async fn org_devices(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>>
     body::ok(&cx.rt().projects.org_devices(&projects, &f, page).await?)
 }
 
-#[derive(Deserialize)]
-struct CreateBody {
+#[derive(Deserialize, schemars::JsonSchema)]
+#[schemars(rename = "CreateDevice")]
+pub(crate) struct CreateBody {
+    #[schemars(schema_with = "fleetops_actors::rules::schemas::name")]
     name: String,
     #[serde(default)]
+    #[schemars(schema_with = "fleetops_actors::rules::schemas::labels")]
     labels: BTreeMap<String, String>,
 }
 
@@ -70,9 +73,14 @@ pub fn get(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
     body::ok(&cx.rt().projects.device(s.project.id, id)?)
 }
 
-#[derive(Deserialize)]
-struct PatchBody {
+#[derive(Deserialize, schemars::JsonSchema)]
+#[schemars(rename = "PatchDevice")]
+pub(crate) struct PatchBody {
+    #[serde(default)]
+    #[schemars(schema_with = "fleetops_actors::rules::schemas::opt_name")]
     name: Option<String>,
+    #[serde(default)]
+    #[schemars(schema_with = "fleetops_actors::rules::schemas::opt_labels")]
     labels: Option<BTreeMap<String, String>>,
 }
 
@@ -96,9 +104,11 @@ pub async fn delete(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
     body::no_content()
 }
 
-#[derive(Deserialize, Default)]
-struct HeartbeatBody {
+#[derive(Deserialize, Default, schemars::JsonSchema)]
+#[schemars(rename = "Heartbeat")]
+pub(crate) struct HeartbeatBody {
     #[serde(default)]
+    #[schemars(schema_with = "fleetops_actors::rules::schemas::metrics")]
     metrics: BTreeMap<String, f64>,
 }
 
@@ -115,7 +125,7 @@ pub async fn heartbeat(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body
     let b: HeartbeatBody = if bytes.iter().all(u8::is_ascii_whitespace) {
         HeartbeatBody::default()
     } else {
-        body::parse(&bytes)?
+        body::parse_object(&bytes)?
     };
     body::accepted(
         &cx.rt()
@@ -125,8 +135,10 @@ pub async fn heartbeat(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body
     )
 }
 
-#[derive(Deserialize)]
-struct GroupBody {
+#[derive(Deserialize, schemars::JsonSchema)]
+#[schemars(rename = "CreateGroup")]
+pub(crate) struct GroupBody {
+    #[schemars(schema_with = "fleetops_actors::rules::schemas::name")]
     name: String,
     #[serde(default)]
     device_ids: Vec<u64>,
@@ -156,8 +168,11 @@ pub fn get_group(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
     body::ok(&cx.rt().projects.group(s.project.id, id)?)
 }
 
-#[derive(Deserialize)]
-struct GroupPatch {
+#[derive(Deserialize, schemars::JsonSchema)]
+#[schemars(rename = "PatchGroup")]
+pub(crate) struct GroupPatch {
+    #[serde(default)]
+    #[schemars(schema_with = "fleetops_actors::rules::schemas::opt_name")]
     name: Option<String>,
     device_ids: Option<Vec<u64>>,
 }

@@ -7,11 +7,21 @@ use crate::app::{Cx, Req};
 use crate::body::{self, Body};
 use crate::error::ApiResult;
 
+#[derive(serde::Serialize, schemars::JsonSchema)]
+pub(crate) struct Uploaded {
+    /// Always `uploaded`.
+    status: &'static str,
+    size_bytes: u64,
+}
+
 pub async fn upload(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
     let token = req.param("token").to_string();
     let stream = req.body_stream();
     let size = cx.rt().pipeline.upload(&token, stream).await?;
-    body::ok(&serde_json::json!({"status": "uploaded", "size_bytes": size}))
+    body::ok(&Uploaded {
+        status: "uploaded",
+        size_bytes: size,
+    })
 }
 
 pub async fn download(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {

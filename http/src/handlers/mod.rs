@@ -1,17 +1,17 @@
 //! One file per resource family. A handler parses, authorizes, makes one call into the
 //! runtime and maps the reply; no business rule lives here.
 
-mod accounts;
-mod alerts;
-mod artifacts;
-mod capsules;
-mod configurations;
-mod deployments;
-mod devices;
-mod links;
-mod ops;
+pub(crate) mod accounts;
+pub(crate) mod alerts;
+pub(crate) mod artifacts;
+pub(crate) mod capsules;
+pub(crate) mod configurations;
+pub(crate) mod deployments;
+pub(crate) mod devices;
+pub(crate) mod links;
+pub(crate) mod ops;
 pub(crate) mod sessions;
-mod webhooks;
+pub(crate) mod webhooks;
 
 use http::Response;
 

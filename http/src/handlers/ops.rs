@@ -7,19 +7,38 @@ use crate::app::{Cx, Req};
 use crate::body::{self, Body, full};
 use crate::error::{ApiError, ApiResult, json_bytes};
 
+/// The health answer: `ok`, or while a part is down `degraded` with the parts' names (503,
+/// which adds the error envelope's `detail` and `status_code`).
+#[derive(serde::Serialize, schemars::JsonSchema)]
+pub(crate) struct Health {
+    status: &'static str,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    down: Vec<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    detail: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    status_code: Option<u16>,
+}
+
 /// 200 `{"status": "ok"}`; while a part of the supervision tree is down (failed and not
 /// running again yet), 503 naming it, so a load balancer or an operator sees which.
 pub fn healthz(cx: &Cx<'_>) -> ApiResult<Response<Body>> {
     let down = cx.rt().health.down();
     if down.is_empty() {
-        return body::ok(&serde_json::json!({"status": "ok"}));
+        return body::ok(&Health {
+            status: "ok",
+            down: Vec::new(),
+            detail: None,
+            status_code: None,
+        });
     }
-    let bytes = serde_json::to_vec(&serde_json::json!({
-        "status": "degraded",
-        "down": down,
-        "detail": format!("Not running: {}", down.join(", ")),
-        "status_code": 503,
-    }))
+    let detail = Some(format!("Not running: {}", down.join(", ")));
+    let bytes = serde_json::to_vec(&Health {
+        status: "degraded",
+        down,
+        detail,
+        status_code: Some(503),
+    })
     .unwrap_or_default();
     let mut r = json_bytes(StatusCode::SERVICE_UNAVAILABLE, bytes.into());
     r.headers_mut()
@@ -87,9 +106,10 @@ pub fn metrics(cx: &Cx<'_>, req: &Req) -> ApiResult<Response<Body>> {
     Ok(r)
 }
 
-#[derive(serde::Deserialize)]
+#[derive(serde::Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
-struct BackupBody {
+#[schemars(rename = "BackupRequest")]
+pub(crate) struct BackupBody {
     to: String,
 }
 

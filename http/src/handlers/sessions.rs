@@ -42,10 +42,12 @@ fn time_param(req: &Req, k: &str) -> ApiResult<Option<i64>> {
         .transpose()
 }
 
-#[derive(Deserialize)]
-struct CreateBody {
+#[derive(Deserialize, schemars::JsonSchema)]
+#[schemars(rename = "CreateSession")]
+pub(crate) struct CreateBody {
     device_id: u64,
     #[serde(default)]
+    #[schemars(schema_with = "fleetops_actors::rules::schemas::tags")]
     tags: Vec<String>,
     package_id: Option<u64>,
 }
@@ -106,8 +108,10 @@ pub async fn delete(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
     body::no_content()
 }
 
-#[derive(Deserialize)]
-struct TagBody {
+#[derive(Deserialize, schemars::JsonSchema)]
+#[schemars(rename = "AddTag")]
+pub(crate) struct TagBody {
+    #[schemars(schema_with = "fleetops_actors::rules::schemas::tag")]
     tag: String,
 }
 
@@ -275,15 +279,17 @@ pub fn export_logs(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
 }
 
 /// The two ways a session can end.
-#[derive(Deserialize)]
+#[derive(Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
-enum SessionStatusBody {
+#[schemars(rename = "SessionEnd")]
+pub(crate) enum SessionStatusBody {
     Completed,
     Failed,
 }
 
-#[derive(Deserialize)]
-struct CompleteBody {
+#[derive(Deserialize, schemars::JsonSchema)]
+#[schemars(rename = "CompleteSession")]
+pub(crate) struct CompleteBody {
     status: SessionStatusBody,
 }
 

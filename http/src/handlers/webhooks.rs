@@ -103,9 +103,13 @@ pub fn project_delivery(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> 
     )
 }
 
-#[derive(Deserialize)]
-struct RepoBody {
+#[derive(Deserialize, schemars::JsonSchema)]
+#[schemars(rename = "CreateRepository")]
+pub(crate) struct RepoBody {
+    #[schemars(schema_with = "fleetops_actors::rules::schemas::full_name")]
     full_name: String,
+    #[serde(default)]
+    #[schemars(schema_with = "fleetops_actors::rules::schemas::opt_branch_patterns")]
     branch_patterns: Option<Vec<String>>,
     include_drafts: Option<bool>,
 }
@@ -138,8 +142,11 @@ pub fn repo(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
     body::ok(&cx.rt().webhooks.repo(s.project.id, id)?)
 }
 
-#[derive(Deserialize)]
-struct RepoPatchBody {
+#[derive(Deserialize, schemars::JsonSchema)]
+#[schemars(rename = "PatchRepository")]
+pub(crate) struct RepoPatchBody {
+    #[serde(default)]
+    #[schemars(schema_with = "fleetops_actors::rules::schemas::opt_branch_patterns")]
     branch_patterns: Option<Vec<String>>,
     include_drafts: Option<bool>,
 }
@@ -203,9 +210,13 @@ pub async fn heartbeat(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
     body::ok(&cx.rt().webhooks.heartbeat(s.project.id, id).await?)
 }
 
-#[derive(Deserialize)]
-struct CompleteBody {
+#[derive(Deserialize, schemars::JsonSchema)]
+#[schemars(rename = "CompleteTestRun")]
+pub(crate) struct CompleteBody {
+    #[schemars(schema_with = "fleetops_actors::rules::schemas::run_result")]
     status: String,
+    #[serde(default)]
+    #[schemars(schema_with = "fleetops_actors::rules::schemas::text::<10000>")]
     summary: Option<String>,
 }
 
