@@ -22,6 +22,7 @@ mod ops;
 mod peers;
 mod rate_limits;
 mod s3;
+mod schemathesis;
 mod sessions;
 mod supervision;
 mod webhooks;
