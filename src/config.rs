@@ -172,7 +172,8 @@ impl Config {
             };
         }
         if let Some(v) = get("FLEETOPS_ADMIN_EMAIL") {
-            self.admin.email = v;
+            // A value from a secret file often ends in a newline; an address never does.
+            self.admin.email = v.trim().to_string();
         }
         if let Some(v) = get("FLEETOPS_ADMIN_PASSWORD") {
             self.admin.password = v;

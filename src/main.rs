@@ -103,7 +103,7 @@ fn main() -> std::process::ExitCode {
                 bootstrap(
                     cfg,
                     BootstrapReq {
-                        email,
+                        email: email.trim().to_string(),
                         password,
                         org,
                         project,

@@ -88,7 +88,7 @@ async fn first_start(rt: &Runtime, cfg: &Config) -> anyhow::Result<Option<Bootst
     let mut b = rt
         .directory
         .bootstrap(BootstrapReq {
-            email: cfg.admin.email.clone(),
+            email: cfg.admin.email.trim().to_string(),
             password: password.clone(),
             org: "default".into(),
             project: "default".into(),

@@ -23,10 +23,15 @@ pub const LEVELS: [&str; 4] = ["DEBUG", "INFO", "WARN", "ERROR"];
 /// One entry as a device sends it.
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
 pub struct RawEntry {
+    #[serde(default)]
+    #[schemars(schema_with = "crate::rules::schemas::opt_time")]
     pub timestamp: Option<String>,
+    #[schemars(schema_with = "crate::rules::schemas::level")]
     pub level: String,
     pub module: Option<String>,
     pub message: String,
+    #[serde(default)]
+    #[schemars(schema_with = "crate::rules::schemas::opt_object")]
     pub metadata: Option<Box<RawValue>>,
 }
 

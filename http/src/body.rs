@@ -62,47 +62,13 @@ fn too_large(limit: usize) -> ApiError {
 
 /// As [`parse`], for a body that must be a JSON object (serde would also read a struct from
 /// an array of its fields): anything else that parses is 422.
-///
-/// JSON does not tell `1.0` from `1`, and neither does the OpenAPI document's `integer`: a
-/// whole number written with a fraction or an exponent is read as that integer, here and in
-/// free-form fields alike.
 pub fn parse_object<T: DeserializeOwned>(bytes: &[u8]) -> ApiResult<T> {
     if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
         // A body that is not JSON at all (or not UTF-8) is still 400.
         let _: serde_json::Value = parse(bytes)?;
         return Err(ApiError::unprocessable("body: must be a JSON object"));
     }
-    if bytes.iter().any(|b| matches!(b, b'.' | b'e' | b'E')) {
-        let mut v: serde_json::Value = parse(bytes)?;
-        if whole_numbers(&mut v) {
-            let bytes = serde_json::to_vec(&v).map_err(|e| ApiError::bad_request(e.to_string()))?;
-            return parse(&bytes);
-        }
-    }
     parse(bytes)
-}
-
-/// Rewrites floats that are whole numbers in the 64-bit range as integers; whether any was.
-fn whole_numbers(v: &mut serde_json::Value) -> bool {
-    use serde_json::Value;
-    const TWO_64: f64 = 18_446_744_073_709_551_616.0;
-    const TWO_63: f64 = 9_223_372_036_854_775_808.0;
-    match v {
-        Value::Number(n) if n.is_f64() => match n.as_f64() {
-            Some(f) if f.fract() == 0.0 && (0.0..TWO_64).contains(&f) => {
-                *v = Value::from(f as u64);
-                true
-            }
-            Some(f) if f.fract() == 0.0 && (-TWO_63..0.0).contains(&f) => {
-                *v = Value::from(f as i64);
-                true
-            }
-            _ => false,
-        },
-        Value::Array(a) => a.iter_mut().fold(false, |c, x| whole_numbers(x) | c),
-        Value::Object(m) => m.values_mut().fold(false, |c, x| whole_numbers(x) | c),
-        _ => false,
-    }
 }
 
 /// Parses JSON: syntax errors are 400, type and missing-field errors 422 with the field path.

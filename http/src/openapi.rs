@@ -55,8 +55,10 @@ fn plan_request(g: &mut SchemaGenerator) -> Schema {
         }
         Value::Object(out)
     }
-    let full = deploy::CreateBody::json_schema(g).to_value();
-    let mut plan = shape(&full);
+    let mut full = deploy::CreateBody::json_schema(g);
+    // Transforms run on definitions, not on a schema taken directly.
+    schemars::transform::Transform::transform(&mut RecursiveTransform(integer_range), &mut full);
+    let mut plan = shape(&full.to_value());
     if let Value::Object(m) = &mut plan {
         m.insert("title".into(), json!("DeploymentPlanRequest"));
     }
@@ -118,7 +120,10 @@ fn types(op: Op) -> (Option<SchemaFn>, Option<SchemaFn>) {
             Some(ty::<sessions::CompleteBody>),
             Some(ty::<SessionDetail>),
         ),
-        AppendLogs => (Some(ty::<Vec<logs::RawEntry>>), Some(ty::<views::Accepted>)),
+        AppendLogs => (
+            Some(fleetops_actors::rules::schemas::log_batch),
+            Some(ty::<views::Accepted>),
+        ),
         QueryLogs => (none, Some(ty::<LogPage>)),
         ExportLogs => (none, Some(ty::<Vec<logs::LogEntryView>>)),
         PutFile => (none, Some(ty::<ArtifactView>)),
@@ -526,6 +531,160 @@ fn request_body(body: ReqBody, schema: Option<Value>) -> Option<Value> {
     }
 }
 
+/// The query parameters an operation reads, as its handler checks them (422 naming the
+/// parameter otherwise).
+fn query(op: Op) -> Vec<Value> {
+    use Op::*;
+    let param = |name: &str, schema: Value, description: &str| {
+        json!({"name": name, "in": "query", "required": false, "description": description,
+               "schema": schema})
+    };
+    let int = |name: &str, min: u64, max: u64, description: &str| {
+        param(
+            name,
+            json!({"type": "integer", "minimum": min, "maximum": max}),
+            description,
+        )
+    };
+    let one_of = |name: &str, values: &[&str], description: &str| {
+        param(name, json!({"type": "string", "enum": values}), description)
+    };
+    let text = |name: &str, description: &str| param(name, json!({"type": "string"}), description);
+    let time = |name: &str, description: &str| {
+        param(
+            name,
+            json!({"type": "string", "format": "date-time"}),
+            description,
+        )
+    };
+    let page = || {
+        vec![
+            int("page", 1, u64::MAX, "1-based page (default 1)"),
+            int(
+                "page_size",
+                1,
+                views::PageReq::MAX_PAGE_SIZE as u64,
+                "Items a page (default 50)",
+            ),
+        ]
+    };
+    // Levels, comma-separated, any case (`warning` is `warn`); blanks around them are ignored.
+    let level = || {
+        let ws = "[\\t\\n\\u000B\\f\\r \\u0085\\u00A0\\u1680\\u2000-\\u200A\\u2028\\u2029\\u202F\\u205F\\u3000]*";
+        let l = "([Dd][Ee][Bb][Uu][Gg]|[Ii][Nn][Ff][Oo]|[Ww][Aa][Rr][Nn]([Ii][Nn][Gg])?|[Ee][Rr][Rr][Oo][Rr])";
+        let part = format!("{ws}({l}{ws})?");
+        param(
+            "level",
+            json!({"type": "string", "pattern": format!("^{part}(,{part})*$")}),
+            "Levels, comma-separated (debug, info, warn, error)",
+        )
+    };
+    let logs = || {
+        vec![
+            level(),
+            text("module", "Exact module"),
+            text("search", "Case-insensitive substring of the message"),
+            time("since", "Inclusive, RFC 3339"),
+            time("until", "Exclusive, RFC 3339"),
+        ]
+    };
+    let with_page = |mut v: Vec<Value>| {
+        v.extend(page());
+        v
+    };
+    match op {
+        OrgDevices | ListDevices => with_page(vec![
+            one_of("status", &["online", "offline"], "Online or offline"),
+            text("name", "Substring of the name"),
+        ]),
+        ListSessions => with_page(vec![
+            int("device_id", 0, u64::MAX, "The device's sessions"),
+            one_of(
+                "status",
+                &["active", "completed", "failed"],
+                "Session status",
+            ),
+            time("since", "Started at or after, RFC 3339"),
+            time("until", "Started before, RFC 3339"),
+        ]),
+        QueryLogs => {
+            let mut v = logs();
+            v.push(int(
+                "limit",
+                1,
+                fleetops_actors::logs::MAX_QUERY_LIMIT as u64,
+                "Entries (default 100)",
+            ));
+            v.push(int("offset", 0, u64::MAX, "Matches to skip (default 0)"));
+            v
+        }
+        ExportLogs => {
+            let mut v = logs();
+            v.push(one_of("format", &["json", "csv"], "json (default) or csv"));
+            v
+        }
+        LiveLogs => vec![
+            level(),
+            text("module", "Exact module"),
+            int(
+                "replay",
+                0,
+                crate::ws::MAX_REPLAY,
+                "Stored entries sent first (default 0)",
+            ),
+            text(
+                "token",
+                "The credential, for browsers that cannot set headers",
+            ),
+        ],
+        ListCapsules => vec![
+            text("name", "Capsule name"),
+            one_of("type", &["SW", "FW", "OS"], "Capsule type"),
+            one_of(
+                "latest_only",
+                &["true", "false", "1", "0"],
+                "Only each name's latest version",
+            ),
+        ],
+        ListConfigs => with_page(vec![
+            int("capsule_id", 0, u64::MAX, "Configurations of this capsule"),
+            param(
+                "environment",
+                json!({"type": "string", "minLength": 1}),
+                "Environment",
+            ),
+        ]),
+        ListDeployments => with_page(vec![one_of(
+            "deployment_status",
+            &["draft", "active", "deprecated"],
+            "Package status",
+        )]),
+        ScmDeliveries | ProjectDeliveries => with_page(vec![
+            param(
+                "outcome",
+                json!({"type": "string", "enum": webhooks::LogOutcome::names()}),
+                "Delivery outcome",
+            ),
+            text("reason", "Outcome reason"),
+        ]),
+        ListRuns => with_page(vec![
+            one_of(
+                "status",
+                &["queued", "running", "passed", "failed", "cancelled"],
+                "Run status",
+            ),
+            text("repository", "owner/name"),
+            text("commit_sha", "Commit"),
+        ]),
+        ListRepos => page(),
+        ListAlerts => with_page(vec![
+            one_of("state", &["firing", "resolved"], "Alert state"),
+            int("rule_id", 0, u64::MAX, "The rule's alerts"),
+        ]),
+        _ => Vec::new(),
+    }
+}
+
 /// The headers of a WebSocket handshake as `ws::handshake_key` reads them (RFC 6455): a
 /// plain request is 400, another version 426.
 fn handshake_headers() -> Vec<Value> {
@@ -668,6 +827,7 @@ pub fn document(routes: &[RouteDef], tiers: &[String]) -> Value {
             })
             .collect();
         let mut params = params;
+        params.extend(query(r.op));
         if r.op == Op::LiveLogs {
             params.extend(handshake_headers());
         }
@@ -712,15 +872,25 @@ pub fn document(routes: &[RouteDef], tiers: &[String]) -> Value {
     let mut schemas = res_gen.take_definitions(true);
     let mut renamed = BTreeMap::new();
     let req_defs = req_gen.take_definitions(true);
-    for (name, v) in &req_defs {
-        if schemas.get(name).is_some_and(|existing| existing != v) {
-            renamed.insert(name.clone(), format!("{name}Input"));
+    // A request schema that differs from the response schema of its name, or refers to one
+    // that does, is renamed (until nothing changes); a response schema is never replaced.
+    loop {
+        let before = renamed.len();
+        for (name, v) in &req_defs {
+            let mut v = v.clone();
+            rename_refs(&mut v, &renamed);
+            if schemas.get(name).is_some_and(|existing| *existing != v) {
+                renamed.insert(name.clone(), format!("{name}Input"));
+            }
+        }
+        if renamed.len() == before {
+            break;
         }
     }
     for (name, mut v) in req_defs {
         rename_refs(&mut v, &renamed);
         let name = renamed.get(&name).cloned().unwrap_or(name);
-        schemas.insert(name, v);
+        schemas.entry(name).or_insert(v);
     }
     if let Some(Value::Object(p)) = schemas
         .get_mut("CreateOrganization")

@@ -23,7 +23,7 @@ use crate::error::{ApiError, ApiResult};
 use crate::handlers::sessions::{log_filter, session_id};
 
 /// Most entries a subscriber may ask to be replayed.
-const MAX_REPLAY: u64 = 10_000;
+pub(crate) const MAX_REPLAY: u64 = 10_000;
 
 pub async fn live_logs(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
     // Credentials: header first, else `?token=` (browsers cannot set headers on WebSockets).

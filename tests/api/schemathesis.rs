@@ -1,6 +1,8 @@
 //! schemathesis (PyPI) against the served OpenAPI document, with every check: a seed data set
 //! is created first through the API, so operations find their records; the run must find no
-//! failure. `SCHEMATHESIS_EXAMPLES` sets the examples per operation (default 20).
+//! failure. `SCHEMATHESIS_EXAMPLES` sets the examples per operation (default 20),
+//! `SCHEMATHESIS_SEED` the seed (default 1, so a run can be repeated); `SCHEMATHESIS_VERBOSE`
+//! prints the whole report and `SCHEMATHESIS_HAR=/path/prefix` keeps every exchange.
 
 use std::process::Command;
 
@@ -272,17 +274,32 @@ async fn run(s: &Srv, cfg: String, phases: &str) -> String {
     let cfg_path = dir.path().join("schemathesis.toml");
     std::fs::write(&cfg_path, &cfg).unwrap();
     let examples = std::env::var("SCHEMATHESIS_EXAMPLES").unwrap_or_else(|_| "20".into());
+    let seed = std::env::var("SCHEMATHESIS_SEED").unwrap_or_else(|_| "1".into());
     let url = s.url("/api/v1/openapi.json");
     let report = dir.path().join("junit.xml");
     let phases = phases.to_string();
     let phases_shown = phases.clone();
+    let scratch = dir.path().to_path_buf();
     let out = tokio::task::spawn_blocking(move || {
         Command::new("schemathesis")
+            // Its cache of past cases stays in the scratch directory.
+            .current_dir(&scratch)
+            .env(
+                "SCHEMATHESIS_HOOKS",
+                concat!(env!("CARGO_MANIFEST_DIR"), "/tests/schemathesis_hooks.py"),
+            )
             .arg("--config-file")
             .arg(&cfg_path)
             .arg("--no-color")
             .args(["run", &url, "--checks", "all", "--phases", &phases])
-            .args(["--max-examples", &examples, "--seed", "1", "--workers", "2"])
+            .args([
+                "--max-examples",
+                &examples,
+                "--seed",
+                &seed,
+                "--workers",
+                "2",
+            ])
             .args(["--request-timeout", "30", "--report-junit-path"])
             .arg(&report)
             .args(match std::env::var("SCHEMATHESIS_HAR") {
@@ -342,5 +359,13 @@ async fn schemathesis_finds_no_failure() {
         .filter(|(n, _)| matches!(*n, "org" | "project" | "tag" | "path" | "token"))
         .cloned()
         .collect();
-    run(&s, config(&s, &jwt, &fixed, None), "stateful").await;
+    let out = run(&s, config(&s, &jwt, &fixed, None), "stateful").await;
+    // The links were followed: every create and the operations on what it made.
+    let tested: u32 = out
+        .split("Tested: ")
+        .nth(1)
+        .and_then(|t| t.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert!(tested >= 15, "{out}");
 }

@@ -20,7 +20,8 @@ const MAX_LINES: usize = 5_000_000;
 pub struct BacktestRequest {
     #[schemars(with = "crate::rules::alert_conditions::Condition")]
     pub condition: Value,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::rules::whole::vec_u64")]
+    #[schemars(schema_with = "crate::rules::schemas::ids::<100>")]
     pub device_group_ids: Vec<u64>,
     /// RFC 3339; default `to` minus `[alerts] history_days`, and never earlier.
     #[serde(default)]
@@ -86,6 +87,11 @@ impl AlertsHandle {
         if from >= to {
             return Err(Error::unprocessable("from", "must be before to"));
         }
+        crate::rules::at_most(
+            "device_group_ids",
+            req.device_group_ids.len(),
+            crate::rules::MAX_RULE_REFS,
+        )?;
         let groups = self.store.project_groups(pid)?;
         for g in &req.device_group_ids {
             if !groups.iter().any(|x| x.id == *g) {

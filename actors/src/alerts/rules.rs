@@ -21,9 +21,11 @@ pub struct RuleRequest {
     pub condition: Value,
     #[schemars(with = "Severity")]
     pub severity: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::rules::whole::vec_u64")]
+    #[schemars(schema_with = "crate::rules::schemas::ids::<100>")]
     pub integration_ids: Vec<u64>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::rules::whole::opt_vec_u64")]
+    #[schemars(schema_with = "crate::rules::schemas::opt_ids::<100>")]
     pub device_group_ids: Option<Vec<u64>>,
     #[serde(default)]
     pub enabled: Option<bool>,
@@ -42,7 +44,11 @@ pub struct RulePatchRequest {
     #[serde(default)]
     #[schemars(with = "Option<Severity>")]
     pub severity: Option<String>,
+    #[serde(default, deserialize_with = "crate::rules::whole::opt_vec_u64")]
+    #[schemars(schema_with = "crate::rules::schemas::opt_ids::<100>")]
     pub integration_ids: Option<Vec<u64>>,
+    #[serde(default, deserialize_with = "crate::rules::whole::opt_vec_u64")]
+    #[schemars(schema_with = "crate::rules::schemas::opt_ids::<100>")]
     pub device_group_ids: Option<Vec<u64>>,
     pub enabled: Option<bool>,
 }

@@ -145,7 +145,7 @@ pub struct ConfigFilter {
     pub environment: Option<String>,
 }
 
-fn environment(s: &str) -> Result<()> {
+pub(crate) fn environment(s: &str) -> Result<()> {
     let ok = !s.is_empty()
         && s.len() <= 64
         && s.bytes()

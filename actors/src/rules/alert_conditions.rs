@@ -76,6 +76,7 @@ pub enum Condition {
     /// The device has been in `status` for `duration_seconds`.
     DeviceStatus {
         status: DeviceStatus,
+        #[serde(deserialize_with = "crate::rules::whole::u64")]
         duration_seconds: u64,
     },
     /// The latest heartbeat value of `metric` has compared true for `duration_seconds`.
@@ -83,6 +84,7 @@ pub enum Condition {
         metric: String,
         operator: Operator,
         threshold: f64,
+        #[serde(deserialize_with = "crate::rules::whole::u64")]
         duration_seconds: u64,
     },
     /// At least `count` log lines matching `pattern` (and `level`, `module` when given)
@@ -93,9 +95,9 @@ pub enum Condition {
         level: Option<String>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         module: Option<String>,
-        #[serde(default = "one")]
+        #[serde(default = "one", deserialize_with = "crate::rules::whole::u64")]
         count: u64,
-        #[serde(default = "sixty")]
+        #[serde(default = "sixty", deserialize_with = "crate::rules::whole::u64")]
         window_seconds: u64,
     },
     /// The device's latest rollout result is `status`.

@@ -12,6 +12,7 @@ pub mod deployments;
 pub mod notifications;
 pub mod schemas;
 pub mod targets;
+pub mod whole;
 
 use crate::error::{Error, Result};
 

@@ -23,6 +23,19 @@ fn email_pattern() -> String {
     format!("^[^@{WS}]+@[^@.{WS}]([^@{WS}]*[^@.{WS}])?$")
 }
 
+/// An anchored pattern, and no newline at the end: Python's `re` (which some API tools
+/// generate from) lets `$` match before a final newline, where ECMA-262 and Rust do not.
+fn exact(pattern: &str) -> Value {
+    json!({"type": "string", "pattern": pattern, "not": {"pattern": "\\n$"}})
+}
+
+fn with(mut v: Value, extra: Value) -> Value {
+    if let (Value::Object(m), Value::Object(e)) = (&mut v, extra) {
+        m.extend(e);
+    }
+    v
+}
+
 /// Schemas of optional fields also take `null` (serde reads it as absent).
 fn nullable(mut s: Value) -> Schema {
     if let Some(t) = s.get("type").cloned()
@@ -47,7 +60,7 @@ pub fn opt_name(_: &mut SchemaGenerator) -> Schema {
 }
 
 fn slug_value() -> Value {
-    json!({"type": "string", "pattern": "^[a-z0-9][a-z0-9-]{0,62}$"})
+    exact("^[a-z0-9][a-z0-9-]{0,62}$")
 }
 
 /// See [`super::slug`].
@@ -57,7 +70,7 @@ pub fn slug(_: &mut SchemaGenerator) -> Schema {
 
 /// See [`super::email`] (compared without case).
 pub fn email(_: &mut SchemaGenerator) -> Schema {
-    json_schema!({"type": "string", "maxLength": 254, "pattern": email_pattern()})
+    Schema::try_from(with(exact(&email_pattern()), json!({"maxLength": 254}))).unwrap_or_default()
 }
 
 /// See [`super::password`].
@@ -97,25 +110,25 @@ pub fn metrics(_: &mut SchemaGenerator) -> Schema {
 pub const TAG: &str = "^[A-Za-z0-9._:-]{1,64}$";
 
 pub fn tag(_: &mut SchemaGenerator) -> Schema {
-    json_schema!({"type": "string", "pattern": TAG})
+    Schema::try_from(exact(TAG)).unwrap_or_default()
 }
 
 /// A session's tags: at most [`super::MAX_TAGS`].
 pub fn tags(_: &mut SchemaGenerator) -> Schema {
-    json_schema!({"type": "array", "maxItems": super::MAX_TAGS, "items": {"type": "string", "pattern": TAG}})
+    json_schema!({"type": "array", "maxItems": super::MAX_TAGS, "items": exact(TAG)})
 }
 
 /// A repository as the host spells it, `owner/name` (see `webhooks::dispatcher`).
 pub const FULL_NAME: &str = "^[A-Za-z0-9._-]+/[A-Za-z0-9._-]+$";
 
 pub fn full_name(_: &mut SchemaGenerator) -> Schema {
-    json_schema!({"type": "string", "maxLength": 200, "pattern": FULL_NAME})
+    Schema::try_from(with(exact(FULL_NAME), json!({"maxLength": 200}))).unwrap_or_default()
 }
 
 fn branch_patterns_value() -> Value {
     json!({
         "type": "array", "minItems": 1, "maxItems": 32,
-        "items": {"type": "string", "minLength": 1, "maxLength": 255, "pattern": format!("^[^{WS}]+$")}
+        "items": with(exact(&format!("^[^{WS}]+$")), json!({"minLength": 1, "maxLength": 255}))
     })
 }
 
@@ -128,14 +141,51 @@ pub fn opt_branch_patterns(_: &mut SchemaGenerator) -> Schema {
 pub const VERSION: &str = r"^(0|[1-9][0-9]{0,17})\.(0|[1-9][0-9]{0,17})\.(0|[1-9][0-9]{0,17})$";
 
 pub fn version(_: &mut SchemaGenerator) -> Schema {
-    json_schema!({"type": "string", "pattern": VERSION})
+    Schema::try_from(exact(VERSION)).unwrap_or_default()
 }
 
 /// A capsule name (see `pipeline::capsule_name`).
 pub const CAPSULE_NAME: &str = "^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$";
 
 pub fn capsule_name(_: &mut SchemaGenerator) -> Schema {
-    json_schema!({"type": "string", "pattern": CAPSULE_NAME})
+    Schema::try_from(exact(CAPSULE_NAME)).unwrap_or_default()
+}
+
+/// A configuration's environment (see `pipeline::configurations`).
+pub fn environment(_: &mut SchemaGenerator) -> Schema {
+    Schema::try_from(exact("^[A-Za-z0-9._-]{1,64}$")).unwrap_or_default()
+}
+
+/// A log level: `debug`, `info`, `warn` (or `warning`), `error`, in any case.
+pub fn level(_: &mut SchemaGenerator) -> Schema {
+    Schema::try_from(exact(
+        "^([Dd][Ee][Bb][Uu][Gg]|[Ii][Nn][Ff][Oo]|[Ww][Aa][Rr][Nn]([Ii][Nn][Gg])?|[Ee][Rr][Rr][Oo][Rr])$",
+    ))
+    .unwrap_or_default()
+}
+
+/// A batch of log entries: at most `logs::MAX_BATCH_ENTRIES`.
+pub fn log_batch(g: &mut SchemaGenerator) -> Schema {
+    let entry = g.subschema_for::<crate::logs::RawEntry>();
+    json_schema!({"type": "array", "maxItems": crate::logs::MAX_BATCH_ENTRIES, "items": entry})
+}
+
+/// Ids of records: at most `N`.
+pub fn ids<const N: usize>(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({"type": "array", "maxItems": N, "items": {"type": "integer", "minimum": 0, "maximum": u64::MAX}})
+}
+
+pub fn opt_ids<const N: usize>(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({"type": ["array", "null"], "maxItems": N, "items": {"type": "integer", "minimum": 0, "maximum": u64::MAX}})
+}
+
+/// A size in bytes: at least 1 (at most `MAX`).
+pub fn size<const MAX: u64>(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({"type": "integer", "minimum": 1, "maximum": MAX})
+}
+
+pub fn opt_size<const MAX: u64>(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({"type": ["integer", "null"], "minimum": 1, "maximum": MAX})
 }
 
 /// A version constraint (`^1.2.0`, `>=1.0.0, <2.0.0`, `1.*`; see `versions::Constraint`).
@@ -150,12 +200,17 @@ pub fn run_result(_: &mut SchemaGenerator) -> Schema {
 
 /// A hex SHA-256.
 pub fn sha256(_: &mut SchemaGenerator) -> Schema {
-    json_schema!({"type": "string", "pattern": "^[0-9a-fA-F]{64}$"})
+    Schema::try_from(exact("^[0-9a-fA-F]{64}$")).unwrap_or_default()
 }
 
 /// Free text of at most `N` characters.
 pub fn text<const N: usize>(_: &mut SchemaGenerator) -> Schema {
     nullable(json!({"type": "string", "maxLength": N}))
+}
+
+/// A JSON Schema (an object, or `true`/`false`), or `null` for none.
+pub fn opt_json_schema(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({"type": ["object", "boolean", "null"]})
 }
 
 /// Any JSON object, or `null` for none.
@@ -186,7 +241,8 @@ fn targets_value() -> Value {
             {"type": "object", "required": ["group_id"], "additionalProperties": false,
              "properties": {"group_id": {"type": "integer", "minimum": 0}}},
             {"type": "object", "required": ["labels"], "additionalProperties": false,
-             "properties": {"labels": labels_value()}}
+             "properties": {"labels": {"type": "object", "minProperties": 1,
+                                       "additionalProperties": {"type": "string"}}}}
         ]}
     })
 }
@@ -194,6 +250,26 @@ fn targets_value() -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn no_final_newline_slips_past_an_anchor() {
+        for f in [
+            slug,
+            email,
+            tag,
+            full_name,
+            version,
+            capsule_name,
+            environment,
+            level,
+            sha256,
+        ] {
+            let v = schema(f);
+            let s = f(&mut SchemaGenerator::default()).to_value();
+            assert!(s["not"]["pattern"].is_string(), "{s}");
+            assert!(!v.is_valid(&json!("abc\n")));
+        }
+    }
 
     fn schema(f: fn(&mut SchemaGenerator) -> Schema) -> jsonschema::Validator {
         let mut g = SchemaGenerator::default();

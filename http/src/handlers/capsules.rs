@@ -50,6 +50,8 @@ pub(crate) struct UploadUrlBody {
     description: Option<String>,
     capsule_type: CapsuleType,
     file_format: FileFormat,
+    #[serde(deserialize_with = "fleetops_actors::rules::whole::u64")]
+    #[schemars(schema_with = "fleetops_actors::rules::schemas::size::<{ u64::MAX }>")]
     file_size_bytes: u64,
     #[serde(default)]
     #[schemars(schema_with = "fleetops_actors::rules::schemas::opt_object")]

@@ -29,21 +29,27 @@ pub(crate) enum ConfigFormat {
 #[derive(Deserialize, schemars::JsonSchema)]
 #[schemars(rename = "ConfigUploadRequest")]
 pub(crate) struct UploadUrlBody {
+    #[schemars(schema_with = "fleetops_actors::rules::schemas::capsule_name")]
     name: String,
+    #[serde(deserialize_with = "fleetops_actors::rules::whole::u64")]
     capsule_id: u64,
     #[schemars(schema_with = "fleetops_actors::rules::schemas::version")]
     version: String,
+    #[schemars(schema_with = "fleetops_actors::rules::schemas::environment")]
     environment: String,
     #[schemars(schema_with = "fleetops_actors::rules::schemas::constraint")]
     compatible_capsule_versions: String,
     file_format: ConfigFormat,
+    #[serde(default, deserialize_with = "fleetops_actors::rules::whole::opt_u64")]
     parent_config_id: Option<u64>,
     #[serde(default)]
     #[schemars(schema_with = "fleetops_actors::rules::schemas::text::<2000>")]
     description: Option<String>,
+    #[serde(default, deserialize_with = "fleetops_actors::rules::whole::opt_u64")]
+    #[schemars(schema_with = "fleetops_actors::rules::schemas::opt_size::<{ u64::MAX }>")]
     file_size_bytes: Option<u64>,
     #[serde(default)]
-    #[schemars(schema_with = "fleetops_actors::rules::schemas::opt_object")]
+    #[schemars(schema_with = "fleetops_actors::rules::schemas::opt_json_schema")]
     validation_schema: Option<Box<RawValue>>,
 }
 

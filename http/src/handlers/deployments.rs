@@ -20,7 +20,9 @@ pub(crate) struct CreateBody {
     #[schemars(schema_with = "fleetops_actors::rules::schemas::text::<2000>")]
     description: Option<String>,
     composition_tag: String,
+    #[serde(deserialize_with = "fleetops_actors::rules::whole::u64")]
     capsule_id: u64,
+    #[serde(default, deserialize_with = "fleetops_actors::rules::whole::opt_u64")]
     configuration_id: Option<u64>,
     #[serde(default)]
     #[schemars(schema_with = "fleetops_actors::rules::schemas::targets")]
@@ -97,8 +99,12 @@ pub(crate) struct PatchBody {
     #[schemars(schema_with = "fleetops_actors::rules::schemas::text::<2000>")]
     description: Option<Option<String>>,
     composition_tag: Option<String>,
+    #[serde(default, deserialize_with = "fleetops_actors::rules::whole::opt_u64")]
     capsule_id: Option<u64>,
-    #[serde(default, deserialize_with = "nullable")]
+    #[serde(
+        default,
+        deserialize_with = "fleetops_actors::rules::whole::nullable_u64"
+    )]
     configuration_id: Option<Option<u64>>,
     #[serde(default)]
     #[schemars(schema_with = "fleetops_actors::rules::schemas::opt_targets")]
@@ -142,6 +148,7 @@ pub async fn transition(cx: &mut Cx<'_>, req: Req, to: Transition) -> ApiResult<
 #[derive(Deserialize, schemars::JsonSchema)]
 #[schemars(rename = "DeviceStatusReport")]
 pub(crate) struct DeviceStatusBody {
+    #[serde(deserialize_with = "fleetops_actors::rules::whole::u64")]
     device_id: u64,
     #[schemars(with = "fleetops_actors::RolloutStatus")]
     status: String,

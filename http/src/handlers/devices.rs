@@ -140,7 +140,8 @@ pub async fn heartbeat(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body
 pub(crate) struct GroupBody {
     #[schemars(schema_with = "fleetops_actors::rules::schemas::name")]
     name: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "fleetops_actors::rules::whole::vec_u64")]
+    #[schemars(schema_with = "fleetops_actors::rules::schemas::ids::<10000>")]
     device_ids: Vec<u64>,
 }
 
@@ -174,6 +175,11 @@ pub(crate) struct GroupPatch {
     #[serde(default)]
     #[schemars(schema_with = "fleetops_actors::rules::schemas::opt_name")]
     name: Option<String>,
+    #[serde(
+        default,
+        deserialize_with = "fleetops_actors::rules::whole::opt_vec_u64"
+    )]
+    #[schemars(schema_with = "fleetops_actors::rules::schemas::opt_ids::<10000>")]
     device_ids: Option<Vec<u64>>,
 }
 

@@ -8,12 +8,20 @@ use crate::body::{self, Body, full};
 use crate::error::{ApiError, ApiResult, json_bytes};
 
 /// The health answer: `ok`, or while a part is down `degraded` with the parts' names (503,
-/// which adds the error envelope's `detail` and `status_code`).
+/// which adds the error envelope's `detail` and `status_code`). Entities past their restart
+/// budget (`session 42`) are listed in `contained` without failing the check: each refuses
+/// only its own requests, and a load balancer should keep sending the rest.
 #[derive(serde::Serialize, schemars::JsonSchema)]
 pub(crate) struct Health {
     status: &'static str,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     down: Vec<&'static str>,
+    /// At most 100 names, as `kind id`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    contained: Vec<String>,
+    /// How many entities are past their budget (all of them, named or not).
+    #[serde(skip_serializing_if = "is_zero")]
+    contained_count: usize,
     #[serde(skip_serializing_if = "Option::is_none")]
     detail: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -24,10 +32,13 @@ pub(crate) struct Health {
 /// running again yet), 503 naming it, so a load balancer or an operator sees which.
 pub fn healthz(cx: &Cx<'_>) -> ApiResult<Response<Body>> {
     let down = cx.rt().health.down();
+    let (contained, contained_count) = cx.rt().health.contained();
     if down.is_empty() {
         return body::ok(&Health {
             status: "ok",
             down: Vec::new(),
+            contained,
+            contained_count,
             detail: None,
             status_code: None,
         });
@@ -36,6 +47,8 @@ pub fn healthz(cx: &Cx<'_>) -> ApiResult<Response<Body>> {
     let bytes = serde_json::to_vec(&Health {
         status: "degraded",
         down,
+        contained,
+        contained_count,
         detail,
         status_code: Some(503),
     })
@@ -44,6 +57,10 @@ pub fn healthz(cx: &Cx<'_>) -> ApiResult<Response<Body>> {
     r.headers_mut()
         .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
     Ok(r)
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 pub fn openapi(cx: &Cx<'_>) -> ApiResult<Response<Body>> {

@@ -45,10 +45,12 @@ fn time_param(req: &Req, k: &str) -> ApiResult<Option<i64>> {
 #[derive(Deserialize, schemars::JsonSchema)]
 #[schemars(rename = "CreateSession")]
 pub(crate) struct CreateBody {
+    #[serde(deserialize_with = "fleetops_actors::rules::whole::u64")]
     device_id: u64,
     #[serde(default)]
     #[schemars(schema_with = "fleetops_actors::rules::schemas::tags")]
     tags: Vec<String>,
+    #[serde(default, deserialize_with = "fleetops_actors::rules::whole::opt_u64")]
     package_id: Option<u64>,
 }
 
