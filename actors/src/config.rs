@@ -214,6 +214,9 @@ pub struct AlertsConfig {
     pub max_log_bytes_in_flight: usize,
     /// Days of heartbeat metrics kept for backtests.
     pub history_days: u64,
+    /// Days a resolved alert (with its notifications) is kept after it resolved; 0 keeps them
+    /// for good. A firing alert, or one with a notification still owed, is always kept.
+    pub retention_days: u64,
     /// At most one heartbeat per device per this many seconds is kept for backtests (so the
     /// history holds at most `history_days * 86400 / history_resolution_seconds` samples per
     /// device); a backtest sees gaps and changes no finer than this.
@@ -238,6 +241,7 @@ impl Default for AlertsConfig {
             tick_ms: 250,
             max_log_bytes_in_flight: 64 * 1024 * 1024,
             history_days: 7,
+            retention_days: 90,
             history_resolution_seconds: 10,
             correlation_window_seconds: 3600,
         }

@@ -48,6 +48,8 @@ pub(crate) struct KeyedArgs<C: KeyedChild> {
     pub cfg: SupervisionConfig,
     pub registry: Registry<C::Req>,
     pub restarts: Arc<AtomicU64>,
+    /// Where an entity past its restart budget is named, for `/healthz`.
+    pub health: crate::root::Health,
 }
 
 impl<C: KeyedChild> Clone for KeyedArgs<C> {
@@ -57,6 +59,7 @@ impl<C: KeyedChild> Clone for KeyedArgs<C> {
             cfg: self.cfg.clone(),
             registry: self.registry.clone(),
             restarts: self.restarts.clone(),
+            health: self.health.clone(),
         }
     }
 }
@@ -105,6 +108,7 @@ impl<C: KeyedChild> KeyedState<C> {
         .await
         .map_err(|e| Error::Internal(format!("{} actor {key} failed to start: {e}", C::KIND)))?;
         self.children.insert(actor.get_id(), key);
+        self.args.health.release(C::KIND, key);
         self.args.registry.insert(key, actor.clone());
         Ok(actor)
     }
@@ -197,6 +201,7 @@ impl<C: KeyedChild> Actor for KeyedSupervisor<C> {
                     }
                     Verdict::GiveUpUntil(t) => {
                         st.down_until.insert(key, t);
+                        st.args.health.contain(C::KIND, key);
                     }
                 }
             }

@@ -191,6 +191,7 @@ impl Runtime {
         let dispatcher_slot = Arc::new(Slot::new(limit, timeout));
         let installations_slot = Arc::new(Slot::new(limit, timeout));
         let restarts = Arc::new(AtomicU64::new(0));
+        let health = root::Health::default();
         let quotas_slot = Arc::new(Slot::new(limit, timeout));
         let evaluators_slot = Arc::new(Slot::new(limit, timeout));
         let notifiers_slot = Arc::new(Slot::new(limit, timeout));
@@ -199,6 +200,7 @@ impl Runtime {
             cfg: cfg.supervision.clone(),
             registry: Arc::new(DashMap::new()),
             restarts: restarts.clone(),
+            health: health.clone(),
         };
         let clock = clock::Clock::default();
         let rollouts = events::Outbox::start(store.clone());
@@ -219,6 +221,7 @@ impl Runtime {
             cfg: cfg.supervision.clone(),
             registry: Arc::new(DashMap::new()),
             restarts: restarts.clone(),
+            health: health.clone(),
         };
         let live_skipped = Arc::new(AtomicU64::new(0));
         let session_args = KeyedArgs::<session::SessionActor> {
@@ -226,6 +229,7 @@ impl Runtime {
             cfg: cfg.supervision.clone(),
             registry: Arc::new(DashMap::new()),
             restarts: restarts.clone(),
+            health: health.clone(),
         };
         store.backfill_commit_runs()?;
         let feed = webhooks::worker::WorkerFeed::default();
@@ -234,6 +238,7 @@ impl Runtime {
             cfg: cfg.supervision.clone(),
             registry: Arc::new(DashMap::new()),
             restarts: restarts.clone(),
+            health: health.clone(),
         };
         let installation_actors = Keyed::new(
             installations_slot.clone(),
@@ -260,6 +265,7 @@ impl Runtime {
             cfg: cfg.supervision.clone(),
             registry: Arc::new(DashMap::new()),
             restarts: restarts.clone(),
+            health: health.clone(),
         };
         let notifier_actors = Keyed::new(
             notifiers_slot.clone(),
@@ -280,6 +286,7 @@ impl Runtime {
             cfg: cfg.supervision.clone(),
             registry: Arc::new(DashMap::new()),
             restarts: restarts.clone(),
+            health: health.clone(),
         };
         let alert_feed = alerts::evaluator::AlertFeed {
             evaluators: Keyed::new(
@@ -385,7 +392,20 @@ impl Runtime {
                 }));
             }
         }
-        let health = root::Health::default();
+
+        if cfg.alerts.retention_days > 0 {
+            // Alerts resolved longer ago than `[alerts] retention_days`, a bounded number a
+            // pass (resolved alerts are final, so no actor's write can race the deletion).
+            let (store, clock) = (store.clone(), clock.clone());
+            let keep_ms = (cfg.alerts.retention_days as i64).saturating_mul(86_400_000);
+            if let Ok(mut p) = pruners.lock() {
+                p.push(Box::new(move || {
+                    if let Err(e) = store.prune_alerts(clock.now_ms() - keep_ms, 10_000) {
+                        tracing::warn!(error = %e, "pruning the alert history failed");
+                    }
+                }));
+            }
+        }
 
         let (root, _) = Actor::spawn(
             None,

@@ -61,10 +61,13 @@ impl Child {
     }
 }
 
-/// The root's children that are down now (failed and not yet running again), by name.
+/// The root's children that are down now (failed and not yet running again), by name; and
+/// the entities (one project's, session's, installation's actor) past their restart budget,
+/// each refusing its own requests (503) while everything else serves.
 #[derive(Clone, Default)]
 pub struct Health {
     down: Arc<Mutex<BTreeSet<&'static str>>>,
+    contained: Arc<Mutex<BTreeSet<(&'static str, u64)>>>,
     /// Fault injection for tests: the next start of the named child fails.
     #[cfg(feature = "fault-injection")]
     fail_next_start: Arc<Mutex<BTreeSet<String>>>,
@@ -76,6 +79,39 @@ impl Health {
             .lock()
             .map(|d| d.iter().copied().collect())
             .unwrap_or_default()
+    }
+
+    /// Entities past their restart budget, as `kind id` (at most [`Self::MAX_NAMED`]), and how
+    /// many there are.
+    pub fn contained(&self) -> (Vec<String>, usize) {
+        self.contained
+            .lock()
+            .map(|c| {
+                let names = c
+                    .iter()
+                    .take(Self::MAX_NAMED)
+                    .map(|(kind, id)| format!("{kind} {id}"))
+                    .collect();
+                (names, c.len())
+            })
+            .unwrap_or_default()
+    }
+
+    /// Entities named at most by `/healthz` (the count is always whole).
+    pub const MAX_NAMED: usize = 100;
+
+    pub(crate) fn contain(&self, kind: &'static str, id: u64) {
+        if let Ok(mut c) = self.contained.lock() {
+            c.insert((kind, id));
+        }
+    }
+
+    pub(crate) fn release(&self, kind: &'static str, id: u64) {
+        if let Ok(mut c) = self.contained.lock()
+            && !c.is_empty()
+        {
+            c.remove(&(kind, id));
+        }
     }
 
     fn set(&self, child: Child, down: bool) {

@@ -157,6 +157,9 @@ impl Store {
         }
         for a in alerts {
             w.put_listed(keys::alert(a.project_id, a.id), a)?;
+            if let (crate::AlertState::Resolved, Some(t)) = (a.state, a.resolved_at) {
+                w.0.insert(keys::alert_expiry(t, a.project_id, a.id), Vec::new());
+            }
         }
         for n in notifications {
             let k = keys::notification(n.alert_id, n.id);
@@ -166,6 +169,67 @@ impl Store {
             }
         }
         self.apply(w)
+    }
+
+    /// Deletes at most `limit` alerts resolved before `before` (ms), with their notifications;
+    /// an alert with a notification still owed is left for a later pass. How many went.
+    /// Resolved alerts are final (the evaluator rewrites only firing ones), so nothing else
+    /// writes what this deletes.
+    pub fn prune_alerts(&self, before: i64, limit: usize) -> Result<usize> {
+        let prefix = keys::alert_expiry_prefix();
+        let end = keys::alert_expiry(before, 0, 0);
+        let mut w = Writes::new();
+        let mut n = 0;
+        for kv in self.inner.records.range(prefix.clone()..end).take(limit) {
+            let (k, _) = kv?;
+            let field = |i: usize| {
+                k.get(prefix.len() + i * 9..prefix.len() + i * 9 + 8)
+                    .and_then(|b| <[u8; 8]>::try_from(b).ok())
+                    .map(u64::from_be_bytes)
+            };
+            let (Some(p), Some(id)) = (field(1), field(2)) else {
+                w.delete(k.to_vec());
+                continue;
+            };
+            let notifications = self.alert_notifications(id)?;
+            if notifications.iter().any(|x| x.success.is_none()) {
+                continue;
+            }
+            if self.alert(p, id)?.is_some() {
+                w.delete_listed::<Alert>(keys::alert(p, id));
+            }
+            for x in notifications {
+                w.delete(keys::notification(x.alert_id, x.id));
+            }
+            w.delete(k.to_vec());
+            n += 1;
+        }
+        if n > 0 {
+            self.apply(w)?;
+        }
+        Ok(n)
+    }
+
+    /// Indexes the resolved alerts of a store written before the expiry index existed (once;
+    /// a marker in `meta` says it is kept from then on).
+    pub(crate) fn ensure_alert_expiry(&self) -> Result<()> {
+        const MARK: &[u8] = b"alert-expiry";
+        if self.inner.meta.get(MARK)?.is_some() {
+            return Ok(());
+        }
+        let mut w = Writes::new();
+        for kv in self.inner.records.scan_prefix(keys::alert_all_prefix()) {
+            let (_, v) = kv?;
+            let Ok(a) = crate::codec::decode::<Alert>(&v) else {
+                continue;
+            };
+            if let (crate::AlertState::Resolved, Some(t)) = (a.state, a.resolved_at) {
+                w.0.insert(keys::alert_expiry(t, a.project_id, a.id), Vec::new());
+            }
+        }
+        self.apply(w)?;
+        self.inner.meta.insert(MARK, b"1".as_slice())?;
+        Ok(())
     }
 
     /// The condition states of one rule (cleared when the rule goes or changes).

@@ -316,6 +316,9 @@ pub(crate) fn alert_rule_prefix(project: u64) -> Vec<u8> {
 pub(crate) fn alert(project: u64, id: u64) -> Vec<u8> {
     key(&[b"al", &be(project), &be(id)])
 }
+pub(crate) fn alert_all_prefix() -> Vec<u8> {
+    key(&[b"al", b""])
+}
 pub(crate) fn alert_prefix(project: u64) -> Vec<u8> {
     key(&[b"al", &be(project), b""])
 }
@@ -349,6 +352,19 @@ pub(crate) fn metric_sample_expiry(at: i64, project: u64, device: u64) -> Vec<u8
 }
 pub(crate) fn metric_sample_expiry_prefix() -> Vec<u8> {
     key(&[b"mhx", b""])
+}
+/// The expiry index of resolved alerts: resolution time first, so pruning reads only what
+/// expired.
+pub(crate) fn alert_expiry(resolved_at: i64, project: u64, id: u64) -> Vec<u8> {
+    key(&[
+        b"alx",
+        &be(resolved_at.max(0) as u64),
+        &be(project),
+        &be(id),
+    ])
+}
+pub(crate) fn alert_expiry_prefix() -> Vec<u8> {
+    key(&[b"alx", b""])
 }
 /// A notification still owed (value: its record's key).
 pub(crate) fn owed_notification(id: u64) -> Vec<u8> {

@@ -136,6 +136,7 @@ impl Store {
             }),
         };
         store.ensure_lists()?;
+        store.ensure_alert_expiry()?;
         Ok(store)
     }
 

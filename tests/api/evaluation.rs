@@ -881,3 +881,68 @@ async fn metric_history_is_pruned_after_its_retention() {
         kept(&rt)
     );
 }
+
+/// Resolved alerts are kept `[alerts] retention_days` (90) after they resolved, then the
+/// housekeeper's pass deletes them with their notifications; a firing alert is kept however
+/// old (with the injectable clock).
+#[tokio::test]
+async fn resolved_alerts_are_pruned_after_their_retention() {
+    let sink = Sink::start().await;
+    let s = start_with(fast).await;
+    let rt = s.rt();
+    let hook = webhook(&s, &sink).await;
+    rule(
+        &s,
+        hook,
+        json!({"type": "device_status", "status": "offline", "duration_seconds": 1}),
+    )
+    .await;
+    let (d1, tok1) = device(&s, "r1").await;
+    let (d2, tok2) = device(&s, "r2").await;
+    heartbeat(&s, d1, &tok1, json!({})).await;
+    heartbeat(&s, d2, &tok2, json!({})).await;
+    let l = wait_alerts(&s, "state=firing", 2).await;
+    let id_of = |l: &Value, d: u64| {
+        l["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|a| a["device_id"] == d)
+            .unwrap()["id"]
+            .as_u64()
+            .unwrap()
+    };
+    let (resolved, firing) = (id_of(&l, d1), id_of(&l, d2));
+    // r1 comes back: its alert resolves and both notifications go out.
+    heartbeat(&s, d1, &tok1, json!({})).await;
+    wait_alerts(&s, "state=resolved", 1).await;
+    assert!(
+        eventually(10, || async {
+            let a = s.get(&format!("{ALERTS}/{resolved}"), s.key()).await.body;
+            a["notifications"].as_array().is_some_and(|n| {
+                n.iter().any(|x| x["event"] == "resolved")
+                    && n.iter().all(|x| x["pending"] == false)
+            })
+        })
+        .await,
+        "{}",
+        s.get(&format!("{ALERTS}/{resolved}"), s.key()).await.body
+    );
+    assert_eq!(rt.store.alert_notifications(resolved).unwrap().len(), 2);
+    let status = |id: u64| {
+        let s = &s;
+        async move { s.get(&format!("{ALERTS}/{id}"), s.key()).await.status }
+    };
+    let day = Duration::from_secs(86_400);
+    rt.clock.advance(89 * day);
+    rt.housekeep_now();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(status(resolved).await, 200, "kept within its retention");
+    rt.clock.advance(2 * day);
+    rt.housekeep_now();
+    assert!(eventually(5, || async { status(resolved).await == 404 }).await);
+    assert_eq!(status(firing).await, 200, "a firing alert is kept");
+    assert_eq!(alerts(&s, "state=resolved").await["total"], 0);
+    let notifications = rt.store.alert_notifications(resolved).unwrap();
+    assert!(notifications.is_empty(), "{notifications:?}");
+}

@@ -698,3 +698,124 @@ async fn intake_and_dispatcher_panics_under_load_are_contained() {
     assert_eq!(total(format!("{DEV}/test-runs?page_size=1")).await, n);
     assert_eq!(s.get("/healthz", s.key()).await.status, 200);
 }
+
+/// Past its restart budget each kind of actor stays down and is contained: a session's, an
+/// evaluator's and an installation's requests are refused (503) and `/healthz` names them
+/// while answering 200 for the rest; a singleton of the tree (the webhook intake) is named as
+/// down (503) while every other route serves. Nothing loops: the restart count stops growing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_the_budget_every_actor_kind_is_contained() {
+    use crate::webhooks::{SECRET, deliver, payload, settled};
+    let s = start_with(|c| {
+        c.scm.webhook_secret = SECRET.into();
+        c.supervision.max_restarts = 1;
+        c.supervision.restart_window_seconds = 600;
+        c.supervision.restart_backoff_ms = 10;
+    })
+    .await;
+    let k = s.key();
+    let rt = s.rt();
+    let (d, tok) = crate::sessions::device(&s, "r1").await;
+    let crashing = crate::sessions::session(&s, d, &tok).await;
+    let healthy = crate::sessions::session(&s, d, &tok).await;
+    let pid = s.project_id("default");
+    // An installation, through the host's own payload.
+    let (id, r) = deliver(&s, "installation", &payload("installation.created")).await;
+    assert_eq!(r.status, 202, "{}", r.body);
+    let inst = settled(&s, &id).await["installation_id"].as_u64().unwrap();
+
+    // Two failures each: the first is restarted, the second spends the budget.
+    let mut n = rt.restarts();
+    for _ in 0..2 {
+        assert!(
+            eventually(5, || async {
+                rt.sessions.inject_panic(crashing).await.is_ok()
+            })
+            .await
+        );
+        assert!(eventually(5, || async { rt.restarts() > n }).await);
+        n = rt.restarts();
+        assert!(
+            eventually(5, || async {
+                rt.alerts.inject_evaluator_panic(pid).await.is_ok()
+            })
+            .await
+        );
+        assert!(eventually(5, || async { rt.restarts() > n }).await);
+        n = rt.restarts();
+        assert!(eventually(5, || async { rt.webhooks.inject_panic(inst).await.is_ok() }).await);
+        assert!(eventually(5, || async { rt.restarts() > n }).await);
+        n = rt.restarts();
+        assert!(
+            eventually(5, || async {
+                rt.alerts.inject_notifier_panic(pid).await.is_ok()
+            })
+            .await
+        );
+        assert!(eventually(5, || async { rt.restarts() > n }).await);
+        n = rt.restarts();
+    }
+    let logs = |sid: u64| format!("{DEV}/sessions/{sid}/logs");
+    let line = json!([{"level": "info", "message": "m"}]);
+    let r = s.post(&logs(crashing), &tok, line.clone()).await;
+    r.assert_error(503);
+    assert!(r.header("retry-after").is_some());
+    assert_eq!(s.post(&logs(healthy), &tok, line.clone()).await.status, 202);
+    assert!(rt.webhooks.inject_panic(inst).await.is_err());
+    assert!(rt.alerts.inject_evaluator_panic(pid).await.is_err());
+    // Heartbeats still answer (the evaluator only reads them).
+    let beat = format!("{DEV}/devices/{d}/heartbeat");
+    assert_eq!(
+        s.post(&beat, &tok, json!({"metrics": {"t": 1}}))
+            .await
+            .status,
+        202
+    );
+    let h = s.send(reqwest::Method::GET, "/healthz", None, None).await;
+    assert_eq!(h.status, 200, "{}", h.body);
+    let mut named: Vec<String> = h.body["contained"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap().to_string())
+        .collect();
+    named.sort();
+    let mut want = vec![
+        format!("alert-evaluator {pid}"),
+        format!("installation {inst}"),
+        format!("notifier {pid}"),
+        format!("session {crashing}"),
+    ];
+    want.sort();
+    assert_eq!(named, want, "{}", h.body);
+    assert_eq!(h.body["contained_count"], 4);
+
+    // The intake and the dispatcher, singletons: past their budgets the tree names them down.
+    for _ in 0..2 {
+        rt.webhooks.inject_intake_panic();
+        assert!(eventually(5, || async { rt.restarts() > n }).await);
+        n = rt.restarts();
+        rt.webhooks.inject_dispatcher_panic();
+        assert!(eventually(5, || async { rt.restarts() > n }).await);
+        n = rt.restarts();
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(
+        eventually(5, || async {
+            let h = s.send(reqwest::Method::GET, "/healthz", None, None).await;
+            h.status == 503 && h.body["down"] == json!(["job-dispatcher", "webhook-intake"])
+        })
+        .await
+    );
+    let r = s
+        .post(&format!("{DEV}/test-runs/claim"), k, json!({}))
+        .await;
+    r.assert_error(503);
+    let (_, r) = deliver(&s, "ping", &json!({"zen": "Keep it logically awesome."})).await;
+    assert_eq!(r.status, 503, "{}", r.body);
+    assert_eq!(s.get(&format!("{DEV}/devices"), k).await.status, 200);
+    assert_eq!(s.post(&logs(healthy), &tok, line).await.status, 202);
+    // Nothing loops: no restart happens while everything past its budget stays down.
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    assert_eq!(rt.restarts(), n);
+}
