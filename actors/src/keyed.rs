@@ -49,7 +49,7 @@ pub(crate) struct KeyedArgs<C: KeyedChild> {
     pub registry: Registry<C::Req>,
     pub restarts: Arc<AtomicU64>,
     /// Where an entity past its restart budget is named, for `/healthz`.
-    pub health: crate::root::Health,
+    pub health: crate::health::Health,
 }
 
 impl<C: KeyedChild> Clone for KeyedArgs<C> {
@@ -129,6 +129,8 @@ impl<C: KeyedChild> Actor for KeyedSupervisor<C> {
             a.value().stop(None);
         }
         args.registry.clear();
+        // Budgets start afresh with this incarnation, and so does what /healthz names.
+        args.health.release_kind(C::KIND);
         Ok(KeyedState {
             args,
             children: HashMap::new(),
@@ -201,7 +203,7 @@ impl<C: KeyedChild> Actor for KeyedSupervisor<C> {
                     }
                     Verdict::GiveUpUntil(t) => {
                         st.down_until.insert(key, t);
-                        st.args.health.contain(C::KIND, key);
+                        st.args.health.contain(C::KIND, key, t);
                     }
                 }
             }

@@ -73,6 +73,7 @@ mod directory;
 pub mod error;
 pub mod events;
 pub mod fuzzing;
+pub mod health;
 mod housekeeper;
 mod keyed;
 pub mod links;
@@ -141,7 +142,7 @@ pub struct Runtime {
     housekeeper: Arc<Slot<housekeeper::HousekeeperMsg>>,
     pruners: housekeeper::Pruners,
     /// The root's children that are down now.
-    pub health: root::Health,
+    pub health: health::Health,
     /// The time leases, the dedup window and secret grace are measured by.
     pub clock: clock::Clock,
     root: ActorRef<RootMsg>,
@@ -191,7 +192,7 @@ impl Runtime {
         let dispatcher_slot = Arc::new(Slot::new(limit, timeout));
         let installations_slot = Arc::new(Slot::new(limit, timeout));
         let restarts = Arc::new(AtomicU64::new(0));
-        let health = root::Health::default();
+        let health = health::Health::default();
         let quotas_slot = Arc::new(Slot::new(limit, timeout));
         let evaluators_slot = Arc::new(Slot::new(limit, timeout));
         let notifiers_slot = Arc::new(Slot::new(limit, timeout));
@@ -383,10 +384,12 @@ impl Runtime {
         {
             // Heartbeat samples older than `[alerts] history_days`, a bounded number a pass.
             let (store, clock) = (store.clone(), clock.clone());
-            let keep_ms = (cfg.alerts.history_days as i64).saturating_mul(86_400_000);
+            let keep_ms = days_ms(cfg.alerts.history_days);
             if let Ok(mut p) = pruners.lock() {
                 p.push(Box::new(move || {
-                    if let Err(e) = store.prune_metric_history(clock.now_ms() - keep_ms, 100_000) {
+                    if let Err(e) =
+                        store.prune_metric_history(clock.now_ms().saturating_sub(keep_ms), 100_000)
+                    {
                         tracing::warn!(error = %e, "pruning the metric history failed");
                     }
                 }));
@@ -397,10 +400,12 @@ impl Runtime {
             // Alerts resolved longer ago than `[alerts] retention_days`, a bounded number a
             // pass (resolved alerts are final, so no actor's write can race the deletion).
             let (store, clock) = (store.clone(), clock.clone());
-            let keep_ms = (cfg.alerts.retention_days as i64).saturating_mul(86_400_000);
+            let keep_ms = days_ms(cfg.alerts.retention_days);
             if let Ok(mut p) = pruners.lock() {
                 p.push(Box::new(move || {
-                    if let Err(e) = store.prune_alerts(clock.now_ms() - keep_ms, 10_000) {
+                    if let Err(e) =
+                        store.prune_alerts(clock.now_ms().saturating_sub(keep_ms), 10_000)
+                    {
                         tracing::warn!(error = %e, "pruning the alert history failed");
                     }
                 }));
@@ -623,4 +628,11 @@ where
     tokio::task::spawn_blocking(f)
         .await
         .map_err(|e| Error::Internal(format!("a blocking read did not finish: {e}")))?
+}
+
+/// A retention in days as milliseconds; a value too large to count means for good.
+fn days_ms(days: u64) -> i64 {
+    i64::try_from(days)
+        .unwrap_or(i64::MAX)
+        .saturating_mul(86_400_000)
 }

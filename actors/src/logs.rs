@@ -35,6 +35,12 @@ pub struct RawEntry {
     pub metadata: Option<Box<RawValue>>,
 }
 
+/// The JSON Schema of a batch (a JSON array body), for the OpenAPI document.
+pub fn batch_schema(g: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    let entry = g.subschema_for::<RawEntry>();
+    schemars::json_schema!({"type": "array", "maxItems": MAX_BATCH_ENTRIES, "items": entry})
+}
+
 /// `debug`, `info`, `warn` (or `warning`), `error`, in any case.
 pub fn parse_level(s: &str) -> Option<u8> {
     match s.to_ascii_lowercase().as_str() {

@@ -1,11 +1,12 @@
 //! RootSupervisor: the top of the tree. It starts the singleton actors and the per-entity
 //! supervisors, and restarts any of them that fails, within the `[supervision]` budget. A
 //! restart that itself fails is logged and tried again a second later; meanwhile the child
-//! is named in [`Health`] (`/healthz` answers 503) and the rest of the tree keeps serving.
+//! is named in [`crate::health::Health`] (`/healthz` answers 503) and the rest of the tree keeps serving.
 
-use std::collections::{BTreeSet, HashMap};
+use crate::health::Health;
+use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use fleetops_storage::Store;
@@ -58,87 +59,6 @@ impl Child {
             Child::Evaluators => "alert-evaluators",
             Child::Notifiers => "notifiers",
         }
-    }
-}
-
-/// The root's children that are down now (failed and not yet running again), by name; and
-/// the entities (one project's, session's, installation's actor) past their restart budget,
-/// each refusing its own requests (503) while everything else serves.
-#[derive(Clone, Default)]
-pub struct Health {
-    down: Arc<Mutex<BTreeSet<&'static str>>>,
-    contained: Arc<Mutex<BTreeSet<(&'static str, u64)>>>,
-    /// Fault injection for tests: the next start of the named child fails.
-    #[cfg(feature = "fault-injection")]
-    fail_next_start: Arc<Mutex<BTreeSet<String>>>,
-}
-
-impl Health {
-    pub fn down(&self) -> Vec<&'static str> {
-        self.down
-            .lock()
-            .map(|d| d.iter().copied().collect())
-            .unwrap_or_default()
-    }
-
-    /// Entities past their restart budget, as `kind id` (at most [`Self::MAX_NAMED`]), and how
-    /// many there are.
-    pub fn contained(&self) -> (Vec<String>, usize) {
-        self.contained
-            .lock()
-            .map(|c| {
-                let names = c
-                    .iter()
-                    .take(Self::MAX_NAMED)
-                    .map(|(kind, id)| format!("{kind} {id}"))
-                    .collect();
-                (names, c.len())
-            })
-            .unwrap_or_default()
-    }
-
-    /// Entities named at most by `/healthz` (the count is always whole).
-    pub const MAX_NAMED: usize = 100;
-
-    pub(crate) fn contain(&self, kind: &'static str, id: u64) {
-        if let Ok(mut c) = self.contained.lock() {
-            c.insert((kind, id));
-        }
-    }
-
-    pub(crate) fn release(&self, kind: &'static str, id: u64) {
-        if let Ok(mut c) = self.contained.lock()
-            && !c.is_empty()
-        {
-            c.remove(&(kind, id));
-        }
-    }
-
-    fn set(&self, child: Child, down: bool) {
-        if let Ok(mut d) = self.down.lock() {
-            if down {
-                d.insert(child.name());
-            } else {
-                d.remove(child.name());
-            }
-        }
-    }
-
-    /// Makes the next start of the named child fail (supervision tests only).
-    #[doc(hidden)]
-    #[cfg(feature = "fault-injection")]
-    pub fn inject_start_failure(&self, name: &str) {
-        if let Ok(mut f) = self.fail_next_start.lock() {
-            f.insert(name.to_string());
-        }
-    }
-
-    #[cfg(feature = "fault-injection")]
-    fn take_start_failure(&self, child: Child) -> bool {
-        self.fail_next_start
-            .lock()
-            .map(|mut f| f.remove(child.name()))
-            .unwrap_or(false)
     }
 }
 
@@ -209,7 +129,7 @@ impl RootState {
         child: Child,
     ) -> Result<(), ActorProcessingErr> {
         #[cfg(feature = "fault-injection")]
-        if self.args.health.take_start_failure(child) {
+        if self.args.health.take_start_failure(child.name()) {
             return Err(format!("injected start failure of {}", child.name()).into());
         }
         let cell: ActorCell = match child {
@@ -312,7 +232,7 @@ impl RootState {
             }
         };
         self.children.insert(cell.get_id(), child);
-        self.args.health.set(child, false);
+        self.args.health.set(child.name(), false);
         Ok(())
     }
 
@@ -320,7 +240,7 @@ impl RootState {
     /// a failing restart never takes the root (and so every other child) down.
     async fn restart(&mut self, myself: &ActorRef<RootMsg>, child: Child) {
         if let Err(e) = self.start(myself, child).await {
-            self.args.health.set(child, true);
+            self.args.health.set(child.name(), true);
             tracing::error!(child = child.name(), error = %e, "restart failed; retrying in 1 s");
             myself.send_after(std::time::Duration::from_secs(1), move || {
                 RootMsg::Restart(child)
@@ -402,7 +322,7 @@ impl Actor for RootSupervisor {
             return Ok(());
         };
         st.clear_slot(child);
-        st.args.health.set(child, true);
+        st.args.health.set(child.name(), true);
         st.args.restarts.fetch_add(1, Ordering::Relaxed);
         let verdict = st
             .budgets

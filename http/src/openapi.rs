@@ -120,10 +120,7 @@ fn types(op: Op) -> (Option<SchemaFn>, Option<SchemaFn>) {
             Some(ty::<sessions::CompleteBody>),
             Some(ty::<SessionDetail>),
         ),
-        AppendLogs => (
-            Some(fleetops_actors::rules::schemas::log_batch),
-            Some(ty::<views::Accepted>),
-        ),
+        AppendLogs => (Some(logs::batch_schema), Some(ty::<views::Accepted>)),
         QueryLogs => (none, Some(ty::<LogPage>)),
         ExportLogs => (none, Some(ty::<Vec<logs::LogEntryView>>)),
         PutFile => (none, Some(ty::<ArtifactView>)),
@@ -595,7 +592,7 @@ fn query(op: Op) -> Vec<Value> {
     match op {
         OrgDevices | ListDevices => with_page(vec![
             one_of("status", &["online", "offline"], "Online or offline"),
-            text("name", "Substring of the name"),
+            text("name", "Exact name"),
         ]),
         ListSessions => with_page(vec![
             int("device_id", 0, u64::MAX, "The device's sessions"),

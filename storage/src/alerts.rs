@@ -172,7 +172,9 @@ impl Store {
     }
 
     /// Deletes at most `limit` alerts resolved before `before` (ms), with their notifications;
-    /// an alert with a notification still owed is left for a later pass. How many went.
+    /// an alert with a notification still owed is left for a later pass (and does not count,
+    /// so a run of them does not hold back the rest; a pass reads at most `4 * limit` index
+    /// entries). How many went.
     /// Resolved alerts are final (the evaluator rewrites only firing ones), so nothing else
     /// writes what this deletes.
     pub fn prune_alerts(&self, before: i64, limit: usize) -> Result<usize> {
@@ -180,7 +182,15 @@ impl Store {
         let end = keys::alert_expiry(before, 0, 0);
         let mut w = Writes::new();
         let mut n = 0;
-        for kv in self.inner.records.range(prefix.clone()..end).take(limit) {
+        let scan = self
+            .inner
+            .records
+            .range(prefix.clone()..end)
+            .take(limit.saturating_mul(4));
+        for kv in scan {
+            if n >= limit {
+                break;
+            }
             let (k, _) = kv?;
             let field = |i: usize| {
                 k.get(prefix.len() + i * 9..prefix.len() + i * 9 + 8)
@@ -217,14 +227,21 @@ impl Store {
         if self.inner.meta.get(MARK)?.is_some() {
             return Ok(());
         }
+        // In batches, so a large store is not indexed in one batch held in memory.
         let mut w = Writes::new();
-        for kv in self.inner.records.scan_prefix(keys::alert_all_prefix()) {
+        let mut pending = 0;
+        for kv in self.inner.records.scan_prefix(keys::all_alerts_prefix()) {
             let (_, v) = kv?;
             let Ok(a) = crate::codec::decode::<Alert>(&v) else {
                 continue;
             };
             if let (crate::AlertState::Resolved, Some(t)) = (a.state, a.resolved_at) {
                 w.0.insert(keys::alert_expiry(t, a.project_id, a.id), Vec::new());
+                pending += 1;
+                if pending == 10_000 {
+                    self.apply(std::mem::replace(&mut w, Writes::new()))?;
+                    pending = 0;
+                }
             }
         }
         self.apply(w)?;
@@ -270,5 +287,133 @@ impl Store {
             }
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{Alert, AlertEvent, AlertState, Notification, Severity, Store};
+
+    fn alert(id: u64, resolved_at: Option<i64>) -> Alert {
+        Alert {
+            id,
+            project_id: 1,
+            rule_id: 1,
+            rule_name: "r".into(),
+            severity: Severity::Warning,
+            state: if resolved_at.is_some() {
+                AlertState::Resolved
+            } else {
+                AlertState::Firing
+            },
+            device_id: 1,
+            summary: "s".into(),
+            fired_at: 0,
+            resolved_at,
+            dedup_key: format!("k{id}"),
+            related_deployment: None,
+        }
+    }
+
+    fn note(id: u64, alert_id: u64, success: Option<bool>) -> Notification {
+        Notification {
+            id,
+            project_id: 1,
+            alert_id,
+            integration_id: 1,
+            event: AlertEvent::Resolved,
+            attempts: 1,
+            success,
+            last_error: None,
+            next_attempt_at: 0,
+            created_at: 0,
+        }
+    }
+
+    /// Old resolved alerts go with their notifications; a firing one, a young one and one
+    /// still owing a notification stay; the owed one does not hold back the rest of the pass,
+    /// and goes once its notification has an outcome.
+    #[test]
+    fn resolved_alerts_expire_after_their_notifications_are_settled() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let alerts = [
+            alert(1, Some(100)),
+            alert(2, Some(200)),
+            alert(3, None),
+            alert(4, Some(10_000)),
+            alert(5, Some(300)),
+        ];
+        let notes = [
+            note(1, 1, None),
+            note(2, 2, Some(true)),
+            note(3, 5, Some(false)),
+        ];
+        store.apply_evaluation(1, &[], &alerts, &notes).unwrap();
+        assert_eq!(store.prune_alerts(1_000, 1).unwrap(), 1);
+        assert_eq!(store.prune_alerts(1_000, 10).unwrap(), 1);
+        let left: Vec<u64> = store
+            .project_alerts(1)
+            .unwrap()
+            .iter()
+            .map(|a| a.id)
+            .collect();
+        assert_eq!(left, vec![4, 3, 1]);
+        assert!(store.alert_notifications(2).unwrap().is_empty());
+        assert!(store.alert_notifications(5).unwrap().is_empty());
+        store.put_notification(&note(1, 1, Some(true))).unwrap();
+        assert_eq!(store.prune_alerts(1_000, 10).unwrap(), 1);
+        let left: Vec<u64> = store
+            .project_alerts(1)
+            .unwrap()
+            .iter()
+            .map(|a| a.id)
+            .collect();
+        assert_eq!(left, vec![4, 3]);
+        assert_eq!(store.verify_lists().unwrap(), Vec::<String>::new());
+    }
+
+    /// A store written before the index existed is indexed once when opened.
+    #[test]
+    fn an_older_store_is_indexed_on_open() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let store = Store::open(dir.path()).unwrap();
+            store
+                .apply_evaluation(1, &[], &[alert(1, Some(100)), alert(2, None)], &[])
+                .unwrap();
+            // As written before: no index, no marker.
+            let mut b = sled::Batch::default();
+            for k in store
+                .inner
+                .records
+                .scan_prefix(crate::keys::alert_expiry_prefix())
+                .keys()
+            {
+                b.remove(k.unwrap());
+            }
+            store.inner.records.apply_batch(b).unwrap();
+            store.inner.meta.remove("alert-expiry").unwrap();
+            assert_eq!(store.prune_alerts(1_000, 10).unwrap(), 0);
+            store.flush_blocking().unwrap();
+        }
+        let mut tries = 0;
+        let store = loop {
+            match Store::open(dir.path()) {
+                Err(crate::StorageError::Locked(_)) if tries < 100 => {
+                    tries += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                }
+                other => break other.unwrap(),
+            }
+        };
+        assert_eq!(store.prune_alerts(1_000, 10).unwrap(), 1);
+        let left: Vec<u64> = store
+            .project_alerts(1)
+            .unwrap()
+            .iter()
+            .map(|a| a.id)
+            .collect();
+        assert_eq!(left, vec![2]);
     }
 }

@@ -316,9 +316,6 @@ pub(crate) fn alert_rule_prefix(project: u64) -> Vec<u8> {
 pub(crate) fn alert(project: u64, id: u64) -> Vec<u8> {
     key(&[b"al", &be(project), &be(id)])
 }
-pub(crate) fn alert_all_prefix() -> Vec<u8> {
-    key(&[b"al", b""])
-}
 pub(crate) fn alert_prefix(project: u64) -> Vec<u8> {
     key(&[b"al", &be(project), b""])
 }

@@ -296,7 +296,7 @@ pub fn evaluate(store: &Store, pid: u64, spec: &DeploymentSpec) -> Result<Evalua
     for (i, item) in spec.target_devices.iter().take(MAX_TARGETS).enumerate() {
         let field = format!("target_devices[{i}]");
         match item {
-            Value::Number(n) => match n.as_u64() {
+            Value::Number(n) => match crate::rules::whole::from_number(n) {
                 Some(id) if devices.iter().any(|d| d.id == id) => {
                     chosen.insert(id);
                     normalized.push(Value::from(id));
@@ -315,7 +315,10 @@ pub fn evaluate(store: &Store, pid: u64, spec: &DeploymentSpec) -> Result<Evalua
                 }
             },
             Value::Object(m) if m.len() == 1 && m.contains_key("group_id") => {
-                match m.get("group_id").and_then(Value::as_u64) {
+                match m.get("group_id").and_then(|v| match v {
+                    Value::Number(n) => crate::rules::whole::from_number(n),
+                    _ => None,
+                }) {
                     Some(gid) => match store.group(pid, gid)? {
                         Some(g) => {
                             chosen.extend(g.device_ids.iter().copied());

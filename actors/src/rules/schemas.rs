@@ -164,12 +164,6 @@ pub fn level(_: &mut SchemaGenerator) -> Schema {
     .unwrap_or_default()
 }
 
-/// A batch of log entries: at most `logs::MAX_BATCH_ENTRIES`.
-pub fn log_batch(g: &mut SchemaGenerator) -> Schema {
-    let entry = g.subschema_for::<crate::logs::RawEntry>();
-    json_schema!({"type": "array", "maxItems": crate::logs::MAX_BATCH_ENTRIES, "items": entry})
-}
-
 /// Ids of records: at most `N`.
 pub fn ids<const N: usize>(_: &mut SchemaGenerator) -> Schema {
     json_schema!({"type": "array", "maxItems": N, "items": {"type": "integer", "minimum": 0, "maximum": u64::MAX}})
@@ -237,9 +231,9 @@ fn targets_value() -> Value {
         "type": "array",
         "maxItems": super::deployments::MAX_TARGETS,
         "items": {"oneOf": [
-            {"type": "integer", "minimum": 0},
+            {"type": "integer", "minimum": 0, "maximum": u64::MAX},
             {"type": "object", "required": ["group_id"], "additionalProperties": false,
-             "properties": {"group_id": {"type": "integer", "minimum": 0}}},
+             "properties": {"group_id": {"type": "integer", "minimum": 0, "maximum": u64::MAX}}},
             {"type": "object", "required": ["labels"], "additionalProperties": false,
              "properties": {"labels": {"type": "object", "minProperties": 1,
                                        "additionalProperties": {"type": "string"}}}}

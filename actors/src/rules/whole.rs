@@ -32,6 +32,14 @@ impl Visitor<'_> for NonNegative {
     }
 }
 
+/// A JSON number as a `u64` when it is a whole number in range, written either way.
+pub fn from_number(n: &serde_json::Number) -> Option<u64> {
+    n.as_u64().or_else(|| {
+        n.as_f64()
+            .and_then(|f| NonNegative.visit_f64::<de::value::Error>(f).ok())
+    })
+}
+
 /// A `u64` read leniently (see the module).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Whole(pub u64);
