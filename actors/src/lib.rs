@@ -381,32 +381,24 @@ impl Runtime {
         let worker_slot = Arc::new(Slot::new(limit, timeout));
         let housekeeper_slot = Arc::new(Slot::new(limit, timeout));
         let pruners: housekeeper::Pruners = Arc::new(std::sync::Mutex::new(Vec::new()));
-        {
-            // Heartbeat samples older than `[alerts] history_days`, a bounded number a pass.
-            let (store, clock) = (store.clone(), clock.clone());
-            let keep_ms = days_ms(cfg.alerts.history_days);
-            if let Ok(mut p) = pruners.lock() {
-                p.push(Box::new(move || {
-                    if let Err(e) =
-                        store.prune_metric_history(clock.now_ms().saturating_sub(keep_ms), 100_000)
-                    {
-                        tracing::warn!(error = %e, "pruning the metric history failed");
-                    }
-                }));
-            }
-        }
-
+        // Heartbeat samples older than `[alerts] history_days`, and alerts resolved longer ago
+        // than `[alerts] retention_days` (0: kept), a bounded number a pass. Both are final
+        // records, so no actor's write can race their deletion.
+        let mut retained: Vec<(u64, Prune)> = vec![(cfg.alerts.history_days, |s, before| {
+            s.prune_metric_history(before, 100_000)
+        })];
         if cfg.alerts.retention_days > 0 {
-            // Alerts resolved longer ago than `[alerts] retention_days`, a bounded number a
-            // pass (resolved alerts are final, so no actor's write can race the deletion).
+            retained.push((cfg.alerts.retention_days, |s, before| {
+                s.prune_alerts(before, 10_000)
+            }));
+        }
+        for (days, prune) in retained {
             let (store, clock) = (store.clone(), clock.clone());
-            let keep_ms = days_ms(cfg.alerts.retention_days);
+            let keep_ms = days_ms(days);
             if let Ok(mut p) = pruners.lock() {
                 p.push(Box::new(move || {
-                    if let Err(e) =
-                        store.prune_alerts(clock.now_ms().saturating_sub(keep_ms), 10_000)
-                    {
-                        tracing::warn!(error = %e, "pruning the alert history failed");
+                    if let Err(e) = prune(&store, clock.now_ms().saturating_sub(keep_ms)) {
+                        tracing::warn!(error = %e, "pruning past its retention failed");
                     }
                 }));
             }
@@ -629,6 +621,9 @@ where
         .await
         .map_err(|e| Error::Internal(format!("a blocking read did not finish: {e}")))?
 }
+
+/// Deletes a bounded number of records older than the instant given; how many went.
+type Prune = fn(&Store, i64) -> fleetops_storage::Result<usize>;
 
 /// A retention in days as milliseconds; a value too large to count means for good.
 fn days_ms(days: u64) -> i64 {

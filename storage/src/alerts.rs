@@ -397,16 +397,7 @@ mod tests {
             assert_eq!(store.prune_alerts(1_000, 10).unwrap(), 0);
             store.flush_blocking().unwrap();
         }
-        let mut tries = 0;
-        let store = loop {
-            match Store::open(dir.path()) {
-                Err(crate::StorageError::Locked(_)) if tries < 100 => {
-                    tries += 1;
-                    std::thread::sleep(std::time::Duration::from_millis(50));
-                }
-                other => break other.unwrap(),
-            }
-        };
+        let store = Store::reopen(dir.path());
         assert_eq!(store.prune_alerts(1_000, 10).unwrap(), 1);
         let left: Vec<u64> = store
             .project_alerts(1)

@@ -91,6 +91,23 @@ struct Inner {
 }
 
 impl Store {
+    /// Opens a store its test just dropped: sled's own flusher thread may hold the file lock a
+    /// moment after the last handle goes.
+    #[cfg(test)]
+    pub(crate) fn reopen(dir: &Path) -> Self {
+        let mut tries = 0;
+        loop {
+            match Store::open(dir) {
+                Err(StorageError::Locked(_)) if tries < 100 => {
+                    tries += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                }
+                #[allow(clippy::unwrap_used)]
+                other => break other.unwrap(),
+            }
+        }
+    }
+
     /// Opens (or creates) the sled database under `dir/db`. Fails with [`StorageError::Locked`]
     /// when another process holds it, without touching anything.
     pub fn open(dir: &Path) -> Result<Self> {

@@ -652,18 +652,7 @@ mod tests {
             assert_eq!(store.device_count(7).unwrap(), 0);
             store.flush_blocking().unwrap();
         }
-        // sled's own flusher thread may hold the file lock a moment after the last handle is
-        // dropped.
-        let mut tries = 0;
-        let store = loop {
-            match Store::open(dir.path()) {
-                Err(crate::StorageError::Locked(_)) if tries < 100 => {
-                    tries += 1;
-                    std::thread::sleep(std::time::Duration::from_millis(50));
-                }
-                other => break other.unwrap(),
-            }
-        };
+        let store = Store::reopen(dir.path());
         assert_eq!(store.device_count(7).unwrap(), 50);
         assert_eq!(store.verify_lists().unwrap(), Vec::<String>::new());
         assert!(
