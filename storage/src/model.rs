@@ -179,6 +179,60 @@ pub struct LogChunk {
     pub meta_ends: Vec<u8>,
 }
 
+/// What a query needs to know of a chunk without opening it: its time range and how many
+/// entries it holds per module and level. Stored beside the chunk (a few dozen bytes), so a
+/// count by level or module, and the choice of which chunks a page needs, read these alone.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogSummary {
+    pub min_ts: i64,
+    pub max_ts: i64,
+    /// Per module of the chunk, in the chunk's module order: entries per level (0-3).
+    pub counts: Vec<(String, [u32; 4])>,
+}
+
+impl LogSummary {
+    pub fn of(c: &LogChunk) -> Self {
+        let mut counts: Vec<(String, [u32; 4])> =
+            c.modules.iter().map(|m| (m.clone(), [0; 4])).collect();
+        for i in 0..c.len() {
+            let (Some(m), Some(lv)) = (c.module_at(i), c.level_at(i)) else {
+                continue;
+            };
+            if let Some(slot) = counts
+                .get_mut(m as usize)
+                .and_then(|(_, n)| n.get_mut(lv as usize))
+            {
+                *slot += 1;
+            }
+        }
+        Self {
+            min_ts: c.min_ts,
+            max_ts: c.max_ts,
+            counts,
+        }
+    }
+
+    /// Entries of `module` (any when `None`) whose level is in `levels` (bit per level; 0
+    /// means any).
+    pub fn count(&self, levels: u8, module: Option<&str>) -> u64 {
+        self.counts
+            .iter()
+            .filter(|(m, _)| module.is_none_or(|want| m == want))
+            .flat_map(|(_, n)| n.iter().enumerate())
+            .filter(|(lv, _)| levels == 0 || levels & (1 << lv) != 0)
+            .map(|(_, n)| u64::from(*n))
+            .sum()
+    }
+
+    pub fn len(&self) -> u64 {
+        self.count(0, None)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
 fn u32_at(col: &[u8], i: usize) -> Option<u32> {
     col.get(i * 4..i * 4 + 4)
         .and_then(|b| <[u8; 4]>::try_from(b).ok())

@@ -104,14 +104,17 @@ impl Store {
         seq: u64,
     ) -> Result<()> {
         let chunk_bytes = codec::encode(chunk)?;
+        let summary_bytes = codec::encode(&crate::LogSummary::of(chunk))?;
         let counter_bytes = codec::encode(counters)?;
         let chunk_key = keys::log_chunk(session, seq);
+        let summary_key = keys::log_summary(session, seq);
         let counters_key = keys::session_counters(session);
         let gate = self.inner.gate.shared();
         self.inner
             .logs
             .transaction_held(&self.inner.records, &gate, |(logs, records)| {
                 logs.insert(chunk_key.as_slice(), chunk_bytes.as_slice())?;
+                logs.insert(summary_key.as_slice(), summary_bytes.as_slice())?;
                 records.insert(counters_key.as_slice(), counter_bytes.as_slice())?;
                 Ok(())
             })
@@ -144,6 +147,26 @@ impl Store {
             })
     }
 
+    /// As [`Store::log_chunks`], decoding only the chunks `wanted` names (the others are
+    /// passed over in the same sequential read).
+    pub fn log_chunks_where(
+        &self,
+        session: u64,
+        wanted: impl Fn(u64) -> bool,
+    ) -> impl Iterator<Item = Result<(u64, LogChunk)>> {
+        self.inner
+            .logs
+            .scan_prefix(keys::log_prefix(session))
+            .filter_map(move |kv| {
+                let (k, v) = match kv {
+                    Ok(kv) => kv,
+                    Err(e) => return Some(Err(e.into())),
+                };
+                let seq = keys::trailing_id(&k).unwrap_or(0);
+                wanted(seq).then(|| Ok((seq, codec::decode::<LogChunk>(&v)?)))
+            })
+    }
+
     /// Every chunk's (seq, min_ts, max_ts), in arrival order, read without decoding the
     /// entries: what a time-ordered merge needs to know which chunks to open next.
     pub fn log_chunk_heads(&self, session: u64) -> Result<Vec<(u64, i64, i64)>> {
@@ -171,6 +194,23 @@ impl Store {
                 let seq = keys::trailing_id(&k).unwrap_or(0);
                 Ok((seq, codec::decode::<LogChunk>(&v)?))
             })
+    }
+
+    /// Every chunk's summary with its sequence number, in arrival order. A store written
+    /// before summaries existed has none for its older chunks: the caller compares the
+    /// entries counted here with the session's `log_count` and falls back to the chunks.
+    pub fn log_summaries(&self, session: u64) -> Result<Vec<(u64, crate::LogSummary)>> {
+        let mut out = Vec::new();
+        for kv in self
+            .inner
+            .logs
+            .scan_prefix(keys::log_summary_prefix(session))
+        {
+            let (k, v) = kv?;
+            let seq = keys::trailing_id(&k).unwrap_or(0);
+            out.push((seq, codec::decode(&v)?));
+        }
+        Ok(out)
     }
 
     pub fn log_chunk(&self, session: u64, seq: u64) -> Result<Option<LogChunk>> {
@@ -213,6 +253,12 @@ impl Store {
             .logs
             .scan_prefix(keys::log_prefix(s.id))
             .keys()
+            .chain(
+                self.inner
+                    .logs
+                    .scan_prefix(keys::log_summary_prefix(s.id))
+                    .keys(),
+            )
             .collect::<std::result::Result<_, _>>()?;
         let rec = keys::session(s.project_id, s.id);
         let counters = keys::session_counters(s.id);
