@@ -567,6 +567,18 @@ async fn kill_9_at_random_moments_loses_and_duplicates_nothing() {
         present_lines,
         "lines outside the batches asked for"
     );
+    // The query's totals, from the chunk summaries, agree with the export's full read: a
+    // summary is never without its chunk, nor a chunk without its summary, after any kill.
+    for (q, want) in [("level=info", present_lines), ("level=error", 0)] {
+        let (st, v) = get(
+            &c,
+            format!("{base}{DEV}/sessions/{}/logs?{q}&limit=1", fx.session),
+            &key,
+        )
+        .await;
+        assert_eq!(st, 200, "{v}");
+        assert_eq!(v["total"].as_u64().unwrap() as usize, want, "{q}");
+    }
     for (path, acked) in &l.artifacts {
         let r = c
             .get(format!("{base}{DEV}/sessions/{}/files/{path}", fx.session))

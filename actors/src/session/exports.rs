@@ -306,17 +306,7 @@ pub(super) fn query(
         .filter(|c| c.3 > 0)
         .collect();
     candidates.sort_unstable();
-    let keep = offset.saturating_add(limit);
-    let mut heap: std::collections::BinaryHeap<(i64, u64, u32)> =
-        std::collections::BinaryHeap::with_capacity(keep.min(1 << 16) + 1);
-    let offer = |heap: &mut std::collections::BinaryHeap<_>, key: (i64, u64, u32)| {
-        if heap.len() < keep {
-            heap.push(key);
-        } else if heap.peek().is_some_and(|top| key < *top) {
-            heap.pop();
-            heap.push(key);
-        }
-    };
+    let mut first = Smallest::new(offset.saturating_add(limit));
     let mut total = 0u64;
     if f.search.is_some() {
         // A text search reads every candidate (`total` counts them all), in one sequential
@@ -327,10 +317,10 @@ pub(super) fn query(
             for i in f.matches(&chunk) {
                 let Some(ts) = chunk.ts_at(i) else { continue };
                 total += 1;
-                offer(&mut heap, (ts, seq, i as u32));
+                first.offer((ts, seq, i as u32));
             }
         }
-        return page(store, session, heap, offset, limit, total as usize);
+        return page(store, session, first, offset, limit, total as usize);
     }
     // Otherwise a chunk wholly inside the time range counts from its summary, and only the
     // chunks a page can draw from are read.
@@ -338,7 +328,7 @@ pub(super) fn query(
         |min: i64, max: i64| f.since.is_none_or(|x| min >= x) && f.until.is_none_or(|u| max < u);
     for &(min, seq, max, n) in &candidates {
         // Once the page is full, a chunk that starts after its last entry adds nothing to it.
-        let for_page = heap.len() < keep || heap.peek().is_some_and(|top| min <= top.0);
+        let for_page = first.admits_from(min);
         let from_summary = counted(min, max);
         if from_summary {
             total += n;
@@ -354,10 +344,10 @@ pub(super) fn query(
             if !from_summary {
                 total += 1;
             }
-            offer(&mut heap, (ts, seq, i as u32));
+            first.offer((ts, seq, i as u32));
         }
     }
-    page(store, session, heap, offset, limit, total as usize)
+    page(store, session, first, offset, limit, total as usize)
 }
 
 /// The query by reading every chunk: the answer for a store whose older chunks have no
@@ -369,40 +359,61 @@ pub(super) fn query_scan(
     limit: usize,
     offset: usize,
 ) -> Result<LogPage> {
-    // The first `offset + limit` matches in time order, kept in a bounded max-heap: memory
-    // grows with the page asked for, not with the number of matches.
-    let keep = offset.saturating_add(limit);
-    let mut heap: std::collections::BinaryHeap<(i64, u64, u32)> =
-        std::collections::BinaryHeap::with_capacity(keep.min(1 << 16) + 1);
+    let mut first = Smallest::new(offset.saturating_add(limit));
     let mut total = 0usize;
     for item in store.log_chunks(session) {
         let (seq, chunk) = item?;
         for i in f.matches(&chunk) {
             let Some(ts) = chunk.ts_at(i) else { continue };
             total += 1;
-            let key = (ts, seq, i as u32);
-            if heap.len() < keep {
-                heap.push(key);
-            } else if heap.peek().is_some_and(|top| key < *top) {
-                heap.pop();
-                heap.push(key);
-            }
+            first.offer((ts, seq, i as u32));
         }
     }
-    page(store, session, heap, offset, limit, total)
+    page(store, session, first, offset, limit, total)
 }
 
-/// The page of the `offset + limit` smallest keys kept in `heap`: its entries decoded from
-/// only the chunks that hold them.
+/// The first `keep` matches in time order (timestamp, chunk, index), kept in a bounded
+/// max-heap: memory grows with the page asked for, not with the number of matches.
+struct Smallest {
+    heap: std::collections::BinaryHeap<(i64, u64, u32)>,
+    keep: usize,
+}
+
+impl Smallest {
+    fn new(keep: usize) -> Self {
+        Self {
+            heap: std::collections::BinaryHeap::with_capacity(keep.min(1 << 16) + 1),
+            keep,
+        }
+    }
+
+    fn offer(&mut self, key: (i64, u64, u32)) {
+        if self.heap.len() < self.keep {
+            self.heap.push(key);
+        } else if self.heap.peek().is_some_and(|top| key < *top) {
+            self.heap.pop();
+            self.heap.push(key);
+        }
+    }
+
+    /// Whether an entry at `ts` or later could still be kept.
+    fn admits_from(&self, ts: i64) -> bool {
+        self.heap.len() < self.keep || self.heap.peek().is_some_and(|top| ts <= top.0)
+    }
+}
+
+/// The page of the `offset + limit` first matches: its entries decoded from only the chunks
+/// that hold them.
 fn page(
     store: &Store,
     session: u64,
-    heap: std::collections::BinaryHeap<(i64, u64, u32)>,
+    first: Smallest,
     offset: usize,
     limit: usize,
     total: usize,
 ) -> Result<LogPage> {
-    let page: Vec<(i64, u64, u32)> = heap
+    let page: Vec<(i64, u64, u32)> = first
+        .heap
         .into_sorted_vec()
         .into_iter()
         .skip(offset)
