@@ -7,6 +7,7 @@
 //! the arrival sequence numbers, so one stalled viewer holds a bounded amount of memory and
 //! ingestion and other subscribers never wait for it.
 
+use fleetops_storage::Columns;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
@@ -28,6 +29,11 @@ pub struct LiveBatch {
 }
 
 impl LiveBatch {
+    /// Arrival index just past the batch's last entry.
+    pub fn end_seq(&self) -> u64 {
+        self.first_seq + self.chunk.len() as u64
+    }
+
     /// What the batch holds in memory, about.
     pub fn bytes(&self) -> usize {
         self.frames.iter().map(|f| f.len() + 32).sum::<usize>()
@@ -190,7 +196,7 @@ pub fn ended_frame(status: &str) -> Bytes {
 
 /// The frames of the batch's entries that pass the subscriber's filter.
 pub fn matching_frames<'a>(b: &'a LiveBatch, f: &LogFilter) -> impl Iterator<Item = &'a Bytes> {
-    let hits = f.matches(&b.chunk);
+    let hits = f.matches(b.chunk.as_ref());
     hits.into_iter().filter_map(move |i| b.frames.get(i))
 }
 
@@ -201,7 +207,7 @@ pub fn replay_frames(chunks: &[Arc<LogChunk>], f: &LogFilter, n: usize) -> Vec<B
         if out.len() >= n {
             break;
         }
-        let hits = f.matches(c);
+        let hits = f.matches(c.as_ref());
         let fr = frames_of(c, &hits);
         for frame in fr.into_iter().rev() {
             if out.len() >= n {

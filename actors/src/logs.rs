@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use fleetops_storage::LogChunk;
+use fleetops_storage::{Columns, LogChunk};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
@@ -180,66 +180,67 @@ pub struct LogFilter {
 
 impl LogFilter {
     /// Whether the chunk could hold a match at all.
-    fn may_match(&self, c: &LogChunk) -> bool {
-        if c.is_empty() || (self.levels != 0 && c.level_mask & self.levels == 0) {
+    fn may_match(&self, c: &impl Columns) -> bool {
+        if c.is_empty() || (self.levels != 0 && c.level_mask() & self.levels == 0) {
             return false;
         }
-        if self.since.is_some_and(|s| c.max_ts < s) || self.until.is_some_and(|u| c.min_ts >= u) {
+        if self.since.is_some_and(|s| c.max_ts() < s) || self.until.is_some_and(|u| c.min_ts() >= u)
+        {
             return false;
         }
         true
     }
 
     /// Indices of the chunk's entries that match, in arrival order.
-    pub fn matches(&self, c: &LogChunk) -> Vec<usize> {
+    pub fn matches(&self, c: &impl Columns) -> Vec<usize> {
         if !self.may_match(c) {
             return Vec::new();
         }
         let module = match &self.module {
-            Some(m) => match c.modules.iter().position(|x| x == m) {
-                Some(i) => Some(i as u32),
+            Some(m) => match c.module_index(m) {
+                Some(i) => Some(i),
                 None => return Vec::new(),
             },
             None => None,
         };
-        let searched = self.search.as_deref().map(|needle| search_hits(c, needle));
-        (0..c.len())
-            .filter(|&i| {
-                let lv = c.level_at(i).unwrap_or(0);
-                let ts = c.ts_at(i).unwrap_or(0);
-                (self.levels == 0 || self.levels & (1 << lv) != 0)
-                    && module.is_none_or(|m| c.module_at(i) == Some(m))
-                    && self.since.is_none_or(|s| ts >= s)
-                    && self.until.is_none_or(|u| ts < u)
-                    && searched
-                        .as_ref()
-                        .is_none_or(|h| h.get(i).copied().unwrap_or(false))
-            })
-            .collect()
+        let keep = |i: usize| {
+            let lv = c.level_at(i).unwrap_or(0);
+            let ts = c.ts_at(i).unwrap_or(0);
+            (self.levels == 0 || self.levels & (1 << lv) != 0)
+                && module.is_none_or(|m| c.module_at(i) == Some(m))
+                && self.since.is_none_or(|s| ts >= s)
+                && self.until.is_none_or(|u| ts < u)
+        };
+        match self.search.as_deref() {
+            // The text first: the other tests then run on its hits only.
+            Some(needle) => search_hits(c, needle)
+                .into_iter()
+                .filter(|&i| keep(i))
+                .collect(),
+            None => (0..c.len()).filter(|&i| keep(i)).collect(),
+        }
     }
 }
 
-/// Which messages of the chunk contain `needle` (already lower-case), case-insensitively:
-/// one pass of memmem over the chunk's lower-cased text, mapped back to entries.
-fn search_hits(c: &LogChunk, needle: &str) -> Vec<bool> {
-    let mut hits = vec![false; c.len()];
+/// The entries of the chunk whose messages contain `needle` (already lower-case),
+/// case-insensitively, in order: one pass of memmem over the chunk's lower-cased text,
+/// mapped back to entries.
+fn search_hits(c: &impl Columns, needle: &str) -> Vec<usize> {
     if needle.is_empty() {
-        hits.iter_mut().for_each(|h| *h = true);
-        return hits;
+        return (0..c.len()).collect();
     }
-    if c.text.is_ascii() && needle.is_ascii() {
-        let hay = c.text.to_ascii_lowercase();
+    let mut hits = Vec::new();
+    if c.text_bytes().is_ascii() && needle.is_ascii() {
+        let hay = c.text_bytes().to_ascii_lowercase();
         let finder = memchr::memmem::Finder::new(needle.as_bytes());
         let mut from = 0;
-        while let Some(pos) = finder.find(hay.as_bytes().get(from..).unwrap_or_default()) {
+        while let Some(pos) = finder.find(hay.get(from..).unwrap_or_default()) {
             let at = from + pos;
             // The entry whose message holds byte `at`.
             let i = c.entry_at_text(at);
             let end = c.text_end(i).unwrap_or(0);
             if at + needle.len() <= end {
-                if let Some(h) = hits.get_mut(i) {
-                    *h = true;
-                }
+                hits.push(i);
                 // Nothing more to learn from this entry.
                 from = end;
             } else {
@@ -252,12 +253,12 @@ fn search_hits(c: &LogChunk, needle: &str) -> Vec<bool> {
         }
         return hits;
     }
-    for (i, h) in hits.iter_mut().enumerate() {
-        *h = c
-            .message(i)
-            .is_some_and(|m| m.to_lowercase().contains(needle));
-    }
-    hits
+    (0..c.len())
+        .filter(|&i| {
+            c.message(i)
+                .is_some_and(|m| m.to_lowercase().contains(needle))
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -189,7 +189,7 @@ async fn pump(
             tokio::select! {
                 ev = feed.recv() => match ev {
                     Some(LiveEvent::Batch(b)) => {
-                        let end = b.first_seq + b.chunk.len() as u64;
+                        let end = b.end_seq();
                         if end <= next {
                             continue; // already sent (replayed after a resume)
                         }

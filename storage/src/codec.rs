@@ -18,6 +18,11 @@ pub(crate) fn encode<T: serde::Serialize>(value: &T) -> Result<Vec<u8>> {
 }
 
 pub(crate) fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T> {
+    decode_borrowed(bytes)
+}
+
+/// As [`decode`], borrowing strings and byte arrays from `bytes` instead of copying them.
+pub(crate) fn decode_borrowed<'a, T: serde::Deserialize<'a>>(bytes: &'a [u8]) -> Result<T> {
     match bytes.split_first() {
         Some((&FORMAT, body)) => {
             postcard::from_bytes(body).map_err(|e| StorageError::Corrupt(e.to_string()))
@@ -61,5 +66,31 @@ mod tests {
         bad[0] = 1;
         assert!(decode::<R>(&bad).is_err());
         assert!(decode::<R>(&[]).is_err());
+    }
+
+    #[test]
+    fn a_chunk_view_reads_what_the_chunk_wrote() {
+        use crate::{Columns, LogChunk, LogChunkView};
+        let mut c = LogChunk {
+            modules: vec!["nav".into(), "arm".into()],
+            ..LogChunk::default()
+        };
+        c.push(30, 2, 1, "Motor hot", br#"{"t":1}"#).unwrap();
+        c.push(10, 0, 0, "café ΟΔΟΣ", b"{}").unwrap();
+        let bytes = encode(&c).unwrap();
+        let v: LogChunkView<'_> = decode_borrowed(&bytes).unwrap();
+        assert_eq!((v.min_ts(), v.max_ts(), v.level_mask()), (10, 30, 0b101));
+        assert_eq!(v.len(), 2);
+        for i in 0..3 {
+            assert_eq!(v.ts_at(i), c.ts_at(i));
+            assert_eq!(v.level_at(i), c.level_at(i));
+            assert_eq!(v.module_at(i), c.module_at(i));
+            assert_eq!(v.message(i), c.message(i));
+            assert_eq!(v.metadata(i), c.metadata(i));
+        }
+        assert_eq!(v.module_name(1), Some("arm"));
+        assert_eq!(v.module_index("arm"), Some(1));
+        assert_eq!(v.module_index("drive"), None);
+        assert_eq!(v.message(1), Some("café ΟΔΟΣ"));
     }
 }

@@ -120,6 +120,13 @@ pub(crate) fn log_summary(session: u64, seq: u64) -> Vec<u8> {
 pub(crate) fn log_summary_prefix(session: u64) -> Vec<u8> {
     key(&[b"ls", &be(session), b""])
 }
+/// A chunk's text filter ([`crate::text_filter`]), in the logs tree beside it.
+pub(crate) fn log_text_filter(session: u64, seq: u64) -> Vec<u8> {
+    key(&[b"lt", &be(session), &be(seq)])
+}
+pub(crate) fn log_text_filter_prefix(session: u64) -> Vec<u8> {
+    key(&[b"lt", &be(session), b""])
+}
 
 pub(crate) fn artifact(session: u64, path: &str) -> Vec<u8> {
     key(&[b"a", &be(session), path.as_bytes()])

@@ -25,6 +25,7 @@ pub mod scm;
 pub mod sessions;
 mod spool;
 pub mod states;
+mod text_filter;
 pub mod timings;
 
 use std::path::Path;

@@ -239,14 +239,178 @@ fn u32_at(col: &[u8], i: usize) -> Option<u32> {
         .map(u32::from_le_bytes)
 }
 
-impl LogChunk {
-    pub fn len(&self) -> usize {
-        self.levels.len()
-    }
-    pub fn is_empty(&self) -> bool {
-        self.levels.is_empty()
-    }
+/// A log chunk read in place from the store's buffer, for passes over many chunks (a text
+/// search over a session) that would otherwise copy every column of every chunk only to look
+/// at its text. Same postcard layout as [`LogChunk`]: postcard writes strings and byte arrays
+/// alike (a length, then the bytes).
+#[derive(Debug, Deserialize)]
+pub struct LogChunkView<'a> {
+    pub min_ts: i64,
+    pub max_ts: i64,
+    pub level_mask: u8,
+    ts: &'a [u8],
+    levels: &'a [u8],
+    #[serde(borrow)]
+    modules: Vec<&'a str>,
+    module_idx: &'a [u8],
+    text: &'a [u8],
+    text_ends: &'a [u8],
+    meta: &'a [u8],
+    meta_ends: &'a [u8],
+}
 
+/// Read access to a chunk's columns, shared by [`LogChunk`] and [`LogChunkView`]: what a
+/// query's filter and page need, whichever way the chunk was read.
+pub trait Columns {
+    fn min_ts(&self) -> i64;
+    fn max_ts(&self) -> i64;
+    fn level_mask(&self) -> u8;
+    fn ts_col(&self) -> &[u8];
+    fn levels_col(&self) -> &[u8];
+    fn module_idx_col(&self) -> &[u8];
+    fn text_bytes(&self) -> &[u8];
+    fn text_ends_col(&self) -> &[u8];
+    fn meta_col(&self) -> &[u8];
+    fn meta_ends_col(&self) -> &[u8];
+    /// Name of module `m` of the chunk.
+    fn module_name(&self, m: u32) -> Option<&str>;
+    /// Index of the module called `name` in the chunk, if it has one.
+    fn module_index(&self, name: &str) -> Option<u32>;
+
+    fn len(&self) -> usize {
+        self.levels_col().len()
+    }
+    fn is_empty(&self) -> bool {
+        self.levels_col().is_empty()
+    }
+    fn ts_at(&self, i: usize) -> Option<i64> {
+        self.ts_col()
+            .get(i * 8..i * 8 + 8)
+            .and_then(|b| <[u8; 8]>::try_from(b).ok())
+            .map(i64::from_le_bytes)
+    }
+    fn level_at(&self, i: usize) -> Option<u8> {
+        self.levels_col().get(i).copied()
+    }
+    fn module_at(&self, i: usize) -> Option<u32> {
+        u32_at(self.module_idx_col(), i)
+    }
+    fn text_end(&self, i: usize) -> Option<usize> {
+        u32_at(self.text_ends_col(), i).map(|v| v as usize)
+    }
+    fn meta_end(&self, i: usize) -> Option<usize> {
+        u32_at(self.meta_ends_col(), i).map(|v| v as usize)
+    }
+    /// Entry `i`'s message.
+    fn message(&self, i: usize) -> Option<&str> {
+        let start = if i == 0 { 0 } else { self.text_end(i - 1)? };
+        std::str::from_utf8(self.text_bytes().get(start..self.text_end(i)?)?).ok()
+    }
+    /// Entry `i`'s metadata JSON.
+    fn metadata(&self, i: usize) -> Option<&[u8]> {
+        let start = if i == 0 { 0 } else { self.meta_end(i - 1)? };
+        self.meta_col().get(start..self.meta_end(i)?)
+    }
+    /// The entry whose message holds text byte `at`.
+    fn entry_at_text(&self, at: usize) -> usize {
+        let (mut lo, mut hi) = (0, self.len());
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            if self.text_end(mid).unwrap_or(usize::MAX) <= at {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        lo
+    }
+}
+
+impl Columns for LogChunk {
+    fn min_ts(&self) -> i64 {
+        self.min_ts
+    }
+    fn max_ts(&self) -> i64 {
+        self.max_ts
+    }
+    fn level_mask(&self) -> u8 {
+        self.level_mask
+    }
+    fn ts_col(&self) -> &[u8] {
+        &self.ts
+    }
+    fn levels_col(&self) -> &[u8] {
+        &self.levels
+    }
+    fn module_idx_col(&self) -> &[u8] {
+        &self.module_idx
+    }
+    fn text_bytes(&self) -> &[u8] {
+        self.text.as_bytes()
+    }
+    fn text_ends_col(&self) -> &[u8] {
+        &self.text_ends
+    }
+    fn meta_col(&self) -> &[u8] {
+        &self.meta
+    }
+    fn meta_ends_col(&self) -> &[u8] {
+        &self.meta_ends
+    }
+    fn module_name(&self, m: u32) -> Option<&str> {
+        self.modules.get(m as usize).map(String::as_str)
+    }
+    fn module_index(&self, name: &str) -> Option<u32> {
+        self.modules
+            .iter()
+            .position(|x| x == name)
+            .and_then(|i| u32::try_from(i).ok())
+    }
+}
+
+impl Columns for LogChunkView<'_> {
+    fn min_ts(&self) -> i64 {
+        self.min_ts
+    }
+    fn max_ts(&self) -> i64 {
+        self.max_ts
+    }
+    fn level_mask(&self) -> u8 {
+        self.level_mask
+    }
+    fn ts_col(&self) -> &[u8] {
+        self.ts
+    }
+    fn levels_col(&self) -> &[u8] {
+        self.levels
+    }
+    fn module_idx_col(&self) -> &[u8] {
+        self.module_idx
+    }
+    fn text_bytes(&self) -> &[u8] {
+        self.text
+    }
+    fn text_ends_col(&self) -> &[u8] {
+        self.text_ends
+    }
+    fn meta_col(&self) -> &[u8] {
+        self.meta
+    }
+    fn meta_ends_col(&self) -> &[u8] {
+        self.meta_ends
+    }
+    fn module_name(&self, m: u32) -> Option<&str> {
+        self.modules.get(m as usize).copied()
+    }
+    fn module_index(&self, name: &str) -> Option<u32> {
+        self.modules
+            .iter()
+            .position(|x| *x == name)
+            .and_then(|i| u32::try_from(i).ok())
+    }
+}
+
+impl LogChunk {
     /// Appends one entry's columns (texts already validated by the caller).
     pub fn push(
         &mut self,
@@ -277,48 +441,6 @@ impl LogChunk {
         self.meta_ends
             .extend_from_slice(&u32::try_from(self.meta.len()).ok()?.to_le_bytes());
         Some(())
-    }
-
-    pub fn ts_at(&self, i: usize) -> Option<i64> {
-        self.ts
-            .get(i * 8..i * 8 + 8)
-            .and_then(|b| <[u8; 8]>::try_from(b).ok())
-            .map(i64::from_le_bytes)
-    }
-    pub fn level_at(&self, i: usize) -> Option<u8> {
-        self.levels.get(i).copied()
-    }
-    pub fn module_at(&self, i: usize) -> Option<u32> {
-        u32_at(&self.module_idx, i)
-    }
-    pub fn text_end(&self, i: usize) -> Option<usize> {
-        u32_at(&self.text_ends, i).map(|v| v as usize)
-    }
-    pub fn meta_end(&self, i: usize) -> Option<usize> {
-        u32_at(&self.meta_ends, i).map(|v| v as usize)
-    }
-    /// Entry `i`'s message.
-    pub fn message(&self, i: usize) -> Option<&str> {
-        let start = if i == 0 { 0 } else { self.text_end(i - 1)? };
-        self.text.get(start..self.text_end(i)?)
-    }
-    /// Entry `i`'s metadata JSON.
-    pub fn metadata(&self, i: usize) -> Option<&[u8]> {
-        let start = if i == 0 { 0 } else { self.meta_end(i - 1)? };
-        self.meta.get(start..self.meta_end(i)?)
-    }
-    /// The entry whose message holds text byte `at`.
-    pub fn entry_at_text(&self, at: usize) -> usize {
-        let (mut lo, mut hi) = (0, self.len());
-        while lo < hi {
-            let mid = (lo + hi) / 2;
-            if self.text_end(mid).unwrap_or(usize::MAX) <= at {
-                lo = mid + 1;
-            } else {
-                hi = mid;
-            }
-        }
-        lo
     }
 }
 

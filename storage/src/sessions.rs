@@ -105,6 +105,8 @@ impl Store {
     ) -> Result<()> {
         let chunk_bytes = codec::encode(chunk)?;
         let summary_bytes = codec::encode(&crate::LogSummary::of(chunk))?;
+        let filter = crate::text_filter::build(chunk);
+        let filter_key = keys::log_text_filter(session, seq);
         let counter_bytes = codec::encode(counters)?;
         let chunk_key = keys::log_chunk(session, seq);
         let summary_key = keys::log_summary(session, seq);
@@ -115,6 +117,9 @@ impl Store {
             .transaction_held(&self.inner.records, &gate, |(logs, records)| {
                 logs.insert(chunk_key.as_slice(), chunk_bytes.as_slice())?;
                 logs.insert(summary_key.as_slice(), summary_bytes.as_slice())?;
+                if let Some(f) = &filter {
+                    logs.insert(filter_key.as_slice(), f.as_slice())?;
+                }
                 records.insert(counters_key.as_slice(), counter_bytes.as_slice())?;
                 Ok(())
             })
@@ -147,24 +152,40 @@ impl Store {
             })
     }
 
-    /// As [`Store::log_chunks`], decoding only the chunks `wanted` names (the others are
-    /// passed over in the same sequential read).
-    pub fn log_chunks_where(
+    /// Calls `visit` with each chunk `wanted` names, read in place (no column copied), in one
+    /// sequential pass over the session's chunks.
+    pub fn visit_log_chunks(
         &self,
         session: u64,
         wanted: impl Fn(u64) -> bool,
-    ) -> impl Iterator<Item = Result<(u64, LogChunk)>> {
-        self.inner
-            .logs
-            .scan_prefix(keys::log_prefix(session))
-            .filter_map(move |kv| {
-                let (k, v) = match kv {
-                    Ok(kv) => kv,
-                    Err(e) => return Some(Err(e.into())),
-                };
-                let seq = keys::trailing_id(&k).unwrap_or(0);
-                wanted(seq).then(|| Ok((seq, codec::decode::<LogChunk>(&v)?)))
-            })
+        mut visit: impl FnMut(u64, &crate::LogChunkView<'_>),
+    ) -> Result<()> {
+        for kv in self.inner.logs.scan_prefix(keys::log_prefix(session)) {
+            let (k, v) = kv?;
+            let Some(seq) = keys::trailing_id(&k) else {
+                continue;
+            };
+            if wanted(seq) {
+                visit(seq, &codec::decode_borrowed(&v)?);
+            }
+        }
+        Ok(())
+    }
+
+    /// As [`Store::visit_log_chunks`] for one chunk, read by its key; false if it is gone.
+    pub fn visit_log_chunk(
+        &self,
+        session: u64,
+        seq: u64,
+        visit: impl FnOnce(&crate::LogChunkView<'_>),
+    ) -> Result<bool> {
+        match self.inner.logs.get(keys::log_chunk(session, seq))? {
+            Some(v) => {
+                visit(&codec::decode_borrowed(&v)?);
+                Ok(true)
+            }
+            None => Ok(false),
+        }
     }
 
     /// Every chunk's (seq, min_ts, max_ts), in arrival order, read without decoding the
@@ -213,6 +234,29 @@ impl Store {
         Ok(out)
     }
 
+    /// The chunks whose text filters show they cannot hold `needle` (lower-cased as the
+    /// search compares) in any message, in ascending order. Chunks without a filter (written
+    /// before filters existed, or too varied for one) are never in it.
+    pub fn log_chunks_without(&self, session: u64, needle: &str) -> Result<Vec<u64>> {
+        let mut out = Vec::new();
+        if needle.len() < 3 {
+            return Ok(out);
+        }
+        for kv in self
+            .inner
+            .logs
+            .scan_prefix(keys::log_text_filter_prefix(session))
+        {
+            let (k, v) = kv?;
+            if let Some(seq) = keys::trailing_id(&k)
+                && !crate::text_filter::may_contain(&v, needle.as_bytes())
+            {
+                out.push(seq);
+            }
+        }
+        Ok(out)
+    }
+
     pub fn log_chunk(&self, session: u64, seq: u64) -> Result<Option<LogChunk>> {
         match self.inner.logs.get(keys::log_chunk(session, seq))? {
             Some(v) => codec::decode(&v).map(Some),
@@ -257,6 +301,12 @@ impl Store {
                 self.inner
                     .logs
                     .scan_prefix(keys::log_summary_prefix(s.id))
+                    .keys(),
+            )
+            .chain(
+                self.inner
+                    .logs
+                    .scan_prefix(keys::log_text_filter_prefix(s.id))
                     .keys(),
             )
             .collect::<std::result::Result<_, _>>()?;

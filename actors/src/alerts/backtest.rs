@@ -2,6 +2,7 @@
 //! over the stored history (heartbeat samples, log lines, rollout results), without sending
 //! anything. The replay itself is `rules::backtest`; this gathers each device's history.
 
+use fleetops_storage::Columns;
 use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};

@@ -12,6 +12,7 @@
 //! batch is on disk. On a restart the states, the devices' last heartbeats and metrics are read
 //! back, so a firing alert is neither lost nor fired again.
 
+use fleetops_storage::Columns;
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
 use std::sync::Arc;

@@ -5,7 +5,7 @@ use crate::clock::write_ms;
 use crate::error::{Error, Result};
 use crate::logs::{self, LogFilter};
 use crate::views::LogPage;
-use fleetops_storage::{Artifact, BlobStore, Store};
+use fleetops_storage::{Artifact, BlobStore, Columns, Store};
 use std::collections::BTreeMap;
 
 /// Export formats.
@@ -49,8 +49,14 @@ fn merged(
 ) -> Result<()> {
     use std::cmp::Reverse;
     let mut heads = store.log_chunk_heads(session)?;
-    heads.retain(|&(_, min, max)| {
-        f.since.is_none_or(|s| max >= s) && f.until.is_none_or(|u| min < u)
+    let ruled_out = match f.search.as_deref() {
+        Some(needle) => store.log_chunks_without(session, needle)?,
+        None => Vec::new(),
+    };
+    heads.retain(|&(seq, min, max)| {
+        f.since.is_none_or(|s| max >= s)
+            && f.until.is_none_or(|u| min < u)
+            && ruled_out.binary_search(&seq).is_err()
     });
     heads.sort_unstable_by_key(|&(seq, min, _)| (min, seq));
     let mut open: Vec<Option<Open>> = Vec::new();
@@ -88,7 +94,7 @@ fn merged(
                 continue;
             };
             let mut matches: Vec<(i64, u32)> = f
-                .matches(&chunk)
+                .matches(chunk.as_ref())
                 .into_iter()
                 .filter_map(|i| chunk.ts_at(i).map(|ts| (ts, i as u32)))
                 .collect();
@@ -282,6 +288,10 @@ pub(super) fn export_into(
     Ok(())
 }
 
+/// Candidates fewer than one chunk in this many are read by key rather than in a pass over
+/// the session's chunks.
+const FEW_CHUNKS: usize = 8;
+
 pub(super) fn query(
     store: &Store,
     session: u64,
@@ -308,17 +318,26 @@ pub(super) fn query(
     candidates.sort_unstable();
     let mut first = Smallest::new(offset.saturating_add(limit));
     let mut total = 0u64;
-    if f.search.is_some() {
-        // A text search reads every candidate (`total` counts them all), in one sequential
-        // pass that skips the chunks the summaries rule out.
-        let wanted: std::collections::HashSet<u64> = candidates.iter().map(|c| c.1).collect();
-        for item in store.log_chunks_where(session, |seq| wanted.contains(&seq)) {
-            let (seq, chunk) = item?;
-            for i in f.matches(&chunk) {
+    if let Some(needle) = f.search.as_deref() {
+        // A text search reads every candidate (`total` counts them all): the chunks that
+        // neither the summaries nor the text filters rule out. A few are read one by one;
+        // many in one sequential pass that does not decode the others.
+        let ruled_out = store.log_chunks_without(session, needle)?;
+        candidates.retain(|c| ruled_out.binary_search(&c.1).is_err());
+        let mut count = |seq: u64, chunk: &fleetops_storage::LogChunkView<'_>| {
+            for i in f.matches(chunk) {
                 let Some(ts) = chunk.ts_at(i) else { continue };
                 total += 1;
                 first.offer((ts, seq, i as u32));
             }
+        };
+        if candidates.len().saturating_mul(FEW_CHUNKS) < summaries.len() {
+            for &(_, seq, _, _) in &candidates {
+                store.visit_log_chunk(session, seq, |chunk| count(seq, chunk))?;
+            }
+        } else {
+            let wanted: std::collections::HashSet<u64> = candidates.iter().map(|c| c.1).collect();
+            store.visit_log_chunks(session, |seq| wanted.contains(&seq), &mut count)?;
         }
         return page(store, session, first, offset, limit, total as usize);
     }
@@ -537,6 +556,7 @@ mod tests {
             (x >> 33) % n
         };
         let modules = ["drive", "nav", "arm"];
+        let mut ruled_out = 0;
         for round in 0..12u64 {
             let dir = tempfile::tempdir().unwrap();
             let store = Store::open(dir.path()).unwrap();
@@ -558,7 +578,8 @@ mod tests {
                         base + rand(span) as i64
                     };
                     stamps.push(ts);
-                    let word = ["motor", "tick", "Battery low", "stall"][rand(4) as usize];
+                    let word =
+                        ["motor", "tick", "Battery low", "stall", "Ställ ΟΔΟΣ"][rand(5) as usize];
                     c.push(
                         ts,
                         rand(4) as u8,
@@ -595,13 +616,30 @@ mod tests {
                 let f = LogFilter {
                     levels: if rand(2) == 0 { 0 } else { rand(16) as u8 },
                     module: (rand(2) == 0).then(|| modules[rand(4).min(2) as usize].to_string()),
-                    search: (rand(4) == 0)
-                        .then(|| ["motor", "battery", "nothing"][rand(3) as usize].into()),
+                    // Frequent words, absent ones, and one stored line's own text (found
+                    // in one chunk: what the text filters rule the others out for).
+                    search: (rand(3) == 0).then(|| {
+                        let seq = 1 + rand(45);
+                        let line = format!("{seq}-{} ", rand(30));
+                        [
+                            "motor".to_string(),
+                            "battery".into(),
+                            "nothing".into(),
+                            "ΟΔΟΣ".into(),
+                            "äll".into(),
+                            line.trim_end().into(),
+                            format!("y low {line}"),
+                        ][rand(7) as usize]
+                            .to_lowercase()
+                    }),
                     since,
                     until,
                 };
                 let (limit, offset) =
                     (1 + rand(120) as usize, rand(3) as usize * rand(50) as usize);
+                if let Some(needle) = f.search.as_deref() {
+                    ruled_out += store.log_chunks_without(sid, needle).unwrap().len();
+                }
                 let got = query(&store, sid, &f, limit, offset).unwrap();
                 let want = query_scan(&store, sid, &f, limit, offset).unwrap();
                 let key = |p: &LogPage| {
@@ -611,6 +649,19 @@ mod tests {
                         .collect::<Vec<_>>()
                 };
                 assert_eq!(got.total, want.total, "round {round}: {f:?}");
+                // The exports' merge (which the text filters prune too) yields every match
+                // in the same order.
+                let mut merged_all = Vec::new();
+                merged(&store, sid, &f, |c, i| {
+                    merged_all.push((c.ts_at(i).unwrap(), c.message(i).unwrap().to_string()));
+                    Ok(true)
+                })
+                .unwrap();
+                let every = query_scan(&store, sid, &f, 1 << 20, 0).unwrap();
+                assert_eq!(merged_all.len(), every.total, "round {round}: {f:?}");
+                let msgs: Vec<&str> = merged_all.iter().map(|m| m.1.as_str()).collect();
+                let want_msgs: Vec<&str> = every.items.iter().map(|e| e.message.as_str()).collect();
+                assert_eq!(msgs, want_msgs, "round {round}: {f:?}");
                 assert_eq!(
                     key(&got),
                     key(&want),
@@ -618,6 +669,8 @@ mod tests {
                 );
             }
         }
+        // The text filters took part: they ruled chunks out, and no answer changed.
+        assert!(ruled_out > 100, "{ruled_out} chunks ruled out");
     }
 
     #[test]

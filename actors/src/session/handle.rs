@@ -9,7 +9,7 @@
 use std::sync::Arc;
 
 use fleetops_storage::sessions::SessionQuery;
-use fleetops_storage::{BlobStore, Session, SessionStatus, Store};
+use fleetops_storage::{BlobStore, Columns, Session, SessionStatus, Store};
 
 use super::exports;
 pub use super::exports::{ExportFormat, ExportStream};

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
-use fleetops_storage::{Artifact, LogChunk, SessionCounters, SessionStatus, Store};
+use fleetops_storage::{Artifact, Columns, LogChunk, SessionCounters, SessionStatus, Store};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
 mod artifacts;
@@ -305,7 +305,7 @@ impl SessionState {
                     // Only the entries from `from` on that pass the filter are serialized.
                     let skip = from.saturating_sub(*first) as usize;
                     let wanted: Vec<usize> = filter
-                        .matches(c)
+                        .matches(c.as_ref())
                         .into_iter()
                         .filter(|i| *i >= skip)
                         .collect();
