@@ -3,7 +3,8 @@
 //! stored line, beside the disk's fsync latency and the bare-hyper baseline of the same run.
 //!
 //! Run: `cargo bench --bench logs` (needs `wrk`: `apt-get install wrk`).
-//! Knobs: BENCH_SECS (default 10), BENCH_LINES (default 1,000,000).
+//! Knobs: BENCH_SECS (default 10), BENCH_LINES (default 1,000,000), BENCH_CHDB=0 to skip
+//! the ClickHouse comparison (`benches/support/chdb_logs.py`, run when `chdb` is installed).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -66,8 +67,8 @@ fn main() {
 
     let (running, key, url, _data) = rt.block_on(start_fleetops());
     let c = reqwest::Client::new();
-    let ids = rt.block_on(sessions(&c, &url, &key, 2));
-    let (ingest_sid, query_sid) = (ids[0], ids[1]);
+    let ids = rt.block_on(sessions(&c, &url, &key, 3));
+    let (ingest_sid, query_sid, busy_sid) = (ids[0], ids[1], ids[2]);
 
     // 1. Ingest: 1,000-line JSON batches from 8 connections, every 202 durable.
     let body = serde_json::to_string(&batch(1000, 0)).unwrap();
@@ -171,6 +172,27 @@ fn main() {
         );
     }
 
+    // 3b. The same lines and questions in ClickHouse in-process (chdb), when installed.
+    if std::env::var("BENCH_CHDB").as_deref() != Ok("0") {
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/support/chdb_logs.py");
+        match std::process::Command::new("python3")
+            .args([script, &lines.to_string()])
+            .output()
+        {
+            Ok(out) if out.status.success() => {
+                print!("{}", String::from_utf8_lossy(&out.stdout));
+            }
+            Ok(out) => println!(
+                "chdb: not measured ({}; `pip install chdb` to compare)",
+                String::from_utf8_lossy(&out.stderr)
+                    .lines()
+                    .last()
+                    .unwrap_or("failed")
+            ),
+            Err(e) => println!("chdb: not measured (python3: {e})"),
+        }
+    }
+
     // 4. Export as CSV, with the server's resident memory sampled throughout.
     let pid = std::process::id();
     let before = rss_mb(pid);
@@ -219,6 +241,56 @@ fn main() {
         (rows.saturating_sub(1)) as f64 / el,
         growth
     );
+    // 5. Many clients at once: the filtered query on a 200,000-line session and the session's
+    //    detail, 32 connections each, beside bare hyper at 32 connections in the same run.
+    rt.block_on(async {
+        for b in 0..200 {
+            let r = c
+                .post(format!("{url}{DEV}/sessions/{busy_sid}/logs"))
+                .bearer_auth(&key)
+                .header("content-type", "application/json")
+                .body(serde_json::to_vec(&batch(1000, b * 1000)).unwrap())
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 202);
+        }
+    });
+    let busy = secs.min(10);
+    let (addr, task) = rt.block_on(start_baseline());
+    let base32 = wrk(&format!("http://{addr}/healthz"), &[], 32, busy, None);
+    task.abort();
+    let q = wrk(
+        &format!("{url}{DEV}/sessions/{busy_sid}/logs?level=warn&search=motor&limit=100"),
+        &auth,
+        32,
+        busy,
+        None,
+    );
+    let detail = wrk(
+        &format!("{url}{DEV}/sessions/{busy_sid}"),
+        &auth,
+        32,
+        busy,
+        None,
+    );
+    println!(
+        "bare hyper /healthz, 32 connections: {:.0} req/s, p50 {:.2} ms",
+        base32.requests_per_sec, base32.p50_ms
+    );
+    println!(
+        "query level=warn&search=motor, limit=100, on 200000 lines, 32 connections: {:.0} queries/s, p50 {:.1} ms, p99 {:.1} ms, non-2xx {} (goal >= 600/s, p50 <= 50 ms)",
+        q.requests_per_sec, q.p50_ms, q.p99_ms, q.non_2xx
+    );
+    println!(
+        "GET session detail, 32 connections: {:.0} req/s, p50 {:.2} ms, p99 {:.2} ms, non-2xx {}; ratio to bare hyper {:.2} (goal >= 0.5)",
+        detail.requests_per_sec,
+        detail.p50_ms,
+        detail.p99_ms,
+        detail.non_2xx,
+        detail.requests_per_sec / base32.requests_per_sec
+    );
+
     println!("{}", rt.block_on(poll_summary(&url)));
     rt.block_on(running.stop());
 }

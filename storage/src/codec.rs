@@ -92,5 +92,18 @@ mod tests {
         assert_eq!(v.module_index("arm"), Some(1));
         assert_eq!(v.module_index("drive"), None);
         assert_eq!(v.message(1), Some("café ΟΔΟΣ"));
+        let summary = crate::LogSummary::of(&c);
+        let bytes = encode(&summary).unwrap();
+        let s: crate::LogSummaryView<'_> = decode_borrowed(&bytes).unwrap();
+        assert_eq!((s.min_ts, s.max_ts, s.len()), (10, 30, 2));
+        for (levels, module) in [
+            (0, None),
+            (1 << 2, Some("arm")),
+            (1, Some("arm")),
+            (1, None),
+        ] {
+            assert_eq!(s.count(levels, module), summary.count(levels, module));
+        }
+        assert_eq!(s.count(1 << 2, Some("arm")), 1);
     }
 }

@@ -215,13 +215,11 @@ impl LogSummary {
     /// Entries of `module` (any when `None`) whose level is in `levels` (bit per level; 0
     /// means any).
     pub fn count(&self, levels: u8, module: Option<&str>) -> u64 {
-        self.counts
-            .iter()
-            .filter(|(m, _)| module.is_none_or(|want| m == want))
-            .flat_map(|(_, n)| n.iter().enumerate())
-            .filter(|(lv, _)| levels == 0 || levels & (1 << lv) != 0)
-            .map(|(_, n)| u64::from(*n))
-            .sum()
+        count_of(
+            self.counts.iter().map(|(m, n)| (m.as_str(), n)),
+            levels,
+            module,
+        )
     }
 
     pub fn len(&self) -> u64 {
@@ -231,6 +229,44 @@ impl LogSummary {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+}
+
+/// A [`LogSummary`] read in place (its module names borrowed from the store's buffer): a
+/// query reads one per chunk of the session.
+#[derive(Debug, Deserialize)]
+pub struct LogSummaryView<'a> {
+    pub min_ts: i64,
+    pub max_ts: i64,
+    #[serde(borrow)]
+    counts: Vec<(&'a str, [u32; 4])>,
+}
+
+impl LogSummaryView<'_> {
+    /// As [`LogSummary::count`].
+    pub fn count(&self, levels: u8, module: Option<&str>) -> u64 {
+        count_of(self.counts.iter().map(|(m, n)| (*m, n)), levels, module)
+    }
+
+    pub fn len(&self) -> u64 {
+        self.count(0, None)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+fn count_of<'a>(
+    counts: impl Iterator<Item = (&'a str, &'a [u32; 4])>,
+    levels: u8,
+    module: Option<&str>,
+) -> u64 {
+    counts
+        .filter(|(m, _)| module.is_none_or(|want| *m == want))
+        .flat_map(|(_, n)| n.iter().enumerate())
+        .filter(|(lv, _)| levels == 0 || levels & (1 << lv) != 0)
+        .map(|(_, n)| u64::from(*n))
+        .sum()
 }
 
 fn u32_at(col: &[u8], i: usize) -> Option<u32> {

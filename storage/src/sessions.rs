@@ -257,6 +257,25 @@ impl Store {
         Ok(out)
     }
 
+    /// As [`Store::log_summaries`], each summary read in place and handed to `visit`.
+    pub fn visit_log_summaries(
+        &self,
+        session: u64,
+        mut visit: impl FnMut(u64, &crate::LogSummaryView<'_>),
+    ) -> Result<()> {
+        for kv in self
+            .inner
+            .logs
+            .scan_prefix(keys::log_summary_prefix(session))
+        {
+            let (k, v) = kv?;
+            if let Some(seq) = keys::trailing_id(&k) {
+                visit(seq, &codec::decode_borrowed(&v)?);
+            }
+        }
+        Ok(())
+    }
+
     pub fn log_chunk(&self, session: u64, seq: u64) -> Result<Option<LogChunk>> {
         match self.inner.logs.get(keys::log_chunk(session, seq))? {
             Some(v) => codec::decode(&v).map(Some),

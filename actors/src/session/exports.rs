@@ -299,22 +299,25 @@ pub(super) fn query(
     limit: usize,
     offset: usize,
 ) -> Result<LogPage> {
-    let summaries = store.log_summaries(session)?;
-    let summarized: u64 = summaries.iter().map(|(_, s)| s.len()).sum();
+    // The chunks that can hold a match, by their summaries, in order of their first entry.
+    let module = f.module.as_deref();
+    let (mut summarized, mut chunks) = (0u64, 0usize);
+    let mut candidates: Vec<(i64, u64, i64, u64)> = Vec::new();
+    store.visit_log_summaries(session, |seq, s| {
+        summarized += s.len();
+        chunks += 1;
+        if f.since.is_some_and(|x| s.max_ts < x) || f.until.is_some_and(|u| s.min_ts >= u) {
+            return;
+        }
+        let n = s.count(f.levels, module);
+        if n > 0 {
+            candidates.push((s.min_ts, seq, s.max_ts, n));
+        }
+    })?;
     if summarized != store.session_counters(session)?.log_count {
         // Chunks written before summaries existed (or one appended while these were read).
         return query_scan(store, session, f, limit, offset);
     }
-    // The chunks that can hold a match, by their summaries, in order of their first entry.
-    let module = f.module.as_deref();
-    let mut candidates: Vec<(i64, u64, i64, u64)> = summaries
-        .iter()
-        .filter(|(_, s)| {
-            !(f.since.is_some_and(|x| s.max_ts < x) || f.until.is_some_and(|u| s.min_ts >= u))
-        })
-        .map(|(seq, s)| (s.min_ts, *seq, s.max_ts, s.count(f.levels, module)))
-        .filter(|c| c.3 > 0)
-        .collect();
     candidates.sort_unstable();
     let mut first = Smallest::new(offset.saturating_add(limit));
     let mut total = 0u64;
@@ -331,7 +334,7 @@ pub(super) fn query(
                 first.offer((ts, seq, i as u32));
             }
         };
-        if candidates.len().saturating_mul(FEW_CHUNKS) < summaries.len() {
+        if candidates.len().saturating_mul(FEW_CHUNKS) < chunks {
             for &(_, seq, _, _) in &candidates {
                 store.visit_log_chunk(session, seq, |chunk| count(seq, chunk))?;
             }
