@@ -1177,3 +1177,83 @@ async fn the_delivery_log_forgets_deliveries_after_30_days() {
     let r = s.get(&format!("{SCM}/deliveries"), s.key()).await;
     assert_eq!(r.body["total"], 0, "{}", r.body);
 }
+
+/// Deliveries queued together are worked in batches, in arrival order: a suspend or a
+/// repository's removal between pull requests takes effect exactly between them, and a run of
+/// more pull requests than one batch holds is worked whole, each once.
+#[tokio::test]
+async fn deliveries_queued_together_are_worked_in_batches_in_order() {
+    let s = start_with(|c| {
+        c.scm.webhook_secret = SECRET.into();
+        c.supervision.call_timeout_ms = 30_000;
+    })
+    .await;
+    link(&s, REPO).await;
+    let d = run(&s, "installation", &payload("installation.created")).await;
+    assert_eq!(d["outcome"], "processed", "{d}");
+    let rt = s.running.as_ref().unwrap().runtime.clone();
+    let sha = |n: u64| format!("{n:040}");
+    let mut suspend = payload("installation.suspend");
+    suspend["installation"]["id"] = json!(INST);
+    let mut unsuspend = suspend.clone();
+    unsuspend["action"] = json!("unsuspend");
+    let mut removed = payload("installation_repositories.removed");
+    removed["installation"]["id"] = json!(INST);
+    removed["repositories_removed"][0]["full_name"] = json!(REPO);
+    let mut added = payload("installation_repositories.added");
+    added["installation"]["id"] = json!(INST);
+    added["repositories_added"][0]["full_name"] = json!(REPO);
+    let mut plan: Vec<(&str, Value)> = vec![
+        ("pull_request", pr("opened", 1, &sha(1), false)),
+        ("pull_request", pr("opened", 2, &sha(2), false)),
+        ("installation", suspend),
+        ("pull_request", pr("opened", 3, &sha(3), false)),
+        ("installation", unsuspend),
+        ("pull_request", pr("opened", 4, &sha(4), false)),
+        ("installation_repositories", removed),
+        ("pull_request", pr("opened", 5, &sha(5), false)),
+        ("installation_repositories", added),
+    ];
+    for n in 6..=75 {
+        plan.push(("pull_request", pr("opened", n, &sha(n), false)));
+    }
+    // The intake's write is held, so everything after the first delivery queues in its
+    // mailbox in the order sent, is stored in one batch, and reaches the worker together.
+    let hold = rt.webhooks.inject_write_hold();
+    let mut ids = Vec::new();
+    let mut tasks = Vec::new();
+    for (i, (event, body)) in plan.into_iter().enumerate() {
+        let id = uuid::Uuid::new_v4().to_string();
+        ids.push(id.clone());
+        let bytes = serde_json::to_vec(&body).unwrap();
+        let sig = sign(SECRET, &bytes);
+        let (http, url) = (s.http.clone(), s.url(&format!("{SCM}/webhooks")));
+        tasks.push(tokio::spawn(async move {
+            http.post(url)
+                .header("X-Host-Event", event)
+                .header("X-Host-Delivery", id)
+                .header("X-Hub-Signature-256", sig)
+                .body(bytes)
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }));
+        assert!(eventually(10, || async { rt.webhooks.intake_waiting() == i + 1 }).await);
+    }
+    hold.notify_one();
+    for t in tasks {
+        assert_eq!(t.await.unwrap(), 202);
+    }
+    for (i, id) in ids.iter().enumerate() {
+        let d = settled(&s, id).await;
+        match i {
+            2 | 4 | 6 | 8 => assert_eq!(d["outcome"], "processed", "{i}: {}", d["reason"]),
+            3 => skipped(&d, "installation_suspended"),
+            7 => skipped(&d, "repository_removed"),
+            _ => assert_eq!(d["outcome"], "dispatched", "{i}: {}", d["reason"]),
+        }
+    }
+    assert_eq!(runs(&s, "page_size=1").await["total"], 73);
+}

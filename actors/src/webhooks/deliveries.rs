@@ -25,6 +25,21 @@ use fleetops_storage::DeliveryOutcome;
 use serde_json::value::RawValue;
 use std::sync::Arc;
 
+/// A queued delivery read for working.
+enum Loaded {
+    /// Gone, or no longer queued.
+    Done,
+    /// Its payload does not parse: the dispatcher records the skip.
+    Invalid(Box<Delivery>),
+    /// For installation `key` (0 when it names none and its repository is held by none).
+    Work(u64, Arc<Work>),
+}
+
+/// Events that change which installation holds a repository.
+fn ends_batch(event: &str) -> bool {
+    matches!(event, "installation" | "installation_repositories")
+}
+
 impl WebhooksHandle {
     /// Claims the delivery id and, for a subscribed event, stores the delivery for the
     /// worker; answers once durable (the intake's batch ends with its flush). A repeated id
@@ -126,27 +141,39 @@ impl WebhooksHandle {
     }
 
     async fn process_once(&self, seq: u64) -> Result<()> {
-        let Some(mut d) = self.store.delivery(seq)? else {
-            return Ok(());
-        };
-        if d.outcome != DeliveryOutcome::Queued {
-            return Ok(());
-        }
-        let body = self.store.payload(&d)?.unwrap_or_default();
-        let parsed: std::result::Result<Payload, _> = serde_json::from_slice(&body);
-        let payload = match parsed {
-            Ok(p) => p,
-            Err(_) => {
-                let boxed = Box::new(d);
-                return self
-                    .dispatcher
+        match self.load(seq)? {
+            Loaded::Done => Ok(()),
+            Loaded::Invalid(delivery) => {
+                self.dispatcher
                     .call(|reply| DispatcherMsg::Skip {
-                        delivery: boxed.clone(),
+                        delivery: delivery.clone(),
                         reason: "invalid_payload",
                         reply,
                     })
-                    .await;
+                    .await
             }
+            Loaded::Work(key, work) => {
+                self.installations
+                    .call(key, |reply| InstallationMsg::Deliver {
+                        work: work.clone(),
+                        reply,
+                    })
+                    .await
+            }
+        }
+    }
+
+    /// Reads a queued delivery and its payload, parses it, and finds its installation.
+    fn load(&self, seq: u64) -> Result<Loaded> {
+        let Some(mut d) = self.store.delivery(seq)? else {
+            return Ok(Loaded::Done);
+        };
+        if d.outcome != DeliveryOutcome::Queued {
+            return Ok(Loaded::Done);
+        }
+        let body = self.store.payload(&d)?.unwrap_or_default();
+        let Ok(payload) = serde_json::from_slice::<Payload>(&body) else {
+            return Ok(Loaded::Invalid(Box::new(d)));
         };
         d.action = payload.action.clone();
         d.repository = payload.repo_name().map(str::to_string);
@@ -158,16 +185,84 @@ impl WebhooksHandle {
             },
         };
         d.installation_id = (key != 0).then_some(key);
-        let work = Arc::new(Work {
-            delivery: d,
-            payload,
-        });
-        self.installations
-            .call(key, |reply| InstallationMsg::Deliver {
-                work: work.clone(),
+        Ok(Loaded::Work(
+            key,
+            Arc::new(Work {
+                delivery: d,
+                payload,
+            }),
+        ))
+    }
+
+    /// Works queued deliveries from the front of `seqs` in arrival order, as one batch:
+    /// read and parsed on a blocking thread, then each run of consecutive deliveries of one
+    /// installation sent to it as one message. Returns how many it took. A lifecycle or
+    /// repository change ends the batch, because which installation a later delivery goes to
+    /// may depend on it. A delivery the batch could not work is worked again on its own
+    /// (`process`, with its retries).
+    pub(crate) async fn process_batch(&self, seqs: &[u64]) -> usize {
+        let (this, wanted) = (self.clone(), seqs.to_vec());
+        let loaded = tokio::task::spawn_blocking(move || {
+            let mut out = Vec::with_capacity(wanted.len());
+            for seq in wanted {
+                let l = this.load(seq);
+                let ends = matches!(&l, Ok(Loaded::Work(_, w)) if ends_batch(&w.delivery.event));
+                out.push((seq, l));
+                if ends {
+                    break;
+                }
+            }
+            out
+        })
+        .await;
+        let Ok(loaded) = loaded else {
+            // The reading thread panicked: the first is worked on its own, and the rest
+            // stay for the next batch.
+            if let Some(&seq) = seqs.first() {
+                self.process(seq).await;
+            }
+            return 1;
+        };
+        let taken = loaded.len();
+        let mut run: Vec<Arc<Work>> = Vec::new();
+        let mut run_key = 0;
+        for (seq, l) in loaded {
+            match l {
+                Ok(Loaded::Work(key, work)) => {
+                    if key != run_key && !run.is_empty() {
+                        self.deliver_run(run_key, std::mem::take(&mut run)).await;
+                    }
+                    run_key = key;
+                    run.push(work);
+                }
+                Ok(Loaded::Done) => {}
+                Ok(Loaded::Invalid(_)) | Err(_) => {
+                    self.deliver_run(run_key, std::mem::take(&mut run)).await;
+                    self.process(seq).await;
+                }
+            }
+        }
+        self.deliver_run(run_key, run).await;
+        taken
+    }
+
+    async fn deliver_run(&self, key: u64, works: Vec<Arc<Work>>) {
+        if works.is_empty() {
+            return;
+        }
+        let r = self
+            .installations
+            .call(key, |reply| InstallationMsg::DeliverBatch {
+                works: works.clone(),
                 reply,
             })
-            .await
+            .await;
+        let results = r.unwrap_or_default();
+        for (i, w) in works.iter().enumerate() {
+            if !matches!(results.get(i), Some(Ok(()))) {
+                self.process(w.delivery.seq).await;
+            }
+        }
     }
 
     fn view(&self, d: &Delivery) -> Result<DeliveryView> {

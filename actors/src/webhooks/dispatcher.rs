@@ -25,6 +25,12 @@ pub(crate) enum DispatcherMsg {
         work: Arc<Work>,
         reply: Reply<()>,
     },
+    /// Several deliveries of one installation, dispatched in order (one message and one
+    /// reply for the lot; each still writes its own outcome), answered one result each.
+    DispatchBatch {
+        works: Vec<Arc<Work>>,
+        reply: Reply<Vec<Result<()>>>,
+    },
     /// Records a skip decided before a delivery reached an installation (unparsable payload).
     Skip {
         delivery: Box<Delivery>,
@@ -115,6 +121,9 @@ impl Actor for DispatcherActor {
             DispatcherMsg::Panic => panic!("injected fault in the dispatcher"),
             DispatcherMsg::Dispatch { work, reply } => {
                 let _ = reply.send(st.dispatch(&work));
+            }
+            DispatcherMsg::DispatchBatch { works, reply } => {
+                let _ = reply.send(Ok(works.iter().map(|w| st.dispatch(w)).collect()));
             }
             DispatcherMsg::Skip {
                 delivery,

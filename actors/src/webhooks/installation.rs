@@ -14,7 +14,7 @@ use super::dispatcher::DispatcherMsg;
 use super::payload::{Payload, names};
 use super::work::{Work, skip, still_queued};
 use crate::clock::now_ms;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::mailbox::{Envelope, Slot};
 use fleetops_storage::{DeliveryOutcome, InstallationState};
 
@@ -24,6 +24,12 @@ pub(crate) enum InstallationMsg {
     Deliver {
         work: Arc<Work>,
         reply: Reply<()>,
+    },
+    /// Deliveries in arrival order, worked as `Deliver` would work each in turn; the ones
+    /// for the dispatcher go to it in batches. One result per delivery.
+    DeliverBatch {
+        works: Vec<Arc<Work>>,
+        reply: Reply<Vec<Result<()>>>,
     },
     /// Fault injection for supervision tests.
     #[cfg(feature = "fault-injection")]
@@ -74,8 +80,16 @@ impl Actor for InstallationActor {
         };
         match msg {
             InstallationMsg::Deliver { work, reply } => {
-                let r = st.deliver(work).await;
+                let r = match st.route(&work) {
+                    Ok(Route::Done) => Ok(()),
+                    Ok(Route::Dispatch) => st.dispatch(work).await,
+                    Err(e) => Err(e),
+                };
                 let _ = reply.send(r);
+            }
+            InstallationMsg::DeliverBatch { works, reply } => {
+                let r = st.deliver_batch(works).await;
+                let _ = reply.send(Ok(r));
             }
             #[cfg(feature = "fault-injection")]
             InstallationMsg::Panic => panic!("injected fault in InstallationActor {}", st.id),
@@ -84,24 +98,33 @@ impl Actor for InstallationActor {
     }
 }
 
+/// What the installation decided for a delivery.
+enum Route {
+    /// Worked here (a lifecycle or repository change, or a skip), outcome written.
+    Done,
+    /// For the dispatcher.
+    Dispatch,
+}
+
 impl InstallationActorState {
-    async fn deliver(&self, work: Arc<Work>) -> Result<()> {
+    /// Applies a lifecycle or repository change, or skips the delivery, or passes it on.
+    fn route(&self, work: &Work) -> Result<Route> {
         // A call that timed out is retried by the worker while the first is still in this
         // mailbox: only a delivery still queued is worked.
         if !still_queued(&self.store, work.delivery.seq)? {
-            return Ok(());
+            return Ok(Route::Done);
         }
         let p = &work.payload;
         let action = p.action.as_deref().unwrap_or("");
         match work.delivery.event.as_str() {
             "installation" => match action {
-                "created" | "deleted" | "suspend" | "unsuspend" => self.lifecycle(&work, action),
+                "created" | "deleted" | "suspend" | "unsuspend" => self.lifecycle(work, action),
                 _ => skip(&self.store, &work.delivery, "action_ignored"),
-            },
+            }?,
             "installation_repositories" => match action {
-                "added" | "removed" => self.sync(&work, action == "added"),
+                "added" | "removed" => self.sync(work, action == "added"),
                 _ => skip(&self.store, &work.delivery, "action_ignored"),
-            },
+            }?,
             _ => {
                 if self.id != 0
                     && let Some(i) = self.store.installation(self.id)?
@@ -117,18 +140,98 @@ impl InstallationActorState {
                         if let Some(name) = work.payload.repo_name() {
                             d.project_id = self.store.repo_by_name(name)?.map(|l| l.project_id);
                         }
-                        return skip(&self.store, &d, reason);
+                        skip(&self.store, &d, reason)?;
+                        return Ok(Route::Done);
                     }
                 }
-                let w = work.clone();
-                self.dispatcher
-                    .call(|reply| DispatcherMsg::Dispatch {
-                        work: w.clone(),
-                        reply,
-                    })
-                    .await
+                return Ok(Route::Dispatch);
             }
         }
+        Ok(Route::Done)
+    }
+
+    async fn dispatch(&self, work: Arc<Work>) -> Result<()> {
+        self.dispatcher
+            .call(|reply| DispatcherMsg::Dispatch {
+                work: work.clone(),
+                reply,
+            })
+            .await
+    }
+
+    /// Works `works` in order. Consecutive deliveries for the dispatcher go to it as one
+    /// batch, sent before anything this installation works itself, so every delivery sees
+    /// what the ones before it did, as when they come one at a time.
+    async fn deliver_batch(&self, works: Vec<Arc<Work>>) -> Vec<Result<()>> {
+        let mut out: Vec<Option<Result<()>>> = works.iter().map(|_| None).collect();
+        let mut pending: Vec<usize> = Vec::new();
+        for (i, w) in works.iter().enumerate() {
+            let own = matches!(
+                w.delivery.event.as_str(),
+                "installation" | "installation_repositories"
+            );
+            if own {
+                self.dispatch_batch(&works, &mut pending, &mut out).await;
+            }
+            match self.route(w) {
+                Ok(Route::Dispatch) => pending.push(i),
+                r => {
+                    if let Some(slot) = out.get_mut(i) {
+                        *slot = Some(r.map(|_| ()));
+                    }
+                }
+            }
+        }
+        self.dispatch_batch(&works, &mut pending, &mut out).await;
+        out.into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(Error::Internal("not worked".into()))))
+            .collect()
+    }
+
+    async fn dispatch_batch(
+        &self,
+        works: &[Arc<Work>],
+        pending: &mut Vec<usize>,
+        out: &mut [Option<Result<()>>],
+    ) {
+        if pending.is_empty() {
+            return;
+        }
+        let batch: Vec<Arc<Work>> = pending
+            .iter()
+            .filter_map(|&i| works.get(i).cloned())
+            .collect();
+        let r = self
+            .dispatcher
+            .call(|reply| DispatcherMsg::DispatchBatch {
+                works: batch.clone(),
+                reply,
+            })
+            .await;
+        let mut results: Vec<Result<()>> = match r {
+            Ok(v) => v,
+            Err(e) => {
+                // The worker works each of these again on its own (they stay queued).
+                tracing::warn!(error = %e, n = pending.len(), "a dispatch batch failed");
+                pending
+                    .iter()
+                    .map(|_| {
+                        Err(Error::Unavailable {
+                            retry_after_secs: 1,
+                        })
+                    })
+                    .collect()
+            }
+        };
+        results.resize_with(pending.len(), || {
+            Err(Error::Internal("not dispatched".into()))
+        });
+        for (&i, r) in pending.iter().zip(results) {
+            if let Some(slot) = out.get_mut(i) {
+                *slot = Some(r);
+            }
+        }
+        pending.clear();
     }
 
     /// The stored installation, or a new one from the payload.

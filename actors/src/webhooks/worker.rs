@@ -1,5 +1,6 @@
-//! WorkerActor: works accepted webhook deliveries one at a time, in arrival order, under the
-//! root supervisor. The store is the queue: the intake writes each subscribed delivery with a
+//! WorkerActor: works accepted webhook deliveries in batches, in arrival order, under the
+//! root supervisor (a batch is read and parsed off the runtime's threads, and each run of
+//! one installation's deliveries in it is one message to that installation). The store is the queue: the intake writes each subscribed delivery with a
 //! queue entry and wakes the worker, which reads the entries a page at a time past the last
 //! seq it took, so a long backlog (a worker left down past its restart budget, a burst)
 //! costs a page of memory, not an entry per delivery. On every (re)start the worker reads
@@ -19,6 +20,8 @@ use crate::mailbox::Envelope;
 
 /// Queue entries read at a time.
 const PAGE: usize = 256;
+/// Deliveries worked as one batch.
+const BATCH: usize = 64;
 
 pub(crate) enum WorkerMsg {
     /// Work the next delivery (the actor sends this to itself after each one).
@@ -53,7 +56,7 @@ pub(crate) struct WorkerState {
     webhooks: WebhooksHandle,
     feed: WorkerFeed,
     /// The page being worked, in arrival order.
-    page: std::vec::IntoIter<u64>,
+    page: std::collections::VecDeque<u64>,
     /// The last seq taken from the store.
     after: u64,
 }
@@ -72,7 +75,7 @@ impl Actor for WorkerActor {
         Ok(WorkerState {
             webhooks: args.webhooks,
             feed: args.feed,
-            page: Vec::new().into_iter(),
+            page: std::collections::VecDeque::new(),
             after: 0,
         })
     }
@@ -86,13 +89,13 @@ impl Actor for WorkerActor {
         let Some(WorkerMsg::Next) = msg.open() else {
             return Ok(());
         };
-        let seq = loop {
+        loop {
             #[cfg(feature = "fault-injection")]
             if st.feed.panic_next.swap(false, Ordering::SeqCst) {
                 panic!("injected fault in the webhook worker");
             }
-            if let Some(seq) = st.page.next() {
-                break seq;
+            if !st.page.is_empty() {
+                break;
             }
             let (store, after) = (st.webhooks.store.clone(), st.after);
             let page =
@@ -107,9 +110,11 @@ impl Actor for WorkerActor {
                 continue;
             }
             st.after = page.last().copied().unwrap_or(after);
-            st.page = page.into_iter();
-        };
-        st.webhooks.process(seq).await;
+            st.page = page.into();
+        }
+        let batch: Vec<u64> = st.page.iter().take(BATCH).copied().collect();
+        let taken = st.webhooks.process_batch(&batch).await;
+        st.page.drain(..taken.min(st.page.len()));
         let _ = myself.cast(Envelope::cast(WorkerMsg::Next));
         Ok(())
     }
