@@ -396,6 +396,11 @@ impl Columns for LogChunk {
     fn module_name(&self, m: u32) -> Option<&str> {
         self.modules.get(m as usize).map(String::as_str)
     }
+    /// A decoded chunk's text is a `String` already: no second UTF-8 check.
+    fn message(&self, i: usize) -> Option<&str> {
+        let start = if i == 0 { 0 } else { self.text_end(i - 1)? };
+        self.text.get(start..self.text_end(i)?)
+    }
     fn module_index(&self, name: &str) -> Option<u32> {
         self.modules
             .iter()

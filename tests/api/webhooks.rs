@@ -1217,6 +1217,19 @@ async fn deliveries_queued_together_are_worked_in_batches_in_order() {
     for n in 6..=75 {
         plan.push(("pull_request", pr("opened", n, &sha(n), false)));
     }
+    // Pull requests that name no installation go to the one holding their repository: the
+    // move of the repository to another installation between them decides where each goes.
+    let unnamed = |n: u64| {
+        let mut p = pr("opened", n, &sha(n), false);
+        p.as_object_mut().unwrap().remove("installation");
+        p
+    };
+    let mut moved = payload("installation_repositories.added");
+    moved["installation"]["id"] = json!(4242);
+    moved["repositories_added"][0]["full_name"] = json!(REPO);
+    plan.push(("pull_request", unnamed(76)));
+    plan.push(("installation_repositories", moved));
+    plan.push(("pull_request", unnamed(77)));
     // The intake's write is held, so everything after the first delivery queues in its
     // mailbox in the order sent, is stored in one batch, and reaches the worker together.
     let hold = rt.webhooks.inject_write_hold();
@@ -1252,8 +1265,14 @@ async fn deliveries_queued_together_are_worked_in_batches_in_order() {
             2 | 4 | 6 | 8 => assert_eq!(d["outcome"], "processed", "{i}: {}", d["reason"]),
             3 => skipped(&d, "installation_suspended"),
             7 => skipped(&d, "repository_removed"),
+            80 => assert_eq!(d["outcome"], "processed", "{i}: {}", d["reason"]),
             _ => assert_eq!(d["outcome"], "dispatched", "{i}: {}", d["reason"]),
         }
+        match i {
+            79 => assert_eq!(d["installation_id"], INST),
+            81 => assert_eq!(d["installation_id"], 4242),
+            _ => {}
+        }
     }
-    assert_eq!(runs(&s, "page_size=1").await["total"], 73);
+    assert_eq!(runs(&s, "page_size=1").await["total"], 75);
 }

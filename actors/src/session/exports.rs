@@ -38,7 +38,8 @@ const MERGE_CHUNK_CACHE: usize = 32;
 /// the merge reaches its first timestamp, and dropped when its last match is out. Memory is
 /// the sort keys of the chunks overlapping in time (one or two chunks when devices send in
 /// time order) and at most `MERGE_CHUNK_CACHE` decoded chunks, not the session: the only
-/// whole-session state is one (seq, min, max) per chunk, about 24 bytes per thousand lines.
+/// whole-session state is one (seq, min, max) per chunk, about 24 bytes per thousand lines
+/// (and, for a search, the ids of the chunks its text filters rule out, 8 bytes each).
 /// Chunks that all overlap (a device whose clock jumps) cost 16 bytes a match, as a full
 /// sort would, and are re-read as the merge moves between them.
 fn merged(

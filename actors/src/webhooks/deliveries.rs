@@ -35,8 +35,8 @@ enum Loaded {
     Work(u64, Arc<Work>),
 }
 
-/// Events that change which installation holds a repository.
-fn ends_batch(event: &str) -> bool {
+/// Events that change an installation, or which installation holds a repository.
+pub(crate) fn ends_batch(event: &str) -> bool {
     matches!(event, "installation" | "installation_repositories")
 }
 
@@ -206,7 +206,14 @@ impl WebhooksHandle {
             let mut out = Vec::with_capacity(wanted.len());
             for seq in wanted {
                 let l = this.load(seq);
-                let ends = matches!(&l, Ok(Loaded::Work(_, w)) if ends_batch(&w.delivery.event));
+                // Only a delivery read whole and not changing any installation lets the
+                // batch go on: after anything else, later deliveries are read again once it
+                // is worked.
+                let ends = match &l {
+                    Ok(Loaded::Work(_, w)) => ends_batch(&w.delivery.event),
+                    Ok(Loaded::Done) => false,
+                    Ok(Loaded::Invalid(_)) | Err(_) => true,
+                };
                 out.push((seq, l));
                 if ends {
                     break;

@@ -25,8 +25,9 @@ pub(crate) enum DispatcherMsg {
         work: Arc<Work>,
         reply: Reply<()>,
     },
-    /// Several deliveries of one installation, dispatched in order (one message and one
-    /// reply for the lot; each still writes its own outcome), answered one result each.
+    /// Several deliveries of one installation, dispatched in order up to the first failure
+    /// (one message and one reply for the lot; each still writes its own outcome), answered
+    /// one result each for those it dispatched.
     DispatchBatch {
         works: Vec<Arc<Work>>,
         reply: Reply<Vec<Result<()>>>,
@@ -123,7 +124,18 @@ impl Actor for DispatcherActor {
                 let _ = reply.send(st.dispatch(&work));
             }
             DispatcherMsg::DispatchBatch { works, reply } => {
-                let _ = reply.send(Ok(works.iter().map(|w| st.dispatch(w)).collect()));
+                // In order, up to the first failure: what follows it is not dispatched
+                // before it is (the caller works it again on its own).
+                let mut done = Vec::with_capacity(works.len());
+                for w in &works {
+                    let r = st.dispatch(w);
+                    let failed = r.is_err();
+                    done.push(r);
+                    if failed {
+                        break;
+                    }
+                }
+                let _ = reply.send(Ok(done));
             }
             DispatcherMsg::Skip {
                 delivery,

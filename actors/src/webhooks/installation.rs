@@ -10,6 +10,7 @@ use std::sync::Arc;
 use fleetops_storage::{Installation, RepoHold, Store, scm::ScmBatch};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
+use super::deliveries::ends_batch;
 use super::dispatcher::DispatcherMsg;
 use super::payload::{Payload, names};
 use super::work::{Work, skip, still_queued};
@@ -159,79 +160,74 @@ impl InstallationActorState {
             .await
     }
 
-    /// Works `works` in order. Consecutive deliveries for the dispatcher go to it as one
-    /// batch, sent before anything this installation works itself, so every delivery sees
-    /// what the ones before it did, as when they come one at a time.
+    /// Works `works` in order. Consecutive deliveries for the dispatcher go to it in
+    /// batches, sent before anything this installation works itself, so every delivery sees
+    /// what the ones before it did, as when they come one at a time. At the first failure it
+    /// stops: what it did not work is left to the worker, which works it again on its own, in
+    /// order, so nothing after a failed delivery takes effect before it.
     async fn deliver_batch(&self, works: Vec<Arc<Work>>) -> Vec<Result<()>> {
         let mut out: Vec<Option<Result<()>>> = works.iter().map(|_| None).collect();
         let mut pending: Vec<usize> = Vec::new();
         for (i, w) in works.iter().enumerate() {
-            let own = matches!(
-                w.delivery.event.as_str(),
-                "installation" | "installation_repositories"
-            );
-            if own {
-                self.dispatch_batch(&works, &mut pending, &mut out).await;
+            if ends_batch(&w.delivery.event)
+                && !self.dispatch_batch(&works, &mut pending, &mut out).await
+            {
+                return finished(out);
             }
             match self.route(w) {
                 Ok(Route::Dispatch) => pending.push(i),
                 r => {
+                    let failed = r.is_err();
                     if let Some(slot) = out.get_mut(i) {
                         *slot = Some(r.map(|_| ()));
+                    }
+                    if failed {
+                        return finished(out);
                     }
                 }
             }
         }
         self.dispatch_batch(&works, &mut pending, &mut out).await;
-        out.into_iter()
-            .map(|r| r.unwrap_or_else(|| Err(Error::Internal("not worked".into()))))
-            .collect()
+        finished(out)
     }
 
+    /// Sends the pending deliveries to the dispatcher, a few at a time (each message holds
+    /// the dispatcher from its other callers, runners among them); false once one failed.
     async fn dispatch_batch(
         &self,
         works: &[Arc<Work>],
         pending: &mut Vec<usize>,
         out: &mut [Option<Result<()>>],
-    ) {
-        if pending.is_empty() {
-            return;
-        }
-        let batch: Vec<Arc<Work>> = pending
-            .iter()
-            .filter_map(|&i| works.get(i).cloned())
-            .collect();
-        let r = self
-            .dispatcher
-            .call(|reply| DispatcherMsg::DispatchBatch {
-                works: batch.clone(),
-                reply,
-            })
-            .await;
-        let mut results: Vec<Result<()>> = match r {
-            Ok(v) => v,
-            Err(e) => {
-                // The worker works each of these again on its own (they stay queued).
-                tracing::warn!(error = %e, n = pending.len(), "a dispatch batch failed");
-                pending
-                    .iter()
-                    .map(|_| {
-                        Err(Error::Unavailable {
-                            retry_after_secs: 1,
-                        })
-                    })
-                    .collect()
+    ) -> bool {
+        for part in std::mem::take(pending).chunks(DISPATCH_BATCH) {
+            let batch: Vec<Arc<Work>> =
+                part.iter().filter_map(|&i| works.get(i).cloned()).collect();
+            let r = self
+                .dispatcher
+                .call(|reply| DispatcherMsg::DispatchBatch {
+                    works: batch.clone(),
+                    reply,
+                })
+                .await;
+            let results = match r {
+                Ok(v) => v,
+                Err(e) => {
+                    // The worker works each of these again on its own (they stay queued).
+                    tracing::warn!(error = %e, n = part.len(), "a dispatch batch failed");
+                    return false;
+                }
+            };
+            let all = results.len() == part.len() && results.iter().all(Result::is_ok);
+            for (&i, r) in part.iter().zip(results) {
+                if let Some(slot) = out.get_mut(i) {
+                    *slot = Some(r);
+                }
             }
-        };
-        results.resize_with(pending.len(), || {
-            Err(Error::Internal("not dispatched".into()))
-        });
-        for (&i, r) in pending.iter().zip(results) {
-            if let Some(slot) = out.get_mut(i) {
-                *slot = Some(r);
+            if !all {
+                return false;
             }
         }
-        pending.clear();
+        true
     }
 
     /// The stored installation, or a new one from the payload.
@@ -347,6 +343,17 @@ impl InstallationActorState {
             current,
         }
     }
+}
+
+/// Deliveries sent to the dispatcher in one message.
+const DISPATCH_BATCH: usize = 16;
+
+/// One result per delivery; one never worked (after a failure) is an error, so the worker
+/// works it again on its own.
+fn finished(out: Vec<Option<Result<()>>>) -> Vec<Result<()>> {
+    out.into_iter()
+        .map(|r| r.unwrap_or_else(|| Err(Error::Internal("not worked".into()))))
+        .collect()
 }
 
 fn contains(list: &[String], name: &str) -> bool {

@@ -1,12 +1,13 @@
 //! WorkerActor: works accepted webhook deliveries in batches, in arrival order, under the
-//! root supervisor (a batch is read and parsed off the runtime's threads, and each run of
-//! one installation's deliveries in it is one message to that installation). The store is the queue: the intake writes each subscribed delivery with a
-//! queue entry and wakes the worker, which reads the entries a page at a time past the last
-//! seq it took, so a long backlog (a worker left down past its restart budget, a burst)
-//! costs a page of memory, not an entry per delivery. On every (re)start the worker reads
-//! from the beginning, so it first takes what a crash left queued, or the delivery it was
-//! working when it panicked. Working a delivery twice is harmless: the installation actor
-//! and the dispatcher act on a delivery only while it is still queued.
+//! root supervisor: a batch is read and parsed off the runtime's threads, and each run of one
+//! installation's deliveries in it is one message to that installation. The store is the
+//! queue: the intake writes each subscribed delivery with a queue entry and wakes the worker,
+//! which reads the entries a page at a time past the last seq it took, so a long backlog (a
+//! worker left down past its restart budget, a burst) costs a page of memory, not an entry
+//! per delivery. On every (re)start the worker reads from the beginning, so it first takes
+//! what a crash left queued, or the batch it was working when it panicked. Working a delivery
+//! twice is harmless: the installation actor and the dispatcher act on a delivery only while
+//! it is still queued.
 
 use std::sync::Arc;
 #[cfg(feature = "fault-injection")]
@@ -24,7 +25,7 @@ const PAGE: usize = 256;
 const BATCH: usize = 64;
 
 pub(crate) enum WorkerMsg {
-    /// Work the next delivery (the actor sends this to itself after each one).
+    /// Work the next batch of deliveries (the actor sends this to itself after each one).
     Next,
 }
 
