@@ -13,7 +13,7 @@ use super::views::DeliveryFilter;
 use super::views::DeliveryView;
 use super::views::InstallationView;
 use super::views::LogOutcome;
-use super::work::Work;
+use super::work::{Work, ends_batch};
 use crate::clock::fmt_ms;
 use crate::error::Error;
 use crate::error::Result;
@@ -33,11 +33,6 @@ enum Loaded {
     Invalid(Box<Delivery>),
     /// For installation `key` (0 when it names none and its repository is held by none).
     Work(u64, Arc<Work>),
-}
-
-/// Events that change an installation, or which installation holds a repository.
-pub(crate) fn ends_batch(event: &str) -> bool {
-    matches!(event, "installation" | "installation_repositories")
 }
 
 impl WebhooksHandle {

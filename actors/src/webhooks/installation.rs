@@ -10,10 +10,9 @@ use std::sync::Arc;
 use fleetops_storage::{Installation, RepoHold, Store, scm::ScmBatch};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
-use super::deliveries::ends_batch;
 use super::dispatcher::DispatcherMsg;
 use super::payload::{Payload, names};
-use super::work::{Work, skip, still_queued};
+use super::work::{Work, ends_batch, skip, still_queued};
 use crate::clock::now_ms;
 use crate::error::{Error, Result};
 use crate::mailbox::{Envelope, Slot};

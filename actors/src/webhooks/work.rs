@@ -30,3 +30,9 @@ pub(crate) fn skip(store: &Store, d: &Delivery, reason: &str) -> Result<()> {
     b.finish_delivery(&d)?;
     Ok(b.commit(store)?)
 }
+
+/// Events that change an installation, or which installation holds a repository: the
+/// worker ends a batch after one, and an installation works its own in order with the rest.
+pub(crate) fn ends_batch(event: &str) -> bool {
+    matches!(event, "installation" | "installation_repositories")
+}
