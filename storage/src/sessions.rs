@@ -276,6 +276,17 @@ impl Store {
         Ok(())
     }
 
+    /// Whether chunk `seq` may hold `needle` by its text filter (one read by key; a chunk
+    /// without a filter may hold anything).
+    pub fn log_chunk_may_hold(&self, session: u64, seq: u64, needle: &str) -> Result<bool> {
+        Ok(
+            match self.inner.logs.get(keys::log_text_filter(session, seq))? {
+                Some(v) => crate::text_filter::may_contain(&v, needle.as_bytes()),
+                None => true,
+            },
+        )
+    }
+
     pub fn log_chunk(&self, session: u64, seq: u64) -> Result<Option<LogChunk>> {
         match self.inner.logs.get(keys::log_chunk(session, seq))? {
             Some(v) => codec::decode(&v).map(Some),

@@ -326,8 +326,19 @@ pub(super) fn query(
         // A text search reads every candidate (`total` counts them all): the chunks that
         // neither the summaries nor the text filters rule out. A few are read one by one;
         // many in one sequential pass that does not decode the others.
-        let ruled_out = store.log_chunks_without(session, needle)?;
-        candidates.retain(|c| ruled_out.binary_search(&c.1).is_err());
+        if candidates.len().saturating_mul(FEW_CHUNKS) < chunks {
+            // Few left by the summaries: their filters read by key.
+            let mut kept = Vec::with_capacity(candidates.len());
+            for c in candidates {
+                if store.log_chunk_may_hold(session, c.1, needle)? {
+                    kept.push(c);
+                }
+            }
+            candidates = kept;
+        } else {
+            let ruled_out = store.log_chunks_without(session, needle)?;
+            candidates.retain(|c| ruled_out.binary_search(&c.1).is_err());
+        }
         let mut count = |seq: u64, chunk: &fleetops_storage::LogChunkView<'_>| {
             for i in f.matches(chunk) {
                 let Some(ts) = chunk.ts_at(i) else { continue };
