@@ -181,10 +181,11 @@ pub struct LogFilter {
 impl LogFilter {
     /// Whether the chunk could hold a match at all.
     fn may_match(&self, c: &impl Columns) -> bool {
-        if c.is_empty() || (self.levels != 0 && c.level_mask() & self.levels == 0) {
+        if c.is_empty() || (self.levels != 0 && c.cols().level_mask & self.levels == 0) {
             return false;
         }
-        if self.since.is_some_and(|s| c.max_ts() < s) || self.until.is_some_and(|u| c.min_ts() >= u)
+        if self.since.is_some_and(|s| c.cols().max_ts < s)
+            || self.until.is_some_and(|u| c.cols().min_ts >= u)
         {
             return false;
         }
@@ -230,8 +231,8 @@ fn search_hits(c: &impl Columns, needle: &str) -> Vec<usize> {
         return (0..c.len()).collect();
     }
     let mut hits = Vec::new();
-    if c.text_bytes().is_ascii() && needle.is_ascii() {
-        let hay = c.text_bytes().to_ascii_lowercase();
+    if c.cols().text.is_ascii() && needle.is_ascii() {
+        let hay = c.cols().text.to_ascii_lowercase();
         let finder = memchr::memmem::Finder::new(needle.as_bytes());
         let mut from = 0;
         while let Some(pos) = finder.find(hay.get(from..).unwrap_or_default()) {

@@ -294,6 +294,16 @@ impl Store {
 mod tests {
     use crate::{Alert, AlertEvent, AlertState, Notification, Severity, Store};
 
+    /// The project's alert ids, newest first.
+    fn ids(store: &Store) -> Vec<u64> {
+        store
+            .project_alerts(1)
+            .unwrap()
+            .iter()
+            .map(|a| a.id)
+            .collect()
+    }
+
     fn alert(id: u64, resolved_at: Option<i64>) -> Alert {
         Alert {
             id,
@@ -352,23 +362,13 @@ mod tests {
         store.apply_evaluation(1, &[], &alerts, &notes).unwrap();
         assert_eq!(store.prune_alerts(1_000, 1).unwrap(), 1);
         assert_eq!(store.prune_alerts(1_000, 10).unwrap(), 1);
-        let left: Vec<u64> = store
-            .project_alerts(1)
-            .unwrap()
-            .iter()
-            .map(|a| a.id)
-            .collect();
+        let left = ids(&store);
         assert_eq!(left, vec![4, 3, 1]);
         assert!(store.alert_notifications(2).unwrap().is_empty());
         assert!(store.alert_notifications(5).unwrap().is_empty());
         store.put_notification(&note(1, 1, Some(true))).unwrap();
         assert_eq!(store.prune_alerts(1_000, 10).unwrap(), 1);
-        let left: Vec<u64> = store
-            .project_alerts(1)
-            .unwrap()
-            .iter()
-            .map(|a| a.id)
-            .collect();
+        let left = ids(&store);
         assert_eq!(left, vec![4, 3]);
         assert_eq!(store.verify_lists().unwrap(), Vec::<String>::new());
     }
@@ -399,12 +399,7 @@ mod tests {
         }
         let store = Store::reopen(dir.path());
         assert_eq!(store.prune_alerts(1_000, 10).unwrap(), 1);
-        let left: Vec<u64> = store
-            .project_alerts(1)
-            .unwrap()
-            .iter()
-            .map(|a| a.id)
-            .collect();
+        let left = ids(&store);
         assert_eq!(left, vec![2]);
     }
 }

@@ -79,7 +79,10 @@ mod tests {
         c.push(10, 0, 0, "café ΟΔΟΣ", b"{}").unwrap();
         let bytes = encode(&c).unwrap();
         let v: LogChunkView<'_> = decode_borrowed(&bytes).unwrap();
-        assert_eq!((v.min_ts(), v.max_ts(), v.level_mask()), (10, 30, 0b101));
+        assert_eq!(
+            (v.cols().min_ts, v.cols().max_ts, v.cols().level_mask),
+            (10, 30, 0b101)
+        );
         assert_eq!(v.len(), 2);
         for i in 0..3 {
             assert_eq!(v.ts_at(i), c.ts_at(i));

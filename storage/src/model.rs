@@ -295,57 +295,64 @@ pub struct LogChunkView<'a> {
     meta_ends: &'a [u8],
 }
 
+/// A chunk's columns as slices, however the chunk was read.
+#[derive(Debug, Clone, Copy)]
+pub struct Cols<'a> {
+    pub min_ts: i64,
+    pub max_ts: i64,
+    pub level_mask: u8,
+    pub ts: &'a [u8],
+    pub levels: &'a [u8],
+    pub module_idx: &'a [u8],
+    pub text: &'a [u8],
+    pub text_ends: &'a [u8],
+    pub meta: &'a [u8],
+    pub meta_ends: &'a [u8],
+}
+
 /// Read access to a chunk's columns, shared by [`LogChunk`] and [`LogChunkView`]: what a
 /// query's filter and page need, whichever way the chunk was read.
 pub trait Columns {
-    fn min_ts(&self) -> i64;
-    fn max_ts(&self) -> i64;
-    fn level_mask(&self) -> u8;
-    fn ts_col(&self) -> &[u8];
-    fn levels_col(&self) -> &[u8];
-    fn module_idx_col(&self) -> &[u8];
-    fn text_bytes(&self) -> &[u8];
-    fn text_ends_col(&self) -> &[u8];
-    fn meta_col(&self) -> &[u8];
-    fn meta_ends_col(&self) -> &[u8];
+    fn cols(&self) -> Cols<'_>;
     /// Name of module `m` of the chunk.
     fn module_name(&self, m: u32) -> Option<&str>;
     /// Index of the module called `name` in the chunk, if it has one.
     fn module_index(&self, name: &str) -> Option<u32>;
 
     fn len(&self) -> usize {
-        self.levels_col().len()
+        self.cols().levels.len()
     }
     fn is_empty(&self) -> bool {
-        self.levels_col().is_empty()
+        self.cols().levels.is_empty()
     }
     fn ts_at(&self, i: usize) -> Option<i64> {
-        self.ts_col()
+        self.cols()
+            .ts
             .get(i * 8..i * 8 + 8)
             .and_then(|b| <[u8; 8]>::try_from(b).ok())
             .map(i64::from_le_bytes)
     }
     fn level_at(&self, i: usize) -> Option<u8> {
-        self.levels_col().get(i).copied()
+        self.cols().levels.get(i).copied()
     }
     fn module_at(&self, i: usize) -> Option<u32> {
-        u32_at(self.module_idx_col(), i)
+        u32_at(self.cols().module_idx, i)
     }
     fn text_end(&self, i: usize) -> Option<usize> {
-        u32_at(self.text_ends_col(), i).map(|v| v as usize)
+        u32_at(self.cols().text_ends, i).map(|v| v as usize)
     }
     fn meta_end(&self, i: usize) -> Option<usize> {
-        u32_at(self.meta_ends_col(), i).map(|v| v as usize)
+        u32_at(self.cols().meta_ends, i).map(|v| v as usize)
     }
     /// Entry `i`'s message.
     fn message(&self, i: usize) -> Option<&str> {
         let start = if i == 0 { 0 } else { self.text_end(i - 1)? };
-        std::str::from_utf8(self.text_bytes().get(start..self.text_end(i)?)?).ok()
+        std::str::from_utf8(self.cols().text.get(start..self.text_end(i)?)?).ok()
     }
     /// Entry `i`'s metadata JSON.
     fn metadata(&self, i: usize) -> Option<&[u8]> {
         let start = if i == 0 { 0 } else { self.meta_end(i - 1)? };
-        self.meta_col().get(start..self.meta_end(i)?)
+        self.cols().meta.get(start..self.meta_end(i)?)
     }
     /// The entry whose message holds text byte `at`.
     fn entry_at_text(&self, at: usize) -> usize {
@@ -363,91 +370,55 @@ pub trait Columns {
 }
 
 impl Columns for LogChunk {
-    fn min_ts(&self) -> i64 {
-        self.min_ts
-    }
-    fn max_ts(&self) -> i64 {
-        self.max_ts
-    }
-    fn level_mask(&self) -> u8 {
-        self.level_mask
-    }
-    fn ts_col(&self) -> &[u8] {
-        &self.ts
-    }
-    fn levels_col(&self) -> &[u8] {
-        &self.levels
-    }
-    fn module_idx_col(&self) -> &[u8] {
-        &self.module_idx
-    }
-    fn text_bytes(&self) -> &[u8] {
-        self.text.as_bytes()
-    }
-    fn text_ends_col(&self) -> &[u8] {
-        &self.text_ends
-    }
-    fn meta_col(&self) -> &[u8] {
-        &self.meta
-    }
-    fn meta_ends_col(&self) -> &[u8] {
-        &self.meta_ends
+    fn cols(&self) -> Cols<'_> {
+        Cols {
+            min_ts: self.min_ts,
+            max_ts: self.max_ts,
+            level_mask: self.level_mask,
+            ts: &self.ts,
+            levels: &self.levels,
+            module_idx: &self.module_idx,
+            text: self.text.as_bytes(),
+            text_ends: &self.text_ends,
+            meta: &self.meta,
+            meta_ends: &self.meta_ends,
+        }
     }
     fn module_name(&self, m: u32) -> Option<&str> {
         self.modules.get(m as usize).map(String::as_str)
+    }
+    fn module_index(&self, name: &str) -> Option<u32> {
+        let i = self.modules.iter().position(|x| x == name)?;
+        u32::try_from(i).ok()
     }
     /// A decoded chunk's text is a `String` already: no second UTF-8 check.
     fn message(&self, i: usize) -> Option<&str> {
         let start = if i == 0 { 0 } else { self.text_end(i - 1)? };
         self.text.get(start..self.text_end(i)?)
     }
-    fn module_index(&self, name: &str) -> Option<u32> {
-        self.modules
-            .iter()
-            .position(|x| x == name)
-            .and_then(|i| u32::try_from(i).ok())
-    }
 }
 
 impl Columns for LogChunkView<'_> {
-    fn min_ts(&self) -> i64 {
-        self.min_ts
-    }
-    fn max_ts(&self) -> i64 {
-        self.max_ts
-    }
-    fn level_mask(&self) -> u8 {
-        self.level_mask
-    }
-    fn ts_col(&self) -> &[u8] {
-        self.ts
-    }
-    fn levels_col(&self) -> &[u8] {
-        self.levels
-    }
-    fn module_idx_col(&self) -> &[u8] {
-        self.module_idx
-    }
-    fn text_bytes(&self) -> &[u8] {
-        self.text
-    }
-    fn text_ends_col(&self) -> &[u8] {
-        self.text_ends
-    }
-    fn meta_col(&self) -> &[u8] {
-        self.meta
-    }
-    fn meta_ends_col(&self) -> &[u8] {
-        self.meta_ends
+    fn cols(&self) -> Cols<'_> {
+        Cols {
+            min_ts: self.min_ts,
+            max_ts: self.max_ts,
+            level_mask: self.level_mask,
+            ts: self.ts,
+            levels: self.levels,
+            module_idx: self.module_idx,
+            text: self.text,
+            text_ends: self.text_ends,
+            meta: self.meta,
+            meta_ends: self.meta_ends,
+        }
     }
     fn module_name(&self, m: u32) -> Option<&str> {
         self.modules.get(m as usize).copied()
     }
     fn module_index(&self, name: &str) -> Option<u32> {
-        self.modules
-            .iter()
-            .position(|x| *x == name)
-            .and_then(|i| u32::try_from(i).ok())
+        let i = self.modules.iter().position(|x| *x == name)?;
+        u32::try_from(i).ok()
     }
 }
 

@@ -43,6 +43,23 @@ pub struct SessionQuery {
     pub until: Option<i64>,
 }
 
+/// What is stored beside a log chunk (its summary, encoded, and its text filter), built
+/// apart from the write: for a large batch it is a pass over all its text.
+#[derive(Debug, Clone)]
+pub struct ChunkIndex {
+    summary: Vec<u8>,
+    filter: Option<Vec<u8>>,
+}
+
+impl ChunkIndex {
+    pub fn of(chunk: &LogChunk) -> Result<Self> {
+        Ok(Self {
+            summary: codec::encode(&crate::LogSummary::of(chunk))?,
+            filter: crate::text_filter::build(chunk),
+        })
+    }
+}
+
 impl Store {
     pub fn session(&self, project: u64, id: u64) -> Result<Option<Session>> {
         self.get(&keys::session(project, id))
@@ -95,7 +112,7 @@ impl Store {
         Ok(self.get(&keys::session_counters(id))?.unwrap_or_default())
     }
 
-    /// Stores one chunk and the counters that account for it, atomically.
+    /// Stores one chunk and the counters that account for it, atomically, with its index.
     pub fn append_chunk(
         &self,
         session: u64,
@@ -103,9 +120,22 @@ impl Store {
         counters: &SessionCounters,
         seq: u64,
     ) -> Result<()> {
+        self.append_indexed_chunk(session, chunk, &ChunkIndex::of(chunk)?, counters, seq)
+    }
+
+    /// As [`Store::append_chunk`], with the index built beforehand ([`ChunkIndex::of`]), so
+    /// that the caller can build it off the thread that writes.
+    pub fn append_indexed_chunk(
+        &self,
+        session: u64,
+        chunk: &LogChunk,
+        index: &ChunkIndex,
+        counters: &SessionCounters,
+        seq: u64,
+    ) -> Result<()> {
         let chunk_bytes = codec::encode(chunk)?;
-        let summary_bytes = codec::encode(&crate::LogSummary::of(chunk))?;
-        let filter = crate::text_filter::build(chunk);
+        let summary_bytes = &index.summary;
+        let filter = &index.filter;
         let filter_key = keys::log_text_filter(session, seq);
         let counter_bytes = codec::encode(counters)?;
         let chunk_key = keys::log_chunk(session, seq);

@@ -340,11 +340,7 @@ pub(super) fn query(
             candidates.retain(|c| ruled_out.binary_search(&c.1).is_err());
         }
         let mut count = |seq: u64, chunk: &fleetops_storage::LogChunkView<'_>| {
-            for i in f.matches(chunk) {
-                let Some(ts) = chunk.ts_at(i) else { continue };
-                total += 1;
-                first.offer((ts, seq, i as u32));
-            }
+            total += first.offer_matches(f, seq, chunk);
         };
         if candidates.len().saturating_mul(FEW_CHUNKS) < chunks {
             for &(_, seq, _, _) in &candidates {
@@ -373,12 +369,9 @@ pub(super) fn query(
         let Some(chunk) = store.log_chunk(session, seq)? else {
             continue;
         };
-        for i in f.matches(&chunk) {
-            let Some(ts) = chunk.ts_at(i) else { continue };
-            if !from_summary {
-                total += 1;
-            }
-            first.offer((ts, seq, i as u32));
+        let n = first.offer_matches(f, seq, &chunk);
+        if !from_summary {
+            total += n;
         }
     }
     page(store, session, first, offset, limit, total as usize)
@@ -397,11 +390,7 @@ pub(super) fn query_scan(
     let mut total = 0usize;
     for item in store.log_chunks(session) {
         let (seq, chunk) = item?;
-        for i in f.matches(&chunk) {
-            let Some(ts) = chunk.ts_at(i) else { continue };
-            total += 1;
-            first.offer((ts, seq, i as u32));
-        }
+        total += first.offer_matches(f, seq, &chunk) as usize;
     }
     page(store, session, first, offset, limit, total)
 }
@@ -428,6 +417,17 @@ impl Smallest {
             self.heap.pop();
             self.heap.push(key);
         }
+    }
+
+    /// Offers every match of `f` in chunk `seq`; returns how many there were.
+    fn offer_matches(&mut self, f: &LogFilter, seq: u64, chunk: &impl Columns) -> u64 {
+        let mut n = 0;
+        for i in f.matches(chunk) {
+            let Some(ts) = chunk.ts_at(i) else { continue };
+            n += 1;
+            self.offer((ts, seq, i as u32));
+        }
+        n
     }
 
     /// Whether an entry at `ts` or later could still be kept.

@@ -8,8 +8,8 @@
 
 use std::sync::Arc;
 
-use fleetops_storage::sessions::SessionQuery;
-use fleetops_storage::{BlobStore, Columns, Session, SessionStatus, Store};
+use fleetops_storage::sessions::{ChunkIndex, SessionQuery};
+use fleetops_storage::{BlobStore, Columns, LogChunk, Session, SessionStatus, Store};
 
 use super::exports;
 pub use super::exports::{ExportFormat, ExportStream};
@@ -159,19 +159,27 @@ impl SessionsHandle {
         if s.status != SessionStatus::Active {
             return Err(Error::Conflict("Session is not active".into()));
         }
-        // Columns for a large batch are built on the blocking pool (a thousand entries are
-        // about a millisecond of work).
-        let chunk = Arc::new(if entries.len() > 64 {
-            crate::off_thread(move || logs::build_chunk(entries)).await?
+        // Columns and index for a large batch are built on the blocking pool (a thousand
+        // entries are about a millisecond of work; the text filter is a pass over all text).
+        let indexed = |entries| -> Result<(LogChunk, ChunkIndex)> {
+            let chunk = logs::build_chunk(entries)?;
+            let index = ChunkIndex::of(&chunk)?;
+            Ok((chunk, index))
+        };
+        let (chunk, index) = if entries.len() > 64 {
+            crate::off_thread(move || indexed(entries)).await?
         } else {
-            logs::build_chunk(entries)?
-        });
+            indexed(entries)?
+        };
+        let (chunk, index) = (Arc::new(chunk), Arc::new(index));
         if chunk.is_empty() {
             return Ok(Accepted { accepted: 0 });
         }
         let accepted = self
             .actors
-            .call(id, |reply| SessionMsg::Append(chunk.clone(), reply))
+            .call(id, |reply| {
+                SessionMsg::Append(chunk.clone(), index.clone(), reply)
+            })
             .await?;
         self.store.durable().await?;
         crate::counters::Counters::add(&self.counters.log_lines, chunk.levels.len() as u64);

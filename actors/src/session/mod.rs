@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
+use fleetops_storage::sessions::ChunkIndex;
 use fleetops_storage::{Artifact, Columns, LogChunk, SessionCounters, SessionStatus, Store};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
@@ -28,7 +29,9 @@ type Reply<T> = RpcReplyPort<Result<T>>;
 
 pub(crate) enum SessionMsg {
     /// Store a validated batch; replies with the number of entries accepted.
-    Append(Arc<LogChunk>, Reply<usize>),
+    /// A batch with its index, built before it reaches the actor (off the runtime's threads
+    /// for a large one).
+    Append(Arc<LogChunk>, Arc<ChunkIndex>, Reply<usize>),
     /// Record an uploaded artifact; replies with the blob key it replaced, if any.
     PutArtifact(Artifact, Reply<Option<String>>),
     /// Refuse every later append (completion or deletion is under way).
@@ -155,9 +158,9 @@ impl Actor for SessionActor {
             return Ok(());
         };
         match msg {
-            SessionMsg::Append(chunk, reply) => {
+            SessionMsg::Append(chunk, index, reply) => {
                 st.last_active = std::time::Instant::now();
-                match st.append(&chunk) {
+                match st.append(&chunk, &index) {
                     Ok(first_seq) => {
                         // Answered as soon as the write is applied, before the replay buffer and
                         // the fan-out: a panic in those cannot leave the caller without the truth,
@@ -246,7 +249,7 @@ impl SessionState {
     }
 
     /// Writes the batch with its counters; returns the arrival index of its first entry.
-    fn append(&mut self, chunk: &LogChunk) -> Result<u64> {
+    fn append(&mut self, chunk: &LogChunk, index: &ChunkIndex) -> Result<u64> {
         self.check_open()?;
         let n = chunk.len();
         let seq = self.counters.next_chunk;
@@ -255,7 +258,8 @@ impl SessionState {
             next_chunk: seq + 1,
             ..self.counters
         };
-        self.store.append_chunk(self.id, chunk, &next, seq)?;
+        self.store
+            .append_indexed_chunk(self.id, chunk, index, &next, seq)?;
         let first_seq = self.counters.log_count;
         self.counters = next;
         Ok(first_seq)
@@ -358,6 +362,10 @@ mod tests {
         Arc::new(build_chunk(entries).unwrap())
     }
 
+    fn index(tag: &str, n: usize) -> Arc<ChunkIndex> {
+        Arc::new(ChunkIndex::of(&batch(tag, n)).unwrap())
+    }
+
     async fn spawn(store: &Store) -> ActorRef<Envelope<SessionMsg>> {
         let ctx = (store.clone(), SessionsConfig::default(), Arc::default());
         Actor::spawn(None, SessionActor, (ctx, SID))
@@ -385,13 +393,13 @@ mod tests {
             .unwrap();
         let a = spawn(&store).await;
         assert_eq!(
-            ask(&a, |r| SessionMsg::Append(batch("a", 3), r))
+            ask(&a, |r| SessionMsg::Append(batch("a", 3), index("a", 3), r))
                 .await
                 .unwrap(),
             3
         );
         assert_eq!(
-            ask(&a, |r| SessionMsg::Append(batch("b", 2), r))
+            ask(&a, |r| SessionMsg::Append(batch("b", 2), index("b", 2), r))
                 .await
                 .unwrap(),
             2
@@ -416,7 +424,7 @@ mod tests {
 
         // Sealed (completion under way): appends are refused, nothing more is counted.
         ask(&a, SessionMsg::Seal).await.unwrap();
-        let r = ask(&a, |r| SessionMsg::Append(batch("c", 1), r)).await;
+        let r = ask(&a, |r| SessionMsg::Append(batch("c", 1), index("c", 1), r)).await;
         assert!(matches!(r, Err(Error::Conflict(_))));
         assert_eq!(store.session_counters(SID).unwrap().log_count, 5);
         a.stop(None);

@@ -25,6 +25,9 @@ use fleetops_storage::DeliveryOutcome;
 use serde_json::value::RawValue;
 use std::sync::Arc;
 
+/// The payload bytes (as sent) one batch of the worker reads before it stops taking more.
+const BATCH_BYTES: u64 = 8 << 20;
+
 /// A queued delivery read for working.
 enum Loaded {
     /// Gone, or no longer queued.
@@ -199,8 +202,17 @@ impl WebhooksHandle {
         let (this, wanted) = (self.clone(), seqs.to_vec());
         let loaded = tokio::task::spawn_blocking(move || {
             let mut out = Vec::with_capacity(wanted.len());
+            let mut bytes = 0u64;
             for seq in wanted {
+                // A batch holds its parsed payloads until it is worked: bounded in bytes as
+                // sent, not only in number (deliveries may be up to the body limit each).
+                if bytes >= BATCH_BYTES {
+                    break;
+                }
                 let l = this.load(seq);
+                if let Ok(Loaded::Work(_, w)) = &l {
+                    bytes = bytes.saturating_add(w.delivery.payload_len);
+                }
                 // Only a delivery read whole and not changing any installation lets the
                 // batch go on: after anything else, later deliveries are read again once it
                 // is worked.
