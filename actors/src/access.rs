@@ -174,6 +174,18 @@ impl Access {
         })
     }
 
+    /// The device API: the device's own token only (a user's JWT or API key is 403);
+    /// returns its project and device.
+    pub fn require_device(&self, p: &Principal) -> Result<(u64, u64)> {
+        match p.credential {
+            Credential::Device {
+                project_id,
+                device_id,
+            } => Ok((project_id, device_id)),
+            _ => Err(Error::Forbidden),
+        }
+    }
+
     /// A device token may act only for its own device.
     pub fn check_device(&self, p: &Principal, device_id: u64) -> Result<()> {
         match p.credential {

@@ -122,6 +122,11 @@ pub struct PipelineConfig {
     pub upload_ttl_seconds: i64,
     /// Lifetime of a download link (15 minutes by default).
     pub download_ttl_seconds: i64,
+    /// Devices whose answer to the update poll is kept in memory (about 1 KiB each); past
+    /// it the cache starts over.
+    pub device_cache_entries: usize,
+    /// How often each rollout's controller checks its gate.
+    pub rollout_tick_ms: u64,
 }
 
 impl Default for PipelineConfig {
@@ -130,6 +135,8 @@ impl Default for PipelineConfig {
             sync_validation_max_bytes: 256 * 1024 * 1024,
             upload_ttl_seconds: 3600,
             download_ttl_seconds: 900,
+            device_cache_entries: 100_000,
+            rollout_tick_ms: 500,
         }
     }
 }

@@ -61,6 +61,7 @@
 pub mod access;
 pub mod alerts;
 pub mod archives;
+mod assignments;
 pub mod auth;
 pub mod backup;
 pub mod clock;
@@ -109,7 +110,7 @@ pub use directory::{BootstrapReq, DirectoryHandle};
 pub use error::{Error, Result};
 pub use fleetops_storage::{
     AlertState, DeliveryOutcome, DeploymentStatus, InstallationState, Organization, Role,
-    RolloutStatus, RunStatus, ValidationStatus,
+    RolloutState, RolloutStatus, RunStatus, UpdateState, ValidationStatus,
 };
 pub use projects::ProjectsHandle;
 pub use sessions::SessionsHandle;
@@ -207,10 +208,14 @@ impl Runtime {
         let rollouts = events::Outbox::start(store.clone());
         let fresh = secrets::random_bytes(32)?;
         let sealer = secrets::Sealer::new(&store.meta_get_or_init(SEALING_KEY_META, || fresh)?)?;
+        let assignments = Arc::new(assignments::Assignments::new(
+            cfg.pipeline.device_cache_entries,
+        ));
         let project_args = KeyedArgs::<project::ProjectActor> {
             ctx: project::ProjectCtx {
                 store: store.clone(),
                 rollouts: rollouts.clone(),
+                assignments: assignments.clone(),
                 clock: clock.clone(),
                 alerting: project::alerting::AlertingCtx {
                     sealer: sealer.clone(),
@@ -352,6 +357,7 @@ impl Runtime {
             list_cache: Arc::new(DashMap::new()),
             tmp_dir: cfg.tmp_dir.clone(),
             rollouts,
+            assignments: assignments.clone(),
             locks: Arc::new(DashMap::new()),
         };
         let webhooks = webhooks::WebhooksHandle {

@@ -18,7 +18,7 @@ use serde_json::{Map, Value, json};
 use crate::error::ErrorEnvelope;
 use crate::handlers::{
     accounts, capsules, configurations, deployments as deploy, devices, links, ops, sessions,
-    webhooks as hooks,
+    updates, webhooks as hooks,
 };
 use crate::router::{Op, RouteDef, Security};
 
@@ -152,6 +152,9 @@ fn types(op: Op) -> (Option<SchemaFn>, Option<SchemaFn>) {
             Some(ty::<deploy::DeviceStatusBody>),
             Some(ty::<ResultAccepted>),
         ),
+        DeviceUpdate => (none, Some(ty::<pipeline::updates::UpdateBody<'static>>)),
+        DeviceUpdateStatus => (Some(ty::<updates::ReportBody>), Some(ty::<ResultAccepted>)),
+        DeviceHistory => (none, Some(ty::<pipeline::updates::DeviceHistory>)),
         ScmWebhook => (none, Some(ty::<DeliveryAccepted>)),
         ScmRotate => (none, Some(ty::<Rotated>)),
         Backup => (
@@ -250,7 +253,12 @@ fn doc(op: Op) -> Doc {
         | GetGroup | GetSession | ListFiles | GetCapsule | GetConfig | PlanDeployment
         | GetDeployment | ScmStatus | ScmInstallations | ScmDelivery | GetRepo | GetRun
         | ProjectDelivery | ListIntegrations | GetIntegration | ListAlertRules | GetAlertRule
-        | GetAlert => PLAIN,
+        | GetAlert | DeviceHistory => PLAIN,
+        // 204 when nothing is assigned, 304 when `If-None-Match` names the current ETag.
+        DeviceUpdate => Doc {
+            also: &[204, 304],
+            ..PLAIN
+        },
         OrgDevices | ListDevices | ListSessions | QueryLogs | ListCapsules | ListConfigs
         | ListDeployments | ScmDeliveries | ListRepos | ListRuns | ProjectDeliveries
         | ListAlerts => QUERY,
@@ -269,7 +277,9 @@ fn doc(op: Op) -> Doc {
         CreateUser | CreateOrg | AddMember | CreateProject | CompleteSession | CapsuleUploadUrl
         | DeleteCapsule | ConfigUploadUrl | ConfigConfirm | DeleteConfig | CreateDeployment
         | PatchDeployment | DeleteDeployment | ActivateDeployment | DeprecateDeployment
-        | DeviceStatus | CreateRepo | RunHeartbeat | CompleteRun | Backup => WRITE_409,
+        | DeviceStatus | DeviceUpdateStatus | CreateRepo | RunHeartbeat | CompleteRun | Backup => {
+            WRITE_409
+        }
         AppendLogs => Doc {
             body: Some(ReqBody::Logs),
             ..WRITE_409

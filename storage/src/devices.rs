@@ -337,6 +337,9 @@ impl Store {
         let mut w = Writes::new();
         w.delete_listed::<Device>(keys::device(d.project_id, d.id));
         w.delete(keys::device_by_token(&d.token_hash));
+        for k in self.scan_keys(&keys::device_history_prefix(d.id))? {
+            w.0.remove(k);
+        }
         for g in groups {
             w.put(keys::group(g.project_id, g.id), g)?;
         }

@@ -185,6 +185,33 @@ pub(crate) fn device_result(deployment: u64, device: u64) -> Vec<u8> {
 pub(crate) fn device_result_prefix(deployment: u64) -> Vec<u8> {
     key(&[b"dr", &be(deployment), b""])
 }
+// Device updates: the latest state per (package, device), each device's report history
+// (oldest first), and per-package rollout plans.
+pub(crate) fn device_progress(deployment: u64, device: u64) -> Vec<u8> {
+    key(&[b"dps", &be(deployment), &be(device)])
+}
+pub(crate) fn device_progress_prefix(deployment: u64) -> Vec<u8> {
+    key(&[b"dps", &be(deployment), b""])
+}
+pub(crate) fn device_history(device: u64, at: i64, deployment: u64, state: u8) -> Vec<u8> {
+    let at = u64::try_from(at.max(0)).unwrap_or(0);
+    key(&[b"dh", &be(device), &be(at), &be(deployment), &[state]])
+}
+pub(crate) fn device_history_prefix(device: u64) -> Vec<u8> {
+    key(&[b"dh", &be(device), b""])
+}
+pub(crate) fn rollout(deployment: u64) -> Vec<u8> {
+    key(&[b"ro", &be(deployment)])
+}
+pub(crate) fn rollout_prefix() -> Vec<u8> {
+    key(&[b"ro", b""])
+}
+pub(crate) fn capsule_source(capsule: u64) -> Vec<u8> {
+    key(&[b"csrc", &be(capsule)])
+}
+pub(crate) fn project_policy(project: u64) -> Vec<u8> {
+    key(&[b"ppol", &be(project)])
+}
 
 // Inbound webhooks.
 pub(crate) fn delivery_by_id(delivery_id: &str) -> Vec<u8> {

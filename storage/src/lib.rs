@@ -21,6 +21,7 @@ mod lists;
 pub mod meta;
 pub mod model;
 pub mod pipeline;
+pub mod rollouts;
 pub mod scm;
 pub mod sessions;
 mod spool;
@@ -35,7 +36,7 @@ pub use blobs::BlobStore;
 pub use model::*;
 pub use states::{
     AlertEvent, AlertState, DeliveryOutcome, DeploymentStatus, InstallationState, IntegrationType,
-    RolloutStatus, RunStatus, Severity, ValidationStatus,
+    RolloutState, RolloutStatus, RunStatus, Severity, UpdateState, ValidationStatus,
 };
 
 /// Errors from the storage layer. Callers map them to 5xx; domain conflicts are decided by the

@@ -175,6 +175,7 @@ impl Store {
         w.delete(keys::pending_validation(c.project_id, c.id));
         w.delete(keys::capsule(c.project_id, c.id));
         w.delete(keys::capsule_by_version(c.project_id, &c.name, &c.version));
+        w.delete(keys::capsule_source(c.id));
         for o in others {
             w.put(keys::capsule(o.project_id, o.id), *o)?;
         }
@@ -299,6 +300,10 @@ impl Store {
         for k in self.scan_keys(&keys::device_result_prefix(d.id))? {
             w.0.remove(k);
         }
+        for k in self.scan_keys(&keys::device_progress_prefix(d.id))? {
+            w.0.remove(k);
+        }
+        w.delete(keys::rollout(d.id));
         self.apply(w)
     }
 

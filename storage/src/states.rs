@@ -191,3 +191,51 @@ mod tests {
         assert_eq!(DeliveryOutcome::Dispatched.to_string(), "dispatched");
     }
 }
+
+states! {
+    /// Where a device stands with a package it was assigned: the three intermediate states a
+    /// robot passes through, then one of the two final ones (the rollout results).
+    UpdateState {
+        Downloading = "downloading",
+        Installing = "installing",
+        Rebooting = "rebooting",
+        Succeeded = "succeeded",
+        Failed = "failed",
+    }
+}
+
+impl UpdateState {
+    /// The rollout result this state is, if it is a final one.
+    pub fn result(self) -> Option<RolloutStatus> {
+        match self {
+            UpdateState::Succeeded => Some(RolloutStatus::Succeeded),
+            UpdateState::Failed => Some(RolloutStatus::Failed),
+            _ => None,
+        }
+    }
+}
+
+impl From<RolloutStatus> for UpdateState {
+    fn from(s: RolloutStatus) -> Self {
+        match s {
+            RolloutStatus::Succeeded => UpdateState::Succeeded,
+            RolloutStatus::Failed => UpdateState::Failed,
+        }
+    }
+}
+
+states! {
+    /// A phased rollout of an active package.
+    RolloutState {
+        /// Phases start as their gates pass.
+        Running = "running",
+        /// Held by a gate or by a member; `resume` continues it.
+        Paused = "paused",
+        /// Every phase started and its last gate passed.
+        Completed = "completed",
+        /// Stopped for good; the devices already in keep the package.
+        Aborted = "aborted",
+        /// Stopped for good; the devices already in went back to their previous package.
+        RolledBack = "rolled_back",
+    }
+}

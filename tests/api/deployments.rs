@@ -11,7 +11,7 @@ use crate::configurations::{CONFS, capsule, conf, configure};
 
 pub(crate) const DEPS: &str = "/api/v1/projects/default/default/deployments";
 
-async fn device(s: &Srv, name: &str, labels: Value) -> (u64, String) {
+pub(crate) async fn device(s: &Srv, name: &str, labels: Value) -> (u64, String) {
     let r = s
         .post(
             &format!("{DEV}/devices"),
@@ -29,23 +29,23 @@ async fn device(s: &Srv, name: &str, labels: Value) -> (u64, String) {
 /// A project with capsules (nav 1.2.0 and 2.0.0, arm 1.0.0, a broken one), two
 /// configurations of nav (one passed, one failed), devices r1-r4 (r2 in group g) and a valid
 /// package body targeting r1, the group and `site=a`.
-struct Fleet {
-    s: Srv,
-    nav: u64,
-    nav2: u64,
-    arm: u64,
-    broken: u64,
-    good_conf: u64,
-    bad_conf: u64,
-    d1: u64,
-    tok1: String,
-    d2: u64,
-    d3: u64,
-    g: u64,
-    body: Value,
+pub(crate) struct Fleet {
+    pub(crate) s: Srv,
+    pub(crate) nav: u64,
+    pub(crate) nav2: u64,
+    pub(crate) arm: u64,
+    pub(crate) broken: u64,
+    pub(crate) good_conf: u64,
+    pub(crate) bad_conf: u64,
+    pub(crate) d1: u64,
+    pub(crate) tok1: String,
+    pub(crate) d2: u64,
+    pub(crate) d3: u64,
+    pub(crate) g: u64,
+    pub(crate) body: Value,
 }
 
-async fn fleet() -> Fleet {
+pub(crate) async fn fleet() -> Fleet {
     let s = start().await;
     let nav = capsule(&s, "nav", "1.2.0").await;
     let nav2 = capsule(&s, "nav", "2.0.0").await;

@@ -25,4 +25,5 @@ mod s3;
 mod schemathesis;
 mod sessions;
 mod supervision;
+mod updates;
 mod webhooks;

@@ -67,6 +67,17 @@ pub struct DeploymentDetail {
     #[serde(flatten)]
     pub deployment: DeploymentView,
     pub device_results: DeviceResults,
+    /// Each device's latest state with the package, counted (the update API's reports).
+    pub device_states: DeviceStates,
+}
+
+#[derive(Debug, Default, Serialize, schemars::JsonSchema)]
+pub struct DeviceStates {
+    pub downloading: usize,
+    pub installing: usize,
+    pub rebooting: usize,
+    pub succeeded: usize,
+    pub failed: usize,
 }
 
 /// `POST /deployments/plan`.
@@ -83,7 +94,7 @@ pub struct Plan {
 pub struct ResultAccepted {
     pub deployment_id: u64,
     pub device_id: u64,
-    pub status: fleetops_storage::RolloutStatus,
+    pub status: fleetops_storage::UpdateState,
     pub reported_at: String,
 }
 
@@ -155,9 +166,21 @@ impl PipelineHandle {
                 fleetops_storage::RolloutStatus::Failed => results.failed += 1,
             }
         }
+        let mut states = DeviceStates::default();
+        for p in self.store.device_progress(id)? {
+            use fleetops_storage::UpdateState as S;
+            *match p.state {
+                S::Downloading => &mut states.downloading,
+                S::Installing => &mut states.installing,
+                S::Rebooting => &mut states.rebooting,
+                S::Succeeded => &mut states.succeeded,
+                S::Failed => &mut states.failed,
+            } += 1;
+        }
         Ok(DeploymentDetail {
             deployment: DeploymentView::from(&d),
             device_results: results,
+            device_states: states,
         })
     }
 
@@ -205,6 +228,7 @@ impl PipelineHandle {
         device_id: u64,
         status: String,
         message: Option<String>,
+        any_state: bool,
     ) -> Result<ResultAccepted> {
         let r = self
             .projects
@@ -213,14 +237,15 @@ impl PipelineHandle {
                 device_id,
                 status: status.clone(),
                 message: message.clone(),
+                any_state,
                 reply,
             })
             .await?;
         Ok(ResultAccepted {
             deployment_id: id,
             device_id,
-            status: r.status,
-            reported_at: fmt_ms(r.reported_at),
+            status: r.state,
+            reported_at: fmt_ms(r.at),
         })
     }
 

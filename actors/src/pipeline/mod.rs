@@ -14,6 +14,7 @@
 
 pub mod configurations;
 pub mod deployments;
+pub mod updates;
 mod uploads;
 
 pub use uploads::UploadKind;
@@ -206,6 +207,8 @@ pub struct PipelineHandle {
     pub(crate) locks: Arc<dashmap::DashMap<(UploadKind, u64), ObjectLock>>,
     /// Rollout results as the project actors publish them, for the alert evaluator.
     pub(crate) rollouts: crate::events::Outbox<deployments::RolloutEvent>,
+    /// Which package each device should run, cached (shared with the project actors).
+    pub(crate) assignments: Arc<crate::assignments::Assignments>,
     /// Serialized lists: (project, name, type, latest_only) -> (list identity, JSON, list).
     #[allow(clippy::type_complexity)]
     pub(crate) list_cache: Arc<

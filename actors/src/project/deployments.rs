@@ -13,7 +13,9 @@ use fleetops_storage::Deployment;
 use fleetops_storage::DeploymentStatus;
 use fleetops_storage::DeviceResult;
 use fleetops_storage::RolloutStatus;
+use fleetops_storage::UpdateState;
 use fleetops_storage::accounts::Seq;
+use fleetops_storage::rollouts::DeviceProgress;
 
 impl ProjectState {
     pub(super) fn deployment(&self, id: u64) -> Result<Deployment> {
@@ -131,19 +133,28 @@ impl ProjectState {
         Ok(d)
     }
 
-    /// Records a device's result; replies with it and the device's previous status.
+    /// Records a device's report: its state with the package, its history and, for a final
+    /// state, its rollout result, in one write. `any_state` admits the intermediate states
+    /// (the device update API); the members' `device-status` route takes only the final ones.
+    /// Replies with the report and, for a final one, the device's previous result.
     pub(super) fn report_rollout(
         &self,
         id: u64,
         device_id: u64,
         status: String,
         message: Option<String>,
-    ) -> Result<(DeviceResult, Option<RolloutStatus>)> {
+        any_state: bool,
+    ) -> Result<(DeviceProgress, Option<RolloutStatus>)> {
         let d = self.deployment(id)?;
-        let Some(status) = RolloutStatus::parse(&status) else {
+        let state = UpdateState::parse(&status).filter(|s| any_state || s.result().is_some());
+        let Some(state) = state else {
             return Err(Error::unprocessable(
                 "status",
-                "must be succeeded or failed",
+                if any_state {
+                    "must be downloading, installing, rebooting, succeeded or failed"
+                } else {
+                    "must be succeeded or failed"
+                },
             ));
         };
         if message.as_ref().is_some_and(|m| m.chars().count() > 2000) {
@@ -160,15 +171,26 @@ impl ProjectState {
                 "Deployment is a draft; activate it before devices report results".into(),
             ));
         }
-        let previous = self.store.device_result(id, device_id)?.map(|r| r.status);
-        let r = DeviceResult {
+        let now = now_ms();
+        let progress = DeviceProgress {
+            deployment_id: id,
+            device_id,
+            state,
+            message: message.clone(),
+            at: now,
+        };
+        let result = state.result().map(|status| DeviceResult {
             deployment_id: id,
             device_id,
             status,
             message,
-            reported_at: now_ms(),
+            reported_at: now,
+        });
+        let previous = match result {
+            Some(_) => self.store.device_result(id, device_id)?.map(|r| r.status),
+            None => None,
         };
-        self.store.put_device_result(&r)?;
-        Ok((r, previous))
+        self.store.record_update(&progress, result.as_ref())?;
+        Ok((progress, previous))
     }
 }

@@ -19,8 +19,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use fleetops_storage::{
-    Capsule, Configuration, Deployment, Device, DeviceGroup, DeviceResult, Project, Session,
-    SessionStatus, Store,
+    Capsule, Configuration, Deployment, Device, DeviceGroup, Project, Session, SessionStatus, Store,
 };
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
@@ -201,12 +200,14 @@ pub(crate) enum ProjectMsg {
         id: u64,
         reply: Reply<()>,
     },
+    /// A device's report on a package; `any_state` admits the intermediate states.
     ReportRollout {
         id: u64,
         device_id: u64,
         status: String,
         message: Option<String>,
-        reply: Reply<DeviceResult>,
+        any_state: bool,
+        reply: Reply<fleetops_storage::rollouts::DeviceProgress>,
     },
     /// Fault injection for supervision tests.
     #[cfg(feature = "fault-injection")]
@@ -231,6 +232,8 @@ pub(crate) struct ProjectCtx {
     pub store: Store,
     /// Rollout results, published once on disk.
     pub rollouts: Outbox<RolloutEvent>,
+    /// Told of every write that may change which package a device should run.
+    pub assignments: std::sync::Arc<crate::assignments::Assignments>,
     /// What a heartbeat's `last_seen_at` is (the clock readers judge online by).
     pub clock: crate::clock::Clock,
     pub alerting: alerting::AlertingCtx,
@@ -241,6 +244,7 @@ pub(crate) struct ProjectState {
     project: Project,
     store: Store,
     rollouts: Outbox<RolloutEvent>,
+    assignments: std::sync::Arc<crate::assignments::Assignments>,
     clock: crate::clock::Clock,
     alerting: alerting::AlertingCtx,
     /// When each device's last metric sample was kept (this incarnation).
@@ -259,6 +263,7 @@ impl Actor for ProjectActor {
             ProjectCtx {
                 store,
                 rollouts,
+                assignments,
                 clock,
                 alerting,
             },
@@ -272,6 +277,7 @@ impl Actor for ProjectActor {
             project,
             store,
             rollouts,
+            assignments,
             clock,
             alerting,
             last_sample: std::collections::HashMap::new(),
@@ -302,10 +308,14 @@ impl Actor for ProjectActor {
                 labels,
                 reply,
             } => {
-                let _ = reply.send(st.update_device(id, name, labels));
+                let r = st.update_device(id, name, labels);
+                st.reassigned();
+                let _ = reply.send(r);
             }
             ProjectMsg::DeleteDevice { id, reply } => {
-                let _ = reply.send(st.delete_device(id));
+                let r = st.delete_device(id);
+                st.reassigned();
+                let _ = reply.send(r);
             }
             ProjectMsg::Heartbeat { id, metrics, reply } => {
                 let _ = reply.send(st.heartbeat(id, metrics));
@@ -315,7 +325,9 @@ impl Actor for ProjectActor {
                 device_ids,
                 reply,
             } => {
-                let _ = reply.send(st.create_group(name, device_ids));
+                let r = st.create_group(name, device_ids);
+                st.reassigned();
+                let _ = reply.send(r);
             }
             ProjectMsg::UpdateGroup {
                 id,
@@ -323,10 +335,14 @@ impl Actor for ProjectActor {
                 device_ids,
                 reply,
             } => {
-                let _ = reply.send(st.update_group(id, name, device_ids));
+                let r = st.update_group(id, name, device_ids);
+                st.reassigned();
+                let _ = reply.send(r);
             }
             ProjectMsg::DeleteGroup { id, reply } => {
-                let _ = reply.send(st.delete_group(id));
+                let r = st.delete_group(id);
+                st.reassigned();
+                let _ = reply.send(r);
             }
             ProjectMsg::CreateSession {
                 device_id,
@@ -425,7 +441,9 @@ impl Actor for ProjectActor {
                 let _ = reply.send(st.delete_deployment(id));
             }
             ProjectMsg::TransitionDeployment { id, to, reply } => {
-                let _ = reply.send(st.transition(id, to));
+                let r = st.transition(id, to);
+                st.reassigned();
+                let _ = reply.send(r);
             }
             ProjectMsg::CreateIntegration {
                 kind,
@@ -463,22 +481,25 @@ impl Actor for ProjectActor {
                 device_id,
                 status,
                 message,
+                any_state,
                 reply,
             } => {
-                match st.report_rollout(id, device_id, status, message) {
+                match st.report_rollout(id, device_id, status, message, any_state) {
                     Ok((res, previous)) => {
-                        let event = RolloutEvent {
+                        let event = res.state.result().map(|status| RolloutEvent {
                             project_id: st.project.id,
                             deployment_id: id,
                             device_id,
-                            status: res.status,
+                            status,
                             previous,
-                            at: res.reported_at,
-                        };
+                            at: res.at,
+                        });
                         // Answered as soon as the write is applied; then the event leaves
                         // from the writer, whatever became of the caller, once on disk.
                         let _ = reply.send(Ok(res));
-                        st.rollouts.publish(event).await;
+                        if let Some(event) = event {
+                            st.rollouts.publish(event).await;
+                        }
                     }
                     Err(e) => {
                         let _ = reply.send(Err(e));
@@ -497,6 +518,11 @@ impl Actor for ProjectActor {
 impl ProjectState {
     fn pid(&self) -> u64 {
         self.project.id
+    }
+
+    /// After a write that may change which package a device should run, before its reply.
+    fn reassigned(&self) {
+        self.assignments.changed();
     }
 }
 
@@ -518,6 +544,7 @@ mod tests {
         let ctx = ProjectCtx {
             store: store.clone(),
             rollouts: Outbox::start(store.clone()),
+            assignments: std::sync::Arc::new(crate::assignments::Assignments::new(16)),
             clock: clock.clone(),
             alerting: alerting::AlertingCtx {
                 sealer: crate::secrets::Sealer::new(&[1; 32]).unwrap(),

@@ -10,6 +10,7 @@ pub mod config_files;
 pub mod configurations;
 pub mod deployments;
 pub mod notifications;
+pub mod rollouts;
 pub mod schemas;
 pub mod targets;
 pub mod whole;

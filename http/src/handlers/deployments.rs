@@ -172,7 +172,7 @@ pub async fn device_status(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<
     body::accepted(
         &cx.rt()
             .pipeline
-            .report(s.project.id, id, b.device_id, b.status, b.message)
+            .report(s.project.id, id, b.device_id, b.status, b.message, false)
             .await?,
     )
 }

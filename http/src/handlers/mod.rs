@@ -11,6 +11,7 @@ pub(crate) mod devices;
 pub(crate) mod links;
 pub(crate) mod ops;
 pub(crate) mod sessions;
+pub(crate) mod updates;
 pub(crate) mod webhooks;
 
 use http::Response;
@@ -102,6 +103,9 @@ pub async fn dispatch(op: Op, cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<B
             .await
         }
         Op::DeviceStatus => deployments::device_status(cx, req).await,
+        Op::DeviceUpdate => updates::current(cx, req).await,
+        Op::DeviceUpdateStatus => updates::report(cx, req).await,
+        Op::DeviceHistory => updates::history(cx, req).await,
         Op::ScmWebhook => webhooks::receive(cx, req).await,
         Op::ScmRotate => webhooks::rotate(cx, req).await,
         Op::ScmStatus => webhooks::status(cx, req),

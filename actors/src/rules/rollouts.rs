@@ -1,0 +1,383 @@
+//! Rollout rules: the phase plan a package may carry (checked in full), which devices each
+//! phase holds (stable: a hash of the device and the package orders the targets, so a pause
+//! and resume never reshuffle), which package a device should run now, and the gate that
+//! decides whether a phase may be followed by the next. Pure: the callers read the store.
+
+use std::collections::HashMap;
+
+use fleetops_storage::{Deployment, DeploymentStatus, RolloutState, rollouts::Rollout};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// At most this many phases.
+pub const MAX_PHASES: usize = 20;
+/// At most this many gate rules.
+pub const MAX_GATES: usize = 50;
+/// A phase waits at most 30 days.
+const MAX_WAIT_SECONDS: u64 = 30 * 24 * 3600;
+
+/// `rollout` of a package, as sent and as kept (JSON bytes in the rollout record).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RolloutPlan {
+    pub phases: Vec<Phase>,
+    #[serde(default)]
+    pub gate_alert_rule_ids: Vec<u64>,
+    #[serde(default)]
+    pub on_failure: OnFailure,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Phase {
+    pub name: String,
+    pub devices: PhaseDevices,
+    #[serde(default)]
+    pub min_wait_seconds: u64,
+    /// Failed devices over the phase's devices; above it the phase fails.
+    #[serde(default)]
+    pub max_failure_rate: f64,
+}
+
+/// Exactly one of the three.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PhaseDevices {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub percent: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub count: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group_id: Option<u64>,
+}
+
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum OnFailure {
+    #[default]
+    Pause,
+    Rollback,
+}
+
+impl RolloutPlan {
+    /// Parses and checks a plan; `group_exists` and `rule_exists` look ids up in the project.
+    pub fn parse(
+        v: &serde_json::Value,
+        group_exists: impl Fn(u64) -> Result<bool>,
+        rule_exists: impl Fn(u64) -> Result<bool>,
+    ) -> Result<Self> {
+        let plan: RolloutPlan = serde_json::from_value(v.clone())
+            .map_err(|e| Error::unprocessable("rollout", e.to_string()))?;
+        if plan.phases.is_empty() || plan.phases.len() > MAX_PHASES {
+            return Err(Error::unprocessable(
+                "rollout.phases",
+                format!("must hold 1 to {MAX_PHASES} phases"),
+            ));
+        }
+        let mut names = std::collections::HashSet::new();
+        for (i, p) in plan.phases.iter().enumerate() {
+            let at = |f: &str| format!("rollout.phases[{i}].{f}");
+            crate::rules::name(&at("name"), &p.name, 64)?;
+            if !names.insert(p.name.trim()) {
+                return Err(Error::unprocessable(&at("name"), "phase names must differ"));
+            }
+            let d = &p.devices;
+            let given = [d.percent.is_some(), d.count.is_some(), d.group_id.is_some()];
+            if given.iter().filter(|g| **g).count() != 1 {
+                return Err(Error::unprocessable(
+                    &at("devices"),
+                    "must give exactly one of percent, count or group_id",
+                ));
+            }
+            if d.percent.is_some_and(|p| !(p > 0.0 && p <= 100.0)) {
+                return Err(Error::unprocessable(
+                    &at("devices.percent"),
+                    "must be above 0 and at most 100",
+                ));
+            }
+            if d.count == Some(0) {
+                return Err(Error::unprocessable(
+                    &at("devices.count"),
+                    "must be at least 1",
+                ));
+            }
+            if let Some(g) = d.group_id
+                && !group_exists(g)?
+            {
+                return Err(Error::unprocessable(
+                    &at("devices.group_id"),
+                    format!("group {g} does not exist in this project"),
+                ));
+            }
+            if p.min_wait_seconds > MAX_WAIT_SECONDS {
+                return Err(Error::unprocessable(
+                    &at("min_wait_seconds"),
+                    "at most 30 days",
+                ));
+            }
+            if !(0.0..=1.0).contains(&p.max_failure_rate) {
+                return Err(Error::unprocessable(
+                    &at("max_failure_rate"),
+                    "must be from 0 to 1",
+                ));
+            }
+        }
+        if plan.gate_alert_rule_ids.len() > MAX_GATES {
+            return Err(Error::unprocessable(
+                "rollout.gate_alert_rule_ids",
+                format!("at most {MAX_GATES} rules"),
+            ));
+        }
+        for &r in &plan.gate_alert_rule_ids {
+            if !rule_exists(r)? {
+                return Err(Error::unprocessable(
+                    "rollout.gate_alert_rule_ids",
+                    format!("alert rule {r} does not exist in this project"),
+                ));
+            }
+        }
+        Ok(plan)
+    }
+
+    /// The plan as kept (and shown).
+    pub fn of(r: &Rollout) -> Option<Self> {
+        serde_json::from_slice(&r.plan_json).ok()
+    }
+}
+
+/// A stable, well-mixed order for a package's devices (splitmix64 of the pair): the same on
+/// every start and every version, unlike std's hasher.
+fn rank(device: u64, package: u64) -> u64 {
+    let mut z = device ^ package.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// The phase (0-based) of each of `targets`, the package's target devices now. Phases take
+/// devices in order: a group phase its group's devices not already in a phase; a count or
+/// percent phase the next devices in the package's stable order (a percent of all targets,
+/// rounded up). Devices no phase took belong to the last phase, so a completed rollout reaches
+/// every target.
+pub fn phases_of(
+    plan: &RolloutPlan,
+    package: u64,
+    targets: &[u64],
+    group_devices: impl Fn(u64) -> Vec<u64>,
+) -> HashMap<u64, u32> {
+    let mut order: Vec<u64> = targets.to_vec();
+    order.sort_by_key(|d| (rank(*d, package), *d));
+    order.dedup();
+    let total = order.len();
+    let mut out: HashMap<u64, u32> = HashMap::with_capacity(total);
+    let mut next = 0usize;
+    let last = plan.phases.len().saturating_sub(1) as u32;
+    for (i, p) in plan.phases.iter().enumerate() {
+        let i = i as u32;
+        if let Some(g) = p.devices.group_id {
+            let members: std::collections::HashSet<u64> = group_devices(g).into_iter().collect();
+            for d in &order {
+                if members.contains(d) {
+                    out.entry(*d).or_insert(i);
+                }
+            }
+            continue;
+        }
+        let want = match (p.devices.count, p.devices.percent) {
+            (Some(c), _) => usize::try_from(c).unwrap_or(usize::MAX),
+            (None, Some(pct)) => ((pct / 100.0) * total as f64).ceil() as usize,
+            _ => 0,
+        };
+        let mut taken = 0;
+        while taken < want && next < order.len() {
+            let d = order[next];
+            next += 1;
+            if let std::collections::hash_map::Entry::Vacant(e) = out.entry(d) {
+                e.insert(i);
+                taken += 1;
+            }
+        }
+    }
+    for d in order {
+        out.entry(d).or_insert(last);
+    }
+    out
+}
+
+/// Whether the package `d`, which targets the device, reaches it now: a package without a
+/// rollout reaches every target; with one, the device's phase must have started and the
+/// rollout must not have been rolled back.
+pub fn reaches(rollout: Option<&Rollout>, phase: Option<u32>) -> bool {
+    match rollout {
+        None => true,
+        Some(r) => {
+            r.started_at.is_some()
+                && r.state != RolloutState::RolledBack
+                && phase.is_some_and(|p| p <= r.phase)
+        }
+    }
+}
+
+/// The order in which a device's packages are considered: the most recently activated
+/// active package first (the previously active one is next, which is what a rollback falls
+/// back to).
+pub fn by_activation(mut packages: Vec<Deployment>) -> Vec<Deployment> {
+    packages.retain(|d| d.status == DeploymentStatus::Active);
+    packages.sort_by_key(|d| std::cmp::Reverse((d.deployed_at.unwrap_or(0), d.id)));
+    packages
+}
+
+/// What the controller does next with a running rollout.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Step {
+    /// Nothing yet.
+    Wait,
+    /// Start the next phase.
+    Advance,
+    /// The last phase passed its gate.
+    Complete,
+    /// The phase failed its gate, for this reason.
+    Fail(String),
+}
+
+/// The gate of the current phase: failed when its failure rate is above the limit or a gate
+/// rule fired on one of its devices since it began (checked at once, before the wait is
+/// over); passed once `min_wait_seconds` have gone by without either.
+pub fn gate(
+    plan: &RolloutPlan,
+    r: &Rollout,
+    now: i64,
+    phase_devices: usize,
+    failed: usize,
+    fired: Option<(u64, u64)>,
+) -> Step {
+    let Some(p) = plan.phases.get(r.phase as usize) else {
+        return Step::Complete;
+    };
+    if let Some((rule, device)) = fired {
+        return Step::Fail(format!(
+            "alert rule {rule} fired on device {device} during phase {}",
+            p.name
+        ));
+    }
+    let rate = if phase_devices == 0 {
+        0.0
+    } else {
+        failed as f64 / phase_devices as f64
+    };
+    if rate > p.max_failure_rate {
+        return Step::Fail(format!(
+            "failure rate {rate:.3} ({failed} of {phase_devices} devices) in phase {} is above {}",
+            p.name, p.max_failure_rate
+        ));
+    }
+    let waited = now.saturating_sub(r.phase_started_at) >= (p.min_wait_seconds as i64) * 1000;
+    if !waited {
+        return Step::Wait;
+    }
+    if r.phase as usize + 1 >= plan.phases.len() {
+        Step::Complete
+    } else {
+        Step::Advance
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn plan(v: serde_json::Value) -> Result<RolloutPlan> {
+        RolloutPlan::parse(&v, |g| Ok(g == 7), |r| Ok(r == 3))
+    }
+
+    #[test]
+    fn plans_are_checked_in_full() {
+        let ok = plan(serde_json::json!({"phases": [
+            {"name": "canary", "devices": {"count": 2}, "min_wait_seconds": 60, "max_failure_rate": 0.1},
+            {"name": "lab", "devices": {"group_id": 7}},
+            {"name": "rest", "devices": {"percent": 100}}
+        ], "gate_alert_rule_ids": [3], "on_failure": "rollback"}))
+        .unwrap();
+        assert_eq!(ok.on_failure, OnFailure::Rollback);
+        for bad in [
+            serde_json::json!({"phases": []}),
+            serde_json::json!({"phases": [{"name": "a", "devices": {}}]}),
+            serde_json::json!({"phases": [{"name": "a", "devices": {"count": 1, "percent": 5}}]}),
+            serde_json::json!({"phases": [{"name": "a", "devices": {"percent": 0}}]}),
+            serde_json::json!({"phases": [{"name": "a", "devices": {"group_id": 8}}]}),
+            serde_json::json!({"phases": [{"name": "a", "devices": {"count": 1}, "max_failure_rate": 2}]}),
+            serde_json::json!({"phases": [{"name": "a", "devices": {"count": 1}}, {"name": "a", "devices": {"count": 1}}]}),
+            serde_json::json!({"phases": [{"name": "a", "devices": {"count": 1}}], "gate_alert_rule_ids": [4]}),
+            serde_json::json!({"phases": [{"name": "a", "devices": {"count": 1}}], "on_failure": "explode"}),
+            serde_json::json!({"phases": [{"name": "a", "devices": {"count": 1}, "extra": 1}]}),
+        ] {
+            assert!(
+                matches!(plan(bad.clone()), Err(Error::Unprocessable(_))),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn phases_are_stable_and_cover_every_target() {
+        let p = plan(serde_json::json!({"phases": [
+            {"name": "canary", "devices": {"count": 3}},
+            {"name": "lab", "devices": {"group_id": 7}},
+            {"name": "half", "devices": {"percent": 50}},
+            {"name": "rest", "devices": {"count": 1}}
+        ]}))
+        .unwrap();
+        let targets: Vec<u64> = (1..=50).collect();
+        let lab = vec![10, 11, 12];
+        let a = phases_of(&p, 9, &targets, |_| lab.clone());
+        assert_eq!(a.len(), 50);
+        assert_eq!(a.values().filter(|p| **p == 0).count(), 3);
+        // The group's devices are in the lab phase unless the canary took them first.
+        for d in &lab {
+            assert!(a[d] <= 1);
+        }
+        assert_eq!(a.values().filter(|p| **p == 2).count(), 25);
+        // The same on another call and with the targets in another order; another package
+        // orders devices otherwise.
+        let mut rev = targets.clone();
+        rev.reverse();
+        assert_eq!(phases_of(&p, 9, &rev, |_| lab.clone()), a);
+        assert_ne!(phases_of(&p, 10, &targets, |_| lab.clone()), a);
+    }
+
+    #[test]
+    fn the_gate_fails_at_once_and_passes_after_the_wait() {
+        let p = plan(serde_json::json!({"phases": [
+            {"name": "canary", "devices": {"count": 2}, "min_wait_seconds": 10, "max_failure_rate": 0.25},
+            {"name": "rest", "devices": {"percent": 100}}
+        ]}))
+        .unwrap();
+        let mut r = Rollout {
+            deployment_id: 1,
+            project_id: 1,
+            plan_json: Vec::new(),
+            state: RolloutState::Running,
+            phase: 0,
+            started_at: Some(0),
+            phase_started_at: 1_000,
+            rolled_back_to: None,
+            decisions: Vec::new(),
+        };
+        assert_eq!(gate(&p, &r, 2_000, 4, 1, None), Step::Wait);
+        assert!(matches!(gate(&p, &r, 2_000, 4, 2, None), Step::Fail(_)));
+        assert!(
+            matches!(gate(&p, &r, 2_000, 4, 0, Some((3, 5))), Step::Fail(m) if m.contains("device 5"))
+        );
+        assert_eq!(gate(&p, &r, 11_000, 4, 1, None), Step::Advance);
+        r.phase = 1;
+        assert_eq!(gate(&p, &r, 11_000, 4, 0, None), Step::Complete);
+        assert!(reaches(Some(&r), Some(1)));
+        r.state = RolloutState::RolledBack;
+        assert!(!reaches(Some(&r), Some(0)));
+        assert!(reaches(None, None));
+    }
+}
