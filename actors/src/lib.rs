@@ -85,6 +85,7 @@ pub mod pipeline;
 mod project;
 pub use project::handle as projects;
 mod quota;
+mod rollout;
 mod root;
 pub mod rules;
 pub mod secrets;
@@ -197,6 +198,7 @@ impl Runtime {
         let quotas_slot = Arc::new(Slot::new(limit, timeout));
         let evaluators_slot = Arc::new(Slot::new(limit, timeout));
         let notifiers_slot = Arc::new(Slot::new(limit, timeout));
+        let rollouts_slot = Arc::new(Slot::new(limit, timeout));
         let quota_args = KeyedArgs::<quota::QuotaActor> {
             ctx: store.clone(),
             cfg: cfg.supervision.clone(),
@@ -326,6 +328,26 @@ impl Runtime {
             clock: clock.clone(),
             alerts: alert_feed.clone(),
         };
+        let rollout_args = KeyedArgs::<rollout::RolloutActor> {
+            ctx: rollout::RolloutCtx {
+                store: store.clone(),
+                projects: projects.clone(),
+                assignments: assignments.clone(),
+                sender: sender.clone(),
+                sealer: sealer.clone(),
+                clock: clock.clone(),
+                tick: Duration::from_millis(cfg.pipeline.rollout_tick_ms.clamp(10, 60_000)),
+            },
+            cfg: cfg.supervision.clone(),
+            registry: Arc::new(DashMap::new()),
+            restarts: restarts.clone(),
+            health: health.clone(),
+        };
+        let controllers = Keyed::new(
+            rollouts_slot.clone(),
+            rollout_args.registry.clone(),
+            cfg.supervision.clone(),
+        );
         let sessions = SessionsHandle {
             counters: counters.clone(),
             actors: session_actors,
@@ -358,6 +380,7 @@ impl Runtime {
             tmp_dir: cfg.tmp_dir.clone(),
             rollouts,
             assignments: assignments.clone(),
+            controllers,
             locks: Arc::new(DashMap::new()),
         };
         let webhooks = webhooks::WebhooksHandle {
@@ -451,6 +474,8 @@ impl Runtime {
                 evaluator_args,
                 notifiers: notifiers_slot,
                 notifier_args,
+                rollouts: rollouts_slot,
+                rollout_args,
                 restarts: restarts.clone(),
                 health: health.clone(),
                 clock: clock.clone(),
@@ -471,6 +496,8 @@ impl Runtime {
             tracing::info!(owed, "resuming capsule validations");
         }
         alerts.start(pipeline.subscribe_rollouts()).await?;
+        // Rollouts a controller still has work for continue where their records stand.
+        pipeline.resume_rollouts().await?;
         let access = Access {
             store: store.clone(),
             tier_rank: Arc::new(cfg.tiers.iter().rev().cloned().collect()),

@@ -21,6 +21,7 @@ use crate::keyed::{KeyedArgs, KeyedChild, KeyedMsg, KeyedSupervisor};
 use crate::mailbox::Slot;
 use crate::project::{ProjectActor, ProjectMsg};
 use crate::quota::{QuotaActor, QuotaMsg};
+use crate::rollout::{RolloutActor, RolloutMsg};
 use crate::session::{SessionActor, SessionMsg};
 use crate::supervision::{RestartBudget, Verdict};
 use crate::webhooks::dispatcher::{DispatcherActor, DispatcherMsg};
@@ -42,6 +43,7 @@ pub(crate) enum Child {
     Quotas,
     Evaluators,
     Notifiers,
+    Rollouts,
 }
 
 impl Child {
@@ -58,6 +60,7 @@ impl Child {
             Child::Quotas => "quotas",
             Child::Evaluators => "alert-evaluators",
             Child::Notifiers => "notifiers",
+            Child::Rollouts => "rollouts",
         }
     }
 }
@@ -95,6 +98,8 @@ pub(crate) struct RootArgs {
     pub evaluator_args: KeyedArgs<EvaluatorActor>,
     pub notifiers: Arc<Slot<KeyedMsg<NotifierMsg>>>,
     pub notifier_args: KeyedArgs<NotifierActor>,
+    pub rollouts: Arc<Slot<KeyedMsg<RolloutMsg>>>,
+    pub rollout_args: KeyedArgs<RolloutActor>,
     pub restarts: Arc<AtomicU64>,
     pub health: Health,
     pub clock: crate::clock::Clock,
@@ -230,6 +235,9 @@ impl RootState {
                 )
                 .await?
             }
+            Child::Rollouts => {
+                spawn_keyed(myself, &self.args.rollouts, self.args.rollout_args.clone()).await?
+            }
         };
         self.children.insert(cell.get_id(), child);
         self.args.health.set(child.name(), false);
@@ -261,6 +269,7 @@ impl RootState {
             Child::Quotas => self.args.quotas.set(None),
             Child::Evaluators => self.args.evaluators.set(None),
             Child::Notifiers => self.args.notifiers.set(None),
+            Child::Rollouts => self.args.rollouts.set(None),
         }
     }
 }
@@ -290,6 +299,7 @@ impl Actor for RootSupervisor {
             Child::Quotas,
             Child::Notifiers,
             Child::Evaluators,
+            Child::Rollouts,
             Child::Worker,
             Child::Housekeeper,
         ] {

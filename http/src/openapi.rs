@@ -155,6 +155,9 @@ fn types(op: Op) -> (Option<SchemaFn>, Option<SchemaFn>) {
         DeviceUpdate => (none, Some(ty::<pipeline::updates::UpdateBody<'static>>)),
         DeviceUpdateStatus => (Some(ty::<updates::ReportBody>), Some(ty::<ResultAccepted>)),
         DeviceHistory => (none, Some(ty::<pipeline::updates::DeviceHistory>)),
+        GetRollout | PauseRollout | ResumeRollout | AbortRollout => {
+            (none, Some(ty::<pipeline::rollouts::RolloutView>))
+        }
         ScmWebhook => (none, Some(ty::<DeliveryAccepted>)),
         ScmRotate => (none, Some(ty::<Rotated>)),
         Backup => (
@@ -253,7 +256,9 @@ fn doc(op: Op) -> Doc {
         | GetGroup | GetSession | ListFiles | GetCapsule | GetConfig | PlanDeployment
         | GetDeployment | ScmStatus | ScmInstallations | ScmDelivery | GetRepo | GetRun
         | ProjectDelivery | ListIntegrations | GetIntegration | ListAlertRules | GetAlertRule
-        | GetAlert | DeviceHistory => PLAIN,
+        | GetAlert | DeviceHistory | GetRollout => PLAIN,
+        // 409 when the rollout's state does not allow the action.
+        PauseRollout | ResumeRollout | AbortRollout => answers(&[409]),
         // 204 when nothing is assigned, 304 when `If-None-Match` names the current ETag.
         DeviceUpdate => Doc {
             also: &[204, 304],
@@ -436,9 +441,12 @@ fn statuses(r: &RouteDef, d: &Doc, body: ReqBody) -> (BTreeSet<u16>, BTreeSet<u1
         .chain(d.also.iter().copied())
         .collect();
     let mut err: BTreeSet<u16> = d.errors.iter().copied().collect();
-    let authenticated = matches!(r.security, Security::Bearer | Security::Jwt);
+    let authenticated = matches!(
+        r.security,
+        Security::Bearer | Security::Jwt | Security::Device
+    );
     match r.security {
-        Security::Bearer | Security::Jwt => err.extend([401, 403, 429]),
+        Security::Bearer | Security::Jwt | Security::Device => err.extend([401, 403, 429]),
         Security::ProjectSecret => err.extend([401, 429]),
         Security::None => {}
     }
@@ -854,6 +862,7 @@ pub fn document(routes: &[RouteDef], tiers: &[String]) -> Value {
             Security::Bearer => json!([{"bearer": []}, {"apiKey": []}]),
             Security::ProjectSecret => json!([{"projectSecret": []}]),
             Security::Jwt => json!([{"bearer": []}]),
+            Security::Device => json!([{"deviceToken": []}]),
         };
         op.insert("security".into(), security);
         let (ok, err) = statuses(r, &d, body);
@@ -952,6 +961,7 @@ pub fn document(routes: &[RouteDef], tiers: &[String]) -> Value {
                 "bearer": {"type": "http", "scheme": "bearer", "description": "JWT, API key (fops_...) or device token (fopsd_...)"},
                 "apiKey": {"type": "apiKey", "in": "header", "name": "X-API-Key"},
                 "projectSecret": {"type": "apiKey", "in": "header", "name": "X-Project-Secret"},
+                "deviceToken": {"type": "http", "scheme": "bearer", "description": "The device's own token (fopsd_...), also taken in X-API-Key; a user's JWT or API key is 403"},
                 "metricsToken": {"type": "http", "scheme": "bearer", "description": "`[http] metrics_token`, when configured"}
             },
             "schemas": schemas,

@@ -73,6 +73,10 @@ pub enum Op {
     DeprecateDeployment,
     DeviceStatus,
     DeviceUpdate,
+    GetRollout,
+    PauseRollout,
+    ResumeRollout,
+    AbortRollout,
     DeviceUpdateStatus,
     DeviceHistory,
     ScmWebhook,
@@ -120,6 +124,8 @@ pub enum Security {
     Jwt,
     /// `X-Project-Secret` only.
     ProjectSecret,
+    /// The device's own token only (the device update API).
+    Device,
 }
 
 pub struct RouteDef {
@@ -218,8 +224,12 @@ pub fn routes() -> Vec<RouteDef> {
         route!(POST "/api/v1/projects/{org}/{project}/deployments/{deployment_id}/activate", ActivateDeployment, "deployments", Bearer, 200, false, "draft -> active (sets deployed_at)"),
         route!(POST "/api/v1/projects/{org}/{project}/deployments/{deployment_id}/deprecate", DeprecateDeployment, "deployments", Bearer, 200, false, "active -> deprecated (sets deprecated_at)"),
         route!(POST "/api/v1/projects/{org}/{project}/deployments/{deployment_id}/device-status", DeviceStatus, "deployments", Bearer, 202, true, "A device's rollout result (device token or member)"),
-        route!(GET "/api/v1/device/deployment", DeviceUpdate, "device updates", Bearer, 200, false, "The package this device should run now (its own device token only); ETag, 304 when unchanged, 204 when nothing is assigned"),
-        route!(POST "/api/v1/device/deployment/{deployment_id}/status", DeviceUpdateStatus, "device updates", Bearer, 202, true, "This device's state with a package: downloading, installing, rebooting, succeeded or failed (its own device token only)"),
+        route!(GET "/api/v1/projects/{org}/{project}/deployments/{deployment_id}/rollout", GetRollout, "deployments", Bearer, 200, false, "A phased rollout: phases with their devices, states and counts, and the gate decisions"),
+        route!(POST "/api/v1/projects/{org}/{project}/deployments/{deployment_id}/rollout/pause", PauseRollout, "deployments", Bearer, 200, false, "Pause a running rollout"),
+        route!(POST "/api/v1/projects/{org}/{project}/deployments/{deployment_id}/rollout/resume", ResumeRollout, "deployments", Bearer, 200, false, "Resume a paused rollout (the phase's gate starts over)"),
+        route!(POST "/api/v1/projects/{org}/{project}/deployments/{deployment_id}/rollout/abort", AbortRollout, "deployments", Bearer, 200, false, "Stop a rollout for good (devices already in keep the package)"),
+        route!(GET "/api/v1/device/deployment", DeviceUpdate, "device updates", Device, 200, false, "The package this device should run now (its own device token only); ETag, 304 when unchanged, 204 when nothing is assigned"),
+        route!(POST "/api/v1/device/deployment/{deployment_id}/status", DeviceUpdateStatus, "device updates", Device, 202, true, "This device's state with a package: downloading, installing, rebooting, succeeded or failed (its own device token only)"),
         route!(GET "/api/v1/organizations/{org}/projects/{project}/devices/{device_id}/history", DeviceHistory, "devices", Bearer, 200, false, "The packages a device ran, with its reports"),
         route!(POST "/api/v1/scm/webhooks", ScmWebhook, "webhooks", None, 202, true, "Inbound host webhook (X-Hub-Signature-256 over the raw body; X-Host-* or X-GitHub-* headers)"),
         route!(POST "/api/v1/admin/backup", Backup, "operations", Bearer, 201, true, "A consistent copy of the data directory at `to`, an absolute path on the server's host outside the data directory (superuser); writes wait while it is made"),

@@ -62,6 +62,9 @@ pub struct Rollout {
     /// The package the devices went back to when it was rolled back.
     pub rolled_back_to: Option<u64>,
     pub decisions: Vec<Decision>,
+    /// A failed gate's notice to the gate rules' integrations, owed until sent (so a crash
+    /// between the decision and the notice sends it after the restart).
+    pub notice_owed: Option<String>,
 }
 
 impl Rollout {
@@ -163,12 +166,32 @@ impl Store {
         self.apply(w)
     }
 
-    /// Every rollout still under way (running or paused), for the controllers at start-up.
+    /// A package and its rollout plan in one batch: `Some` writes the plan, `None` removes any.
+    pub fn put_deployment_with_rollout(
+        &self,
+        d: &crate::Deployment,
+        r: Option<&Rollout>,
+    ) -> Result<()> {
+        let mut w = Writes::new();
+        w.put_listed(keys::deployment(d.project_id, d.id), d)?;
+        match r {
+            Some(r) => w.put(keys::rollout(d.id), r)?,
+            None => w.delete(keys::rollout(d.id)),
+        }
+        self.apply(w)
+    }
+
+    /// Every rollout a controller still has work for: running or paused, or with a notice
+    /// owed (the controllers at start-up).
     pub fn open_rollouts(&self) -> Result<Vec<Rollout>> {
         let all: Vec<Rollout> = self.scan_rev(&keys::rollout_prefix())?;
         Ok(all
             .into_iter()
-            .filter(|r| matches!(r.state, RolloutState::Running | RolloutState::Paused))
+            .filter(|r| {
+                r.started_at.is_some()
+                    && (matches!(r.state, RolloutState::Running | RolloutState::Paused)
+                        || r.notice_owed.is_some())
+            })
             .collect())
     }
 

@@ -169,7 +169,7 @@ async fn fixture(c: &reqwest::Client, base: &str, key: &str, secret: &str, sink:
 
 /// upload-url, PUT, confirm: the capsule id, and whether the confirm was acknowledged (None
 /// when not even the upload URL was).
-async fn publish(
+pub(crate) async fn publish(
     c: &reqwest::Client,
     base: &str,
     secret: &str,

@@ -15,7 +15,7 @@ const INTEGRATIONS: &str = "/api/v1/organizations/default/projects/default/integ
 const RULES: &str = "/api/v1/organizations/default/projects/default/alert-rules";
 const ALERTS: &str = "/api/v1/organizations/default/projects/default/alerts";
 
-fn fast(c: &mut fleetops::config::Config) {
+pub(crate) fn fast(c: &mut fleetops::config::Config) {
     c.alerts.allow_private_targets = true;
     c.alerts.tick_ms = 50;
     c.alerts.retry_base_ms = 200;
@@ -23,7 +23,7 @@ fn fast(c: &mut fleetops::config::Config) {
     c.devices.offline_after_seconds = 1;
 }
 
-async fn webhook(s: &Srv, sink: &Sink) -> u64 {
+pub(crate) async fn webhook(s: &Srv, sink: &Sink) -> u64 {
     let r = s
         .post(
             INTEGRATIONS,
@@ -35,7 +35,7 @@ async fn webhook(s: &Srv, sink: &Sink) -> u64 {
     r.body["id"].as_u64().unwrap()
 }
 
-async fn rule(s: &Srv, integration: u64, condition: Value) -> u64 {
+pub(crate) async fn rule(s: &Srv, integration: u64, condition: Value) -> u64 {
     let r = s
         .post(
             RULES,
@@ -47,7 +47,7 @@ async fn rule(s: &Srv, integration: u64, condition: Value) -> u64 {
     r.body["id"].as_u64().unwrap()
 }
 
-async fn heartbeat(s: &Srv, d: u64, tok: &str, metrics: Value) {
+pub(crate) async fn heartbeat(s: &Srv, d: u64, tok: &str, metrics: Value) {
     let r = s
         .post(
             &format!("{DEV}/devices/{d}/heartbeat"),
@@ -86,7 +86,7 @@ async fn alerts(s: &Srv, query: &str) -> Value {
 }
 
 /// Waits until the alert list (with `query`) has `n` items.
-async fn wait_alerts(s: &Srv, query: &str, n: usize) -> Value {
+pub(crate) async fn wait_alerts(s: &Srv, query: &str, n: usize) -> Value {
     let mut last = Value::Null;
     for _ in 0..200 {
         last = alerts(s, query).await;

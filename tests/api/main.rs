@@ -21,6 +21,7 @@ mod live;
 mod ops;
 mod peers;
 mod rate_limits;
+mod rollouts;
 mod s3;
 mod schemathesis;
 mod sessions;

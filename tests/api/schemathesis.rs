@@ -89,7 +89,8 @@ async fn seed(s: &Srv, jwt: &str, n: &str) -> Vec<(&'static str, Value)> {
             "/api/v1/projects/default/default/deployments",
             key,
             json!({"name": format!("seed rollout {n}"), "composition_tag": "nav-1.0.0", "capsule_id": capsule,
-                   "configuration_id": config, "target_devices": [dev]}),
+                   "configuration_id": config, "target_devices": [dev],
+                   "rollout": {"phases": [{"name": "all", "devices": {"percent": 100}}]}}),
         )
         .await;
     assert_eq!(d.status, 201, "{}", d.body);
@@ -165,6 +166,7 @@ async fn seed(s: &Srv, jwt: &str, n: &str) -> Vec<(&'static str, Value)> {
         ("key_id", k.body["id"].clone()),
         ("token", json!(download)),
         ("upload_token", json!(upload)),
+        ("device_token", json!(tok)),
     ]
 }
 
@@ -190,7 +192,7 @@ fn config(
     .unwrap();
     let table = |ps: &[(&str, Value)]| {
         ps.iter()
-            .filter(|(n, _)| *n != "upload_token")
+            .filter(|(n, _)| *n != "upload_token" && *n != "device_token")
             .map(|(n, v)| format!("\"path.{n}\" = {}", toml_value(v)))
             .collect::<Vec<_>>()
     };
@@ -260,9 +262,15 @@ fn config(
     cfg.push_str(&format!(
         "\n[auth.openapi.bearer]\nbearer = {jwt:?}\n\n\
          [auth.openapi.apiKey]\napi_key = {:?}\n\n\
-         [auth.openapi.projectSecret]\napi_key = {:?}\n\n[parameters]\n{}\n",
+         [auth.openapi.projectSecret]\napi_key = {:?}\n\n\
+         [auth.openapi.deviceToken]\nbearer = {:?}\n\n[parameters]\n{}\n",
         s.key(),
         s.admin.project_secret,
+        params
+            .iter()
+            .find(|(n, _)| *n == "device_token")
+            .and_then(|(_, v)| v.as_str())
+            .unwrap_or_default(),
         table(params).join("\n")
     ));
     cfg
@@ -352,7 +360,7 @@ async fn schemathesis_finds_no_failure() {
         "examples,coverage,fuzzing",
     )
     .await;
-    assert!(out.contains("Tested: 98"), "{out}");
+    assert!(out.contains("Tested: 105"), "{out}");
     // Stateful: sequences that follow the document's links from each create.
     let fixed: Vec<(&str, Value)> = kept
         .iter()

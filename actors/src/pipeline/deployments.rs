@@ -216,6 +216,10 @@ impl PipelineHandle {
                 reply,
             })
             .await?;
+        // An activated package with a phase plan gets its controller.
+        if matches!(to, Transition::Activate) && self.store.rollout(id)?.is_some() {
+            self.start_controller(id).await;
+        }
         Ok(DeploymentView::from(&d))
     }
 

@@ -14,6 +14,7 @@
 
 pub mod configurations;
 pub mod deployments;
+pub mod rollouts;
 pub mod updates;
 mod uploads;
 
@@ -209,6 +210,8 @@ pub struct PipelineHandle {
     pub(crate) rollouts: crate::events::Outbox<deployments::RolloutEvent>,
     /// Which package each device should run, cached (shared with the project actors).
     pub(crate) assignments: Arc<crate::assignments::Assignments>,
+    /// One controller per phased rollout under way.
+    pub(crate) controllers: crate::keyed::Keyed<crate::rollout::RolloutActor>,
     /// Serialized lists: (project, name, type, latest_only) -> (list identity, JSON, list).
     #[allow(clippy::type_complexity)]
     pub(crate) list_cache: Arc<

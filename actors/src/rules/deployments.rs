@@ -27,6 +27,9 @@ pub struct DeploymentSpec {
     pub configuration_id: Option<u64>,
     /// Items as sent; checked by [`evaluate`].
     pub target_devices: Vec<Value>,
+    /// A phase plan as sent (`rollout`); checked by [`evaluate`]. `None` in a spec read back
+    /// from a stored package (its plan is a record of its own).
+    pub rollout: Option<Value>,
 }
 
 /// A PATCH of a draft: any subset of the fields.
@@ -38,6 +41,8 @@ pub struct DeploymentPatch {
     pub capsule_id: Option<u64>,
     pub configuration_id: Option<Option<u64>>,
     pub target_devices: Option<Vec<Value>>,
+    /// `Some(None)`: remove the plan.
+    pub rollout: Option<Option<Value>>,
 }
 
 impl DeploymentSpec {
@@ -49,6 +54,7 @@ impl DeploymentSpec {
             capsule_id: d.capsule_id,
             configuration_id: d.configuration_id,
             target_devices: serde_json::from_slice(&d.target_devices_json).unwrap_or_default(),
+            rollout: None,
         }
     }
 
@@ -70,6 +76,9 @@ impl DeploymentSpec {
         }
         if let Some(v) = p.target_devices {
             self.target_devices = v;
+        }
+        if let Some(v) = p.rollout {
+            self.rollout = v;
         }
     }
 }
@@ -97,6 +106,8 @@ pub struct Evaluation {
     pub devices: Vec<TargetDevice>,
     /// `target_devices` normalized (ids, `{group_id}`, `{labels}`), when every item parsed.
     pub targets_json: Vec<u8>,
+    /// The phase plan as kept, when one was given and it is valid.
+    pub rollout_json: Option<Vec<u8>>,
 }
 
 impl Evaluation {
@@ -386,10 +397,30 @@ pub fn evaluate(store: &Store, pid: u64, spec: &DeploymentSpec) -> Result<Evalua
     } else {
         Vec::new()
     };
+    let mut rollout_json = None;
+    if let Some(v) = &spec.rollout {
+        let plan = crate::rules::rollouts::RolloutPlan::parse(
+            v,
+            |g| Ok(store.group(pid, g)?.is_some()),
+            |r| Ok(store.alert_rule(pid, r)?.is_some()),
+        );
+        match plan {
+            Ok(p) => {
+                rollout_json =
+                    Some(serde_json::to_vec(&p).map_err(|e| Error::Internal(e.to_string()))?)
+            }
+            Err(Error::Unprocessable(m)) => {
+                let (field, why) = m.split_once(": ").unwrap_or(("rollout", m.as_str()));
+                block(422, field, why.to_string());
+            }
+            Err(e) => return Err(e),
+        }
+    }
     Ok(Evaluation {
         blockers,
         devices,
         targets_json,
+        rollout_json,
     })
 }
 

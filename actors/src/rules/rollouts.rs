@@ -284,6 +284,170 @@ pub fn gate(
     }
 }
 
+/// A change to a rollout: the controller's step, or a member's action.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RolloutAction {
+    /// The controller's verdict on phase `from_phase` (ignored if the rollout moved on).
+    Step {
+        from_phase: u32,
+        step: Step,
+    },
+    Pause,
+    Resume,
+    Abort,
+    /// The failed gate's notice went out.
+    NoticeSent,
+}
+
+/// A new rollout for a package being created or edited: not started.
+pub fn planned(deployment: u64, project: u64, plan_json: Vec<u8>) -> Rollout {
+    Rollout {
+        deployment_id: deployment,
+        project_id: project,
+        plan_json,
+        state: RolloutState::Running,
+        phase: 0,
+        started_at: None,
+        phase_started_at: 0,
+        rolled_back_to: None,
+        decisions: Vec::new(),
+        notice_owed: None,
+    }
+}
+
+/// Starts phase 1 of a package being activated.
+pub fn start(r: &mut Rollout, plan: &RolloutPlan, now: i64) {
+    r.state = RolloutState::Running;
+    r.phase = 0;
+    r.started_at = Some(now);
+    r.phase_started_at = now;
+    let name = plan.phases.first().map_or("1", |p| p.name.as_str());
+    r.decide(
+        now,
+        "started",
+        format!("package activated; phase {name} started"),
+    );
+}
+
+/// Applies `action`; a member's action the rollout's state does not allow is 409, a stale
+/// controller step is `Ok(false)` (nothing changed). `previous` is the package the devices
+/// fall back to on a rollback, for the record.
+pub fn apply(
+    r: &mut Rollout,
+    plan: &RolloutPlan,
+    action: RolloutAction,
+    now: i64,
+    previous: Option<u64>,
+) -> Result<bool> {
+    use RolloutState as S;
+    let phase_name = |i: u32| {
+        plan.phases
+            .get(i as usize)
+            .map_or_else(|| (i + 1).to_string(), |p| p.name.clone())
+    };
+    if r.started_at.is_none() && action != RolloutAction::NoticeSent {
+        return Err(Error::Conflict(
+            "The package is a draft; its rollout starts when it is activated".into(),
+        ));
+    }
+    match action {
+        RolloutAction::Step { from_phase, step } => {
+            if r.state != S::Running || r.phase != from_phase {
+                return Ok(false);
+            }
+            match step {
+                Step::Wait => return Ok(false),
+                Step::Advance => {
+                    let passed = phase_name(r.phase);
+                    r.phase += 1;
+                    r.phase_started_at = now;
+                    let next = phase_name(r.phase);
+                    r.decide(
+                        now,
+                        "started",
+                        format!("phase {passed} passed its gate; phase {next} started"),
+                    );
+                }
+                Step::Complete => {
+                    r.state = S::Completed;
+                    let last = phase_name(r.phase);
+                    r.decide(now, "completed", format!("phase {last} passed its gate"));
+                }
+                Step::Fail(reason) => match plan.on_failure {
+                    OnFailure::Pause => {
+                        r.state = S::Paused;
+                        r.decide(now, "paused", reason.clone());
+                        r.notice_owed = Some(format!("rollout paused: {reason}"));
+                    }
+                    OnFailure::Rollback => {
+                        r.state = S::RolledBack;
+                        r.rolled_back_to = previous;
+                        let to = previous.map_or_else(
+                            || "no earlier package".to_string(),
+                            |p| format!("package {p}"),
+                        );
+                        let why = format!(
+                            "{reason}; the devices of the started phases return to their previous package ({to} for most)"
+                        );
+                        r.decide(now, "rolled_back", why.clone());
+                        r.notice_owed = Some(format!("rollout rolled back: {why}"));
+                    }
+                },
+            }
+        }
+        RolloutAction::Pause => {
+            if r.state != S::Running {
+                return Err(Error::Conflict(format!(
+                    "The rollout is {}; only a running rollout can be paused",
+                    r.state
+                )));
+            }
+            r.state = S::Paused;
+            r.decide(now, "paused", "paused by a member".into());
+        }
+        RolloutAction::Resume => {
+            if r.state != S::Paused {
+                return Err(Error::Conflict(format!(
+                    "The rollout is {}; only a paused rollout can be resumed",
+                    r.state
+                )));
+            }
+            // The phase's gate starts over: its wait, and failures and alerts from now.
+            r.state = S::Running;
+            r.phase_started_at = now;
+            r.decide(
+                now,
+                "resumed",
+                format!(
+                    "resumed by a member; phase {} gate starts over",
+                    phase_name(r.phase)
+                ),
+            );
+        }
+        RolloutAction::Abort => {
+            if !matches!(r.state, S::Running | S::Paused) {
+                return Err(Error::Conflict(format!(
+                    "The rollout is {}; only a running or paused rollout can be aborted",
+                    r.state
+                )));
+            }
+            r.state = S::Aborted;
+            r.decide(
+                now,
+                "aborted",
+                "aborted by a member; the devices already in keep the package".into(),
+            );
+        }
+        RolloutAction::NoticeSent => {
+            if r.notice_owed.is_none() {
+                return Ok(false);
+            }
+            r.notice_owed = None;
+        }
+    }
+    Ok(true)
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -366,6 +530,7 @@ mod tests {
             phase_started_at: 1_000,
             rolled_back_to: None,
             decisions: Vec::new(),
+            notice_owed: None,
         };
         assert_eq!(gate(&p, &r, 2_000, 4, 1, None), Step::Wait);
         assert!(matches!(gate(&p, &r, 2_000, 4, 2, None), Step::Fail(_)));

@@ -27,6 +27,10 @@ pub(crate) struct CreateBody {
     #[serde(default)]
     #[schemars(schema_with = "fleetops_actors::rules::schemas::targets")]
     target_devices: Vec<Value>,
+    /// Phases that start one after another as their gates pass.
+    #[serde(default)]
+    #[schemars(with = "Option<fleetops_actors::rules::rollouts::RolloutPlan>")]
+    rollout: Option<Value>,
 }
 
 impl From<CreateBody> for DeploymentSpec {
@@ -38,6 +42,7 @@ impl From<CreateBody> for DeploymentSpec {
             capsule_id: b.capsule_id,
             configuration_id: b.configuration_id,
             target_devices: b.target_devices,
+            rollout: b.rollout,
         }
     }
 }
@@ -109,6 +114,10 @@ pub(crate) struct PatchBody {
     #[serde(default)]
     #[schemars(schema_with = "fleetops_actors::rules::schemas::opt_targets")]
     target_devices: Option<Vec<Value>>,
+    /// `null` removes the plan.
+    #[serde(default, deserialize_with = "nullable")]
+    #[schemars(with = "Option<fleetops_actors::rules::rollouts::RolloutPlan>")]
+    rollout: Option<Option<Value>>,
 }
 
 pub async fn patch(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
@@ -123,6 +132,7 @@ pub async fn patch(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
         capsule_id: b.capsule_id,
         configuration_id: b.configuration_id,
         target_devices: b.target_devices,
+        rollout: b.rollout,
     };
     body::ok(
         &cx.rt()
@@ -173,6 +183,31 @@ pub async fn device_status(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<
         &cx.rt()
             .pipeline
             .report(s.project.id, id, b.device_id, b.status, b.message, false)
+            .await?,
+    )
+}
+
+/// `GET /deployments/{id}/rollout` (viewer): 404 for a package without a phase plan.
+pub async fn rollout(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.project(&req, Role::Viewer)?;
+    let id = req.id("deployment_id", "Deployment")?;
+    body::ok(&cx.rt().pipeline.rollout(s.project.id, id).await?)
+}
+
+/// `POST /deployments/{id}/rollout/{pause|resume|abort}` (member): 409 when the rollout's
+/// state does not allow it.
+pub async fn rollout_action(
+    cx: &mut Cx<'_>,
+    req: Req,
+    action: fleetops_actors::pipeline::rollouts::RolloutAction,
+) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.project(&req, Role::Member)?;
+    let id = req.id("deployment_id", "Deployment")?;
+    cx.rt().pipeline.exists("deployment", s.project.id, id)?;
+    body::ok(
+        &cx.rt()
+            .pipeline
+            .rollout_action(s.project.id, id, action)
             .await?,
     )
 }

@@ -20,6 +20,7 @@ use crate::app::{Cx, Req};
 use crate::body::Body;
 use crate::error::ApiResult;
 use crate::router::Op;
+use fleetops_actors::pipeline::rollouts::RolloutAction;
 
 pub async fn dispatch(op: Op, cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
     match op {
@@ -104,6 +105,10 @@ pub async fn dispatch(op: Op, cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<B
         }
         Op::DeviceStatus => deployments::device_status(cx, req).await,
         Op::DeviceUpdate => updates::current(cx, req).await,
+        Op::GetRollout => deployments::rollout(cx, req).await,
+        Op::PauseRollout => deployments::rollout_action(cx, req, RolloutAction::Pause).await,
+        Op::ResumeRollout => deployments::rollout_action(cx, req, RolloutAction::Resume).await,
+        Op::AbortRollout => deployments::rollout_action(cx, req, RolloutAction::Abort).await,
         Op::DeviceUpdateStatus => updates::report(cx, req).await,
         Op::DeviceHistory => updates::history(cx, req).await,
         Op::ScmWebhook => webhooks::receive(cx, req).await,

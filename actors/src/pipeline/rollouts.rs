@@ -1,0 +1,265 @@
+//! Phased rollouts, the handle's side: the view of a rollout (phases with their devices and
+//! states, the gate decisions), members' pause/resume/abort (one message to the project's
+//! actor, the rollout's writer) and the controllers' start.
+
+use std::collections::HashMap;
+
+use fleetops_storage::{RolloutState, UpdateState};
+use serde::Serialize;
+
+use super::PipelineHandle;
+use crate::clock::fmt_ms;
+use crate::error::{Error, Result};
+use crate::project::ProjectMsg;
+use crate::rules::rollouts::RolloutPlan;
+pub use crate::rules::rollouts::{OnFailure, PhaseDevices, RolloutAction};
+
+/// A phase lists at most this many of its devices (its counts cover all).
+pub const PHASE_DEVICES_SHOWN: usize = 1000;
+
+/// `GET /deployments/{id}/rollout`.
+#[derive(Debug, Serialize, schemars::JsonSchema)]
+pub struct RolloutView {
+    pub deployment_id: u64,
+    pub state: RolloutState,
+    /// `None` until the package is activated.
+    pub started_at: Option<String>,
+    /// The phase under way (or where it stopped).
+    pub current_phase: Option<String>,
+    pub on_failure: OnFailure,
+    pub gate_alert_rule_ids: Vec<u64>,
+    pub phases: Vec<PhaseView>,
+    /// Oldest first: every start, pass, pause, resume, abort and rollback, with its reason.
+    pub decisions: Vec<DecisionView>,
+    /// A failed gate's notice not yet delivered to the gate rules' integrations.
+    pub notice_owed: bool,
+}
+
+#[derive(Debug, Serialize, schemars::JsonSchema)]
+pub struct PhaseView {
+    pub name: String,
+    pub devices_rule: PhaseDevices,
+    pub min_wait_seconds: u64,
+    pub max_failure_rate: f64,
+    /// pending, in_progress, passed, paused, aborted, rolled_back.
+    pub status: &'static str,
+    pub started_at: Option<String>,
+    pub device_count: usize,
+    /// Failed devices over the phase's devices (all reports).
+    pub failure_rate: f64,
+    pub counts: PhaseCounts,
+    /// At most [`PHASE_DEVICES_SHOWN`], by id.
+    pub devices: Vec<PhaseDevice>,
+}
+
+#[derive(Debug, Default, Serialize, schemars::JsonSchema)]
+pub struct PhaseCounts {
+    /// No report yet.
+    pub waiting: usize,
+    pub downloading: usize,
+    pub installing: usize,
+    pub rebooting: usize,
+    pub succeeded: usize,
+    pub failed: usize,
+}
+
+#[derive(Debug, Serialize, schemars::JsonSchema)]
+pub struct PhaseDevice {
+    pub id: u64,
+    pub name: String,
+    pub state: Option<UpdateState>,
+    pub reported_at: Option<String>,
+}
+
+#[derive(Debug, Serialize, schemars::JsonSchema)]
+pub struct DecisionView {
+    pub at: String,
+    pub phase: String,
+    pub action: String,
+    pub reason: String,
+}
+
+impl PipelineHandle {
+    /// Starts the controllers of every rollout with work left (start-up).
+    pub(crate) async fn resume_rollouts(&self) -> Result<()> {
+        for r in self.store.open_rollouts()? {
+            self.start_controller(r.deployment_id).await;
+        }
+        Ok(())
+    }
+
+    /// Starts the package's controller if it is not running, and has it judge now.
+    pub(crate) async fn start_controller(&self, id: u64) {
+        match self.controllers.actor(id).await {
+            Ok(a) => {
+                let _ = a.cast(crate::mailbox::Envelope::cast(
+                    crate::rollout::RolloutMsg::Tick,
+                ));
+            }
+            Err(e) => {
+                tracing::warn!(deployment = id, error = %e, "rollout controller did not start")
+            }
+        }
+    }
+
+    /// Makes the package's rollout controller panic (supervision tests only).
+    #[doc(hidden)]
+    #[cfg(feature = "fault-injection")]
+    pub async fn inject_rollout_panic(&self, id: u64) -> Result<()> {
+        let a = self.controllers.actor(id).await?;
+        a.cast(crate::mailbox::Envelope::cast(
+            crate::rollout::RolloutMsg::Panic,
+        ))
+        .map_err(|_| Error::Unavailable {
+            retry_after_secs: 1,
+        })
+    }
+
+    pub async fn rollout(&self, pid: u64, id: u64) -> Result<RolloutView> {
+        let me = self.clone();
+        crate::off_thread(move || me.rollout_now(pid, id)).await
+    }
+
+    fn rollout_now(&self, pid: u64, id: u64) -> Result<RolloutView> {
+        let d = self
+            .store
+            .deployment(pid, id)?
+            .ok_or_else(|| Error::not_found("Deployment"))?;
+        let r = self
+            .store
+            .rollout(id)?
+            .ok_or_else(|| Error::not_found("Rollout"))?;
+        let plan = RolloutPlan::of(&r).ok_or_else(|| {
+            Error::Internal(format!("package {id}: its rollout plan does not parse"))
+        })?;
+        let phases =
+            self.assignments
+                .phases(&self.store, &d, &plan, self.assignments.generation())?;
+        let progress: HashMap<u64, (UpdateState, i64)> = self
+            .store
+            .device_progress(id)?
+            .into_iter()
+            .map(|p| (p.device_id, (p.state, p.at)))
+            .collect();
+        let names: HashMap<u64, String> = self
+            .store
+            .project_devices(pid)?
+            .into_iter()
+            .map(|d| (d.id, d.name))
+            .collect();
+        let mut members: Vec<Vec<u64>> = vec![Vec::new(); plan.phases.len()];
+        for (dev, p) in phases.iter() {
+            if let Some(m) = members.get_mut(*p as usize) {
+                m.push(*dev);
+            }
+        }
+        let started = r.started_at.is_some();
+        let name_of = |i: u32| plan.phases.get(i as usize).map(|p| p.name.clone());
+        let views = plan
+            .phases
+            .iter()
+            .zip(members)
+            .enumerate()
+            .map(|(i, (p, mut devs))| {
+                devs.sort_unstable();
+                let i = i as u32;
+                let status = if !started || i > r.phase {
+                    "pending"
+                } else if i < r.phase {
+                    "passed"
+                } else {
+                    match r.state {
+                        RolloutState::Running => "in_progress",
+                        RolloutState::Paused => "paused",
+                        RolloutState::Completed => "passed",
+                        RolloutState::Aborted => "aborted",
+                        RolloutState::RolledBack => "rolled_back",
+                    }
+                };
+                let mut counts = PhaseCounts::default();
+                for dev in &devs {
+                    match progress.get(dev).map(|s| s.0) {
+                        None => counts.waiting += 1,
+                        Some(UpdateState::Downloading) => counts.downloading += 1,
+                        Some(UpdateState::Installing) => counts.installing += 1,
+                        Some(UpdateState::Rebooting) => counts.rebooting += 1,
+                        Some(UpdateState::Succeeded) => counts.succeeded += 1,
+                        Some(UpdateState::Failed) => counts.failed += 1,
+                    }
+                }
+                let failure_rate = if devs.is_empty() {
+                    0.0
+                } else {
+                    counts.failed as f64 / devs.len() as f64
+                };
+                PhaseView {
+                    name: p.name.clone(),
+                    devices_rule: p.devices.clone(),
+                    min_wait_seconds: p.min_wait_seconds,
+                    max_failure_rate: p.max_failure_rate,
+                    status,
+                    started_at: r
+                        .decisions
+                        .iter()
+                        .rev()
+                        .find(|x| x.phase == i && x.action == "started")
+                        .map(|x| fmt_ms(x.at)),
+                    device_count: devs.len(),
+                    failure_rate,
+                    counts,
+                    devices: devs
+                        .iter()
+                        .take(PHASE_DEVICES_SHOWN)
+                        .map(|dev| PhaseDevice {
+                            id: *dev,
+                            name: names.get(dev).cloned().unwrap_or_default(),
+                            state: progress.get(dev).map(|s| s.0),
+                            reported_at: progress.get(dev).map(|s| fmt_ms(s.1)),
+                        })
+                        .collect(),
+                }
+            })
+            .collect();
+        Ok(RolloutView {
+            deployment_id: id,
+            state: r.state,
+            started_at: r.started_at.map(fmt_ms),
+            current_phase: started.then(|| name_of(r.phase)).flatten(),
+            on_failure: plan.on_failure,
+            gate_alert_rule_ids: plan.gate_alert_rule_ids.clone(),
+            phases: views,
+            decisions: r
+                .decisions
+                .iter()
+                .map(|x| DecisionView {
+                    at: fmt_ms(x.at),
+                    phase: name_of(x.phase).unwrap_or_else(|| (x.phase + 1).to_string()),
+                    action: x.action.clone(),
+                    reason: x.reason.clone(),
+                })
+                .collect(),
+            notice_owed: r.notice_owed.is_some(),
+        })
+    }
+
+    /// A member's pause, resume or abort; answers the rollout as it now stands.
+    pub async fn rollout_action(
+        &self,
+        pid: u64,
+        id: u64,
+        action: RolloutAction,
+    ) -> Result<RolloutView> {
+        let resumed = action == RolloutAction::Resume;
+        self.projects
+            .write(pid, |reply| ProjectMsg::Rollout {
+                id,
+                action: action.clone(),
+                reply,
+            })
+            .await?;
+        if resumed {
+            self.start_controller(id).await;
+        }
+        self.rollout(pid, id).await
+    }
+}

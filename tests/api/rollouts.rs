@@ -1,0 +1,608 @@
+//! Phased, health-gated rollouts through the real server, followed by simulated robots (a
+//! helper that polls the device update API with its ETag and reports like a robot): 50
+//! robots through three phases; a phase over its failure rate pausing (and a member's
+//! resume, pause and abort); a gate alert rule firing on a canary (a `metric_threshold`
+//! through heartbeats) pausing, or rolling the started phases back to the previous package,
+//! and the notice reaching the rule's integration; kill -9 mid-rollout and continuing.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::common::*;
+use crate::configurations::capsule;
+use crate::deployments::{DEPS, device};
+use crate::evaluation::{fast, heartbeat, rule, webhook};
+use crate::peers::Sink;
+use crate::updates::UPDATE;
+
+/// A simulated robot: polls with its ETag; on a new package it reports downloading,
+/// installing, rebooting, then succeeded (or failed when told to fail).
+pub(crate) struct Robot {
+    pub id: u64,
+    pub token: String,
+    pub fail: bool,
+    etag: Option<String>,
+    /// The package it runs (the last one it was told to run).
+    pub running: Option<u64>,
+    pub polls: u64,
+}
+
+impl Robot {
+    pub fn new(id: u64, token: String) -> Self {
+        Self {
+            id,
+            token,
+            fail: false,
+            etag: None,
+            running: None,
+            polls: 0,
+        }
+    }
+
+    /// One poll, and the install when the answer is a package it does not run yet.
+    pub async fn cycle(&mut self, c: &reqwest::Client, base: &str) -> Option<u64> {
+        let mut rb = c.get(format!("{base}{UPDATE}")).bearer_auth(&self.token);
+        if let Some(e) = &self.etag {
+            rb = rb.header("If-None-Match", e);
+        }
+        let Ok(r) = rb.send().await else {
+            return self.running;
+        };
+        self.polls += 1;
+        match r.status().as_u16() {
+            200 => {
+                self.etag = r
+                    .headers()
+                    .get("etag")
+                    .and_then(|v| v.to_str().ok())
+                    .map(String::from);
+                let body: Value = r.json().await.unwrap();
+                let dep = body["deployment_id"].as_u64().unwrap();
+                if self.running != Some(dep) {
+                    let last = if self.fail { "failed" } else { "succeeded" };
+                    for st in ["downloading", "installing", "rebooting", last] {
+                        let r = c
+                            .post(format!("{base}{UPDATE}/{dep}/status"))
+                            .bearer_auth(&self.token)
+                            .json(&json!({"status": st}))
+                            .send()
+                            .await;
+                        if let Ok(r) = r {
+                            assert_eq!(r.status(), 202, "{st}");
+                        }
+                    }
+                    self.running = Some(dep);
+                }
+            }
+            304 => {}
+            204 => self.etag = None,
+            other => panic!("poll answered {other}"),
+        }
+        self.running
+    }
+}
+
+async fn robots(s: &Srv, n: usize, labels: Value) -> Vec<Robot> {
+    let mut out = Vec::new();
+    for i in 0..n {
+        let (id, tok) = device(s, &format!("robot-{i}"), labels.clone()).await;
+        out.push(Robot::new(id, tok));
+    }
+    out
+}
+
+async fn cycle_all(s: &Srv, fleet: &mut [Robot]) {
+    for r in fleet.iter_mut() {
+        r.cycle(&s.http, &s.base).await;
+    }
+}
+
+async fn rollout(s: &Srv, dep: u64) -> Value {
+    let r = s.get(&format!("{DEPS}/{dep}/rollout"), s.key()).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    r.body
+}
+
+/// Cycles the fleet until the rollout's state is `state`.
+async fn until_state(s: &Srv, fleet: &mut [Robot], dep: u64, state: &str, secs: u64) -> Value {
+    let t = Instant::now();
+    loop {
+        cycle_all(s, fleet).await;
+        let r = rollout(s, dep).await;
+        if r["state"] == state {
+            return r;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(secs),
+            "rollout never {state}: {r}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn actions(r: &Value) -> Vec<String> {
+    r["decisions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["action"].as_str().unwrap().to_string())
+        .collect()
+}
+
+fn phase_devices(r: &Value, phase: usize) -> Vec<u64> {
+    r["phases"][phase]["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["id"].as_u64().unwrap())
+        .collect()
+}
+
+async fn create(s: &Srv, body: Value) -> u64 {
+    let r = s.post(DEPS, s.key(), body).await;
+    assert_eq!(r.status, 201, "{}", r.body);
+    r.body["id"].as_u64().unwrap()
+}
+
+async fn activate(s: &Srv, dep: u64) {
+    let r = s
+        .post(&format!("{DEPS}/{dep}/activate"), s.key(), json!({}))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+}
+
+fn quick(c: &mut fleetops::config::Config) {
+    c.pipeline.rollout_tick_ms = 50;
+}
+
+#[tokio::test]
+async fn fifty_robots_follow_a_three_phase_rollout() {
+    let s = start_with(quick).await;
+    let cap = capsule(&s, "nav", "1.0.0").await;
+    let mut fleet = robots(&s, 50, json!({"fleet": "a"})).await;
+    let plan = json!({"phases": [
+        {"name": "canary", "devices": {"count": 5}, "min_wait_seconds": 1, "max_failure_rate": 0.2},
+        {"name": "half", "devices": {"percent": 50}, "min_wait_seconds": 1, "max_failure_rate": 0.2},
+        {"name": "rest", "devices": {"percent": 100}, "max_failure_rate": 0.2}
+    ]});
+    let body = json!({"name": "nav 1", "composition_tag": "nav-1.0.0", "capsule_id": cap,
+        "target_devices": [{"labels": {"fleet": "a"}}], "rollout": plan});
+
+    // A bad plan is 422 naming the field; plan lists it as a blocker.
+    let mut bad = body.clone();
+    bad["rollout"]["phases"][1]["devices"] = json!({"percent": 50, "count": 3});
+    let d = s
+        .post(DEPS, s.key(), bad.clone())
+        .await
+        .assert_error(422)
+        .to_string();
+    assert!(d.contains("rollout.phases[1].devices"), "{d}");
+    let p = s.post(&format!("{DEPS}/plan"), s.key(), bad).await;
+    assert_eq!(p.body["blockers"][0]["field"], "rollout.phases[1].devices");
+
+    // The draft: every phase pending, the split already fixed (5, 25, the other 20).
+    let dep = create(&s, body).await;
+    let r = rollout(&s, dep).await;
+    assert_eq!(
+        (&r["state"], &r["started_at"]),
+        (&json!("running"), &Value::Null)
+    );
+    let counts: Vec<u64> = (0..3)
+        .map(|i| r["phases"][i]["device_count"].as_u64().unwrap())
+        .collect();
+    assert_eq!(counts, [5, 25, 20]);
+    assert!(
+        r["phases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|p| p["status"] == "pending")
+    );
+    s.post(&format!("{DEPS}/{dep}/rollout/pause"), s.key(), json!({}))
+        .await
+        .assert_error(409);
+    let canary = phase_devices(&r, 0);
+
+    // Activation starts the canary only.
+    activate(&s, dep).await;
+    let started = Instant::now();
+    cycle_all(&s, &mut fleet).await;
+    if started.elapsed() < Duration::from_millis(900) {
+        let reached: Vec<u64> = fleet
+            .iter()
+            .filter(|r| r.running == Some(dep))
+            .map(|r| r.id)
+            .collect();
+        let mut want = canary.clone();
+        want.sort_unstable();
+        assert_eq!(reached, want, "only the canary");
+    }
+
+    // The controller panics: its supervisor restarts it from the stored rollout, and the
+    // robots follow it to the end.
+    s.rt().pipeline.inject_rollout_panic(dep).await.unwrap();
+    let r = until_state(&s, &mut fleet, dep, "completed", 30).await;
+    assert_eq!(actions(&r), ["started", "started", "started", "completed"]);
+    for (i, p) in r["phases"].as_array().unwrap().iter().enumerate() {
+        assert_eq!(p["status"], "passed", "{p}");
+        assert_eq!(p["counts"]["succeeded"], p["device_count"], "{p}");
+        assert_eq!(p["failure_rate"], 0.0);
+        assert_eq!(phase_devices(&r, i).len() as u64, counts[i]);
+    }
+    // Each phase waited its minimum after the one before.
+    let at = |i: usize| {
+        time::OffsetDateTime::parse(
+            r["decisions"][i]["at"].as_str().unwrap(),
+            &time::format_description::well_known::Rfc3339,
+        )
+        .unwrap()
+    };
+    assert!((at(1) - at(0)).whole_milliseconds() >= 1000);
+    assert!((at(2) - at(1)).whole_milliseconds() >= 1000);
+    assert!(fleet.iter().all(|r| r.running == Some(dep)));
+    let d = s.get(&format!("{DEPS}/{dep}"), s.key()).await;
+    assert_eq!(
+        d.body["device_results"],
+        json!({"succeeded": 50, "failed": 0})
+    );
+    // Once settled, a poll is a 304.
+    let polls: u64 = fleet.iter().map(|r| r.polls).sum();
+    assert!(polls > 50);
+    s.post(&format!("{DEPS}/{dep}/rollout/abort"), s.key(), json!({}))
+        .await
+        .assert_error(409);
+}
+
+#[tokio::test]
+async fn a_phase_over_its_failure_rate_pauses_and_members_resume_pause_and_abort() {
+    let s = start_with(quick).await;
+    let cap = capsule(&s, "nav", "1.0.0").await;
+    let mut fleet = robots(&s, 20, json!({"fleet": "b"})).await;
+    let dep = create(
+        &s,
+        json!({"name": "nav 1", "composition_tag": "nav-1.0.0", "capsule_id": cap,
+            "target_devices": [{"labels": {"fleet": "b"}}],
+            "rollout": {"phases": [
+                {"name": "canary", "devices": {"count": 4}, "min_wait_seconds": 1, "max_failure_rate": 0.25},
+                {"name": "rest", "devices": {"percent": 100}, "min_wait_seconds": 3600}
+            ]}}),
+    )
+    .await;
+    let canary = phase_devices(&rollout(&s, dep).await, 0);
+    // Two of four canaries fail: 0.5 > 0.25.
+    for r in fleet.iter_mut() {
+        r.fail = canary[..2].contains(&r.id);
+    }
+    activate(&s, dep).await;
+    let r = until_state(&s, &mut fleet, dep, "paused", 10).await;
+    let last = r["decisions"].as_array().unwrap().last().unwrap().clone();
+    assert_eq!(last["action"], "paused");
+    assert_eq!(last["phase"], "canary");
+    assert!(
+        last["reason"]
+            .as_str()
+            .unwrap()
+            .contains("failure rate 0.500 (2 of 4 devices)"),
+        "{last}"
+    );
+    assert_eq!(r["phases"][0]["status"], "paused");
+    assert_eq!(r["phases"][0]["counts"]["failed"], 2);
+    assert_eq!(r["phases"][1]["status"], "pending");
+    // Paused: the rest of the fleet still has nothing.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    cycle_all(&s, &mut fleet).await;
+    let reached = fleet.iter().filter(|r| r.running == Some(dep)).count();
+    assert_eq!(reached, 4);
+    s.post(&format!("{DEPS}/{dep}/rollout/pause"), s.key(), json!({}))
+        .await
+        .assert_error(409);
+
+    // Resume: the phase's gate starts over (the earlier failures no longer count), so after
+    // its wait the rest starts.
+    let r = s
+        .post(&format!("{DEPS}/{dep}/rollout/resume"), s.key(), json!({}))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.body["state"], "running");
+    assert_eq!(*actions(&r.body).last().unwrap(), "resumed");
+    let t = Instant::now();
+    loop {
+        cycle_all(&s, &mut fleet).await;
+        if fleet.iter().all(|r| r.running == Some(dep)) {
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "the rest never started"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let r = rollout(&s, dep).await;
+    assert_eq!(r["current_phase"], "rest");
+    assert_eq!(r["phases"][0]["status"], "passed");
+    assert_eq!(r["phases"][1]["status"], "in_progress");
+
+    // A member's pause and abort; an aborted rollout takes no more actions.
+    let r = s
+        .post(&format!("{DEPS}/{dep}/rollout/pause"), s.key(), json!({}))
+        .await;
+    assert_eq!(
+        (r.status.as_u16(), &r.body["state"]),
+        (200, &json!("paused"))
+    );
+    let r = s
+        .post(&format!("{DEPS}/{dep}/rollout/abort"), s.key(), json!({}))
+        .await;
+    assert_eq!(
+        (r.status.as_u16(), &r.body["state"]),
+        (200, &json!("aborted"))
+    );
+    assert_eq!(
+        actions(&r.body),
+        [
+            "started", "paused", "resumed", "started", "paused", "aborted"
+        ]
+    );
+    s.post(&format!("{DEPS}/{dep}/rollout/resume"), s.key(), json!({}))
+        .await
+        .assert_error(409);
+    // The devices already in keep the package.
+    let mut rb = fleet.remove(0);
+    rb.cycle(&s.http, &s.base).await;
+    assert_eq!(rb.running, Some(dep));
+    s.get(&format!("{DEPS}/999999/rollout"), s.key())
+        .await
+        .assert_error(404);
+}
+
+/// A gate rule (cpu > 90, held 0 s) fires on a canary through a heartbeat: the rollout stops
+/// within 2 s; with `rollback` the canaries return to the package they ran before.
+async fn gate_scenario(on_failure: &str) {
+    let sink = Sink::start().await;
+    let s = start_with(|c| {
+        fast(c);
+        quick(c);
+        c.devices.offline_after_seconds = 3600;
+    })
+    .await;
+    let hook = webhook(&s, &sink).await;
+    let gate = rule(
+        &s,
+        hook,
+        json!({"type": "metric_threshold", "metric": "cpu", "operator": "gt", "threshold": 90, "duration_seconds": 0}),
+    )
+    .await;
+    let old = capsule(&s, "nav", "1.0.0").await;
+    let new = capsule(&s, "nav", "2.0.0").await;
+    let mut fleet = robots(&s, 10, json!({"fleet": "c"})).await;
+    let targets = json!([{"labels": {"fleet": "c"}}]);
+    let a = create(
+        &s,
+        json!({"name": "nav 1", "composition_tag": "nav-1", "capsule_id": old, "target_devices": targets}),
+    )
+    .await;
+    activate(&s, a).await;
+    cycle_all(&s, &mut fleet).await;
+    assert!(fleet.iter().all(|r| r.running == Some(a)));
+
+    let b = create(
+        &s,
+        json!({"name": "nav 2", "composition_tag": "nav-2", "capsule_id": new, "target_devices": targets,
+            "rollout": {"phases": [
+                {"name": "canary", "devices": {"count": 2}, "min_wait_seconds": 3600, "max_failure_rate": 0.5},
+                {"name": "rest", "devices": {"percent": 100}}
+            ], "gate_alert_rule_ids": [gate], "on_failure": on_failure}}),
+    )
+    .await;
+    activate(&s, b).await;
+    cycle_all(&s, &mut fleet).await;
+    let canary = phase_devices(&rollout(&s, b).await, 0);
+    for r in &fleet {
+        let want = if canary.contains(&r.id) { b } else { a };
+        assert_eq!(r.running, Some(want), "robot {}", r.id);
+    }
+
+    // A healthy heartbeat changes nothing; a hot one on a canary stops the rollout.
+    let hot = fleet.iter().find(|r| r.id == canary[0]).unwrap();
+    heartbeat(&s, hot.id, &hot.token, json!({"cpu": 40})).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(rollout(&s, b).await["state"], "running");
+    let fired = Instant::now();
+    heartbeat(&s, hot.id, &hot.token, json!({"cpu": 97})).await;
+    let want = if on_failure == "pause" {
+        "paused"
+    } else {
+        "rolled_back"
+    };
+    let r = loop {
+        let r = rollout(&s, b).await;
+        if r["state"] == want {
+            break r;
+        }
+        assert!(fired.elapsed() < Duration::from_secs(5), "{r}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let took = fired.elapsed();
+    assert!(took < Duration::from_secs(2), "took {took:?}");
+    let last = r["decisions"].as_array().unwrap().last().unwrap().clone();
+    assert_eq!(last["action"], want);
+    let reason = last["reason"].as_str().unwrap();
+    assert!(
+        reason.contains(&format!("alert rule {gate} fired on device {}", canary[0])),
+        "{reason}"
+    );
+
+    // The robots: paused keeps the canaries on b; a rollback returns them to a.
+    cycle_all(&s, &mut fleet).await;
+    let expect_canary = if on_failure == "pause" { b } else { a };
+    for r in &fleet {
+        let want = if canary.contains(&r.id) {
+            expect_canary
+        } else {
+            a
+        };
+        assert_eq!(r.running, Some(want), "robot {}", r.id);
+    }
+
+    // The notice reaches the gate rule's integration (besides the alert itself).
+    let t = Instant::now();
+    loop {
+        let got = sink.requests.lock().unwrap().clone();
+        if got
+            .iter()
+            .any(|q| String::from_utf8_lossy(&q.body).contains(&format!("deployment {b})")))
+        {
+            let body = got
+                .iter()
+                .map(|q| String::from_utf8_lossy(&q.body).to_string())
+                .find(|b| b.contains("rollout"))
+                .unwrap();
+            assert!(
+                body.contains(if on_failure == "pause" {
+                    "rollout paused"
+                } else {
+                    "rollout rolled back"
+                }),
+                "{body}"
+            );
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(10), "no notice: {got:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let t = Instant::now();
+    while rollout(&s, b).await["notice_owed"] != false {
+        assert!(t.elapsed() < Duration::from_secs(5));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    println!("gate {on_failure}: heartbeat -> {want} in {took:?}");
+}
+
+#[tokio::test]
+async fn a_gate_rule_firing_on_a_canary_pauses_the_rollout() {
+    gate_scenario("pause").await;
+}
+
+#[tokio::test]
+async fn a_gate_rule_firing_on_a_canary_rolls_the_started_phases_back() {
+    gate_scenario("rollback").await;
+}
+
+/// kill -9 of the real binary while a rollout is between phases: after the restart the
+/// controller continues from the stored decisions (no phase started twice, none skipped).
+#[tokio::test]
+async fn a_rollout_continues_where_it_stood_after_kill_9() {
+    use crate::cli::{client, field, serve};
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("config.toml"),
+        "[pipeline]\nrollout_tick_ms = 50\n[tiers.free]\nrequests_per_minute = 10000000\n",
+    )
+    .unwrap();
+    let mut p = serve(dir.path(), &[]);
+    let c = client();
+    let key = field(&p.stdout, "API key:").unwrap().to_string();
+    let secret = field(&p.stdout, "project secret:").unwrap().to_string();
+    let cap = crate::crash::publish(&c, &p.base, &secret, "nav", "1.0.0")
+        .await
+        .unwrap();
+    let mut fleet = Vec::new();
+    for i in 0..12 {
+        let r: Value = c
+            .post(format!("{}{DEV}/devices", p.base))
+            .bearer_auth(&key)
+            .json(&json!({"name": format!("k{i}"), "labels": {"fleet": "k"}}))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        fleet.push(Robot::new(
+            r["id"].as_u64().unwrap(),
+            r["device_token"].as_str().unwrap().to_string(),
+        ));
+    }
+    let r: Value = c
+        .post(format!("{}{DEPS}", p.base))
+        .bearer_auth(&key)
+        .json(
+            &json!({"name": "nav", "composition_tag": "nav-1", "capsule_id": cap,
+            "target_devices": [{"labels": {"fleet": "k"}}],
+            "rollout": {"phases": [
+                {"name": "canary", "devices": {"count": 3}, "min_wait_seconds": 1},
+                {"name": "mid", "devices": {"count": 4}, "min_wait_seconds": 1},
+                {"name": "rest", "devices": {"percent": 100}}
+            ]}}),
+        )
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let dep = r["id"].as_u64().unwrap();
+    let act = c
+        .post(format!("{}{DEPS}/{dep}/activate", p.base))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(act.status(), 200);
+    let view = |base: String| {
+        let (c, key) = (c.clone(), key.clone());
+        async move {
+            c.get(format!("{base}{DEPS}/{dep}/rollout"))
+                .bearer_auth(&key)
+                .send()
+                .await
+                .unwrap()
+                .json::<Value>()
+                .await
+                .unwrap()
+        }
+    };
+    // Follow it until the middle phase has started, then kill.
+    let t = Instant::now();
+    loop {
+        for r in fleet.iter_mut() {
+            r.cycle(&c, &p.base).await;
+        }
+        if view(p.base.clone()).await["current_phase"] == "mid" {
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(20), "mid never started");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    p.child.kill().unwrap();
+    p.child.wait().unwrap();
+    drop(p);
+    let p = serve(dir.path(), &[]);
+    let r = view(p.base.clone()).await;
+    assert_eq!(r["current_phase"], "mid", "{r}");
+    assert_eq!(r["state"], "running");
+    let t = Instant::now();
+    let r = loop {
+        for r in fleet.iter_mut() {
+            r.cycle(&c, &p.base).await;
+        }
+        let r = view(p.base.clone()).await;
+        if r["state"] == "completed" {
+            break r;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "never completed: {r}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let phases: Vec<&str> = r["decisions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["phase"].as_str().unwrap())
+        .collect();
+    assert_eq!(phases, ["canary", "mid", "rest", "rest"], "{r}");
+    assert!(fleet.iter().all(|r| r.running == Some(dep)));
+}
