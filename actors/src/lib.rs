@@ -83,6 +83,7 @@ pub mod logs;
 mod mailbox;
 pub mod pipeline;
 mod project;
+pub mod provenance;
 pub use project::handle as projects;
 mod quota;
 mod rollout;
@@ -406,6 +407,7 @@ impl Runtime {
             history_days: cfg.alerts.history_days,
             evaluator_busy,
             offline_after_ms: (cfg.devices.offline_after_seconds as i64).saturating_mul(1000),
+            assignments: assignments.clone(),
         };
         let worker_slot = Arc::new(Slot::new(limit, timeout));
         let housekeeper_slot = Arc::new(Slot::new(limit, timeout));

@@ -155,6 +155,11 @@ fn types(op: Op) -> (Option<SchemaFn>, Option<SchemaFn>) {
         DeviceUpdate => (none, Some(ty::<pipeline::updates::UpdateBody<'static>>)),
         DeviceUpdateStatus => (Some(ty::<updates::ReportBody>), Some(ty::<ResultAccepted>)),
         DeviceHistory => (none, Some(ty::<pipeline::updates::DeviceHistory>)),
+        GetPolicy => (none, Some(ty::<pipeline::rollouts::PolicyView>)),
+        PatchPolicy => (
+            Some(ty::<deploy::PolicyBody>),
+            Some(ty::<pipeline::rollouts::PolicyView>),
+        ),
         GetRollout | PauseRollout | ResumeRollout | AbortRollout => {
             (none, Some(ty::<pipeline::rollouts::RolloutView>))
         }
@@ -256,7 +261,8 @@ fn doc(op: Op) -> Doc {
         | GetGroup | GetSession | ListFiles | GetCapsule | GetConfig | PlanDeployment
         | GetDeployment | ScmStatus | ScmInstallations | ScmDelivery | GetRepo | GetRun
         | ProjectDelivery | ListIntegrations | GetIntegration | ListAlertRules | GetAlertRule
-        | GetAlert | DeviceHistory | GetRollout => PLAIN,
+        | GetAlert | DeviceHistory | GetRollout | GetPolicy => PLAIN,
+        PatchPolicy => WRITE,
         // 409 when the rollout's state does not allow the action.
         PauseRollout | ResumeRollout | AbortRollout => answers(&[409]),
         // 204 when nothing is assigned, 304 when `If-None-Match` names the current ETag.

@@ -169,6 +169,24 @@ impl Store {
         self.write_capsules(project, w, capsules, None)
     }
 
+    /// A new capsule and where its code came from, in one batch.
+    pub fn create_capsule(
+        &self,
+        c: &Capsule,
+        source: Option<&crate::rollouts::CapsuleSource>,
+    ) -> Result<()> {
+        let mut w = Writes::new();
+        w.put(keys::capsule(c.project_id, c.id), c)?;
+        w.put_id(
+            keys::capsule_by_version(c.project_id, &c.name, &c.version),
+            c.id,
+        );
+        if let Some(s) = source {
+            w.put(keys::capsule_source(c.id), s)?;
+        }
+        self.write_capsules(c.project_id, w, &[c], None)
+    }
+
     /// Deletes a capsule and rewrites the others of its name whose `is_latest` moved.
     pub fn delete_capsule(&self, c: &Capsule, others: &[&Capsule]) -> Result<()> {
         let mut w = Writes::new();

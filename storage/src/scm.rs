@@ -514,6 +514,38 @@ impl Store {
         Ok(max)
     }
 
+    /// The runs of `sha` in `full_name` that belong to `project`, newest first, at most
+    /// `limit` (the provenance of a capsule built from that commit).
+    pub fn commit_runs(
+        &self,
+        project: u64,
+        full_name: &str,
+        sha: &str,
+        limit: usize,
+    ) -> Result<Vec<TestRun>> {
+        let mut out = Vec::new();
+        for kv in self
+            .inner
+            .records
+            .scan_prefix(keys::commit_run_prefix(full_name, sha))
+            .rev()
+        {
+            let (k, v) = kv?;
+            if out.len() >= limit {
+                break;
+            }
+            if let (Some(id), Some(p)) = (
+                keys::trailing_id(&k),
+                <[u8; 8]>::try_from(v.as_ref()).ok().map(u64::from_be_bytes),
+            ) && p == project
+                && let Some(r) = self.run(p, id)?
+            {
+                out.push(r);
+            }
+        }
+        Ok(out)
+    }
+
     /// Builds the commit index of runs stored before it existed, once per data directory.
     pub fn backfill_commit_runs(&self) -> Result<()> {
         const DONE: &str = "ix_commit_runs_v1";

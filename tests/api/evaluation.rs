@@ -79,7 +79,7 @@ async fn activated_package(s: &Srv) -> (u64, u64) {
     (d, dep)
 }
 
-async fn alerts(s: &Srv, query: &str) -> Value {
+pub(crate) async fn alerts(s: &Srv, query: &str) -> Value {
     let r = s.get(&format!("{ALERTS}?{query}"), s.key()).await;
     assert_eq!(r.status, 200, "{}", r.body);
     r.body

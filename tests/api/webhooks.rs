@@ -10,7 +10,7 @@ use crate::common::*;
 
 pub(crate) const SECRET: &str = "It's a Secret to Everybody";
 const SCM: &str = "/api/v1/scm";
-const REPO: &str = "Codertocat/Hello-World";
+pub(crate) const REPO: &str = "Codertocat/Hello-World";
 const INST: u64 = 957387;
 
 pub(crate) fn payload(name: &str) -> Value {
@@ -77,7 +77,7 @@ pub(crate) async fn settled(s: &Srv, id: &str) -> Value {
 }
 
 /// Delivers and waits; returns the settled log entry.
-async fn run(s: &Srv, event: &str, body: &Value) -> Value {
+pub(crate) async fn run(s: &Srv, event: &str, body: &Value) -> Value {
     let (id, r) = deliver(s, event, body).await;
     assert_eq!(r.status, 202, "{}", r.body);
     assert_eq!(r.body, json!({"status": "queued", "delivery_id": id}));
@@ -92,7 +92,7 @@ fn skipped(d: &Value, reason: &str) {
     );
 }
 
-async fn link(s: &Srv, full_name: &str) -> Value {
+pub(crate) async fn link(s: &Srv, full_name: &str) -> Value {
     let r = s
         .post(
             &format!("{DEV}/repositories"),

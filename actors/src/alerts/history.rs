@@ -48,6 +48,9 @@ pub struct AlertView {
     pub resolved_at: Option<String>,
     pub related_deployment: Option<RelatedDeploymentView>,
     pub notifications: Vec<NotificationView>,
+    /// What the device should run now: package → capsule → commit → test runs (`None` when
+    /// no package is assigned to it or the device was deleted).
+    pub provenance: Option<crate::provenance::Provenance>,
 }
 
 impl AlertsHandle {
@@ -90,7 +93,23 @@ impl AlertsHandle {
                     activated_at: fmt_ms(d.activated_at),
                 }),
             notifications: latest,
+            provenance: self.provenance_of(a.project_id, a.device_id)?,
         })
+    }
+
+    fn provenance_of(
+        &self,
+        pid: u64,
+        device: u64,
+    ) -> Result<Option<crate::provenance::Provenance>> {
+        let Some(d) = self.store.device(pid, device)? else {
+            return Ok(None);
+        };
+        let generation = self.assignments.generation();
+        match self.assignments.assigned(&self.store, &d, generation)? {
+            Some(p) => crate::provenance::of_package(&self.store, &p).map(Some),
+            None => Ok(None),
+        }
     }
 
     pub async fn alerts(

@@ -34,6 +34,8 @@ pub struct AlertsHandle {
     pub(crate) history_days: u64,
     pub(crate) evaluator_busy: std::sync::Arc<std::sync::atomic::AtomicU64>,
     pub(crate) offline_after_ms: i64,
+    /// Which package each device runs now (an alert shows its provenance).
+    pub(crate) assignments: std::sync::Arc<crate::assignments::Assignments>,
 }
 
 impl AlertsHandle {

@@ -69,6 +69,16 @@ pub struct DeploymentDetail {
     pub device_results: DeviceResults,
     /// Each device's latest state with the package, counted (the update API's reports).
     pub device_states: DeviceStates,
+    /// package → capsule → commit → the commit's test runs.
+    pub provenance: crate::provenance::Provenance,
+    /// The phased rollout, when the package has a plan: its state and current phase.
+    pub rollout: Option<RolloutSummary>,
+}
+
+#[derive(Debug, Serialize, schemars::JsonSchema)]
+pub struct RolloutSummary {
+    pub state: fleetops_storage::RolloutState,
+    pub current_phase: Option<String>,
 }
 
 #[derive(Debug, Default, Serialize, schemars::JsonSchema)]
@@ -120,9 +130,20 @@ impl PipelineHandle {
         Ok(DeploymentView::from(&d))
     }
 
-    /// Evaluates a body without creating anything.
+    /// Evaluates a body without creating anything; the project's activation policy is
+    /// listed as a blocker too (it refuses activation, not creation).
     pub fn plan(&self, pid: u64, spec: &DeploymentSpec) -> Result<Plan> {
-        let e = evaluate(&self.store, pid, spec)?;
+        let mut e = evaluate(&self.store, pid, spec)?;
+        if self.store.capsule(pid, spec.capsule_id)?.is_some()
+            && let Some(reason) =
+                crate::provenance::policy_blocker(&self.store, pid, spec.capsule_id)?
+        {
+            e.blockers.push(Blocker {
+                status: 409,
+                field: "capsule_id".into(),
+                reason,
+            });
+        }
         Ok(Plan {
             blocked: !e.blockers.is_empty(),
             blockers: e.blockers,
@@ -177,7 +198,16 @@ impl PipelineHandle {
                 S::Failed => &mut states.failed,
             } += 1;
         }
+        let rollout = self.store.rollout(id)?.map(|r| RolloutSummary {
+            state: r.state,
+            current_phase: r.started_at.and_then(|_| {
+                crate::rules::rollouts::RolloutPlan::of(&r)
+                    .and_then(|p| p.phases.get(r.phase as usize).map(|p| p.name.clone()))
+            }),
+        });
         Ok(DeploymentDetail {
+            provenance: crate::provenance::of_package(&self.store, &d)?,
+            rollout,
             deployment: DeploymentView::from(&d),
             device_results: results,
             device_states: states,

@@ -56,6 +56,8 @@ pub struct CapsuleRequest {
     pub file_size_bytes: u64,
     pub metadata: Option<Box<RawValue>>,
     pub dependencies: Vec<(String, String)>,
+    /// `(repository, commit_sha)` the capsule was built from.
+    pub source: Option<(String, String)>,
 }
 
 #[derive(Debug, Serialize, schemars::JsonSchema)]
@@ -135,6 +137,10 @@ pub struct CapsuleDetail {
     pub capsule: CapsuleView,
     pub all_versions: Vec<String>,
     pub download_url: String,
+    /// The commit it was built from, as declared at upload-url.
+    pub source: Option<crate::provenance::SourceView>,
+    /// That commit's test runs in this project, newest first.
+    pub test_runs: Vec<crate::provenance::RunRef>,
 }
 
 /// An item of `GET /capsules`.
@@ -277,12 +283,17 @@ impl PipelineHandle {
                 "at most 2000 characters",
             ));
         }
+        let source = match &req.source {
+            Some((repo, sha)) => Some(crate::provenance::checked_source(repo, sha)?),
+            None => None,
+        };
         let turn = Arc::new(self.reserve(org_id, tier, req.file_size_bytes).await?);
         let now = now_ms();
         let c = self
             .projects
             .write(pid, |reply| ProjectMsg::CreateCapsule {
                 turn: turn.clone(),
+                source: source.clone(),
                 capsule: Box::new(Capsule {
                     id: 0,
                     project_id: pid,
@@ -631,7 +642,10 @@ impl PipelineHandle {
             .collect();
         versions.sort_by(|a, b| b.cmp(a));
         let exp = now_ms() / 1000 + self.cfg.download_ttl_seconds;
+        let (source, test_runs) = crate::provenance::source_and_runs(&self.store, pid, c.id)?;
         Ok(CapsuleDetail {
+            source,
+            test_runs,
             capsule: CapsuleView::from(&c),
             all_versions: versions.iter().map(Version::to_string).collect(),
             download_url: self

@@ -263,3 +263,40 @@ impl PipelineHandle {
         self.rollout(pid, id).await
     }
 }
+
+/// `GET/PATCH /policy`: the project's rollout policy.
+#[derive(Debug, Serialize, schemars::JsonSchema)]
+pub struct PolicyView {
+    /// Activation needs a passed test run of the capsule's commit (409 naming it otherwise).
+    pub require_passed_test_run: bool,
+}
+
+impl PipelineHandle {
+    pub fn policy(&self, pid: u64) -> Result<PolicyView> {
+        let p = self.store.project_policy(pid)?;
+        Ok(PolicyView {
+            require_passed_test_run: p.require_passed_test_run,
+        })
+    }
+
+    pub async fn set_policy(
+        &self,
+        pid: u64,
+        require_passed_test_run: Option<bool>,
+    ) -> Result<PolicyView> {
+        let mut p = self.store.project_policy(pid)?;
+        if let Some(v) = require_passed_test_run {
+            p.require_passed_test_run = v;
+        }
+        let p = self
+            .projects
+            .write(pid, |reply| ProjectMsg::SetPolicy {
+                policy: p.clone(),
+                reply,
+            })
+            .await?;
+        Ok(PolicyView {
+            require_passed_test_run: p.require_passed_test_run,
+        })
+    }
+}

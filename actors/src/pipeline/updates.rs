@@ -24,6 +24,9 @@ pub struct UpdateBody<'a> {
     pub deployed_at: Option<String>,
     pub capsule: CapsuleRef<'a>,
     pub configuration: Option<ConfigRef<'a>>,
+    /// package → capsule → commit → test runs, as of this answer (the ETag names what to
+    /// install, so a 304 does not refresh it).
+    pub provenance: crate::provenance::Provenance,
 }
 
 #[derive(Serialize, schemars::JsonSchema)]
@@ -168,6 +171,7 @@ impl PipelineHandle {
             deployed_at: p.deployed_at.map(fmt_ms),
             capsule,
             configuration,
+            provenance: crate::provenance::of_package(&self.store, p)?,
         };
         let json = serde_json::to_vec(&body).map_err(|e| Error::Internal(e.to_string()))?;
         // What a device installs is fixed once a package is active (its capsule and

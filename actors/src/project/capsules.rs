@@ -17,7 +17,11 @@ impl ProjectState {
             .ok_or_else(|| Error::not_found("Capsule"))
     }
 
-    pub(super) fn create_capsule(&self, mut c: Capsule) -> Result<Capsule> {
+    pub(super) fn create_capsule(
+        &self,
+        mut c: Capsule,
+        source: Option<fleetops_storage::rollouts::CapsuleSource>,
+    ) -> Result<Capsule> {
         if self
             .store
             .capsule_by_version(self.pid(), &c.name, &c.version)?
@@ -32,7 +36,7 @@ impl ProjectState {
         c.project_id = self.pid();
         c.upload.blob_key =
             crate::rules::blob_keys::upload(crate::rules::blob_keys::CAPSULES, self.pid(), c.id);
-        self.store.put_capsules(&[&c])?;
+        self.store.create_capsule(&c, source.as_ref())?;
         Ok(c)
     }
 

@@ -255,7 +255,17 @@ impl ProjectState {
     /// The project's policy at activation: with `require_passed_test_run`, the capsule's
     /// commit must have a passed test run.
     fn check_policy(&self, d: &Deployment) -> Result<()> {
-        let _ = d;
-        Ok(())
+        match crate::provenance::policy_blocker(&self.store, self.pid(), d.capsule_id)? {
+            Some(reason) => Err(Error::Conflict(reason)),
+            None => Ok(()),
+        }
+    }
+
+    pub(super) fn set_policy(
+        &self,
+        p: fleetops_storage::rollouts::ProjectPolicy,
+    ) -> Result<fleetops_storage::rollouts::ProjectPolicy> {
+        self.store.put_project_policy(self.pid(), &p)?;
+        Ok(p)
     }
 }

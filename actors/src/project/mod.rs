@@ -93,6 +93,8 @@ pub(crate) enum ProjectMsg {
     },
     CreateCapsule {
         capsule: Box<Capsule>,
+        /// Where its code came from, if declared.
+        source: Option<fleetops_storage::rollouts::CapsuleSource>,
         /// The organization's quota turn, released once this message is written or dropped
         /// unapplied (never while the record may still appear).
         turn: Arc<Turn>,
@@ -208,6 +210,11 @@ pub(crate) enum ProjectMsg {
         message: Option<String>,
         any_state: bool,
         reply: Reply<fleetops_storage::rollouts::DeviceProgress>,
+    },
+    /// The project's rollout policy.
+    SetPolicy {
+        policy: fleetops_storage::rollouts::ProjectPolicy,
+        reply: Reply<fleetops_storage::rollouts::ProjectPolicy>,
     },
     /// A rollout's step (its controller) or a member's action on it.
     Rollout {
@@ -374,10 +381,11 @@ impl Actor for ProjectActor {
             }
             ProjectMsg::CreateCapsule {
                 capsule,
+                source,
                 turn,
                 reply,
             } => {
-                let _ = reply.send(st.create_capsule(*capsule));
+                let _ = reply.send(st.create_capsule(*capsule, source));
                 drop(turn);
             }
             ProjectMsg::Uploaded {
@@ -511,6 +519,9 @@ impl Actor for ProjectActor {
                         let _ = reply.send(Err(e));
                     }
                 }
+            }
+            ProjectMsg::SetPolicy { policy, reply } => {
+                let _ = reply.send(st.set_policy(policy));
             }
             ProjectMsg::Rollout { id, action, reply } => {
                 let r = st.rollout_action(id, action);
@@ -707,6 +718,7 @@ mod tests {
         let create = |c: Capsule| {
             ask(&a, move |reply| ProjectMsg::CreateCapsule {
                 capsule: Box::new(c),
+                source: None,
                 turn: crate::quota::Turn::detached(),
                 reply,
             })

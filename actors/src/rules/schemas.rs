@@ -125,6 +125,12 @@ pub fn full_name(_: &mut SchemaGenerator) -> Schema {
     Schema::try_from(with(exact(FULL_NAME), json!({"maxLength": 200}))).unwrap_or_default()
 }
 
+/// A commit id: 7 to 64 hexadecimal characters.
+pub fn commit_sha(_: &mut SchemaGenerator) -> Schema {
+    Schema::try_from(json!({"type": "string", "pattern": "^[0-9a-fA-F]{7,64}$"}))
+        .unwrap_or_default()
+}
+
 fn branch_patterns_value() -> Value {
     json!({
         "type": "array", "minItems": 1, "maxItems": 32,

@@ -58,6 +58,19 @@ pub(crate) struct UploadUrlBody {
     metadata: Option<Box<RawValue>>,
     #[serde(default)]
     dependencies: Vec<DependencyBody>,
+    /// The commit the capsule was built from (its provenance).
+    #[serde(default)]
+    source: Option<SourceBody>,
+}
+
+#[derive(Deserialize, schemars::JsonSchema)]
+#[schemars(rename = "CapsuleSource")]
+#[serde(deny_unknown_fields)]
+pub(crate) struct SourceBody {
+    #[schemars(schema_with = "fleetops_actors::rules::schemas::full_name")]
+    repository: String,
+    #[schemars(schema_with = "fleetops_actors::rules::schemas::commit_sha")]
+    commit_sha: String,
 }
 
 pub async fn upload_url(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
@@ -87,6 +100,7 @@ pub async fn upload_url(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Bod
             .into_iter()
             .map(|d| (d.name, d.version))
             .collect(),
+        source: b.source.map(|s| (s.repository, s.commit_sha)),
     };
     body::created(
         &cx.rt()

@@ -211,3 +211,29 @@ pub async fn rollout_action(
             .await?,
     )
 }
+
+#[derive(Deserialize, schemars::JsonSchema)]
+#[schemars(rename = "PolicyPatch")]
+#[serde(deny_unknown_fields)]
+pub(crate) struct PolicyBody {
+    #[serde(default)]
+    require_passed_test_run: Option<bool>,
+}
+
+/// `GET /policy` (viewer).
+pub fn policy(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.project(&req, Role::Viewer)?;
+    body::ok(&cx.rt().pipeline.policy(s.project.id)?)
+}
+
+/// `PATCH /policy` (admin).
+pub async fn set_policy(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.project(&req, Role::Admin)?;
+    let b: PolicyBody = cx.json(&mut req).await?;
+    body::ok(
+        &cx.rt()
+            .pipeline
+            .set_policy(s.project.id, b.require_passed_test_run)
+            .await?,
+    )
+}

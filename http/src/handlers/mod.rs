@@ -106,6 +106,8 @@ pub async fn dispatch(op: Op, cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<B
         Op::DeviceStatus => deployments::device_status(cx, req).await,
         Op::DeviceUpdate => updates::current(cx, req).await,
         Op::GetRollout => deployments::rollout(cx, req).await,
+        Op::GetPolicy => deployments::policy(cx, req),
+        Op::PatchPolicy => deployments::set_policy(cx, req).await,
         Op::PauseRollout => deployments::rollout_action(cx, req, RolloutAction::Pause).await,
         Op::ResumeRollout => deployments::rollout_action(cx, req, RolloutAction::Resume).await,
         Op::AbortRollout => deployments::rollout_action(cx, req, RolloutAction::Abort).await,
