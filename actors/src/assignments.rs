@@ -1,8 +1,12 @@
 //! Which package each device should run now, cached so that a robot's poll costs one map
-//! read. Every write that can change an answer (a package's transition, a rollout's decision,
-//! a device's labels, a group's members) bumps one generation counter after it is applied; a
-//! poll reads the generation before it reads the store, so an answer is kept only with the
-//! generation it was computed under and a later bump makes the next poll compute it again.
+//! read. Every write that can change an answer in a project (a package's transition, a
+//! rollout's decision, a device created, changed or deleted, a group's members) bumps that
+//! project's generation after it is applied and before it is answered; a poll reads the
+//! generation before it reads the store, so an answer is kept only with the generation it was
+//! computed under and a later bump makes the next poll compute it again.
+//!
+//! Memory: a device's entry is a few dozen bytes; the answer bodies (links, configuration,
+//! provenance) are built once per package and shared by its devices.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -16,7 +20,7 @@ use crate::error::Result;
 use crate::rules::deployments::{DeploymentSpec, evaluate, targets_device};
 use crate::rules::rollouts::{RolloutPlan, by_activation, phases_of, reaches};
 
-/// A device's answer: the package's ETag and the JSON body, or nothing assigned.
+/// A package's answer: its ETag and the JSON body.
 #[derive(Debug, Clone)]
 pub struct Answer {
     pub etag: String,
@@ -26,57 +30,59 @@ pub struct Answer {
 #[derive(Clone)]
 struct Cached {
     generation: u64,
-    built_at: i64,
-    answer: Option<Arc<Answer>>,
+    /// The package the device should run (`None`: nothing assigned).
+    package: Option<u64>,
 }
 
+/// At most this many packages' phase maps and bodies are kept (then that cache starts over).
+const MAX_PACKAGES: usize = 1024;
+
 pub(crate) struct Assignments {
-    generation: AtomicU64,
+    generations: DashMap<u64, Arc<AtomicU64>>,
     answers: DashMap<u64, Cached>,
+    /// Each package's answer body, with when it was built (its links age).
+    bodies: DashMap<u64, (i64, Arc<Answer>)>,
     /// Each package's phase per target device, with the generation it was computed under.
     phases: DashMap<u64, (u64, Arc<HashMap<u64, u32>>)>,
-    /// At most this many devices' answers are kept (then the cache starts over).
+    /// At most this many devices' entries are kept (then the cache starts over).
     max_entries: usize,
 }
 
 impl Assignments {
     pub(crate) fn new(max_entries: usize) -> Self {
         Self {
-            generation: AtomicU64::new(1),
+            generations: DashMap::new(),
             answers: DashMap::new(),
+            bodies: DashMap::new(),
             phases: DashMap::new(),
             max_entries: max_entries.max(1),
         }
     }
 
-    /// Called after every applied write that may change a device's package.
-    pub(crate) fn changed(&self) {
-        self.generation.fetch_add(1, Ordering::AcqRel);
+    fn counter(&self, project: u64) -> Arc<AtomicU64> {
+        self.generations
+            .entry(project)
+            .or_insert_with(|| Arc::new(AtomicU64::new(1)))
+            .clone()
     }
 
-    pub(crate) fn generation(&self) -> u64 {
-        self.generation.load(Ordering::Acquire)
+    /// Called after every applied write of `project` that may change a device's package.
+    pub(crate) fn changed(&self, project: u64) {
+        self.counter(project).fetch_add(1, Ordering::AcqRel);
     }
 
-    /// The cached answer of `device`, when computed under generation `generation` and built
-    /// at or after `fresh_after` (its links still have most of their life).
-    pub(crate) fn cached(
-        &self,
-        device: u64,
-        generation: u64,
-        fresh_after: i64,
-    ) -> Option<Option<Arc<Answer>>> {
+    pub(crate) fn generation(&self, project: u64) -> u64 {
+        self.counter(project).load(Ordering::Acquire)
+    }
+
+    /// The cached package of `device` when computed under `generation`: `Some(None)` is a
+    /// cached "nothing assigned".
+    pub(crate) fn cached(&self, device: u64, generation: u64) -> Option<Option<u64>> {
         let c = self.answers.get(&device)?;
-        (c.generation == generation && c.built_at >= fresh_after).then(|| c.answer.clone())
+        (c.generation == generation).then_some(c.package)
     }
 
-    pub(crate) fn keep(
-        &self,
-        device: u64,
-        generation: u64,
-        built_at: i64,
-        answer: Option<Arc<Answer>>,
-    ) {
+    pub(crate) fn keep(&self, device: u64, generation: u64, package: Option<u64>) {
         if self.answers.len() >= self.max_entries {
             self.answers.clear();
         }
@@ -84,14 +90,26 @@ impl Assignments {
             device,
             Cached {
                 generation,
-                built_at,
-                answer,
+                package,
             },
         );
     }
 
+    /// The body of `package` when built at or after `fresh_after`.
+    pub(crate) fn body(&self, package: u64, fresh_after: i64) -> Option<Arc<Answer>> {
+        let b = self.bodies.get(&package)?;
+        (b.0 >= fresh_after).then(|| b.1.clone())
+    }
+
+    pub(crate) fn keep_body(&self, package: u64, built_at: i64, answer: Arc<Answer>) {
+        if self.bodies.len() >= MAX_PACKAGES {
+            self.bodies.clear();
+        }
+        self.bodies.insert(package, (built_at, answer));
+    }
+
     /// The phase of each target device of package `d` under `plan`, computed once per
-    /// generation.
+    /// generation of its project.
     pub(crate) fn phases(
         &self,
         store: &Store,
@@ -109,15 +127,20 @@ impl Assignments {
             .iter()
             .map(|t| t.id)
             .collect();
-        let map = Arc::new(phases_of(plan, d.id, &targets, |g| {
-            store
-                .group(d.project_id, g)
-                .ok()
-                .flatten()
+        // A group's members are read up front, so a storage error fails the computation
+        // instead of passing for an empty group (which would move its devices to later phases).
+        let mut groups: HashMap<u64, Vec<u64>> = HashMap::new();
+        for g in plan.phases.iter().filter_map(|p| p.devices.group_id) {
+            let members = store
+                .group(d.project_id, g)?
                 .map(|g| g.device_ids)
-                .unwrap_or_default()
+                .unwrap_or_default();
+            groups.insert(g, members);
+        }
+        let map = Arc::new(phases_of(plan, d.id, &targets, |g| {
+            groups.get(&g).cloned().unwrap_or_default()
         }));
-        if self.phases.len() >= self.max_entries {
+        if self.phases.len() >= MAX_PACKAGES {
             self.phases.clear();
         }
         self.phases.insert(d.id, (generation, map.clone()));

@@ -122,8 +122,8 @@ pub struct PipelineConfig {
     pub upload_ttl_seconds: i64,
     /// Lifetime of a download link (15 minutes by default).
     pub download_ttl_seconds: i64,
-    /// Devices whose answer to the update poll is kept in memory (about 1 KiB each); past
-    /// it the cache starts over.
+    /// Devices whose answer to the update poll is kept in memory (a few dozen bytes each; the
+    /// bodies are shared per package); past it the cache starts over.
     pub device_cache_entries: usize,
     /// How often each rollout's controller checks its gate.
     pub rollout_tick_ms: u64,

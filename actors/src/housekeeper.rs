@@ -95,6 +95,11 @@ impl Actor for Housekeeper {
         if let Err(e) = st.webhooks.expire().await {
             tracing::warn!(error = %e, "expiring webhook deliveries failed");
         }
+        // A rollout whose controller is gone (its budget spent, its supervisor restarted, a
+        // start that failed) gets one again: none waits longer than one pass.
+        if let Err(e) = st.pipeline.resume_rollouts().await {
+            tracing::warn!(error = %e, "restarting rollout controllers failed");
+        }
         if st
             .last_sweep
             .is_none_or(|t| t.elapsed() >= ORPHAN_SWEEP_EVERY)

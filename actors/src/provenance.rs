@@ -137,8 +137,9 @@ pub fn policy_blocker(store: &Store, pid: u64, capsule: u64) -> Result<Option<St
     }))
 }
 
-/// Checks a declared source: `owner/name` as the host spells it, and a hex commit id of 7 to
-/// 64 characters (stored lower-case).
+/// Checks a declared source: `owner/name` as the host spells it, and a full commit id (40 hex
+/// characters for SHA-1, 64 for SHA-256; stored lower-case), the form the host's events carry
+/// and test runs are indexed by (an abbreviated id would never match one).
 pub fn checked_source(repository: &str, commit_sha: &str) -> Result<CapsuleSource> {
     let ok_repo = repository.len() <= 200
         && repository.split_once('/').is_some_and(|(o, n)| {
@@ -155,10 +156,10 @@ pub fn checked_source(repository: &str, commit_sha: &str) -> Result<CapsuleSourc
             "must be owner/name",
         ));
     }
-    if !(7..=64).contains(&commit_sha.len()) || !commit_sha.bytes().all(|b| b.is_ascii_hexdigit()) {
+    if !matches!(commit_sha.len(), 40 | 64) || !commit_sha.bytes().all(|b| b.is_ascii_hexdigit()) {
         return Err(Error::unprocessable(
             "source.commit_sha",
-            "must be 7 to 64 hexadecimal characters",
+            "must be a full commit id: 40 or 64 hexadecimal characters",
         ));
     }
     Ok(CapsuleSource {

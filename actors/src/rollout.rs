@@ -1,5 +1,5 @@
-//! RolloutController: one per phased rollout a controller still has work for (running,
-//! paused, or with a failed gate's notice owed), under a keyed supervisor. It holds no state
+//! RolloutController: one per phased rollout a controller still has work for (running, or
+//! with a failed gate's notice owed), under a keyed supervisor. It holds no state
 //! of its own: every tick it reads the rollout, judges the current phase's gate (failure rate,
 //! gate rules fired on the devices the rollout has reached, the phase's wait) and sends its
 //! verdict to the project's actor, the rollout's single writer, which records it durably as a
@@ -57,12 +57,18 @@ pub(crate) struct ControllerState {
     ctx: RolloutCtx,
     /// The package (its deployment id).
     id: u64,
-    /// Attempts at the owed notice in this incarnation (bounded, then given up with a log).
+    /// Failed attempts at the owed notice in this incarnation (its backoff).
     notice_attempts: u32,
+    /// No attempt before this moment (Unix ms).
+    notice_not_before: i64,
+    /// The integrations that took the owed notice (so a retry goes only to the others), and
+    /// which notice that was.
+    notice_sent_to: (String, HashSet<u64>),
 }
 
-/// A notice is tried at most this many times per incarnation.
-const NOTICE_ATTEMPTS: u32 = 10;
+/// The owed notice is retried after 1 s, doubling up to 5 minutes, until every integration
+/// of the gate rules took it.
+const NOTICE_BACKOFF_MS: (i64, i64) = (1_000, 300_000);
 /// The alerts of one gate rule read per tick at most (newest first, back to the phase's start).
 const ALERTS_PER_RULE: usize = 2_000;
 
@@ -82,6 +88,8 @@ impl Actor for RolloutActor {
             ctx,
             id,
             notice_attempts: 0,
+            notice_not_before: 0,
+            notice_sent_to: (String::new(), HashSet::new()),
         })
     }
 
@@ -122,21 +130,22 @@ impl ControllerState {
         let Some(d) = store.deployment(pid, id)? else {
             return Ok(false);
         };
+        // Paused, finished, or its package no longer active: nothing to judge. A paused
+        // rollout's controller stops too (a resume starts it again); one with a notice owed
+        // stays until the notice is sent.
         if d.status != DeploymentStatus::Active || r.state != RolloutState::Running {
             let owed = store.rollout(id)?.is_some_and(|r| r.notice_owed.is_some());
-            return Ok(
-                owed || (d.status == DeploymentStatus::Active && r.state == RolloutState::Paused)
-            );
+            return Ok(owed);
         }
         let ctx = self.ctx.clone();
         let now = ctx.clock.now_ms();
-        let from_phase = r.phase;
+        let (from_phase, since) = (r.phase, r.phase_started_at);
         let step = crate::off_thread(move || {
             let plan = RolloutPlan::of(&r)
                 .ok_or_else(|| Error::Internal(format!("package {id}: plan does not parse")))?;
             let phases =
                 ctx.assignments
-                    .phases(&ctx.store, &d, &plan, ctx.assignments.generation())?;
+                    .phases(&ctx.store, &d, &plan, ctx.assignments.generation(pid))?;
             let current: HashSet<u64> = phases
                 .iter()
                 .filter(|(_, p)| **p == r.phase)
@@ -168,6 +177,7 @@ impl ControllerState {
                     id,
                     action: RolloutAction::Step {
                         from_phase,
+                        since,
                         step: step.clone(),
                     },
                     reply,
@@ -198,6 +208,13 @@ impl ControllerState {
             .deployment(pid, id)?
             .map(|d| d.name)
             .unwrap_or_else(|| id.to_string());
+        let now = self.ctx.clock.now_ms();
+        if now < self.notice_not_before {
+            return Ok(());
+        }
+        if self.notice_sent_to.0 != notice {
+            self.notice_sent_to = (notice.to_string(), HashSet::new());
+        }
         let mut integrations = Vec::new();
         for rid in &plan.gate_alert_rule_ids {
             if let Some(rule) = store.alert_rule(pid, *rid)? {
@@ -208,7 +225,8 @@ impl ControllerState {
                 }
             }
         }
-        let now = self.ctx.clock.now_ms();
+        // One key per decision (its time), so an incident integration keeps decisions apart.
+        let decided_at = r.decisions.last().map_or(now, |d| d.at);
         let msg = AlertMessage {
             event: AlertEvent::Firing,
             alert_id: None,
@@ -221,11 +239,14 @@ impl ControllerState {
             summary: format!("Package {name} (deployment {id}): {notice}"),
             fired_at: now,
             resolved_at: None,
-            dedup_key: format!("fleetops-rollout-{id}-{}", r.decisions.len()),
+            dedup_key: format!("fleetops-rollout-{id}-{decided_at}"),
             related_deployment: None,
         };
         let mut all_sent = true;
         for iid in integrations {
+            if self.notice_sent_to.1.contains(&iid) {
+                continue;
+            }
             let Some(i) = store.integration(pid, iid)? else {
                 continue;
             };
@@ -240,25 +261,30 @@ impl ControllerState {
                 &uuid::Uuid::new_v4().to_string(),
                 now / 1000,
             );
-            if let Err(e) = self.ctx.sender.send(&out).await {
-                all_sent = false;
-                tracing::warn!(
-                    deployment = id,
-                    integration = iid,
-                    error = e.message(),
-                    "rollout notice not delivered"
-                );
+            match self.ctx.sender.send(&out).await {
+                Ok(_) => {
+                    self.notice_sent_to.1.insert(iid);
+                }
+                Err(e) => {
+                    all_sent = false;
+                    tracing::warn!(
+                        deployment = id,
+                        integration = iid,
+                        error = e.message(),
+                        "rollout notice not delivered; retried later"
+                    );
+                }
             }
         }
-        self.notice_attempts += 1;
-        if !all_sent && self.notice_attempts < NOTICE_ATTEMPTS {
-            return Ok(());
-        }
         if !all_sent {
-            tracing::error!(
-                deployment = id,
-                "rollout notice given up after {NOTICE_ATTEMPTS} attempts"
-            );
+            // Still owed: the next attempt after a doubling wait.
+            let wait = NOTICE_BACKOFF_MS
+                .0
+                .saturating_mul(1 << self.notice_attempts.min(16))
+                .min(NOTICE_BACKOFF_MS.1);
+            self.notice_attempts += 1;
+            self.notice_not_before = now + wait;
+            return Ok(());
         }
         self.ctx
             .projects
@@ -269,6 +295,7 @@ impl ControllerState {
             })
             .await?;
         self.notice_attempts = 0;
+        self.notice_not_before = 0;
         Ok(())
     }
 }

@@ -181,16 +181,15 @@ impl Store {
         self.apply(w)
     }
 
-    /// Every rollout a controller still has work for: running or paused, or with a notice
-    /// owed (the controllers at start-up).
+    /// Every rollout a controller still has work for: running, or with a notice owed (the
+    /// controllers at start-up; a paused one waits for its resume).
     pub fn open_rollouts(&self) -> Result<Vec<Rollout>> {
         let all: Vec<Rollout> = self.scan_rev(&keys::rollout_prefix())?;
         Ok(all
             .into_iter()
             .filter(|r| {
                 r.started_at.is_some()
-                    && (matches!(r.state, RolloutState::Running | RolloutState::Paused)
-                        || r.notice_owed.is_some())
+                    && (r.state == RolloutState::Running || r.notice_owed.is_some())
             })
             .collect())
     }

@@ -26,6 +26,8 @@ pub(crate) struct Robot {
     /// The package it runs (the last one it was told to run).
     pub running: Option<u64>,
     pub polls: u64,
+    /// The status of its last poll.
+    pub last_status: u16,
 }
 
 impl Robot {
@@ -37,6 +39,7 @@ impl Robot {
             etag: None,
             running: None,
             polls: 0,
+            last_status: 0,
         }
     }
 
@@ -50,6 +53,7 @@ impl Robot {
             return self.running;
         };
         self.polls += 1;
+        self.last_status = r.status().as_u16();
         match r.status().as_u16() {
             200 => {
                 self.etag = r
@@ -204,32 +208,65 @@ async fn fifty_robots_follow_a_three_phase_rollout() {
         .assert_error(409);
     let canary = phase_devices(&r, 0);
 
-    // Activation starts the canary only.
+    // Activation starts the canary only (held there by a member's pause while it is looked
+    // at; the resume starts the canary's gate over).
     activate(&s, dep).await;
-    let started = Instant::now();
+    let r = s
+        .post(&format!("{DEPS}/{dep}/rollout/pause"), s.key(), json!({}))
+        .await;
+    assert_eq!(
+        (r.status.as_u16(), &r.body["state"]),
+        (200, &json!("paused"))
+    );
     cycle_all(&s, &mut fleet).await;
-    if started.elapsed() < Duration::from_millis(900) {
-        let reached: Vec<u64> = fleet
+    let reached: Vec<u64> = fleet
+        .iter()
+        .filter(|r| r.running == Some(dep))
+        .map(|r| r.id)
+        .collect();
+    let mut want = canary.clone();
+    want.sort_unstable();
+    assert_eq!(reached, want, "only the canary");
+    assert!(
+        fleet
             .iter()
-            .filter(|r| r.running == Some(dep))
-            .map(|r| r.id)
-            .collect();
-        let mut want = canary.clone();
-        want.sort_unstable();
-        assert_eq!(reached, want, "only the canary");
-    }
+            .all(|r| r.last_status == if want.contains(&r.id) { 200 } else { 204 })
+    );
+    let r = s
+        .post(&format!("{DEPS}/{dep}/rollout/resume"), s.key(), json!({}))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    // A robot registered mid-rollout is one of its targets: it joins a phase and is reached.
+    let (late, late_tok) = device(&s, "robot-late", json!({"fleet": "a"})).await;
+    fleet.push(Robot::new(late, late_tok));
 
     // The controller panics: its supervisor restarts it from the stored rollout, and the
     // robots follow it to the end.
     s.rt().pipeline.inject_rollout_panic(dep).await.unwrap();
     let r = until_state(&s, &mut fleet, dep, "completed", 30).await;
-    assert_eq!(actions(&r), ["started", "started", "started", "completed"]);
-    for (i, p) in r["phases"].as_array().unwrap().iter().enumerate() {
+    assert_eq!(
+        actions(&r),
+        [
+            "started",
+            "paused",
+            "resumed",
+            "started",
+            "started",
+            "completed"
+        ]
+    );
+    // The last phase has no wait, so the rollout may complete before its robots report:
+    // one more round, then every device has.
+    cycle_all(&s, &mut fleet).await;
+    let r = rollout(&s, dep).await;
+    let mut total = 0;
+    for p in r["phases"].as_array().unwrap() {
         assert_eq!(p["status"], "passed", "{p}");
         assert_eq!(p["counts"]["succeeded"], p["device_count"], "{p}");
         assert_eq!(p["failure_rate"], 0.0);
-        assert_eq!(phase_devices(&r, i).len() as u64, counts[i]);
+        total += p["device_count"].as_u64().unwrap();
     }
+    assert_eq!(total, 51, "the late robot is in a phase");
     // Each phase waited its minimum after the one before.
     let at = |i: usize| {
         time::OffsetDateTime::parse(
@@ -238,17 +275,26 @@ async fn fifty_robots_follow_a_three_phase_rollout() {
         )
         .unwrap()
     };
-    assert!((at(1) - at(0)).whole_milliseconds() >= 1000);
-    assert!((at(2) - at(1)).whole_milliseconds() >= 1000);
+    assert!((at(3) - at(2)).whole_milliseconds() >= 1000);
+    assert!((at(4) - at(3)).whole_milliseconds() >= 1000);
     assert!(fleet.iter().all(|r| r.running == Some(dep)));
     let d = s.get(&format!("{DEPS}/{dep}"), s.key()).await;
     assert_eq!(
         d.body["device_results"],
-        json!({"succeeded": 50, "failed": 0})
+        json!({"succeeded": 51, "failed": 0})
     );
-    // Once settled, a poll is a 304.
-    let polls: u64 = fleet.iter().map(|r| r.polls).sum();
-    assert!(polls > 50);
+    assert_eq!(
+        d.body["rollout"],
+        json!({"state": "completed", "current_phase": "rest"})
+    );
+    // Once settled, every poll is a 304.
+    cycle_all(&s, &mut fleet).await;
+    assert!(fleet.iter().all(|r| r.last_status == 304));
+    // A robot registered after the rollout completed is a target of a finished rollout: its
+    // first poll gets the package.
+    let (after, after_tok) = device(&s, "robot-after", json!({"fleet": "a"})).await;
+    let mut rb = Robot::new(after, after_tok);
+    assert_eq!(rb.cycle(&s.http, &s.base).await, Some(dep));
     s.post(&format!("{DEPS}/{dep}/rollout/abort"), s.key(), json!({}))
         .await
         .assert_error(409);
@@ -270,6 +316,45 @@ async fn a_phase_over_its_failure_rate_pauses_and_members_resume_pause_and_abort
     )
     .await;
     let canary = phase_devices(&rollout(&s, dep).await, 0);
+    // A draft's plan can be removed (PATCH null) and given again; a group a plan uses
+    // cannot be deleted.
+    let other = create(
+        &s,
+        json!({"name": "x", "composition_tag": "x", "capsule_id": cap, "target_devices": [fleet[0].id],
+            "rollout": {"phases": [{"name": "only", "devices": {"count": 1}}]}}),
+    )
+    .await;
+    let r = s
+        .patch(
+            &format!("{DEPS}/{other}"),
+            s.key(),
+            json!({"rollout": null}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    s.get(&format!("{DEPS}/{other}/rollout"), s.key())
+        .await
+        .assert_error(404);
+    let g = s
+        .post(
+            &format!("{DEV}/device-groups"),
+            s.key(),
+            json!({"name": "lab", "device_ids": [fleet[1].id]}),
+        )
+        .await;
+    let g = g.body["id"].as_u64().unwrap();
+    let r = s
+        .patch(
+            &format!("{DEPS}/{other}"),
+            s.key(),
+            json!({"rollout": {"phases": [{"name": "lab", "devices": {"group_id": g}}]}}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(rollout(&s, other).await["phases"][0]["name"], "lab");
+    s.delete(&format!("{DEV}/device-groups/{g}"), s.key())
+        .await
+        .assert_error(409);
     // Two of four canaries fail: 0.5 > 0.25.
     for r in fleet.iter_mut() {
         r.fail = canary[..2].contains(&r.id);
@@ -476,6 +561,31 @@ async fn gate_scenario(on_failure: &str) {
         assert!(t.elapsed() < Duration::from_secs(5));
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    // The gate rule cannot go while it gates an open rollout.
+    if on_failure == "pause" {
+        s.delete(&format!("{DEV}/alert-rules/{gate}"), s.key())
+            .await
+            .assert_error(409);
+        // Deprecating the package ends its rollout; its canaries return to a.
+        let r = s
+            .post(&format!("{DEPS}/{b}/deprecate"), s.key(), json!({}))
+            .await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        let r = rollout(&s, b).await;
+        assert_eq!(r["state"], "aborted");
+        assert!(
+            r["decisions"].as_array().unwrap().last().unwrap()["reason"]
+                .as_str()
+                .unwrap()
+                .contains("deprecated")
+        );
+        cycle_all(&s, &mut fleet).await;
+        assert!(fleet.iter().all(|r| r.running == Some(a)));
+        let r = s
+            .delete(&format!("{DEV}/alert-rules/{gate}"), s.key())
+            .await;
+        assert_eq!(r.status, 204, "{}", r.body);
+    }
     println!("gate {on_failure}: heartbeat -> {want} in {took:?}");
 }
 
@@ -660,6 +770,7 @@ async fn provenance_from_commit_to_robot_and_the_passed_test_run_policy() {
     let source = json!({"repository": REPO, "commit_sha": sha.to_uppercase()});
     for bad in [
         json!({"repository": REPO, "commit_sha": "xyz"}),
+        json!({"repository": REPO, "commit_sha": &sha[..12]}),
         json!({"repository": "no-slash", "commit_sha": sha}),
         json!({"repository": REPO}),
     ] {

@@ -141,7 +141,7 @@ async fn a_device_polls_for_its_package_and_reports_on_it() {
             (&json!(dep), &json!(d1))
         );
     }
-    report(&s, &tok4, dep, "installing").await;
+    assert_eq!(report(&s, &tok4, dep, "installing").await.status, 202);
     report(&s, &tok1, dep, "exploded").await.assert_error(422);
     report(&s, &tok1, 999_999, "installing")
         .await

@@ -105,7 +105,7 @@ impl AlertsHandle {
         let Some(d) = self.store.device(pid, device)? else {
             return Ok(None);
         };
-        let generation = self.assignments.generation();
+        let generation = self.assignments.generation(pid);
         match self.assignments.assigned(&self.store, &d, generation)? {
             Some(p) => crate::provenance::of_package(&self.store, &p).map(Some),
             None => Ok(None),

@@ -80,10 +80,14 @@ pub struct DecisionView {
 }
 
 impl PipelineHandle {
-    /// Starts the controllers of every rollout with work left (start-up).
+    /// Starts the controllers of every rollout with work left that has none (start-up, and
+    /// every housekeeping pass).
     pub(crate) async fn resume_rollouts(&self) -> Result<()> {
-        for r in self.store.open_rollouts()? {
-            self.start_controller(r.deployment_id).await;
+        let me = self.clone();
+        for r in crate::off_thread(move || Ok(me.store.open_rollouts()?)).await? {
+            if self.controllers.running(r.deployment_id).is_none() {
+                self.start_controller(r.deployment_id).await;
+            }
         }
         Ok(())
     }
@@ -134,7 +138,7 @@ impl PipelineHandle {
         })?;
         let phases =
             self.assignments
-                .phases(&self.store, &d, &plan, self.assignments.generation())?;
+                .phases(&self.store, &d, &plan, self.assignments.generation(pid))?;
         let progress: HashMap<u64, (UpdateState, i64)> = self
             .store
             .device_progress(id)?

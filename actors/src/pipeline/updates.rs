@@ -91,30 +91,40 @@ impl PipelineHandle {
     /// The package `device` of project `pid` should run now, with short-lived download links
     /// and an ETag; `None` when nothing is assigned. One map read while nothing changed.
     pub async fn device_update(&self, pid: u64, device: u64) -> Result<Option<Arc<Answer>>> {
-        let generation = self.assignments.generation();
-        let ttl_ms = self.cfg.download_ttl_seconds.max(4).saturating_mul(1000);
-        let now = now_ms();
-        // A cached body is served while its links keep at least three quarters of their life.
-        if let Some(a) = self
-            .assignments
-            .cached(device, generation, now - ttl_ms / 4)
-        {
-            return Ok(a);
-        }
-        let d = self
-            .store
-            .device(pid, device)?
-            .ok_or_else(|| Error::not_found("Device"))?;
-        let me = self.clone();
-        let package =
-            crate::off_thread(move || me.assignments.assigned(&me.store, &d, generation)).await?;
-        let answer = match package {
-            None => None,
-            Some(p) => Some(Arc::new(self.update_body(pid, &p).await?)),
+        let generation = self.assignments.generation(pid);
+        let package = match self.assignments.cached(device, generation) {
+            Some(p) => p,
+            None => {
+                let d = self
+                    .store
+                    .device(pid, device)?
+                    .ok_or_else(|| Error::not_found("Device"))?;
+                let me = self.clone();
+                let p =
+                    crate::off_thread(move || me.assignments.assigned(&me.store, &d, generation))
+                        .await?
+                        .map(|p| p.id);
+                self.assignments.keep(device, generation, p);
+                p
+            }
         };
-        self.assignments
-            .keep(device, generation, now, answer.clone());
-        Ok(answer)
+        let Some(package) = package else {
+            return Ok(None);
+        };
+        // A package's body is shared by its devices and served while its links keep at least
+        // three quarters of their life.
+        let ttl_ms = self.cfg.download_ttl_seconds.max(1).saturating_mul(1000);
+        let now = now_ms();
+        if let Some(b) = self.assignments.body(package, now - ttl_ms / 4) {
+            return Ok(Some(b));
+        }
+        let p = self
+            .store
+            .deployment(pid, package)?
+            .ok_or_else(|| Error::not_found("Deployment"))?;
+        let b = Arc::new(self.update_body(pid, &p).await?);
+        self.assignments.keep_body(package, now, b.clone());
+        Ok(Some(b))
     }
 
     async fn update_body(&self, pid: u64, p: &fleetops_storage::Deployment) -> Result<Answer> {
@@ -122,7 +132,7 @@ impl PipelineHandle {
             .store
             .capsule(pid, p.capsule_id)?
             .ok_or_else(|| Error::Internal(format!("package {} lost its capsule", p.id)))?;
-        let exp = now_ms() / 1000 + self.cfg.download_ttl_seconds;
+        let exp = now_ms() / 1000 + self.cfg.download_ttl_seconds.max(1);
         let capsule = CapsuleRef {
             id: c.id,
             name: &c.name,

@@ -279,6 +279,12 @@ impl ProjectState {
 
     pub(super) fn delete_alert_rule(&self, id: u64) -> Result<()> {
         let r = self.alert_rule(id)?;
+        if let Some((d, _)) = self.plan_naming(|p| p.gate_alert_rule_ids.contains(&id))? {
+            return Err(Error::Conflict(format!(
+                "Alert rule {} ({}) gates the rollout of deployment {} ({})",
+                r.id, r.name, d.id, d.name
+            )));
+        }
         self.store.delete_alert_rule(&r)?;
         Ok(())
     }

@@ -139,6 +139,24 @@ impl ProjectState {
             (Transition::Deprecate, DeploymentStatus::Active) => {
                 d.status = DeploymentStatus::Deprecated;
                 d.deprecated_at = Some(now);
+                // Its rollout ends with it, recorded in the same batch.
+                if let Some(mut r) = self.store.rollout(id)?
+                    && matches!(
+                        r.state,
+                        fleetops_storage::RolloutState::Running
+                            | fleetops_storage::RolloutState::Paused
+                    )
+                {
+                    r.state = fleetops_storage::RolloutState::Aborted;
+                    r.decide(
+                        now,
+                        "aborted",
+                        "package deprecated; its devices return to their previous package".into(),
+                    );
+                    d.updated_at = now;
+                    self.store.put_deployment_with_rollout(&d, Some(&r))?;
+                    return Ok(d);
+                }
             }
             (Transition::Activate, s) => {
                 return Err(Error::Conflict(format!(
@@ -241,15 +259,43 @@ impl ProjectState {
             }
             return Ok((r, false));
         }
+        // For the record: the active package activated last before this one.
+        let mine = (d.deployed_at.unwrap_or(0), d.id);
         let previous = rollouts::by_activation(self.store.project_deployments(self.pid())?)
             .into_iter()
-            .find(|p| p.id != id)
+            .find(|p| p.id != id && (p.deployed_at.unwrap_or(0), p.id) < mine)
             .map(|p| p.id);
         let changed = rollouts::apply(&mut r, &plan, action, now_ms(), previous)?;
         if changed {
             self.store.put_rollout(&r)?;
         }
         Ok((r, changed))
+    }
+
+    /// A package of this project whose rollout is not over (a draft's plan, or running or
+    /// paused) and whose plan `names` something: groups and gate rules it uses cannot go.
+    pub(super) fn plan_naming(
+        &self,
+        names: impl Fn(&RolloutPlan) -> bool,
+    ) -> Result<Option<(Deployment, Rollout)>> {
+        for d in self.store.project_deployments(self.pid())? {
+            if d.status == DeploymentStatus::Deprecated {
+                continue;
+            }
+            let Some(r) = self.store.rollout(d.id)? else {
+                continue;
+            };
+            let open = r.started_at.is_none()
+                || matches!(
+                    r.state,
+                    fleetops_storage::RolloutState::Running
+                        | fleetops_storage::RolloutState::Paused
+                );
+            if open && RolloutPlan::of(&r).is_some_and(|p| names(&p)) {
+                return Ok(Some((d, r)));
+            }
+        }
+        Ok(None)
     }
 
     /// The project's policy at activation: with `require_passed_test_run`, the capsule's

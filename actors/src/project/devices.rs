@@ -153,6 +153,14 @@ impl ProjectState {
                 g.name, r.id, r.name
             )));
         }
+        if let Some((d, _)) =
+            self.plan_naming(|p| p.phases.iter().any(|x| x.devices.group_id == Some(id)))?
+        {
+            return Err(Error::Conflict(format!(
+                "Device group {} holds a phase of the rollout of deployment {} ({})",
+                g.name, d.id, d.name
+            )));
+        }
         self.store.delete_group(&g)?;
         Ok(())
     }

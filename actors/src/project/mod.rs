@@ -313,7 +313,10 @@ impl Actor for ProjectActor {
                 labels,
                 reply,
             } => {
-                let _ = reply.send(st.create_device(name, labels));
+                // A new device may be a target (labels): it joins the packages' phase maps.
+                let r = st.create_device(name, labels);
+                st.reassigned();
+                let _ = reply.send(r);
             }
             ProjectMsg::UpdateDevice {
                 id,
@@ -546,7 +549,7 @@ impl ProjectState {
 
     /// After a write that may change which package a device should run, before its reply.
     fn reassigned(&self) {
-        self.assignments.changed();
+        self.assignments.changed(self.project.id);
     }
 }
 

@@ -187,7 +187,8 @@ pub fn phases_of(
         }
         let want = match (p.devices.count, p.devices.percent) {
             (Some(c), _) => usize::try_from(c).unwrap_or(usize::MAX),
-            (None, Some(pct)) => ((pct / 100.0) * total as f64).ceil() as usize,
+            // Multiplied first: 7 % of 100 is 7, not ceil(7.000000000000001).
+            (None, Some(pct)) => (pct * total as f64 / 100.0).ceil() as usize,
             _ => 0,
         };
         let mut taken = 0;
@@ -287,9 +288,11 @@ pub fn gate(
 /// A change to a rollout: the controller's step, or a member's action.
 #[derive(Debug, Clone, PartialEq)]
 pub enum RolloutAction {
-    /// The controller's verdict on phase `from_phase` (ignored if the rollout moved on).
+    /// The controller's verdict on phase `from_phase` as it began (or was resumed) at
+    /// `since`; ignored if the rollout has moved on since (another phase, a pause and resume).
     Step {
         from_phase: u32,
+        since: i64,
         step: Step,
     },
     Pause,
@@ -351,8 +354,12 @@ pub fn apply(
         ));
     }
     match action {
-        RolloutAction::Step { from_phase, step } => {
-            if r.state != S::Running || r.phase != from_phase {
+        RolloutAction::Step {
+            from_phase,
+            since,
+            step,
+        } => {
+            if r.state != S::Running || r.phase != from_phase || r.phase_started_at != since {
                 return Ok(false);
             }
             match step {
@@ -511,6 +518,21 @@ mod tests {
         rev.reverse();
         assert_eq!(phases_of(&p, 9, &rev, |_| lab.clone()), a);
         assert_ne!(phases_of(&p, 10, &targets, |_| lab.clone()), a);
+        // Percents of the whole target set, rounded up: 7 % of 100 is 7, 14 % of 50 is 7.
+        for (pct, n, want) in [(7.0, 100u64, 7usize), (14.0, 50, 7), (0.5, 10, 1)] {
+            let p = plan(serde_json::json!({"phases": [
+                {"name": "a", "devices": {"percent": pct}},
+                {"name": "b", "devices": {"percent": 100}}
+            ]}))
+            .unwrap();
+            let t: Vec<u64> = (1..=n).collect();
+            let m = phases_of(&p, 1, &t, |_| Vec::new());
+            assert_eq!(
+                m.values().filter(|x| **x == 0).count(),
+                want,
+                "{pct} % of {n}"
+            );
+        }
     }
 
     #[test]

@@ -125,9 +125,9 @@ pub fn full_name(_: &mut SchemaGenerator) -> Schema {
     Schema::try_from(with(exact(FULL_NAME), json!({"maxLength": 200}))).unwrap_or_default()
 }
 
-/// A commit id: 7 to 64 hexadecimal characters.
+/// A full commit id: 40 (SHA-1) or 64 (SHA-256) hexadecimal characters.
 pub fn commit_sha(_: &mut SchemaGenerator) -> Schema {
-    Schema::try_from(json!({"type": "string", "pattern": "^[0-9a-fA-F]{7,64}$"}))
+    Schema::try_from(json!({"type": "string", "pattern": "^([0-9a-fA-F]{40}|[0-9a-fA-F]{64})$"}))
         .unwrap_or_default()
 }
 
