@@ -170,6 +170,17 @@ impl Authenticator {
     }
 
     /// Resolves a bearer value (JWT, API key or device token).
+    /// How long an issued JWT lives.
+    pub fn token_ttl_seconds(&self) -> u64 {
+        self.cfg.token_ttl_seconds
+    }
+
+    /// When a valid JWT was issued (Unix seconds); `None` for anything else. The console
+    /// refreshes its cookie once half of the token's life has passed.
+    pub fn issued_at(&self, token: &str) -> Option<i64> {
+        self.decode(token).ok().map(|c| c.iat)
+    }
+
     pub fn resolve(&self, value: &str) -> Result<Principal> {
         if value.starts_with(DEVICE_TOKEN_PREFIX) {
             let d = self

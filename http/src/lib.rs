@@ -8,6 +8,7 @@
 pub mod app;
 pub mod body;
 pub mod config;
+pub mod console;
 pub mod edge;
 pub mod error;
 pub mod fuzzing;

@@ -210,6 +210,16 @@ pub async fn handle(app: &App, req: Request<Incoming>, peer: SocketAddr) -> Resp
     let start = Instant::now();
     let method = req.method().clone();
     let (parts, body) = req.into_parts();
+    if crate::console::owns(parts.uri.path()) {
+        let resp = crate::console::handle(app, parts, body, peer).await;
+        app.metrics.observe(
+            "console",
+            &method,
+            resp.status().as_u16(),
+            start.elapsed().as_secs_f64(),
+        );
+        return resp;
+    }
     let resolved = app.router.resolve(&method, parts.uri.path());
     let (route, resp) = match resolved {
         Resolved::Found(op, template, params) => {

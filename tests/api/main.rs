@@ -12,6 +12,7 @@ mod capsules;
 mod cli;
 mod common;
 mod configurations;
+mod console;
 mod crash;
 mod deployments;
 mod devices;

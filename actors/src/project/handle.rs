@@ -145,6 +145,25 @@ impl ProjectsHandle {
         }
     }
 
+    /// A device's kept heartbeat metrics over the last `hours`, oldest first, at most `max`
+    /// samples (evenly thinned beyond that): the console's charts.
+    pub async fn metric_history(
+        &self,
+        pid: u64,
+        device: u64,
+        hours: i64,
+        max: usize,
+    ) -> Result<Vec<(i64, BTreeMap<String, f64>)>> {
+        let store = self.store.clone();
+        let now = self.clock.now_ms();
+        crate::off_thread(move || {
+            let all = store.metric_history(pid, device, now - hours * 3_600_000, now)?;
+            let step = all.len().div_ceil(max.max(1)).max(1);
+            Ok(all.into_iter().step_by(step).collect())
+        })
+        .await
+    }
+
     pub async fn devices(
         &self,
         pid: u64,

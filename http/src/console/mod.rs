@@ -1,0 +1,583 @@
+//! The operator console: HTML pages at `/console`, served from templates compiled into the
+//! binary, reading the same handles the REST API calls. Like the API's handlers, each page
+//! parses, authorizes (the signed-in user's roles, through `access`), calls the runtime and
+//! renders; no business rule lives here. Sign-in keeps the API's JWT in a cookie
+//! (`session.rs`); every form that changes something carries the session's CSRF token, and
+//! the pages allow no script but their own (a strict `Content-Security-Policy`).
+
+pub mod pages;
+pub mod session;
+
+use std::net::SocketAddr;
+
+use bytes::Bytes;
+use fleetops_actors::{Principal, Role};
+use http::{Method, Response, StatusCode, header};
+use hyper::body::Incoming;
+use maud::Markup;
+
+use crate::app::{App, Req};
+use crate::body::{self, Body};
+use crate::error::ApiError;
+use pages::Chrome;
+
+/// Whether `path` is the console's (served before the API's route table).
+pub fn owns(path: &str) -> bool {
+    path == "/" || path == "/console" || path.starts_with("/console/")
+}
+
+/// Forms are small: sign-in, sign-out and rollout actions.
+const FORM_LIMIT: usize = 8 * 1024;
+/// Devices per fleet page.
+const FLEET_PAGE: usize = 50;
+
+pub async fn handle(
+    app: &App,
+    parts: http::request::Parts,
+    body: Incoming,
+    peer: SocketAddr,
+) -> Response<Body> {
+    let path = parts.uri.path().to_string();
+    let method = parts.method.clone();
+    let req = match Req::new(parts, body, Vec::new(), peer, app.edge.clone()) {
+        Ok(r) => r,
+        Err(e) => return error_page(&e, None),
+    };
+    let segs: Vec<&str> = path
+        .trim_start_matches('/')
+        .split('/')
+        .filter(|s| !s.is_empty())
+        .collect();
+    let r = match (&method, segs.as_slice()) {
+        (&Method::GET, []) => Ok(redirect("/console", None)),
+        (&Method::GET, ["console", "assets", "console.css"]) => Ok(asset()),
+        (&Method::GET, ["console", "login"]) => Ok(html(StatusCode::OK, pages::login(None), None)),
+        (&Method::POST, ["console", "login"]) => login(app, req).await,
+        (&Method::POST, ["console", "logout"]) => logout(app, req).await,
+        (&Method::GET, ["console"]) => home(app, &req).await,
+        (&Method::GET, ["console", org, project]) => fleet(app, &req, org, project).await,
+        (&Method::GET, ["console", org, project, "devices", id]) => {
+            device(app, &req, org, project, id).await
+        }
+        (&Method::GET, ["console", org, project, "alerts"]) => {
+            alerts(app, &req, org, project).await
+        }
+        (&Method::GET, ["console", org, project, "deployments"]) => {
+            deployments(app, &req, org, project).await
+        }
+        (&Method::GET, ["console", org, project, "deployments", id]) => {
+            rollout(app, &req, org, project, id).await
+        }
+        (
+            &Method::POST,
+            [
+                "console",
+                org,
+                project,
+                "deployments",
+                id,
+                "rollout",
+                action,
+            ],
+        ) => {
+            let (org, project, id, action) = (
+                org.to_string(),
+                project.to_string(),
+                id.to_string(),
+                action.to_string(),
+            );
+            rollout_action(app, req, &org, &project, &id, &action).await
+        }
+        _ => Err(ApiError::NotFoundRoute),
+    };
+    r.unwrap_or_else(|e| error_page(&e, None))
+}
+
+/// The signed-in user of a page, and the cookie that refreshes the session when due.
+struct Signed {
+    principal: Principal,
+    token: String,
+    email: String,
+    refresh: Option<String>,
+}
+
+impl Signed {
+    fn chrome<'a>(&'a self, csrf: &'a str, project: Option<(&'a str, &'a str)>) -> Chrome<'a> {
+        Chrome {
+            email: &self.email,
+            csrf,
+            project,
+        }
+    }
+}
+
+/// Whether the request came over TLS (through a trusted proxy: fleetops itself speaks
+/// plain HTTP), so the cookie is `Secure`.
+fn secure(app: &App, req: &Req) -> bool {
+    app.cfg.trusted_proxies.contains(&req.peer.ip())
+        && req
+            .header("x-forwarded-proto")
+            .is_some_and(|v| v.trim().eq_ignore_ascii_case("https"))
+}
+
+/// The session of the request, or `None` (the page redirects to sign-in). A token past half
+/// its life is exchanged for a new one, as the API's refresh does (within its window).
+fn signed(app: &App, req: &Req) -> Option<Signed> {
+    let token = session::token(req.header("cookie"))?.to_string();
+    let p = app.rt.auth.resolve(&token).ok()?;
+    if !matches!(p.credential, fleetops_actors::auth::Credential::Jwt { .. }) {
+        return None;
+    }
+    let email = p.user.as_ref()?.email.clone();
+    let ttl = app.rt.auth.token_ttl_seconds();
+    let now = time::OffsetDateTime::now_utc().unix_timestamp();
+    let mut out = Signed {
+        principal: p,
+        token,
+        email,
+        refresh: None,
+    };
+    if app
+        .rt
+        .auth
+        .issued_at(&out.token)
+        .is_some_and(|iat| session::needs_refresh(iat, now, ttl))
+        && let Ok(t) = app.rt.auth.refresh(&out.principal)
+    {
+        out.refresh = Some(session::set(
+            &t.access_token,
+            t.expires_in,
+            secure(app, req),
+        ));
+        out.token = t.access_token;
+    }
+    Some(out)
+}
+
+fn to_login() -> Response<Body> {
+    redirect("/console/login", None)
+}
+
+async fn login(app: &App, mut req: Req) -> Result<Response<Body>, ApiError> {
+    app.limits
+        .check_login(req.client_ip(&app.cfg.trusted_proxies))?;
+    let bytes = req.body_bytes(FORM_LIMIT).await?;
+    let (email, password) = form2(&bytes, "email", "password");
+    match app.rt.auth.login(&email, &password).await {
+        Ok(t) => Ok(redirect(
+            "/console",
+            Some(session::set(
+                &t.access_token,
+                t.expires_in,
+                secure(app, &req),
+            )),
+        )),
+        Err(fleetops_actors::Error::Unauthorized) => Ok(html(
+            StatusCode::UNAUTHORIZED,
+            pages::login(Some("Wrong e-mail or password.")),
+            None,
+        )),
+        Err(e) => Err(ApiError::Domain(e)),
+    }
+}
+
+/// A form that changes something: its CSRF field must be the session's, and a browser's
+/// `Origin`, when sent, must be this host.
+async fn checked_form(app: &App, req: &mut Req) -> Result<Option<(Signed, Bytes)>, ApiError> {
+    let Some(s) = signed(app, req) else {
+        return Ok(None);
+    };
+    if let (Some(origin), Some(host)) = (req.header("origin"), req.header("host"))
+        && origin
+            .split_once("://")
+            .is_none_or(|(_, h)| !h.eq_ignore_ascii_case(host))
+    {
+        return Err(ApiError::Domain(fleetops_actors::Error::Forbidden));
+    }
+    let bytes = req.body_bytes(FORM_LIMIT).await?;
+    let given = form1(&bytes, "csrf");
+    // The CSRF token of the cookie the browser sent (a refresh happens only after).
+    let sent = session::token(req.header("cookie")).unwrap_or_default();
+    if !session::csrf_ok(sent, given.as_deref()) {
+        return Err(ApiError::Domain(fleetops_actors::Error::Forbidden));
+    }
+    Ok(Some((s, bytes)))
+}
+
+async fn logout(app: &App, mut req: Req) -> Result<Response<Body>, ApiError> {
+    match checked_form(app, &mut req).await? {
+        None => Ok(to_login()),
+        Some(_) => Ok(redirect(
+            "/console/login",
+            Some(session::clear(secure(app, &req))),
+        )),
+    }
+}
+
+async fn home(app: &App, req: &Req) -> Result<Response<Body>, ApiError> {
+    let Some(s) = signed(app, req) else {
+        return Ok(to_login());
+    };
+    let mut orgs = Vec::new();
+    for o in app.rt.access.orgs(&s.principal)? {
+        let projects = app
+            .rt
+            .access
+            .projects(o.id)?
+            .into_iter()
+            .map(|p| (p.slug, p.name))
+            .collect();
+        orgs.push((o.slug, o.name, projects));
+    }
+    let csrf = session::csrf(&s.token);
+    Ok(html(
+        StatusCode::OK,
+        pages::projects(&s.chrome(&csrf, None), &orgs),
+        s.refresh,
+    ))
+}
+
+async fn fleet(app: &App, req: &Req, org: &str, project: &str) -> Result<Response<Body>, ApiError> {
+    let Some(s) = signed(app, req) else {
+        return Ok(to_login());
+    };
+    let scope = app
+        .rt
+        .access
+        .project(&s.principal, org, project, Role::Viewer)?;
+    let pid = scope.project.id;
+    use fleetops_actors::projects::{DeviceFilter, DeviceStatus};
+    let status = req.query.get("status").filter(|v| !v.is_empty());
+    let name = req.query.get("name").filter(|v| !v.is_empty());
+    let f = DeviceFilter {
+        status: match status {
+            None => None,
+            Some(v) => Some(
+                DeviceStatus::parse(v)
+                    .ok_or_else(|| ApiError::unprocessable("status: must be online or offline"))?,
+            ),
+        },
+        name: name.map(str::to_string),
+    };
+    let mut page = req.query.page()?;
+    page.page_size = FLEET_PAGE;
+    let count = |st: Option<DeviceStatus>| {
+        let f = DeviceFilter {
+            status: st,
+            name: None,
+        };
+        let mut one = page;
+        one.page = 1;
+        one.page_size = 1;
+        async move { app.rt.projects.devices(pid, &f, one).await.map(|p| p.total) }
+    };
+    let counts = (
+        count(None).await?,
+        count(Some(DeviceStatus::Online)).await?,
+        count(Some(DeviceStatus::Offline)).await?,
+    );
+    let list = app.rt.projects.devices(pid, &f, page).await?;
+    let csrf = session::csrf(&s.token);
+    let chrome = s.chrome(&csrf, Some((org, project)));
+    Ok(html(
+        StatusCode::OK,
+        pages::fleet(&chrome, counts, &pages::FleetFilter { status, name }, &list),
+        s.refresh.clone(),
+    ))
+}
+
+fn parse_id(id: &str, what: &str) -> Result<u64, ApiError> {
+    id.parse()
+        .map_err(|_| ApiError::Domain(fleetops_actors::Error::not_found(what)))
+}
+
+async fn device(
+    app: &App,
+    req: &Req,
+    org: &str,
+    project: &str,
+    id: &str,
+) -> Result<Response<Body>, ApiError> {
+    let Some(s) = signed(app, req) else {
+        return Ok(to_login());
+    };
+    let scope = app
+        .rt
+        .access
+        .project(&s.principal, org, project, Role::Viewer)?;
+    let pid = scope.project.id;
+    let id = parse_id(id, "Device")?;
+    let d = app.rt.projects.device(pid, id)?;
+    let metrics = app.rt.projects.metric_history(pid, id, 24, 600).await?;
+    let sessions = app
+        .rt
+        .sessions
+        .list(
+            pid,
+            &fleetops_actors::sessions::SessionFilter {
+                device_id: Some(id),
+                status: None,
+                since: None,
+                until: None,
+            },
+            fleetops_actors::views::PageReq {
+                page: 1,
+                page_size: 20,
+            },
+        )
+        .await?;
+    let history = app.rt.pipeline.device_history(pid, id).await?;
+    let firing = app
+        .rt
+        .alerts
+        .alerts(
+            pid,
+            &fleetops_actors::alerts::history::AlertFilter {
+                state: Some(fleetops_actors::AlertState::Firing),
+                rule_id: None,
+            },
+            fleetops_actors::views::PageReq {
+                page: 1,
+                page_size: 200,
+            },
+        )
+        .await?;
+    let open: Vec<_> = firing
+        .items
+        .into_iter()
+        .filter(|a| a.device_id == id)
+        .collect();
+    let csrf = session::csrf(&s.token);
+    let chrome = s.chrome(&csrf, Some((org, project)));
+    Ok(html(
+        StatusCode::OK,
+        pages::device(
+            &chrome,
+            &pages::DevicePage {
+                device: &d,
+                metrics: &metrics,
+                sessions: &sessions.items,
+                history: &history,
+                alerts: &open,
+            },
+        ),
+        s.refresh.clone(),
+    ))
+}
+
+async fn alerts(
+    app: &App,
+    req: &Req,
+    org: &str,
+    project: &str,
+) -> Result<Response<Body>, ApiError> {
+    let Some(s) = signed(app, req) else {
+        return Ok(to_login());
+    };
+    let scope = app
+        .rt
+        .access
+        .project(&s.principal, org, project, Role::Viewer)?;
+    let mut page = req.query.page()?;
+    page.page_size = 50;
+    let list = app
+        .rt
+        .alerts
+        .alerts(
+            scope.project.id,
+            &fleetops_actors::alerts::history::AlertFilter::default(),
+            page,
+        )
+        .await?;
+    let csrf = session::csrf(&s.token);
+    let chrome = s.chrome(&csrf, Some((org, project)));
+    Ok(html(
+        StatusCode::OK,
+        pages::alerts(&chrome, &list),
+        s.refresh.clone(),
+    ))
+}
+
+async fn deployments(
+    app: &App,
+    req: &Req,
+    org: &str,
+    project: &str,
+) -> Result<Response<Body>, ApiError> {
+    let Some(s) = signed(app, req) else {
+        return Ok(to_login());
+    };
+    let scope = app
+        .rt
+        .access
+        .project(&s.principal, org, project, Role::Viewer)?;
+    let mut page = req.query.page()?;
+    page.page_size = 50;
+    let list = app
+        .rt
+        .pipeline
+        .deployments(scope.project.id, None, page)
+        .await?;
+    let csrf = session::csrf(&s.token);
+    let chrome = s.chrome(&csrf, Some((org, project)));
+    Ok(html(
+        StatusCode::OK,
+        pages::deployments(&chrome, &list),
+        s.refresh.clone(),
+    ))
+}
+
+async fn rollout(
+    app: &App,
+    req: &Req,
+    org: &str,
+    project: &str,
+    id: &str,
+) -> Result<Response<Body>, ApiError> {
+    let Some(s) = signed(app, req) else {
+        return Ok(to_login());
+    };
+    let scope = app
+        .rt
+        .access
+        .project(&s.principal, org, project, Role::Viewer)?;
+    let pid = scope.project.id;
+    let id = parse_id(id, "Deployment")?;
+    let d = app.rt.pipeline.deployment_detail(pid, id)?;
+    let r = match app.rt.pipeline.rollout(pid, id).await {
+        Ok(r) => Some(r),
+        Err(fleetops_actors::Error::NotFound(_)) => None,
+        Err(e) => return Err(ApiError::Domain(e)),
+    };
+    let csrf = session::csrf(&s.token);
+    let chrome = s.chrome(&csrf, Some((org, project)));
+    let base = format!("/console/{org}/{project}/deployments/{id}/rollout");
+    Ok(html(
+        StatusCode::OK,
+        pages::rollout(&chrome, &d.deployment.name, r.as_ref(), &base),
+        s.refresh.clone(),
+    ))
+}
+
+async fn rollout_action(
+    app: &App,
+    mut req: Req,
+    org: &str,
+    project: &str,
+    id: &str,
+    action: &str,
+) -> Result<Response<Body>, ApiError> {
+    let Some((s, _)) = checked_form(app, &mut req).await? else {
+        return Ok(to_login());
+    };
+    let scope = app
+        .rt
+        .access
+        .project(&s.principal, org, project, Role::Member)?;
+    let id = parse_id(id, "Deployment")?;
+    use fleetops_actors::pipeline::rollouts::RolloutAction;
+    let action = match action {
+        "pause" => RolloutAction::Pause,
+        "resume" => RolloutAction::Resume,
+        _ => return Err(ApiError::NotFoundRoute),
+    };
+    app.rt
+        .pipeline
+        .rollout_action(scope.project.id, id, action)
+        .await?;
+    Ok(redirect(
+        &format!("/console/{org}/{project}/deployments/{id}"),
+        s.refresh,
+    ))
+}
+
+/// The first values of two fields of a form body.
+fn form2(b: &[u8], a: &str, c: &str) -> (String, String) {
+    (
+        form1(b, a).unwrap_or_default(),
+        form1(b, c).unwrap_or_default(),
+    )
+}
+
+fn form1(b: &[u8], name: &str) -> Option<String> {
+    form_urlencoded::parse(b)
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.into_owned())
+}
+
+fn headers(mut r: Response<Body>, cookie: Option<String>) -> Response<Body> {
+    let h = r.headers_mut();
+    h.insert(
+        header::CACHE_CONTROL,
+        header::HeaderValue::from_static("no-store"),
+    );
+    h.insert(
+        header::X_FRAME_OPTIONS,
+        header::HeaderValue::from_static("DENY"),
+    );
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        header::HeaderValue::from_static(
+            "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+        ),
+    );
+    h.insert(
+        header::REFERRER_POLICY,
+        header::HeaderValue::from_static("same-origin"),
+    );
+    if let Some(c) = cookie.and_then(|c| header::HeaderValue::from_str(&c).ok()) {
+        h.append(header::SET_COOKIE, c);
+    }
+    r
+}
+
+fn html(status: StatusCode, m: Markup, cookie: Option<String>) -> Response<Body> {
+    let mut r = Response::new(body::full(m.into_string()));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("text/html; charset=utf-8"),
+    );
+    headers(r, cookie)
+}
+
+fn redirect(to: &str, cookie: Option<String>) -> Response<Body> {
+    let mut r = Response::new(body::empty());
+    *r.status_mut() = StatusCode::SEE_OTHER;
+    if let Ok(v) = header::HeaderValue::from_str(to) {
+        r.headers_mut().insert(header::LOCATION, v);
+    }
+    headers(r, cookie)
+}
+
+fn asset() -> Response<Body> {
+    let mut r = Response::new(body::full(pages::CSS));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("text/css; charset=utf-8"),
+    );
+    r.headers_mut().insert(
+        header::CACHE_CONTROL,
+        header::HeaderValue::from_static("public, max-age=3600"),
+    );
+    r
+}
+
+fn error_page(e: &ApiError, chrome: Option<&Chrome<'_>>) -> Response<Body> {
+    let status = e.status();
+    let text = match e {
+        ApiError::Domain(fleetops_actors::Error::Internal(cause)) => {
+            tracing::error!(%cause, "console: internal error");
+            "Something went wrong on the server; it was logged.".to_string()
+        }
+        ApiError::Domain(fleetops_actors::Error::Forbidden) => "Not enough permissions.".into(),
+        ApiError::Domain(d) => d.to_string(),
+        ApiError::NotFoundRoute => "No such page.".into(),
+        other => format!("{}", other.status()),
+    };
+    html(
+        status,
+        pages::message(status.canonical_reason().unwrap_or("Error"), chrome, &text),
+        None,
+    )
+}

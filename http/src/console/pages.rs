@@ -1,0 +1,358 @@
+//! The console's pages as maud templates: compiled into the binary, escaped by construction,
+//! no script needed to read them. Each takes the views the REST API serves.
+
+use std::collections::BTreeMap;
+
+use fleetops_actors::views::{DeviceView, Page, SessionItem};
+use maud::{DOCTYPE, Markup, html};
+
+/// What every signed-in page shows in its header.
+pub struct Chrome<'a> {
+    pub email: &'a str,
+    pub csrf: &'a str,
+    /// `(org, project)` when the page is about one project.
+    pub project: Option<(&'a str, &'a str)>,
+}
+
+pub fn layout(title: &str, chrome: Option<&Chrome<'_>>, body: Markup) -> Markup {
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                meta name="viewport" content="width=device-width, initial-scale=1";
+                title { (title) " · fleetops" }
+                link rel="stylesheet" href="/console/assets/console.css";
+            }
+            body {
+                a class="skip" href="#main" { "Skip to content" }
+                header {
+                    a class="brand" href="/console" { "fleetops" }
+                    @if let Some(c) = chrome {
+                        @if let Some((org, project)) = c.project {
+                            nav aria-label="Project" {
+                                a href={ "/console/" (org) "/" (project) } { "Fleet" }
+                                a href={ "/console/" (org) "/" (project) "/deployments" } { "Deployments" }
+                                a href={ "/console/" (org) "/" (project) "/alerts" } { "Alerts" }
+                            }
+                        }
+                        form class="signout" method="post" action="/console/logout" {
+                            input type="hidden" name="csrf" value=(c.csrf);
+                            span class="who" { (c.email) }
+                            button type="submit" { "Sign out" }
+                        }
+                    }
+                }
+                main id="main" { h1 { (title) } (body) }
+            }
+        }
+    }
+}
+
+pub fn login(error: Option<&str>) -> Markup {
+    layout(
+        "Sign in",
+        None,
+        html! {
+            @if let Some(e) = error { p class="error" role="alert" { (e) } }
+            form method="post" action="/console/login" class="card" {
+                label for="email" { "E-mail" }
+                input id="email" name="email" type="email" autocomplete="username" required autofocus;
+                label for="password" { "Password" }
+                input id="password" name="password" type="password" autocomplete="current-password" required;
+                button type="submit" id="signin" { "Sign in" }
+            }
+        },
+    )
+}
+
+/// An organization's slug and name, and its projects' slugs and names.
+pub type OrgProjects = (String, String, Vec<(String, String)>);
+
+pub fn projects(chrome: &Chrome<'_>, orgs: &[OrgProjects]) -> Markup {
+    layout(
+        "Projects",
+        Some(chrome),
+        html! {
+            @for (slug, name, projects) in orgs {
+                section {
+                    h2 { (name) " " small { "(" (slug) ")" } }
+                    ul {
+                        @for (p, pname) in projects {
+                            li { a href={ "/console/" (slug) "/" (p) } { (pname) " (" (p) ")" } }
+                        }
+                    }
+                }
+            }
+        },
+    )
+}
+
+pub struct FleetFilter<'a> {
+    pub status: Option<&'a str>,
+    pub name: Option<&'a str>,
+}
+
+pub fn fleet(
+    chrome: &Chrome<'_>,
+    counts: (usize, usize, usize),
+    f: &FleetFilter<'_>,
+    page: &Page<DeviceView>,
+) -> Markup {
+    let (org, project) = chrome.project.unwrap_or_default();
+    let base = format!("/console/{org}/{project}");
+    let (total, online, offline) = counts;
+    let link = |p: usize| {
+        let mut q = vec![format!("page={p}")];
+        if let Some(s) = f.status {
+            q.push(format!("status={s}"));
+        }
+        if let Some(n) = f.name {
+            q.push(format!("name={}", urlencode(n)));
+        }
+        format!("{base}?{}", q.join("&"))
+    };
+    layout(
+        "Fleet",
+        Some(chrome),
+        html! {
+            ul class="counts" aria-label="Device counts" {
+                li { a href=(base) { strong id="count-total" { (total) } " devices" } }
+                li class="online" { a href={ (base) "?status=online" } { strong id="count-online" { (online) } " online" } }
+                li class="offline" { a href={ (base) "?status=offline" } { strong id="count-offline" { (offline) } " offline" } }
+            }
+            form method="get" action=(base) class="filters" role="search" {
+                label for="q" { "Name contains" }
+                input id="q" name="name" type="search" value=(f.name.unwrap_or(""));
+                label for="status" { "Status" }
+                select id="status" name="status" {
+                    option value="" selected[f.status.is_none()] { "any" }
+                    option value="online" selected[f.status == Some("online")] { "online" }
+                    option value="offline" selected[f.status == Some("offline")] { "offline" }
+                }
+                button type="submit" { "Filter" }
+            }
+            table {
+                caption { (page.total) " matching, page " (page.page) }
+                thead { tr { th scope="col" { "Device" } th scope="col" { "Status" } th scope="col" { "Last seen" } th scope="col" { "Labels" } th scope="col" { "Groups" } } }
+                tbody {
+                    @for d in &page.items {
+                        tr {
+                            td { a class="device" href={ (base) "/devices/" (d.id) } { (d.name) } }
+                            td { span class={ "status " (d.status) } { (d.status) } }
+                            td { (d.last_seen_at.as_deref().unwrap_or("never")) }
+                            td { @for (k, v) in &d.labels { code { (k) "=" (v) } " " } }
+                            td { @for g in &d.group_ids { (g) " " } }
+                        }
+                    }
+                }
+            }
+            nav aria-label="Pages" class="pages" {
+                @if page.page > 1 { a rel="prev" href=(link(page.page - 1)) { "Previous" } }
+                @if page.has_more { a rel="next" href=(link(page.page + 1)) { "Next" } }
+            }
+        },
+    )
+}
+
+/// A small line chart of one metric, drawn on the server as SVG (no script).
+fn chart(name: &str, points: &[(i64, f64)]) -> Markup {
+    let (w, h) = (600.0, 120.0);
+    let (t0, t1) = (
+        points.first().map_or(0, |p| p.0),
+        points.last().map_or(1, |p| p.0),
+    );
+    let (lo, hi) = points.iter().fold((f64::MAX, f64::MIN), |(lo, hi), p| {
+        (lo.min(p.1), hi.max(p.1))
+    });
+    let span_t = ((t1 - t0) as f64).max(1.0);
+    let span_v = (hi - lo).max(f64::EPSILON);
+    let path: Vec<String> = points
+        .iter()
+        .map(|(t, v)| {
+            format!(
+                "{:.1},{:.1}",
+                (*t - t0) as f64 / span_t * w,
+                h - (v - lo) / span_v * (h - 10.0) - 5.0
+            )
+        })
+        .collect();
+    html! {
+        figure class="chart" {
+            svg viewBox={ "0 0 " (w) " " (h) } role="img" aria-label={ (name) " over the last 24 hours, from " (lo) " to " (hi) } {
+                polyline fill="none" stroke="currentColor" stroke-width="2" points=(path.join(" ")) {}
+            }
+            figcaption { (name) ": " (points.len()) " samples, min " (lo) ", max " (hi) }
+        }
+    }
+}
+
+pub struct DevicePage<'a> {
+    pub device: &'a DeviceView,
+    pub metrics: &'a [(i64, BTreeMap<String, f64>)],
+    pub sessions: &'a [SessionItem],
+    pub history: &'a fleetops_actors::pipeline::updates::DeviceHistory,
+    pub alerts: &'a [fleetops_actors::alerts::history::AlertView],
+}
+
+pub fn device(chrome: &Chrome<'_>, p: &DevicePage<'_>) -> Markup {
+    let d = p.device;
+    let mut series: BTreeMap<&str, Vec<(i64, f64)>> = BTreeMap::new();
+    for (t, m) in p.metrics {
+        for (k, v) in m {
+            series.entry(k.as_str()).or_default().push((*t, *v));
+        }
+    }
+    layout(
+        &d.name,
+        Some(chrome),
+        html! {
+            dl class="facts" {
+                dt { "Status" } dd { span id="device-status" class={ "status " (d.status) } { (d.status) } }
+                dt { "Last seen" } dd { (d.last_seen_at.as_deref().unwrap_or("never")) }
+                dt { "Labels" } dd { @for (k, v) in &d.labels { code { (k) "=" (v) } " " } }
+                dt { "Latest metrics" } dd { @for (k, v) in &d.metrics { code { (k) "=" (v) } " " } }
+            }
+            h2 { "Metrics" }
+            @if series.is_empty() { p { "No heartbeat metrics kept." } }
+            @for (name, points) in &series { (chart(name, points)) }
+            h2 { "Open alerts" }
+            @if p.alerts.is_empty() { p { "None." } }
+            ul { @for a in p.alerts { li { strong { (a.rule_name) } " — " (a.summary) " (since " (a.fired_at) ")" } } }
+            h2 { "Sessions" }
+            table {
+                thead { tr { th scope="col" { "Session" } th scope="col" { "Status" } th scope="col" { "Started" } th scope="col" { "Tags" } } }
+                tbody { @for s in p.sessions { tr { td { (s.id) } td { (s.status) } td { (s.started_at) } td { (s.tags.join(", ")) } } } }
+            }
+            h2 { "Deployment history" }
+            table {
+                thead { tr { th scope="col" { "Package" } th scope="col" { "Capsule" } th scope="col" { "State" } th scope="col" { "Last report" } } }
+                tbody {
+                    @for h in &p.history.items {
+                        tr {
+                            td { (h.deployment_name.as_deref().unwrap_or("(deleted)")) " #" (h.deployment_id) }
+                            td { @if let Some(c) = &h.capsule { (c.name) " " (c.version) } }
+                            td { (h.state) }
+                            td { (h.last_reported_at) }
+                        }
+                    }
+                }
+            }
+        },
+    )
+}
+
+pub fn alerts(
+    chrome: &Chrome<'_>,
+    page: &Page<fleetops_actors::alerts::history::AlertView>,
+) -> Markup {
+    layout(
+        "Alerts",
+        Some(chrome),
+        html! {
+            table {
+                caption { (page.total) " alerts, newest first" }
+                thead { tr { th scope="col" { "Rule" } th scope="col" { "State" } th scope="col" { "Device" } th scope="col" { "Summary" } th scope="col" { "Fired" } th scope="col" { "Notifications" } } }
+                tbody {
+                    @for a in &page.items {
+                        tr class={ "alert " (a.state) } {
+                            td { (a.rule_name) }
+                            td { span class={ "state " (a.state) } { (a.state) } }
+                            td { (a.device_id) }
+                            td { (a.summary) }
+                            td { (a.fired_at) }
+                            td {
+                                @for n in &a.notifications {
+                                    span class="notification" {
+                                        "integration " (n.integration_id) ": "
+                                        @if n.pending { "pending" } @else if n.success { "delivered" } @else { "failed" }
+                                        @if let Some(e) = &n.last_error { " (" (e) ")" }
+                                    }
+                                    " "
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        },
+    )
+}
+
+pub fn deployments(
+    chrome: &Chrome<'_>,
+    page: &Page<fleetops_actors::pipeline::deployments::DeploymentView>,
+) -> Markup {
+    let (org, project) = chrome.project.unwrap_or_default();
+    layout(
+        "Deployments",
+        Some(chrome),
+        html! {
+            table {
+                thead { tr { th scope="col" { "Package" } th scope="col" { "Status" } th scope="col" { "Capsule" } th scope="col" { "Activated" } } }
+                tbody {
+                    @for d in &page.items {
+                        tr {
+                            td { a href={ "/console/" (org) "/" (project) "/deployments/" (d.id) } { (d.name) } }
+                            td { (d.deployment_status) }
+                            td { (d.capsule_id) }
+                            td { (d.deployed_at.as_deref().unwrap_or("")) }
+                        }
+                    }
+                }
+            }
+        },
+    )
+}
+
+pub fn rollout(
+    chrome: &Chrome<'_>,
+    name: &str,
+    r: Option<&fleetops_actors::pipeline::rollouts::RolloutView>,
+    action_base: &str,
+) -> Markup {
+    layout(
+        name,
+        Some(chrome),
+        html! {
+            @match r {
+                None => p { "This package has no phased rollout: it reaches every target at activation." }
+                Some(r) => {
+                    p { "Rollout: " strong id="rollout-state" { (r.state) }
+                        @if let Some(c) = &r.current_phase { ", phase " strong id="current-phase" { (c) } } }
+                    @if matches!(r.state, fleetops_actors::RolloutState::Running | fleetops_actors::RolloutState::Paused) {
+                        form method="post" action={ (action_base) "/" (if r.state == fleetops_actors::RolloutState::Running { "pause" } else { "resume" }) } {
+                            input type="hidden" name="csrf" value=(chrome.csrf);
+                            button type="submit" id="rollout-action" { (if r.state == fleetops_actors::RolloutState::Running { "Pause" } else { "Resume" }) }
+                        }
+                    }
+                    ol class="phases" {
+                        @for p in &r.phases {
+                            li class={ "phase " (p.status) } {
+                                h2 { (p.name) " — " (p.status) }
+                                label { (p.counts.succeeded) " of " (p.device_count) " succeeded, " (p.counts.failed) " failed"
+                                    progress max=(p.device_count.max(1)) value=(p.counts.succeeded) {} }
+                            }
+                        }
+                    }
+                    h2 { "Decisions" }
+                    table {
+                        thead { tr { th scope="col" { "At" } th scope="col" { "Phase" } th scope="col" { "Action" } th scope="col" { "Reason" } } }
+                        tbody { @for d in &r.decisions { tr { td { (d.at) } td { (d.phase) } td { (d.action) } td { (d.reason) } } } }
+                    }
+                }
+            }
+        },
+    )
+}
+
+pub fn message(title: &str, chrome: Option<&Chrome<'_>>, text: &str) -> Markup {
+    layout(title, chrome, html! { p role="alert" { (text) } })
+}
+
+fn urlencode(s: &str) -> String {
+    form_urlencoded::byte_serialize(s.as_bytes()).collect()
+}
+
+/// The stylesheet, embedded.
+pub const CSS: &str = include_str!("console.css");

@@ -1,0 +1,433 @@
+//! The operator console: over plain HTTP (sign-in, the cookie's attributes, a page without a
+//! session, CSRF refusal) and in a real browser (Debian's Chromium driven through
+//! chromedriver by fantoccini): sign in, find an offline device, open it, see a firing alert,
+//! read a rollout's phase and pause it, sign out. Screenshots of each page are kept under
+//! `target/console-screenshots/`.
+
+use std::time::Duration;
+
+use fantoccini::{Client, ClientBuilder, Locator};
+use serde_json::{Value, json};
+
+use crate::common::*;
+use crate::configurations::capsule;
+use crate::deployments::{DEPS, device};
+use crate::evaluation::{fast, heartbeat, rule, wait_alerts, webhook};
+use crate::peers::Sink;
+
+/// A project with an online robot running hot (a firing alert), an offline robot, and a
+/// package whose rollout is in its canary phase; returns the package id.
+async fn seeded(s: &Srv, sink: &Sink) -> u64 {
+    let (on, tok) = device(s, "r-online", json!({"site": "lab"})).await;
+    device(s, "r-offline", json!({"site": "lab"})).await;
+    let hook = webhook(s, sink).await;
+    rule(
+        s,
+        hook,
+        json!({"type": "metric_threshold", "metric": "cpu", "operator": "gt", "threshold": 90, "duration_seconds": 0}),
+    )
+    .await;
+    heartbeat(s, on, &tok, json!({"cpu": 97.5})).await;
+    wait_alerts(s, "state=firing", 1).await;
+    let cap = capsule(s, "nav", "1.0.0").await;
+    let r = s
+        .post(
+            DEPS,
+            s.key(),
+            json!({"name": "nav canary", "composition_tag": "nav-1", "capsule_id": cap,
+                "target_devices": [{"labels": {"site": "lab"}}],
+                "rollout": {"phases": [
+                    {"name": "canary", "devices": {"count": 1}, "min_wait_seconds": 3600},
+                    {"name": "rest", "devices": {"percent": 100}}]}}),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.body);
+    let dep = r.body["id"].as_u64().unwrap();
+    let r = s
+        .post(&format!("{DEPS}/{dep}/activate"), s.key(), json!({}))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    dep
+}
+
+/// A form body (`application/x-www-form-urlencoded`), as a browser posts it.
+trait Form {
+    fn form_of<K: AsRef<str>, V: AsRef<str>>(self, pairs: &[(K, V)]) -> Self;
+}
+
+impl Form for reqwest::RequestBuilder {
+    fn form_of<K: AsRef<str>, V: AsRef<str>>(self, pairs: &[(K, V)]) -> Self {
+        let mut f = form_urlencoded::Serializer::new(String::new());
+        for (k, v) in pairs {
+            f.append_pair(k.as_ref(), v.as_ref());
+        }
+        self.header("content-type", "application/x-www-form-urlencoded")
+            .body(f.finish())
+    }
+}
+
+fn no_redirects() -> reqwest::Client {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap()
+}
+
+fn cookie_of(r: &reqwest::Response) -> Option<String> {
+    r.headers()
+        .get_all("set-cookie")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .find(|v| v.starts_with("fleetops_session="))
+        .map(String::from)
+}
+
+#[tokio::test]
+async fn sign_in_cookie_and_csrf_over_http() {
+    let sink = Sink::start().await;
+    let s = start_with(|c| {
+        fast(c);
+        c.devices.offline_after_seconds = 3600;
+    })
+    .await;
+    let dep = seeded(&s, &sink).await;
+    let c = no_redirects();
+
+    // Without a session: every page sends to sign-in.
+    for path in ["/console", "/console/default/default", "/"] {
+        let r = c.get(s.url(path)).send().await.unwrap();
+        assert_eq!(r.status(), 303, "{path}");
+        let to = r.headers()["location"].to_str().unwrap();
+        assert!(to == "/console/login" || to == "/console", "{path} -> {to}");
+    }
+    let r = c.get(s.url("/console/login")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let csp = r.headers()["content-security-policy"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    assert!(csp.contains("frame-ancestors 'none'") && !csp.contains("unsafe"));
+
+    // A wrong password: 401 and no cookie; the right one: a strict, HttpOnly cookie.
+    let r = c
+        .post(s.url("/console/login"))
+        .form_of(&[("email", s.admin.email.as_str()), ("password", "wrong")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+    assert!(cookie_of(&r).is_none());
+    let r = c
+        .post(s.url("/console/login"))
+        .form_of(&[
+            ("email", s.admin.email.as_str()),
+            ("password", ADMIN_PASSWORD),
+        ])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 303);
+    let set = cookie_of(&r).unwrap();
+    assert!(set.contains("HttpOnly") && set.contains("SameSite=Strict") && set.contains("Path=/"));
+    assert!(!set.contains("Secure"), "plain HTTP without a proxy: {set}");
+    let cookie = set.split(';').next().unwrap().to_string();
+    let page = c
+        .get(s.url("/console/default/default"))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(page.status(), 200);
+    let html = page.text().await.unwrap();
+    assert!(html.contains("r-offline") && html.contains("r-online"));
+    let csrf = html
+        .split("name=\"csrf\" value=\"")
+        .nth(1)
+        .and_then(|t| t.split('"').next())
+        .unwrap()
+        .to_string();
+
+    // A write without the CSRF field, with another's, or from another origin: 403, nothing
+    // changed. With it: done.
+    let action = s.url(&format!(
+        "/console/default/default/deployments/{dep}/rollout/pause"
+    ));
+    for (form, origin) in [
+        (vec![], None),
+        (vec![("csrf", "0".repeat(64))], None),
+        (vec![("csrf", csrf.clone())], Some("http://evil.example")),
+    ] {
+        let mut rb = c.post(&action).header("cookie", &cookie).form_of(&form);
+        if let Some(o) = origin {
+            rb = rb.header("origin", o);
+        }
+        assert_eq!(rb.send().await.unwrap().status(), 403);
+    }
+    let url = format!("{DEPS}/{dep}/rollout");
+    assert_eq!(s.get(&url, s.key()).await.body["state"], json!("running"));
+    let r = c
+        .post(&action)
+        .header("cookie", &cookie)
+        .form_of(&[("csrf", csrf.as_str())])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 303);
+    assert_eq!(s.get(&url, s.key()).await.body["state"], json!("paused"));
+
+    // A viewer's page of a project that does not exist: 404 as a page.
+    let r = c
+        .get(s.url("/console/default/nope"))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    // Sign out clears the cookie.
+    let r = c
+        .post(s.url("/console/logout"))
+        .header("cookie", &cookie)
+        .form_of(&[("csrf", csrf.as_str())])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 303);
+    assert!(cookie_of(&r).unwrap().contains("Max-Age=0"));
+}
+
+/// chromedriver on a free port, and a headless Chromium session through it.
+struct Browser {
+    driver: std::process::Child,
+    client: Client,
+    _profile: tempfile::TempDir,
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        let _ = self.driver.kill();
+        let _ = self.driver.wait();
+    }
+}
+
+async fn browser() -> Browser {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let driver = std::process::Command::new("chromedriver")
+        .arg(format!("--port={port}"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("chromedriver (Debian's chromium-driver, installed by .ci/run)");
+    let profile = tempfile::tempdir().unwrap();
+    let caps: serde_json::Map<String, Value> = serde_json::from_value(json!({
+        "goog:chromeOptions": {
+            "binary": "/usr/bin/chromium",
+            "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                     "--disable-quic", "--no-first-run", "--disable-background-networking",
+                     "--disable-component-update", "--disable-sync", "--window-size=1280,900",
+                     format!("--user-data-dir={}", profile.path().display())]
+        }
+    }))
+    .unwrap();
+    let mut last = None;
+    for _ in 0..100 {
+        match ClientBuilder::rustls()
+            .unwrap()
+            .capabilities(caps.clone())
+            .connect(&format!("http://127.0.0.1:{port}"))
+            .await
+        {
+            Ok(client) => {
+                return Browser {
+                    driver,
+                    client,
+                    _profile: profile,
+                };
+            }
+            Err(e) => last = Some(e),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("no WebDriver session: {last:?}");
+}
+
+async fn shot(c: &Client, name: &str) {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/console-screenshots");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join(format!("{name}.png")),
+        c.screenshot().await.unwrap(),
+    )
+    .unwrap();
+}
+
+/// The text of the first element matching `css`, waiting for it (a click's navigation may
+/// still be under way: an element of the page being left goes stale, so it is looked up again).
+async fn text(c: &Client, css: &str) -> String {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Ok(e) = c.find(Locator::Css(css)).await
+            && let Ok(t) = e.text().await
+        {
+            return t;
+        }
+        assert!(std::time::Instant::now() < deadline, "{css} never appeared");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Waits until the page's address satisfies `ok` (a click's navigation is done).
+async fn until_url(c: &Client, ok: impl Fn(&url::Url) -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Ok(u) = c.current_url().await
+            && ok(&u)
+        {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the page never changed"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn an_operator_finds_the_offline_robot_the_alert_and_the_rollout_in_a_browser() {
+    let sink = Sink::start().await;
+    let s = start_with(|c| {
+        fast(c);
+        c.devices.offline_after_seconds = 3600;
+    })
+    .await;
+    let dep = seeded(&s, &sink).await;
+    let b = browser().await;
+    let c = &b.client;
+
+    // Sign in.
+    c.goto(&s.url("/console")).await.unwrap();
+    assert!(
+        c.current_url()
+            .await
+            .unwrap()
+            .path()
+            .ends_with("/console/login")
+    );
+    shot(c, "1-sign-in").await;
+    c.find(Locator::Css("#email"))
+        .await
+        .unwrap()
+        .send_keys(&s.admin.email)
+        .await
+        .unwrap();
+    c.find(Locator::Css("#password"))
+        .await
+        .unwrap()
+        .send_keys(ADMIN_PASSWORD)
+        .await
+        .unwrap();
+    c.find(Locator::Css("#signin"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    until_url(c, |u| u.path() == "/console").await;
+    let link = text(c, "main a").await;
+    assert!(link.contains("default"), "{link}");
+    shot(c, "2-projects").await;
+
+    // The fleet: counts, then the offline filter finds the offline robot only.
+    c.find(Locator::Css("main a"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    until_url(c, |u| u.path() == "/console/default/default").await;
+    assert_eq!(text(c, "#count-total").await, "2");
+    assert_eq!(text(c, "#count-offline").await, "1");
+    c.find(Locator::Css("#status"))
+        .await
+        .unwrap()
+        .select_by_value("offline")
+        .await
+        .unwrap();
+    c.find(Locator::Css("form.filters button"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    until_url(c, |u| {
+        u.query().is_some_and(|q| q.contains("status=offline"))
+    })
+    .await;
+    assert_eq!(text(c, "a.device").await, "r-offline");
+    assert_eq!(c.find_all(Locator::Css("a.device")).await.unwrap().len(), 1);
+    shot(c, "3-fleet-offline").await;
+    c.find(Locator::Css("a.device"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    until_url(c, |u| u.path().contains("/devices/")).await;
+    assert_eq!(text(c, "#device-status").await, "offline");
+    shot(c, "4-device").await;
+
+    // The firing alert, with its notification's outcome.
+    c.find(Locator::LinkText("Alerts"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    until_url(c, |u| u.path().ends_with("/alerts")).await;
+    assert_eq!(text(c, "tr.alert.firing .state").await, "firing");
+    shot(c, "5-alerts").await;
+
+    // The rollout's phase, paused from the page (a CSRF-checked write from the browser).
+    c.goto(&s.url(&format!("/console/default/default/deployments/{dep}")))
+        .await
+        .unwrap();
+    assert_eq!(text(c, "#current-phase").await, "canary");
+    assert_eq!(text(c, "#rollout-state").await, "running");
+    shot(c, "6-rollout").await;
+    c.find(Locator::Css("#rollout-action"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while text(c, "#rollout-state").await != "paused" {
+        assert!(std::time::Instant::now() < deadline, "never shown paused");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let r = s.get(&format!("{DEPS}/{dep}/rollout"), s.key()).await;
+    assert_eq!(r.body["state"], "paused");
+
+    // Sign out: back to the sign-in page, and the console is closed again.
+    c.find(Locator::Css("form.signout button"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    until_url(c, |u| u.path().ends_with("/console/login")).await;
+    text(c, "#signin").await;
+    c.goto(&s.url("/console/default/default")).await.unwrap();
+    assert!(
+        c.current_url()
+            .await
+            .unwrap()
+            .path()
+            .ends_with("/console/login")
+    );
+    b.client.clone().close().await.unwrap();
+}
