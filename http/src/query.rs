@@ -5,9 +5,15 @@ use fleetops_actors::views::PageReq;
 
 use crate::error::{ApiError, ApiResult};
 
+#[derive(Clone)]
 pub struct Query(Vec<(String, String)>);
 
 impl Query {
+    /// Drops parameters given empty (a form's untouched fields).
+    pub fn drop_empty(&mut self) {
+        self.0.retain(|(_, v)| !v.is_empty());
+    }
+
     pub fn parse(q: Option<&str>) -> Self {
         Query(
             form_urlencoded::parse(q.unwrap_or("").as_bytes())

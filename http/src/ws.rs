@@ -26,9 +26,15 @@ use crate::handlers::sessions::{log_filter, session_id};
 pub(crate) const MAX_REPLAY: u64 = 10_000;
 
 pub async fn live_logs(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
-    // Credentials: header first, else `?token=` (browsers cannot set headers on WebSockets).
+    // Credentials: header first, else `?token=` (browsers cannot set headers on WebSockets),
+    // else the console's session cookie, taken only from a page of this origin (a browser
+    // names the page's origin on every handshake; a cookie is never a credential for a
+    // handshake from elsewhere).
     let token = req.query.get("token").map(str::to_string);
-    let cred = req.credential().map(str::to_string).or(token);
+    let cookie = crate::console::session::token(req.header("cookie"))
+        .filter(|_| crate::console::same_origin(&req))
+        .map(str::to_string);
+    let cred = req.credential().map(str::to_string).or(token).or(cookie);
     let org = req.param("org").to_string();
     let p = cx.authenticate_with(cred.as_deref(), Some(&org))?;
     let s = cx

@@ -15,10 +15,17 @@ use crate::deployments::{DEPS, device};
 use crate::evaluation::{fast, heartbeat, rule, wait_alerts, webhook};
 use crate::peers::Sink;
 
-/// A project with an online robot running hot (a firing alert), an offline robot, and a
-/// package whose rollout is in its canary phase; returns the package id.
+/// A project with an online robot running hot (a firing alert) with a session of logs, an
+/// offline robot, and a package whose rollout is in its canary phase; returns the package
+/// id.
 async fn seeded(s: &Srv, sink: &Sink) -> u64 {
     let (on, tok) = device(s, "r-online", json!({"site": "lab"})).await;
+    TOKENS
+        .lock()
+        .unwrap()
+        .push((s.base.clone(), "r-online".into(), tok.clone()));
+    let sid = crate::sessions::session(s, on, &tok).await;
+    post_lines(s, sid, &tok, "boot", 3).await;
     device(s, "r-offline", json!({"site": "lab"})).await;
     let hook = webhook(s, sink).await;
     rule(
@@ -64,6 +71,18 @@ impl Form for reqwest::RequestBuilder {
         self.header("content-type", "application/x-www-form-urlencoded")
             .body(f.finish())
     }
+}
+
+/// Posts `n` lines whose messages start with `marker`, through the API with the device's
+/// token.
+async fn post_lines(s: &Srv, sid: u64, tok: &str, marker: &str, n: usize) {
+    let lines: Vec<Value> = (0..n)
+        .map(|i| json!({"timestamp": "2026-03-01T10:00:05.000Z", "level": "info", "module": "nav", "message": format!("{marker} line {i}")}))
+        .collect();
+    let r = s
+        .post(&format!("{DEV}/sessions/{sid}/logs"), tok, json!(lines))
+        .await;
+    assert_eq!(r.status, 202, "{}", r.body);
 }
 
 fn no_redirects() -> reqwest::Client {
@@ -174,6 +193,32 @@ async fn sign_in_cookie_and_csrf_over_http() {
         .unwrap();
     assert_eq!(r.status(), 303);
     assert_eq!(s.get(&url, s.key()).await.body["state"], json!("paused"));
+
+    // The live tail's WebSocket takes the cookie from a page of this origin only.
+    let sid = {
+        let l = s.get(&format!("{DEV}/sessions"), s.key()).await;
+        l.body["items"][0]["id"].as_u64().unwrap()
+    };
+    let ws = format!(
+        "{}/api/v1/ws/organizations/default/projects/default/sessions/{sid}/logs",
+        s.base.replace("http://", "ws://")
+    );
+    let host = s.base.trim_start_matches("http://").to_string();
+    for (origin, want) in [
+        (format!("http://{host}"), 101),
+        ("http://evil.example".into(), 401),
+    ] {
+        use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+        let mut rq = ws.as_str().into_client_request().unwrap();
+        rq.headers_mut().insert("cookie", cookie.parse().unwrap());
+        rq.headers_mut().insert("origin", origin.parse().unwrap());
+        let got = match tokio_tungstenite::connect_async(rq).await {
+            Ok((_, r)) => r.status().as_u16(),
+            Err(tokio_tungstenite::tungstenite::Error::Http(r)) => r.status().as_u16(),
+            Err(e) => panic!("{e}"),
+        };
+        assert_eq!(got, want, "origin {origin}");
+    }
 
     // A viewer's page of a project that does not exist: 404 as a page.
     let r = c
@@ -296,6 +341,43 @@ async fn until_url(c: &Client, ok: impl Fn(&url::Url) -> bool) {
     }
 }
 
+/// Whether the live tail shows (or, with `present` false, does not show) a line containing
+/// `needle`, waiting up to 10 s for it to appear.
+async fn wait_tail(c: &Client, needle: &str, present: bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let html = c
+            .find(Locator::Css("#tail-lines"))
+            .await
+            .unwrap()
+            .html(true)
+            .await
+            .unwrap_or_default();
+        if html.contains(needle) == present {
+            return;
+        }
+        assert!(
+            present && std::time::Instant::now() < deadline,
+            "{needle}: present {}",
+            !present
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A device's token is shown once at creation; the tests keep a second one by name.
+async fn device_token(s: &Srv, name: &str) -> String {
+    TOKENS
+        .lock()
+        .unwrap()
+        .iter()
+        .find(|(b, n, _)| *b == s.base && n == name)
+        .map(|(_, _, t)| t.clone())
+        .unwrap()
+}
+
+static TOKENS: std::sync::Mutex<Vec<(String, String, String)>> = std::sync::Mutex::new(Vec::new());
+
 #[tokio::test]
 async fn an_operator_finds_the_offline_robot_the_alert_and_the_rollout_in_a_browser() {
     let sink = Sink::start().await;
@@ -380,6 +462,78 @@ async fn an_operator_finds_the_offline_robot_the_alert_and_the_rollout_in_a_brow
     assert_eq!(text(c, "#device-status").await, "offline");
     shot(c, "4-device").await;
 
+    // The online robot's session: the query shows its lines; a line posted through the API
+    // appears in the live tail; scrolled up, the tail holds new lines until resumed.
+    let on = s
+        .get(&format!("{DEV}/devices?name=r-online"), s.key())
+        .await
+        .body["items"][0]["id"]
+        .as_u64()
+        .unwrap();
+    c.goto(&s.url(&format!("/console/default/default/devices/{on}")))
+        .await
+        .unwrap();
+    c.find(Locator::Css("a.session"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    until_url(c, |u| u.path().contains("/sessions/")).await;
+    assert_eq!(text(c, "#log-total").await, "3 matching lines");
+    let sid: u64 = c
+        .current_url()
+        .await
+        .unwrap()
+        .path()
+        .rsplit('/')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while c.find(Locator::Css("#tail[data-open='1']")).await.is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the live tail never connected"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let tok = device_token(&s, "r-online").await;
+    post_lines(&s, sid, &tok, "fresh-from-api", 1).await;
+    wait_tail(c, "fresh-from-api line 0", true).await;
+    shot(c, "5-session-live").await;
+    // Enough lines to scroll, then the reader scrolls up: new lines wait.
+    post_lines(&s, sid, &tok, "filler", 300).await;
+    wait_tail(c, "filler line 299", true).await;
+    c.execute(
+        "var l = document.getElementById('tail-lines'); l.scrollTop = 0; l.dispatchEvent(new Event('scroll')); return l.scrollTop;",
+        vec![],
+    )
+    .await
+    .unwrap();
+    post_lines(&s, sid, &tok, "while-paused", 1).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !text(c, "#tail-status")
+        .await
+        .starts_with("Paused: 1 new lines")
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{}",
+            text(c, "#tail-status").await
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    wait_tail(c, "while-paused line 0", false).await;
+    c.find(Locator::Css("#tail-resume"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    wait_tail(c, "while-paused line 0", true).await;
+
     // The firing alert, with its notification's outcome.
     c.find(Locator::LinkText("Alerts"))
         .await
@@ -389,7 +543,7 @@ async fn an_operator_finds_the_offline_robot_the_alert_and_the_rollout_in_a_brow
         .unwrap();
     until_url(c, |u| u.path().ends_with("/alerts")).await;
     assert_eq!(text(c, "tr.alert.firing .state").await, "firing");
-    shot(c, "5-alerts").await;
+    shot(c, "6-alerts").await;
 
     // The rollout's phase, paused from the page (a CSRF-checked write from the browser).
     c.goto(&s.url(&format!("/console/default/default/deployments/{dep}")))
@@ -397,7 +551,7 @@ async fn an_operator_finds_the_offline_robot_the_alert_and_the_rollout_in_a_brow
         .unwrap();
     assert_eq!(text(c, "#current-phase").await, "canary");
     assert_eq!(text(c, "#rollout-state").await, "running");
-    shot(c, "6-rollout").await;
+    shot(c, "7-rollout").await;
     c.find(Locator::Css("#rollout-action"))
         .await
         .unwrap()

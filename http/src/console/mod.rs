@@ -50,7 +50,15 @@ pub async fn handle(
         .collect();
     let r = match (&method, segs.as_slice()) {
         (&Method::GET, []) => Ok(redirect("/console", None)),
-        (&Method::GET, ["console", "assets", "console.css"]) => Ok(asset()),
+        (&Method::GET, ["console", "assets", "console.css"]) => {
+            Ok(asset(pages::CSS, "text/css; charset=utf-8"))
+        }
+        (&Method::GET, ["console", "assets", "console.js"]) => {
+            Ok(asset(pages::JS, "text/javascript; charset=utf-8"))
+        }
+        (&Method::GET, ["console", org, project, "sessions", id]) => {
+            session_page(app, &req, org, project, id).await
+        }
         (&Method::GET, ["console", "login"]) => Ok(html(StatusCode::OK, pages::login(None), None)),
         (&Method::POST, ["console", "login"]) => login(app, req).await,
         (&Method::POST, ["console", "logout"]) => logout(app, req).await,
@@ -491,6 +499,85 @@ async fn rollout_action(
     ))
 }
 
+/// Lines a query page shows.
+const LOG_PAGE: usize = 200;
+
+async fn session_page(
+    app: &App,
+    req: &Req,
+    org: &str,
+    project: &str,
+    id: &str,
+) -> Result<Response<Body>, ApiError> {
+    let Some(s) = signed(app, req) else {
+        return Ok(to_login());
+    };
+    let scope = app
+        .rt
+        .access
+        .project(&s.principal, org, project, Role::Viewer)?;
+    let pid = scope.project.id;
+    let id = parse_id(id, "Session")?;
+    let detail = app.rt.sessions.detail(pid, id)?;
+    // The API's own parsing of the filters (empty fields mean no filter).
+    let mut q = req.query.clone();
+    q.drop_empty();
+    let filter = crate::handlers::sessions::log_filter_of(&q)?;
+    let offset = q.u64("offset")?.unwrap_or(0) as usize;
+    let logs = app
+        .rt
+        .sessions
+        .logs(pid, id, filter, LOG_PAGE, offset)
+        .await?;
+    let get = |k: &str| req.query.get(k).unwrap_or("");
+    let next = (offset + logs.items.len() < logs.total).then(|| {
+        let mut f = form_urlencoded::Serializer::new(String::new());
+        for k in ["level", "module", "search", "since", "until"] {
+            if !get(k).is_empty() {
+                f.append_pair(k, get(k));
+            }
+        }
+        f.append_pair("offset", &(offset + LOG_PAGE).to_string());
+        format!("?{}", f.finish())
+    });
+    let csrf = session::csrf(&s.token);
+    let chrome = s.chrome(&csrf, Some((org, project)));
+    let form = pages::LogQueryForm {
+        level: get("level"),
+        module: get("module"),
+        search: get("search"),
+        since: get("since"),
+        until: get("until"),
+    };
+    Ok(html(
+        StatusCode::OK,
+        pages::session(
+            &chrome,
+            &pages::SessionPage {
+                detail: &detail,
+                logs: &logs,
+                query: &form,
+                next,
+                ws: format!(
+                    "/api/v1/ws/organizations/{org}/projects/{project}/sessions/{id}/logs?replay=200"
+                ),
+            },
+        ),
+        s.refresh.clone(),
+    ))
+}
+
+/// Whether the request's `Origin` is this host (a browser sends it on every WebSocket
+/// handshake and every cross-origin write).
+pub fn same_origin(req: &Req) -> bool {
+    match (req.header("origin"), req.header("host")) {
+        (Some(o), Some(h)) => o
+            .split_once("://")
+            .is_some_and(|(_, oh)| oh.eq_ignore_ascii_case(h)),
+        _ => false,
+    }
+}
+
 /// The first values of two fields of a form body.
 fn form2(b: &[u8], a: &str, c: &str) -> (String, String) {
     (
@@ -518,7 +605,7 @@ fn headers(mut r: Response<Body>, cookie: Option<String>) -> Response<Body> {
     h.insert(
         header::CONTENT_SECURITY_POLICY,
         header::HeaderValue::from_static(
-            "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+            "default-src 'none'; script-src 'self'; connect-src 'self'; style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
         ),
     );
     h.insert(
@@ -550,12 +637,10 @@ fn redirect(to: &str, cookie: Option<String>) -> Response<Body> {
     headers(r, cookie)
 }
 
-fn asset() -> Response<Body> {
-    let mut r = Response::new(body::full(pages::CSS));
-    r.headers_mut().insert(
-        header::CONTENT_TYPE,
-        header::HeaderValue::from_static("text/css; charset=utf-8"),
-    );
+fn asset(text: &'static str, kind: &'static str) -> Response<Body> {
+    let mut r = Response::new(body::full(text));
+    r.headers_mut()
+        .insert(header::CONTENT_TYPE, header::HeaderValue::from_static(kind));
     r.headers_mut().insert(
         header::CACHE_CONTROL,
         header::HeaderValue::from_static("public, max-age=3600"),

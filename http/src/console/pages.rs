@@ -23,6 +23,7 @@ pub fn layout(title: &str, chrome: Option<&Chrome<'_>>, body: Markup) -> Markup 
                 meta name="viewport" content="width=device-width, initial-scale=1";
                 title { (title) " · fleetops" }
                 link rel="stylesheet" href="/console/assets/console.css";
+                script src="/console/assets/console.js" defer {}
             }
             body {
                 a class="skip" href="#main" { "Skip to content" }
@@ -222,7 +223,14 @@ pub fn device(chrome: &Chrome<'_>, p: &DevicePage<'_>) -> Markup {
             h2 { "Sessions" }
             table {
                 thead { tr { th scope="col" { "Session" } th scope="col" { "Status" } th scope="col" { "Started" } th scope="col" { "Tags" } } }
-                tbody { @for s in p.sessions { tr { td { (s.id) } td { (s.status) } td { (s.started_at) } td { (s.tags.join(", ")) } } } }
+                tbody {
+                    @for s in p.sessions {
+                        tr {
+                            td { a class="session" href={ "/console/" (chrome.project.unwrap_or_default().0) "/" (chrome.project.unwrap_or_default().1) "/sessions/" (s.id) } { "Session " (s.id) } }
+                            td { (s.status) } td { (s.started_at) } td { (s.tags.join(", ")) }
+                        }
+                    }
+                }
             }
             h2 { "Deployment history" }
             table {
@@ -354,5 +362,73 @@ fn urlencode(s: &str) -> String {
     form_urlencoded::byte_serialize(s.as_bytes()).collect()
 }
 
-/// The stylesheet, embedded.
+/// The stylesheet and the live tail's script, embedded.
 pub const CSS: &str = include_str!("console.css");
+pub const JS: &str = include_str!("console.js");
+
+pub struct SessionPage<'a> {
+    pub detail: &'a fleetops_actors::views::SessionDetail,
+    pub logs: &'a fleetops_actors::views::LogPage,
+    pub query: &'a LogQueryForm<'a>,
+    /// Where the query's next page is, if any.
+    pub next: Option<String>,
+    /// The WebSocket path of the live tail.
+    pub ws: String,
+}
+
+/// The log query's fields as the reader typed them.
+pub struct LogQueryForm<'a> {
+    pub level: &'a str,
+    pub module: &'a str,
+    pub search: &'a str,
+    pub since: &'a str,
+    pub until: &'a str,
+}
+
+pub fn session(chrome: &Chrome<'_>, p: &SessionPage<'_>) -> Markup {
+    let s = &p.detail.item;
+    let q = p.query;
+    layout(
+        &format!("Session {} on {}", s.id, s.device_name),
+        Some(chrome),
+        html! {
+            dl class="facts" {
+                dt { "Status" } dd { (s.status) }
+                dt { "Started" } dd { (s.started_at) }
+                dt { "Lines" } dd { (p.detail.metrics.log_count) }
+                dt { "Tags" } dd { (s.tags.join(", ")) }
+            }
+            section id="tail" data-ws=(p.ws) aria-labelledby="tail-h" {
+                h2 id="tail-h" { "Live tail" }
+                p id="tail-status" role="status" aria-live="polite" { "Connecting…" }
+                button type="button" id="tail-resume" hidden { "Resume" }
+                ol id="tail-lines" class="lines tail" tabindex="0" aria-label="Live log lines" data-received="0" {}
+            }
+            h2 { "Query" }
+            form method="get" class="filters" role="search" {
+                label for="level" { "Level" }
+                select id="level" name="level" {
+                    @for l in ["", "debug", "info", "warn", "error"] {
+                        option value=(l) selected[q.level == l] { (if l.is_empty() { "any" } else { l }) }
+                    }
+                }
+                label for="module" { "Module" }
+                input id="module" name="module" value=(q.module);
+                label for="search" { "Text" }
+                input id="search" name="search" type="search" value=(q.search);
+                label for="since" { "Since" }
+                input id="since" name="since" placeholder="2026-01-01T00:00:00Z" value=(q.since);
+                label for="until" { "Until" }
+                input id="until" name="until" placeholder="2026-01-02T00:00:00Z" value=(q.until);
+                button type="submit" { "Search" }
+            }
+            p id="log-total" { (p.logs.total) " matching lines" }
+            ol class="lines" id="log-lines" {
+                @for e in &p.logs.items {
+                    li class={ "lvl-" (e.level) } { (e.timestamp) " " (e.level.to_uppercase()) " [" (e.module) "] " (e.message) }
+                }
+            }
+            @if let Some(n) = &p.next { a rel="next" href=(n) { "More" } }
+        },
+    )
+}

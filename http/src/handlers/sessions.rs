@@ -29,9 +29,8 @@ pub(crate) fn session_id(req: &Req) -> ApiResult<u64> {
     req.id("session_id", "Session")
 }
 
-fn time_param(req: &Req, k: &str) -> ApiResult<Option<i64>> {
-    req.query
-        .get(k)
+fn time_param(q: &crate::query::Query, k: &str) -> ApiResult<Option<i64>> {
+    q.get(k)
         .map(|v| {
             clock::parse_ms(v).ok_or_else(|| {
                 ApiError::unprocessable(format!(
@@ -85,8 +84,8 @@ pub async fn list(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
     let f = SessionFilter {
         device_id: req.query.u64("device_id")?,
         status,
-        since: time_param(&req, "since")?,
-        until: time_param(&req, "until")?,
+        since: time_param(&req.query, "since")?,
+        until: time_param(&req.query, "until")?,
     };
     body::ok(
         &cx.rt()
@@ -217,8 +216,13 @@ pub async fn append_logs(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Bo
 
 /// The filters shared by the query and the export.
 pub(crate) fn log_filter(req: &Req) -> ApiResult<LogFilter> {
+    log_filter_of(&req.query)
+}
+
+/// The log filter of a query string (the console's session page reads it too).
+pub(crate) fn log_filter_of(q: &crate::query::Query) -> ApiResult<LogFilter> {
     let mut levels = 0u8;
-    if let Some(v) = req.query.get("level") {
+    if let Some(v) = q.get("level") {
         for part in v.split(',').map(str::trim).filter(|p| !p.is_empty()) {
             let l = parse_level(part).ok_or_else(|| {
                 ApiError::unprocessable(
@@ -230,10 +234,10 @@ pub(crate) fn log_filter(req: &Req) -> ApiResult<LogFilter> {
     }
     Ok(LogFilter {
         levels,
-        module: req.query.get("module").map(str::to_string),
-        search: req.query.get("search").map(str::to_lowercase),
-        since: time_param(req, "since")?,
-        until: time_param(req, "until")?,
+        module: q.get("module").map(str::to_string),
+        search: q.get("search").map(str::to_lowercase),
+        since: time_param(q, "since")?,
+        until: time_param(q, "until")?,
     })
 }
 
