@@ -86,6 +86,8 @@ pub struct Authenticator {
     /// A real hash of a random password, verified against when the e-mail is unknown so that
     /// timing does not tell which addresses have accounts.
     dummy_phc: String,
+    /// Keys the console's CSRF tokens (derived from the JWT secret; never a JWT key itself).
+    csrf_key: [u8; 32],
     /// Keys whose `last_used_at` should be persisted (drained by the directory actor).
     pub(crate) touch_tx: tokio::sync::mpsc::UnboundedSender<(u64, i64)>,
 }
@@ -105,6 +107,7 @@ impl Authenticator {
             store,
             enc: EncodingKey::from_secret(secret),
             dec: DecodingKey::from_secret(secret),
+            csrf_key: secrets::sha256(&[b"fleetops-console-csrf\0".as_slice(), secret].concat()),
             validation,
             cfg,
             touched: DashMap::new(),
@@ -170,6 +173,20 @@ impl Authenticator {
     }
 
     /// Resolves a bearer value (JWT, API key or device token).
+    /// The console's CSRF token of a signed-in user: an HMAC of the user and the time of the
+    /// password sign-in, so it outlives the token refreshes of that sign-in (every tab's forms
+    /// stay valid) and cannot be computed without the server's secret.
+    pub fn csrf_token(&self, p: &Principal) -> Option<String> {
+        use hmac::{KeyInit, Mac};
+        let (Credential::Jwt { auth_time }, Some(user)) = (&p.credential, &p.user) else {
+            return None;
+        };
+        let mut m = hmac::Hmac::<sha2::Sha256>::new_from_slice(&self.csrf_key).ok()?;
+        m.update(&user.id.to_be_bytes());
+        m.update(&auth_time.to_be_bytes());
+        Some(hex::encode(m.finalize().into_bytes()))
+    }
+
     /// How long an issued JWT lives.
     pub fn token_ttl_seconds(&self) -> u64 {
         self.cfg.token_ttl_seconds

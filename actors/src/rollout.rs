@@ -312,7 +312,7 @@ fn fired(
     for &rule in &plan.gate_alert_rule_ids {
         let mut skip = 0;
         'pages: while skip < ALERTS_PER_RULE {
-            let (alerts, _) = store.alerts_page(pid, None, Some(rule), skip, PAGE)?;
+            let (alerts, _) = store.alerts_page(pid, None, Some(rule), None, skip, PAGE)?;
             for a in &alerts {
                 if a.fired_at < since {
                     break 'pages;

@@ -211,7 +211,17 @@ pub async fn handle(app: &App, req: Request<Incoming>, peer: SocketAddr) -> Resp
     let method = req.method().clone();
     let (parts, body) = req.into_parts();
     if crate::console::owns(parts.uri.path()) {
-        let resp = crate::console::handle(app, parts, body, peer).await;
+        // As for the API: a panic in a page is a 500, not a dropped connection.
+        let resp = AssertUnwindSafe(crate::console::handle(app, parts, body, peer))
+            .catch_unwind()
+            .await
+            .unwrap_or_else(|_| {
+                tracing::error!("a console page panicked");
+                ApiError::Domain(fleetops_actors::Error::Internal(
+                    "console page panicked".into(),
+                ))
+                .into_response()
+            });
         app.metrics.observe(
             "console",
             &method,

@@ -32,7 +32,7 @@ pub async fn live_logs(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body
     // handshake from elsewhere).
     let token = req.query.get("token").map(str::to_string);
     let cookie = crate::console::session::token(req.header("cookie"))
-        .filter(|_| crate::console::same_origin(&req))
+        .filter(|_| crate::console::same_origin(cx.app, &req))
         .map(str::to_string);
     let cred = req.credential().map(str::to_string).or(token).or(cookie);
     let org = req.param("org").to_string();

@@ -104,11 +104,15 @@ impl Store {
         project: u64,
         state: Option<crate::AlertState>,
         rule: Option<u64>,
+        device: Option<u64>,
         skip: usize,
         take: usize,
     ) -> Result<(Vec<Alert>, u64)> {
-        let keep =
-            |a: &Alert| state.is_none_or(|s| a.state == s) && rule.is_none_or(|r| a.rule_id == r);
+        let keep = |a: &Alert| {
+            state.is_none_or(|s| a.state == s)
+                && rule.is_none_or(|r| a.rule_id == r)
+                && device.is_none_or(|d| a.device_id == d)
+        };
         let get = |id| self.alert(project, id);
         let mut candidates = Vec::new();
         if let Some(s) = state {

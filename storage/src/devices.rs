@@ -307,6 +307,43 @@ impl Store {
         Ok(out)
     }
 
+    /// At most `max` of a device's kept heartbeats in `[from, to]`, evenly spaced in time,
+    /// oldest first, each with at most `max_metrics` metrics: only the chosen samples are
+    /// decoded, so a chart costs `max` decodes however many samples were kept.
+    pub fn metric_history_thinned(
+        &self,
+        project: u64,
+        device: u64,
+        from: i64,
+        to: i64,
+        max: usize,
+        max_metrics: usize,
+    ) -> Result<Vec<(i64, BTreeMap<String, f64>)>> {
+        let start = keys::metric_sample(project, device, from);
+        let end = keys::metric_sample(project, device, to.saturating_add(1));
+        let prefix = keys::metric_sample_prefix(project, device);
+        let slot = ((to - from) / (max.max(1) as i64)).max(1);
+        let mut next = from;
+        let mut out = Vec::new();
+        for kv in self.inner.records.range(start..end) {
+            let (k, v) = kv?;
+            let Some(at) = k
+                .get(prefix.len()..prefix.len() + 8)
+                .and_then(|b| <[u8; 8]>::try_from(b).ok())
+                .map(|b| u64::from_be_bytes(b) as i64)
+            else {
+                continue;
+            };
+            if at < next || out.len() >= max {
+                continue;
+            }
+            next = at.saturating_add(slot);
+            let metrics: Vec<(String, f64)> = codec::decode(&v)?;
+            out.push((at, metrics.into_iter().take(max_metrics).collect()));
+        }
+        Ok(out)
+    }
+
     /// Deletes up to `limit` samples older than `before`; how many went.
     pub fn prune_metric_history(&self, before: i64, limit: usize) -> Result<usize> {
         let prefix = keys::metric_sample_expiry_prefix();

@@ -113,11 +113,14 @@ async fn sign_in_cookie_and_csrf_over_http() {
     let c = no_redirects();
 
     // Without a session: every page sends to sign-in.
-    for path in ["/console", "/console/default/default", "/"] {
+    for (path, want) in [
+        ("/", "/console"),
+        ("/console", "/console/login"),
+        ("/console/default/default", "/console/login"),
+    ] {
         let r = c.get(s.url(path)).send().await.unwrap();
         assert_eq!(r.status(), 303, "{path}");
-        let to = r.headers()["location"].to_str().unwrap();
-        assert!(to == "/console/login" || to == "/console", "{path} -> {to}");
+        assert_eq!(r.headers()["location"].to_str().unwrap(), want, "{path}");
     }
     let r = c.get(s.url("/console/login")).send().await.unwrap();
     assert_eq!(r.status(), 200);
@@ -220,7 +223,7 @@ async fn sign_in_cookie_and_csrf_over_http() {
         assert_eq!(got, want, "origin {origin}");
     }
 
-    // A viewer's page of a project that does not exist: 404 as a page.
+    // A project that does not exist: 404 as a page.
     let r = c
         .get(s.url("/console/default/nope"))
         .header("cookie", &cookie)
@@ -584,4 +587,153 @@ async fn an_operator_finds_the_offline_robot_the_alert_and_the_rollout_in_a_brow
             .ends_with("/console/login")
     );
     b.client.clone().close().await.unwrap();
+}
+
+/// The page's CSRF field.
+fn csrf_of(html: &str) -> String {
+    html.split("name=\"csrf\" value=\"")
+        .nth(1)
+        .and_then(|t| t.split('"').next())
+        .unwrap()
+        .to_string()
+}
+
+/// Roles (a viewer reads, gets no pause button and 403 on the form; a member pauses), a
+/// refresh that keeps every open form valid, the `Secure` cookie behind a TLS proxy, and the
+/// origins a sign-in and the live tail's WebSocket accept.
+#[tokio::test]
+async fn roles_refresh_secure_cookie_and_origins() {
+    let sink = Sink::start().await;
+    let s = start_with(|c| {
+        fast(c);
+        c.devices.offline_after_seconds = 3600;
+        c.auth.token_ttl_seconds = 4;
+        c.http.trusted_proxies = vec!["127.0.0.1".parse().unwrap()];
+    })
+    .await;
+    let dep = seeded(&s, &sink).await;
+    let c = no_redirects();
+    let page = format!("/console/default/default/deployments/{dep}");
+    let action = s.url(&format!("{page}/rollout/pause"));
+    let get = |cookie: String, path: String| {
+        let c = c.clone();
+        let url = s.url(&path);
+        async move {
+            let r = c.get(url).header("cookie", cookie).send().await.unwrap();
+            let set = cookie_of(&r);
+            (r.status().as_u16(), set, r.text().await.unwrap())
+        }
+    };
+
+    // A viewer reads the rollout, is offered no pause, and the form is refused all the same.
+    let viewer = format!("fleetops_session={}", s.member_key("viewer").await);
+    let (st, _, html) = get(viewer.clone(), page.clone()).await;
+    assert_eq!(st, 200);
+    assert!(html.contains("id=\"current-phase\"") && !html.contains("rollout-action"));
+    let r = c
+        .post(&action)
+        .header("cookie", &viewer)
+        .form_of(&[("csrf", csrf_of(&html))])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403);
+    let member = format!("fleetops_session={}", s.member_key("member").await);
+    let (_, _, html) = get(member.clone(), page.clone()).await;
+    assert!(html.contains("rollout-action"));
+
+    // Signed in through a TLS proxy: the cookie is Secure; an https page's sign-in is taken,
+    // another origin's is refused (login CSRF).
+    let host = s.base.trim_start_matches("http://").to_string();
+    let login = |origin: String, proto: &'static str| {
+        c.post(s.url("/console/login"))
+            .header("origin", origin)
+            .header("x-forwarded-proto", proto)
+            .form_of(&[
+                ("email", s.admin.email.as_str()),
+                ("password", ADMIN_PASSWORD),
+            ])
+            .send()
+    };
+    let r = login("http://evil.example".into(), "http").await.unwrap();
+    assert_eq!(r.status(), 403);
+    assert!(cookie_of(&r).is_none());
+    let r = login(format!("http://{host}"), "https").await.unwrap();
+    assert_eq!(
+        r.status(),
+        403,
+        "the page was https: an http origin is another origin"
+    );
+    let r = login(format!("https://{host}"), "https").await.unwrap();
+    assert_eq!(r.status(), 303);
+    assert!(cookie_of(&r).unwrap().ends_with("; Secure"));
+    let r = login(format!("http://{host}"), "http").await.unwrap();
+    assert_eq!(r.status(), 303);
+    let first = cookie_of(&r).unwrap();
+    assert!(!first.contains("Secure"));
+    let first = first.split(';').next().unwrap().to_string();
+
+    // Past half the token's life (4 s) a page replaces the cookie; the forms of pages
+    // rendered before keep working, with the old cookie and with the new one.
+    let (_, none, html) = get(first.clone(), page.clone()).await;
+    assert!(none.is_none(), "not yet half-way");
+    let csrf = csrf_of(&html);
+    tokio::time::sleep(std::time::Duration::from_millis(2100)).await;
+    let (_, set, html) = get(first.clone(), page.clone()).await;
+    let second = set
+        .expect("refreshed")
+        .split(';')
+        .next()
+        .unwrap()
+        .to_string();
+    assert_ne!(second, first);
+    assert_eq!(csrf_of(&html), csrf, "one CSRF token per sign-in");
+    let r = c
+        .post(&action)
+        .header("cookie", &second)
+        .form_of(&[("csrf", csrf.as_str())])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 303);
+    let r = c
+        .post(s.url(&format!("{page}/rollout/resume")))
+        .header("cookie", &first)
+        .form_of(&[("csrf", csrf.as_str())])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 303);
+    assert_eq!(
+        s.get(&format!("{DEPS}/{dep}/rollout"), s.key()).await.body["state"],
+        "running"
+    );
+
+    // The WebSocket takes the cookie only with this console's exact origin.
+    let sid = s.get(&format!("{DEV}/sessions"), s.key()).await.body["items"][0]["id"]
+        .as_u64()
+        .unwrap();
+    let ws = format!(
+        "{}/api/v1/ws/organizations/default/projects/default/sessions/{sid}/logs",
+        s.base.replace("http://", "ws://")
+    );
+    for (origin, want) in [
+        (None, 401),
+        (Some("null".to_string()), 401),
+        (Some(format!("https://{host}")), 401),
+        (Some(format!("http://{host}")), 101),
+    ] {
+        use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+        let mut rq = ws.as_str().into_client_request().unwrap();
+        rq.headers_mut().insert("cookie", second.parse().unwrap());
+        if let Some(o) = &origin {
+            rq.headers_mut().insert("origin", o.parse().unwrap());
+        }
+        let got = match tokio_tungstenite::connect_async(rq).await {
+            Ok((_, r)) => r.status().as_u16(),
+            Err(tokio_tungstenite::tungstenite::Error::Http(r)) => r.status().as_u16(),
+            Err(e) => panic!("{e}"),
+        };
+        assert_eq!(got, want, "origin {origin:?}");
+    }
 }

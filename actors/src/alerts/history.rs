@@ -13,6 +13,8 @@ use fleetops_storage::{Alert, AlertEvent, AlertState, Severity};
 pub struct AlertFilter {
     pub state: Option<AlertState>,
     pub rule_id: Option<u64>,
+    /// One device's alerts (the console's device page).
+    pub device_id: Option<u64>,
 }
 
 #[derive(Debug, Serialize, schemars::JsonSchema)]
@@ -125,9 +127,14 @@ impl AlertsHandle {
 
     /// On the blocking pool: a filtered list may walk storage.
     fn alerts_now(&self, pid: u64, f: &AlertFilter, page: PageReq) -> Result<Page<AlertView>> {
-        let (alerts, total) =
-            self.store
-                .alerts_page(pid, f.state, f.rule_id, page.skip(), page.page_size)?;
+        let (alerts, total) = self.store.alerts_page(
+            pid,
+            f.state,
+            f.rule_id,
+            f.device_id,
+            page.skip(),
+            page.page_size,
+        )?;
         let items = alerts
             .iter()
             .map(|a| self.alert_view(a))

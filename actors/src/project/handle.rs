@@ -145,21 +145,28 @@ impl ProjectsHandle {
         }
     }
 
-    /// A device's kept heartbeat metrics over the last `hours`, oldest first, at most `max`
-    /// samples (evenly thinned beyond that): the console's charts.
+    /// A device's kept heartbeat metrics over the last `hours`, oldest first: at most `max`
+    /// samples evenly spaced in time, each with at most `max_metrics` metrics (the console's
+    /// charts; only the chosen samples are read).
     pub async fn metric_history(
         &self,
         pid: u64,
         device: u64,
         hours: i64,
         max: usize,
+        max_metrics: usize,
     ) -> Result<Vec<(i64, BTreeMap<String, f64>)>> {
         let store = self.store.clone();
         let now = self.clock.now_ms();
         crate::off_thread(move || {
-            let all = store.metric_history(pid, device, now - hours * 3_600_000, now)?;
-            let step = all.len().div_ceil(max.max(1)).max(1);
-            Ok(all.into_iter().step_by(step).collect())
+            Ok(store.metric_history_thinned(
+                pid,
+                device,
+                now - hours * 3_600_000,
+                now,
+                max,
+                max_metrics,
+            )?)
         })
         .await
     }

@@ -30,6 +30,9 @@ pub fn owns(path: &str) -> bool {
 const FORM_LIMIT: usize = 8 * 1024;
 /// Devices per fleet page.
 const FLEET_PAGE: usize = 50;
+/// A device page charts at most this many metrics, each with at most this many points.
+const CHART_SERIES: usize = 16;
+const CHART_POINTS: usize = 600;
 
 pub async fn handle(
     app: &App,
@@ -106,14 +109,16 @@ struct Signed {
     principal: Principal,
     token: String,
     email: String,
+    /// The CSRF token of this sign-in (stable across refreshes).
+    csrf: String,
     refresh: Option<String>,
 }
 
 impl Signed {
-    fn chrome<'a>(&'a self, csrf: &'a str, project: Option<(&'a str, &'a str)>) -> Chrome<'a> {
+    fn chrome<'a>(&'a self, project: Option<(&'a str, &'a str)>) -> Chrome<'a> {
         Chrome {
             email: &self.email,
-            csrf,
+            csrf: &self.csrf,
             project,
         }
     }
@@ -129,20 +134,47 @@ fn secure(app: &App, req: &Req) -> bool {
 }
 
 /// The session of the request, or `None` (the page redirects to sign-in). A token past half
-/// its life is exchanged for a new one, as the API's refresh does (within its window).
-fn signed(app: &App, req: &Req) -> Option<Signed> {
-    let token = session::token(req.header("cookie"))?.to_string();
-    let p = app.rt.auth.resolve(&token).ok()?;
+/// its life is exchanged for a new one, as the API's refresh does (within its window). Every
+/// page is charged to the user's bucket under the organization's rate limit, as the API is.
+fn signed(app: &App, req: &Req) -> Result<Option<Signed>, ApiError> {
+    let Some(token) = session::token(req.header("cookie")).map(str::to_string) else {
+        return Ok(None);
+    };
+    let Ok(p) = app.rt.auth.resolve(&token) else {
+        return Ok(None);
+    };
     if !matches!(p.credential, fleetops_actors::auth::Credential::Jwt { .. }) {
-        return None;
+        return Ok(None);
     }
-    let email = p.user.as_ref()?.email.clone();
+    let Some(email) = p.user.as_ref().map(|u| u.email.clone()) else {
+        return Ok(None);
+    };
+    // The organization a page is about (`/console/{org}/...`) sets the tier, as on the API.
+    let org = req
+        .parts
+        .uri
+        .path()
+        .strip_prefix("/console/")
+        .and_then(|r| r.split('/').next())
+        .filter(|o| !o.is_empty() && *o != "login" && *o != "logout" && *o != "assets");
+    let (tier, org_id) = app.rt.access.tier_for(&p, org)?;
+    app.limits
+        .check(
+            &tier,
+            crate::rate_limit::Bucket {
+                caller: p.caller(),
+                org_id,
+            },
+        )
+        .map_err(|(e, _)| e)?;
+    let csrf = app.rt.auth.csrf_token(&p).unwrap_or_default();
     let ttl = app.rt.auth.token_ttl_seconds();
     let now = time::OffsetDateTime::now_utc().unix_timestamp();
     let mut out = Signed {
         principal: p,
         token,
         email,
+        csrf,
         refresh: None,
     };
     if app
@@ -159,7 +191,7 @@ fn signed(app: &App, req: &Req) -> Option<Signed> {
         ));
         out.token = t.access_token;
     }
-    Some(out)
+    Ok(Some(out))
 }
 
 fn to_login() -> Response<Body> {
@@ -167,8 +199,14 @@ fn to_login() -> Response<Body> {
 }
 
 async fn login(app: &App, mut req: Req) -> Result<Response<Body>, ApiError> {
-    app.limits
-        .check_login(req.client_ip(&app.cfg.trusted_proxies))?;
+    let ip = req.client_ip(&app.cfg.trusted_proxies);
+    // As the API's login: one in-flight slot per address, and the per-address limit.
+    let _slot = app.edge.per_address(ip)?;
+    app.limits.check_login(ip)?;
+    // A sign-in posted from another site's page (login CSRF) is refused.
+    if !origin_matches(app, &req, false) {
+        return Err(ApiError::Domain(fleetops_actors::Error::Forbidden));
+    }
     let bytes = req.body_bytes(FORM_LIMIT).await?;
     let (email, password) = form2(&bytes, "email", "password");
     match app.rt.auth.login(&email, &password).await {
@@ -189,27 +227,35 @@ async fn login(app: &App, mut req: Req) -> Result<Response<Body>, ApiError> {
     }
 }
 
-/// A form that changes something: its CSRF field must be the session's, and a browser's
-/// `Origin`, when sent, must be this host.
+/// A form that changes something: its CSRF field must be this sign-in's, and a browser's
+/// `Origin`, when sent, must be this console's.
 async fn checked_form(app: &App, req: &mut Req) -> Result<Option<(Signed, Bytes)>, ApiError> {
-    let Some(s) = signed(app, req) else {
+    let Some(s) = signed(app, req)? else {
         return Ok(None);
     };
-    if let (Some(origin), Some(host)) = (req.header("origin"), req.header("host"))
-        && origin
-            .split_once("://")
-            .is_none_or(|(_, h)| !h.eq_ignore_ascii_case(host))
-    {
+    if !origin_matches(app, req, false) {
         return Err(ApiError::Domain(fleetops_actors::Error::Forbidden));
     }
     let bytes = req.body_bytes(FORM_LIMIT).await?;
     let given = form1(&bytes, "csrf");
-    // The CSRF token of the cookie the browser sent (a refresh happens only after).
-    let sent = session::token(req.header("cookie")).unwrap_or_default();
-    if !session::csrf_ok(sent, given.as_deref()) {
+    if !session::csrf_ok(&s.csrf, given.as_deref()) {
         return Err(ApiError::Domain(fleetops_actors::Error::Forbidden));
     }
     Ok(Some((s, bytes)))
+}
+
+/// Whether the request's `Origin` is this console's: the scheme (https when it came through
+/// a trusted TLS proxy) and the `Host` the request names (a proxy must pass `Host` through).
+/// Without an `Origin`, `required` decides; without a `Host`, no origin matches.
+fn origin_matches(app: &App, req: &Req, required: bool) -> bool {
+    let Some(origin) = req.header("origin") else {
+        return !required;
+    };
+    let Some(host) = req.header("host") else {
+        return false;
+    };
+    let scheme = if secure(app, req) { "https" } else { "http" };
+    origin.eq_ignore_ascii_case(&format!("{scheme}://{host}"))
 }
 
 async fn logout(app: &App, mut req: Req) -> Result<Response<Body>, ApiError> {
@@ -223,7 +269,7 @@ async fn logout(app: &App, mut req: Req) -> Result<Response<Body>, ApiError> {
 }
 
 async fn home(app: &App, req: &Req) -> Result<Response<Body>, ApiError> {
-    let Some(s) = signed(app, req) else {
+    let Some(s) = signed(app, req)? else {
         return Ok(to_login());
     };
     let mut orgs = Vec::new();
@@ -237,16 +283,15 @@ async fn home(app: &App, req: &Req) -> Result<Response<Body>, ApiError> {
             .collect();
         orgs.push((o.slug, o.name, projects));
     }
-    let csrf = session::csrf(&s.token);
     Ok(html(
         StatusCode::OK,
-        pages::projects(&s.chrome(&csrf, None), &orgs),
+        pages::projects(&s.chrome(None), &orgs),
         s.refresh,
     ))
 }
 
 async fn fleet(app: &App, req: &Req, org: &str, project: &str) -> Result<Response<Body>, ApiError> {
-    let Some(s) = signed(app, req) else {
+    let Some(s) = signed(app, req)? else {
         return Ok(to_login());
     };
     let scope = app
@@ -279,14 +324,11 @@ async fn fleet(app: &App, req: &Req, org: &str, project: &str) -> Result<Respons
         one.page_size = 1;
         async move { app.rt.projects.devices(pid, &f, one).await.map(|p| p.total) }
     };
-    let counts = (
-        count(None).await?,
-        count(Some(DeviceStatus::Online)).await?,
-        count(Some(DeviceStatus::Offline)).await?,
-    );
+    // Offline is the rest: two counts, not three.
+    let (total, online) = (count(None).await?, count(Some(DeviceStatus::Online)).await?);
+    let counts = (total, online, total.saturating_sub(online));
     let list = app.rt.projects.devices(pid, &f, page).await?;
-    let csrf = session::csrf(&s.token);
-    let chrome = s.chrome(&csrf, Some((org, project)));
+    let chrome = s.chrome(Some((org, project)));
     Ok(html(
         StatusCode::OK,
         pages::fleet(&chrome, counts, &pages::FleetFilter { status, name }, &list),
@@ -306,7 +348,7 @@ async fn device(
     project: &str,
     id: &str,
 ) -> Result<Response<Body>, ApiError> {
-    let Some(s) = signed(app, req) else {
+    let Some(s) = signed(app, req)? else {
         return Ok(to_login());
     };
     let scope = app
@@ -316,7 +358,11 @@ async fn device(
     let pid = scope.project.id;
     let id = parse_id(id, "Device")?;
     let d = app.rt.projects.device(pid, id)?;
-    let metrics = app.rt.projects.metric_history(pid, id, 24, 600).await?;
+    let metrics = app
+        .rt
+        .projects
+        .metric_history(pid, id, 24, CHART_POINTS, CHART_SERIES)
+        .await?;
     let sessions = app
         .rt
         .sessions
@@ -343,20 +389,16 @@ async fn device(
             &fleetops_actors::alerts::history::AlertFilter {
                 state: Some(fleetops_actors::AlertState::Firing),
                 rule_id: None,
+                device_id: Some(id),
             },
             fleetops_actors::views::PageReq {
                 page: 1,
-                page_size: 200,
+                page_size: 50,
             },
         )
         .await?;
-    let open: Vec<_> = firing
-        .items
-        .into_iter()
-        .filter(|a| a.device_id == id)
-        .collect();
-    let csrf = session::csrf(&s.token);
-    let chrome = s.chrome(&csrf, Some((org, project)));
+    let open = firing.items;
+    let chrome = s.chrome(Some((org, project)));
     Ok(html(
         StatusCode::OK,
         pages::device(
@@ -379,7 +421,7 @@ async fn alerts(
     org: &str,
     project: &str,
 ) -> Result<Response<Body>, ApiError> {
-    let Some(s) = signed(app, req) else {
+    let Some(s) = signed(app, req)? else {
         return Ok(to_login());
     };
     let scope = app
@@ -397,8 +439,7 @@ async fn alerts(
             page,
         )
         .await?;
-    let csrf = session::csrf(&s.token);
-    let chrome = s.chrome(&csrf, Some((org, project)));
+    let chrome = s.chrome(Some((org, project)));
     Ok(html(
         StatusCode::OK,
         pages::alerts(&chrome, &list),
@@ -412,7 +453,7 @@ async fn deployments(
     org: &str,
     project: &str,
 ) -> Result<Response<Body>, ApiError> {
-    let Some(s) = signed(app, req) else {
+    let Some(s) = signed(app, req)? else {
         return Ok(to_login());
     };
     let scope = app
@@ -426,8 +467,7 @@ async fn deployments(
         .pipeline
         .deployments(scope.project.id, None, page)
         .await?;
-    let csrf = session::csrf(&s.token);
-    let chrome = s.chrome(&csrf, Some((org, project)));
+    let chrome = s.chrome(Some((org, project)));
     Ok(html(
         StatusCode::OK,
         pages::deployments(&chrome, &list),
@@ -442,7 +482,7 @@ async fn rollout(
     project: &str,
     id: &str,
 ) -> Result<Response<Body>, ApiError> {
-    let Some(s) = signed(app, req) else {
+    let Some(s) = signed(app, req)? else {
         return Ok(to_login());
     };
     let scope = app
@@ -457,12 +497,16 @@ async fn rollout(
         Err(fleetops_actors::Error::NotFound(_)) => None,
         Err(e) => return Err(ApiError::Domain(e)),
     };
-    let csrf = session::csrf(&s.token);
-    let chrome = s.chrome(&csrf, Some((org, project)));
+    let chrome = s.chrome(Some((org, project)));
     let base = format!("/console/{org}/{project}/deployments/{id}/rollout");
     Ok(html(
         StatusCode::OK,
-        pages::rollout(&chrome, &d.deployment.name, r.as_ref(), &base),
+        pages::rollout(
+            &chrome,
+            &d.deployment.name,
+            r.as_ref(),
+            (scope.role >= Role::Member).then_some(base.as_str()),
+        ),
         s.refresh.clone(),
     ))
 }
@@ -509,7 +553,7 @@ async fn session_page(
     project: &str,
     id: &str,
 ) -> Result<Response<Body>, ApiError> {
-    let Some(s) = signed(app, req) else {
+    let Some(s) = signed(app, req)? else {
         return Ok(to_login());
     };
     let scope = app
@@ -540,8 +584,7 @@ async fn session_page(
         f.append_pair("offset", &(offset + LOG_PAGE).to_string());
         format!("?{}", f.finish())
     });
-    let csrf = session::csrf(&s.token);
-    let chrome = s.chrome(&csrf, Some((org, project)));
+    let chrome = s.chrome(Some((org, project)));
     let form = pages::LogQueryForm {
         level: get("level"),
         module: get("module"),
@@ -567,15 +610,10 @@ async fn session_page(
     ))
 }
 
-/// Whether the request's `Origin` is this host (a browser sends it on every WebSocket
-/// handshake and every cross-origin write).
-pub fn same_origin(req: &Req) -> bool {
-    match (req.header("origin"), req.header("host")) {
-        (Some(o), Some(h)) => o
-            .split_once("://")
-            .is_some_and(|(_, oh)| oh.eq_ignore_ascii_case(h)),
-        _ => false,
-    }
+/// Whether a WebSocket handshake comes from a console page: its `Origin` (a browser always
+/// sends one) is this console's.
+pub fn same_origin(app: &App, req: &Req) -> bool {
+    origin_matches(app, req, true)
 }
 
 /// The first values of two fields of a form body.
@@ -658,11 +696,20 @@ fn error_page(e: &ApiError, chrome: Option<&Chrome<'_>>) -> Response<Body> {
         ApiError::Domain(fleetops_actors::Error::Forbidden) => "Not enough permissions.".into(),
         ApiError::Domain(d) => d.to_string(),
         ApiError::NotFoundRoute => "No such page.".into(),
+        ApiError::RateLimited { retry_after } => {
+            format!("Too many requests. Try again in {retry_after} seconds.")
+        }
         other => format!("{}", other.status()),
     };
-    html(
+    let mut r = html(
         status,
         pages::message(status.canonical_reason().unwrap_or("Error"), chrome, &text),
         None,
-    )
+    );
+    if let ApiError::RateLimited { retry_after } = e
+        && let Ok(v) = header::HeaderValue::from_str(&retry_after.to_string())
+    {
+        r.headers_mut().insert(header::RETRY_AFTER, v);
+    }
+    r
 }

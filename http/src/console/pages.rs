@@ -123,7 +123,7 @@ pub fn fleet(
                 li class="offline" { a href={ (base) "?status=offline" } { strong id="count-offline" { (offline) } " offline" } }
             }
             form method="get" action=(base) class="filters" role="search" {
-                label for="q" { "Name contains" }
+                label for="q" { "Name (exact)" }
                 input id="q" name="name" type="search" value=(f.name.unwrap_or(""));
                 label for="status" { "Status" }
                 select id="status" name="status" {
@@ -201,6 +201,10 @@ pub fn device(chrome: &Chrome<'_>, p: &DevicePage<'_>) -> Markup {
     let mut series: BTreeMap<&str, Vec<(i64, f64)>> = BTreeMap::new();
     for (t, m) in p.metrics {
         for (k, v) in m {
+            // At most 16 charts, whatever names a robot sends.
+            if series.len() >= 16 && !series.contains_key(k.as_str()) {
+                continue;
+            }
             series.entry(k.as_str()).or_default().push((*t, *v));
         }
     }
@@ -317,7 +321,8 @@ pub fn rollout(
     chrome: &Chrome<'_>,
     name: &str,
     r: Option<&fleetops_actors::pipeline::rollouts::RolloutView>,
-    action_base: &str,
+    // `None` for a viewer: no pause or resume offered.
+    action_base: Option<&str>,
 ) -> Markup {
     layout(
         name,
@@ -328,10 +333,12 @@ pub fn rollout(
                 Some(r) => {
                     p { "Rollout: " strong id="rollout-state" { (r.state) }
                         @if let Some(c) = &r.current_phase { ", phase " strong id="current-phase" { (c) } } }
-                    @if matches!(r.state, fleetops_actors::RolloutState::Running | fleetops_actors::RolloutState::Paused) {
-                        form method="post" action={ (action_base) "/" (if r.state == fleetops_actors::RolloutState::Running { "pause" } else { "resume" }) } {
-                            input type="hidden" name="csrf" value=(chrome.csrf);
-                            button type="submit" id="rollout-action" { (if r.state == fleetops_actors::RolloutState::Running { "Pause" } else { "Resume" }) }
+                    @if let Some(base) = action_base {
+                        @if matches!(r.state, fleetops_actors::RolloutState::Running | fleetops_actors::RolloutState::Paused) {
+                            form method="post" action={ (base) "/" (if r.state == fleetops_actors::RolloutState::Running { "pause" } else { "resume" }) } {
+                                input type="hidden" name="csrf" value=(chrome.csrf);
+                                button type="submit" id="rollout-action" { (if r.state == fleetops_actors::RolloutState::Running { "Pause" } else { "Resume" }) }
+                            }
                         }
                     }
                     ol class="phases" {
@@ -356,6 +363,14 @@ pub fn rollout(
 
 pub fn message(title: &str, chrome: Option<&Chrome<'_>>, text: &str) -> Markup {
     layout(title, chrome, html! { p role="alert" { (text) } })
+}
+
+/// A line's message as shown: at most 2,000 characters (the rest is marked, not sent).
+fn clip(m: &str) -> std::borrow::Cow<'_, str> {
+    match m.char_indices().nth(2000) {
+        Some((i, _)) => format!("{}… ({} more bytes)", &m[..i], m.len() - i).into(),
+        None => m.into(),
+    }
 }
 
 fn urlencode(s: &str) -> String {
@@ -425,7 +440,7 @@ pub fn session(chrome: &Chrome<'_>, p: &SessionPage<'_>) -> Markup {
             p id="log-total" { (p.logs.total) " matching lines" }
             ol class="lines" id="log-lines" {
                 @for e in &p.logs.items {
-                    li class={ "lvl-" (e.level) } { (e.timestamp) " " (e.level.to_uppercase()) " [" (e.module) "] " (e.message) }
+                    li class={ "lvl-" (e.level) } { (e.timestamp) " " (e.level.to_uppercase()) " [" (e.module) "] " (clip(&e.message)) }
                 }
             }
             @if let Some(n) = &p.next { a rel="next" href=(n) { "More" } }

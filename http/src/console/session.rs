@@ -1,10 +1,8 @@
 //! The console's cookie session: the API's own short-lived JWT in an `HttpOnly`,
 //! `SameSite=Strict` cookie (`Secure` when the request came over TLS through a trusted proxy),
-//! refreshed once half its life has passed (bounded by the API's refresh window), and a CSRF
-//! token for every form that changes something: a hash of the session's token, which a page of
-//! another origin can neither read (the cookie is `HttpOnly`) nor compute.
-
-use sha2::{Digest, Sha256};
+//! refreshed once half its life has passed (bounded by the API's refresh window). Every form
+//! that changes something carries the sign-in's CSRF token (`Authenticator::csrf_token`: an
+//! HMAC under a server key, stable across refreshes so every open tab's forms stay valid).
 
 /// The cookie's name.
 pub const COOKIE: &str = "fleetops_session";
@@ -32,34 +30,23 @@ pub fn clear(secure: bool) -> String {
     set("", 0, secure)
 }
 
-/// The CSRF token of a session: hex SHA-256 of a fixed label and the session's token.
-pub fn csrf(token: &str) -> String {
-    let mut h = Sha256::new();
-    h.update(b"fleetops-console-csrf\0");
-    h.update(token.as_bytes());
-    hex(&h.finalize())
-}
-
-/// Whether a form's CSRF field is the session's (constant time).
-pub fn csrf_ok(token: &str, given: Option<&str>) -> bool {
-    let want = csrf(token);
-    given.is_some_and(|g| {
-        g.len() == want.len()
-            && g.bytes()
-                .zip(want.bytes())
-                .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-                == 0
-    })
+/// Whether a form's CSRF field is the sign-in's token `expected` (constant time; an empty
+/// expectation matches nothing).
+pub fn csrf_ok(expected: &str, given: Option<&str>) -> bool {
+    !expected.is_empty()
+        && given.is_some_and(|g| {
+            g.len() == expected.len()
+                && g.bytes()
+                    .zip(expected.bytes())
+                    .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+                    == 0
+        })
 }
 
 /// Whether a token issued at `issued_at` (Unix seconds) should be replaced now: once half
 /// of its `ttl` has passed.
 pub fn needs_refresh(issued_at: i64, now: i64, ttl: u64) -> bool {
     now.saturating_sub(issued_at) >= (ttl / 2) as i64
-}
-
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
 #[cfg(test)]
@@ -87,16 +74,18 @@ mod tests {
     }
 
     #[test]
-    fn csrf_is_bound_to_the_session_and_refused_otherwise() {
-        let t = "header.payload.sig";
-        let good = csrf(t);
-        assert!(csrf_ok(t, Some(&good)));
-        assert!(!csrf_ok(t, None));
-        assert!(!csrf_ok(t, Some("")));
-        assert!(!csrf_ok(t, Some(&csrf("another.session.token"))));
+    fn csrf_is_refused_unless_it_is_the_sign_ins() {
+        let good = "a1".repeat(32);
+        assert!(csrf_ok(&good, Some(&good)));
+        assert!(!csrf_ok(&good, None));
+        assert!(!csrf_ok(&good, Some("")));
+        assert!(!csrf_ok(&good, Some(&good[1..])));
+        assert!(!csrf_ok(&good, Some(&"b1".repeat(32))));
         let mut bad = good.clone();
-        bad.replace_range(0..1, if good.starts_with('0') { "1" } else { "0" });
-        assert!(!csrf_ok(t, Some(&bad)));
+        bad.replace_range(63..64, "2");
+        assert!(!csrf_ok(&good, Some(&bad)));
+        // No expectation (no sign-in): nothing matches, not even an empty field.
+        assert!(!csrf_ok("", Some("")));
     }
 
     #[test]

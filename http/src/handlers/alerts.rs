@@ -119,7 +119,15 @@ pub async fn list_alerts(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>>
     body::ok(
         &cx.rt()
             .alerts
-            .alerts(s.project.id, &AlertFilter { state, rule_id }, page)
+            .alerts(
+                s.project.id,
+                &AlertFilter {
+                    state,
+                    rule_id,
+                    device_id: None,
+                },
+                page,
+            )
             .await?,
     )
 }
