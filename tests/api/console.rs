@@ -57,6 +57,10 @@ async fn seeded(s: &Srv, sink: &Sink) -> u64 {
     dep
 }
 
+fn urlencode(s: &str) -> String {
+    form_urlencoded::byte_serialize(s.as_bytes()).collect()
+}
+
 /// A form body (`application/x-www-form-urlencoded`), as a browser posts it.
 trait Form {
     fn form_of<K: AsRef<str>, V: AsRef<str>>(self, pairs: &[(K, V)]) -> Self;
@@ -222,6 +226,104 @@ async fn sign_in_cookie_and_csrf_over_http() {
         };
         assert_eq!(got, want, "origin {origin}");
     }
+
+    // The session's export, downloaded with the cookie, filtered like the page.
+    let r = c
+        .get(s.url(&format!(
+            "/console/default/default/sessions/{sid}/export?search=boot+line+1&format=csv"
+        )))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(
+        r.headers()["content-disposition"]
+            .to_str()
+            .unwrap()
+            .contains(".csv")
+    );
+    let csv = r.text().await.unwrap();
+    assert!(
+        csv.contains("boot line 1") && !csv.contains("boot line 0"),
+        "{csv}"
+    );
+    // An artifact, listed on the session's page and downloaded as an attachment (robots upload
+    // these: never shown inline under the console's origin).
+    let put = s
+        .raw(
+            s.http
+                .put(s.url(&format!("{DEV}/sessions/{sid}/files/logs/run 1.html")))
+                .bearer_auth(s.key())
+                .header("content-type", "text/html")
+                .body("<script>alert(1)</script>"),
+        )
+        .await;
+    assert_eq!(put.status, 201, "{}", put.body);
+    let html = c
+        .get(s.url(&format!("/console/default/default/sessions/{sid}")))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let href = html
+        .split("class=\"file\" href=\"")
+        .nth(1)
+        .and_then(|t| t.split('"').next())
+        .unwrap()
+        .to_string();
+    let r = c
+        .get(s.url(&href))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "{href}");
+    assert_eq!(r.headers()["content-type"], "application/octet-stream");
+    assert!(
+        r.headers()["content-disposition"]
+            .to_str()
+            .unwrap()
+            .starts_with("attachment")
+    );
+    assert_eq!(r.headers()["x-content-type-options"], "nosniff");
+    assert_eq!(r.text().await.unwrap(), "<script>alert(1)</script>");
+
+    // A draft's page lists what would block its activation.
+    let draft = s
+        .post(
+            DEPS,
+            s.key(),
+            json!({"name": "later", "composition_tag": "x", "capsule_id": 1,
+                "target_devices": [{"labels": {"site": "lab"}}]}),
+        )
+        .await;
+    assert_eq!(draft.status, 201, "{}", draft.body);
+    s.patch(
+        "/api/v1/projects/default/default/policy",
+        s.key(),
+        json!({"require_passed_test_run": true}),
+    )
+    .await;
+    let html = c
+        .get(s.url(&format!(
+            "/console/default/default/deployments/{}",
+            draft.body["id"]
+        )))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        html.contains("id=\"blockers\"") && html.contains("declares no source commit"),
+        "{html}"
+    );
 
     // A project that does not exist: 404 as a page.
     let r = c
@@ -569,6 +671,33 @@ async fn an_operator_finds_the_offline_robot_the_alert_and_the_rollout_in_a_brow
     let r = s.get(&format!("{DEPS}/{dep}/rollout"), s.key()).await;
     assert_eq!(r.body["state"], "paused");
 
+    // The other pages: pipeline (capsules, configurations), alert rules with a backtest of a
+    // draft rule, webhooks and test runs.
+    c.goto(&s.url("/console/default/default/pipeline"))
+        .await
+        .unwrap();
+    assert!(text(c, "main table").await.contains("nav"));
+    shot(c, "8-pipeline").await;
+    let cond = urlencode(
+        r#"{"type": "metric_threshold", "metric": "cpu", "operator": "gt", "threshold": 90, "duration_seconds": 0}"#,
+    );
+    c.goto(&s.url(&format!(
+        "/console/default/default/rules?hours=1&condition={cond}"
+    )))
+    .await
+    .unwrap();
+    assert!(
+        text(c, "#backtest-result")
+            .await
+            .starts_with("1 of 2 devices would have fired")
+    );
+    shot(c, "9-rules-backtest").await;
+    c.goto(&s.url("/console/default/default/webhooks"))
+        .await
+        .unwrap();
+    text(c, "main table").await;
+    shot(c, "10-webhooks").await;
+
     // Sign out: back to the sign-in page, and the console is closed again.
     c.find(Locator::Css("form.signout button"))
         .await
@@ -708,6 +837,24 @@ async fn roles_refresh_secure_cookie_and_origins() {
         s.get(&format!("{DEPS}/{dep}/rollout"), s.key()).await.body["state"],
         "running"
     );
+
+    // Expiry: a token left past its life (4 s; `exp` is whole seconds) no longer opens a page.
+    let (st, _, _) = get(second.clone(), page.clone()).await;
+    assert_eq!(st, 200);
+    tokio::time::sleep(std::time::Duration::from_millis(6000)).await;
+    let (st, set, _) = get(second.clone(), page.clone()).await;
+    assert_eq!((st, set), (303, None), "an expired session signs in again");
+    let (_, set, _) = get(first.clone(), page.clone()).await;
+    assert!(set.is_none(), "an expired token is not refreshed");
+    let second = {
+        let r = login(format!("http://{host}"), "http").await.unwrap();
+        cookie_of(&r)
+            .unwrap()
+            .split(';')
+            .next()
+            .unwrap()
+            .to_string()
+    };
 
     // The WebSocket takes the cookie only with this console's exact origin.
     let sid = s.get(&format!("{DEV}/sessions"), s.key()).await.body["items"][0]["id"]

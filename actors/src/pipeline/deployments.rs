@@ -152,6 +152,13 @@ impl PipelineHandle {
         })
     }
 
+    /// What would block activating the stored package now (its own checks and the project's
+    /// policy), as `plan` reports a body.
+    pub fn package_plan(&self, pid: u64, id: u64) -> Result<Plan> {
+        let d = self.deployment(pid, id)?;
+        self.plan(pid, &DeploymentSpec::of(&d))
+    }
+
     pub async fn deployments(
         &self,
         pid: u64,

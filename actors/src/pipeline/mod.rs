@@ -612,6 +612,11 @@ impl PipelineHandle {
         Ok(bytes)
     }
 
+    /// The list as items (the console's pipeline page).
+    pub fn capsules(&self, pid: u64, f: &CapsuleFilter) -> Result<Vec<CapsuleItem>> {
+        Ok(Self::items(&self.store.project_capsules(pid)?, f))
+    }
+
     fn items(records: &[Arc<Capsule>], f: &CapsuleFilter) -> Vec<CapsuleItem> {
         records
             .iter()

@@ -62,6 +62,36 @@ pub async fn handle(
         (&Method::GET, ["console", org, project, "sessions", id]) => {
             session_page(app, &req, org, project, id).await
         }
+        (&Method::GET, ["console", org, project, "sessions", id, "export"]) => {
+            export(app, &req, org, project, id).await
+        }
+        (&Method::GET, ["console", org, project, "sessions", id, "files", rest @ ..]) => {
+            let path = rest
+                .iter()
+                .map(|p| {
+                    percent_encoding::percent_decode_str(p)
+                        .decode_utf8()
+                        .map(|d| d.into_owned())
+                        .map_err(|_| ApiError::bad_request("Path is not valid UTF-8"))
+                })
+                .collect::<Result<Vec<_>, _>>();
+            match path {
+                Ok(p) => artifact(app, &req, org, project, id, &p.join("/")).await,
+                Err(e) => Err(e),
+            }
+        }
+        (&Method::GET, ["console", org, project, "pipeline"]) => {
+            pipeline_page(app, &req, org, project).await
+        }
+        (&Method::GET, ["console", org, project, "configurations", id]) => {
+            explain_page(app, &req, org, project, id).await
+        }
+        (&Method::GET, ["console", org, project, "webhooks"]) => {
+            webhooks_page(app, &req, org, project).await
+        }
+        (&Method::GET, ["console", org, project, "rules"]) => {
+            rules_page(app, &req, org, project).await
+        }
         (&Method::GET, ["console", "login"]) => Ok(html(StatusCode::OK, pages::login(None), None)),
         (&Method::POST, ["console", "login"]) => login(app, req).await,
         (&Method::POST, ["console", "logout"]) => logout(app, req).await,
@@ -492,6 +522,12 @@ async fn rollout(
     let pid = scope.project.id;
     let id = parse_id(id, "Deployment")?;
     let d = app.rt.pipeline.deployment_detail(pid, id)?;
+    // A draft shows what would block its activation now.
+    let blockers = if d.deployment.deployment_status == fleetops_actors::DeploymentStatus::Draft {
+        app.rt.pipeline.package_plan(pid, id)?.blockers
+    } else {
+        Vec::new()
+    };
     let r = match app.rt.pipeline.rollout(pid, id).await {
         Ok(r) => Some(r),
         Err(fleetops_actors::Error::NotFound(_)) => None,
@@ -506,6 +542,7 @@ async fn rollout(
             &d.deployment.name,
             r.as_ref(),
             (scope.role >= Role::Member).then_some(base.as_str()),
+            &blockers,
         ),
         s.refresh.clone(),
     ))
@@ -563,6 +600,7 @@ async fn session_page(
     let pid = scope.project.id;
     let id = parse_id(id, "Session")?;
     let detail = app.rt.sessions.detail(pid, id)?;
+    let files = app.rt.sessions.artifacts(pid, id)?.items;
     // The API's own parsing of the filters (empty fields mean no filter).
     let mut q = req.query.clone();
     q.drop_empty();
@@ -598,12 +636,281 @@ async fn session_page(
             &chrome,
             &pages::SessionPage {
                 detail: &detail,
+                files: &files,
                 logs: &logs,
                 query: &form,
                 next,
                 ws: format!(
                     "/api/v1/ws/organizations/{org}/projects/{project}/sessions/{id}/logs?replay=200"
                 ),
+                export: format!("/console/{org}/{project}/sessions/{id}/export?{}", {
+                    let mut f = form_urlencoded::Serializer::new(String::new());
+                    for k in ["level", "module", "search", "since", "until"] {
+                        if !get(k).is_empty() {
+                            f.append_pair(k, get(k));
+                        }
+                    }
+                    f.finish()
+                }),
+            },
+        ),
+        s.refresh.clone(),
+    ))
+}
+
+/// The session's matching lines as a download (the API's export, streamed).
+async fn export(
+    app: &App,
+    req: &Req,
+    org: &str,
+    project: &str,
+    id: &str,
+) -> Result<Response<Body>, ApiError> {
+    let Some(s) = signed(app, req)? else {
+        return Ok(to_login());
+    };
+    let scope = app
+        .rt
+        .access
+        .project(&s.principal, org, project, Role::Viewer)?;
+    let id = parse_id(id, "Session")?;
+    let mut q = req.query.clone();
+    q.drop_empty();
+    crate::handlers::sessions::export_response(&app.rt, scope.project.id, id, &q)
+}
+
+/// An artifact as a download. Robots upload these, so they are never shown inline under the
+/// console's origin: `attachment`, `nosniff` and a sandboxing policy.
+async fn artifact(
+    app: &App,
+    req: &Req,
+    org: &str,
+    project: &str,
+    id: &str,
+    path: &str,
+) -> Result<Response<Body>, ApiError> {
+    let Some(s) = signed(app, req)? else {
+        return Ok(to_login());
+    };
+    let scope = app
+        .rt
+        .access
+        .project(&s.principal, org, project, Role::Viewer)?;
+    let id = parse_id(id, "Session")?;
+    let a = app.rt.sessions.artifact(scope.project.id, id, path)?;
+    let stream = app.rt.sessions.artifact_bytes(&a, None).await?;
+    let mut r = Response::new(body::stream(stream));
+    let h = r.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("application/octet-stream"),
+    );
+    let name: String = path
+        .rsplit('/')
+        .next()
+        .unwrap_or("file")
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'))
+        .collect();
+    if let Ok(v) = header::HeaderValue::from_str(&format!(
+        "attachment; filename=\"{}\"",
+        if name.is_empty() { "file" } else { &name }
+    )) {
+        h.insert(header::CONTENT_DISPOSITION, v);
+    }
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        header::HeaderValue::from_static("nosniff"),
+    );
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        header::HeaderValue::from_static("sandbox; default-src 'none'"),
+    );
+    if let Ok(v) = header::HeaderValue::from_str(&a.size_bytes.to_string()) {
+        h.insert(header::CONTENT_LENGTH, v);
+    }
+    Ok(r)
+}
+
+async fn pipeline_page(
+    app: &App,
+    req: &Req,
+    org: &str,
+    project: &str,
+) -> Result<Response<Body>, ApiError> {
+    let Some(s) = signed(app, req)? else {
+        return Ok(to_login());
+    };
+    let scope = app
+        .rt
+        .access
+        .project(&s.principal, org, project, Role::Viewer)?;
+    let pid = scope.project.id;
+    let capsules = app
+        .rt
+        .pipeline
+        .capsules(pid, &fleetops_actors::pipeline::CapsuleFilter::default())?;
+    let configs = app
+        .rt
+        .pipeline
+        .configurations(
+            pid,
+            &fleetops_actors::pipeline::configurations::ConfigFilter::default(),
+            fleetops_actors::views::PageReq {
+                page: 1,
+                page_size: 100,
+            },
+        )
+        .await?;
+    let chrome = s.chrome(Some((org, project)));
+    Ok(html(
+        StatusCode::OK,
+        pages::pipeline(&chrome, &capsules, &configs),
+        s.refresh.clone(),
+    ))
+}
+
+async fn explain_page(
+    app: &App,
+    req: &Req,
+    org: &str,
+    project: &str,
+    id: &str,
+) -> Result<Response<Body>, ApiError> {
+    let Some(s) = signed(app, req)? else {
+        return Ok(to_login());
+    };
+    let scope = app
+        .rt
+        .access
+        .project(&s.principal, org, project, Role::Viewer)?;
+    let id = parse_id(id, "Configuration")?;
+    let e = app.rt.pipeline.explain(scope.project.id, id)?;
+    let chrome = s.chrome(Some((org, project)));
+    Ok(html(
+        StatusCode::OK,
+        pages::explain(&chrome, &e),
+        s.refresh.clone(),
+    ))
+}
+
+async fn webhooks_page(
+    app: &App,
+    req: &Req,
+    org: &str,
+    project: &str,
+) -> Result<Response<Body>, ApiError> {
+    let Some(s) = signed(app, req)? else {
+        return Ok(to_login());
+    };
+    let scope = app
+        .rt
+        .access
+        .project(&s.principal, org, project, Role::Viewer)?;
+    let pid = scope.project.id;
+    let run_status = req.query.get("run_status").filter(|v| !v.is_empty());
+    let status = match run_status {
+        None => None,
+        Some(v) => Some(fleetops_actors::RunStatus::parse(v).ok_or_else(|| {
+            ApiError::unprocessable(
+                "run_status: must be queued, running, passed, failed or cancelled",
+            )
+        })?),
+    };
+    let page = fleetops_actors::views::PageReq {
+        page: 1,
+        page_size: 50,
+    };
+    let runs = app
+        .rt
+        .webhooks
+        .runs(
+            pid,
+            &fleetops_actors::webhooks::RunFilter {
+                status,
+                repository: None,
+                commit_sha: None,
+            },
+            page,
+        )
+        .await?;
+    let deliveries = app
+        .rt
+        .webhooks
+        .deliveries(
+            Some(pid),
+            &fleetops_actors::webhooks::DeliveryFilter {
+                outcome: None,
+                reason: None,
+            },
+            page,
+        )
+        .await?;
+    let chrome = s.chrome(Some((org, project)));
+    Ok(html(
+        StatusCode::OK,
+        pages::webhooks(&chrome, &deliveries, &runs, run_status),
+        s.refresh.clone(),
+    ))
+}
+
+async fn rules_page(
+    app: &App,
+    req: &Req,
+    org: &str,
+    project: &str,
+) -> Result<Response<Body>, ApiError> {
+    let Some(s) = signed(app, req)? else {
+        return Ok(to_login());
+    };
+    let scope = app
+        .rt
+        .access
+        .project(&s.principal, org, project, Role::Viewer)?;
+    let pid = scope.project.id;
+    let rules = app.rt.alerts.rules(pid)?;
+    let integrations = app.rt.alerts.integrations(pid)?;
+    let condition = req.query.get("condition").unwrap_or("").trim().to_string();
+    let hours = req.query.u64("hours")?.unwrap_or(24).clamp(1, 720);
+    // A backtest reads stored history and changes nothing; the API allows it to members.
+    let backtest = if condition.is_empty() {
+        None
+    } else if scope.role < Role::Member {
+        Some(Err("A backtest needs the member role.".to_string()))
+    } else {
+        let now = time::OffsetDateTime::now_utc().unix_timestamp() * 1000;
+        let from = fleetops_actors::clock::fmt_ms(now - (hours as i64) * 3_600_000);
+        Some(
+            match serde_json::from_str::<serde_json::Value>(&condition) {
+                Err(e) => Err(format!("The condition is not JSON: {e}")),
+                Ok(c) => app
+                    .rt
+                    .alerts
+                    .backtest(
+                        pid,
+                        fleetops_actors::alerts::backtest::BacktestRequest {
+                            condition: c,
+                            device_group_ids: Vec::new(),
+                            from: Some(from),
+                            to: None,
+                        },
+                    )
+                    .await
+                    .map_err(|e| e.to_string()),
+            },
+        )
+    };
+    let chrome = s.chrome(Some((org, project)));
+    Ok(html(
+        StatusCode::OK,
+        pages::rules(
+            &chrome,
+            &pages::RulesPage {
+                rules: &rules,
+                integrations: &integrations,
+                condition: &condition,
+                hours,
+                backtest: backtest.as_ref(),
             },
         ),
         s.refresh.clone(),

@@ -263,13 +263,24 @@ pub async fn query_logs(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> 
 pub fn export_logs(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
     let (_, s) = cx.project(&req, Role::Viewer)?;
     let id = session_id(&req)?;
-    let (format, ext, mime) = match req.query.get("format").unwrap_or("json") {
+    export_response(cx.rt(), s.project.id, id, &req.query)
+}
+
+/// The streamed export of a session's matching lines (the API's route and the console's
+/// download).
+pub(crate) fn export_response(
+    rt: &fleetops_actors::Runtime,
+    pid: u64,
+    id: u64,
+    q: &crate::query::Query,
+) -> ApiResult<Response<Body>> {
+    let (format, ext, mime) = match q.get("format").unwrap_or("json") {
         "json" => (ExportFormat::Json, "json", "application/json"),
         "csv" => (ExportFormat::Csv, "csv", "text/csv; charset=utf-8"),
         _ => return Err(ApiError::unprocessable("format: must be json or csv")),
     };
-    let f = log_filter(&req)?;
-    let rx = cx.rt().sessions.export(s.project.id, id, f, format)?;
+    let f = log_filter_of(q)?;
+    let rx = rt.sessions.export(pid, id, f, format)?;
     let mut r = Response::new(body::channel(rx));
     let h = r.headers_mut();
     h.insert(
