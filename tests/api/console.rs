@@ -57,10 +57,6 @@ async fn seeded(s: &Srv, sink: &Sink) -> u64 {
     dep
 }
 
-fn urlencode(s: &str) -> String {
-    form_urlencoded::byte_serialize(s.as_bytes()).collect()
-}
-
 /// A form body (`application/x-www-form-urlencoded`), as a browser posts it.
 trait Form {
     fn form_of<K: AsRef<str>, V: AsRef<str>>(self, pairs: &[(K, V)]) -> Self;
@@ -290,6 +286,13 @@ async fn sign_in_cookie_and_csrf_over_http() {
             .starts_with("attachment")
     );
     assert_eq!(r.headers()["x-content-type-options"], "nosniff");
+    assert!(
+        r.headers()["content-security-policy"]
+            .to_str()
+            .unwrap()
+            .starts_with("sandbox")
+    );
+    assert_eq!(r.headers()["cache-control"], "no-store");
     assert_eq!(r.text().await.unwrap(), "<script>alert(1)</script>");
 
     // A draft's page lists what would block its activation.
@@ -678,14 +681,29 @@ async fn an_operator_finds_the_offline_robot_the_alert_and_the_rollout_in_a_brow
         .unwrap();
     assert!(text(c, "main table").await.contains("nav"));
     shot(c, "8-pipeline").await;
-    let cond = urlencode(
-        r#"{"type": "metric_threshold", "metric": "cpu", "operator": "gt", "threshold": 90, "duration_seconds": 0}"#,
+    c.goto(&s.url("/console/default/default/rules"))
+        .await
+        .unwrap();
+    assert!(
+        text(c, "main")
+            .await
+            .contains("\"signing_secret\":\"****\""),
+        "secrets masked"
     );
-    c.goto(&s.url(&format!(
-        "/console/default/default/rules?hours=1&condition={cond}"
-    )))
-    .await
-    .unwrap();
+    let area = c.find(Locator::Css("#condition")).await.unwrap();
+    area.send_keys(r#"{"type": "metric_threshold", "metric": "cpu", "operator": "gt", "threshold": 90, "duration_seconds": 0}"#)
+        .await
+        .unwrap();
+    let hours = c.find(Locator::Css("#hours")).await.unwrap();
+    hours.clear().await.unwrap();
+    hours.send_keys("1").await.unwrap();
+    c.find(Locator::Css("#backtest"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    until_url(c, |u| u.path().ends_with("/rules/backtest")).await;
     assert!(
         text(c, "#backtest-result")
             .await
@@ -767,6 +785,42 @@ async fn roles_refresh_secure_cookie_and_origins() {
         .await
         .unwrap();
     assert_eq!(r.status(), 403);
+    // A viewer's backtest is refused (the API's role), and nothing is run for it.
+    let r = c
+        .post(s.url("/console/default/default/rules/backtest"))
+        .header("cookie", &viewer)
+        .form_of(&[
+            ("csrf", csrf_of(&html).as_str()),
+            ("condition", r#"{"type": "metric_threshold", "metric": "cpu", "operator": "gt", "threshold": 1, "duration_seconds": 0}"#),
+            ("hours", "1"),
+        ])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let body = r.text().await.unwrap();
+    assert!(
+        body.contains("A backtest needs the member role.") && !body.contains("backtest-result")
+    );
+    // Another project's session: its export and files are 404 from this project's pages.
+    let other = s
+        .post(
+            "/api/v1/organizations/default/projects",
+            s.key(),
+            json!({"slug": "other"}),
+        )
+        .await;
+    assert_eq!(other.status, 201, "{}", other.body);
+    let sid = s.get(&format!("{DEV}/sessions"), s.key()).await.body["items"][0]["id"]
+        .as_u64()
+        .unwrap();
+    for path in [
+        format!("/console/default/other/sessions/{sid}/export?format=csv"),
+        format!("/console/default/other/sessions/{sid}/files/anything"),
+    ] {
+        let (st, _, _) = get(viewer.clone(), path.clone()).await;
+        assert_eq!(st, 404, "{path}");
+    }
     let member = format!("fleetops_session={}", s.member_key("member").await);
     let (_, _, html) = get(member.clone(), page.clone()).await;
     assert!(html.contains("rollout-action"));
@@ -844,8 +898,8 @@ async fn roles_refresh_secure_cookie_and_origins() {
     tokio::time::sleep(std::time::Duration::from_millis(6000)).await;
     let (st, set, _) = get(second.clone(), page.clone()).await;
     assert_eq!((st, set), (303, None), "an expired session signs in again");
-    let (_, set, _) = get(first.clone(), page.clone()).await;
-    assert!(set.is_none(), "an expired token is not refreshed");
+    let (st, set, _) = get(first.clone(), page.clone()).await;
+    assert_eq!((st, set), (303, None), "an expired token is not refreshed");
     let second = {
         let r = login(format!("http://{host}"), "http").await.unwrap();
         cookie_of(&r)

@@ -89,6 +89,10 @@ pub async fn handle(
         (&Method::GET, ["console", org, project, "webhooks"]) => {
             webhooks_page(app, &req, org, project).await
         }
+        (&Method::POST, ["console", org, project, "rules", "backtest"]) => {
+            let (org, project) = (org.to_string(), project.to_string());
+            backtest(app, req, &org, &project).await
+        }
         (&Method::GET, ["console", org, project, "rules"]) => {
             rules_page(app, &req, org, project).await
         }
@@ -224,6 +228,22 @@ fn signed(app: &App, req: &Req) -> Result<Option<Signed>, ApiError> {
     Ok(Some(out))
 }
 
+/// A project page's signed-in user and their scope in the project (at least `min`); `None`
+/// when the page should send to sign-in.
+fn project_page(
+    app: &App,
+    req: &Req,
+    org: &str,
+    project: &str,
+    min: Role,
+) -> Result<Option<(Signed, fleetops_actors::ProjectScope)>, ApiError> {
+    let Some(s) = signed(app, req)? else {
+        return Ok(None);
+    };
+    let scope = app.rt.access.project(&s.principal, org, project, min)?;
+    Ok(Some((s, scope)))
+}
+
 fn to_login() -> Response<Body> {
     redirect("/console/login", None)
 }
@@ -321,13 +341,9 @@ async fn home(app: &App, req: &Req) -> Result<Response<Body>, ApiError> {
 }
 
 async fn fleet(app: &App, req: &Req, org: &str, project: &str) -> Result<Response<Body>, ApiError> {
-    let Some(s) = signed(app, req)? else {
+    let Some((s, scope)) = project_page(app, req, org, project, Role::Viewer)? else {
         return Ok(to_login());
     };
-    let scope = app
-        .rt
-        .access
-        .project(&s.principal, org, project, Role::Viewer)?;
     let pid = scope.project.id;
     use fleetops_actors::projects::{DeviceFilter, DeviceStatus};
     let status = req.query.get("status").filter(|v| !v.is_empty());
@@ -378,13 +394,9 @@ async fn device(
     project: &str,
     id: &str,
 ) -> Result<Response<Body>, ApiError> {
-    let Some(s) = signed(app, req)? else {
+    let Some((s, scope)) = project_page(app, req, org, project, Role::Viewer)? else {
         return Ok(to_login());
     };
-    let scope = app
-        .rt
-        .access
-        .project(&s.principal, org, project, Role::Viewer)?;
     let pid = scope.project.id;
     let id = parse_id(id, "Device")?;
     let d = app.rt.projects.device(pid, id)?;
@@ -451,13 +463,9 @@ async fn alerts(
     org: &str,
     project: &str,
 ) -> Result<Response<Body>, ApiError> {
-    let Some(s) = signed(app, req)? else {
+    let Some((s, scope)) = project_page(app, req, org, project, Role::Viewer)? else {
         return Ok(to_login());
     };
-    let scope = app
-        .rt
-        .access
-        .project(&s.principal, org, project, Role::Viewer)?;
     let mut page = req.query.page()?;
     page.page_size = 50;
     let list = app
@@ -483,13 +491,9 @@ async fn deployments(
     org: &str,
     project: &str,
 ) -> Result<Response<Body>, ApiError> {
-    let Some(s) = signed(app, req)? else {
+    let Some((s, scope)) = project_page(app, req, org, project, Role::Viewer)? else {
         return Ok(to_login());
     };
-    let scope = app
-        .rt
-        .access
-        .project(&s.principal, org, project, Role::Viewer)?;
     let mut page = req.query.page()?;
     page.page_size = 50;
     let list = app
@@ -512,13 +516,9 @@ async fn rollout(
     project: &str,
     id: &str,
 ) -> Result<Response<Body>, ApiError> {
-    let Some(s) = signed(app, req)? else {
+    let Some((s, scope)) = project_page(app, req, org, project, Role::Viewer)? else {
         return Ok(to_login());
     };
-    let scope = app
-        .rt
-        .access
-        .project(&s.principal, org, project, Role::Viewer)?;
     let pid = scope.project.id;
     let id = parse_id(id, "Deployment")?;
     let d = app.rt.pipeline.deployment_detail(pid, id)?;
@@ -590,13 +590,9 @@ async fn session_page(
     project: &str,
     id: &str,
 ) -> Result<Response<Body>, ApiError> {
-    let Some(s) = signed(app, req)? else {
+    let Some((s, scope)) = project_page(app, req, org, project, Role::Viewer)? else {
         return Ok(to_login());
     };
-    let scope = app
-        .rt
-        .access
-        .project(&s.principal, org, project, Role::Viewer)?;
     let pid = scope.project.id;
     let id = parse_id(id, "Session")?;
     let detail = app.rt.sessions.detail(pid, id)?;
@@ -666,17 +662,18 @@ async fn export(
     project: &str,
     id: &str,
 ) -> Result<Response<Body>, ApiError> {
-    let Some(s) = signed(app, req)? else {
+    let Some((_, scope)) = project_page(app, req, org, project, Role::Viewer)? else {
         return Ok(to_login());
     };
-    let scope = app
-        .rt
-        .access
-        .project(&s.principal, org, project, Role::Viewer)?;
     let id = parse_id(id, "Session")?;
     let mut q = req.query.clone();
     q.drop_empty();
-    crate::handlers::sessions::export_response(&app.rt, scope.project.id, id, &q)
+    let mut r = crate::handlers::sessions::export_response(&app.rt, scope.project.id, id, &q)?;
+    r.headers_mut().insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        header::HeaderValue::from_static("nosniff"),
+    );
+    Ok(headers(r, None))
 }
 
 /// An artifact as a download. Robots upload these, so they are never shown inline under the
@@ -689,13 +686,9 @@ async fn artifact(
     id: &str,
     path: &str,
 ) -> Result<Response<Body>, ApiError> {
-    let Some(s) = signed(app, req)? else {
+    let Some((_, scope)) = project_page(app, req, org, project, Role::Viewer)? else {
         return Ok(to_login());
     };
-    let scope = app
-        .rt
-        .access
-        .project(&s.principal, org, project, Role::Viewer)?;
     let id = parse_id(id, "Session")?;
     let a = app.rt.sessions.artifact(scope.project.id, id, path)?;
     let stream = app.rt.sessions.artifact_bytes(&a, None).await?;
@@ -729,6 +722,12 @@ async fn artifact(
     if let Ok(v) = header::HeaderValue::from_str(&a.size_bytes.to_string()) {
         h.insert(header::CONTENT_LENGTH, v);
     }
+    // The common headers (no-store, no framing), then the sandbox in place of the pages' CSP.
+    let mut r = headers(r, None);
+    r.headers_mut().insert(
+        header::CONTENT_SECURITY_POLICY,
+        header::HeaderValue::from_static("sandbox; default-src 'none'"),
+    );
     Ok(r)
 }
 
@@ -738,13 +737,9 @@ async fn pipeline_page(
     org: &str,
     project: &str,
 ) -> Result<Response<Body>, ApiError> {
-    let Some(s) = signed(app, req)? else {
+    let Some((s, scope)) = project_page(app, req, org, project, Role::Viewer)? else {
         return Ok(to_login());
     };
-    let scope = app
-        .rt
-        .access
-        .project(&s.principal, org, project, Role::Viewer)?;
     let pid = scope.project.id;
     let capsules = app
         .rt
@@ -777,13 +772,9 @@ async fn explain_page(
     project: &str,
     id: &str,
 ) -> Result<Response<Body>, ApiError> {
-    let Some(s) = signed(app, req)? else {
+    let Some((s, scope)) = project_page(app, req, org, project, Role::Viewer)? else {
         return Ok(to_login());
     };
-    let scope = app
-        .rt
-        .access
-        .project(&s.principal, org, project, Role::Viewer)?;
     let id = parse_id(id, "Configuration")?;
     let e = app.rt.pipeline.explain(scope.project.id, id)?;
     let chrome = s.chrome(Some((org, project)));
@@ -800,13 +791,9 @@ async fn webhooks_page(
     org: &str,
     project: &str,
 ) -> Result<Response<Body>, ApiError> {
-    let Some(s) = signed(app, req)? else {
+    let Some((s, scope)) = project_page(app, req, org, project, Role::Viewer)? else {
         return Ok(to_login());
     };
-    let scope = app
-        .rt
-        .access
-        .project(&s.principal, org, project, Role::Viewer)?;
     let pid = scope.project.id;
     let run_status = req.query.get("run_status").filter(|v| !v.is_empty());
     let status = match run_status {
@@ -860,7 +847,21 @@ async fn rules_page(
     org: &str,
     project: &str,
 ) -> Result<Response<Body>, ApiError> {
-    let Some(s) = signed(app, req)? else {
+    let Some((s, scope)) = project_page(app, req, org, project, Role::Viewer)? else {
+        return Ok(to_login());
+    };
+    rules_view(app, &s, scope.project.id, org, project, "", 24, None)
+}
+
+/// A backtest of a draft rule: a POST with the sign-in's CSRF token (it reads up to millions
+/// of stored lines, so a reload or a link never starts one), a member's, as in the API.
+async fn backtest(
+    app: &App,
+    mut req: Req,
+    org: &str,
+    project: &str,
+) -> Result<Response<Body>, ApiError> {
+    let Some((s, body)) = checked_form(app, &mut req).await? else {
         return Ok(to_login());
     };
     let scope = app
@@ -868,38 +869,60 @@ async fn rules_page(
         .access
         .project(&s.principal, org, project, Role::Viewer)?;
     let pid = scope.project.id;
-    let rules = app.rt.alerts.rules(pid)?;
-    let integrations = app.rt.alerts.integrations(pid)?;
-    let condition = req.query.get("condition").unwrap_or("").trim().to_string();
-    let hours = req.query.u64("hours")?.unwrap_or(24).clamp(1, 720);
-    // A backtest reads stored history and changes nothing; the API allows it to members.
-    let backtest = if condition.is_empty() {
-        None
-    } else if scope.role < Role::Member {
-        Some(Err("A backtest needs the member role.".to_string()))
+    let condition = form1(&body, "condition")
+        .unwrap_or_default()
+        .trim()
+        .to_string();
+    let hours = form1(&body, "hours")
+        .and_then(|h| h.trim().parse::<u64>().ok())
+        .unwrap_or(24)
+        .clamp(1, 720);
+    let result = if scope.role < Role::Member {
+        Err("A backtest needs the member role.".to_string())
     } else {
         let now = time::OffsetDateTime::now_utc().unix_timestamp() * 1000;
         let from = fleetops_actors::clock::fmt_ms(now - (hours as i64) * 3_600_000);
-        Some(
-            match serde_json::from_str::<serde_json::Value>(&condition) {
-                Err(e) => Err(format!("The condition is not JSON: {e}")),
-                Ok(c) => app
-                    .rt
-                    .alerts
-                    .backtest(
-                        pid,
-                        fleetops_actors::alerts::backtest::BacktestRequest {
-                            condition: c,
-                            device_group_ids: Vec::new(),
-                            from: Some(from),
-                            to: None,
-                        },
-                    )
-                    .await
-                    .map_err(|e| e.to_string()),
+        match serde_json::from_str::<serde_json::Value>(&condition) {
+            Err(e) => Err(format!("The condition is not JSON: {e}")),
+            Ok(c) => match app
+                .rt
+                .alerts
+                .backtest(
+                    pid,
+                    fleetops_actors::alerts::backtest::BacktestRequest {
+                        condition: c,
+                        device_group_ids: Vec::new(),
+                        from: Some(from),
+                        to: None,
+                    },
+                )
+                .await
+            {
+                Ok(b) => Ok(b),
+                Err(fleetops_actors::Error::Internal(cause)) => {
+                    tracing::error!(%cause, "console backtest failed");
+                    return Err(ApiError::Domain(fleetops_actors::Error::Internal(cause)));
+                }
+                Err(e) => Err(e.to_string()),
             },
-        )
+        }
     };
+    rules_view(app, &s, pid, org, project, &condition, hours, Some(&result))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn rules_view(
+    app: &App,
+    s: &Signed,
+    pid: u64,
+    org: &str,
+    project: &str,
+    condition: &str,
+    hours: u64,
+    backtest: Option<&Result<fleetops_actors::alerts::backtest::BacktestView, String>>,
+) -> Result<Response<Body>, ApiError> {
+    let rules = app.rt.alerts.rules(pid)?;
+    let integrations = app.rt.alerts.integrations(pid)?;
     let chrome = s.chrome(Some((org, project)));
     Ok(html(
         StatusCode::OK,
@@ -908,9 +931,9 @@ async fn rules_page(
             &pages::RulesPage {
                 rules: &rules,
                 integrations: &integrations,
-                condition: &condition,
+                condition,
                 hours,
-                backtest: backtest.as_ref(),
+                backtest,
             },
         ),
         s.refresh.clone(),

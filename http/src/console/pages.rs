@@ -466,7 +466,7 @@ pub fn session(chrome: &Chrome<'_>, p: &SessionPage<'_>) -> Markup {
             }
             @if let Some(n) = &p.next { a rel="next" href=(n) { "More" } }
             @if !p.files.is_empty() {
-                h2 { "Files" }
+                h2 { "Files" @if p.files.len() > 500 { " (the first 500 of " (p.files.len()) ")" } }
                 ul id="files" {
                     @for f in p.files.iter().take(500) {
                         li { a class="file" href={ "/console/" (chrome.project.unwrap_or_default().0) "/" (chrome.project.unwrap_or_default().1) "/sessions/" (s.id) "/files/" (encode_path(&f.path)) } download { (f.path) } " (" (f.size_bytes) " bytes, " (f.content_type) ")" }
@@ -494,7 +494,7 @@ pub fn pipeline(
         html! {
             h2 { "Capsules" }
             table {
-                caption { (capsules.len()) " versions" }
+                caption { (capsules.len()) " versions" @if capsules.len() > 500 { ", the newest 500 shown" } }
                 thead { tr { th scope="col" { "Name" } th scope="col" { "Version" } th scope="col" { "Type" } th scope="col" { "Size" } th scope="col" { "Validation" } th scope="col" { "Latest" } } }
                 tbody {
                     @for c in capsules.iter().take(500) {
@@ -504,7 +504,7 @@ pub fn pipeline(
             }
             h2 { "Configurations" }
             table {
-                caption { (configs.total) " configurations" }
+                caption { (configs.total) " configurations" @if configs.has_more { ", the first " (configs.items.len()) " shown" } }
                 thead { tr { th scope="col" { "Name" } th scope="col" { "Version" } th scope="col" { "Environment" } th scope="col" { "Validation" } th scope="col" { "Keys" } } }
                 tbody {
                     @for c in &configs.items {
@@ -619,7 +619,8 @@ fn timeline(b: &fleetops_actors::alerts::backtest::BacktestView) -> Markup {
     html! {
         svg viewBox={ "0 0 600 " (h) } class="timeline" role="img" aria-label={ "Firings of " (b.devices.len()) " devices between " (b.from) " and " (b.to) } {
             @for (i, d) in b.devices.iter().take(50).enumerate() {
-                @for f in &d.firings {
+                // At most 200 marks a device; more would not be told apart at this width.
+                @for f in d.firings.iter().take(200) {
                     @let a = fleetops_actors::clock::parse_ms(&f.fired_at).unwrap_or(t0);
                     @let z = f.resolved_at.as_deref().and_then(fleetops_actors::clock::parse_ms).unwrap_or(t1);
                     rect x=(format!("{:.1}", (a - t0) as f64 / span * 600.0)) y=(i * 20 + 5) width=(format!("{:.1}", ((z - a) as f64 / span * 600.0).max(2.0))) height="14" fill="currentColor" {}
@@ -653,7 +654,8 @@ pub fn rules(chrome: &Chrome<'_>, p: &RulesPage<'_>) -> Markup {
                 }
             }
             h2 { "Backtest a draft rule" }
-            form method="get" class="card" {
+            form method="post" action={ "/console/" (chrome.project.unwrap_or_default().0) "/" (chrome.project.unwrap_or_default().1) "/rules/backtest" } class="card" {
+                input type="hidden" name="csrf" value=(chrome.csrf);
                 label for="condition" { "Condition (JSON, as in the API)" }
                 textarea id="condition" name="condition" rows="4" cols="60" { (p.condition) }
                 label for="hours" { "Hours back" }
@@ -665,6 +667,8 @@ pub fn rules(chrome: &Chrome<'_>, p: &RulesPage<'_>) -> Markup {
                 Some(Err(e)) => p class="error" role="alert" { (e) }
                 Some(Ok(b)) => {
                     p id="backtest-result" { (b.devices.len()) " of " (b.devices_evaluated) " devices would have fired between " (b.from) " and " (b.to) }
+                    @if b.truncated { p role="alert" { "The log-line budget ran out: later lines were not read." } }
+                    @if b.devices.len() > 50 { p { "The first 50 devices are drawn." } }
                     (timeline(b))
                     ul { @for d in b.devices.iter().take(50) { li { (d.device_name) ": " (d.firings.len()) " firings" } } }
                 }
