@@ -147,6 +147,23 @@ impl Assignments {
         Ok(map)
     }
 
+    /// The id of the package device `device` of project `pid` should run now, from the cache
+    /// when it holds this generation's answer, else computed and kept; `Ok(None)` when nothing
+    /// is assigned, `NotFound` when the device does not exist. Blocking: call off the runtime's
+    /// threads on a miss.
+    pub(crate) fn package_of(&self, store: &Store, pid: u64, device: u64) -> Result<Option<u64>> {
+        let generation = self.generation(pid);
+        if let Some(p) = self.cached(device, generation) {
+            return Ok(p);
+        }
+        let d = store
+            .device(pid, device)?
+            .ok_or_else(|| crate::error::Error::not_found("Device"))?;
+        let p = self.assigned(store, &d, generation)?.map(|p| p.id);
+        self.keep(device, generation, p);
+        Ok(p)
+    }
+
     /// The package `device` should run now: the most recently activated active package that
     /// targets it and whose rollout has reached it.
     pub(crate) fn assigned(

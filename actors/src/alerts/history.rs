@@ -104,11 +104,17 @@ impl AlertsHandle {
         pid: u64,
         device: u64,
     ) -> Result<Option<crate::provenance::Provenance>> {
-        let Some(d) = self.store.device(pid, device)? else {
-            return Ok(None);
+        // The device update API's cached answer: one map read while nothing changed.
+        let package = match self.assignments.package_of(&self.store, pid, device) {
+            Ok(p) => p,
+            Err(crate::error::Error::NotFound(_)) => return Ok(None),
+            Err(e) => return Err(e),
         };
-        let generation = self.assignments.generation(pid);
-        match self.assignments.assigned(&self.store, &d, generation)? {
+        match package
+            .map(|p| self.store.deployment(pid, p))
+            .transpose()?
+            .flatten()
+        {
             Some(p) => crate::provenance::of_package(&self.store, &p).map(Some),
             None => Ok(None),
         }

@@ -91,21 +91,15 @@ impl PipelineHandle {
     /// The package `device` of project `pid` should run now, with short-lived download links
     /// and an ETag; `None` when nothing is assigned. One map read while nothing changed.
     pub async fn device_update(&self, pid: u64, device: u64) -> Result<Option<Arc<Answer>>> {
-        let generation = self.assignments.generation(pid);
-        let package = match self.assignments.cached(device, generation) {
+        // A hit is one map read on this thread; a miss is computed on the blocking pool.
+        let package = match self
+            .assignments
+            .cached(device, self.assignments.generation(pid))
+        {
             Some(p) => p,
             None => {
-                let d = self
-                    .store
-                    .device(pid, device)?
-                    .ok_or_else(|| Error::not_found("Device"))?;
                 let me = self.clone();
-                let p =
-                    crate::off_thread(move || me.assignments.assigned(&me.store, &d, generation))
-                        .await?
-                        .map(|p| p.id);
-                self.assignments.keep(device, generation, p);
-                p
+                crate::off_thread(move || me.assignments.package_of(&me.store, pid, device)).await?
             }
         };
         let Some(package) = package else {
