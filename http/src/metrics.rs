@@ -51,10 +51,15 @@ pub struct RuntimeFigures {
     pub mailbox_depths: Vec<(&'static str, usize, usize)>,
     pub log_lines_ingested: u64,
     pub webhook_deliveries_queued: u64,
+    pub webhook_deliveries_recovered: u64,
     pub notifications_sent: u64,
     pub notifications_retried: u64,
     pub notifications_failed: u64,
 }
+
+/// The plain gauges: names and values are arrays of this length, so one added to one list
+/// and not the other does not compile (a zip would drop the last one silently).
+const EDGE: usize = 19;
 
 pub struct Metrics {
     registry: Registry,
@@ -67,7 +72,7 @@ pub struct Metrics {
     log_batches_dropped: Gauge,
     evaluator_busy: Gauge<f64, std::sync::atomic::AtomicU64>,
     /// The edge's limits: open connections, and how often each limit was hit.
-    edge: [Gauge; 18],
+    edge: [Gauge; EDGE],
     mailbox_waiting: Family<ActorLabels, Gauge>,
     mailbox_deepest: Family<ActorLabels, Gauge>,
 }
@@ -146,8 +151,8 @@ impl Metrics {
             "Seconds the rule evaluators spent evaluating since start-up (writes left out)",
             evaluator_busy.clone(),
         );
-        let edge: [Gauge; 18] = Default::default();
-        for (g, (name, help)) in edge.iter().zip([
+        let edge: [Gauge; EDGE] = Default::default();
+        let names: [(&str, &str); EDGE] = [
             ("http_connections_open", "Connections being served now"),
             (
                 "http_connection_limit_waits",
@@ -206,6 +211,10 @@ impl Metrics {
                 "Accepted webhook deliveries waiting for the worker (the backlog)",
             ),
             (
+                "webhook_deliveries_recovered",
+                "Deliveries answered 202 before a crash that this start wrote again from the intake's journal",
+            ),
+            (
                 "alert_notifications_sent",
                 "Notification attempts the target accepted since start-up",
             ),
@@ -217,7 +226,8 @@ impl Metrics {
                 "alert_notifications_failed",
                 "Notifications given up on (a final refusal or out of attempts) since start-up",
             ),
-        ]) {
+        ];
+        for (g, (name, help)) in edge.iter().zip(names) {
             registry.register(name, help, g.clone());
         }
         let mailbox_waiting = Family::<ActorLabels, Gauge>::default();
@@ -274,7 +284,7 @@ impl Metrics {
                 .get_or_create(&labels)
                 .set(*deepest as i64);
         }
-        for (g, v) in self.edge.iter().zip([
+        let values: [i64; EDGE] = [
             rt.connections_open,
             rt.connection_waits as i64,
             rt.header_timeouts as i64,
@@ -290,10 +300,12 @@ impl Metrics {
             rt.per_address_refusals as i64,
             rt.log_lines_ingested as i64,
             rt.webhook_deliveries_queued as i64,
+            rt.webhook_deliveries_recovered as i64,
             rt.notifications_sent as i64,
             rt.notifications_retried as i64,
             rt.notifications_failed as i64,
-        ]) {
+        ];
+        for (g, v) in self.edge.iter().zip(values) {
             g.set(v);
         }
         let mut out = String::new();

@@ -30,7 +30,7 @@ pub enum Seq {
 }
 
 impl Seq {
-    fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Seq::User => "user",
             Seq::Org => "org",
@@ -61,6 +61,31 @@ impl Store {
     /// `n` consecutive new ids in one counter update; returns the first.
     pub fn new_ids(&self, seq: Seq, n: u64) -> Result<u64> {
         self.next_ids(seq.name(), n)
+    }
+
+    /// The last id `seq` handed out (0 before the first).
+    pub(crate) fn current_id(&self, seq: Seq) -> Result<u64> {
+        Ok(self
+            .inner
+            .seq
+            .get(seq.name().as_bytes())?
+            .and_then(|b| <[u8; 8]>::try_from(b.as_ref()).ok())
+            .map(u64::from_be_bytes)
+            .unwrap_or(0))
+    }
+
+    /// Moves `seq` to at least `at`, so the next id is above it.
+    pub(crate) fn raise_ids(&self, seq: Seq, at: u64) -> Result<()> {
+        self.inner
+            .seq
+            .update_and_fetch(seq.name().as_bytes(), |old| {
+                let cur = old
+                    .and_then(|b| <[u8; 8]>::try_from(b).ok())
+                    .map(u64::from_be_bytes)
+                    .unwrap_or(0);
+                Some(cur.max(at).to_be_bytes().to_vec())
+            })?;
+        Ok(())
     }
 
     // ---- users ----

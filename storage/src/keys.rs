@@ -223,6 +223,10 @@ pub(crate) fn delivery(seq: u64) -> Vec<u8> {
 pub(crate) fn delivery_prefix() -> Vec<u8> {
     key(&[b"wd", b""])
 }
+/// The last seq of the intake's batches sled holds (written with each batch).
+pub(crate) fn journal_applied() -> Vec<u8> {
+    key(&[b"wdj"])
+}
 pub(crate) fn queued(seq: u64) -> Vec<u8> {
     key(&[b"wdq", &be(seq)])
 }

@@ -88,6 +88,8 @@ struct Inner {
     /// Held while a batch that changes listed records works out and applies its list
     /// entries and counters, so concurrent writers never lose a count.
     list_lock: std::sync::Mutex<()>,
+    /// Deliveries this open wrote again from the intake's journal (`/metrics`).
+    recovered: std::sync::atomic::AtomicU64,
     /// Webhook payloads, outside sled.
     spool: spool::Spool,
 }
@@ -151,11 +153,17 @@ impl Store {
                 gate,
                 cache: cache::Caches::default(),
                 list_lock: std::sync::Mutex::new(()),
+                recovered: 0.into(),
                 spool,
             }),
         };
         store.ensure_lists()?;
         store.ensure_alert_expiry()?;
+        let recovered = store.recover_deliveries()?;
+        store
+            .inner
+            .recovered
+            .store(recovered as u64, std::sync::atomic::Ordering::Relaxed);
         Ok(store)
     }
 

@@ -3,6 +3,7 @@
 //! delivery's outcome is written together with its effect and a crash replays it whole or not
 //! at all.
 
+use crate::accounts::Seq;
 use crate::states::DeliveryOutcome;
 use crate::states::RunStatus;
 use crate::{
@@ -159,6 +160,19 @@ impl ScmBatch {
     }
 }
 
+/// The writes that claim a delivery's id and store it (queued for the worker when `queue`).
+fn claim_writes(w: &mut Writes, d: &Delivery, queue: bool) -> Result<()> {
+    // The id's entry carries the receipt time, so the dedup window is one read.
+    let mut entry = d.seq.to_be_bytes().to_vec();
+    entry.extend_from_slice(&d.received_at.to_be_bytes());
+    w.0.insert(keys::delivery_by_id(&d.delivery_id), entry);
+    w.put_listed(keys::delivery(d.seq), d)?;
+    if queue {
+        w.0.insert(keys::queued(d.seq), Vec::new());
+    }
+    Ok(())
+}
+
 fn pair(v: &[u8]) -> Option<(u64, u64)> {
     let a = v.get(..8).and_then(|b| <[u8; 8]>::try_from(b).ok())?;
     let b = v.get(8..16).and_then(|b| <[u8; 8]>::try_from(b).ok())?;
@@ -188,35 +202,122 @@ impl Store {
     }
 
     /// Stores deliveries whose ids the caller (the intake actor, the single writer of ids)
-    /// has checked, in one atomic batch: `(delivery, payload, queue)` each, in rising seq
-    /// order. The payloads go to the payload log first and are durable before the batch that
-    /// refers to them is written; each delivery's `payload_at` is set here.
+    /// has checked: `(delivery, payload, queue)` each, in rising seq order. Durable when it
+    /// returns: the payloads and a journal record of the deliveries go to the payload log in
+    /// one write and one `fdatasync`; then one atomic sled batch claims the ids and stores
+    /// the deliveries, without waiting for sled's flush (after a crash,
+    /// [`Store::recover_deliveries`] writes again what sled lost). Each delivery's
+    /// `payload_at` is set here.
     pub fn claim_deliveries(
         &self,
         items: &mut [(Delivery, Option<bytes::Bytes>, bool)],
     ) -> Result<()> {
+        let Some(first) = items.first().map(|(d, _, _)| d.seq) else {
+            return Ok(());
+        };
         let payloads: Vec<(u64, &[u8])> = items
             .iter()
             .filter_map(|(d, p, _)| p.as_ref().map(|p| (d.seq, p.as_ref())))
             .collect();
-        let mut at = self.inner.spool.append(&payloads)?.into_iter();
-        for (d, p, _) in items.iter_mut() {
-            if p.is_some() {
-                d.payload_at = at.next();
-            }
+        let mut journaled = Vec::new();
+        self.inner
+            .spool
+            .append_journaled(first, &payloads, |places| {
+                let mut at = places.iter().copied();
+                for (d, p, queue) in items.iter() {
+                    let mut d = d.clone();
+                    if p.is_some() {
+                        d.payload_at = at.next();
+                    }
+                    // The journal's delivery is queued exactly when the batch queues it.
+                    debug_assert_eq!(*queue, d.outcome == crate::DeliveryOutcome::Queued);
+                    journaled.push(d);
+                }
+                codec::encode(&journaled).map(Some)
+            })?;
+        for ((d, _, _), j) in items.iter_mut().zip(journaled) {
+            d.payload_at = j.payload_at;
         }
         let mut w = Writes::new();
         for (d, _, queue) in items.iter() {
-            // The id's entry carries the receipt time, so the dedup window is one read.
-            let mut entry = d.seq.to_be_bytes().to_vec();
-            entry.extend_from_slice(&d.received_at.to_be_bytes());
-            w.0.insert(keys::delivery_by_id(&d.delivery_id), entry);
-            w.put_listed(keys::delivery(d.seq), d)?;
-            if *queue {
-                w.0.insert(keys::queued(d.seq), Vec::new());
-            }
+            claim_writes(&mut w, d, *queue)?;
+        }
+        if let Some((last, _, _)) = items.last() {
+            w.put_id(keys::journal_applied(), last.seq);
         }
         self.apply(w)
+    }
+
+    /// How many deliveries this open wrote again from the intake's journal.
+    pub fn deliveries_recovered(&self) -> u64 {
+        self.inner
+            .recovered
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Writes again the deliveries the intake journaled but sled lost in a crash (answered
+    /// 202, not yet flushed), once, at open; returns how many. Their ids are claimed as
+    /// before, unless a later delivery claimed the id meanwhile (a batch whose sled write
+    /// failed was answered 503 and may have been sent again). The delivery seq counter is
+    /// moved past every seq the log holds, so no seq is handed out twice.
+    pub(crate) fn recover_deliveries(&self) -> Result<usize> {
+        let spool = &self.inner.spool;
+        let counter = self.current_id(Seq::Delivery)?;
+        let newest_segment = spool.last_segment()?.unwrap_or(0);
+        let applied = self
+            .inner
+            .records
+            .get(keys::journal_applied())?
+            .and_then(|v| <[u8; 8]>::try_from(v.as_ref()).ok())
+            .map(u64::from_be_bytes);
+        let Some(applied) = applied else {
+            // A log written before the journal (or none yet): every delivery it answered
+            // for is in sled already. Journals start in a segment of their own.
+            let from = counter.max(newest_segment);
+            spool.start_new_segment()?;
+            self.raise_ids(Seq::Delivery, from)?;
+            self.inner
+                .records
+                .insert(keys::journal_applied(), from.to_be_bytes().to_vec())?;
+            self.inner.db.flush()?;
+            return Ok(0);
+        };
+        let (journals, torn) = spool.journals_after(applied)?;
+        let mut highest = counter.max(newest_segment).max(applied);
+        let mut w = Writes::new();
+        let mut replayed = 0;
+        let mut last = applied;
+        for j in journals {
+            for d in codec::decode::<Vec<Delivery>>(&j)? {
+                highest = highest.max(d.seq);
+                if d.seq <= applied {
+                    continue;
+                }
+                last = last.max(d.seq);
+                if self.inner.records.contains_key(keys::delivery(d.seq))?
+                    || self.id_entry(&d.delivery_id)?.is_some()
+                {
+                    continue;
+                }
+                let queue = d.outcome == crate::DeliveryOutcome::Queued;
+                claim_writes(&mut w, &d, queue)?;
+                replayed += 1;
+            }
+        }
+        if torn {
+            spool.start_new_segment()?;
+        }
+        w.put_id(keys::journal_applied(), last);
+        self.apply(w)?;
+        self.raise_ids(Seq::Delivery, highest)?;
+        self.inner.db.flush()?;
+        if replayed > 0 {
+            tracing::info!(
+                deliveries = replayed,
+                "webhook deliveries recovered from the intake's journal"
+            );
+        }
+        Ok(replayed)
     }
 
     /// Whether the id was claimed by a delivery received at or after `since` (the dedup
@@ -651,5 +752,100 @@ mod tests {
             "a missing segment is damage"
         );
         assert_eq!(store.payload(&stored[2]).unwrap().unwrap(), b"abc");
+    }
+
+    /// A batch the intake journaled and answered for, which sled lost in a crash, is written
+    /// again at open: claimed, queued, its payload readable, its seq never handed out again.
+    /// An id claimed meanwhile by another delivery is not claimed twice, and a torn tail sends
+    /// the next batch to a new segment, where the next open still finds its journal.
+    #[test]
+    fn journaled_batches_sled_lost_are_recovered_at_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let first = store.new_ids(Seq::Delivery, 1).unwrap();
+        let mut item = [(
+            delivery(first, 100),
+            Some(bytes::Bytes::from_static(b"one")),
+            true,
+        )];
+        store.claim_deliveries(&mut item).unwrap();
+
+        // The crash: seqs 2-4 reach the journal (2 with a payload, 3 ignored, 4 a repeat
+        // of seq 1's id), never sled.
+        let seqs = store.new_ids(Seq::Delivery, 3).unwrap();
+        let mut lost = vec![
+            delivery(seqs, 200),
+            Delivery::received(seqs + 1, "star-id".into(), "star".into(), 200, false, 0),
+            delivery(seqs + 2, 200),
+        ];
+        lost[2].delivery_id = item[0].0.delivery_id.clone();
+        store
+            .inner
+            .spool
+            .append_journaled(seqs, &[(seqs, b"two")], |at| {
+                lost[0].payload_at = at.first().copied();
+                codec::encode(&lost).map(Some)
+            })
+            .unwrap();
+        // A counter rolled back with sled's lost tail.
+        store
+            .inner
+            .seq
+            .insert(Seq::Delivery.name().as_bytes(), &first.to_be_bytes()[..])
+            .unwrap();
+        store.flush_blocking().unwrap();
+        drop(store);
+
+        let store = Store::reopen(dir.path());
+        let two = store.delivery(seqs).unwrap().expect("recovered");
+        assert_eq!(two.outcome, DeliveryOutcome::Queued);
+        assert_eq!(store.payload(&two).unwrap().unwrap(), b"two");
+        assert_eq!(store.queued_after(0, 10).unwrap(), vec![first, seqs]);
+        assert!(store.is_claimed(&two.delivery_id, 0).unwrap());
+        let star = store.delivery_by_id("star-id").unwrap().expect("recovered");
+        assert_eq!(star.outcome, DeliveryOutcome::Ignored);
+        assert!(
+            store.delivery(seqs + 2).unwrap().is_none(),
+            "an id already claimed is not claimed again"
+        );
+        assert_eq!(
+            store
+                .delivery_by_id(&item[0].0.delivery_id)
+                .unwrap()
+                .unwrap()
+                .seq,
+            first
+        );
+        assert!(store.new_ids(Seq::Delivery, 1).unwrap() > seqs + 2);
+
+        // A torn tail: the next batch goes to a new segment, and its journal is found.
+        let seg = dir.path().join("webhook-payloads");
+        let last = std::fs::read_dir(&seg).unwrap().count();
+        let path = std::fs::read_dir(&seg)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .max()
+            .unwrap();
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap();
+        std::io::Write::write_all(&mut f, &[0xff; 5]).unwrap();
+        drop(f);
+        drop(store);
+        let store = Store::reopen(dir.path());
+        let next = store.new_ids(Seq::Delivery, 1).unwrap();
+        store
+            .inner
+            .spool
+            .append_journaled(next, &[], |_| {
+                codec::encode(&vec![delivery(next, 300)]).map(Some)
+            })
+            .unwrap();
+        assert_eq!(std::fs::read_dir(&seg).unwrap().count(), last + 1);
+        store.flush_blocking().unwrap();
+        drop(store);
+        let store = Store::reopen(dir.path());
+        assert!(store.delivery(next).unwrap().is_some());
     }
 }

@@ -10,6 +10,14 @@
 //! seqs below the next segment's name, and the housekeeper deletes a whole segment once the
 //! oldest delivery still in the log is past it. Each record is `len: u32 LE`, `crc32: u32 LE`,
 //! then the bytes; the delivery keeps `(segment, offset)` and the length.
+//!
+//! The log is also the intake's write-ahead journal: each batch's payloads are followed, in
+//! the same write and under the same `fdatasync`, by one journal record (its length carries
+//! [`JOURNAL`]) holding the batch's deliveries. The intake answers 202 once that is on disk,
+//! before sled has flushed the deliveries; on open, the store reads the journal records past
+//! the last batch sled holds and writes them again (`Store::recover_deliveries`). A segment
+//! is only ever appended to after whole records: when the last one ends in a torn record, the
+//! next batch starts a new segment, so a journal record never follows garbage.
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
@@ -22,6 +30,10 @@ use crate::{Result, StorageError};
 /// A segment is closed once it reaches this size.
 const SEGMENT_BYTES: u64 = 64 * 1024 * 1024;
 const HEADER: usize = 8;
+/// Set in a record's length when the record is a batch's journal, not a payload: a payload
+/// read (which checks the length it expects) can never return one, and a scan tells them
+/// apart without reading payloads. Payloads are far below 2 GiB (the body limit).
+const JOURNAL: u32 = 1 << 31;
 
 /// Where a payload is: its segment (named by the segment's first seq) and byte offset.
 pub type PayloadAt = (u64, u64);
@@ -73,10 +85,27 @@ impl Spool {
     /// Appends `(seq, payload)` pairs, in rising seq order, and makes them durable; returns
     /// where each one is. On failure nothing written here is referenced, and the segment is
     /// cut back to where it was.
+    #[cfg(test)]
     pub(crate) fn append(&self, items: &[(u64, &[u8])]) -> Result<Vec<PayloadAt>> {
         let Some(&(first_seq, _)) = items.first() else {
             return Ok(Vec::new());
         };
+        self.append_journaled(first_seq, items, |_| Ok(None))
+    }
+
+    /// As `append`, followed in the same write and `fdatasync` by the journal record
+    /// `journal` makes from the payloads' places (none when it returns `None`). `first_seq`
+    /// is the batch's lowest seq (it names a new segment); a batch may carry a journal and no
+    /// payloads.
+    pub(crate) fn append_journaled(
+        &self,
+        first_seq: u64,
+        items: &[(u64, &[u8])],
+        journal: impl FnOnce(&[PayloadAt]) -> Result<Option<Vec<u8>>>,
+    ) -> Result<Vec<PayloadAt>> {
+        if items.is_empty() && first_seq == 0 {
+            return Ok(Vec::new());
+        }
         let mut guard = self.writer.lock().map_err(|_| poisoned())?;
         // A segment is named by the lowest seq it may hold, so a new one is started only for a
         // seq above the open one's name (after a crash lost a batch, the seq counter may
@@ -103,11 +132,27 @@ impl Spool {
             });
         }
         let w = guard.as_mut().ok_or_else(poisoned)?;
+        // Where each payload will be, known before writing: the journal names them.
         let mut out = Vec::with_capacity(items.len());
-        let written = write_records(&mut w.file, w.len, w.segment, items, &mut out)
+        let mut at = w.len;
+        for (_, p) in items {
+            out.push((w.segment, at));
+            at += (HEADER + p.len()) as u64;
+        }
+        let journal = journal(&out)?;
+        if journal
+            .as_ref()
+            .is_some_and(|j| u32::try_from(j.len()).map_or(true, |l| l & JOURNAL != 0))
+        {
+            return Err(StorageError::Config(
+                "a webhook batch's journal over 2 GiB".into(),
+            ));
+        }
+        let written = write_records(&mut w.file, w.len, items, journal.as_deref())
             .and_then(|end| w.file.sync_data().map(|()| end));
         match written {
             Ok(end) => {
+                debug_assert!(journal.is_some() || end == at);
                 w.len = end;
                 Ok(out)
             }
@@ -199,29 +244,106 @@ impl Spool {
         }
         Ok(removed)
     }
+
+    /// The newest segment's name, if any.
+    pub(crate) fn last_segment(&self) -> Result<Option<u64>> {
+        Ok(segments(&self.dir)?.last().copied())
+    }
+
+    /// The next batch starts a new segment (after a torn tail, or on the first open of a
+    /// log written before the journal: never append a journal after bytes no scan can cross).
+    pub(crate) fn start_new_segment(&self) -> Result<()> {
+        *self.writer.lock().map_err(|_| poisoned())? = None;
+        Ok(())
+    }
+
+    /// The journal records of every segment that may hold a seq above `after`, oldest first,
+    /// and whether the newest segment ends in a torn record. A segment's scan stops at its
+    /// first record that runs past the file's end or, for a journal, fails its checksum
+    /// (payloads are stepped over by their length, not read).
+    pub(crate) fn journals_after(&self, after: u64) -> Result<(Vec<Vec<u8>>, bool)> {
+        let all = segments(&self.dir)?;
+        let first = all
+            .iter()
+            .rposition(|&s| s <= after.saturating_add(1))
+            .unwrap_or(0);
+        let mut out = Vec::new();
+        let mut torn = false;
+        for (i, &segment) in all.iter().enumerate().skip(first) {
+            let file = File::open(self.dir.join(name(segment)))?;
+            let size = file.metadata()?.len();
+            let mut offset = 0u64;
+            let whole = loop {
+                if offset == size {
+                    break true;
+                }
+                if offset + HEADER as u64 > size {
+                    break false;
+                }
+                let mut head = [0u8; HEADER];
+                file.read_exact_at(&mut head, offset)?;
+                let [a, b, c, d, e, f, g, h] = head;
+                let raw = u32::from_le_bytes([a, b, c, d]);
+                let crc = u32::from_le_bytes([e, f, g, h]);
+                let len = u64::from(raw & !JOURNAL);
+                let end = offset + HEADER as u64 + len;
+                if end > size {
+                    break false;
+                }
+                if raw & JOURNAL != 0 {
+                    // At most the file's own bytes (checked above).
+                    let mut body = vec![0u8; len as usize];
+                    file.read_exact_at(&mut body, offset + HEADER as u64)?;
+                    if crc32fast::hash(&body) != crc {
+                        break false;
+                    }
+                    out.push(body);
+                }
+                offset = end;
+            };
+            if !whole {
+                if i + 1 == all.len() {
+                    torn = true;
+                } else {
+                    tracing::warn!(
+                        segment = %name(segment),
+                        offset,
+                        "the payload log ends early in a closed segment (a crash cut a write)"
+                    );
+                }
+            }
+        }
+        Ok((out, torn))
+    }
 }
 
 /// Small records are gathered into one write of up to this many bytes; a larger payload is
 /// written from the caller's buffer, so a batch never holds a second copy of its bodies.
 const GATHER_BYTES: usize = 1024 * 1024;
 
-/// Appends `items` at `start` (the segment's current end), filling `out` with each one's
-/// place; returns the new end.
+/// Appends `items` at `start` (the segment's current end), then the journal record if any;
+/// returns the new end.
 fn write_records(
     file: &mut File,
     start: u64,
-    segment: u64,
     items: &[(u64, &[u8])],
-    out: &mut Vec<PayloadAt>,
+    journal: Option<&[u8]>,
 ) -> std::io::Result<u64> {
     let mut end = start;
-    let mut buf =
-        Vec::with_capacity(GATHER_BYTES.min(items.iter().map(|(_, p)| HEADER + p.len()).sum()));
-    for (_, p) in items {
+    let mut buf = Vec::with_capacity(GATHER_BYTES.min(
+        items.iter().map(|(_, p)| HEADER + p.len()).sum::<usize>()
+            + journal.map_or(0, |j| HEADER + j.len()),
+    ));
+    let records = items
+        .iter()
+        .map(|(_, p)| (*p, 0u32))
+        .chain(journal.map(|j| (j, JOURNAL)));
+    for (p, flag) in records {
         let len = u32::try_from(p.len())
-            .map_err(|_| std::io::Error::other("a webhook payload over 4 GiB"))?;
-        out.push((segment, end + buf.len() as u64));
-        buf.extend_from_slice(&len.to_le_bytes());
+            .ok()
+            .filter(|l| l & JOURNAL == 0)
+            .ok_or_else(|| std::io::Error::other("a webhook payload over 2 GiB"))?;
+        buf.extend_from_slice(&(len | flag).to_le_bytes());
         buf.extend_from_slice(&crc32fast::hash(p).to_le_bytes());
         if p.len() >= GATHER_BYTES {
             file.write_all(&buf)?;

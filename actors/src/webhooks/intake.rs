@@ -1,8 +1,8 @@
 //! IntakeActor: the single writer of delivery ids. It claims an id and stores the delivery
 //! (and, for subscribed events, its payload and a place in the worker's queue) in one atomic
-//! write, so concurrent deliveries of one id are accepted exactly once; each batch ends with
-//! a flush, and only then are callers answered 202. It also owns the webhook secret's
-//! rotation.
+//! write, so concurrent deliveries of one id are accepted exactly once; callers are answered
+//! 202 once their batch is in the payload log's journal (one `fdatasync`), which the store
+//! replays after a crash. It also owns the webhook secret's rotation.
 
 use std::collections::HashSet;
 
@@ -211,17 +211,17 @@ impl Actor for IntakeActor {
 const MAX_BATCH: usize = 512;
 
 impl IntakeState {
-    /// Writes the batch atomically (ids claimed, deliveries, payloads, queue entries) and
-    /// flushes it, queues the subscribed ones for the worker and answers every caller: an
-    /// answer means durable. When the write fails nothing is claimed and every caller gets
-    /// 503. When only the flush fails, the deliveries are claimed and worked, but callers get
-    /// 503 (their durability is unknown; a redelivery is then a duplicate); a failing flush
-    /// means a failing disk.
+    /// Writes the batch (ids claimed, deliveries, payloads, queue entries) and answers every
+    /// caller: an answer means durable. The store makes the batch durable in the payload
+    /// log (payloads and a journal of the deliveries, one `fdatasync`) and then applies it to
+    /// sled without waiting for sled's flush: after a crash the store replays the journal
+    /// (`Store::recover_deliveries`). When the write fails every caller gets 503; if only
+    /// sled's part failed, the journaled batch is replayed at the next start unless its ids
+    /// were claimed again meanwhile (a 503 means its durability is unknown).
     ///
     /// The write runs on a blocking thread, so the runtime's threads keep serving requests;
     /// meanwhile the mailbox fills with the next batch (the actor handles one message at a
-    /// time, so no id can be claimed twice across batches). Flushing here rather than through
-    /// the shared group-commit thread saves a thread hand-off per batch (README, Performance).
+    /// time, so no id can be claimed twice across batches).
     async fn flush(&mut self) {
         // A caller that gave up (its deadline passed: it answered 503, or it hung up) claims
         // nothing; the others are taken on here, so from now on their callers wait for the
@@ -288,26 +288,17 @@ impl IntakeState {
         }
         let written = tokio::task::spawn_blocking(move || {
             store.claim_deliveries(&mut items)?;
-            let flushed = store.flush_blocking();
-            Ok((items, flushed))
+            Ok(items)
         })
         .await
         .unwrap_or_else(|e| Err(StorageError::Io(std::io::Error::other(e.to_string()))));
         match written {
-            Ok((items, flushed)) => {
-                // Stored (claimed, visible): the worker gets them whether or not the flush
-                // worked, so a claimed delivery is never left unworked until a restart.
-                let flushed = flushed.map_err(|e| unavailable(&e));
+            Ok(items) => {
                 if batch.iter().any(|p| p.subscribed) {
                     self.queue.stored();
                 }
                 for (p, (d, _, _)) in batch.into_iter().zip(items) {
-                    let _ = p.reply.send(match &flushed {
-                        Ok(()) => Ok(p.subscribed.then_some(d.seq)),
-                        Err(_) => Err(Error::Unavailable {
-                            retry_after_secs: 1,
-                        }),
-                    });
+                    let _ = p.reply.send(Ok(p.subscribed.then_some(d.seq)));
                 }
             }
             Err(e) => {

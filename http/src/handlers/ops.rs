@@ -106,6 +106,7 @@ pub fn metrics(cx: &Cx<'_>, req: &Req) -> ApiResult<Response<Body>> {
         mailbox_depths: cx.rt().mailbox_depths(),
         log_lines_ingested: n(&cx.rt().counters.log_lines),
         webhook_deliveries_queued: cx.rt().store.deliveries_queued().unwrap_or(0),
+        webhook_deliveries_recovered: cx.rt().store.deliveries_recovered(),
         notifications_sent: n(&cx.rt().counters.notifications_sent),
         notifications_retried: n(&cx.rt().counters.notifications_retried),
         notifications_failed: n(&cx.rt().counters.notifications_failed),
