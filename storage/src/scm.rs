@@ -160,6 +160,20 @@ impl ScmBatch {
     }
 }
 
+/// A batch's journal record: its last seq (so an applied batch is skipped unread), then
+/// its deliveries as stored.
+fn journal_record(last: u64, deliveries: &[Delivery]) -> Result<Vec<u8>> {
+    let mut j = last.to_be_bytes().to_vec();
+    j.extend_from_slice(&codec::encode(&deliveries)?);
+    Ok(j)
+}
+
+fn bad_journal(applied: u64) -> crate::StorageError {
+    crate::StorageError::Corrupt(format!(
+        "a journal record in the payload log past seq {applied} is shorter than its header"
+    ))
+}
+
 /// The writes that claim a delivery's id and store it (queued for the worker when `queue`).
 fn claim_writes(w: &mut Writes, d: &Delivery, queue: bool) -> Result<()> {
     // The id's entry carries the receipt time, so the dedup window is one read.
@@ -220,7 +234,9 @@ impl Store {
             .filter_map(|(d, p, _)| p.as_ref().map(|p| (d.seq, p.as_ref())))
             .collect();
         let mut journaled = Vec::new();
-        self.inner
+        let last = items.last().map_or(first, |(d, _, _)| d.seq);
+        let (_, mark) = self
+            .inner
             .spool
             .append_journaled(first, &payloads, |places| {
                 let mut at = places.iter().copied();
@@ -233,7 +249,7 @@ impl Store {
                     debug_assert_eq!(*queue, d.outcome == crate::DeliveryOutcome::Queued);
                     journaled.push(d);
                 }
-                codec::encode(&journaled).map(Some)
+                journal_record(last, &journaled).map(Some)
             })?;
         for ((d, _, _), j) in items.iter_mut().zip(journaled) {
             d.payload_at = j.payload_at;
@@ -242,10 +258,15 @@ impl Store {
         for (d, _, queue) in items.iter() {
             claim_writes(&mut w, d, *queue)?;
         }
-        if let Some((last, _, _)) = items.last() {
-            w.put_id(keys::journal_applied(), last.seq);
+        w.put_id(keys::journal_applied(), last);
+        if let Err(e) = self.apply(w) {
+            // Answered 503 (not taken): the journal must not bring the batch back.
+            if let Err(cut) = self.inner.spool.cut_back(mark) {
+                tracing::error!(error = %cut, "a batch answered 503 stays in the payload log's journal and comes back at the next start");
+            }
+            return Err(e);
         }
-        self.apply(w)
+        Ok(())
     }
 
     /// How many deliveries this open wrote again from the intake's journal.
@@ -284,25 +305,53 @@ impl Store {
         };
         let (journals, torn) = spool.journals_after(applied)?;
         let mut highest = counter.max(newest_segment).max(applied);
+        let mut lost = Vec::new();
+        for j in journals {
+            let (last, body) = j.split_at_checked(8).ok_or_else(|| bad_journal(applied))?;
+            let last = <[u8; 8]>::try_from(last)
+                .map(u64::from_be_bytes)
+                .map_err(|_| bad_journal(applied))?;
+            highest = highest.max(last);
+            // Applied batches are skipped unread, so a record of an older format does not
+            // stop the start once sled holds it.
+            if last <= applied {
+                continue;
+            }
+            let batch: Vec<Delivery> = codec::decode(body).map_err(|e| {
+                crate::StorageError::Corrupt(format!(
+                    "a webhook batch in the payload log's journal (seqs up to {last}) cannot be read: {e}"
+                ))
+            })?;
+            for d in batch {
+                highest = highest.max(d.seq);
+                if d.seq > applied && !self.inner.records.contains_key(keys::delivery(d.seq))? {
+                    lost.push(d);
+                }
+            }
+        }
+        // Of two lost deliveries of one id (the first answered 503, its journal not cut), the
+        // later is the delivery; an id claimed in sled by a later seq stays with it. An id
+        // claimed by an earlier seq (past its dedup window) is claimed again, as the intake did.
+        let mut newest: std::collections::HashMap<String, u64> = std::collections::HashMap::new();
+        for d in &lost {
+            let e = newest.entry(d.delivery_id.clone()).or_default();
+            *e = (*e).max(d.seq);
+        }
         let mut w = Writes::new();
         let mut replayed = 0;
         let mut last = applied;
-        for j in journals {
-            for d in codec::decode::<Vec<Delivery>>(&j)? {
-                highest = highest.max(d.seq);
-                if d.seq <= applied {
-                    continue;
-                }
-                last = last.max(d.seq);
-                if self.inner.records.contains_key(keys::delivery(d.seq))?
-                    || self.id_entry(&d.delivery_id)?.is_some()
-                {
-                    continue;
-                }
-                let queue = d.outcome == crate::DeliveryOutcome::Queued;
-                claim_writes(&mut w, &d, queue)?;
-                replayed += 1;
+        for d in lost {
+            last = last.max(d.seq);
+            if newest.get(&d.delivery_id).is_some_and(|&n| n > d.seq)
+                || self
+                    .id_entry(&d.delivery_id)?
+                    .is_some_and(|(seq, _)| seq > d.seq)
+            {
+                continue;
             }
+            let queue = d.outcome == crate::DeliveryOutcome::Queued;
+            claim_writes(&mut w, &d, queue)?;
+            replayed += 1;
         }
         if torn {
             spool.start_new_segment()?;
@@ -756,8 +805,9 @@ mod tests {
 
     /// A batch the intake journaled and answered for, which sled lost in a crash, is written
     /// again at open: claimed, queued, its payload readable, its seq never handed out again.
-    /// An id claimed meanwhile by another delivery is not claimed twice, and a torn tail sends
-    /// the next batch to a new segment, where the next open still finds its journal.
+    /// An id claimed before by an earlier delivery (past its window) is claimed again; of two
+    /// lost deliveries of one id the later is kept; a torn tail sends the next batch to a new
+    /// segment, where the next open still finds its journal.
     #[test]
     fn journaled_batches_sled_lost_are_recovered_at_open() {
         let dir = tempfile::tempdir().unwrap();
@@ -770,21 +820,24 @@ mod tests {
         )];
         store.claim_deliveries(&mut item).unwrap();
 
-        // The crash: seqs 2-4 reach the journal (2 with a payload, 3 ignored, 4 a repeat
-        // of seq 1's id), never sled.
-        let seqs = store.new_ids(Seq::Delivery, 3).unwrap();
+        // The crash: seqs s..s+4 reach the journal, never sled: s with a payload, s+1 an
+        // ignored event, s+2 seq 1's id again, s+3 and s+4 one id twice.
+        let s = store.new_ids(Seq::Delivery, 5).unwrap();
         let mut lost = vec![
-            delivery(seqs, 200),
-            Delivery::received(seqs + 1, "star-id".into(), "star".into(), 200, false, 0),
-            delivery(seqs + 2, 200),
+            delivery(s, 200),
+            Delivery::received(s + 1, "star-id".into(), "star".into(), 200, false, 0),
+            delivery(s + 2, 200),
+            delivery(s + 3, 200),
+            delivery(s + 4, 200),
         ];
         lost[2].delivery_id = item[0].0.delivery_id.clone();
+        lost[4].delivery_id = lost[3].delivery_id.clone();
         store
             .inner
             .spool
-            .append_journaled(seqs, &[(seqs, b"two")], |at| {
+            .append_journaled(s, &[(s, b"two")], |at| {
                 lost[0].payload_at = at.first().copied();
-                codec::encode(&lost).map(Some)
+                journal_record(s + 4, &lost).map(Some)
             })
             .unwrap();
         // A counter rolled back with sled's lost tail.
@@ -797,30 +850,43 @@ mod tests {
         drop(store);
 
         let store = Store::reopen(dir.path());
-        let two = store.delivery(seqs).unwrap().expect("recovered");
+        assert_eq!(store.deliveries_recovered(), 4);
+        let two = store.delivery(s).unwrap().expect("recovered");
         assert_eq!(two.outcome, DeliveryOutcome::Queued);
         assert_eq!(store.payload(&two).unwrap().unwrap(), b"two");
-        assert_eq!(store.queued_after(0, 10).unwrap(), vec![first, seqs]);
         assert!(store.is_claimed(&two.delivery_id, 0).unwrap());
         let star = store.delivery_by_id("star-id").unwrap().expect("recovered");
         assert_eq!(star.outcome, DeliveryOutcome::Ignored);
-        assert!(
-            store.delivery(seqs + 2).unwrap().is_none(),
-            "an id already claimed is not claimed again"
-        );
         assert_eq!(
             store
                 .delivery_by_id(&item[0].0.delivery_id)
                 .unwrap()
                 .unwrap()
                 .seq,
-            first
+            s + 2,
+            "claimed again, as the intake did"
         );
-        assert!(store.new_ids(Seq::Delivery, 1).unwrap() > seqs + 2);
+        assert!(
+            store.delivery(s + 3).unwrap().is_none(),
+            "the later one is kept"
+        );
+        assert_eq!(
+            store
+                .delivery_by_id(&lost[3].delivery_id)
+                .unwrap()
+                .unwrap()
+                .seq,
+            s + 4
+        );
+        assert_eq!(
+            store.queued_after(0, 10).unwrap(),
+            vec![first, s, s + 2, s + 4]
+        );
+        assert!(store.new_ids(Seq::Delivery, 1).unwrap() > s + 4);
 
         // A torn tail: the next batch goes to a new segment, and its journal is found.
         let seg = dir.path().join("webhook-payloads");
-        let last = std::fs::read_dir(&seg).unwrap().count();
+        let count = std::fs::read_dir(&seg).unwrap().count();
         let path = std::fs::read_dir(&seg)
             .unwrap()
             .map(|e| e.unwrap().path())
@@ -839,13 +905,56 @@ mod tests {
             .inner
             .spool
             .append_journaled(next, &[], |_| {
-                codec::encode(&vec![delivery(next, 300)]).map(Some)
+                journal_record(next, &[delivery(next, 300)]).map(Some)
             })
             .unwrap();
-        assert_eq!(std::fs::read_dir(&seg).unwrap().count(), last + 1);
+        assert_eq!(std::fs::read_dir(&seg).unwrap().count(), count + 1);
         store.flush_blocking().unwrap();
         drop(store);
         let store = Store::reopen(dir.path());
         assert!(store.delivery(next).unwrap().is_some());
+    }
+
+    /// The journal `claim_deliveries` writes brings back what it stored: here sled's copy is
+    /// taken away (worked, then expired) and the watermark moved back, as a crash before
+    /// sled's flush would leave it.
+    #[test]
+    fn the_intakes_own_journal_restores_its_deliveries() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let seq = store.new_ids(Seq::Delivery, 2).unwrap();
+        let mut items = [
+            (
+                delivery(seq, 1),
+                Some(bytes::Bytes::from_static(b"abc")),
+                true,
+            ),
+            (
+                Delivery::received(seq + 1, "ignored-id".into(), "star".into(), 1, false, 0),
+                None,
+                false,
+            ),
+        ];
+        store.claim_deliveries(&mut items).unwrap();
+        let stored = items[0].0.clone();
+        process_and_expire(&store, &stored);
+        assert!(store.delivery(seq).unwrap().is_none());
+        assert!(store.delivery(seq + 1).unwrap().is_none());
+        store
+            .inner
+            .records
+            .insert(keys::journal_applied(), (seq - 1).to_be_bytes().to_vec())
+            .unwrap();
+        store.flush_blocking().unwrap();
+        drop(store);
+
+        let store = Store::reopen(dir.path());
+        assert_eq!(store.deliveries_recovered(), 2);
+        let d = store.delivery(seq).unwrap().expect("restored");
+        assert_eq!(d.outcome, DeliveryOutcome::Queued);
+        assert_eq!(d.payload_at, stored.payload_at);
+        assert_eq!(store.payload(&d).unwrap().unwrap(), b"abc");
+        assert!(store.delivery_by_id("ignored-id").unwrap().is_some());
+        assert_eq!(store.verify_lists().unwrap(), Vec::<String>::new());
     }
 }

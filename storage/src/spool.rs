@@ -47,6 +47,14 @@ pub(crate) struct Spool {
     reader: Mutex<Option<(u64, Arc<File>)>>,
 }
 
+/// Where a batch was written: its segment and the byte range it took.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Mark {
+    segment: u64,
+    start: u64,
+    end: u64,
+}
+
 struct Writer {
     segment: u64,
     file: File,
@@ -90,7 +98,7 @@ impl Spool {
         let Some(&(first_seq, _)) = items.first() else {
             return Ok(Vec::new());
         };
-        self.append_journaled(first_seq, items, |_| Ok(None))
+        Ok(self.append_journaled(first_seq, items, |_| Ok(None))?.0)
     }
 
     /// As `append`, followed in the same write and `fdatasync` by the journal record
@@ -102,10 +110,7 @@ impl Spool {
         first_seq: u64,
         items: &[(u64, &[u8])],
         journal: impl FnOnce(&[PayloadAt]) -> Result<Option<Vec<u8>>>,
-    ) -> Result<Vec<PayloadAt>> {
-        if items.is_empty() && first_seq == 0 {
-            return Ok(Vec::new());
-        }
+    ) -> Result<(Vec<PayloadAt>, Mark)> {
         let mut guard = self.writer.lock().map_err(|_| poisoned())?;
         // A segment is named by the lowest seq it may hold, so a new one is started only for a
         // seq above the open one's name (after a crash lost a batch, the seq counter may
@@ -153,23 +158,49 @@ impl Spool {
         match written {
             Ok(end) => {
                 debug_assert!(journal.is_some() || end == at);
+                let mark = Mark {
+                    segment: w.segment,
+                    start: w.len,
+                    end,
+                };
                 w.len = end;
-                Ok(out)
+                Ok((out, mark))
             }
             Err(e) => {
-                // Cut back; if even that fails, the file's end is unknown, so the next batch
-                // reopens the segment and takes its length from the file.
+                // Cut back; if even that fails, the file may end in a torn record, so the
+                // next batch starts a new segment (a journal never follows bytes a scan
+                // cannot cross).
                 if w.file.set_len(w.len).is_err() {
-                    let segment = w.segment;
-                    *guard = OpenOptions::new()
-                        .append(true)
-                        .open(self.dir.join(name(segment)))
-                        .and_then(|file| {
-                            let len = file.metadata()?.len();
-                            Ok(Writer { segment, file, len })
-                        })
-                        .ok();
+                    *guard = None;
                 }
+                Err(e.into())
+            }
+        }
+    }
+
+    /// Takes back the batch `mark` names, which must be the last one written (the caller
+    /// could not store what it describes, and answered that it was not taken): its journal
+    /// must not bring it back at the next start. If the cut fails, the next batch starts a
+    /// new segment and the error says the batch may come back.
+    pub(crate) fn cut_back(&self, mark: Mark) -> Result<()> {
+        let mut guard = self.writer.lock().map_err(|_| poisoned())?;
+        let Some(w) = guard.as_mut() else {
+            return Err(StorageError::Config(
+                "the payload log's batch to cut is gone".into(),
+            ));
+        };
+        if w.segment != mark.segment || w.len != mark.end {
+            return Err(StorageError::Config(
+                "the payload log moved past the batch to cut".into(),
+            ));
+        }
+        match w.file.set_len(mark.start).and_then(|()| w.file.sync_data()) {
+            Ok(()) => {
+                w.len = mark.start;
+                Ok(())
+            }
+            Err(e) => {
+                *guard = None;
                 Err(e.into())
             }
         }

@@ -1276,3 +1276,65 @@ async fn deliveries_queued_together_are_worked_in_batches_in_order() {
     }
     assert_eq!(runs(&s, "page_size=1").await["total"], 75);
 }
+
+/// A dispatch that fails in the middle of a batch (as on a failing write) leaves that delivery
+/// queued; it and everything after it are worked again one at a time, in order: every
+/// delivery is dispatched once, into one run each, and the runs are made in arrival order.
+#[tokio::test]
+async fn a_dispatch_failing_mid_batch_is_retried_in_order_without_duplicates() {
+    let s = start_with(|c| {
+        c.scm.webhook_secret = SECRET.into();
+        c.supervision.call_timeout_ms = 30_000;
+    })
+    .await;
+    link(&s, REPO).await;
+    let d = run(&s, "installation", &payload("installation.created")).await;
+    assert_eq!(d["outcome"], "processed", "{d}");
+    let rt = s.running.as_ref().unwrap().runtime.clone();
+    // The intake's write is held so the twenty pull requests reach the worker as one batch;
+    // the fifth of them fails in the dispatcher.
+    let hold = rt.webhooks.inject_write_hold();
+    let failed = rt.webhooks.inject_dispatch_failure(5);
+    let mut ids = Vec::new();
+    let mut tasks = Vec::new();
+    for n in 1..=20u64 {
+        let id = uuid::Uuid::new_v4().to_string();
+        ids.push(id.clone());
+        let bytes = serde_json::to_vec(&pr("opened", n, &format!("{n:040}"), false)).unwrap();
+        let sig = sign(SECRET, &bytes);
+        let (http, url) = (s.http.clone(), s.url(&format!("{SCM}/webhooks")));
+        tasks.push(tokio::spawn(async move {
+            http.post(url)
+                .header("X-Host-Event", "pull_request")
+                .header("X-Host-Delivery", id)
+                .header("X-Hub-Signature-256", sig)
+                .body(bytes)
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }));
+        let sent = n as usize;
+        assert!(eventually(10, || async { rt.webhooks.intake_waiting() == sent }).await);
+    }
+    hold.notify_one();
+    for t in tasks {
+        assert_eq!(t.await.unwrap(), 202);
+    }
+    let mut run_ids = Vec::new();
+    for id in &ids {
+        let d = settled(&s, id).await;
+        assert_eq!(d["outcome"], "dispatched", "{d}");
+        run_ids.push(d["test_run_id"].as_u64().expect("a run"));
+    }
+    let mut sorted = run_ids.clone();
+    sorted.sort_unstable();
+    sorted.dedup();
+    assert_eq!(run_ids, sorted, "one run each, made in arrival order");
+    assert_eq!(runs(&s, "page_size=1").await["total"], 20);
+    assert!(
+        failed.load(std::sync::atomic::Ordering::SeqCst),
+        "the injected failure happened"
+    );
+}

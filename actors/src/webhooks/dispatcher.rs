@@ -77,6 +77,10 @@ pub(crate) enum DispatcherMsg {
     /// Fault injection: the dispatcher panics in its handler (supervision tests).
     #[cfg(feature = "fault-injection")]
     Panic,
+    /// Fault injection: the `n`th delivery dispatched from now on (counting from 1) fails
+    /// once, as on a failing write, leaving it queued.
+    #[cfg(feature = "fault-injection")]
+    FailDispatch(u32, Arc<std::sync::atomic::AtomicBool>),
 }
 
 pub(crate) struct DispatcherActor;
@@ -85,6 +89,9 @@ pub(crate) struct DispatcherState {
     store: Store,
     lease_ms: i64,
     clock: crate::clock::Clock,
+    /// Dispatches left before the injected failure, and the flag it sets (tests).
+    #[cfg(feature = "fault-injection")]
+    fail_in: Option<(u32, Arc<std::sync::atomic::AtomicBool>)>,
 }
 
 impl Actor for DispatcherActor {
@@ -104,6 +111,8 @@ impl Actor for DispatcherActor {
             store,
             lease_ms: lease_seconds.max(1) * 1000,
             clock,
+            #[cfg(feature = "fault-injection")]
+            fail_in: None,
         })
     }
 
@@ -120,15 +129,17 @@ impl Actor for DispatcherActor {
         match msg {
             #[cfg(feature = "fault-injection")]
             DispatcherMsg::Panic => panic!("injected fault in the dispatcher"),
+            #[cfg(feature = "fault-injection")]
+            DispatcherMsg::FailDispatch(n, fired) => st.fail_in = Some((n.max(1), fired)),
             DispatcherMsg::Dispatch { work, reply } => {
-                let _ = reply.send(st.dispatch(&work));
+                let _ = reply.send(st.dispatch_one(&work));
             }
             DispatcherMsg::DispatchBatch { works, reply } => {
                 // In order, up to the first failure: what follows it is not dispatched
                 // before it is (the caller works it again on its own).
                 let mut done = Vec::with_capacity(works.len());
                 for w in &works {
-                    let r = st.dispatch(w);
+                    let r = st.dispatch_one(w);
                     let failed = r.is_err();
                     done.push(r);
                     if failed {
@@ -291,6 +302,19 @@ impl DispatcherState {
         }
         run.status = RunStatus::Queued;
         self.finish(d, DeliveryOutcome::Dispatched, Some((None, &run)))
+    }
+
+    /// Dispatches one delivery, unless a test injected a failure for it.
+    fn dispatch_one(&mut self, work: &Work) -> Result<()> {
+        #[cfg(feature = "fault-injection")]
+        if let Some((n, fired)) = self.fail_in.take() {
+            if n <= 1 {
+                fired.store(true, std::sync::atomic::Ordering::SeqCst);
+                return Err(Error::Internal("injected dispatch failure".into()));
+            }
+            self.fail_in = Some((n - 1, fired));
+        }
+        self.dispatch(work)
     }
 
     fn dispatch(&self, work: &Work) -> Result<()> {

@@ -99,6 +99,17 @@ impl WebhooksHandle {
         self.dispatcher.cast(DispatcherMsg::Panic);
     }
 
+    /// Makes the `n`th delivery the dispatcher works from now on fail once (tests only); the
+    /// flag says whether it did.
+    #[doc(hidden)]
+    #[cfg(feature = "fault-injection")]
+    pub fn inject_dispatch_failure(&self, n: u32) -> Arc<std::sync::atomic::AtomicBool> {
+        let fired = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        self.dispatcher
+            .cast(DispatcherMsg::FailDispatch(n, fired.clone()));
+        fired
+    }
+
     /// Calls waiting on the intake now, queued or being answered (deadline tests only).
     #[doc(hidden)]
     pub fn intake_waiting(&self) -> usize {
