@@ -247,7 +247,8 @@ impl Store {
     }
 
     fn apply(&self, w: Writes) -> Result<()> {
-        let Writes(mut batch, relist) = w;
+        let Writes(ops, relist) = w;
+        let mut batch = ops.into_batch();
         if relist.is_empty() {
             self.inner.records.apply_batch(batch)?;
             return Ok(());
@@ -292,11 +293,50 @@ impl Store {
 
 /// Writes accumulated by a typed operation, applied atomically by [`Store::apply`], with the
 /// listed records whose list entries `apply` brings in step.
-struct Writes(sled::Batch, Vec<lists::Relist>);
+struct Writes(Ops, Vec<lists::Relist>);
+
+/// A batch's inserts and removals in the order made (a later one of a key wins, as in
+/// `sled::Batch`), kept as a list so a caller can take back the ones made since a mark.
+#[derive(Default)]
+struct Ops(Vec<(sled::IVec, Option<sled::IVec>)>);
+
+impl Ops {
+    fn insert<K: Into<sled::IVec>, V: Into<sled::IVec>>(&mut self, key: K, value: V) {
+        self.0.push((key.into(), Some(value.into())));
+    }
+    fn remove<K: Into<sled::IVec>>(&mut self, key: K) {
+        self.0.push((key.into(), None));
+    }
+    fn into_batch(self) -> sled::Batch {
+        let mut b = sled::Batch::default();
+        for (k, v) in self.0 {
+            match v {
+                Some(v) => b.insert(k, v),
+                None => b.remove(k),
+            }
+        }
+        b
+    }
+}
+
+/// How far a [`Writes`] had got: what [`Writes::rollback`] returns it to.
+#[derive(Debug, Clone, Copy)]
+pub struct WritesMark(usize, usize);
 
 impl Writes {
     fn new() -> Self {
-        Self(sled::Batch::default(), Vec::new())
+        Self(Ops::default(), Vec::new())
+    }
+    fn mark(&self) -> WritesMark {
+        WritesMark(self.0.0.len(), self.1.len())
+    }
+    /// Takes back every write made since `m`.
+    fn rollback(&mut self, m: WritesMark) {
+        self.0.0.truncate(m.0);
+        self.1.truncate(m.1);
+    }
+    fn is_empty(&self) -> bool {
+        self.0.0.is_empty() && self.1.is_empty()
     }
     /// Writes a record kept in lists.
     fn put_listed<T: serde::Serialize + lists::Listed>(

@@ -158,6 +158,20 @@ impl ScmBatch {
     pub fn commit(self, store: &Store) -> Result<()> {
         store.apply(self.0)
     }
+
+    /// How far the batch has got, to take back one delivery's writes when it fails halfway.
+    pub fn mark(&self) -> crate::WritesMark {
+        self.0.mark()
+    }
+
+    /// Takes back every change made since `m`.
+    pub fn rollback(&mut self, m: crate::WritesMark) {
+        self.0.rollback(m);
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
 }
 
 /// A batch's journal record: its last seq (so an applied batch is skipped unread), then

@@ -1291,37 +1291,13 @@ async fn a_dispatch_failing_mid_batch_is_retried_in_order_without_duplicates() {
     let d = run(&s, "installation", &payload("installation.created")).await;
     assert_eq!(d["outcome"], "processed", "{d}");
     let rt = s.running.as_ref().unwrap().runtime.clone();
-    // The intake's write is held so the twenty pull requests reach the worker as one batch;
-    // the fifth of them fails in the dispatcher.
-    let hold = rt.webhooks.inject_write_hold();
+    // The twenty pull requests reach the worker as one batch; the fifth of them fails in
+    // the dispatcher.
     let failed = rt.webhooks.inject_dispatch_failure(5);
-    let mut ids = Vec::new();
-    let mut tasks = Vec::new();
-    for n in 1..=20u64 {
-        let id = uuid::Uuid::new_v4().to_string();
-        ids.push(id.clone());
-        let bytes = serde_json::to_vec(&pr("opened", n, &format!("{n:040}"), false)).unwrap();
-        let sig = sign(SECRET, &bytes);
-        let (http, url) = (s.http.clone(), s.url(&format!("{SCM}/webhooks")));
-        tasks.push(tokio::spawn(async move {
-            http.post(url)
-                .header("X-Host-Event", "pull_request")
-                .header("X-Host-Delivery", id)
-                .header("X-Hub-Signature-256", sig)
-                .body(bytes)
-                .send()
-                .await
-                .unwrap()
-                .status()
-                .as_u16()
-        }));
-        let sent = n as usize;
-        assert!(eventually(10, || async { rt.webhooks.intake_waiting() == sent }).await);
-    }
-    hold.notify_one();
-    for t in tasks {
-        assert_eq!(t.await.unwrap(), 202);
-    }
+    let plan = (1..=20u64)
+        .map(|n| ("pull_request", pr("opened", n, &format!("{n:040}"), false)))
+        .collect();
+    let ids = send_held(&s, plan).await;
     let mut run_ids = Vec::new();
     for id in &ids {
         let d = settled(&s, id).await;
@@ -1337,4 +1313,90 @@ async fn a_dispatch_failing_mid_batch_is_retried_in_order_without_duplicates() {
         failed.load(std::sync::atomic::Ordering::SeqCst),
         "the injected failure happened"
     );
+}
+
+/// Sends `plan` while the intake's write is held, so it is stored as one batch and reaches
+/// the worker together; returns the delivery ids once every one is answered 202.
+async fn send_held(s: &Srv, plan: Vec<(&'static str, Value)>) -> Vec<String> {
+    let rt = s.running.as_ref().unwrap().runtime.clone();
+    let hold = rt.webhooks.inject_write_hold();
+    let mut ids = Vec::new();
+    let mut tasks = Vec::new();
+    for (i, (event, body)) in plan.into_iter().enumerate() {
+        let id = uuid::Uuid::new_v4().to_string();
+        ids.push(id.clone());
+        let bytes = serde_json::to_vec(&body).unwrap();
+        let sig = sign(SECRET, &bytes);
+        let (http, url) = (s.http.clone(), s.url(&format!("{SCM}/webhooks")));
+        tasks.push(tokio::spawn(async move {
+            http.post(url)
+                .header("X-Host-Event", event)
+                .header("X-Host-Delivery", id)
+                .header("X-Hub-Signature-256", sig)
+                .body(bytes)
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }));
+        assert!(eventually(10, || async { rt.webhooks.intake_waiting() == i + 1 }).await);
+    }
+    hold.notify_one();
+    for t in tasks {
+        assert_eq!(t.await.unwrap(), 202);
+    }
+    ids
+}
+
+/// Deliveries worked in one batch see the runs the earlier ones made: a repeat of a pull
+/// request's head is a duplicate job, and its close cancels both heads' runs, as if they had
+/// come one at a time (the dispatcher commits its shared batch before a delivery that may
+/// read what it holds).
+#[tokio::test]
+async fn one_batch_reads_the_runs_its_earlier_deliveries_made() {
+    let s = start_with(|c| {
+        c.scm.webhook_secret = SECRET.into();
+        c.supervision.call_timeout_ms = 30_000;
+    })
+    .await;
+    link(&s, REPO).await;
+    let d = run(&s, "installation", &payload("installation.created")).await;
+    assert_eq!(d["outcome"], "processed", "{d}");
+    let (a, b) = (format!("{:040}", 1), format!("{:040}", 2));
+    let ids = send_held(
+        &s,
+        vec![
+            ("pull_request", pr("opened", 7, &a, false)),
+            ("pull_request", pr("opened", 8, &a, false)),
+            ("pull_request", pr("opened", 7, &a, false)),
+            ("pull_request", pr("synchronize", 7, &b, false)),
+            ("pull_request", pr("closed", 7, &b, false)),
+            ("pull_request", pr("opened", 9, &b, false)),
+        ],
+    )
+    .await;
+    let mut out = Vec::new();
+    for id in &ids {
+        let d = settled(&s, id).await;
+        out.push((
+            d["outcome"].as_str().unwrap().to_string(),
+            d["reason"].as_str().map(str::to_string),
+        ));
+    }
+    let dispatched = ("dispatched".to_string(), None);
+    assert_eq!(
+        out,
+        vec![
+            dispatched.clone(),
+            dispatched.clone(),
+            ("skipped".into(), Some("duplicate_job".into())),
+            dispatched.clone(),
+            dispatched.clone(),
+            dispatched,
+        ]
+    );
+    let cancelled = runs(&s, "status=cancelled").await;
+    assert_eq!(cancelled["total"], 2, "{cancelled}");
+    assert_eq!(runs(&s, "status=queued").await["total"], 2);
 }

@@ -4,6 +4,7 @@
 //! the delivery's outcome in the same batch as the effect. Runners claim, renew and complete
 //! runs here too; an expired lease puts a run back in the queue with `attempt` + 1.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,7 +13,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
 use super::RepoPatch;
 use super::payload::{Payload, matches};
-use super::work::{Work, skip, still_queued};
+use super::work::{Work, skip, skip_into, still_queued};
 
 use crate::error::{Error, Result};
 use crate::mailbox::Envelope;
@@ -135,18 +136,7 @@ impl Actor for DispatcherActor {
                 let _ = reply.send(st.dispatch_one(&work));
             }
             DispatcherMsg::DispatchBatch { works, reply } => {
-                // In order, up to the first failure: what follows it is not dispatched
-                // before it is (the caller works it again on its own).
-                let mut done = Vec::with_capacity(works.len());
-                for w in &works {
-                    let r = st.dispatch_one(w);
-                    let failed = r.is_err();
-                    done.push(r);
-                    if failed {
-                        break;
-                    }
-                }
-                let _ = reply.send(Ok(done));
+                let _ = reply.send(Ok(st.dispatch_batch(&works)));
             }
             DispatcherMsg::Skip {
                 delivery,
@@ -217,6 +207,37 @@ impl Actor for DispatcherActor {
     }
 }
 
+/// Whether working a delivery wrote a run (made, cancelled): later deliveries of the same
+/// commit or pull request must then read it committed.
+type Wrote = bool;
+
+/// What a delivery's run may be found by: its repository (case-insensitive) with its head
+/// commit, and with its pull request number. Two deliveries with no tag in common read and
+/// write disjoint runs (every run key and index names the commit or the pull request).
+fn conflict_tags(w: &Work) -> Vec<String> {
+    let p = &w.payload;
+    let repo = p.repo_name().unwrap_or_default().to_ascii_lowercase();
+    let pr = p.pull_request.as_ref();
+    let sha = pr
+        .and_then(|x| x.head.as_ref())
+        .and_then(|h| h.sha.as_deref())
+        .or(p.after.as_deref())
+        .or(p.check_suite.as_ref().and_then(|c| c.head_sha.as_deref()))
+        .or(p.workflow_run.as_ref().and_then(|c| c.head_sha.as_deref()));
+    let mut tags = Vec::with_capacity(2);
+    if let Some(sha) = sha {
+        tags.push(format!("{repo}@{sha}"));
+    }
+    if let Some(n) = p.number.or(pr.and_then(|x| x.number)) {
+        tags.push(format!("{repo}#{n}"));
+    }
+    if tags.is_empty() {
+        // Nothing to tell it apart: it conflicts with any run of its repository.
+        tags.push(repo);
+    }
+    tags
+}
+
 /// Branch patterns: 1-32 of them, each 1-255 bytes without whitespace.
 pub(crate) fn check_patterns(p: &[String]) -> Result<()> {
     if p.is_empty() || p.len() > 32 {
@@ -274,38 +295,39 @@ impl DispatcherState {
         })
     }
 
+    /// Adds the delivery's outcome (and the run it made or changed) to `b`.
     fn finish(
         &self,
+        b: &mut ScmBatch,
         mut d: Delivery,
         outcome: DeliveryOutcome,
         run: Option<(Option<&TestRun>, &TestRun)>,
-    ) -> Result<()> {
-        let mut b = ScmBatch::default();
+    ) -> Result<Wrote> {
+        let wrote = run.is_some();
         if let Some((old, r)) = run {
             b.put_run(old, r)?;
             d.test_run_id = Some(r.id);
         }
         d.outcome = outcome;
         b.finish_delivery(&d)?;
-        Ok(b.commit(&self.store)?)
+        Ok(wrote)
     }
 
     /// Queues a run under `key` unless a run already holds it (`duplicate_job`).
-    fn enqueue(&self, mut d: Delivery, mut run: TestRun) -> Result<()> {
+    fn enqueue(&self, b: &mut ScmBatch, mut d: Delivery, mut run: TestRun) -> Result<Wrote> {
         if let Some(existing) = self.store.run_by_key(&run.idempotency_key)? {
             d.test_run_id = Some(existing.id);
             d.outcome = DeliveryOutcome::Skipped;
             d.reason = Some("duplicate_job".into());
-            let mut b = ScmBatch::default();
             b.finish_delivery(&d)?;
-            return Ok(b.commit(&self.store)?);
+            return Ok(false);
         }
         run.status = RunStatus::Queued;
-        self.finish(d, DeliveryOutcome::Dispatched, Some((None, &run)))
+        self.finish(b, d, DeliveryOutcome::Dispatched, Some((None, &run)))
     }
 
-    /// Dispatches one delivery, unless a test injected a failure for it.
-    fn dispatch_one(&mut self, work: &Work) -> Result<()> {
+    /// Fails when a test injected a failure for this dispatch.
+    fn injected_failure(&mut self) -> Result<()> {
         #[cfg(feature = "fault-injection")]
         if let Some((n, fired)) = self.fail_in.take() {
             if n <= 1 {
@@ -314,25 +336,109 @@ impl DispatcherState {
             }
             self.fail_in = Some((n - 1, fired));
         }
-        self.dispatch(work)
+        Ok(())
     }
 
-    fn dispatch(&self, work: &Work) -> Result<()> {
-        if !still_queued(&self.store, work.delivery.seq)? {
+    /// Works one delivery and writes its outcome in a batch of its own.
+    fn dispatch_one(&mut self, work: &Work) -> Result<()> {
+        self.injected_failure()?;
+        let mut b = ScmBatch::default();
+        self.dispatch_into(work, &mut b)?;
+        if b.is_empty() {
             return Ok(());
+        }
+        Ok(b.commit(&self.store)?)
+    }
+
+    /// Works deliveries in order into shared sled batches (a sled batch costs a write of
+    /// its log buffer, so one per delivery was most of the worker's cost), up to the first
+    /// failure: what follows it is not worked before it is (the caller works it again on
+    /// its own). Before a delivery that may read a run an earlier one in the pending batch
+    /// wrote (the same commit or pull request of the same repository), the pending batch is
+    /// committed, so every read sees what came before it. A failed commit fails every
+    /// delivery in it (they stay queued).
+    fn dispatch_batch(&mut self, works: &[Arc<Work>]) -> Vec<Result<()>> {
+        let mut done: Vec<Result<()>> = Vec::with_capacity(works.len());
+        let mut b = ScmBatch::default();
+        let mut pending = 0;
+        let mut written: HashSet<String> = HashSet::new();
+        for w in works {
+            let tags = conflict_tags(w);
+            if tags.iter().any(|t| written.contains(t)) {
+                if !self.commit_pending(&mut b, &mut done, pending) {
+                    return done;
+                }
+                pending = 0;
+                written.clear();
+            }
+            let mark = b.mark();
+            let r = self
+                .injected_failure()
+                .and_then(|()| self.dispatch_into(w, &mut b));
+            match r {
+                Ok(wrote) => {
+                    done.push(Ok(()));
+                    pending += 1;
+                    if wrote {
+                        written.extend(tags);
+                    }
+                }
+                Err(e) => {
+                    // Its own writes are taken back; the ones before it are kept.
+                    b.rollback(mark);
+                    if self.commit_pending(&mut b, &mut done, pending) {
+                        done.push(Err(e));
+                    }
+                    return done;
+                }
+            }
+        }
+        self.commit_pending(&mut b, &mut done, pending);
+        done
+    }
+
+    /// Commits `b`, which holds the last `pending` entries of `done`; on failure those become
+    /// errors. Whether it was written.
+    fn commit_pending(&self, b: &mut ScmBatch, done: &mut [Result<()>], pending: usize) -> bool {
+        let batch = std::mem::take(b);
+        if pending == 0 || batch.is_empty() {
+            return true;
+        }
+        match batch.commit(&self.store) {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(error = %e, deliveries = pending, "a batch of delivery outcomes failed");
+                let from = done.len().saturating_sub(pending);
+                for r in done.iter_mut().skip(from) {
+                    *r = Err(Error::Unavailable {
+                        retry_after_secs: 1,
+                    });
+                }
+                false
+            }
+        }
+    }
+
+    /// Works one delivery, adding its outcome and effects to `b` (nothing when it is no longer
+    /// queued); whether it wrote a run. Every read it makes is of committed state: the
+    /// caller commits `b` first when an earlier delivery in it wrote a run this one may read
+    /// (`conflict_tags`).
+    fn dispatch_into(&self, work: &Work, b: &mut ScmBatch) -> Result<Wrote> {
+        if !still_queued(&self.store, work.delivery.seq)? {
+            return Ok(false);
         }
         let p: &Payload = &work.payload;
         let mut d = work.delivery.clone();
         let Some(name) = p.repo_name() else {
-            return skip(&self.store, &d, "invalid_payload");
+            return skip_into(b, &d, "invalid_payload");
         };
         d.repository = Some(name.to_string());
         let Some(link) = self.store.repo_by_name(name)? else {
-            return skip(&self.store, &d, "repository_not_linked");
+            return skip_into(b, &d, "repository_not_linked");
         };
         d.project_id = Some(link.project_id);
         if self.store.repo_hold(name)?.is_some_and(|h| !h.current) {
-            return skip(&self.store, &d, "repository_removed");
+            return skip_into(b, &d, "repository_removed");
         }
         let action = p.action.as_deref().unwrap_or("");
         let full = link.full_name.clone();
@@ -347,24 +453,23 @@ impl DispatcherState {
                         head.and_then(|h| h.sha.clone()),
                         head.and_then(|h| h.git_ref.clone()),
                     ) else {
-                        return skip(&self.store, &d, "invalid_payload");
+                        return skip_into(b, &d, "invalid_payload");
                     };
                     if pr.and_then(|x| x.draft).unwrap_or(false) && !link.include_drafts {
-                        return skip(&self.store, &d, "draft_excluded");
+                        return skip_into(b, &d, "draft_excluded");
                     }
                     let mut r = self.new_run(&d, &link, format!("{full}@{sha}#pr{n}"))?;
                     r.commit_sha = sha;
                     r.git_ref = branch;
                     r.pull_request_number = Some(n);
-                    self.enqueue(d, r)
+                    self.enqueue(b, d, r)
                 }
                 "closed" => {
                     let Some(n) = p.number.or(p.pull_request.as_ref().and_then(|x| x.number))
                     else {
-                        return skip(&self.store, &d, "invalid_payload");
+                        return skip_into(b, &d, "invalid_payload");
                     };
                     let runs = self.store.pr_runs_in_flight(&full, n)?;
-                    let mut b = ScmBatch::default();
                     let now = self.clock.now_ms();
                     for old in &runs {
                         let mut r = old.clone();
@@ -380,47 +485,47 @@ impl DispatcherState {
                         DeliveryOutcome::Dispatched
                     };
                     b.finish_delivery(&d)?;
-                    Ok(b.commit(&self.store)?)
+                    Ok(!runs.is_empty())
                 }
-                _ => skip(&self.store, &d, "action_ignored"),
+                _ => skip_into(b, &d, "action_ignored"),
             },
             "push" => {
                 if p.deleted.unwrap_or(false) {
-                    return skip(&self.store, &d, "branch_deleted");
+                    return skip_into(b, &d, "branch_deleted");
                 }
                 let Some(git_ref) = p.git_ref.as_deref() else {
-                    return skip(&self.store, &d, "invalid_payload");
+                    return skip_into(b, &d, "invalid_payload");
                 };
                 let Some(branch) = git_ref.strip_prefix("refs/heads/") else {
-                    return skip(&self.store, &d, "branch_not_matched");
+                    return skip_into(b, &d, "branch_not_matched");
                 };
                 if !link.branch_patterns.iter().any(|pt| matches(pt, branch)) {
-                    return skip(&self.store, &d, "branch_not_matched");
+                    return skip_into(b, &d, "branch_not_matched");
                 }
                 let Some(sha) = p.after.clone() else {
-                    return skip(&self.store, &d, "invalid_payload");
+                    return skip_into(b, &d, "invalid_payload");
                 };
                 let mut r = self.new_run(&d, &link, format!("{full}@{sha}@{branch}"))?;
                 r.commit_sha = sha;
                 r.git_ref = branch.to_string();
-                self.enqueue(d, r)
+                self.enqueue(b, d, r)
             }
             "check_suite" => {
                 let cs = p.check_suite.as_ref();
                 let Some(sha) = cs.and_then(|c| c.head_sha.clone()) else {
-                    return skip(&self.store, &d, "invalid_payload");
+                    return skip_into(b, &d, "invalid_payload");
                 };
                 let branch = cs.and_then(|c| c.head_branch.clone()).unwrap_or_default();
                 let key = format!("{full}@{sha}@{branch}");
                 match action {
                     "requested" => {
                         if !link.branch_patterns.iter().any(|pt| matches(pt, &branch)) {
-                            return skip(&self.store, &d, "branch_not_matched");
+                            return skip_into(b, &d, "branch_not_matched");
                         }
                         let mut r = self.new_run(&d, &link, key)?;
                         r.commit_sha = sha;
                         r.git_ref = branch;
-                        self.enqueue(d, r)
+                        self.enqueue(b, d, r)
                     }
                     "rerequested" => {
                         // Always a new attempt of that commit, one more than any run of it
@@ -431,20 +536,20 @@ impl DispatcherState {
                         r.commit_sha = sha;
                         r.git_ref = branch;
                         r.attempt = previous.map_or(1, |a| a.saturating_add(1));
-                        self.finish(d, DeliveryOutcome::Dispatched, Some((None, &r)))
+                        self.finish(b, d, DeliveryOutcome::Dispatched, Some((None, &r)))
                     }
-                    _ => skip(&self.store, &d, "action_ignored"),
+                    _ => skip_into(b, &d, "action_ignored"),
                 }
             }
             "workflow_run" => {
                 if action != "completed" {
-                    return skip(&self.store, &d, "action_ignored");
+                    return skip_into(b, &d, "action_ignored");
                 }
                 let Some(w) = p.workflow_run.as_ref() else {
-                    return skip(&self.store, &d, "invalid_payload");
+                    return skip_into(b, &d, "invalid_payload");
                 };
                 let (Some(id), Some(sha)) = (w.id, w.head_sha.clone()) else {
-                    return skip(&self.store, &d, "invalid_payload");
+                    return skip_into(b, &d, "invalid_payload");
                 };
                 let attempt = w.run_attempt.unwrap_or(1);
                 let mut r = self.new_run(&d, &link, format!("{full}@{sha}#wr{id}.{attempt}"))?;
@@ -459,16 +564,16 @@ impl DispatcherState {
                 .map_err(|e| Error::Internal(e.to_string()))?;
                 if let Some(existing) = self.store.run_by_key(&r.idempotency_key)? {
                     d.test_run_id = Some(existing.id);
-                    return skip(&self.store, &d, "duplicate_job");
+                    return skip_into(b, &d, "duplicate_job");
                 }
                 r.status = match conclusion.as_str() {
                     "success" => RunStatus::Passed,
                     "cancelled" => RunStatus::Cancelled,
                     _ => RunStatus::Failed,
                 };
-                self.finish(d, DeliveryOutcome::Dispatched, Some((None, &r)))
+                self.finish(b, d, DeliveryOutcome::Dispatched, Some((None, &r)))
             }
-            _ => skip(&self.store, &d, "event_ignored"),
+            _ => skip_into(b, &d, "event_ignored"),
         }
     }
 

@@ -23,12 +23,18 @@ pub(crate) fn still_queued(store: &Store, seq: u64) -> Result<bool> {
 
 /// Records a delivery as skipped with a reason.
 pub(crate) fn skip(store: &Store, d: &Delivery, reason: &str) -> Result<()> {
+    let mut b = ScmBatch::default();
+    skip_into(&mut b, d, reason)?;
+    Ok(b.commit(store)?)
+}
+
+/// Adds a delivery's skip, with its reason, to `b`; it wrote no run.
+pub(crate) fn skip_into(b: &mut ScmBatch, d: &Delivery, reason: &str) -> Result<bool> {
     let mut d = d.clone();
     d.outcome = DeliveryOutcome::Skipped;
     d.reason = Some(reason.into());
-    let mut b = ScmBatch::default();
     b.finish_delivery(&d)?;
-    Ok(b.commit(store)?)
+    Ok(false)
 }
 
 /// Events that change an installation, or which installation holds a repository: the
