@@ -1308,6 +1308,15 @@ async fn a_dispatch_failing_mid_batch_is_retried_in_order_without_duplicates() {
     sorted.sort_unstable();
     sorted.dedup();
     assert_eq!(run_ids, sorted, "one run each, made in arrival order");
+    // The failed attempt's run (its id taken, its writes taken back) left one gap, before
+    // the fifth: had its writes been kept, the fifth's run would be the failed attempt's.
+    let gaps: Vec<usize> = run_ids
+        .windows(2)
+        .enumerate()
+        .filter(|(_, w)| w[1] != w[0] + 1)
+        .map(|(i, _)| i + 1)
+        .collect();
+    assert_eq!(gaps, vec![4], "{run_ids:?}");
     assert_eq!(runs(&s, "page_size=1").await["total"], 20);
     assert!(
         failed.load(std::sync::atomic::Ordering::SeqCst),
@@ -1363,7 +1372,18 @@ async fn one_batch_reads_the_runs_its_earlier_deliveries_made() {
     link(&s, REPO).await;
     let d = run(&s, "installation", &payload("installation.created")).await;
     assert_eq!(d["outcome"], "processed", "{d}");
-    let (a, b) = (format!("{:040}", 1), format!("{:040}", 2));
+    let (a, b, c) = (
+        format!("{:040}", 1),
+        format!("{:040}", 2),
+        "abcdef".repeat(7)[..40].to_string(),
+    );
+    // A push of a commit, then a rerequest of its suite spelled in capitals: attempt 2.
+    let push_c = push("refs/heads/main", &c);
+    let mut rerequest = payload("check_suite.rerequested");
+    rerequest["check_suite"]["head_sha"] = json!(c.to_ascii_uppercase());
+    rerequest["check_suite"]["head_branch"] = json!("main");
+    rerequest["installation"]["id"] = json!(INST);
+    rerequest["repository"]["full_name"] = json!(REPO.to_ascii_uppercase());
     let ids = send_held(
         &s,
         vec![
@@ -1373,6 +1393,17 @@ async fn one_batch_reads_the_runs_its_earlier_deliveries_made() {
             ("pull_request", pr("synchronize", 7, &b, false)),
             ("pull_request", pr("closed", 7, &b, false)),
             ("pull_request", pr("opened", 9, &b, false)),
+            // A close whose head is new: only its number ties it to 10's run.
+            (
+                "pull_request",
+                pr("opened", 10, &format!("{:040}", 3), false),
+            ),
+            (
+                "pull_request",
+                pr("closed", 10, &format!("{:040}", 4), false),
+            ),
+            ("push", push_c),
+            ("check_suite", rerequest),
         ],
     )
     .await;
@@ -1385,18 +1416,14 @@ async fn one_batch_reads_the_runs_its_earlier_deliveries_made() {
         ));
     }
     let dispatched = ("dispatched".to_string(), None);
-    assert_eq!(
-        out,
-        vec![
-            dispatched.clone(),
-            dispatched.clone(),
-            ("skipped".into(), Some("duplicate_job".into())),
-            dispatched.clone(),
-            dispatched.clone(),
-            dispatched,
-        ]
-    );
+    let mut expected = vec![dispatched.clone(); 10];
+    expected[2] = ("skipped".into(), Some("duplicate_job".into()));
+    assert_eq!(out, expected);
     let cancelled = runs(&s, "status=cancelled").await;
-    assert_eq!(cancelled["total"], 2, "{cancelled}");
-    assert_eq!(runs(&s, "status=queued").await["total"], 2);
+    assert_eq!(cancelled["total"], 3, "{cancelled}");
+    assert_eq!(runs(&s, "status=queued").await["total"], 4);
+    let d = settled(&s, &ids[9]).await;
+    let id = d["test_run_id"].as_u64().unwrap();
+    let r = s.get(&format!("{DEV}/test-runs/{id}"), s.key()).await;
+    assert_eq!(r.body["attempt"], 2, "{}", r.body);
 }

@@ -211,30 +211,31 @@ impl Actor for DispatcherActor {
 /// commit or pull request must then read it committed.
 type Wrote = bool;
 
-/// What a delivery's run may be found by: its repository (case-insensitive) with its head
-/// commit, and with its pull request number. Two deliveries with no tag in common read and
-/// write disjoint runs (every run key and index names the commit or the pull request).
+/// What a delivery's run may be found by: its repository with its head commit, and with its
+/// pull request number (both lower-cased, as the commit index is). Two deliveries with no tag
+/// in common read and write disjoint runs: every run key and index names the commit or the
+/// pull request. The commit is taken from the field its event's dispatch reads.
 fn conflict_tags(w: &Work) -> Vec<String> {
     let p = &w.payload;
     let repo = p.repo_name().unwrap_or_default().to_ascii_lowercase();
     let pr = p.pull_request.as_ref();
-    let sha = pr
-        .and_then(|x| x.head.as_ref())
-        .and_then(|h| h.sha.as_deref())
-        .or(p.after.as_deref())
-        .or(p.check_suite.as_ref().and_then(|c| c.head_sha.as_deref()))
-        .or(p.workflow_run.as_ref().and_then(|c| c.head_sha.as_deref()));
+    let sha = match w.delivery.event.as_str() {
+        "pull_request" => pr
+            .and_then(|x| x.head.as_ref())
+            .and_then(|h| h.sha.as_deref()),
+        "push" => p.after.as_deref(),
+        "check_suite" => p.check_suite.as_ref().and_then(|c| c.head_sha.as_deref()),
+        "workflow_run" => p.workflow_run.as_ref().and_then(|c| c.head_sha.as_deref()),
+        _ => None,
+    };
     let mut tags = Vec::with_capacity(2);
     if let Some(sha) = sha {
-        tags.push(format!("{repo}@{sha}"));
+        tags.push(format!("{repo}@{}", sha.to_ascii_lowercase()));
     }
     if let Some(n) = p.number.or(pr.and_then(|x| x.number)) {
         tags.push(format!("{repo}#{n}"));
     }
-    if tags.is_empty() {
-        // Nothing to tell it apart: it conflicts with any run of its repository.
-        tags.push(repo);
-    }
+    // With neither, its dispatch reads no run (it is skipped before any such read).
     tags
 }
 
@@ -372,9 +373,11 @@ impl DispatcherState {
                 written.clear();
             }
             let mark = b.mark();
+            // An injected failure comes after the delivery's writes, as a failing write
+            // would, so they must be taken back.
             let r = self
-                .injected_failure()
-                .and_then(|()| self.dispatch_into(w, &mut b));
+                .dispatch_into(w, &mut b)
+                .and_then(|wrote| self.injected_failure().map(|()| wrote));
             match r {
                 Ok(wrote) => {
                     done.push(Ok(()));
