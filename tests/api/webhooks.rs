@@ -1191,7 +1191,6 @@ async fn deliveries_queued_together_are_worked_in_batches_in_order() {
     link(&s, REPO).await;
     let d = run(&s, "installation", &payload("installation.created")).await;
     assert_eq!(d["outcome"], "processed", "{d}");
-    let rt = s.running.as_ref().unwrap().runtime.clone();
     let sha = |n: u64| format!("{n:040}");
     let mut suspend = payload("installation.suspend");
     suspend["installation"]["id"] = json!(INST);
@@ -1230,35 +1229,9 @@ async fn deliveries_queued_together_are_worked_in_batches_in_order() {
     plan.push(("pull_request", unnamed(76)));
     plan.push(("installation_repositories", moved));
     plan.push(("pull_request", unnamed(77)));
-    // The intake's write is held, so everything after the first delivery queues in its
-    // mailbox in the order sent, is stored in one batch, and reaches the worker together.
-    let hold = rt.webhooks.inject_write_hold();
-    let mut ids = Vec::new();
-    let mut tasks = Vec::new();
-    for (i, (event, body)) in plan.into_iter().enumerate() {
-        let id = uuid::Uuid::new_v4().to_string();
-        ids.push(id.clone());
-        let bytes = serde_json::to_vec(&body).unwrap();
-        let sig = sign(SECRET, &bytes);
-        let (http, url) = (s.http.clone(), s.url(&format!("{SCM}/webhooks")));
-        tasks.push(tokio::spawn(async move {
-            http.post(url)
-                .header("X-Host-Event", event)
-                .header("X-Host-Delivery", id)
-                .header("X-Hub-Signature-256", sig)
-                .body(bytes)
-                .send()
-                .await
-                .unwrap()
-                .status()
-                .as_u16()
-        }));
-        assert!(eventually(10, || async { rt.webhooks.intake_waiting() == i + 1 }).await);
-    }
-    hold.notify_one();
-    for t in tasks {
-        assert_eq!(t.await.unwrap(), 202);
-    }
+    // Everything queues in the intake's mailbox in the order sent, is stored in one batch,
+    // and reaches the worker together.
+    let ids = send_held(&s, plan).await;
     for (i, id) in ids.iter().enumerate() {
         let d = settled(&s, id).await;
         match i {
