@@ -1183,14 +1183,7 @@ async fn the_delivery_log_forgets_deliveries_after_30_days() {
 /// more pull requests than one batch holds is worked whole, each once.
 #[tokio::test]
 async fn deliveries_queued_together_are_worked_in_batches_in_order() {
-    let s = start_with(|c| {
-        c.scm.webhook_secret = SECRET.into();
-        c.supervision.call_timeout_ms = 30_000;
-    })
-    .await;
-    link(&s, REPO).await;
-    let d = run(&s, "installation", &payload("installation.created")).await;
-    assert_eq!(d["outcome"], "processed", "{d}");
+    let s = installed_for_batches().await;
     let sha = |n: u64| format!("{n:040}");
     let mut suspend = payload("installation.suspend");
     suspend["installation"]["id"] = json!(INST);
@@ -1255,14 +1248,7 @@ async fn deliveries_queued_together_are_worked_in_batches_in_order() {
 /// delivery is dispatched once, into one run each, and the runs are made in arrival order.
 #[tokio::test]
 async fn a_dispatch_failing_mid_batch_is_retried_in_order_without_duplicates() {
-    let s = start_with(|c| {
-        c.scm.webhook_secret = SECRET.into();
-        c.supervision.call_timeout_ms = 30_000;
-    })
-    .await;
-    link(&s, REPO).await;
-    let d = run(&s, "installation", &payload("installation.created")).await;
-    assert_eq!(d["outcome"], "processed", "{d}");
+    let s = installed_for_batches().await;
     let rt = s.running.as_ref().unwrap().runtime.clone();
     // The twenty pull requests reach the worker as one batch; the fifth of them fails in
     // the dispatcher.
@@ -1295,6 +1281,20 @@ async fn a_dispatch_failing_mid_batch_is_retried_in_order_without_duplicates() {
         failed.load(std::sync::atomic::Ordering::SeqCst),
         "the injected failure happened"
     );
+}
+
+/// A server with the repository linked and installed, whose calls wait long enough for a
+/// held intake write (the batch tests hold it while their deliveries queue).
+async fn installed_for_batches() -> Srv {
+    let s = start_with(|c| {
+        c.scm.webhook_secret = SECRET.into();
+        c.supervision.call_timeout_ms = 30_000;
+    })
+    .await;
+    link(&s, REPO).await;
+    let d = run(&s, "installation", &payload("installation.created")).await;
+    assert_eq!(d["outcome"], "processed", "{d}");
+    s
 }
 
 /// Sends `plan` while the intake's write is held, so it is stored as one batch and reaches
@@ -1337,14 +1337,7 @@ async fn send_held(s: &Srv, plan: Vec<(&'static str, Value)>) -> Vec<String> {
 /// read what it holds).
 #[tokio::test]
 async fn one_batch_reads_the_runs_its_earlier_deliveries_made() {
-    let s = start_with(|c| {
-        c.scm.webhook_secret = SECRET.into();
-        c.supervision.call_timeout_ms = 30_000;
-    })
-    .await;
-    link(&s, REPO).await;
-    let d = run(&s, "installation", &payload("installation.created")).await;
-    assert_eq!(d["outcome"], "processed", "{d}");
+    let s = installed_for_batches().await;
     let (a, b, c) = (
         format!("{:040}", 1),
         format!("{:040}", 2),

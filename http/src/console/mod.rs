@@ -149,6 +149,21 @@ struct Signed {
 }
 
 impl Signed {
+    /// A project page drawn inside this session's chrome: 200, with the refreshed cookie
+    /// when one is due.
+    fn page(
+        &self,
+        org: &str,
+        project: &str,
+        draw: impl FnOnce(&Chrome) -> Markup,
+    ) -> Response<Body> {
+        html(
+            StatusCode::OK,
+            draw(&self.chrome(Some((org, project)))),
+            self.refresh.clone(),
+        )
+    }
+
     fn chrome<'a>(&'a self, project: Option<(&'a str, &'a str)>) -> Chrome<'a> {
         Chrome {
             email: &self.email,
@@ -374,12 +389,9 @@ async fn fleet(app: &App, req: &Req, org: &str, project: &str) -> Result<Respons
     let (total, online) = (count(None).await?, count(Some(DeviceStatus::Online)).await?);
     let counts = (total, online, total.saturating_sub(online));
     let list = app.rt.projects.devices(pid, &f, page).await?;
-    let chrome = s.chrome(Some((org, project)));
-    Ok(html(
-        StatusCode::OK,
-        pages::fleet(&chrome, counts, &pages::FleetFilter { status, name }, &list),
-        s.refresh.clone(),
-    ))
+    Ok(s.page(org, project, |chrome| {
+        pages::fleet(chrome, counts, &pages::FleetFilter { status, name }, &list)
+    }))
 }
 
 fn parse_id(id: &str, what: &str) -> Result<u64, ApiError> {
@@ -440,11 +452,9 @@ async fn device(
         )
         .await?;
     let open = firing.items;
-    let chrome = s.chrome(Some((org, project)));
-    Ok(html(
-        StatusCode::OK,
+    Ok(s.page(org, project, |chrome| {
         pages::device(
-            &chrome,
+            chrome,
             &pages::DevicePage {
                 device: &d,
                 metrics: &metrics,
@@ -452,9 +462,8 @@ async fn device(
                 history: &history,
                 alerts: &open,
             },
-        ),
-        s.refresh.clone(),
-    ))
+        )
+    }))
 }
 
 async fn alerts(
@@ -477,12 +486,7 @@ async fn alerts(
             page,
         )
         .await?;
-    let chrome = s.chrome(Some((org, project)));
-    Ok(html(
-        StatusCode::OK,
-        pages::alerts(&chrome, &list),
-        s.refresh.clone(),
-    ))
+    Ok(s.page(org, project, |chrome| pages::alerts(chrome, &list)))
 }
 
 async fn deployments(
@@ -501,12 +505,7 @@ async fn deployments(
         .pipeline
         .deployments(scope.project.id, None, page)
         .await?;
-    let chrome = s.chrome(Some((org, project)));
-    Ok(html(
-        StatusCode::OK,
-        pages::deployments(&chrome, &list),
-        s.refresh.clone(),
-    ))
+    Ok(s.page(org, project, |chrome| pages::deployments(chrome, &list)))
 }
 
 async fn rollout(
@@ -757,12 +756,9 @@ async fn pipeline_page(
             },
         )
         .await?;
-    let chrome = s.chrome(Some((org, project)));
-    Ok(html(
-        StatusCode::OK,
-        pages::pipeline(&chrome, &capsules, &configs),
-        s.refresh.clone(),
-    ))
+    Ok(s.page(org, project, |chrome| {
+        pages::pipeline(chrome, &capsules, &configs)
+    }))
 }
 
 async fn explain_page(
@@ -777,12 +773,7 @@ async fn explain_page(
     };
     let id = parse_id(id, "Configuration")?;
     let e = app.rt.pipeline.explain(scope.project.id, id)?;
-    let chrome = s.chrome(Some((org, project)));
-    Ok(html(
-        StatusCode::OK,
-        pages::explain(&chrome, &e),
-        s.refresh.clone(),
-    ))
+    Ok(s.page(org, project, |chrome| pages::explain(chrome, &e)))
 }
 
 async fn webhooks_page(
@@ -833,12 +824,9 @@ async fn webhooks_page(
             page,
         )
         .await?;
-    let chrome = s.chrome(Some((org, project)));
-    Ok(html(
-        StatusCode::OK,
-        pages::webhooks(&chrome, &deliveries, &runs, run_status),
-        s.refresh.clone(),
-    ))
+    Ok(s.page(org, project, |chrome| {
+        pages::webhooks(chrome, &deliveries, &runs, run_status)
+    }))
 }
 
 async fn rules_page(
@@ -923,11 +911,9 @@ fn rules_view(
 ) -> Result<Response<Body>, ApiError> {
     let rules = app.rt.alerts.rules(pid)?;
     let integrations = app.rt.alerts.integrations(pid)?;
-    let chrome = s.chrome(Some((org, project)));
-    Ok(html(
-        StatusCode::OK,
+    Ok(s.page(org, project, |chrome| {
         pages::rules(
-            &chrome,
+            chrome,
             &pages::RulesPage {
                 rules: &rules,
                 integrations: &integrations,
@@ -935,9 +921,8 @@ fn rules_view(
                 hours,
                 backtest,
             },
-        ),
-        s.refresh.clone(),
-    ))
+        )
+    }))
 }
 
 /// Whether a WebSocket handshake comes from a console page: its `Origin` (a browser always
