@@ -72,6 +72,10 @@ impl Assignments {
     }
 
     pub(crate) fn generation(&self, project: u64) -> u64 {
+        // Every poll reads this: a shared read of the shard, a write only the first time.
+        if let Some(c) = self.generations.get(&project) {
+            return c.load(Ordering::Acquire);
+        }
         self.counter(project).load(Ordering::Acquire)
     }
 

@@ -172,7 +172,6 @@ impl Authenticator {
         self.issue(user.id, *auth_time)
     }
 
-    /// Resolves a bearer value (JWT, API key or device token).
     /// The console's CSRF token of a signed-in user: an HMAC of the user and the time of the
     /// password sign-in, so it outlives the token refreshes of that sign-in (every tab's forms
     /// stay valid) and cannot be computed without the server's secret.
@@ -198,6 +197,7 @@ impl Authenticator {
         self.decode(token).ok().map(|c| c.iat)
     }
 
+    /// Resolves a bearer value (JWT, API key or device token).
     pub fn resolve(&self, value: &str) -> Result<Principal> {
         if value.starts_with(DEVICE_TOKEN_PREFIX) {
             let d = self

@@ -22,7 +22,7 @@ use crate::mailbox::Envelope;
 use crate::project::ProjectMsg;
 use crate::project::handle::ProjectsHandle;
 use crate::rules::notifications::{AlertMessage, render};
-use crate::rules::rollouts::{RolloutAction, RolloutPlan, Step, gate};
+use crate::rules::rollouts::{RolloutAction, RolloutPlan, Step, gate, notice_for};
 
 pub(crate) enum RolloutMsg {
     /// Judge the gate now (the interval, and a nudge after a member's action).
@@ -62,8 +62,8 @@ pub(crate) struct ControllerState {
     /// No attempt before this moment (Unix ms).
     notice_not_before: i64,
     /// The integrations that took the owed notice (so a retry goes only to the others), and
-    /// which notice that was.
-    notice_sent_to: (String, HashSet<u64>),
+    /// the time of the decision that owes it.
+    notice_sent_to: (i64, HashSet<u64>),
 }
 
 /// The owed notice is retried after 1 s, doubling up to 5 minutes, until every integration
@@ -89,7 +89,7 @@ impl Actor for RolloutActor {
             id,
             notice_attempts: 0,
             notice_not_before: 0,
-            notice_sent_to: (String::new(), HashSet::new()),
+            notice_sent_to: (i64::MIN, HashSet::new()),
         })
     }
 
@@ -212,8 +212,17 @@ impl ControllerState {
         if now < self.notice_not_before {
             return Ok(());
         }
-        if self.notice_sent_to.0 != notice {
-            self.notice_sent_to = (notice.to_string(), HashSet::new());
+        // The decision that owes the notice (a gate's pause or rollback): its time keys the
+        // notice, so a member's resume or abort meanwhile, or a later gate failure with the
+        // same reason, neither changes an incident's key nor passes for this notice's sends.
+        let decided_at = r
+            .decisions
+            .iter()
+            .rev()
+            .find(|d| notice_for(&d.action, &d.reason).as_deref() == Some(notice))
+            .map_or(now, |d| d.at);
+        if self.notice_sent_to.0 != decided_at {
+            self.notice_sent_to = (decided_at, HashSet::new());
         }
         let mut integrations = Vec::new();
         for rid in &plan.gate_alert_rule_ids {
@@ -225,8 +234,6 @@ impl ControllerState {
                 }
             }
         }
-        // One key per decision (its time), so an incident integration keeps decisions apart.
-        let decided_at = r.decisions.last().map_or(now, |d| d.at);
         let msg = AlertMessage {
             event: AlertEvent::Firing,
             alert_id: None,

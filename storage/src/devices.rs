@@ -334,7 +334,10 @@ impl Store {
             else {
                 continue;
             };
-            if at < next || out.len() >= max {
+            if out.len() >= max {
+                break;
+            }
+            if at < next {
                 continue;
             }
             next = at.saturating_add(slot);

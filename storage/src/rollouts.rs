@@ -198,12 +198,6 @@ impl Store {
         self.get(&keys::capsule_source(capsule))
     }
 
-    pub fn put_capsule_source(&self, capsule: u64, s: &CapsuleSource) -> Result<()> {
-        let mut w = Writes::new();
-        w.put(keys::capsule_source(capsule), s)?;
-        self.apply(w)
-    }
-
     pub fn project_policy(&self, project: u64) -> Result<ProjectPolicy> {
         Ok(self
             .get(&keys::project_policy(project))?

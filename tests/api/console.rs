@@ -265,6 +265,17 @@ async fn sign_in_cookie_and_csrf_over_http() {
         .text()
         .await
         .unwrap();
+    // An offset past any page (u64::MAX) is an empty page, not an error.
+    let far = c
+        .get(s.url(&format!(
+            "/console/default/default/sessions/{sid}?offset={}",
+            u64::MAX
+        )))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(far.status(), 200);
     let href = html
         .split("class=\"file\" href=\"")
         .nth(1)
@@ -797,11 +808,17 @@ async fn roles_refresh_secure_cookie_and_origins() {
         .send()
         .await
         .unwrap();
-    assert_eq!(r.status(), 200);
+    assert_eq!(r.status(), 403);
+    // Charged like any authenticated response, with the rate-limit headers.
+    for h in [
+        "x-ratelimit-limit",
+        "x-ratelimit-remaining",
+        "x-ratelimit-reset",
+    ] {
+        assert!(r.headers().contains_key(h), "{h}");
+    }
     let body = r.text().await.unwrap();
-    assert!(
-        body.contains("A backtest needs the member role.") && !body.contains("backtest-result")
-    );
+    assert!(body.contains("Not enough permissions.") && !body.contains("backtest-result"));
     // Another project's session: its export and files are 404 from this project's pages.
     let other = s
         .post(

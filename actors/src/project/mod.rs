@@ -315,7 +315,9 @@ impl Actor for ProjectActor {
             } => {
                 // A new device may be a target (labels): it joins the packages' phase maps.
                 let r = st.create_device(name, labels);
-                st.reassigned();
+                if r.is_ok() {
+                    st.reassigned();
+                }
                 let _ = reply.send(r);
             }
             ProjectMsg::UpdateDevice {

@@ -303,6 +303,16 @@ pub enum RolloutAction {
 }
 
 /// A new rollout for a package being created or edited: not started.
+/// The notice a failed gate's decision owes the gate rules' integrations (`None` for any
+/// other decision): the controller finds the decision that owes a notice by it.
+pub fn notice_for(action: &str, reason: &str) -> Option<String> {
+    match action {
+        "paused" => Some(format!("rollout paused: {reason}")),
+        "rolled_back" => Some(format!("rollout rolled back: {reason}")),
+        _ => None,
+    }
+}
+
 pub fn planned(deployment: u64, project: u64, plan_json: Vec<u8>) -> Rollout {
     Rollout {
         deployment_id: deployment,
@@ -383,8 +393,8 @@ pub fn apply(
                 Step::Fail(reason) => match plan.on_failure {
                     OnFailure::Pause => {
                         r.state = S::Paused;
-                        r.decide(now, "paused", reason.clone());
-                        r.notice_owed = Some(format!("rollout paused: {reason}"));
+                        r.notice_owed = notice_for("paused", &reason);
+                        r.decide(now, "paused", reason);
                     }
                     OnFailure::Rollback => {
                         r.state = S::RolledBack;
@@ -396,8 +406,8 @@ pub fn apply(
                         let why = format!(
                             "{reason}; the devices of the started phases return to their previous package ({to} for most)"
                         );
-                        r.decide(now, "rolled_back", why.clone());
-                        r.notice_owed = Some(format!("rollout rolled back: {why}"));
+                        r.notice_owed = notice_for("rolled_back", &why);
+                        r.decide(now, "rolled_back", why);
                     }
                 },
             }

@@ -34,7 +34,29 @@ const FLEET_PAGE: usize = 50;
 const CHART_SERIES: usize = 16;
 const CHART_POINTS: usize = 600;
 
+tokio::task_local! {
+    /// The rate-limit headers of the page being served, set where the page is charged
+    /// (`signed`): every authenticated response carries them, as on the API.
+    static RATE: std::cell::Cell<Option<crate::rate_limit::RateHeaders>>;
+}
+
 pub async fn handle(
+    app: &App,
+    parts: http::request::Parts,
+    body: Incoming,
+    peer: SocketAddr,
+) -> Response<Body> {
+    RATE.scope(std::cell::Cell::new(None), async {
+        let mut r = route(app, parts, body, peer).await;
+        if let Some(h) = RATE.with(|c| c.get()) {
+            h.apply(r.headers_mut());
+        }
+        r
+    })
+    .await
+}
+
+async fn route(
     app: &App,
     parts: http::request::Parts,
     body: Incoming,
@@ -207,15 +229,18 @@ fn signed(app: &App, req: &Req) -> Result<Option<Signed>, ApiError> {
         .and_then(|r| r.split('/').next())
         .filter(|o| !o.is_empty() && *o != "login" && *o != "logout" && *o != "assets");
     let (tier, org_id) = app.rt.access.tier_for(&p, org)?;
-    app.limits
-        .check(
-            &tier,
-            crate::rate_limit::Bucket {
-                caller: p.caller(),
-                org_id,
-            },
-        )
-        .map_err(|(e, _)| e)?;
+    let charged = app.limits.check(
+        &tier,
+        crate::rate_limit::Bucket {
+            caller: p.caller(),
+            org_id,
+        },
+    );
+    let rate = match &charged {
+        Ok(h) | Err((_, h)) => *h,
+    };
+    let _ = RATE.try_with(|c| c.set(Some(rate)));
+    charged.map_err(|(e, _)| e)?;
     let csrf = app.rt.auth.csrf_token(&p).unwrap_or_default();
     let ttl = app.rt.auth.token_ttl_seconds();
     let now = time::OffsetDateTime::now_utc().unix_timestamp();
@@ -316,7 +341,11 @@ fn origin_matches(app: &App, req: &Req, required: bool) -> bool {
     let Some(origin) = req.header("origin") else {
         return !required;
     };
-    let Some(host) = req.header("host") else {
+    // HTTP/2 names the host in `:authority`, not in a `Host` header.
+    let Some(host) = req
+        .header("host")
+        .or_else(|| req.parts.uri.authority().map(|a| a.as_str()))
+    else {
         return false;
     };
     let scheme = if secure(app, req) { "https" } else { "http" };
@@ -607,14 +636,14 @@ async fn session_page(
         .logs(pid, id, filter, LOG_PAGE, offset)
         .await?;
     let get = |k: &str| req.query.get(k).unwrap_or("");
-    let next = (offset + logs.items.len() < logs.total).then(|| {
+    let next = (offset.saturating_add(logs.items.len()) < logs.total).then(|| {
         let mut f = form_urlencoded::Serializer::new(String::new());
         for k in ["level", "module", "search", "since", "until"] {
             if !get(k).is_empty() {
                 f.append_pair(k, get(k));
             }
         }
-        f.append_pair("offset", &(offset + LOG_PAGE).to_string());
+        f.append_pair("offset", &offset.saturating_add(LOG_PAGE).to_string());
         format!("?{}", f.finish())
     });
     let chrome = s.chrome(Some((org, project)));
@@ -713,10 +742,6 @@ async fn artifact(
     h.insert(
         header::X_CONTENT_TYPE_OPTIONS,
         header::HeaderValue::from_static("nosniff"),
-    );
-    h.insert(
-        header::CONTENT_SECURITY_POLICY,
-        header::HeaderValue::from_static("sandbox; default-src 'none'"),
     );
     if let Ok(v) = header::HeaderValue::from_str(&a.size_bytes.to_string()) {
         h.insert(header::CONTENT_LENGTH, v);
@@ -855,7 +880,7 @@ async fn backtest(
     let scope = app
         .rt
         .access
-        .project(&s.principal, org, project, Role::Viewer)?;
+        .project(&s.principal, org, project, Role::Member)?;
     let pid = scope.project.id;
     let condition = form1(&body, "condition")
         .unwrap_or_default()
@@ -865,9 +890,7 @@ async fn backtest(
         .and_then(|h| h.trim().parse::<u64>().ok())
         .unwrap_or(24)
         .clamp(1, 720);
-    let result = if scope.role < Role::Member {
-        Err("A backtest needs the member role.".to_string())
-    } else {
+    let result = {
         let now = time::OffsetDateTime::now_utc().unix_timestamp() * 1000;
         let from = fleetops_actors::clock::fmt_ms(now - (hours as i64) * 3_600_000);
         match serde_json::from_str::<serde_json::Value>(&condition) {
@@ -887,10 +910,8 @@ async fn backtest(
                 .await
             {
                 Ok(b) => Ok(b),
-                Err(fleetops_actors::Error::Internal(cause)) => {
-                    tracing::error!(%cause, "console backtest failed");
-                    return Err(ApiError::Domain(fleetops_actors::Error::Internal(cause)));
-                }
+                // Logged once, by the error page.
+                Err(e @ fleetops_actors::Error::Internal(_)) => return Err(ApiError::Domain(e)),
                 Err(e) => Err(e.to_string()),
             },
         }
