@@ -98,7 +98,7 @@ fn main() {
     let t = Instant::now();
     let mut i = 0;
     while i < n {
-        let mut batch: Vec<(Delivery, Option<bytes::Bytes>, bool)> = (i..(i + 1000).min(n))
+        let mut batch: Vec<(Delivery, Option<bytes::Bytes>)> = (i..(i + 1000).min(n))
             .map(|j| {
                 let mut d = Delivery::received(
                     BASE + j,
@@ -113,7 +113,7 @@ fn main() {
                     d.outcome = DeliveryOutcome::Processed;
                     d.reason = None;
                 }
-                (d, None, false)
+                (d, None)
             })
             .collect();
         store.claim_deliveries(&mut batch).unwrap();

@@ -111,7 +111,7 @@ fn store_only(size: usize, n: u64) -> (f64, f64) {
             true,
             size as u64,
         );
-        batch.push((d, Some(payload.clone()), true));
+        batch.push((d, Some(payload.clone())));
         if batch.len() == 32 || seq == n {
             store.claim_deliveries(&mut batch).unwrap();
             batch.clear();
@@ -202,6 +202,7 @@ fn main() {
         u16,
         usize,
     >::new()));
+    println!("lag phase: {n} distinct pull requests at {lag_rate}/s");
     rt.block_on(async {
         let gap = Duration::from_secs_f64(1.0 / f64::from(lag_rate.max(1)));
         let start = tokio::time::Instant::now();

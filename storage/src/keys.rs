@@ -227,10 +227,9 @@ pub(crate) fn delivery_prefix() -> Vec<u8> {
 pub(crate) fn journal_applied() -> Vec<u8> {
     key(&[b"wdj"])
 }
-pub(crate) fn queued(seq: u64) -> Vec<u8> {
-    key(&[b"wdq", &be(seq)])
-}
-pub(crate) fn queued_prefix() -> Vec<u8> {
+/// The worker's queue as stores before the `queued` delivery list took its place held it (one
+/// key per queued delivery); only removed, at open.
+pub(crate) fn legacy_queued_prefix() -> Vec<u8> {
     key(&[b"wdq", b""])
 }
 pub(crate) fn installation(id: u64) -> Vec<u8> {

@@ -159,6 +159,7 @@ impl Store {
         };
         store.ensure_lists()?;
         store.ensure_alert_expiry()?;
+        store.drop_legacy_queue()?;
         let recovered = store.recover_deliveries()?;
         store
             .inner

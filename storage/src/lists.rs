@@ -190,6 +190,29 @@ impl Store {
         Ok(out)
     }
 
+    /// The ids of up to `limit` entries of the list with order `lo` or above, lowest first.
+    pub(crate) fn list_ids_from(&self, list: &ListId, lo: u64, limit: usize) -> Result<Vec<u64>> {
+        let prefix = list.entries_prefix();
+        let n = prefix.len();
+        let mut out = Vec::new();
+        for kv in self.inner.records.range(list.entry_key(lo, 0)..) {
+            if out.len() >= limit {
+                break;
+            }
+            let (k, _) = kv?;
+            if !k.starts_with(&prefix) {
+                break;
+            }
+            if let Some(id) = k
+                .get(n + 8..n + 16)
+                .and_then(|b| <[u8; 8]>::try_from(b).ok())
+            {
+                out.push(u64::from_be_bytes(id));
+            }
+        }
+        Ok(out)
+    }
+
     /// The list's entries with order in `[lo, hi)`, highest first.
     pub(crate) fn list_rev(
         &self,

@@ -83,11 +83,10 @@ impl Default for ScmBatch {
 }
 
 impl ScmBatch {
-    /// Records a delivery's outcome: out of the queue, into its project's log.
+    /// Records a delivery's outcome: out of the queue (the list of queued deliveries), into
+    /// its project's log.
     pub fn finish_delivery(&mut self, d: &Delivery) -> Result<()> {
-        self.0.put_listed(keys::delivery(d.seq), d)?;
-        self.0.delete(keys::queued(d.seq));
-        Ok(())
+        self.0.put_listed(keys::delivery(d.seq), d)
     }
 
     pub fn put_installation(&mut self, i: &Installation) -> Result<()> {
@@ -100,19 +99,23 @@ impl ScmBatch {
 
     /// Writes a run and keeps its indexes (queue, running, idempotency key, pull request)
     /// in step with its status. `old` is the run as stored before, if any.
+    ///
+    /// A run made now (`old` is `None`: its id is new) has no index entries yet, so none is
+    /// removed: each removal is a tree descent in sled's batch, paid per delivery.
     pub fn put_run(&mut self, old: Option<&TestRun>, r: &TestRun) -> Result<()> {
         self.0.put_listed(keys::run(r.project_id, r.id), r)?;
         let pid = r.project_id.to_be_bytes().to_vec();
+        let stored = old.is_some();
         if r.status == RunStatus::Queued {
             self.0
                 .0
                 .insert(keys::run_queue(r.project_id, r.id), Vec::new());
-        } else {
+        } else if stored {
             self.0.delete(keys::run_queue(r.project_id, r.id));
         }
         if r.status == RunStatus::Running {
             self.0.0.insert(keys::running(r.id), pid.clone());
-        } else {
+        } else if stored {
             self.0.delete(keys::running(r.id));
         }
         // The key index is set when a run is made (a rerequested check suite moves it to
@@ -135,7 +138,7 @@ impl ScmBatch {
         if let Some(n) = r.pull_request_number {
             if r.in_flight() {
                 self.0.0.insert(keys::pr_run(&r.repository, n, r.id), pid);
-            } else {
+            } else if stored {
                 self.0.delete(keys::pr_run(&r.repository, n, r.id));
             }
         }
@@ -188,17 +191,14 @@ fn bad_journal(applied: u64) -> crate::StorageError {
     ))
 }
 
-/// The writes that claim a delivery's id and store it (queued for the worker when `queue`).
-fn claim_writes(w: &mut Writes, d: &Delivery, queue: bool) -> Result<()> {
+/// The writes that claim a delivery's id and store it. A delivery stored `Queued` is in the
+/// worker's queue: the list of queued deliveries, ordered by seq, is the queue.
+fn claim_writes(w: &mut Writes, d: &Delivery) -> Result<()> {
     // The id's entry carries the receipt time, so the dedup window is one read.
     let mut entry = d.seq.to_be_bytes().to_vec();
     entry.extend_from_slice(&d.received_at.to_be_bytes());
     w.0.insert(keys::delivery_by_id(&d.delivery_id), entry);
-    w.put_listed(keys::delivery(d.seq), d)?;
-    if queue {
-        w.0.insert(keys::queued(d.seq), Vec::new());
-    }
-    Ok(())
+    w.put_listed(keys::delivery(d.seq), d)
 }
 
 fn pair(v: &[u8]) -> Option<(u64, u64)> {
@@ -208,69 +208,44 @@ fn pair(v: &[u8]) -> Option<(u64, u64)> {
 }
 
 impl Store {
-    /// Claims a delivery id and stores the delivery (and its payload, queued for the worker
-    /// when `queue`), atomically; `false` when the id was already claimed. Only the intake
-    /// actor calls this, so the check and the write cannot interleave with another claim.
-    pub fn claim_delivery(
-        &self,
-        d: &Delivery,
-        payload: Option<&[u8]>,
-        queue: bool,
-    ) -> Result<bool> {
-        if self
-            .inner
-            .records
-            .contains_key(keys::delivery_by_id(&d.delivery_id))?
-        {
-            return Ok(false);
-        }
-        let mut item = [(d.clone(), payload.map(bytes::Bytes::copy_from_slice), queue)];
-        self.claim_deliveries(&mut item)?;
-        Ok(true)
-    }
-
     /// Stores deliveries whose ids the caller (the intake actor, the single writer of ids)
-    /// has checked: `(delivery, payload, queue)` each, in rising seq order. Durable when it
+    /// has checked: `(delivery, payload)` each, in rising seq order (one stored `Queued` is
+    /// in the worker's queue). Durable when it
     /// returns: the payloads and a journal record of the deliveries go to the payload log in
     /// one write and one `fdatasync`; then one atomic sled batch claims the ids and stores
     /// the deliveries, without waiting for sled's flush (after a crash,
     /// [`Store::recover_deliveries`] writes again what sled lost). Each delivery's
     /// `payload_at` is set here.
-    pub fn claim_deliveries(
-        &self,
-        items: &mut [(Delivery, Option<bytes::Bytes>, bool)],
-    ) -> Result<()> {
-        let Some(first) = items.first().map(|(d, _, _)| d.seq) else {
+    pub fn claim_deliveries(&self, items: &mut [(Delivery, Option<bytes::Bytes>)]) -> Result<()> {
+        let Some(first) = items.first().map(|(d, _)| d.seq) else {
             return Ok(());
         };
         let payloads: Vec<(u64, &[u8])> = items
             .iter()
-            .filter_map(|(d, p, _)| p.as_ref().map(|p| (d.seq, p.as_ref())))
+            .filter_map(|(d, p)| p.as_ref().map(|p| (d.seq, p.as_ref())))
             .collect();
         let mut journaled = Vec::new();
-        let last = items.last().map_or(first, |(d, _, _)| d.seq);
+        let last = items.last().map_or(first, |(d, _)| d.seq);
         let (_, mark) = self
             .inner
             .spool
             .append_journaled(first, &payloads, |places| {
                 let mut at = places.iter().copied();
-                for (d, p, queue) in items.iter() {
+                for (d, p) in items.iter() {
                     let mut d = d.clone();
                     if p.is_some() {
                         d.payload_at = at.next();
                     }
-                    // The journal's delivery is queued exactly when the batch queues it.
-                    debug_assert_eq!(*queue, d.outcome == crate::DeliveryOutcome::Queued);
                     journaled.push(d);
                 }
                 journal_record(last, &journaled).map(Some)
             })?;
-        for ((d, _, _), j) in items.iter_mut().zip(journaled) {
+        for ((d, _), j) in items.iter_mut().zip(journaled) {
             d.payload_at = j.payload_at;
         }
         let mut w = Writes::new();
-        for (d, _, queue) in items.iter() {
-            claim_writes(&mut w, d, *queue)?;
+        for (d, _) in items.iter() {
+            claim_writes(&mut w, d)?;
         }
         w.put_id(keys::journal_applied(), last);
         if let Err(e) = self.apply(w) {
@@ -363,8 +338,7 @@ impl Store {
             {
                 continue;
             }
-            let queue = d.outcome == crate::DeliveryOutcome::Queued;
-            claim_writes(&mut w, &d, queue)?;
+            claim_writes(&mut w, &d)?;
             replayed += 1;
         }
         if torn {
@@ -434,31 +408,35 @@ impl Store {
     }
 
     /// Up to `limit` queued deliveries with a seq above `after`, in arrival order: the worker
-    /// reads its queue a page at a time, so a long backlog costs a page of memory.
+    /// reads its queue (the list of queued deliveries) a page at a time, so a long backlog
+    /// costs a page of memory.
     pub fn queued_after(&self, after: u64, limit: usize) -> Result<Vec<u64>> {
-        let prefix = keys::queued_prefix();
         let Some(from) = after.checked_add(1) else {
             return Ok(Vec::new());
         };
-        let mut out = Vec::new();
-        for kv in self.inner.records.range(keys::queued(from)..) {
-            let (k, _) = kv?;
-            if !k.starts_with(&prefix) || out.len() >= limit {
-                break;
-            }
-            if let Some(seq) = keys::trailing_id(&k) {
-                out.push(seq);
-            }
-        }
-        Ok(out)
+        self.list_ids_from(
+            &delivery_list(None, Some(DeliveryOutcome::Queued)),
+            from,
+            limit,
+        )
     }
 
+    /// Every queued delivery, in arrival order.
     pub fn queued_deliveries(&self) -> Result<Vec<u64>> {
-        Ok(self
-            .scan_keys(&keys::queued_prefix())?
-            .iter()
-            .filter_map(|k| keys::trailing_id(k))
-            .collect())
+        self.queued_after(0, usize::MAX)
+    }
+
+    /// Removes the one-key-per-delivery queue of a store written before the list of queued
+    /// deliveries became the queue (the list holds the same deliveries).
+    pub(crate) fn drop_legacy_queue(&self) -> Result<()> {
+        let mut w = Writes::new();
+        for k in self.scan_keys(&keys::legacy_queued_prefix())? {
+            w.0.remove(k);
+        }
+        if !w.is_empty() {
+            self.apply(w)?;
+        }
+        Ok(())
     }
 
     /// The delivery log, newest first.
@@ -790,11 +768,7 @@ mod tests {
         // Three batches, one segment each: seqs 1, 2 (old) and 3 (new).
         let mut stored = Vec::new();
         for (seq, at) in [(1, 100), (2, 200), (3, 10_000)] {
-            let mut item = [(
-                delivery(seq, at),
-                Some(bytes::Bytes::from_static(b"abc")),
-                true,
-            )];
+            let mut item = [(delivery(seq, at), Some(bytes::Bytes::from_static(b"abc")))];
             store.claim_deliveries(&mut item).unwrap();
             stored.push(item[0].0.clone());
         }
@@ -822,6 +796,43 @@ mod tests {
     /// An id claimed before by an earlier delivery (past its window) is claimed again; of two
     /// lost deliveries of one id the later is kept; a torn tail sends the next batch to a new
     /// segment, where the next open still finds its journal.
+    /// A store written when the queue was one key per delivery: the keys go at open, and
+    /// the queue (the list of queued deliveries) still holds the deliveries, in order, until
+    /// each is worked.
+    #[test]
+    fn a_legacy_queue_is_dropped_at_open_and_the_list_is_the_queue() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let first = store.new_ids(Seq::Delivery, 3).unwrap();
+        let mut items: Vec<_> = (first..first + 3)
+            .map(|s| (delivery(s, 100), Some(bytes::Bytes::from_static(b"p"))))
+            .collect();
+        store.claim_deliveries(&mut items).unwrap();
+        let legacy = keys::legacy_queued_prefix();
+        for s in first..first + 3 {
+            let mut k = legacy.clone();
+            k.extend_from_slice(&s.to_be_bytes());
+            store.inner.records.insert(k, Vec::new()).unwrap();
+        }
+        store.flush_blocking().unwrap();
+        drop(store);
+
+        let store = Store::reopen(dir.path());
+        assert_eq!(store.inner.records.scan_prefix(&legacy).count(), 0);
+        assert_eq!(
+            store.queued_after(0, 10).unwrap(),
+            (first..first + 3).collect::<Vec<_>>()
+        );
+        assert_eq!(store.queued_after(first, 1).unwrap(), vec![first + 1]);
+        let mut d = store.delivery(first + 1).unwrap().unwrap();
+        d.outcome = DeliveryOutcome::Processed;
+        let mut b = ScmBatch::default();
+        b.finish_delivery(&d).unwrap();
+        b.commit(&store).unwrap();
+        assert_eq!(store.queued_deliveries().unwrap(), vec![first, first + 2]);
+        assert_eq!(store.deliveries_queued().unwrap(), 2);
+    }
+
     #[test]
     fn journaled_batches_sled_lost_are_recovered_at_open() {
         let dir = tempfile::tempdir().unwrap();
@@ -830,7 +841,6 @@ mod tests {
         let mut item = [(
             delivery(first, 100),
             Some(bytes::Bytes::from_static(b"one")),
-            true,
         )];
         store.claim_deliveries(&mut item).unwrap();
 
@@ -938,15 +948,10 @@ mod tests {
         let store = Store::open(dir.path()).unwrap();
         let seq = store.new_ids(Seq::Delivery, 2).unwrap();
         let mut items = [
-            (
-                delivery(seq, 1),
-                Some(bytes::Bytes::from_static(b"abc")),
-                true,
-            ),
+            (delivery(seq, 1), Some(bytes::Bytes::from_static(b"abc"))),
             (
                 Delivery::received(seq + 1, "ignored-id".into(), "star".into(), 1, false, 0),
                 None,
-                false,
             ),
         ];
         store.claim_deliveries(&mut items).unwrap();

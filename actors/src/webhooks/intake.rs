@@ -273,7 +273,6 @@ impl IntakeState {
                         p.body.len() as u64,
                     ),
                     p.subscribed.then(|| p.body.clone()),
-                    p.subscribed,
                 )
             })
             .collect();
@@ -297,7 +296,7 @@ impl IntakeState {
                 if batch.iter().any(|p| p.subscribed) {
                     self.queue.stored();
                 }
-                for (p, (d, _, _)) in batch.into_iter().zip(items) {
+                for (p, (d, _)) in batch.into_iter().zip(items) {
                     let _ = p.reply.send(Ok(p.subscribed.then_some(d.seq)));
                 }
             }
