@@ -81,7 +81,7 @@ pub(crate) struct RootArgs {
     pub sessions: Arc<Slot<KeyedMsg<SessionMsg>>>,
     pub session_args: KeyedArgs<SessionActor>,
     pub intake: Arc<Slot<IntakeMsg>>,
-    /// Wakes the webhook worker (the intake stores its queue entries).
+    /// Wakes the webhook worker (the intake stores the deliveries it queues).
     pub queue: crate::webhooks::worker::WorkerFeed,
     pub dedup_window_seconds: i64,
     pub dispatcher: Arc<Slot<DispatcherMsg>>,

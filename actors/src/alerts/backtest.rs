@@ -60,6 +60,28 @@ pub struct BacktestView {
 }
 
 impl AlertsHandle {
+    /// A backtest of the whole project over the last `hours` (1 to 720) up to now, by the
+    /// service's clock (the console's form).
+    pub async fn backtest_last_hours(
+        &self,
+        pid: u64,
+        condition: Value,
+        hours: u64,
+    ) -> Result<BacktestView> {
+        let hours = hours.clamp(1, 720) as i64;
+        let from = fmt_ms(self.clock.now_ms() - hours * 3_600_000);
+        self.backtest(
+            pid,
+            BacktestRequest {
+                condition,
+                device_group_ids: Vec::new(),
+                from: Some(from),
+                to: None,
+            },
+        )
+        .await
+    }
+
     /// Scans storage on a blocking thread, so a long backtest never holds a runtime worker.
     pub async fn backtest(&self, pid: u64, req: BacktestRequest) -> Result<BacktestView> {
         let me = self.clone();

@@ -99,6 +99,13 @@ pub struct Plan {
     pub devices: Vec<TargetDevice>,
 }
 
+/// The console's rollout page ([`PipelineHandle::rollout_page`]).
+pub struct RolloutPage {
+    pub name: String,
+    pub rollout: Option<super::rollouts::RolloutView>,
+    pub blockers: Vec<Blocker>,
+}
+
 /// A device's rollout report, as accepted.
 #[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct ResultAccepted {
@@ -152,11 +159,32 @@ impl PipelineHandle {
         })
     }
 
-    /// What would block activating the stored package now (its own checks and the project's
-    /// policy), as `plan` reports a body.
-    pub fn package_plan(&self, pid: u64, id: u64) -> Result<Plan> {
-        let d = self.deployment(pid, id)?;
-        self.plan(pid, &DeploymentSpec::of(&d))
+    /// What the console's rollout page shows of a deployment: its name, its rollout (none
+    /// without a plan) and, for a draft, what would block its activation now (its own checks
+    /// and the project's policy). The draft's plan reads the project's devices, so it runs off
+    /// the runtime's threads.
+    pub async fn rollout_page(&self, pid: u64, id: u64) -> Result<RolloutPage> {
+        let me = self.clone();
+        let (name, blockers) = crate::off_thread(move || {
+            let d = me.deployment(pid, id)?;
+            let blockers = if d.status == fleetops_storage::DeploymentStatus::Draft {
+                me.plan(pid, &DeploymentSpec::of(&d))?.blockers
+            } else {
+                Vec::new()
+            };
+            Ok((d.name, blockers))
+        })
+        .await?;
+        let rollout = match self.rollout(pid, id).await {
+            Ok(r) => Some(r),
+            Err(Error::NotFound(_)) => None,
+            Err(e) => return Err(e),
+        };
+        Ok(RolloutPage {
+            name,
+            rollout,
+            blockers,
+        })
     }
 
     pub async fn deployments(

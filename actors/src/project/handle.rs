@@ -30,6 +30,14 @@ pub enum DeviceStatus {
     Offline,
 }
 
+/// A project's device counts ([`ProjectsHandle::fleet_counts`]).
+#[derive(Debug, Clone, Copy)]
+pub struct FleetCounts {
+    pub total: u64,
+    pub online: u64,
+    pub offline: u64,
+}
+
 impl DeviceStatus {
     pub fn parse(s: &str) -> Option<Self> {
         match s {
@@ -167,6 +175,29 @@ impl ProjectsHandle {
                 max,
                 max_metrics,
             )?)
+        })
+        .await
+    }
+
+    /// How many devices the project has, online and offline (offline is the rest), as the
+    /// console's fleet page heads its list.
+    pub async fn fleet_counts(&self, pid: u64) -> Result<FleetCounts> {
+        let me = self.clone();
+        crate::off_thread(move || {
+            let now = me.clock.now_ms();
+            let count = |status: Option<DeviceStatus>| {
+                let f = DeviceFilter { status, name: None };
+                me.store
+                    .devices_page(pid, me.query(&f, now), 0, 1)
+                    .map(|(_, total)| total)
+            };
+            let total = count(None)?;
+            let online = count(Some(DeviceStatus::Online))?;
+            Ok(FleetCounts {
+                total,
+                online,
+                offline: total.saturating_sub(online),
+            })
         })
         .await
     }

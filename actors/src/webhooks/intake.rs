@@ -82,7 +82,7 @@ struct Pending {
 
 pub(crate) struct IntakeState {
     store: Store,
-    /// Wakes the worker, which reads the queue entries written with each batch.
+    /// Wakes the worker, which reads the queued deliveries written with each batch.
     queue: WorkerFeed,
     /// Group commit through the mailbox: deliveries accepted since the last `Flush`; the
     /// `Flush` the first of them sent to itself runs after every message already queued.
@@ -211,7 +211,7 @@ impl Actor for IntakeActor {
 const MAX_BATCH: usize = 512;
 
 impl IntakeState {
-    /// Writes the batch (ids claimed, deliveries, payloads, queue entries) and answers every
+    /// Writes the batch (ids claimed, deliveries, payloads) and answers every
     /// caller: an answer means durable. The store makes the batch durable in the payload
     /// log (payloads and a journal of the deliveries, one `fdatasync`) and then applies it to
     /// sled without waiting for sled's flush: after a crash the store replays the journal

@@ -1,8 +1,9 @@
 //! WorkerActor: works accepted webhook deliveries in batches, in arrival order, under the
 //! root supervisor: a batch is read and parsed off the runtime's threads, and each run of one
 //! installation's deliveries in it is one message to that installation. The store is the
-//! queue: the intake writes each subscribed delivery with a queue entry and wakes the worker,
-//! which reads the entries a page at a time past the last seq it took, so a long backlog (a
+//! queue: the intake stores each subscribed delivery `queued`, which puts it in the list of
+//! queued deliveries, and wakes the worker, which reads that list a page at a time past the
+//! last seq it took, so a long backlog (a
 //! worker left down past its restart budget, a burst) costs a page of memory, not an entry
 //! per delivery. On every (re)start the worker reads from the beginning, so it first takes
 //! what a crash left queued, or the batch it was working when it panicked. Working a delivery

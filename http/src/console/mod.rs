@@ -404,19 +404,7 @@ async fn fleet(app: &App, req: &Req, org: &str, project: &str) -> Result<Respons
     };
     let mut page = req.query.page()?;
     page.page_size = FLEET_PAGE;
-    let count = |st: Option<DeviceStatus>| {
-        let f = DeviceFilter {
-            status: st,
-            name: None,
-        };
-        let mut one = page;
-        one.page = 1;
-        one.page_size = 1;
-        async move { app.rt.projects.devices(pid, &f, one).await.map(|p| p.total) }
-    };
-    // Offline is the rest: two counts, not three.
-    let (total, online) = (count(None).await?, count(Some(DeviceStatus::Online)).await?);
-    let counts = (total, online, total.saturating_sub(online));
+    let counts = app.rt.projects.fleet_counts(pid).await?;
     let list = app.rt.projects.devices(pid, &f, page).await?;
     Ok(s.page(org, project, |chrome| {
         pages::fleet(chrome, counts, &pages::FleetFilter { status, name }, &list)
@@ -549,28 +537,17 @@ async fn rollout(
     };
     let pid = scope.project.id;
     let id = parse_id(id, "Deployment")?;
-    let d = app.rt.pipeline.deployment_detail(pid, id)?;
-    // A draft shows what would block its activation now.
-    let blockers = if d.deployment.deployment_status == fleetops_actors::DeploymentStatus::Draft {
-        app.rt.pipeline.package_plan(pid, id)?.blockers
-    } else {
-        Vec::new()
-    };
-    let r = match app.rt.pipeline.rollout(pid, id).await {
-        Ok(r) => Some(r),
-        Err(fleetops_actors::Error::NotFound(_)) => None,
-        Err(e) => return Err(ApiError::Domain(e)),
-    };
+    let p = app.rt.pipeline.rollout_page(pid, id).await?;
     let chrome = s.chrome(Some((org, project)));
     let base = format!("/console/{org}/{project}/deployments/{id}/rollout");
     Ok(html(
         StatusCode::OK,
         pages::rollout(
             &chrome,
-            &d.deployment.name,
-            r.as_ref(),
+            &p.name,
+            p.rollout.as_ref(),
             (scope.role >= Role::Member).then_some(base.as_str()),
-            &blockers,
+            &p.blockers,
         ),
         s.refresh.clone(),
     ))
@@ -891,24 +868,9 @@ async fn backtest(
         .unwrap_or(24)
         .clamp(1, 720);
     let result = {
-        let now = time::OffsetDateTime::now_utc().unix_timestamp() * 1000;
-        let from = fleetops_actors::clock::fmt_ms(now - (hours as i64) * 3_600_000);
         match serde_json::from_str::<serde_json::Value>(&condition) {
             Err(e) => Err(format!("The condition is not JSON: {e}")),
-            Ok(c) => match app
-                .rt
-                .alerts
-                .backtest(
-                    pid,
-                    fleetops_actors::alerts::backtest::BacktestRequest {
-                        condition: c,
-                        device_group_ids: Vec::new(),
-                        from: Some(from),
-                        to: None,
-                    },
-                )
-                .await
-            {
+            Ok(c) => match app.rt.alerts.backtest_last_hours(pid, c, hours).await {
                 Ok(b) => Ok(b),
                 // Logged once, by the error page.
                 Err(e @ fleetops_actors::Error::Internal(_)) => return Err(ApiError::Domain(e)),

@@ -99,13 +99,17 @@ pub struct FleetFilter<'a> {
 
 pub fn fleet(
     chrome: &Chrome<'_>,
-    counts: (usize, usize, usize),
+    counts: fleetops_actors::projects::FleetCounts,
     f: &FleetFilter<'_>,
     page: &Page<DeviceView>,
 ) -> Markup {
     let (org, project) = chrome.project.unwrap_or_default();
     let base = format!("/console/{org}/{project}");
-    let (total, online, offline) = counts;
+    let fleetops_actors::projects::FleetCounts {
+        total,
+        online,
+        offline,
+    } = counts;
     let link = |p: usize| {
         let mut q = vec![format!("page={p}")];
         if let Some(s) = f.status {
