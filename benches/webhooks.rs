@@ -93,7 +93,7 @@ fn pct(v: &mut [f64], p: f64) -> f64 {
         .unwrap_or(f64::NAN)
 }
 
-/// The store alone: claims (id + delivery + queue entry in sled, payload in the payload log
+/// The store alone: claims (id + delivery with its list entries in sled, payload in the payload log
 /// with its fdatasync) per second with payloads of `size` bytes, one writer, in batches of
 /// 32 as the intake makes them under load, then one flush.
 fn store_only(size: usize, n: u64) -> (f64, f64) {

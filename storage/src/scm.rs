@@ -401,7 +401,6 @@ impl Store {
         }
     }
 
-    /// Deliveries still waiting for the worker, in arrival order.
     /// How many accepted deliveries wait for the worker (one counter read).
     pub fn deliveries_queued(&self) -> Result<u64> {
         self.list_len(&delivery_list(None, Some(DeliveryOutcome::Queued)))
@@ -427,14 +426,29 @@ impl Store {
     }
 
     /// Removes the one-key-per-delivery queue of a store written before the list of queued
-    /// deliveries became the queue (the list holds the same deliveries).
+    /// deliveries became the queue (the list holds the same deliveries), in batches of at
+    /// most 100,000 keys. An older binary started on the store afterwards would find its
+    /// queue empty: README says a downgrade across this change is not supported.
     pub(crate) fn drop_legacy_queue(&self) -> Result<()> {
-        let mut w = Writes::new();
-        for k in self.scan_keys(&keys::legacy_queued_prefix())? {
-            w.0.remove(k);
+        let mut b = sled::Batch::default();
+        let mut n = 0usize;
+        for k in self
+            .inner
+            .records
+            .scan_prefix(keys::legacy_queued_prefix())
+            .keys()
+        {
+            b.remove(k?);
+            n += 1;
+            if n.is_multiple_of(100_000) {
+                self.inner.records.apply_batch(std::mem::take(&mut b))?;
+            }
         }
-        if !w.is_empty() {
-            self.apply(w)?;
+        if !n.is_multiple_of(100_000) {
+            self.inner.records.apply_batch(b)?;
+        }
+        if n > 0 {
+            tracing::info!(keys = n, "the old per-delivery queue keys were removed");
         }
         Ok(())
     }
@@ -791,11 +805,6 @@ mod tests {
         assert_eq!(store.payload(&stored[2]).unwrap().unwrap(), b"abc");
     }
 
-    /// A batch the intake journaled and answered for, which sled lost in a crash, is written
-    /// again at open: claimed, queued, its payload readable, its seq never handed out again.
-    /// An id claimed before by an earlier delivery (past its window) is claimed again; of two
-    /// lost deliveries of one id the later is kept; a torn tail sends the next batch to a new
-    /// segment, where the next open still finds its journal.
     /// A store written when the queue was one key per delivery: the keys go at open, and
     /// the queue (the list of queued deliveries) still holds the deliveries, in order, until
     /// each is worked.
@@ -833,6 +842,11 @@ mod tests {
         assert_eq!(store.deliveries_queued().unwrap(), 2);
     }
 
+    /// A batch the intake journaled and answered for, which sled lost in a crash, is written
+    /// again at open: claimed, queued, its payload readable, its seq never handed out again.
+    /// An id claimed before by an earlier delivery (past its window) is claimed again; of two
+    /// lost deliveries of one id the later is kept; a torn tail sends the next batch to a new
+    /// segment, where the next open still finds its journal.
     #[test]
     fn journaled_batches_sled_lost_are_recovered_at_open() {
         let dir = tempfile::tempdir().unwrap();

@@ -30,7 +30,7 @@ pub enum DeviceStatus {
     Offline,
 }
 
-/// A project's device counts ([`ProjectsHandle::fleet_counts`]).
+/// A project's device counts ([`ProjectsHandle::fleet_page`]).
 #[derive(Debug, Clone, Copy)]
 pub struct FleetCounts {
     pub total: u64,
@@ -179,10 +179,16 @@ impl ProjectsHandle {
         .await
     }
 
-    /// How many devices the project has, online and offline (offline is the rest), as the
-    /// console's fleet page heads its list.
-    pub async fn fleet_counts(&self, pid: u64) -> Result<FleetCounts> {
+    /// The console's fleet page: a page of the devices `f` picks, headed by how many the
+    /// project has, online and offline (offline is the rest), all read at one instant.
+    pub async fn fleet_page(
+        &self,
+        pid: u64,
+        f: &DeviceFilter,
+        page: PageReq,
+    ) -> Result<(FleetCounts, Page<DeviceView>)> {
         let me = self.clone();
+        let f = f.clone();
         crate::off_thread(move || {
             let now = me.clock.now_ms();
             let count = |status: Option<DeviceStatus>| {
@@ -193,11 +199,12 @@ impl ProjectsHandle {
             };
             let total = count(None)?;
             let online = count(Some(DeviceStatus::Online))?;
-            Ok(FleetCounts {
+            let counts = FleetCounts {
                 total,
                 online,
                 offline: total.saturating_sub(online),
-            })
+            };
+            Ok((counts, me.devices_at(pid, &f, page, now)?))
         })
         .await
     }
@@ -215,7 +222,16 @@ impl ProjectsHandle {
 
     /// On the blocking pool: a filtered list may walk storage.
     fn devices_now(&self, pid: u64, f: &DeviceFilter, page: PageReq) -> Result<Page<DeviceView>> {
-        let now = self.clock.now_ms();
+        self.devices_at(pid, f, page, self.clock.now_ms())
+    }
+
+    fn devices_at(
+        &self,
+        pid: u64,
+        f: &DeviceFilter,
+        page: PageReq,
+        now: i64,
+    ) -> Result<Page<DeviceView>> {
         let (devices, total) =
             self.store
                 .devices_page(pid, self.query(f, now), page.skip(), page.page_size)?;

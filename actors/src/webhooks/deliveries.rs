@@ -13,7 +13,7 @@ use super::views::DeliveryFilter;
 use super::views::DeliveryView;
 use super::views::InstallationView;
 use super::views::LogOutcome;
-use super::work::{Work, ends_batch};
+use super::work::{Loaded, LoadedBatch, ReadAhead, Work, ends_batch};
 use crate::clock::fmt_ms;
 use crate::error::Error;
 use crate::error::Result;
@@ -27,16 +27,8 @@ use std::sync::Arc;
 
 /// The payload bytes (as sent) one batch of the worker reads before it stops taking more.
 const BATCH_BYTES: u64 = 8 << 20;
-
-/// A queued delivery read for working.
-enum Loaded {
-    /// Gone, or no longer queued.
-    Done,
-    /// Its payload does not parse: the dispatcher records the skip.
-    Invalid(Box<Delivery>),
-    /// For installation `key` (0 when it names none and its repository is held by none).
-    Work(u64, Arc<Work>),
-}
+/// Deliveries worked as one batch.
+const BATCH: usize = 64;
 
 impl WebhooksHandle {
     /// Claims the delivery id and, for a subscribed event, stores the delivery for the
@@ -192,15 +184,16 @@ impl WebhooksHandle {
         ))
     }
 
-    /// Works queued deliveries from the front of `seqs` in arrival order, as one batch:
-    /// read and parsed on a blocking thread, then each run of consecutive deliveries of one
-    /// installation sent to it as one message. Returns how many it took. A lifecycle or
-    /// repository change ends the batch, because which installation a later delivery goes to
-    /// may depend on it. A delivery the batch could not work is worked again on its own
-    /// (`process`, with its retries).
-    pub(crate) async fn process_batch(&self, seqs: &[u64]) -> usize {
-        let (this, wanted) = (self.clone(), seqs.to_vec());
-        let loaded = tokio::task::spawn_blocking(move || {
+    /// Reads and parses up to `BATCH` deliveries from the front of `seqs` on a blocking
+    /// thread, stopping after one that ends a batch and at `BATCH_BYTES` of payload; with
+    /// whether the batch ended cleanly (nothing in it changes how a later delivery is read).
+    /// `None` when the reading thread panicked.
+    async fn load_batch(&self, seqs: &[u64]) -> LoadedBatch {
+        let (this, wanted) = (
+            self.clone(),
+            seqs.iter().take(BATCH).copied().collect::<Vec<_>>(),
+        );
+        tokio::task::spawn_blocking(move || {
             let mut out = Vec::with_capacity(wanted.len());
             let mut bytes = 0u64;
             for seq in wanted {
@@ -223,21 +216,49 @@ impl WebhooksHandle {
                 };
                 out.push((seq, l));
                 if ends {
-                    break;
+                    return (out, false);
                 }
             }
-            out
+            (out, true)
         })
-        .await;
-        let Ok(loaded) = loaded else {
+        .await
+        .ok()
+    }
+
+    /// Works queued deliveries from the front of `seqs` in arrival order, as one batch:
+    /// read and parsed on a blocking thread, then each run of consecutive deliveries of one
+    /// installation sent to it as one message. Returns how many it took. A lifecycle or
+    /// repository change ends the batch, because which installation a later delivery goes to
+    /// may depend on it. A delivery the batch could not work is worked again on its own
+    /// (`process`, with its retries).
+    ///
+    /// While a batch that ended cleanly is worked, the next one (from the rest of `seqs`) is
+    /// read ahead into `ahead`, so reading and parsing overlap the dispatcher's writes: what a
+    /// read finds (the delivery still queued, its payload, the installation holding its
+    /// repository) changes only by working that delivery or by an installation or repository
+    /// event, which ends a batch and is never read past. At most two batches are in memory.
+    pub(crate) async fn process_batch(&self, seqs: &[u64], ahead: &mut Option<ReadAhead>) -> usize {
+        let first = seqs.first().copied();
+        let loaded = match ahead.take() {
+            Some(r) if Some(r.first) == first => r.batch.await.ok().flatten(),
+            _ => self.load_batch(seqs).await,
+        };
+        let Some((loaded, clean)) = loaded else {
             // The reading thread panicked: the first is worked on its own, and the rest
             // stay for the next batch.
-            if let Some(&seq) = seqs.first() {
+            if let Some(seq) = first {
                 self.process(seq).await;
             }
             return 1;
         };
         let taken = loaded.len();
+        if clean && let Some(rest) = seqs.get(taken..).filter(|r| !r.is_empty()) {
+            let (this, rest) = (self.clone(), rest.to_vec());
+            *ahead = Some(ReadAhead {
+                first: rest[0],
+                batch: tokio::spawn(async move { this.load_batch(&rest).await }),
+            });
+        }
         let mut run: Vec<Arc<Work>> = Vec::new();
         let mut run_key = 0;
         for (seq, l) in loaded {

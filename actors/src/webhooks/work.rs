@@ -14,6 +14,26 @@ pub(crate) struct Work {
     pub payload: Payload,
 }
 
+/// A queued delivery read for working.
+pub(crate) enum Loaded {
+    /// Gone, or no longer queued.
+    Done,
+    /// Its payload does not parse: the dispatcher records the skip.
+    Invalid(Box<Delivery>),
+    /// For installation `key` (0 when it names none and its repository is held by none).
+    Work(u64, std::sync::Arc<Work>),
+}
+
+/// A batch read and parsed (each delivery with what reading it gave), and whether it ended
+/// cleanly; `None` when the reading thread panicked.
+pub(crate) type LoadedBatch = Option<(Vec<(u64, Result<Loaded>)>, bool)>;
+
+/// The worker's next batch, being read while the current one is worked.
+pub(crate) struct ReadAhead {
+    pub first: u64,
+    pub batch: tokio::task::JoinHandle<LoadedBatch>,
+}
+
 /// Whether a delivery is still waiting to be worked (a retried call finds it done).
 pub(crate) fn still_queued(store: &Store, seq: u64) -> Result<bool> {
     Ok(store

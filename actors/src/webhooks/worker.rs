@@ -3,9 +3,8 @@
 //! installation's deliveries in it is one message to that installation. The store is the
 //! queue: the intake stores each subscribed delivery `queued`, which puts it in the list of
 //! queued deliveries, and wakes the worker, which reads that list a page at a time past the
-//! last seq it took, so a long backlog (a
-//! worker left down past its restart budget, a burst) costs a page of memory, not an entry
-//! per delivery. On every (re)start the worker reads from the beginning, so it first takes
+//! last seq it took, so a long backlog (a worker left down past its restart budget, a burst)
+//! costs a page of memory, not an entry per delivery. On every (re)start the worker reads from the beginning, so it first takes
 //! what a crash left queued, or the batch it was working when it panicked. Working a delivery
 //! twice is harmless: the installation actor and the dispatcher act on a delivery only while
 //! it is still queued.
@@ -18,12 +17,11 @@ use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::sync::Notify;
 
 use super::WebhooksHandle;
+use super::work::ReadAhead;
 use crate::mailbox::Envelope;
 
-/// Queue entries read at a time.
+/// Queued deliveries read at a time.
 const PAGE: usize = 256;
-/// Deliveries worked as one batch.
-const BATCH: usize = 64;
 
 pub(crate) enum WorkerMsg {
     /// Work the next batch of deliveries (the actor sends this to itself after each one).
@@ -61,6 +59,8 @@ pub(crate) struct WorkerState {
     page: std::collections::VecDeque<u64>,
     /// The last seq taken from the store.
     after: u64,
+    /// The next batch of the page, read while the current one is worked.
+    ahead: Option<ReadAhead>,
 }
 
 impl Actor for WorkerActor {
@@ -79,6 +79,7 @@ impl Actor for WorkerActor {
             feed: args.feed,
             page: std::collections::VecDeque::new(),
             after: 0,
+            ahead: None,
         })
     }
 
@@ -114,8 +115,8 @@ impl Actor for WorkerActor {
             st.after = page.last().copied().unwrap_or(after);
             st.page = page.into();
         }
-        let batch: Vec<u64> = st.page.iter().take(BATCH).copied().collect();
-        let taken = st.webhooks.process_batch(&batch).await;
+        let page: Vec<u64> = st.page.iter().copied().collect();
+        let taken = st.webhooks.process_batch(&page, &mut st.ahead).await;
         st.page.drain(..taken.min(st.page.len()));
         let _ = myself.cast(Envelope::cast(WorkerMsg::Next));
         Ok(())

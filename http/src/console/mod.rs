@@ -404,8 +404,7 @@ async fn fleet(app: &App, req: &Req, org: &str, project: &str) -> Result<Respons
     };
     let mut page = req.query.page()?;
     page.page_size = FLEET_PAGE;
-    let counts = app.rt.projects.fleet_counts(pid).await?;
-    let list = app.rt.projects.devices(pid, &f, page).await?;
+    let (counts, list) = app.rt.projects.fleet_page(pid, &f, page).await?;
     Ok(s.page(org, project, |chrome| {
         pages::fleet(chrome, counts, &pages::FleetFilter { status, name }, &list)
     }))
