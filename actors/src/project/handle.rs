@@ -180,7 +180,9 @@ impl ProjectsHandle {
     }
 
     /// The console's fleet page: a page of the devices `f` picks, headed by how many the
-    /// project has, online and offline (offline is the rest), all read at one instant.
+    /// project has, online and offline (offline is the rest), in one message and against one
+    /// clock reading (three reads of the store: a device written meanwhile may show in one
+    /// and not another).
     pub async fn fleet_page(
         &self,
         pid: u64,

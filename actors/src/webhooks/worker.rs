@@ -100,6 +100,8 @@ impl Actor for WorkerActor {
             if !st.page.is_empty() {
                 break;
             }
+            // A read-ahead belongs to the page it was read from.
+            st.ahead = None;
             let (store, after) = (st.webhooks.store.clone(), st.after);
             let page =
                 tokio::task::spawn_blocking(move || store.queued_after(after, PAGE)).await??;
