@@ -329,6 +329,13 @@ impl Runtime {
             clock: clock.clone(),
             alerts: alert_feed.clone(),
         };
+        let controllers = Keyed::new(
+            rollouts_slot.clone(),
+            Arc::new(DashMap::new()),
+            cfg.supervision.clone(),
+        );
+        #[cfg(feature = "fault-injection")]
+        let stop_holds: rollout::StopHolds = Arc::new(DashMap::new());
         let rollout_args = KeyedArgs::<rollout::RolloutActor> {
             ctx: rollout::RolloutCtx {
                 store: store.clone(),
@@ -338,17 +345,15 @@ impl Runtime {
                 sealer: sealer.clone(),
                 clock: clock.clone(),
                 tick: Duration::from_millis(cfg.pipeline.rollout_tick_ms.clamp(10, 60_000)),
+                controllers: controllers.clone(),
+                #[cfg(feature = "fault-injection")]
+                stop_holds: stop_holds.clone(),
             },
             cfg: cfg.supervision.clone(),
-            registry: Arc::new(DashMap::new()),
+            registry: controllers.registry.clone(),
             restarts: restarts.clone(),
             health: health.clone(),
         };
-        let controllers = Keyed::new(
-            rollouts_slot.clone(),
-            rollout_args.registry.clone(),
-            cfg.supervision.clone(),
-        );
         let sessions = SessionsHandle {
             counters: counters.clone(),
             actors: session_actors,
@@ -382,6 +387,8 @@ impl Runtime {
             rollouts,
             assignments: assignments.clone(),
             controllers,
+            #[cfg(feature = "fault-injection")]
+            rollout_stop_holds: stop_holds,
             locks: Arc::new(DashMap::new()),
         };
         let webhooks = webhooks::WebhooksHandle {

@@ -32,6 +32,12 @@ pub(crate) enum RolloutMsg {
     Panic,
 }
 
+/// Fault injection: per package, a hold the next controller of it to find nothing to do
+/// takes: it sets the flag and waits for the `Notify` before it leaves the registry.
+#[cfg(feature = "fault-injection")]
+pub(crate) type StopHolds =
+    Arc<dashmap::DashMap<u64, (Arc<tokio::sync::Notify>, Arc<std::sync::atomic::AtomicBool>)>>;
+
 /// What every controller shares.
 #[derive(Clone)]
 pub(crate) struct RolloutCtx {
@@ -42,6 +48,11 @@ pub(crate) struct RolloutCtx {
     pub sealer: crate::secrets::Sealer,
     pub clock: Clock,
     pub tick: Duration,
+    /// The controllers' own supervisor: a stopping controller leaves its registry, and starts
+    /// a fresh one when a resume came meanwhile.
+    pub controllers: crate::keyed::Keyed<RolloutActor>,
+    #[cfg(feature = "fault-injection")]
+    pub stop_holds: StopHolds,
 }
 
 #[derive(Default)]
@@ -106,7 +117,7 @@ impl Actor for RolloutActor {
             RolloutMsg::Tick => match st.tick().await {
                 Ok(true) => {}
                 // Nothing left to do: a later resume or restart starts it again.
-                Ok(false) => myself.stop(None),
+                Ok(false) => st.stop(&myself).await,
                 Err(e) => tracing::warn!(deployment = st.id, error = %e, "rollout tick failed"),
             },
             #[cfg(feature = "fault-injection")]
@@ -117,6 +128,44 @@ impl Actor for RolloutActor {
 }
 
 impl ControllerState {
+    /// Stops a controller that found nothing to do. A resume's nudge sent to it from now
+    /// until it is gone would be lost with its mailbox, so it first leaves the registry (a
+    /// resume from then on starts a fresh controller) and then looks once more: a resume
+    /// that came before finds its rollout running again here, and a fresh controller is
+    /// started for it.
+    async fn stop(&mut self, myself: &ActorRef<Envelope<RolloutMsg>>) {
+        #[cfg(feature = "fault-injection")]
+        if let Some((_, (release, reached))) = self.ctx.stop_holds.remove(&self.id) {
+            reached.store(true, std::sync::atomic::Ordering::SeqCst);
+            release.notified().await;
+        }
+        let me = myself.get_id();
+        self.ctx
+            .controllers
+            .registry
+            .remove_if(&self.id, |_, a| a.get_id() == me);
+        let store = self.ctx.store.clone();
+        let id = self.id;
+        let again = crate::off_thread(move || has_work(&store, id)).await;
+        myself.stop(None);
+        match again {
+            Ok(false) => {}
+            Ok(true) | Err(_) => {
+                let controllers = self.ctx.controllers.clone();
+                tokio::spawn(async move {
+                    match controllers.actor(id).await {
+                        Ok(a) => {
+                            let _ = a.cast(Envelope::cast(RolloutMsg::Tick));
+                        }
+                        Err(e) => {
+                            tracing::warn!(deployment = id, error = %e, "rollout controller did not start again")
+                        }
+                    }
+                });
+            }
+        }
+    }
+
     /// One judgement; `false` when the controller has nothing left to do.
     async fn tick(&mut self) -> Result<bool> {
         let (store, id) = (self.ctx.store.clone(), self.id);
@@ -335,4 +384,19 @@ fn fired(
         }
     }
     Ok(None)
+}
+
+/// Whether a controller has work for the rollout: running with its package active, or a
+/// failed gate's notice owed (what `tick` keeps a controller for).
+fn has_work(store: &Store, id: u64) -> Result<bool> {
+    let Some(r) = store.rollout(id)? else {
+        return Ok(false);
+    };
+    if r.notice_owed.is_some() {
+        return Ok(true);
+    }
+    Ok(r.state == RolloutState::Running
+        && store
+            .deployment(r.project_id, id)?
+            .is_some_and(|d| d.status == DeploymentStatus::Active))
 }

@@ -160,6 +160,45 @@ fn quick(c: &mut fleetops::config::Config) {
     c.pipeline.rollout_tick_ms = 50;
 }
 
+/// A resume whose nudge reaches the controller while it stops (it had found its rollout
+/// paused) is not lost: the rollout goes on at once, not at the housekeeper's next pass (60 s
+/// by default). The controller is held just before it leaves while the member resumes.
+#[tokio::test]
+async fn a_resume_racing_the_paused_controllers_stop_is_not_lost() {
+    let s = start_with(quick).await;
+    let cap = capsule(&s, "nav", "1.0.0").await;
+    let mut fleet = robots(&s, 4, json!({"fleet": "a"})).await;
+    let plan = json!({"phases": [
+        {"name": "canary", "devices": {"count": 1}, "min_wait_seconds": 1, "max_failure_rate": 0.5},
+        {"name": "rest", "devices": {"percent": 100}, "max_failure_rate": 0.5}
+    ]});
+    let dep = create(
+        &s,
+        json!({"name": "nav 1", "composition_tag": "nav-1.0.0", "capsule_id": cap,
+            "target_devices": [{"labels": {"fleet": "a"}}], "rollout": plan}),
+    )
+    .await;
+    activate(&s, dep).await;
+    let (release, reached) = s.rt().pipeline.inject_rollout_stop_hold(dep).await.unwrap();
+    let r = s
+        .post(&format!("{DEPS}/{dep}/rollout/pause"), s.key(), json!({}))
+        .await;
+    assert_eq!(r.body["state"], "paused", "{}", r.body);
+    // The controller's next tick finds it paused and is held on its way out.
+    let at_stop = || async { reached.load(std::sync::atomic::Ordering::SeqCst) };
+    assert!(eventually(5, at_stop).await, "the controller stopped");
+    let r = s
+        .post(&format!("{DEPS}/{dep}/rollout/resume"), s.key(), json!({}))
+        .await;
+    assert_eq!(r.body["state"], "running", "{}", r.body);
+    release.notify_one();
+    let r = until_state(&s, &mut fleet, dep, "completed", 15).await;
+    assert_eq!(
+        actions(&r),
+        ["started", "paused", "resumed", "started", "completed"]
+    );
+}
+
 #[tokio::test]
 async fn fifty_robots_follow_a_three_phase_rollout() {
     let s = start_with(quick).await;

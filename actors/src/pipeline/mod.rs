@@ -218,6 +218,8 @@ pub struct PipelineHandle {
     pub(crate) assignments: Arc<crate::assignments::Assignments>,
     /// One controller per phased rollout under way.
     pub(crate) controllers: crate::keyed::Keyed<crate::rollout::RolloutActor>,
+    #[cfg(feature = "fault-injection")]
+    pub(crate) rollout_stop_holds: crate::rollout::StopHolds,
     /// Serialized lists: (project, name, type, latest_only) -> (list identity, JSON, list).
     #[allow(clippy::type_complexity)]
     pub(crate) list_cache: Arc<

@@ -106,6 +106,29 @@ impl PipelineHandle {
         }
     }
 
+    /// Holds the package's next controller to find nothing to do, before it
+    /// leaves the registry, until the returned `Notify` is notified; the flag says it got
+    /// there (tests of a resume racing a stopping controller).
+    #[doc(hidden)]
+    #[cfg(feature = "fault-injection")]
+    pub async fn inject_rollout_stop_hold(
+        &self,
+        id: u64,
+    ) -> Result<(
+        std::sync::Arc<tokio::sync::Notify>,
+        std::sync::Arc<std::sync::atomic::AtomicBool>,
+    )> {
+        let (release, reached) = (std::sync::Arc::default(), std::sync::Arc::default());
+        self.rollout_stop_holds.insert(
+            id,
+            (
+                std::sync::Arc::clone(&release),
+                std::sync::Arc::clone(&reached),
+            ),
+        );
+        Ok((release, reached))
+    }
+
     /// Makes the package's rollout controller panic (supervision tests only).
     #[doc(hidden)]
     #[cfg(feature = "fault-injection")]
