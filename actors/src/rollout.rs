@@ -392,11 +392,9 @@ fn has_work(store: &Store, id: u64) -> Result<bool> {
     let Some(r) = store.rollout(id)? else {
         return Ok(false);
     };
-    if r.notice_owed.is_some() {
-        return Ok(true);
-    }
-    Ok(r.state == RolloutState::Running
-        && store
-            .deployment(r.project_id, id)?
-            .is_some_and(|d| d.status == DeploymentStatus::Active))
+    let Some(d) = store.deployment(r.project_id, id)? else {
+        return Ok(false);
+    };
+    Ok(r.notice_owed.is_some()
+        || (r.state == RolloutState::Running && d.status == DeploymentStatus::Active))
 }
