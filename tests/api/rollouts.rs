@@ -149,6 +149,16 @@ async fn create(s: &Srv, body: Value) -> u64 {
     r.body["id"].as_u64().unwrap()
 }
 
+/// A member's pause, resume or abort of the package's rollout.
+async fn act(s: &Srv, dep: u64, action: &str) -> Resp {
+    s.post(
+        &format!("{DEPS}/{dep}/rollout/{action}"),
+        s.key(),
+        json!({}),
+    )
+    .await
+}
+
 async fn activate(s: &Srv, dep: u64) {
     let r = s
         .post(&format!("{DEPS}/{dep}/activate"), s.key(), json!({}))
@@ -180,16 +190,12 @@ async fn a_resume_racing_the_paused_controllers_stop_is_not_lost() {
     .await;
     activate(&s, dep).await;
     let (release, reached) = s.rt().pipeline.inject_rollout_stop_hold(dep).await.unwrap();
-    let r = s
-        .post(&format!("{DEPS}/{dep}/rollout/pause"), s.key(), json!({}))
-        .await;
+    let r = act(&s, dep, "pause").await;
     assert_eq!(r.body["state"], "paused", "{}", r.body);
     // The controller's next tick finds it paused and is held on its way out.
     let at_stop = || async { reached.load(std::sync::atomic::Ordering::SeqCst) };
     assert!(eventually(5, at_stop).await, "the controller stopped");
-    let r = s
-        .post(&format!("{DEPS}/{dep}/rollout/resume"), s.key(), json!({}))
-        .await;
+    let r = act(&s, dep, "resume").await;
     assert_eq!(r.body["state"], "running", "{}", r.body);
     release.notify_one();
     let r = until_state(&s, &mut fleet, dep, "completed", 15).await;
@@ -242,17 +248,13 @@ async fn fifty_robots_follow_a_three_phase_rollout() {
             .iter()
             .all(|p| p["status"] == "pending")
     );
-    s.post(&format!("{DEPS}/{dep}/rollout/pause"), s.key(), json!({}))
-        .await
-        .assert_error(409);
+    act(&s, dep, "pause").await.assert_error(409);
     let canary = phase_devices(&r, 0);
 
     // Activation starts the canary only (held there by a member's pause while it is looked
     // at; the resume starts the canary's gate over).
     activate(&s, dep).await;
-    let r = s
-        .post(&format!("{DEPS}/{dep}/rollout/pause"), s.key(), json!({}))
-        .await;
+    let r = act(&s, dep, "pause").await;
     assert_eq!(
         (r.status.as_u16(), &r.body["state"]),
         (200, &json!("paused"))
@@ -271,9 +273,7 @@ async fn fifty_robots_follow_a_three_phase_rollout() {
             .iter()
             .all(|r| r.last_status == if want.contains(&r.id) { 200 } else { 204 })
     );
-    let r = s
-        .post(&format!("{DEPS}/{dep}/rollout/resume"), s.key(), json!({}))
-        .await;
+    let r = act(&s, dep, "resume").await;
     assert_eq!(r.status, 200, "{}", r.body);
     // A robot registered mid-rollout is one of its targets: it joins a phase and is reached.
     let (late, late_tok) = device(&s, "robot-late", json!({"fleet": "a"})).await;
@@ -334,9 +334,7 @@ async fn fifty_robots_follow_a_three_phase_rollout() {
     let (after, after_tok) = device(&s, "robot-after", json!({"fleet": "a"})).await;
     let mut rb = Robot::new(after, after_tok);
     assert_eq!(rb.cycle(&s.http, &s.base).await, Some(dep));
-    s.post(&format!("{DEPS}/{dep}/rollout/abort"), s.key(), json!({}))
-        .await
-        .assert_error(409);
+    act(&s, dep, "abort").await.assert_error(409);
 }
 
 #[tokio::test]
@@ -418,15 +416,11 @@ async fn a_phase_over_its_failure_rate_pauses_and_members_resume_pause_and_abort
     cycle_all(&s, &mut fleet).await;
     let reached = fleet.iter().filter(|r| r.running == Some(dep)).count();
     assert_eq!(reached, 4);
-    s.post(&format!("{DEPS}/{dep}/rollout/pause"), s.key(), json!({}))
-        .await
-        .assert_error(409);
+    act(&s, dep, "pause").await.assert_error(409);
 
     // Resume: the phase's gate starts over (the earlier failures no longer count), so after
     // its wait the rest starts.
-    let r = s
-        .post(&format!("{DEPS}/{dep}/rollout/resume"), s.key(), json!({}))
-        .await;
+    let r = act(&s, dep, "resume").await;
     assert_eq!(r.status, 200, "{}", r.body);
     assert_eq!(r.body["state"], "running");
     assert_eq!(*actions(&r.body).last().unwrap(), "resumed");
@@ -448,16 +442,12 @@ async fn a_phase_over_its_failure_rate_pauses_and_members_resume_pause_and_abort
     assert_eq!(r["phases"][1]["status"], "in_progress");
 
     // A member's pause and abort; an aborted rollout takes no more actions.
-    let r = s
-        .post(&format!("{DEPS}/{dep}/rollout/pause"), s.key(), json!({}))
-        .await;
+    let r = act(&s, dep, "pause").await;
     assert_eq!(
         (r.status.as_u16(), &r.body["state"]),
         (200, &json!("paused"))
     );
-    let r = s
-        .post(&format!("{DEPS}/{dep}/rollout/abort"), s.key(), json!({}))
-        .await;
+    let r = act(&s, dep, "abort").await;
     assert_eq!(
         (r.status.as_u16(), &r.body["state"]),
         (200, &json!("aborted"))
@@ -468,9 +458,7 @@ async fn a_phase_over_its_failure_rate_pauses_and_members_resume_pause_and_abort
             "started", "paused", "resumed", "started", "paused", "aborted"
         ]
     );
-    s.post(&format!("{DEPS}/{dep}/rollout/resume"), s.key(), json!({}))
-        .await
-        .assert_error(409);
+    act(&s, dep, "resume").await.assert_error(409);
     // The devices already in keep the package.
     let mut rb = fleet.remove(0);
     rb.cycle(&s.http, &s.base).await;
