@@ -152,16 +152,7 @@ impl ControllerState {
             Ok(false) => {}
             Ok(true) | Err(_) => {
                 let controllers = self.ctx.controllers.clone();
-                tokio::spawn(async move {
-                    match controllers.actor(id).await {
-                        Ok(a) => {
-                            let _ = a.cast(Envelope::cast(RolloutMsg::Tick));
-                        }
-                        Err(e) => {
-                            tracing::warn!(deployment = id, error = %e, "rollout controller did not start again")
-                        }
-                    }
-                });
+                tokio::spawn(async move { start(&controllers, id).await });
             }
         }
     }
@@ -384,6 +375,16 @@ fn fired(
         }
     }
     Ok(None)
+}
+
+/// Starts the package's controller if none runs, and has it judge now.
+pub(crate) async fn start(controllers: &crate::keyed::Keyed<RolloutActor>, id: u64) {
+    match controllers.actor(id).await {
+        Ok(a) => {
+            let _ = a.cast(Envelope::cast(RolloutMsg::Tick));
+        }
+        Err(e) => tracing::warn!(deployment = id, error = %e, "rollout controller did not start"),
+    }
 }
 
 /// Whether a controller has work for the rollout: running with its package active, or a

@@ -227,8 +227,8 @@ pub(crate) fn delivery_prefix() -> Vec<u8> {
 pub(crate) fn journal_applied() -> Vec<u8> {
     key(&[b"wdj"])
 }
-/// The worker's queue as stores before the `queued` delivery list took its place held it (one
-/// key per queued delivery); only removed, at open.
+/// The worker's old queue, one key per queued delivery, which older stores hold; the list of
+/// queued deliveries took its place, and these keys are only removed, at open.
 pub(crate) fn legacy_queued_prefix() -> Vec<u8> {
     key(&[b"wdq", b""])
 }

@@ -94,16 +94,7 @@ impl PipelineHandle {
 
     /// Starts the package's controller if it is not running, and has it judge now.
     pub(crate) async fn start_controller(&self, id: u64) {
-        match self.controllers.actor(id).await {
-            Ok(a) => {
-                let _ = a.cast(crate::mailbox::Envelope::cast(
-                    crate::rollout::RolloutMsg::Tick,
-                ));
-            }
-            Err(e) => {
-                tracing::warn!(deployment = id, error = %e, "rollout controller did not start")
-            }
-        }
+        crate::rollout::start(&self.controllers, id).await;
     }
 
     /// Holds the package's next controller to find nothing to do, before it

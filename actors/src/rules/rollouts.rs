@@ -302,7 +302,6 @@ pub enum RolloutAction {
     NoticeSent,
 }
 
-/// A new rollout for a package being created or edited: not started.
 /// The notice a failed gate's decision owes the gate rules' integrations (`None` for any
 /// other decision): the controller finds the decision that owes a notice by it.
 pub fn notice_for(action: &str, reason: &str) -> Option<String> {
@@ -313,6 +312,7 @@ pub fn notice_for(action: &str, reason: &str) -> Option<String> {
     }
 }
 
+/// A new rollout for a package being created or edited: not started.
 pub fn planned(deployment: u64, project: u64, plan_json: Vec<u8>) -> Rollout {
     Rollout {
         deployment_id: deployment,

@@ -4,8 +4,9 @@
 //! queue: the intake stores each subscribed delivery `queued`, which puts it in the list of
 //! queued deliveries, and wakes the worker, which reads that list a page at a time past the
 //! last seq it took, so a long backlog (a worker left down past its restart budget, a burst)
-//! costs a page of memory, not an entry per delivery. On every (re)start the worker reads from the beginning, so it first takes
-//! what a crash left queued, or the batch it was working when it panicked. Working a delivery
+//! costs a page of memory, not an entry per delivery. On every (re)start the worker reads from
+//! the beginning, so it first takes what a crash left queued, or the batch it was working when
+//! it panicked. Working a delivery
 //! twice is harmless: the installation actor and the dispatcher act on a delivery only while
 //! it is still queued.
 
