@@ -1283,6 +1283,51 @@ async fn a_dispatch_failing_mid_batch_is_retried_in_order_without_duplicates() {
     );
 }
 
+/// A shared batch of outcomes that fails to commit (as on a failing disk) leaves all of its
+/// deliveries queued; each is worked again on its own, in order: every delivery is
+/// dispatched once, into one run each, made in arrival order, and nothing of the failed
+/// batch survives (its runs' ids are gaps).
+#[tokio::test]
+async fn a_shared_commit_that_fails_leaves_its_deliveries_to_be_worked_again_in_order() {
+    let s = installed_for_batches().await;
+    let rt = s.running.as_ref().unwrap().runtime.clone();
+    let failed = rt.webhooks.inject_commit_failure();
+    let plan = (1..=20u64)
+        .map(|n| ("pull_request", pr("opened", n, &format!("{n:040}"), false)))
+        .collect();
+    let ids = send_held(&s, plan).await;
+    let mut run_ids = Vec::new();
+    for id in &ids {
+        let d = settled(&s, id).await;
+        assert_eq!(d["outcome"], "dispatched", "{d}");
+        run_ids.push(d["test_run_id"].as_u64().expect("a run"));
+    }
+    let mut sorted = run_ids.clone();
+    sorted.sort_unstable();
+    sorted.dedup();
+    assert_eq!(run_ids, sorted, "one run each, made in arrival order");
+    assert!(
+        failed.load(std::sync::atomic::Ordering::SeqCst),
+        "the injected failure happened"
+    );
+    // The failed batch had taken ids for its runs, so the runs kept start past a gap.
+    let first = run_ids.first().copied().unwrap_or_default();
+    let listed = runs(&s, "page_size=100").await;
+    assert_eq!(listed["total"], 20, "no run of the failed batch was kept");
+    let lowest = listed["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|r| r["id"].as_u64())
+        .min()
+        .unwrap();
+    assert_eq!(lowest, first);
+    assert!(
+        first > 1,
+        "the failed batch's run ids were taken and left unused: {run_ids:?}"
+    );
+}
+
 /// A server with the repository linked and installed, whose calls wait long enough for a
 /// held intake write (the batch tests hold it while their deliveries queue).
 async fn installed_for_batches() -> Srv {

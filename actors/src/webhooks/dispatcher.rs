@@ -82,6 +82,10 @@ pub(crate) enum DispatcherMsg {
     /// once, as on a failing write, leaving it queued.
     #[cfg(feature = "fault-injection")]
     FailDispatch(u32, Arc<std::sync::atomic::AtomicBool>),
+    /// Fault injection: the next shared batch of outcomes fails to commit, as on a failing
+    /// disk, leaving its deliveries queued.
+    #[cfg(feature = "fault-injection")]
+    FailCommit(Arc<std::sync::atomic::AtomicBool>),
 }
 
 pub(crate) struct DispatcherActor;
@@ -93,6 +97,9 @@ pub(crate) struct DispatcherState {
     /// Dispatches left before the injected failure, and the flag it sets (tests).
     #[cfg(feature = "fault-injection")]
     fail_in: Option<(u32, Arc<std::sync::atomic::AtomicBool>)>,
+    /// The flag the next shared commit sets as it fails (tests).
+    #[cfg(feature = "fault-injection")]
+    fail_commit: Option<Arc<std::sync::atomic::AtomicBool>>,
 }
 
 impl Actor for DispatcherActor {
@@ -114,6 +121,8 @@ impl Actor for DispatcherActor {
             clock,
             #[cfg(feature = "fault-injection")]
             fail_in: None,
+            #[cfg(feature = "fault-injection")]
+            fail_commit: None,
         })
     }
 
@@ -132,6 +141,8 @@ impl Actor for DispatcherActor {
             DispatcherMsg::Panic => panic!("injected fault in the dispatcher"),
             #[cfg(feature = "fault-injection")]
             DispatcherMsg::FailDispatch(n, fired) => st.fail_in = Some((n.max(1), fired)),
+            #[cfg(feature = "fault-injection")]
+            DispatcherMsg::FailCommit(fired) => st.fail_commit = Some(fired),
             DispatcherMsg::Dispatch { work, reply } => {
                 let _ = reply.send(st.dispatch_one(&work));
             }
@@ -340,6 +351,18 @@ impl DispatcherState {
         Ok(())
     }
 
+    /// Fails when a test injected a failure for the next shared commit.
+    fn injected_commit_failure(&mut self) -> fleetops_storage::Result<()> {
+        #[cfg(feature = "fault-injection")]
+        if let Some(fired) = self.fail_commit.take() {
+            fired.store(true, std::sync::atomic::Ordering::SeqCst);
+            return Err(fleetops_storage::StorageError::Io(std::io::Error::other(
+                "injected commit failure",
+            )));
+        }
+        Ok(())
+    }
+
     /// Works one delivery and writes its outcome in a batch of its own.
     fn dispatch_one(&mut self, work: &Work) -> Result<()> {
         self.injected_failure()?;
@@ -402,20 +425,41 @@ impl DispatcherState {
 
     /// Commits `b`, which holds the last `pending` entries of `done`; on failure those become
     /// errors. Whether it was written.
-    fn commit_pending(&self, b: &mut ScmBatch, done: &mut [Result<()>], pending: usize) -> bool {
+    ///
+    /// The first of them carries the storage error itself, so its kind is what a caller
+    /// sees (a failing flush is `Unavailable`, anything else is not retried forever); the
+    /// others say they shared its batch (the error is one value and cannot be copied).
+    fn commit_pending(
+        &mut self,
+        b: &mut ScmBatch,
+        done: &mut [Result<()>],
+        pending: usize,
+    ) -> bool {
         let batch = std::mem::take(b);
         if pending == 0 || batch.is_empty() {
             return true;
         }
-        match batch.commit(&self.store) {
+        match self
+            .injected_commit_failure()
+            .and_then(|()| batch.commit(&self.store))
+        {
             Ok(()) => true,
             Err(e) => {
                 tracing::warn!(error = %e, deliveries = pending, "a batch of delivery outcomes failed");
                 let from = done.len().saturating_sub(pending);
-                for r in done.iter_mut().skip(from) {
-                    *r = Err(Error::Unavailable {
-                        retry_after_secs: 1,
-                    });
+                let shared = format!("the batch of outcomes it was written with failed: {e}");
+                let first = Error::from(e);
+                let same = |first: &Error| match first {
+                    Error::Unavailable { retry_after_secs } => Error::Unavailable {
+                        retry_after_secs: *retry_after_secs,
+                    },
+                    _ => Error::Internal(shared.clone()),
+                };
+                for r in done.iter_mut().skip(from + 1) {
+                    *r = Err(same(&first));
+                }
+                if let Some(r) = done.get_mut(from) {
+                    *r = Err(first);
                 }
                 false
             }

@@ -110,6 +110,17 @@ impl WebhooksHandle {
         fired
     }
 
+    /// Makes the dispatcher's next shared batch of outcomes fail to commit (tests only); the
+    /// flag says whether it did.
+    #[doc(hidden)]
+    #[cfg(feature = "fault-injection")]
+    pub fn inject_commit_failure(&self) -> Arc<std::sync::atomic::AtomicBool> {
+        let fired = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        self.dispatcher
+            .cast(DispatcherMsg::FailCommit(fired.clone()));
+        fired
+    }
+
     /// Calls waiting on the intake now, queued or being answered (deadline tests only).
     #[doc(hidden)]
     pub fn intake_waiting(&self) -> usize {
