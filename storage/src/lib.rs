@@ -92,6 +92,9 @@ struct Inner {
     recovered: std::sync::atomic::AtomicU64,
     /// Webhook payloads, outside sled.
     spool: spool::Spool,
+    /// Test-run ids taken from their counter a block at a time and not handed out yet
+    /// (`Store::new_run`).
+    run_ids: std::sync::Mutex<std::ops::Range<u64>>,
 }
 
 impl Store {
@@ -155,6 +158,7 @@ impl Store {
                 list_lock: std::sync::Mutex::new(()),
                 recovered: 0.into(),
                 spool,
+                run_ids: std::sync::Mutex::new(0..0),
             }),
         };
         store.ensure_lists()?;

@@ -73,6 +73,22 @@ pub struct RunQuery<'a> {
     pub commit_sha: Option<&'a str>,
 }
 
+/// How many test-run ids [`Store::new_run`] takes from the counter at once.
+pub const RUN_ID_BLOCK: u64 = 64;
+
+/// A run about to be made: its id was just taken from the run counter, so nothing is stored
+/// under it. Only [`Store::new_run`] makes one, and it cannot be changed afterwards, so
+/// [`ScmBatch::put_new_run`] may skip removing index entries it cannot have.
+#[derive(Debug, Clone)]
+pub struct NewRun(TestRun);
+
+impl std::ops::Deref for NewRun {
+    type Target = TestRun;
+    fn deref(&self) -> &TestRun {
+        &self.0
+    }
+}
+
 /// Changes applied together by [`ScmBatch::commit`].
 pub struct ScmBatch(Writes);
 
@@ -97,12 +113,20 @@ impl ScmBatch {
         self.0.put(keys::repo_hold(full_name), h)
     }
 
-    /// Writes a run and keeps its indexes (queue, running, idempotency key, pull request)
-    /// in step with its status. `old` is the run as stored before, if any.
-    ///
-    /// A run made now (`old` is `None`: its id is new) has no index entries yet, so none is
-    /// removed: each removal is a tree descent in sled's batch, paid per delivery.
-    pub fn put_run(&mut self, old: Option<&TestRun>, r: &TestRun) -> Result<()> {
+    /// Writes a run made now. Its id is new ([`Store::new_run`] takes it), so it has no
+    /// index entries yet and none is removed: each removal is a tree descent in sled's
+    /// batch, paid per delivery.
+    pub fn put_new_run(&mut self, r: &NewRun) -> Result<()> {
+        self.write_run(None, &r.0)
+    }
+
+    /// Writes a changed run and keeps its indexes (queue, running, idempotency key, pull
+    /// request) in step with its status. `old` is the run as stored before.
+    pub fn put_run(&mut self, old: &TestRun, r: &TestRun) -> Result<()> {
+        self.write_run(Some(old), r)
+    }
+
+    fn write_run(&mut self, old: Option<&TestRun>, r: &TestRun) -> Result<()> {
         self.0.put_listed(keys::run(r.project_id, r.id), r)?;
         let pid = r.project_id.to_be_bytes().to_vec();
         let stored = old.is_some();
@@ -208,6 +232,28 @@ fn pair(v: &[u8]) -> Option<(u64, u64)> {
 }
 
 impl Store {
+    /// Makes `run` a new run: its id is the next from the run counter (whatever it held).
+    ///
+    /// Ids are taken from the counter [`RUN_ID_BLOCK`] at a time (a counter update is a
+    /// sled write of its own, and the worker makes a run per delivery): within one open they
+    /// rise by one; a restart leaves the rest of the block as a gap, as a failed write does.
+    /// The counter is raised before any id of its block is written in a run, and sled keeps
+    /// its writes in order, so no id is handed out twice across a crash.
+    pub fn new_run(&self, mut run: TestRun) -> Result<NewRun> {
+        let mut ids = self
+            .inner
+            .run_ids
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if ids.is_empty() {
+            let first = self.new_ids(Seq::TestRun, RUN_ID_BLOCK)?;
+            *ids = first..first.saturating_add(RUN_ID_BLOCK);
+        }
+        run.id = ids.start;
+        ids.start = ids.start.saturating_add(1);
+        Ok(NewRun(run))
+    }
+
     /// Stores deliveries whose ids the caller (the intake actor, the single writer of ids)
     /// has checked: `(delivery, payload)` each, in rising seq order (one stored `Queued` is
     /// in the worker's queue). Durable when it
@@ -762,6 +808,54 @@ mod tests {
         b.finish_delivery(&done).unwrap();
         b.commit(store).unwrap();
         store.expire_deliveries(5_000).unwrap();
+    }
+
+    fn run_fields(key: &str) -> TestRun {
+        TestRun {
+            id: 0,
+            project_id: 1,
+            repository: "acme/robot".into(),
+            commit_sha: "a".repeat(40),
+            git_ref: "main".into(),
+            event: "push".into(),
+            pull_request_number: None,
+            status: RunStatus::Queued,
+            attempt: 1,
+            idempotency_key: key.into(),
+            delivery_id: None,
+            summary: None,
+            urls_json: b"{}".to_vec(),
+            lease_expires_at: None,
+            created_at: 0,
+            updated_at: 0,
+        }
+    }
+
+    /// Run ids come a block at a time: one by one within an open, and a reopen starts past
+    /// the block, so an id handed out before is never handed out again.
+    #[test]
+    fn new_runs_take_rising_ids_and_a_reopen_never_reuses_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let ids: Vec<u64> = (0..3)
+            .map(|i| store.new_run(run_fields(&format!("k{i}"))).unwrap().id)
+            .collect();
+        assert_eq!(ids, vec![1, 2, 3]);
+        let kept = store.new_run(run_fields("kept")).unwrap();
+        let mut b = ScmBatch::default();
+        b.put_new_run(&kept).unwrap();
+        b.commit(&store).unwrap();
+        store.flush_blocking().unwrap();
+        drop(store);
+
+        let store = Store::reopen(dir.path());
+        assert_eq!(
+            store.run(1, kept.id).unwrap().unwrap().idempotency_key,
+            "kept"
+        );
+        let next = store.new_run(run_fields("next")).unwrap().id;
+        assert_eq!(next, RUN_ID_BLOCK + 1, "past the whole block taken before");
+        assert_eq!(store.new_run(run_fields("then")).unwrap().id, next + 1);
     }
 
     fn segments(dir: &std::path::Path) -> usize {

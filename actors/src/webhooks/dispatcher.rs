@@ -285,10 +285,12 @@ pub(crate) fn check_full_name(s: &str) -> Result<()> {
 }
 
 impl DispatcherState {
-    fn new_run(&self, d: &Delivery, link: &RepoLink, key: String) -> Result<TestRun> {
+    /// A run's fields for `d`; its id is taken when it is made (`finish`), so a delivery
+    /// that makes none (a duplicate job) takes none.
+    fn new_run(&self, d: &Delivery, link: &RepoLink, key: String) -> TestRun {
         let now = self.clock.now_ms();
-        Ok(TestRun {
-            id: self.store.new_id(Seq::TestRun)?,
+        TestRun {
+            id: 0,
             project_id: link.project_id,
             repository: link.full_name.clone(),
             commit_sha: String::new(),
@@ -304,25 +306,23 @@ impl DispatcherState {
             lease_expires_at: None,
             created_at: now,
             updated_at: now,
-        })
+        }
     }
 
-    /// Adds the delivery's outcome (and the run it made or changed) to `b`.
-    fn finish(
+    /// Makes `run` (taking its id) and adds it with the delivery's outcome to `b`.
+    fn make(
         &self,
         b: &mut ScmBatch,
         mut d: Delivery,
         outcome: DeliveryOutcome,
-        run: Option<(Option<&TestRun>, &TestRun)>,
+        run: TestRun,
     ) -> Result<Wrote> {
-        let wrote = run.is_some();
-        if let Some((old, r)) = run {
-            b.put_run(old, r)?;
-            d.test_run_id = Some(r.id);
-        }
+        let r = self.store.new_run(run)?;
+        b.put_new_run(&r)?;
+        d.test_run_id = Some(r.id);
         d.outcome = outcome;
         b.finish_delivery(&d)?;
-        Ok(wrote)
+        Ok(true)
     }
 
     /// Queues a run under `key` unless a run already holds it (`duplicate_job`).
@@ -335,7 +335,7 @@ impl DispatcherState {
             return Ok(false);
         }
         run.status = RunStatus::Queued;
-        self.finish(b, d, DeliveryOutcome::Dispatched, Some((None, &run)))
+        self.make(b, d, DeliveryOutcome::Dispatched, run)
     }
 
     /// Fails when a test injected a failure for this dispatch.
@@ -505,7 +505,7 @@ impl DispatcherState {
                     if pr.and_then(|x| x.draft).unwrap_or(false) && !link.include_drafts {
                         return skip_into(b, &d, "draft_excluded");
                     }
-                    let mut r = self.new_run(&d, &link, format!("{full}@{sha}#pr{n}"))?;
+                    let mut r = self.new_run(&d, &link, format!("{full}@{sha}#pr{n}"));
                     r.commit_sha = sha;
                     r.git_ref = branch;
                     r.pull_request_number = Some(n);
@@ -523,7 +523,7 @@ impl DispatcherState {
                         r.status = RunStatus::Cancelled;
                         r.lease_expires_at = None;
                         r.updated_at = now;
-                        b.put_run(Some(old), &r)?;
+                        b.put_run(old, &r)?;
                     }
                     d.test_run_id = runs.first().map(|r| r.id);
                     d.outcome = if runs.is_empty() {
@@ -552,7 +552,7 @@ impl DispatcherState {
                 let Some(sha) = p.after.clone() else {
                     return skip_into(b, &d, "invalid_payload");
                 };
-                let mut r = self.new_run(&d, &link, format!("{full}@{sha}@{branch}"))?;
+                let mut r = self.new_run(&d, &link, format!("{full}@{sha}@{branch}"));
                 r.commit_sha = sha;
                 r.git_ref = branch.to_string();
                 self.enqueue(b, d, r)
@@ -569,7 +569,7 @@ impl DispatcherState {
                         if !link.branch_patterns.iter().any(|pt| matches(pt, &branch)) {
                             return skip_into(b, &d, "branch_not_matched");
                         }
-                        let mut r = self.new_run(&d, &link, key)?;
+                        let mut r = self.new_run(&d, &link, key);
                         r.commit_sha = sha;
                         r.git_ref = branch;
                         self.enqueue(b, d, r)
@@ -579,11 +579,11 @@ impl DispatcherState {
                         // in this repository (whatever event made them); the key moves to
                         // the new run.
                         let previous = self.store.max_commit_attempt(&full, &sha)?;
-                        let mut r = self.new_run(&d, &link, key)?;
+                        let mut r = self.new_run(&d, &link, key);
                         r.commit_sha = sha;
                         r.git_ref = branch;
                         r.attempt = previous.map_or(1, |a| a.saturating_add(1));
-                        self.finish(b, d, DeliveryOutcome::Dispatched, Some((None, &r)))
+                        self.make(b, d, DeliveryOutcome::Dispatched, r)
                     }
                     _ => skip_into(b, &d, "action_ignored"),
                 }
@@ -599,7 +599,7 @@ impl DispatcherState {
                     return skip_into(b, &d, "invalid_payload");
                 };
                 let attempt = w.run_attempt.unwrap_or(1);
-                let mut r = self.new_run(&d, &link, format!("{full}@{sha}#wr{id}.{attempt}"))?;
+                let mut r = self.new_run(&d, &link, format!("{full}@{sha}#wr{id}.{attempt}"));
                 r.commit_sha = sha;
                 r.git_ref = w.head_branch.clone().unwrap_or_default();
                 r.attempt = u32::try_from(attempt).unwrap_or(u32::MAX);
@@ -618,7 +618,7 @@ impl DispatcherState {
                     "cancelled" => RunStatus::Cancelled,
                     _ => RunStatus::Failed,
                 };
-                self.finish(b, d, DeliveryOutcome::Dispatched, Some((None, &r)))
+                self.make(b, d, DeliveryOutcome::Dispatched, r)
             }
             _ => skip_into(b, &d, "event_ignored"),
         }
@@ -693,7 +693,7 @@ impl DispatcherState {
 
     fn save(&self, old: &TestRun, r: &TestRun) -> Result<()> {
         let mut b = ScmBatch::default();
-        b.put_run(Some(old), r)?;
+        b.put_run(old, r)?;
         Ok(b.commit(&self.store)?)
     }
 
@@ -802,7 +802,7 @@ mod tests {
         let clock = Clock::default();
         for i in 0..n {
             let run = TestRun {
-                id: store.new_id(Seq::TestRun).unwrap(),
+                id: 0,
                 project_id: PROJECT,
                 repository: "acme/robot".into(),
                 commit_sha: format!("{i:040}"),
@@ -820,7 +820,7 @@ mod tests {
                 updated_at: i as i64,
             };
             let mut b = ScmBatch::default();
-            b.put_run(None, &run).unwrap();
+            b.put_new_run(&store.new_run(run).unwrap()).unwrap();
             b.commit(&store).unwrap();
         }
         let (a, _) = Actor::spawn(None, DispatcherActor, (store.clone(), 60, clock.clone()))
