@@ -819,6 +819,29 @@ async fn roles_refresh_secure_cookie_and_origins() {
     }
     let body = r.text().await.unwrap();
     assert!(body.contains("Not enough permissions.") && !body.contains("backtest-result"));
+    // The role is checked before the form is read: a viewer's oversized form is 403 as
+    // well, where a member's is 413.
+    let oversized = [
+        ("csrf", csrf_of(&html)),
+        ("condition", "x".repeat(16 * 1024)),
+    ];
+    let r = c
+        .post(s.url("/console/default/default/rules/backtest"))
+        .header("cookie", &viewer)
+        .form_of(&oversized)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403);
+    let member = format!("fleetops_session={}", s.member_key("member").await);
+    let r = c
+        .post(s.url("/console/default/default/rules/backtest"))
+        .header("cookie", &member)
+        .form_of(&oversized)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 413);
     // Another project's session: its export and files are 404 from this project's pages.
     let other = s
         .post(
@@ -954,4 +977,47 @@ async fn roles_refresh_secure_cookie_and_origins() {
         };
         assert_eq!(got, want, "origin {origin:?}");
     }
+}
+
+/// A console page past the tier's limit is a 429 page carrying the same headers the API's
+/// 429 carries (the limit, none remaining, the reset and `Retry-After`).
+#[tokio::test]
+async fn a_console_page_past_the_rate_limit_is_429_with_its_headers() {
+    let s = start_with(|c| {
+        c.tiers.insert(
+            "free".into(),
+            fleetops::config::TierFile {
+                requests_per_minute: Some(2),
+                storage_bytes: None,
+            },
+        );
+    })
+    .await;
+    let cookie = format!("fleetops_session={}", s.member_key("viewer").await);
+    let c = no_redirects();
+    let page = s.url("/console/default/default/webhooks");
+    for remaining in ["1", "0"] {
+        let r = c.get(&page).header("cookie", &cookie).send().await.unwrap();
+        assert_eq!(r.status(), 200);
+        let h = r.headers();
+        assert_eq!(h["x-ratelimit-limit"], "2");
+        assert_eq!(h["x-ratelimit-remaining"], remaining);
+    }
+    let r = c.get(&page).header("cookie", &cookie).send().await.unwrap();
+    assert_eq!(r.status(), 429);
+    let h = r.headers().clone();
+    assert_eq!(h["x-ratelimit-limit"], "2");
+    assert_eq!(h["x-ratelimit-remaining"], "0");
+    assert!(h.contains_key("x-ratelimit-reset"));
+    let retry: u64 = h["retry-after"].to_str().unwrap().parse().unwrap();
+    assert!((1..=60).contains(&retry), "{retry}");
+    assert!(
+        h["content-type"].to_str().unwrap().starts_with("text/html"),
+        "a page, not the API's JSON"
+    );
+    let body = r.text().await.unwrap();
+    assert!(
+        body.contains(&format!("Try again in {retry} seconds.")),
+        "{body}"
+    );
 }

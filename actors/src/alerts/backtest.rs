@@ -59,16 +59,25 @@ pub struct BacktestView {
     pub truncated: bool,
 }
 
+/// The hours a backtest of the last hours may cover: the console's form asks for these and
+/// echoes the value used.
+pub const LAST_HOURS: std::ops::RangeInclusive<u64> = 1..=720;
+
+/// `hours` brought into [`LAST_HOURS`].
+pub fn last_hours(hours: u64) -> u64 {
+    hours.clamp(*LAST_HOURS.start(), *LAST_HOURS.end())
+}
+
 impl AlertsHandle {
-    /// A backtest of the whole project over the last `hours` (1 to 720) up to now, by the
-    /// service's clock (the console's form).
+    /// A backtest of the whole project over the last `hours` ([`LAST_HOURS`]) up to now, by
+    /// the service's clock (the console's form).
     pub async fn backtest_last_hours(
         &self,
         pid: u64,
         condition: Value,
         hours: u64,
     ) -> Result<BacktestView> {
-        let hours = hours.clamp(1, 720) as i64;
+        let hours = last_hours(hours) as i64;
         let from = fmt_ms(self.clock.now_ms() - hours * 3_600_000);
         self.backtest(
             pid,

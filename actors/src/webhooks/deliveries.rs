@@ -13,6 +13,7 @@ use super::views::DeliveryFilter;
 use super::views::DeliveryView;
 use super::views::InstallationView;
 use super::views::LogOutcome;
+use super::work::limits::{BATCH, BATCH_BYTES};
 use super::work::{Loaded, LoadedBatch, ReadAhead, Work, ends_batch};
 use crate::clock::fmt_ms;
 use crate::error::Error;
@@ -24,11 +25,6 @@ use fleetops_storage::Delivery;
 use fleetops_storage::DeliveryOutcome;
 use serde_json::value::RawValue;
 use std::sync::Arc;
-
-/// The payload bytes (as sent) one batch of the worker reads before it stops taking more.
-const BATCH_BYTES: u64 = 8 << 20;
-/// Deliveries worked as one batch.
-const BATCH: usize = 64;
 
 impl WebhooksHandle {
     /// Claims the delivery id and, for a subscribed event, stores the delivery for the

@@ -12,6 +12,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
 use super::dispatcher::DispatcherMsg;
 use super::payload::{Payload, names};
+use super::work::limits::DISPATCH_BATCH;
 use super::work::{Work, ends_batch, skip, still_queued};
 use crate::clock::now_ms;
 use crate::error::{Error, Result};
@@ -343,12 +344,6 @@ impl InstallationActorState {
         }
     }
 }
-
-/// Deliveries sent to the dispatcher in one message, whose outcomes it writes in one sled
-/// batch. At 16 the worker fell behind 4,000 distinct pull requests a second (its commits
-/// were half its time); 64 holds the dispatcher from runners' calls for a few milliseconds
-/// at most (about 100 µs per delivery).
-const DISPATCH_BATCH: usize = 64;
 
 /// One result per delivery; one never worked (after a failure) is an error, so the worker
 /// works it again on its own.

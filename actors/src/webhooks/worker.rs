@@ -19,10 +19,8 @@ use tokio::sync::Notify;
 
 use super::WebhooksHandle;
 use super::work::ReadAhead;
+use super::work::limits::PAGE;
 use crate::mailbox::Envelope;
-
-/// Queued deliveries read at a time.
-const PAGE: usize = 256;
 
 pub(crate) enum WorkerMsg {
     /// Work the next batch of deliveries (the actor sends this to itself after each one).

@@ -320,18 +320,31 @@ async fn login(app: &App, mut req: Req) -> Result<Response<Body>, ApiError> {
 /// A form that changes something: its CSRF field must be this sign-in's, and a browser's
 /// `Origin`, when sent, must be this console's.
 async fn checked_form(app: &App, req: &mut Req) -> Result<Option<(Signed, Bytes)>, ApiError> {
+    Ok(checked_form_for(app, req, |_| Ok(()))
+        .await?
+        .map(|(s, (), b)| (s, b)))
+}
+
+/// As [`checked_form`], with `allowed` (a role check) run before the body is read, so a
+/// caller without the role is told 403 whatever the body's size, as on the API.
+async fn checked_form_for<T>(
+    app: &App,
+    req: &mut Req,
+    allowed: impl FnOnce(&Signed) -> Result<T, ApiError>,
+) -> Result<Option<(Signed, T, Bytes)>, ApiError> {
     let Some(s) = signed(app, req)? else {
         return Ok(None);
     };
     if !origin_matches(app, req, false) {
         return Err(ApiError::Domain(fleetops_actors::Error::Forbidden));
     }
+    let t = allowed(&s)?;
     let bytes = req.body_bytes(FORM_LIMIT).await?;
     let given = form1(&bytes, "csrf");
     if !session::csrf_ok(&s.csrf, given.as_deref()) {
         return Err(ApiError::Domain(fleetops_actors::Error::Forbidden));
     }
-    Ok(Some((s, bytes)))
+    Ok(Some((s, t, bytes)))
 }
 
 /// Whether the request's `Origin` is this console's: the scheme (https when it came through
@@ -537,19 +550,11 @@ async fn rollout(
     let pid = scope.project.id;
     let id = parse_id(id, "Deployment")?;
     let p = app.rt.pipeline.rollout_page(pid, id).await?;
-    let chrome = s.chrome(Some((org, project)));
     let base = format!("/console/{org}/{project}/deployments/{id}/rollout");
-    Ok(html(
-        StatusCode::OK,
-        pages::rollout(
-            &chrome,
-            &p.name,
-            p.rollout.as_ref(),
-            (scope.role >= Role::Member).then_some(base.as_str()),
-            &p.blockers,
-        ),
-        s.refresh.clone(),
-    ))
+    let actions = (scope.role >= Role::Member).then_some(base.as_str());
+    Ok(s.page(org, project, |chrome| {
+        pages::rollout(chrome, &p.name, p.rollout.as_ref(), actions, &p.blockers)
+    }))
 }
 
 async fn rollout_action(
@@ -560,13 +565,15 @@ async fn rollout_action(
     id: &str,
     action: &str,
 ) -> Result<Response<Body>, ApiError> {
-    let Some((s, _)) = checked_form(app, &mut req).await? else {
+    let member = |s: &Signed| {
+        Ok(app
+            .rt
+            .access
+            .project(&s.principal, org, project, Role::Member)?)
+    };
+    let Some((s, scope, _)) = checked_form_for(app, &mut req, member).await? else {
         return Ok(to_login());
     };
-    let scope = app
-        .rt
-        .access
-        .project(&s.principal, org, project, Role::Member)?;
     let id = parse_id(id, "Deployment")?;
     use fleetops_actors::pipeline::rollouts::RolloutAction;
     let action = match action {
@@ -850,13 +857,15 @@ async fn backtest(
     org: &str,
     project: &str,
 ) -> Result<Response<Body>, ApiError> {
-    let Some((s, body)) = checked_form(app, &mut req).await? else {
+    let member = |s: &Signed| {
+        Ok(app
+            .rt
+            .access
+            .project(&s.principal, org, project, Role::Member)?)
+    };
+    let Some((s, scope, body)) = checked_form_for(app, &mut req, member).await? else {
         return Ok(to_login());
     };
-    let scope = app
-        .rt
-        .access
-        .project(&s.principal, org, project, Role::Member)?;
     let pid = scope.project.id;
     let condition = form1(&body, "condition")
         .unwrap_or_default()
@@ -864,8 +873,7 @@ async fn backtest(
         .to_string();
     let hours = form1(&body, "hours")
         .and_then(|h| h.trim().parse::<u64>().ok())
-        .unwrap_or(24)
-        .clamp(1, 720);
+        .map_or(24, fleetops_actors::alerts::backtest::last_hours);
     let result = {
         match serde_json::from_str::<serde_json::Value>(&condition) {
             Err(e) => Err(format!("The condition is not JSON: {e}")),

@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 
+use fleetops_actors::alerts::backtest::LAST_HOURS;
 use fleetops_actors::views::{DeviceView, Page, SessionItem};
 use maud::{DOCTYPE, Markup, html};
 
@@ -663,7 +664,7 @@ pub fn rules(chrome: &Chrome<'_>, p: &RulesPage<'_>) -> Markup {
                 label for="condition" { "Condition (JSON, as in the API)" }
                 textarea id="condition" name="condition" rows="4" cols="60" { (p.condition) }
                 label for="hours" { "Hours back" }
-                input id="hours" name="hours" type="number" min="1" max="720" value=(p.hours);
+                input id="hours" name="hours" type="number" min=(LAST_HOURS.start()) max=(LAST_HOURS.end()) value=(p.hours);
                 button type="submit" id="backtest" { "Backtest" }
             }
             @match p.backtest {
