@@ -582,9 +582,11 @@ impl Store {
         self.get(&keys::installation(id))
     }
 
+    /// Every installation, newest first (by `created_at`, the higher id first on a tie), as
+    /// the contract orders lists; keyed by the host's ids, whose order is not the service's.
     pub fn installations(&self) -> Result<Vec<Installation>> {
         let mut v: Vec<Installation> = self.scan_rev(&keys::installation_prefix())?;
-        v.reverse();
+        v.sort_by(|a, b| (b.created_at, b.id).cmp(&(a.created_at, a.id)));
         Ok(v)
     }
 
@@ -636,7 +638,8 @@ impl Store {
             q.status.is_none_or(|s| r.status == s)
                 && q.repository
                     .is_none_or(|x| r.repository.eq_ignore_ascii_case(x))
-                && q.commit_sha.is_none_or(|x| r.commit_sha == x)
+                && q.commit_sha
+                    .is_none_or(|x| r.commit_sha.eq_ignore_ascii_case(x))
         };
         let get = |id| self.run(project, id);
         let mut candidates = Vec::new();

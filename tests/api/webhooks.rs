@@ -456,6 +456,23 @@ async fn installation_created_connects_its_repositories() {
         (r.body["state"].clone(), r.body["installation_id"].clone()),
         (json!("connected"), json!(INST))
     );
+    // Listed newest first, as every list is: one made later with a lower host id comes first.
+    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    let mut later = payload("installation.created");
+    later["installation"]["id"] = json!(1);
+    later["repositories"] = json!([]);
+    assert_eq!(
+        run(&s, "installation", &later).await["outcome"],
+        "processed"
+    );
+    let inst = s.get(&format!("{SCM}/installations"), s.key()).await;
+    let ids: Vec<&Value> = inst.body["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| &i["id"])
+        .collect();
+    assert_eq!(ids, vec![&json!(1), &json!(INST)]);
 }
 
 #[tokio::test]
@@ -901,6 +918,29 @@ async fn test_runs_filter_by_status_commit_and_repository() {
     assert_eq!(by_sha["total"], 1);
     let by_repo = runs(&s, "repository=octo-org/octo-repo").await;
     assert_eq!(by_repo["total"], 1);
+    // A commit id is one commit however it is spelled: a pull request sent in capitals
+    // stores it lower-cased, and the filter finds it in either spelling.
+    let shouted = "ABCDEF0123456789ABCDEF0123456789ABCDEF01";
+    assert_eq!(
+        run(&s, "pull_request", &pr("opened", 4, shouted, false)).await["outcome"],
+        "dispatched"
+    );
+    for q in [shouted.to_string(), shouted.to_ascii_lowercase()] {
+        let by_sha = runs(&s, &format!("commit_sha={q}")).await;
+        assert_eq!(by_sha["total"], 1, "{q}: {by_sha}");
+        assert_eq!(
+            by_sha["items"][0]["commit_sha"],
+            shouted.to_ascii_lowercase()
+        );
+    }
+    // The same pull request and commit spelled in lower case is the same job.
+    let again = run(
+        &s,
+        "pull_request",
+        &pr("synchronize", 4, &shouted.to_ascii_lowercase(), false),
+    )
+    .await;
+    assert_eq!(again["reason"], "duplicate_job", "{again}");
 }
 
 #[tokio::test]

@@ -15,6 +15,16 @@ pub const SUBSCRIBED: [&str; 6] = [
     "check_suite",
 ];
 
+/// A commit id as one spelling: hex is case-blind, and a run is found by its commit (the
+/// `commit_sha` filter, idempotency keys, the commit index), so every run stores it
+/// lower-cased whatever the host sent.
+fn commit<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    Ok(Option::<String>::deserialize(d)?.map(|mut s| {
+        s.make_ascii_lowercase();
+        s
+    }))
+}
+
 #[derive(Debug, Default, Deserialize)]
 pub struct Payload {
     pub action: Option<String>,
@@ -28,6 +38,7 @@ pub struct Payload {
     pub repository_selection: Option<String>,
     #[serde(rename = "ref")]
     pub git_ref: Option<String>,
+    #[serde(default, deserialize_with = "commit")]
     pub after: Option<String>,
     pub deleted: Option<bool>,
     pub check_suite: Option<CheckSuite>,
@@ -44,6 +55,7 @@ pub struct PullRequest {
 
 #[derive(Debug, Default, Deserialize)]
 pub struct GitRef {
+    #[serde(default, deserialize_with = "commit")]
     pub sha: Option<String>,
     #[serde(rename = "ref")]
     pub git_ref: Option<String>,
@@ -70,6 +82,7 @@ pub struct Account {
 
 #[derive(Debug, Default, Deserialize)]
 pub struct CheckSuite {
+    #[serde(default, deserialize_with = "commit")]
     pub head_sha: Option<String>,
     pub head_branch: Option<String>,
 }
@@ -78,6 +91,7 @@ pub struct CheckSuite {
 pub struct WorkflowRun {
     pub id: Option<u64>,
     pub run_attempt: Option<u64>,
+    #[serde(default, deserialize_with = "commit")]
     pub head_sha: Option<String>,
     pub head_branch: Option<String>,
     pub conclusion: Option<String>,

@@ -26,10 +26,12 @@ impl WebhooksHandle {
 
     /// On the blocking pool: a filtered list may walk storage.
     fn runs_now(&self, project_id: u64, f: &RunFilter, page: PageReq) -> Result<Page<TestRunView>> {
+        // Runs store their commit lower-cased (as the payload is read).
+        let sha = f.commit_sha.as_deref().map(str::to_ascii_lowercase);
         let q = RunQuery {
             status: f.status,
             repository: f.repository.as_deref(),
-            commit_sha: f.commit_sha.as_deref(),
+            commit_sha: sha.as_deref(),
         };
         let (runs, total) = self
             .store
