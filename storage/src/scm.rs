@@ -586,7 +586,7 @@ impl Store {
     /// the contract orders lists; keyed by the host's ids, whose order is not the service's.
     pub fn installations(&self) -> Result<Vec<Installation>> {
         let mut v: Vec<Installation> = self.scan_rev(&keys::installation_prefix())?;
-        v.sort_by(|a, b| (b.created_at, b.id).cmp(&(a.created_at, a.id)));
+        v.sort_by_key(|i| std::cmp::Reverse((i.created_at, i.id)));
         Ok(v)
     }
 
