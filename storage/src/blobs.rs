@@ -168,8 +168,12 @@ impl BlobStore {
         self.sync(key).await
     }
 
-    /// Streams a body into `key`, refusing more than `max` bytes (the partial object is
-    /// removed). Returns the size.
+    /// Streams a body into `key`, refusing more than `max` bytes. Returns the size.
+    ///
+    /// The object appears at `key` only whole (object_store writes a staging file, or a
+    /// multipart upload, and renames or completes it at the end), so a failed stream is
+    /// aborted and leaves whatever `key` held before: an upload link written once and then
+    /// retried with a body that fails keeps the bytes it already acknowledged.
     pub async fn put_stream(
         &self,
         key: &str,
@@ -197,7 +201,6 @@ impl BlobStore {
         .await;
         if let Err(e) = outcome {
             let _ = w.abort().await;
-            let _ = self.delete(key).await;
             return Err(e);
         }
         self.sync(key).await?;

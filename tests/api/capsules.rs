@@ -88,6 +88,65 @@ pub(crate) async fn publish(
     .await
 }
 
+/// An upload acknowledged 200 survives a retry of its link that fails (too large, or a body
+/// cut off): the failed write never replaces it, and the capsule confirms from the first
+/// bytes.
+#[tokio::test]
+async fn a_failed_retry_of_an_upload_keeps_the_bytes_already_acknowledged() {
+    let s = start().await;
+    let secret = &s.admin.project_secret;
+    let bytes = archive(".tar.gz", b"kept");
+    let r = secret_post(
+        &s,
+        &format!("{CAPS}/upload-url"),
+        secret,
+        json!({"name": "kept", "version": "1.0.0", "capsule_type": "SW", "file_format": ".tar.gz",
+               "file_size_bytes": bytes.len()}),
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", r.body);
+    let id = r.body["capsule_id"].as_u64().unwrap();
+    let url = r.body["upload_url"].as_str().unwrap().to_string();
+    let put = s.http.put(&url).body(bytes.clone()).send().await.unwrap();
+    assert_eq!(put.status(), 200);
+    let too_big = s
+        .http
+        .put(&url)
+        .body(vec![7u8; bytes.len() + 1])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(too_big.status(), 413);
+    // A body that ends early: the stream fails part-way.
+    let cut = futures::stream::iter(vec![
+        Ok::<_, std::io::Error>(bytes::Bytes::from(vec![7u8; 8])),
+        Err(std::io::Error::other("the sender hung up")),
+    ]);
+    let _ = s
+        .http
+        .put(&url)
+        .body(reqwest::Body::wrap_stream(cut))
+        .send()
+        .await;
+    let r = secret_post(
+        &s,
+        &format!("{CAPS}/{id}/confirm"),
+        secret,
+        json!({"checksum_sha256": sha(&bytes)}),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.body["validation_status"], "passed", "{}", r.body);
+    let d = s.get(&format!("{CAPS}/{id}"), s.key()).await;
+    let got = s
+        .http
+        .get(d.body["download_url"].as_str().unwrap())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(got.bytes().await.unwrap().to_vec(), bytes);
+}
+
 #[tokio::test]
 async fn every_format_round_trips_and_corrupt_ones_fail() {
     let s = start().await;
