@@ -115,7 +115,7 @@ impl Store {
     }
 
     fn copy_into(&self, dest: &Path, blobs: Option<&Path>, now_ms: i64) -> Result<BackupReport> {
-        std::fs::create_dir_all(dest)?;
+        crate::create_dir_durable(dest)?;
         let copy = sled::Config::new()
             .path(dest.join("db"))
             .mode(sled::Mode::HighThroughput)
@@ -168,6 +168,8 @@ impl Store {
         report.files = seen.0.len() as u64;
         report.bytes += seen.0.values().map(|(_, len, _)| len).sum::<u64>();
         drop(copy);
+        // sled's files' own entries in the copy's folder.
+        sync_dir(&dest.join("db"))?;
         let manifest =
             serde_json::to_vec_pretty(&report).map_err(|e| StorageError::Corrupt(e.to_string()))?;
         write_synced(&dest.join(MANIFEST), &manifest)?;
@@ -260,8 +262,16 @@ fn copy_tree(from: &Path, to: &Path, link: bool, seen: &mut Seen) -> Result<()> 
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
             Err(e) => return Err(e.into()),
         };
-        std::fs::create_dir_all(to.join(&rel))?;
-        let mut changed = false;
+        let here = to.join(&rel);
+        // A directory made now is an entry in its parent: both are synced, so a tree whose
+        // folders hold only folders (blobs/capsules/{project}/...) survives power loss too.
+        let mut changed = !here.is_dir();
+        if changed {
+            std::fs::create_dir_all(&here)?;
+            if let Some(parent) = here.parent() {
+                seen.1.push(parent.to_path_buf());
+            }
+        }
         for entry in entries {
             let entry = entry?;
             let kind = entry.file_type()?;
@@ -301,7 +311,7 @@ fn copy_tree(from: &Path, to: &Path, link: bool, seen: &mut Seen) -> Result<()> 
             }
         }
         if changed {
-            seen.1.push(to.join(&rel));
+            seen.1.push(here);
         }
     }
     Ok(())

@@ -112,9 +112,10 @@ impl BlobStore {
         }
     }
 
-    /// Blobs as files under `dir` (created if missing).
+    /// Blobs as files under `dir` (created if missing, its entry durable: `sync` stops at
+    /// the root).
     pub fn local(dir: &Path) -> Result<Self> {
-        std::fs::create_dir_all(dir)?;
+        crate::create_dir_durable(dir)?;
         Ok(Self {
             inner: Arc::new(LocalFileSystem::new_with_prefix(dir)?),
             local_root: Some(dir.to_path_buf()),

@@ -377,6 +377,31 @@ impl Writes {
     }
 }
 
+/// `create_dir_all` whose new directories' entries are durable (power loss, not only kill
+/// -9): each directory it made is synced in its parent, up to the first that existed.
+pub(crate) fn create_dir_durable(dir: &Path) -> std::io::Result<()> {
+    let mut existing = dir;
+    while !existing.exists() {
+        match existing.parent() {
+            Some(p) => existing = p,
+            None => break,
+        }
+    }
+    if existing == dir {
+        return Ok(());
+    }
+    std::fs::create_dir_all(dir)?;
+    let mut d = dir.parent();
+    while let Some(p) = d {
+        std::fs::File::open(p)?.sync_all()?;
+        if p == existing {
+            break;
+        }
+        d = p.parent();
+    }
+    Ok(())
+}
+
 /// Every listed record family: its key prefix and how to read a stored record's entries.
 type Family = (Vec<u8>, fn(&[u8]) -> Result<Vec<lists::Entry>>);
 
@@ -391,4 +416,19 @@ fn listed_families() -> Vec<Family> {
         (keys::all_deployments_prefix(), old_entries::<Deployment>),
         (keys::all_alerts_prefix(), old_entries::<Alert>),
     ]
+}
+
+#[cfg(test)]
+mod dir_tests {
+    /// Nested new directories are made (and synced) whatever part of the path existed.
+    #[test]
+    fn durable_dirs_are_made_at_any_depth_and_again_harmlessly() {
+        let t = tempfile::tempdir().unwrap();
+        let deep = t.path().join("a/b/c");
+        super::create_dir_durable(&deep).unwrap();
+        assert!(deep.is_dir());
+        super::create_dir_durable(&deep).unwrap();
+        super::create_dir_durable(&t.path().join("a/d")).unwrap();
+        assert!(t.path().join("a/d").is_dir());
+    }
 }

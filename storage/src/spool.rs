@@ -63,13 +63,8 @@ struct Writer {
 
 impl Spool {
     pub(crate) fn open(dir: &Path) -> Result<Self> {
-        if !dir.exists() {
-            std::fs::create_dir_all(dir)?;
-            // The directory's own entry must be durable too (power loss, not only kill -9).
-            if let Some(parent) = dir.parent() {
-                File::open(parent)?.sync_all()?;
-            }
-        }
+        // The directory's own entry must be durable too (power loss, not only kill -9).
+        crate::create_dir_durable(dir)?;
         let writer = match segments(dir)?.last() {
             Some(&segment) => {
                 let file = OpenOptions::new()
