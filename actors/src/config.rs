@@ -74,6 +74,10 @@ pub struct SessionsConfig {
     /// stopped and its replay buffer released; the next append or subscriber starts it again
     /// from storage.
     pub idle_seconds: u64,
+    /// Deepest a log query pages: `offset + limit` at most this (422 beyond). A query holds
+    /// the first `offset + limit` matches' sort keys (24 bytes each) while it reads, so this
+    /// bounds its memory; `since` pages further at no cost.
+    pub max_result_window: usize,
 }
 
 impl Default for SessionsConfig {
@@ -85,6 +89,7 @@ impl Default for SessionsConfig {
             subscriber_queue_bytes: 8 * 1024 * 1024,
             ping_interval_seconds: 30,
             idle_seconds: 300,
+            max_result_window: 1_000_000,
         }
     }
 }

@@ -636,7 +636,13 @@ fn query(op: Op) -> Vec<Value> {
                 fleetops_actors::logs::MAX_QUERY_LIMIT as u64,
                 "Entries (default 100)",
             ));
-            v.push(int("offset", 0, u64::MAX, "Matches to skip (default 0)"));
+            v.push(int(
+                "offset",
+                0,
+                u64::MAX,
+                "Matches to skip (default 0; offset + limit at most [sessions] max_result_window, \
+                 1,000,000 by default, else 422)",
+            ));
             v
         }
         ExportLogs => {

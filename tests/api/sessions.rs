@@ -536,10 +536,16 @@ async fn log_query_filters_against_a_known_data_set() {
         "?since=noon",
         "?offset=-1",
         "?limit=x",
+        "?offset=999901",
+        "?offset=18446744073709551615",
     ] {
         s.get(&q(bad), k).await.assert_error(422);
     }
     assert_eq!(s.get(&q("?limit=10000"), k).await.status, 200);
+    // The deepest page: offset + limit up to `max_result_window` (1,000,000).
+    let deepest = s.get(&q("?offset=999900"), k).await;
+    assert_eq!(deepest.status, 200, "{}", deepest.body);
+    assert_eq!(deepest.body["total"], 6);
 }
 
 #[tokio::test]

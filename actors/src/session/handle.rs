@@ -236,8 +236,13 @@ impl SessionsHandle {
                     break;
                 }
                 let (_, c) = item?;
-                matched += filter.matches(&c).len();
-                chunks.push(Arc::new(c));
+                // Only chunks with a match are kept: a filter that matches little must not
+                // hold the whole session in memory while it looks.
+                let n = filter.matches(&c).len();
+                if n > 0 {
+                    matched += n;
+                    chunks.push(Arc::new(c));
+                }
             }
             chunks.reverse();
             Ok(live::replay_frames(&chunks, &filter, replay))
@@ -323,6 +328,13 @@ impl SessionsHandle {
         offset: usize,
     ) -> Result<LogPage> {
         self.record(pid, id)?;
+        let window = self.cfg.max_result_window;
+        if offset.saturating_add(limit) > window {
+            return Err(Error::unprocessable(
+                "offset",
+                format!("offset + limit is at most {window}; page further with since"),
+            ));
+        }
         let store = self.store.clone();
         tokio::task::spawn_blocking(move || exports::query(&store, id, &filter, limit, offset))
             .await
