@@ -81,6 +81,28 @@ pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> ApiResult<T> {
             strip_position(&e.to_string())
         )));
     }
+    parse_well_formed(bytes)
+}
+
+/// A JSON array of at most `max` items: counted before any item is built (a body of tiny
+/// items must not cost a typed value each, up to its byte limit, only to be refused), then
+/// parsed as [`parse`] does. More than `max` is 413 `too_many`.
+pub fn parse_bounded_array<T: DeserializeOwned>(
+    bytes: &[u8],
+    max: usize,
+    too_many: impl FnOnce() -> String,
+) -> ApiResult<Vec<T>> {
+    // `IgnoredAny` has no size, so this vector allocates nothing; it is also the syntax
+    // check. Anything but a well-formed array is left to `parse` to name.
+    match serde_json::from_slice::<Vec<serde::de::IgnoredAny>>(bytes) {
+        Ok(items) if items.len() > max => Err(ApiError::too_large(too_many())),
+        Ok(_) => parse_well_formed(bytes),
+        Err(_) => parse(bytes),
+    }
+}
+
+/// [`parse`] past its syntax check (`bytes` is known to be well-formed JSON).
+fn parse_well_formed<T: DeserializeOwned>(bytes: &[u8]) -> ApiResult<T> {
     let de = &mut serde_json::Deserializer::from_slice(bytes);
     match serde_path_to_error::deserialize(de) {
         Ok(v) => Ok(v),

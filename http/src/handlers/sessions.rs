@@ -182,7 +182,11 @@ pub(crate) fn parse_batch(bytes: &[u8], ndjson: bool) -> ApiResult<Vec<RawEntry>
     if ndjson {
         return parse_ndjson(bytes);
     }
-    body::parse(bytes).map_err(|e| match e {
+    let max = fleetops_actors::logs::MAX_BATCH_ENTRIES;
+    body::parse_bounded_array(bytes, max, || {
+        format!("A batch holds at most {max} entries")
+    })
+    .map_err(|e| match e {
         // "[3].level: ..." names the entry's index already; say it plainly.
         ApiError::Domain(fleetops_actors::Error::Unprocessable(d)) if d.starts_with('[') => {
             let (idx, rest) = d
