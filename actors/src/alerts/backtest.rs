@@ -197,43 +197,54 @@ impl AlertsHandle {
                 .map(|(at, metrics)| Event::Heartbeat { at: *at, metrics })
                 .collect();
             if let Some(re) = &regex {
+                // Chunks are read in place (no column copied), so one the time range, its
+                // levels or its modules rule out costs a header, not its lines; the lines of
+                // the others count against the budget.
+                let stop = std::cell::Cell::new(truncated);
                 for s in sessions.get(&d.id).into_iter().flatten() {
-                    for item in self.store.log_chunks(s.id) {
-                        let (_, c) = item?;
-                        if c.max_ts < from || c.min_ts > to {
-                            continue;
-                        }
-                        if level.is_some_and(|l| c.level_mask & (1 << l) == 0) {
-                            continue;
-                        }
-                        for i in 0..c.len() {
-                            lines += 1;
-                            let at = c.ts_at(i).unwrap_or(0);
-                            if at < from || at > to {
-                                continue;
-                            }
-                            if level.is_some_and(|l| c.level_at(i) != Some(l)) {
-                                continue;
-                            }
-                            if let Some(m) = &module {
-                                let idx = c.module_at(i).map(|x| x as usize);
-                                if idx.and_then(|x| c.modules.get(x)) != Some(m) {
-                                    continue;
-                                }
-                            }
-                            if c.message(i).is_some_and(|t| re.is_match(t)) {
-                                events.push(Event::Match { at });
-                            }
-                        }
-                        if lines >= MAX_LINES {
-                            truncated = true;
-                            break;
-                        }
-                    }
-                    if truncated {
+                    if stop.get() {
                         break;
                     }
+                    self.store.visit_log_chunks(
+                        s.id,
+                        |_| !stop.get(),
+                        |_, c| {
+                            if c.max_ts < from || c.min_ts > to {
+                                return;
+                            }
+                            if level.is_some_and(|l| c.level_mask & (1 << l) == 0) {
+                                return;
+                            }
+                            let wanted_module = match &module {
+                                Some(m) => match c.module_index(m) {
+                                    Some(i) => Some(i),
+                                    None => return,
+                                },
+                                None => None,
+                            };
+                            for i in 0..c.len() {
+                                lines += 1;
+                                let at = c.ts_at(i).unwrap_or(0);
+                                if at < from || at > to {
+                                    continue;
+                                }
+                                if level.is_some_and(|l| c.level_at(i) != Some(l)) {
+                                    continue;
+                                }
+                                if wanted_module.is_some() && c.module_at(i) != wanted_module {
+                                    continue;
+                                }
+                                if c.message(i).is_some_and(|t| re.is_match(t)) {
+                                    events.push(Event::Match { at });
+                                }
+                            }
+                            if lines >= MAX_LINES {
+                                stop.set(true);
+                            }
+                        },
+                    )?;
                 }
+                truncated = stop.get();
             }
             for (at, status) in rollouts.get(&d.id).into_iter().flatten() {
                 events.push(Event::Rollout {
