@@ -1478,3 +1478,52 @@ async fn one_batch_reads_the_runs_its_earlier_deliveries_made() {
     let r = s.get(&format!("{DEV}/test-runs/{id}"), s.key()).await;
     assert_eq!(r.body["attempt"], 2, "{}", r.body);
 }
+
+/// The superuser's log merges stored deliveries with the rejected ones kept in memory; every
+/// page of it, read one window deep into the store, is the same slice of the whole list.
+#[tokio::test]
+async fn the_merged_delivery_log_pages_as_the_whole_list_reads() {
+    let s = webhook_server().await;
+    // Stored and rejected deliveries interleaved in time, some in the same millisecond.
+    for i in 0..24u32 {
+        if i % 3 == 1 {
+            let id = uuid::Uuid::new_v4().to_string();
+            let r = raw(
+                &s,
+                Some("push"),
+                Some(&id),
+                Some("sha256=00"),
+                b"{}".to_vec(),
+            )
+            .await;
+            assert_eq!(r.status, 401);
+        } else {
+            let (_, r) = deliver(&s, "ping", &json!({"zen": i})).await;
+            assert_eq!(r.status, 202);
+        }
+        if i % 4 == 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(3)).await;
+        }
+    }
+    let whole = s
+        .get(&format!("{SCM}/deliveries?page_size=500"), s.key())
+        .await;
+    assert_eq!(whole.body["total"], 24, "{}", whole.body);
+    let whole = whole.body["items"].as_array().unwrap().clone();
+    assert_eq!(whole.len(), 24);
+    for size in [1usize, 3, 5, 7] {
+        let mut paged = Vec::new();
+        for page in 1..=24usize.div_ceil(size) + 1 {
+            let r = s
+                .get(
+                    &format!("{SCM}/deliveries?page_size={size}&page={page}"),
+                    s.key(),
+                )
+                .await;
+            assert_eq!(r.status, 200, "{}", r.body);
+            assert_eq!(r.body["total"], 24);
+            paged.extend(r.body["items"].as_array().unwrap().iter().cloned());
+        }
+        assert_eq!(paged, whole, "pages of {size}");
+    }
+}

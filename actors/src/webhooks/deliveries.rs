@@ -352,27 +352,42 @@ impl WebhooksHandle {
                 .collect(),
             _ => Vec::new(),
         };
-        // With nothing to merge, the store steps over the earlier pages itself; otherwise it
-        // gives the first `skip + take` to merge with the (bounded) rejected ones.
-        let (skip, take) = match rejected.is_empty() {
-            true => (page.skip(), page.page_size),
-            false => (0, page.skip().saturating_add(page.page_size)),
-        };
+        // The stored log is read one window deep, not from its start: at most `r` rejected
+        // entries come before any stored one, so the page's stored entries lie between
+        // stored index `skip - r` and `skip + take`. The merged order is newest first, a stored
+        // entry before a rejected one of the same time.
+        let r = rejected.len();
+        let (skip, take) = (page.skip(), page.page_size);
+        let from = skip.saturating_sub(r);
+        let window = if r == 0 { take } else { take.saturating_add(r) };
         let (stored, stored_total) = match f.outcome {
             None => self
                 .store
-                .deliveries_page(project, None, f.reason.as_deref(), skip, take)?,
+                .deliveries_page(project, None, f.reason.as_deref(), from, window)?,
             Some(LogOutcome::Stored(o)) => {
                 self.store
-                    .deliveries_page(project, Some(o), f.reason.as_deref(), skip, take)?
+                    .deliveries_page(project, Some(o), f.reason.as_deref(), from, window)?
             }
             Some(_) => (Vec::new(), 0),
         };
-        let total = stored_total.saturating_add(rejected.len() as u64);
+        let total = stored_total.saturating_add(r as u64);
         enum Entry {
             Stored(Delivery),
             Rejected(DeliveryView),
         }
+        // Where the merged list below starts in the whole one: from its start, or (read from
+        // further in) at the window's first stored entry, after every rejected one newer than
+        // it; a window past the stored log's end leaves nothing from there on.
+        let newest_read = stored.first().map(|d| d.received_at);
+        let (start, rejected) = match (from, newest_read) {
+            (0, _) => (0, rejected),
+            (_, None) => (skip, Vec::new()),
+            (_, Some(t)) => {
+                let (newer, rest): (Vec<_>, Vec<_>) =
+                    rejected.into_iter().partition(|v| v.received_ms > t);
+                (from.saturating_add(newer.len()), rest)
+            }
+        };
         let mut all: Vec<(i64, Entry)> = stored
             .into_iter()
             .map(|d| (d.received_at, Entry::Stored(d)))
@@ -388,8 +403,8 @@ impl WebhooksHandle {
         // Views (which look up the project) are built for the page only.
         let items = all
             .into_iter()
-            .skip(page.skip().saturating_sub(skip))
-            .take(page.page_size)
+            .skip(skip.saturating_sub(start))
+            .take(take)
             .map(|(_, e)| match e {
                 Entry::Stored(d) => self.view(&d),
                 Entry::Rejected(v) => Ok(v),
