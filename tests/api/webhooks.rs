@@ -1527,3 +1527,30 @@ async fn the_merged_delivery_log_pages_as_the_whole_list_reads() {
         assert_eq!(paged, whole, "pages of {size}");
     }
 }
+
+/// An event name no subscription could match, however long, is ignored (202) like any
+/// other unsubscribed event: its id is claimed, and the log keeps the name's first 64 bytes.
+#[tokio::test]
+async fn a_long_event_name_is_ignored_and_logged_short() {
+    let s = webhook_server().await;
+    let long = "x".repeat(80);
+    let (id, r) = deliver(&s, &long, &json!({"zen": 1})).await;
+    assert_eq!(r.status, 202, "{}", r.body);
+    assert_eq!(r.body, json!({"status": "ignored"}));
+    let d = s.get(&format!("{SCM}/deliveries/{id}"), s.key()).await;
+    assert_eq!(d.status, 200, "{}", d.body);
+    assert_eq!(d.body["event"], "x".repeat(64));
+    assert_eq!(d.body["outcome"], "ignored");
+    // Its id is claimed like any correctly signed delivery's.
+    let body = serde_json::to_vec(&json!({"zen": 1})).unwrap();
+    let sig = sign(SECRET, &body);
+    let again = raw(&s, Some(&long), Some(&id), Some(&sig), body).await;
+    assert_eq!(again.assert_error(401), "Duplicate delivery");
+    // No event at all is still a bad request.
+    let body = b"{}".to_vec();
+    let sig = sign(SECRET, &body);
+    let id = uuid::Uuid::new_v4().to_string();
+    raw(&s, None, Some(&id), Some(&sig), body)
+        .await
+        .assert_error(400);
+}

@@ -44,10 +44,12 @@ impl WebhooksHandle {
 
         let event = event
             .map(str::trim)
-            .filter(|e| !e.is_empty() && e.len() <= 64)
+            .filter(|e| !e.is_empty())
             .ok_or_else(|| Error::BadRequest("X-Host-Event is required".into()))?;
         let subscribed = payload::SUBSCRIBED.contains(&event);
-        let (id, ev) = (delivery_id, event.to_string());
+        // A name past 64 bytes is no event the service subscribes to: ignored like any other,
+        // and logged under its first 64 bytes (a log entry stays small).
+        let (id, ev) = (delivery_id, truncated(event, 64).to_string());
         let r = self
             .intake
             .call(|reply| IntakeMsg::Accept {
@@ -456,5 +458,27 @@ impl WebhooksHandle {
         self.intake
             .call(|reply| IntakeMsg::Expire { before, reply })
             .await
+    }
+}
+
+/// `s` cut to at most `max` bytes, at a character boundary.
+fn truncated(s: &str, max: usize) -> &str {
+    let mut end = s.len().min(max);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s.get(..end).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn names_are_cut_at_a_character_boundary() {
+        assert_eq!(super::truncated(&"é".repeat(40), 64), "é".repeat(32));
+        assert_eq!(
+            super::truncated(&format!("x{}", "é".repeat(40)), 64).len(),
+            63
+        );
+        assert_eq!(super::truncated("push", 64), "push");
     }
 }
