@@ -265,17 +265,25 @@ async fn sign_in_cookie_and_csrf_over_http() {
         .text()
         .await
         .unwrap();
-    // An offset past any page (u64::MAX) is an empty page, not an error.
-    let far = c
-        .get(s.url(&format!(
-            "/console/default/default/sessions/{sid}?offset={}",
-            u64::MAX
+    // An offset past the last page is an empty page; one past the deepest a query pages
+    // (`[sessions] max_result_window`, u64::MAX here) is the API's 422, as a page.
+    let far = |offset: u64| {
+        c.get(s.url(&format!(
+            "/console/default/default/sessions/{sid}?offset={offset}"
         )))
         .header("cookie", &cookie)
         .send()
-        .await
-        .unwrap();
-    assert_eq!(far.status(), 200);
+    };
+    assert_eq!(far(10_000).await.unwrap().status(), 200);
+    let too_far = far(u64::MAX).await.unwrap();
+    assert_eq!(too_far.status(), 422);
+    assert!(
+        too_far
+            .text()
+            .await
+            .unwrap()
+            .contains("page further with since")
+    );
     let href = html
         .split("class=\"file\" href=\"")
         .nth(1)
