@@ -191,6 +191,11 @@ impl Config {
                 anyhow::bail!("tiers.{name}.requests_per_minute must be at least 1");
             }
         }
+        if self.sessions.max_result_window < 10_000 {
+            anyhow::bail!(
+                "[sessions] max_result_window must be at least 10000 (a log query's largest limit)"
+            );
+        }
         if let Some(needed) = self.paced_flood_seconds()
             && needed >= self.http.body_timeout_seconds
         {

@@ -206,7 +206,7 @@ pub fn restore(from: &Path, data_dir: &Path) -> Result<BackupReport> {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),
     };
-    std::fs::create_dir_all(&parent)?;
+    crate::create_dir_durable(&parent)?;
     let staging = parent.join(format!(
         ".{}.restoring-{}",
         name.to_string_lossy(),

@@ -123,7 +123,7 @@ impl Store {
 
     /// As [`Store::open`], with the group-commit delay of `[storage] commit_delay_us`.
     pub fn open_with(dir: &Path, commit_delay: std::time::Duration) -> Result<Self> {
-        std::fs::create_dir_all(dir)?;
+        create_dir_durable(dir)?;
         let db = sled::Config::new()
             .path(dir.join("db"))
             .mode(sled::Mode::HighThroughput)
@@ -380,9 +380,19 @@ impl Writes {
 /// `create_dir_all` whose new directories' entries are durable (power loss, not only kill
 /// -9): each directory it made is synced in its parent, up to the first that existed.
 pub(crate) fn create_dir_durable(dir: &Path) -> std::io::Result<()> {
+    // A relative path's last parent is "", which names the working directory.
+    fn parent(p: &Path) -> Option<&Path> {
+        p.parent().map(|q| {
+            if q.as_os_str().is_empty() {
+                Path::new(".")
+            } else {
+                q
+            }
+        })
+    }
     let mut existing = dir;
     while !existing.exists() {
-        match existing.parent() {
+        match parent(existing) {
             Some(p) => existing = p,
             None => break,
         }
@@ -391,13 +401,13 @@ pub(crate) fn create_dir_durable(dir: &Path) -> std::io::Result<()> {
         return Ok(());
     }
     std::fs::create_dir_all(dir)?;
-    let mut d = dir.parent();
+    let mut d = parent(dir);
     while let Some(p) = d {
         std::fs::File::open(p)?.sync_all()?;
         if p == existing {
             break;
         }
-        d = p.parent();
+        d = parent(p);
     }
     Ok(())
 }
@@ -430,5 +440,11 @@ mod dir_tests {
         super::create_dir_durable(&deep).unwrap();
         super::create_dir_durable(&t.path().join("a/d")).unwrap();
         assert!(t.path().join("a/d").is_dir());
+        // A relative path whose first part is new.
+        let rel =
+            std::path::PathBuf::from(format!("target-durable-dir-test-{}/x", std::process::id()));
+        super::create_dir_durable(&rel).unwrap();
+        assert!(rel.is_dir());
+        std::fs::remove_dir_all(rel.parent().unwrap()).unwrap();
     }
 }

@@ -202,6 +202,22 @@ impl Store {
         Ok(())
     }
 
+    /// Every chunk in arrival order, read in place, while `visit` answers true: a reader with
+    /// a budget stops the scan itself, not only the decoding.
+    pub fn visit_log_chunks_while(
+        &self,
+        session: u64,
+        mut visit: impl FnMut(&crate::LogChunkView<'_>) -> bool,
+    ) -> Result<()> {
+        for kv in self.inner.logs.scan_prefix(keys::log_prefix(session)) {
+            let (_, v) = kv?;
+            if !visit(&codec::decode_borrowed(&v)?) {
+                break;
+            }
+        }
+        Ok(())
+    }
+
     /// As [`Store::visit_log_chunks`] for one chunk, read by its key; false if it is gone.
     pub fn visit_log_chunk(
         &self,

@@ -377,6 +377,11 @@ async fn ingestion_formats_atomicity_and_limits() {
     )
     .await
     .assert_error(413);
+    let not_entries = format!(
+        "{{}}\n{}",
+        "{\"level\":\"info\",\"message\":\"m\"}\n".repeat(10_000)
+    );
+    ndjson(&s, sid, &tok, not_entries).await.assert_error(413);
     let lines: String = (0..10_001)
         .map(|i| format!("{{\"level\":\"info\",\"message\":\"m{i}\"}}\n"))
         .collect();

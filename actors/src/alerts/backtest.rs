@@ -200,51 +200,44 @@ impl AlertsHandle {
                 // Chunks are read in place (no column copied), so one the time range, its
                 // levels or its modules rule out costs a header, not its lines; the lines of
                 // the others count against the budget.
-                let stop = std::cell::Cell::new(truncated);
                 for s in sessions.get(&d.id).into_iter().flatten() {
-                    if stop.get() {
+                    if truncated {
                         break;
                     }
-                    self.store.visit_log_chunks(
-                        s.id,
-                        |_| !stop.get(),
-                        |_, c| {
-                            if c.max_ts < from || c.min_ts > to {
-                                return;
+                    self.store.visit_log_chunks_while(s.id, |c| {
+                        if c.max_ts < from || c.min_ts > to {
+                            return true;
+                        }
+                        if level.is_some_and(|l| c.level_mask & (1 << l) == 0) {
+                            return true;
+                        }
+                        let wanted_module = match &module {
+                            Some(m) => match c.module_index(m) {
+                                Some(i) => Some(i),
+                                None => return true,
+                            },
+                            None => None,
+                        };
+                        for i in 0..c.len() {
+                            lines += 1;
+                            let at = c.ts_at(i).unwrap_or(0);
+                            if at < from || at > to {
+                                continue;
                             }
-                            if level.is_some_and(|l| c.level_mask & (1 << l) == 0) {
-                                return;
+                            if level.is_some_and(|l| c.level_at(i) != Some(l)) {
+                                continue;
                             }
-                            let wanted_module = match &module {
-                                Some(m) => match c.module_index(m) {
-                                    Some(i) => Some(i),
-                                    None => return,
-                                },
-                                None => None,
-                            };
-                            for i in 0..c.len() {
-                                lines += 1;
-                                let at = c.ts_at(i).unwrap_or(0);
-                                if at < from || at > to {
-                                    continue;
-                                }
-                                if level.is_some_and(|l| c.level_at(i) != Some(l)) {
-                                    continue;
-                                }
-                                if wanted_module.is_some() && c.module_at(i) != wanted_module {
-                                    continue;
-                                }
-                                if c.message(i).is_some_and(|t| re.is_match(t)) {
-                                    events.push(Event::Match { at });
-                                }
+                            if wanted_module.is_some() && c.module_at(i) != wanted_module {
+                                continue;
                             }
-                            if lines >= MAX_LINES {
-                                stop.set(true);
+                            if c.message(i).is_some_and(|t| re.is_match(t)) {
+                                events.push(Event::Match { at });
                             }
-                        },
-                    )?;
+                        }
+                        truncated = lines >= MAX_LINES;
+                        !truncated
+                    })?;
                 }
-                truncated = stop.get();
             }
             for (at, status) in rollouts.get(&d.id).into_iter().flatten() {
                 events.push(Event::Rollout {

@@ -47,9 +47,9 @@ impl WebhooksHandle {
             .filter(|e| !e.is_empty())
             .ok_or_else(|| Error::BadRequest("X-Host-Event is required".into()))?;
         let subscribed = payload::SUBSCRIBED.contains(&event);
-        // A name past 64 bytes is no event the service subscribes to: ignored like any other,
-        // and logged under its first 64 bytes (a log entry stays small).
-        let (id, ev) = (delivery_id, truncated(event, 64).to_string());
+        // A name past 64 characters is no event the service subscribes to: ignored like any
+        // other, and logged cut short as a rejected delivery's is (a log entry stays small).
+        let (id, ev) = (delivery_id, crate::rules::config_files::clip(event, 64));
         let r = self
             .intake
             .call(|reply| IntakeMsg::Accept {
@@ -458,27 +458,5 @@ impl WebhooksHandle {
         self.intake
             .call(|reply| IntakeMsg::Expire { before, reply })
             .await
-    }
-}
-
-/// `s` cut to at most `max` bytes, at a character boundary.
-fn truncated(s: &str, max: usize) -> &str {
-    let mut end = s.len().min(max);
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    s.get(..end).unwrap_or_default()
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn names_are_cut_at_a_character_boundary() {
-        assert_eq!(super::truncated(&"é".repeat(40), 64), "é".repeat(32));
-        assert_eq!(
-            super::truncated(&format!("x{}", "é".repeat(40)), 64).len(),
-            63
-        );
-        assert_eq!(super::truncated("push", 64), "push");
     }
 }

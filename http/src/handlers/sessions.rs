@@ -151,18 +151,20 @@ fn is_ndjson(req: &Req) -> bool {
 }
 
 fn parse_ndjson(bytes: &[u8]) -> ApiResult<Vec<RawEntry>> {
+    let lines = || {
+        bytes
+            .split(|b| *b == b'\n')
+            .filter(|l| !l.iter().all(u8::is_ascii_whitespace))
+    };
+    // Counted first, as a JSON array is: too many entries is 413 whatever they hold.
+    let max = fleetops_actors::logs::MAX_BATCH_ENTRIES;
+    if lines().nth(max).is_some() {
+        return Err(ApiError::too_large(format!(
+            "A batch holds at most {max} entries"
+        )));
+    }
     let mut out = Vec::new();
-    for (i, line) in bytes
-        .split(|b| *b == b'\n')
-        .filter(|l| !l.iter().all(u8::is_ascii_whitespace))
-        .enumerate()
-    {
-        if i >= fleetops_actors::logs::MAX_BATCH_ENTRIES {
-            return Err(ApiError::too_large(format!(
-                "A batch holds at most {} entries",
-                fleetops_actors::logs::MAX_BATCH_ENTRIES
-            )));
-        }
+    for (i, line) in lines().enumerate() {
         let e: RawEntry = serde_json::from_slice(line).map_err(|e| {
             let msg = e.to_string();
             let msg = msg
