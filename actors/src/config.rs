@@ -78,6 +78,9 @@ pub struct SessionsConfig {
     /// the first `offset + limit` matches' sort keys (24 bytes each) while it reads, so this
     /// bounds its memory; `since` pages further at no cost.
     pub max_result_window: usize,
+    /// Log exports and artifact ZIPs streaming at once (503 past it); each holds a blocking
+    /// thread until its reader has taken it all, or has left a piece untaken for 60 s.
+    pub max_streams: usize,
 }
 
 impl Default for SessionsConfig {
@@ -90,6 +93,7 @@ impl Default for SessionsConfig {
             ping_interval_seconds: 30,
             idle_seconds: 300,
             max_result_window: 1_000_000,
+            max_streams: 32,
         }
     }
 }

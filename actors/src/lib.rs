@@ -361,6 +361,7 @@ impl Runtime {
             store: store.clone(),
             blobs,
             cfg: cfg.sessions.clone(),
+            streams: Arc::new(tokio::sync::Semaphore::new(cfg.sessions.max_streams.max(1))),
         };
         let fresh = secrets::random_bytes(32)?;
         let signing_key = store.meta_get_or_init(LINK_KEY_META, || fresh)?;

@@ -795,6 +795,53 @@ async fn export_of_many_lines_with_quoting() {
     assert_eq!(v[14_999]["metadata"], json!({"i": 4999}));
 }
 
+/// Exports hold a blocking thread while they stream, so at most `[sessions] max_streams` run
+/// at once (503 with `Retry-After` past it), and one whose reader went away gives its place
+/// back.
+#[tokio::test]
+async fn exports_past_max_streams_are_503_and_a_dropped_one_frees_its_place() {
+    let s = start_with(|c| c.sessions.max_streams = 1).await;
+    let (d, tok) = device(&s, "bulk").await;
+    let sid = session(&s, d, &tok).await;
+    let logs = format!("{DEV}/sessions/{sid}/logs");
+    // About 24 MB of export: more than the channel and the sockets' buffers hold, so an
+    // export nobody reads stays in flight.
+    let text = "x".repeat(100);
+    for _ in 0..20 {
+        let batch: Vec<Value> = (0..10_000)
+            .map(|i| json!({"level": "info", "message": format!("{text} {i}")}))
+            .collect();
+        assert_eq!(s.post(&logs, &tok, Value::Array(batch)).await.status, 202);
+    }
+    let export = || {
+        s.http
+            .get(s.url(&format!("{logs}/export?format=csv")))
+            .bearer_auth(s.key())
+            .send()
+    };
+    let held = export().await.unwrap();
+    assert_eq!(held.status(), 200);
+    let refused = export().await.unwrap();
+    assert_eq!(refused.status(), 503);
+    assert!(refused.headers().contains_key("retry-after"));
+    drop(held);
+    let mut freed = None;
+    for _ in 0..250 {
+        let r = export().await.unwrap();
+        if r.status() == 200 {
+            freed = Some(r);
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let body = freed
+        .expect("the dropped export gave its place back")
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(body.lines().count(), 200_001, "a header and every line");
+}
+
 /// Idle session actors passivate: with no appends and no subscribers for
 /// `[sessions] idle_seconds` they stop and release their buffers; the next append or
 /// subscriber starts them again from storage, with nothing lost.

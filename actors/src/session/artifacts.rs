@@ -184,12 +184,14 @@ impl SessionsHandle {
     pub fn zip(&self, pid: u64, id: u64) -> Result<ExportStream> {
         self.record(pid, id)?;
         let artifacts = self.store.artifacts(id)?;
+        let permit = self.stream_permit()?;
         let (tx, rx) = tokio::sync::mpsc::channel(4);
         let blobs = self.blobs.clone();
         let rt = tokio::runtime::Handle::current();
         tokio::task::spawn_blocking(move || {
+            let _permit = permit;
             if let Err(e) = exports::zip_into(&rt, &blobs, &artifacts, &tx) {
-                let _ = tx.blocking_send(Err(std::io::Error::other(e.to_string())));
+                exports::send_piece(&tx, Err(std::io::Error::other(e.to_string())));
             }
         });
         Ok(rx)

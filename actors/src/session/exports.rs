@@ -139,6 +139,30 @@ fn merged(
     }
 }
 
+/// How long a stream's reader may leave a piece untaken before the stream is dropped: a
+/// download nobody reads must not hold a blocking thread for ever.
+pub(super) const STALLED_READER: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Sends `item` down `tx` from a blocking thread, waiting at most [`STALLED_READER`] for
+/// room; false once the reader went away or stalled (the stream then ends).
+pub(super) fn send_piece(
+    tx: &tokio::sync::mpsc::Sender<std::io::Result<bytes::Bytes>>,
+    item: std::io::Result<bytes::Bytes>,
+) -> bool {
+    use tokio::sync::mpsc::error::TrySendError;
+    match tx.try_send(item) {
+        Ok(()) => true,
+        Err(TrySendError::Closed(_)) => false,
+        Err(TrySendError::Full(item)) => match tokio::runtime::Handle::try_current() {
+            Ok(rt) => matches!(
+                rt.block_on(tokio::time::timeout(STALLED_READER, tx.send(item))),
+                Ok(Ok(()))
+            ),
+            Err(_) => tx.blocking_send(item).is_ok(),
+        },
+    }
+}
+
 /// A `Write` that sends what it is given down the channel in pieces.
 struct ChannelWriter<'a> {
     buf: Vec<u8>,
@@ -158,9 +182,14 @@ impl std::io::Write for ChannelWriter<'_> {
             return Ok(());
         }
         let piece = bytes::Bytes::from(std::mem::take(&mut self.buf));
-        self.tx
-            .blocking_send(Ok(piece))
-            .map_err(|_| std::io::Error::new(std::io::ErrorKind::BrokenPipe, "client went away"))
+        if send_piece(self.tx, Ok(piece)) {
+            Ok(())
+        } else {
+            Err(std::io::Error::new(
+                std::io::ErrorKind::BrokenPipe,
+                "the client went away or stopped reading",
+            ))
+        }
     }
 }
 
@@ -273,8 +302,8 @@ pub(super) fn export_into(
         }
         if buf.0.borrow().len() >= EXPORT_PIECE {
             let piece = std::mem::take(&mut *buf.0.borrow_mut());
-            if tx.blocking_send(Ok(bytes::Bytes::from(piece))).is_err() {
-                return Ok(false); // the client went away
+            if !send_piece(tx, Ok(bytes::Bytes::from(piece))) {
+                return Ok(false); // the client went away or stopped reading
             }
         }
         n += 1;
@@ -285,7 +314,7 @@ pub(super) fn export_into(
         buf.0.borrow_mut().push(b']');
     }
     let rest = std::mem::take(&mut *buf.0.borrow_mut());
-    let _ = tx.blocking_send(Ok(bytes::Bytes::from(rest)));
+    send_piece(tx, Ok(bytes::Bytes::from(rest)));
     Ok(())
 }
 

@@ -66,9 +66,23 @@ pub struct SessionsHandle {
     pub(crate) store: Store,
     pub(crate) blobs: BlobStore,
     pub(crate) cfg: SessionsConfig,
+    /// Exports and ZIP downloads streaming now, each on a blocking thread
+    /// (`[sessions] max_streams`).
+    pub(crate) streams: std::sync::Arc<tokio::sync::Semaphore>,
 }
 
 impl SessionsHandle {
+    /// A place for one more export or ZIP stream, or 503: each holds a blocking thread while
+    /// it runs (until its reader takes the last piece, or stalls past `STALLED_READER`).
+    pub(super) fn stream_permit(&self) -> Result<tokio::sync::OwnedSemaphorePermit> {
+        self.streams
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| Error::Unavailable {
+                retry_after_secs: 5,
+            })
+    }
+
     pub(super) fn record(&self, pid: u64, id: u64) -> Result<Session> {
         self.store
             .session(pid, id)?
@@ -352,11 +366,13 @@ impl SessionsHandle {
         format: ExportFormat,
     ) -> Result<ExportStream> {
         self.record(pid, id)?;
+        let permit = self.stream_permit()?;
         let (tx, rx) = tokio::sync::mpsc::channel(4);
         let store = self.store.clone();
         tokio::task::spawn_blocking(move || {
+            let _permit = permit;
             if let Err(e) = exports::export_into(&store, id, &filter, format, &tx) {
-                let _ = tx.blocking_send(Err(std::io::Error::other(e.to_string())));
+                exports::send_piece(&tx, Err(std::io::Error::other(e.to_string())));
             }
         });
         Ok(rx)
