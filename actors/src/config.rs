@@ -63,6 +63,9 @@ pub struct SessionsConfig {
     /// Recent entries an active session keeps in memory for live-stream replay (at least the
     /// largest `replay`, 10,000).
     pub buffer_entries: usize,
+    /// Bytes of those entries at most (the newest batch always stays): a replay covers the
+    /// newest `buffer_entries` entries or `buffer_bytes`, whichever is less.
+    pub buffer_bytes: usize,
     /// Batches a live subscriber may fall behind before it is told `lagged` and skipped ahead.
     pub subscriber_queue: usize,
     /// Bytes of batches queued for one live subscriber; past it the subscriber is skipped
@@ -88,6 +91,7 @@ impl Default for SessionsConfig {
         Self {
             max_artifact_bytes: 1024 * 1024 * 1024,
             buffer_entries: 10_000,
+            buffer_bytes: 16 * 1024 * 1024,
             subscriber_queue: 256,
             subscriber_queue_bytes: 8 * 1024 * 1024,
             ping_interval_seconds: 30,

@@ -88,6 +88,8 @@ pub(crate) struct SessionState {
     /// `cfg.buffer_entries` entries once the session has that many.
     ring: VecDeque<(u64, Arc<LogChunk>)>,
     ring_entries: usize,
+    /// What the ring holds in memory, about (`ring_bytes_of`).
+    ring_bytes: usize,
     cfg: SessionsConfig,
     live: live::Fanout,
     /// Injected fault (tests): the next fan-out panics.
@@ -111,15 +113,21 @@ impl Actor for SessionActor {
         let counters = store.session_counters(id)?;
         // Rebuild the replay buffer from the newest stored batches.
         let mut ring = VecDeque::new();
-        let mut ring_entries = 0;
+        let (mut ring_entries, mut ring_bytes) = (0, 0);
         let mut next = counters.log_count;
         for item in store.log_chunks_rev(id) {
             if ring_entries >= cfg.buffer_entries {
                 break;
             }
             let (_, chunk) = item?;
+            // As `remember` keeps it: the newest batch always, older ones within the bytes.
+            let bytes = ring_bytes_of(&chunk);
+            if !ring.is_empty() && ring_bytes + bytes > cfg.buffer_bytes {
+                break;
+            }
             next = next.saturating_sub(chunk.len() as u64);
             ring_entries += chunk.len();
+            ring_bytes += bytes;
             ring.push_front((next, Arc::new(chunk)));
         }
         let live = live::Fanout::new(cfg.subscriber_queue, cfg.subscriber_queue_bytes, skipped);
@@ -139,6 +147,7 @@ impl Actor for SessionActor {
             store,
             ring,
             ring_entries,
+            ring_bytes,
             cfg,
             live,
             #[cfg(feature = "fault-injection")]
@@ -282,15 +291,21 @@ impl SessionState {
         }
     }
 
-    /// Keeps the batch for replay, dropping the oldest while enough remain.
+    /// Keeps the batch for replay, dropping the oldest while enough entries remain without
+    /// it, or while the ring holds more than `buffer_bytes` (the newest batch always stays:
+    /// a few large entries must not hold gigabytes a session).
     fn remember(&mut self, first_seq: u64, chunk: Arc<LogChunk>) {
         self.ring_entries += chunk.len();
+        self.ring_bytes += ring_bytes_of(&chunk);
         self.ring.push_back((first_seq, chunk));
         while let Some((_, oldest)) = self.ring.front() {
-            if self.ring_entries - oldest.len() < self.cfg.buffer_entries {
+            let enough = self.ring_entries - oldest.len() >= self.cfg.buffer_entries;
+            let too_big = self.ring_bytes > self.cfg.buffer_bytes && self.ring.len() > 1;
+            if !enough && !too_big {
                 break;
             }
             self.ring_entries -= oldest.len();
+            self.ring_bytes = self.ring_bytes.saturating_sub(ring_bytes_of(oldest));
             self.ring.pop_front();
         }
     }
@@ -374,6 +389,89 @@ mod tests {
             .0
     }
 
+    /// The replay buffer is bounded in bytes as well as entries: a few large entries do not
+    /// stay, live or rebuilt from storage, past `buffer_bytes` (the newest batch always does).
+    #[tokio::test]
+    async fn the_replay_buffer_keeps_at_most_buffer_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        store
+            .put_session(&Session {
+                id: SID,
+                project_id: 1,
+                device_id: 2,
+                device_name: "r1".into(),
+                status: SessionStatus::Active,
+                started_at: 0,
+                ended_at: None,
+                tags: Vec::new(),
+                package_id: None,
+            })
+            .unwrap();
+        let cfg = SessionsConfig {
+            buffer_bytes: 10_000,
+            ..SessionsConfig::default()
+        };
+        let big = |tag: &str| {
+            let entries = (0..2)
+                .map(|i| RawEntry {
+                    timestamp: None,
+                    level: "info".into(),
+                    module: None,
+                    message: format!("{tag}-{i}-{}", "x".repeat(4_000)),
+                    metadata: None,
+                })
+                .collect();
+            Arc::new(build_chunk(entries).unwrap())
+        };
+        let replayed = |a: ActorRef<Envelope<SessionMsg>>| async move {
+            let sub = ask(&a, |reply| SessionMsg::Subscribe {
+                replay: Replay::Last(100),
+                filter: LogFilter::default(),
+                reply,
+            })
+            .await
+            .unwrap();
+            a.stop(None);
+            sub.replay
+                .iter()
+                .map(|f| String::from_utf8(f.to_vec()).unwrap())
+                .map(|f| f.split("-x").next().unwrap_or_default().to_string())
+                .collect::<Vec<_>>()
+        };
+        let start = |cfg: SessionsConfig| {
+            let store = store.clone();
+            async move {
+                Actor::spawn(None, SessionActor, ((store, cfg, Arc::default()), SID))
+                    .await
+                    .unwrap()
+                    .0
+            }
+        };
+        let a = start(cfg.clone()).await;
+        for tag in ["a", "b", "c"] {
+            let chunk = big(tag);
+            let idx = Arc::new(ChunkIndex::of(&chunk).unwrap());
+            ask(&a, |r| SessionMsg::Append(chunk.clone(), idx.clone(), r))
+                .await
+                .unwrap();
+        }
+        // Each batch holds about 8 KB: only the newest fits in 10,000 bytes.
+        let live = replayed(a).await;
+        assert_eq!(live.len(), 2, "{live:?}");
+        assert!(
+            live[0].ends_with("c-0") && live[1].ends_with("c-1"),
+            "{live:?}"
+        );
+        // Rebuilt from storage: the same bound.
+        assert_eq!(replayed(start(cfg).await).await, live);
+        // With the default bound, all three batches.
+        assert_eq!(
+            replayed(start(SessionsConfig::default()).await).await.len(),
+            6
+        );
+    }
+
     #[tokio::test]
     async fn appends_count_seal_refuses_and_a_replacement_rebuilds_from_storage() {
         let dir = tempfile::tempdir().unwrap();
@@ -429,4 +527,10 @@ mod tests {
         assert_eq!(store.session_counters(SID).unwrap().log_count, 5);
         a.stop(None);
     }
+}
+
+/// What a batch kept for replay holds in memory, about: its text, its metadata and 16 bytes
+/// an entry of fixed columns.
+fn ring_bytes_of(chunk: &LogChunk) -> usize {
+    chunk.text.len() + chunk.meta.len() + chunk.len() * 16
 }
