@@ -349,6 +349,12 @@ impl SessionState {
     }
 }
 
+/// What a batch kept for replay holds in memory, about: its text, its metadata and 16 bytes
+/// an entry of fixed columns.
+fn ring_bytes_of(chunk: &LogChunk) -> usize {
+    chunk.text.len() + chunk.meta.len() + chunk.len() * 16
+}
+
 /// The SessionActor driven through its mailbox on a temporary store, with no HTTP: appends
 /// count in arrival order, a sealed session refuses appends, a replacement actor rebuilds its
 /// counters and replay buffer from storage, and a subscriber's replay holds the last entries.
@@ -527,10 +533,4 @@ mod tests {
         assert_eq!(store.session_counters(SID).unwrap().log_count, 5);
         a.stop(None);
     }
-}
-
-/// What a batch kept for replay holds in memory, about: its text, its metadata and 16 bytes
-/// an entry of fixed columns.
-fn ring_bytes_of(chunk: &LogChunk) -> usize {
-    chunk.text.len() + chunk.meta.len() + chunk.len() * 16
 }
