@@ -1,6 +1,12 @@
-//! Calling an actor: a deadline on every call, a bound on waiting calls (ractor mailboxes are
-//! unbounded), and one retry against the replacement when the actor died with our message
-//! still queued.
+//! Calling an actor: a deadline on every call, a bound on the calls in its mailbox (ractor
+//! mailboxes are unbounded), and one retry against the replacement when the actor died with
+//! our message still queued.
+//!
+//! The bound is a permit carried by each call's envelope and given back when the actor takes
+//! the envelope out of its mailbox (or, for the intake, when it answers the call): a caller
+//! that timed out leaves its message, and its payload, queued until the actor reaches it, so
+//! the permit stays with the message, not with the caller. A stalled actor thus holds at most
+//! its limit of messages whatever its callers do.
 //!
 //! Every call travels in an [`Envelope`] that shares its state with the waiting caller: the
 //! actor takes the request on (`Envelope::open`) only while the caller still waits (its
@@ -81,16 +87,24 @@ impl Drop for AbandonOnDrop {
     }
 }
 
-/// A message and, for a call, the state its caller waits on.
+/// A message and, for a call, the state its caller waits on and its place in the mailbox.
 pub(crate) struct Envelope<M> {
     call: Option<Arc<CallState>>,
     msg: M,
+    slot: Option<tokio::sync::OwnedSemaphorePermit>,
 }
+
+/// A call's place in its actor's bounded mailbox, held until the call is answered.
+pub(crate) type MailboxSlot = Option<tokio::sync::OwnedSemaphorePermit>;
 
 impl<M> Envelope<M> {
     /// A message nobody waits on (timers, casts, tests).
     pub(crate) fn cast(msg: M) -> Self {
-        Self { call: None, msg }
+        Self {
+            call: None,
+            msg,
+            slot: None,
+        }
     }
 
     /// The message, taken on; `None` when its caller gave up before it got here, in which
@@ -102,10 +116,11 @@ impl<M> Envelope<M> {
         }
     }
 
-    /// The message and its call, for an actor that takes requests on later than on receipt
-    /// (the webhook intake takes a batch on just before writing it).
-    pub(crate) fn defer(self) -> (M, Option<Arc<CallState>>) {
-        (self.msg, self.call)
+    /// The message, its call and its mailbox place, for an actor that takes requests on later
+    /// than on receipt (the webhook intake takes a batch on just before writing it, and keeps
+    /// the place until it answers, so its pending batch counts against the bound).
+    pub(crate) fn defer(self) -> (M, Option<Arc<CallState>>, MailboxSlot) {
+        (self.msg, self.call, self.slot)
     }
 }
 
@@ -141,7 +156,7 @@ where
     T: Send + 'static,
 {
     // A full mailbox answers at once instead of queueing without bound.
-    let Ok(_permit) = gate.try_acquire() else {
+    let Ok(slot) = gate.clone().try_acquire_owned() else {
         return Outcome::Replied(Err(unavailable()));
     };
     let (tx, mut rx) = tokio::sync::oneshot::channel();
@@ -150,6 +165,7 @@ where
     let env = Envelope {
         call: Some(call.clone()),
         msg: build(RpcReplyPort::from(tx)),
+        slot: Some(slot),
     };
     if actor.cast(env).is_err() {
         return Outcome::Lost;
@@ -236,7 +252,8 @@ impl<M: Send + 'static> Slot<M> {
         }
     }
 
-    /// Calls waiting on this actor now (queued, or taken on and not yet answered).
+    /// Calls in this actor's mailbox now (for the intake, also those in its pending batch),
+    /// including ones whose callers already gave up.
     pub(crate) fn waiting(&self) -> usize {
         self.limit.saturating_sub(self.gate.available_permits())
     }

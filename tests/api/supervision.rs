@@ -504,6 +504,60 @@ async fn a_caller_that_hung_up_before_its_turn_is_never_applied() {
     assert_never_applied(&s, &k, "hung-up").await;
 }
 
+/// The mailbox bound counts messages, not waiting callers: a call whose caller timed out
+/// keeps its place (and its payload) until the actor reaches it, so a stalled actor holds at
+/// most `mailbox_limit` messages however many callers give up and come again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_actor_holds_at_most_its_mailbox_limit_of_messages() {
+    use crate::webhooks::{SECRET, sign};
+    let s = start_with(|c| {
+        c.scm.webhook_secret = SECRET.into();
+        c.supervision.call_timeout_ms = 300;
+        c.supervision.mailbox_limit = 4;
+    })
+    .await;
+    let rt = s.running.as_ref().unwrap().runtime.clone();
+    let send = |zen: u32| {
+        let (http, url) = (s.http.clone(), s.url("/api/v1/scm/webhooks"));
+        async move {
+            let body = serde_json::to_vec(&json!({ "zen": zen })).unwrap();
+            http.post(url)
+                .header("content-type", "application/json")
+                .header("X-Host-Event", "ping")
+                .header("X-Host-Delivery", uuid::Uuid::new_v4().to_string())
+                .header("X-Hub-Signature-256", sign(SECRET, &body))
+                .body(body)
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }
+    };
+    // The intake's write is held: the first delivery waits in its batch, the rest queue.
+    let hold = rt.webhooks.inject_write_hold();
+    let first = tokio::spawn(send(0));
+    assert!(eventually(10, || async { rt.webhooks.intake_waiting() == 1 }).await);
+    // Three more time out (503) and stay queued, so the mailbox is full: the rest are turned
+    // away at once, not queued behind them.
+    for zen in 1..=3 {
+        assert_eq!(send(zen).await, 503);
+    }
+    assert_eq!(rt.webhooks.intake_waiting(), 4);
+    for zen in 4..=9 {
+        let t = std::time::Instant::now();
+        assert_eq!(send(zen).await, 503);
+        assert!(
+            t.elapsed() < std::time::Duration::from_millis(250),
+            "refused at once"
+        );
+    }
+    assert_eq!(rt.webhooks.intake_waiting(), 4);
+    hold.notify_one();
+    assert_eq!(first.await.unwrap(), 202);
+    assert!(eventually(10, || async { rt.webhooks.intake_waiting() == 0 }).await);
+}
+
 /// A host answered 503 claimed nothing, so its redelivery is the delivery, also when the
 /// first attempt still waits in the intake's mailbox as the redelivery arrives.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -539,9 +593,11 @@ async fn a_redelivery_after_a_503_is_the_delivery() {
     let x = uuid::Uuid::new_v4().to_string();
     // Its deadline passes in the mailbox: 503, nothing claimed.
     assert_eq!(send(x.clone(), "x").await, 503);
-    // The host redelivers while that attempt is still queued; then the write goes on.
+    // The host redelivers while that attempt is still queued (it keeps its place in the
+    // bounded mailbox until the intake reaches it and drops it unapplied); then the write
+    // goes on.
     let again = tokio::spawn(send(x.clone(), "x"));
-    assert!(eventually(10, || async { rt.webhooks.intake_waiting() == 2 }).await);
+    assert!(eventually(10, || async { rt.webhooks.intake_waiting() == 3 }).await);
     hold.notify_one();
     assert_eq!(first.await.unwrap(), 202);
     assert_eq!(again.await.unwrap(), 202);

@@ -15,7 +15,7 @@ use super::worker::WorkerFeed;
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
-use crate::mailbox::{CallState, Envelope};
+use crate::mailbox::{CallState, Envelope, MailboxSlot};
 
 type Reply<T> = RpcReplyPort<Result<T>>;
 
@@ -73,6 +73,8 @@ pub(crate) type IntakeArgs = (Store, WorkerFeed, i64, crate::clock::Clock);
 /// A delivery accepted into the current batch, waiting for the batch's write.
 struct Pending {
     call: Option<Arc<CallState>>,
+    /// Its place in the bounded mailbox, given back with the answer.
+    _slot: MailboxSlot,
     delivery_id: String,
     event: String,
     subscribed: bool,
@@ -130,7 +132,7 @@ impl Actor for IntakeActor {
     ) -> Result<(), ActorProcessingErr> {
         // An accepted delivery is taken on when its batch is written (`flush`), so a caller
         // whose deadline passes while it waits for the batch claims nothing.
-        let (msg, call) = msg.defer();
+        let (msg, call, slot) = msg.defer();
         match msg {
             IntakeMsg::Accept {
                 delivery_id,
@@ -165,6 +167,7 @@ impl Actor for IntakeActor {
                 st.pending_ids.insert(delivery_id.clone());
                 st.pending.push(Pending {
                     call,
+                    _slot: slot,
                     delivery_id,
                     event,
                     subscribed,
