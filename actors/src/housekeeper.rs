@@ -48,6 +48,7 @@ pub(crate) struct HousekeeperArgs {
     pub pipeline: PipelineHandle,
     pub sessions: SessionsHandle,
     pub webhooks: WebhooksHandle,
+    pub alerts: crate::alerts::AlertsHandle,
     pub clock: crate::clock::Clock,
     /// When this incarnation last swept for orphaned blobs.
     pub last_sweep: Option<Instant>,
@@ -99,6 +100,14 @@ impl Actor for Housekeeper {
         // start that failed) gets one again: none waits longer than one pass.
         if let Err(e) = st.pipeline.resume_rollouts().await {
             tracing::warn!(error = %e, "restarting rollout controllers failed");
+        }
+        // The same for confirms answered 202 whose background validation failed (a storage
+        // or S3 error): one running now holds its capsule's lock and is left alone.
+        if let Err(e) = st.pipeline.resume_validations() {
+            tracing::warn!(error = %e, "resuming capsule validations failed");
+        }
+        if let Err(e) = st.alerts.revive().await {
+            tracing::warn!(error = %e, "reviving alert evaluators and notifiers failed");
         }
         if st
             .last_sweep

@@ -474,6 +474,7 @@ impl Runtime {
                     clock: clock.clone(),
                     last_sweep: None,
                     webhooks: webhooks.clone(),
+                    alerts: alerts.clone(),
                     auth: auth.clone(),
                     pruners: pruners.clone(),
                     every: Duration::from_secs(cfg.supervision.housekeeping_seconds.max(1)),

@@ -76,6 +76,29 @@ impl AlertsHandle {
         self.feed.dropped.load(std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// Starts any evaluator of a project with enabled rules, and any notifier of a project
+    /// with owed notifications, that is not running (the housekeeper calls this each pass):
+    /// both work on their own timers, so one down past its restart budget would otherwise
+    /// wait for the next heartbeat or notification to be asked for again.
+    pub(crate) async fn revive(&self) -> crate::error::Result<()> {
+        let active: Vec<u64> = self.feed.active.iter().map(|e| *e.key()).collect();
+        for pid in active {
+            let _ = self.feed.evaluators.actor(pid).await;
+        }
+        let mut owed: Vec<u64> = self
+            .store
+            .owed_notifications()?
+            .iter()
+            .map(|n| n.project_id)
+            .collect();
+        owed.sort_unstable();
+        owed.dedup();
+        for pid in owed {
+            let _ = self.feed.notifiers.actor(pid).await;
+        }
+        Ok(())
+    }
+
     /// At start-up: the evaluators of every project with enabled rules (so silent devices
     /// still go offline), the notifiers of every project with owed notifications, and the
     /// forwarding of rollout results to the evaluators.

@@ -377,8 +377,9 @@ impl PipelineHandle {
         });
     }
 
-    /// Resumes the validations a crash or a stop interrupted (confirms answered 202 whose
-    /// verdict was not written). Called once at start-up.
+    /// Resumes the validations a crash, a stop or a failure interrupted (confirms answered
+    /// 202 whose verdict was not written): at start-up and on each housekeeping pass. One
+    /// under way holds its capsule's lock and is skipped.
     pub fn resume_validations(&self) -> Result<usize> {
         let owed = self.store.pending_validations()?;
         let n = owed.len();
