@@ -212,6 +212,14 @@ impl SessionsHandle {
         self.actors.call(id, SessionMsg::Seal).await
     }
 
+    /// Undoes `seal` after the write it guarded failed (answered an error, so the session
+    /// stays as stored: appends are taken again while it is active).
+    fn unseal(&self, id: u64) {
+        if let Some(a) = self.actors.running(id) {
+            let _ = a.cast(crate::mailbox::Envelope::cast(SessionMsg::Unseal));
+        }
+    }
+
     /// Tells the session's subscribers how it ended (`None`: deleted) and stops its actor.
     fn end_actor(&self, id: u64, status: Option<&'static str>) {
         if let Some(a) = self.actors.running(id) {
@@ -294,7 +302,8 @@ impl SessionsHandle {
         let s = self
             .projects
             .write(pid, |reply| ProjectMsg::EndSession { id, status, reply })
-            .await?;
+            .await
+            .inspect_err(|_| self.unseal(id))?;
         self.end_actor(id, Some(status.as_str()));
         self.detail_of(&s)
     }
@@ -319,7 +328,8 @@ impl SessionsHandle {
         let blobs = self
             .projects
             .write(pid, |reply| ProjectMsg::DeleteSession { id, reply })
-            .await?;
+            .await
+            .inspect_err(|_| self.unseal(id))?;
         self.end_actor(id, None);
         // The records are gone for good; the bytes follow (a crash here leaves only
         // unreferenced blobs, never a half-visible session).

@@ -36,6 +36,9 @@ pub(crate) enum SessionMsg {
     PutArtifact(Artifact, Reply<Option<String>>),
     /// Refuse every later append (completion or deletion is under way).
     Seal(Reply<()>),
+    /// The completion or deletion that sealed it failed: take appends again while the stored
+    /// session is active.
+    Unseal,
     /// A live subscriber: its replay (the last `n` matching entries, or every buffered entry
     /// from a sequence number on, after a restart of this actor) and the feed.
     Subscribe {
@@ -189,6 +192,12 @@ impl Actor for SessionActor {
             SessionMsg::Seal(reply) => {
                 st.open = false;
                 let _ = reply.send(Ok(()));
+            }
+            SessionMsg::Unseal => {
+                st.open = matches!(
+                    st.store.session_by_id(st.id),
+                    Ok(Some(s)) if s.status == SessionStatus::Active
+                );
             }
             SessionMsg::Subscribe {
                 replay,
@@ -531,6 +540,11 @@ mod tests {
         let r = ask(&a, |r| SessionMsg::Append(batch("c", 1), index("c", 1), r)).await;
         assert!(matches!(r, Err(Error::Conflict(_))));
         assert_eq!(store.session_counters(SID).unwrap().log_count, 5);
+        // The completion failed (the session is still active as stored): appends again.
+        a.cast(Envelope::cast(SessionMsg::Unseal)).unwrap();
+        let r = ask(&a, |r| SessionMsg::Append(batch("c", 1), index("c", 1), r)).await;
+        assert_eq!(r.unwrap(), 1);
+        assert_eq!(store.session_counters(SID).unwrap().log_count, 6);
         a.stop(None);
     }
 }
