@@ -292,6 +292,46 @@ async fn log_pattern_counts_in_its_window_and_resolves_when_the_count_falls() {
     );
 }
 
+/// A rollout result that reaches the evaluator while it is down (restarting after a panic)
+/// is not lost: the restarted evaluator starts from the stored results, so the rule fires.
+#[tokio::test]
+async fn a_failed_rollout_reported_while_the_evaluator_restarts_still_fires() {
+    let sink = Sink::start().await;
+    let s = start_with(|c| {
+        fast(c);
+        c.supervision.restart_backoff_ms = 1500;
+        c.supervision.max_restart_backoff_ms = 1500;
+    })
+    .await;
+    let rt = s.running.as_ref().unwrap().runtime.clone();
+    let hook = webhook(&s, &sink).await;
+    rule(
+        &s,
+        hook,
+        json!({"type": "deployment_status", "status": "failed"}),
+    )
+    .await;
+    let (d, dep) = activated_package(&s).await;
+    let pid = s.project_id("default");
+    // A first failure restarts at once; a second waits out the backoff (1.5 s).
+    for _ in 0..2 {
+        rt.alerts.inject_evaluator_panic(pid).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Reported inside the restart's backoff: its event finds no evaluator.
+    let deps = crate::deployments::DEPS;
+    let r = s
+        .post(
+            &format!("{deps}/{dep}/device-status"),
+            s.key(),
+            json!({"device_id": d, "status": "failed"}),
+        )
+        .await;
+    assert_eq!(r.status, 202, "{}", r.body);
+    let l = wait_alerts(&s, "state=firing", 1).await;
+    assert_eq!(l["items"][0]["device_id"], d, "{l}");
+}
+
 #[tokio::test]
 async fn deployment_status_fires_on_a_failed_rollout_and_resolves_on_success() {
     let sink = Sink::start().await;

@@ -51,6 +51,9 @@ pub(crate) enum EvaluatorMsg {
         device_id: u64,
         status: RolloutStatus,
     },
+    /// Rollout results may have been missed (the forwarder fell behind): reconcile the
+    /// `deployment_status` rules with the stored results.
+    RolloutsMissed,
     /// The project's rules were written: reload them.
     RulesChanged,
     /// A device was deleted or a group changed: reread devices and memberships.
@@ -327,6 +330,9 @@ impl Actor for EvaluatorActor {
         // Devices and states from storage (online since: unknown after a restart, so counted
         // from the last heartbeat at the latest).
         st.refresh_devices(now, &mut ch)?;
+        // Rollout results reach the evaluator as events, which a restart (or a full
+        // forwarder) loses: the stored results are the truth to start from.
+        st.reconcile_rollouts(now, &mut ch)?;
         st.commit(ch).await?;
         Ok(st)
     }
@@ -355,6 +361,7 @@ impl Actor for EvaluatorActor {
             EvaluatorMsg::Rollout { device_id, status } => {
                 st.rollout(device_id, status, now, &mut ch)?
             }
+            EvaluatorMsg::RolloutsMissed => st.reconcile_rollouts(now, &mut ch)?,
             // Both reread storage: a burst of changes (a script creating 100 rules) is done
             // once, on the next tick.
             EvaluatorMsg::RulesChanged => st.pending = st.pending.max(Pending::Rules),
@@ -637,22 +644,72 @@ impl EvaluatorState {
         ch: &mut Changes,
     ) -> Result<()> {
         for i in 0..self.rules.len() {
-            let Condition::DeploymentStatus { status: want } = self.rules[i].cond else {
-                continue;
-            };
-            if !self.applies(&self.rules[i].rule, device)? {
-                continue;
+            self.rollout_rule(i, device, status, now, ch)?;
+        }
+        Ok(())
+    }
+
+    /// One `deployment_status` rule (index `i`; any other rule is left alone) meeting a
+    /// device's rollout result.
+    fn rollout_rule(
+        &mut self,
+        i: usize,
+        device: u64,
+        status: RolloutStatus,
+        now: i64,
+        ch: &mut Changes,
+    ) -> Result<()> {
+        let Some(Condition::DeploymentStatus { status: want }) =
+            self.rules.get(i).map(|r| r.cond.clone())
+        else {
+            return Ok(());
+        };
+        if !self.applies(&self.rules[i].rule, device)? {
+            return Ok(());
+        }
+        let hit = matches!(
+            (want, status),
+            (RolloutOutcome::Succeeded, RolloutStatus::Succeeded)
+                | (RolloutOutcome::Failed, RolloutStatus::Failed)
+        );
+        let key = (self.rules[i].rule.id, device);
+        match (hit, self.states.get(&key).cloned()) {
+            (true, None) => self.fire(i, device, now, now, ch)?,
+            (false, Some(s)) => self.clear(i, device, &s, now, ch)?,
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// Brings the `deployment_status` rules in step with each device's latest stored result
+    /// (across the project's packages), as if its event had just arrived.
+    fn reconcile_rollouts(&mut self, now: i64, ch: &mut Changes) -> Result<()> {
+        if !self
+            .rules
+            .iter()
+            .any(|r| matches!(r.cond, Condition::DeploymentStatus { .. }))
+        {
+            return Ok(());
+        }
+        let mut latest: HashMap<u64, (i64, RolloutStatus)> = HashMap::new();
+        for dep in self.ctx.store.project_deployments(self.pid)? {
+            for r in self.ctx.store.device_results(dep.id)? {
+                let e = latest
+                    .entry(r.device_id)
+                    .or_insert((r.reported_at, r.status));
+                if r.reported_at > e.0 {
+                    *e = (r.reported_at, r.status);
+                }
             }
-            let hit = matches!(
-                (want, status),
-                (RolloutOutcome::Succeeded, RolloutStatus::Succeeded)
-                    | (RolloutOutcome::Failed, RolloutStatus::Failed)
-            );
-            let key = (self.rules[i].rule.id, device);
-            match (hit, self.states.get(&key).cloned()) {
-                (true, None) => self.fire(i, device, now, now, ch)?,
-                (false, Some(s)) => self.clear(i, device, &s, now, ch)?,
-                _ => {}
+        }
+        // Only results a rule would have met as events: those since its condition was last
+        // written (a rule does not fire for results older than itself).
+        for i in 0..self.rules.len() {
+            let since = self.rules[i].rule.updated_at;
+            for (&device, &(at, status)) in &latest {
+                if at >= since {
+                    self.rollout_rule(i, device, status, now, ch)?;
+                }
             }
         }
         Ok(())

@@ -140,7 +140,15 @@ impl AlertsHandle {
                         .await
                     }
                     Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
-                        tracing::warn!(missed = n, "alert evaluators missed rollout results")
+                        tracing::warn!(
+                            missed = n,
+                            "alert evaluators missed rollout results; reconciling from storage"
+                        );
+                        let active: Vec<u64> = feed.active.iter().map(|e| *e.key()).collect();
+                        for pid in active {
+                            feed.signal(pid, evaluator::EvaluatorMsg::RolloutsMissed)
+                                .await;
+                        }
                     }
                     Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
                 }
