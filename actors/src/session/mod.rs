@@ -83,6 +83,9 @@ pub(crate) struct SessionState {
     counters: SessionCounters,
     /// False once the session is not active (or gone): appends are refused.
     open: bool,
+    /// Completions and deletions under way (each sealed it); it opens again only when none
+    /// is left and the stored session is active.
+    seals: u32,
     /// The session no longer exists (deleted): appends are 404, not 409.
     gone: bool,
     /// The status when not active, for subscribers that arrive late.
@@ -142,6 +145,7 @@ impl Actor for SessionActor {
             open: session
                 .as_ref()
                 .is_some_and(|s| s.status == SessionStatus::Active),
+            seals: 0,
             gone: session.is_none(),
             ended: session
                 .as_ref()
@@ -191,13 +195,16 @@ impl Actor for SessionActor {
             }
             SessionMsg::Seal(reply) => {
                 st.open = false;
+                st.seals = st.seals.saturating_add(1);
                 let _ = reply.send(Ok(()));
             }
             SessionMsg::Unseal => {
-                st.open = matches!(
-                    st.store.session_by_id(st.id),
-                    Ok(Some(s)) if s.status == SessionStatus::Active
-                );
+                st.seals = st.seals.saturating_sub(1);
+                st.open = st.seals == 0
+                    && matches!(
+                        st.store.session_by_id(st.id),
+                        Ok(Some(s)) if s.status == SessionStatus::Active
+                    );
             }
             SessionMsg::Subscribe {
                 replay,
@@ -540,7 +547,12 @@ mod tests {
         let r = ask(&a, |r| SessionMsg::Append(batch("c", 1), index("c", 1), r)).await;
         assert!(matches!(r, Err(Error::Conflict(_))));
         assert_eq!(store.session_counters(SID).unwrap().log_count, 5);
-        // The completion failed (the session is still active as stored): appends again.
+        // Two completions under way; one fails: still sealed, the other may yet write.
+        ask(&a, SessionMsg::Seal).await.unwrap();
+        a.cast(Envelope::cast(SessionMsg::Unseal)).unwrap();
+        let r = ask(&a, |r| SessionMsg::Append(batch("c", 1), index("c", 1), r)).await;
+        assert!(matches!(r, Err(Error::Conflict(_))));
+        // The other fails too (the session is still active as stored): appends again.
         a.cast(Envelope::cast(SessionMsg::Unseal)).unwrap();
         let r = ask(&a, |r| SessionMsg::Append(batch("c", 1), index("c", 1), r)).await;
         assert_eq!(r.unwrap(), 1);
