@@ -302,7 +302,7 @@ impl<C: KeyedChild> Keyed<C> {
         }
     }
 
-    /// Calls waiting on the entity's actor now (queued, or taken on and not yet answered).
+    /// Calls in the entity's actor's mailbox now (including ones whose callers gave up).
     pub(crate) fn waiting(&self, key: u64) -> usize {
         self.gates.get(&key).map_or(0, |g| {
             self.cfg
@@ -312,7 +312,7 @@ impl<C: KeyedChild> Keyed<C> {
         })
     }
 
-    /// Calls waiting across every entity's actor, and on the busiest one (for `/metrics`: one
+    /// Calls in every entity's actor's mailbox, and in the fullest one (for `/metrics`: one
     /// pass over the mailbox bounds of the entities that have them).
     pub(crate) fn depths(&self) -> (usize, usize) {
         let limit = self.cfg.mailbox_limit.max(1);

@@ -47,7 +47,7 @@ pub struct RuntimeFigures {
     pub live_batches_skipped: u64,
     pub session_actors: u64,
     pub per_address_refusals: u64,
-    /// Per family of keyed actors: calls waiting in all mailboxes, and in the fullest one.
+    /// Per family of keyed actors: calls in all mailboxes, and in the fullest one.
     pub mailbox_depths: Vec<(&'static str, usize, usize)>,
     pub log_lines_ingested: u64,
     pub webhook_deliveries_queued: u64,

@@ -34,6 +34,11 @@ use fleetops_storage::{
     RelatedDeployment, RolloutStatus, Store,
 };
 
+/// How far back a reconciliation (`EvaluatorState::reconcile_rollouts`) looks for rollout
+/// results an evaluator may have missed: well past a restart's backoff and a spent restart
+/// budget, short enough that a start does not fire for results long past.
+const RECONCILE_WINDOW_MS: i64 = 15 * 60 * 1000;
+
 pub(crate) enum EvaluatorMsg {
     Heartbeat {
         device_id: u64,
@@ -240,6 +245,9 @@ pub(crate) struct EvaluatorState {
     log_set: Option<regex::RegexSet>,
     states: HashMap<(u64, u64), ConditionState>,
     last_seen: HashMap<u64, i64>,
+    /// Rollout results may have been missed (this incarnation is new, or the forwarder fell
+    /// behind): reconcile on the next tick (`reconcile_rollouts`), once however often told.
+    reconcile_due: bool,
     /// When each online device came online (its first heartbeat after being offline).
     online_since: HashMap<u64, i64>,
     metrics: HashMap<u64, Arc<BTreeMap<String, f64>>>,
@@ -317,6 +325,8 @@ impl Actor for EvaluatorActor {
                 .map(|s| ((s.rule_id, s.device_id), s))
                 .collect(),
             last_seen: HashMap::new(),
+            // Rollout results reach the evaluator as events, which a restart loses.
+            reconcile_due: true,
             online_since: HashMap::new(),
             metrics: HashMap::new(),
             windows: HashMap::new(),
@@ -330,9 +340,6 @@ impl Actor for EvaluatorActor {
         // Devices and states from storage (online since: unknown after a restart, so counted
         // from the last heartbeat at the latest).
         st.refresh_devices(now, &mut ch)?;
-        // Rollout results reach the evaluator as events, which a restart (or a full
-        // forwarder) loses: the stored results are the truth to start from.
-        st.reconcile_rollouts(now, &mut ch)?;
         st.commit(ch).await?;
         Ok(st)
     }
@@ -361,7 +368,7 @@ impl Actor for EvaluatorActor {
             EvaluatorMsg::Rollout { device_id, status } => {
                 st.rollout(device_id, status, now, &mut ch)?
             }
-            EvaluatorMsg::RolloutsMissed => st.reconcile_rollouts(now, &mut ch)?,
+            EvaluatorMsg::RolloutsMissed => st.reconcile_due = true,
             // Both reread storage: a burst of changes (a script creating 100 rules) is done
             // once, on the next tick.
             EvaluatorMsg::RulesChanged => st.pending = st.pending.max(Pending::Rules),
@@ -373,6 +380,9 @@ impl Actor for EvaluatorActor {
                     Pending::Rules => st.reload(now, &mut ch)?,
                     Pending::Devices => st.refresh_devices(now, &mut ch)?,
                     Pending::Nothing => {}
+                }
+                if std::mem::take(&mut st.reconcile_due) {
+                    st.reconcile_rollouts(now, &mut ch)?;
                 }
                 st.tick(now, &mut ch)?
             }
@@ -681,8 +691,12 @@ impl EvaluatorState {
         Ok(())
     }
 
-    /// Brings the `deployment_status` rules in step with each device's latest stored result
-    /// (across the project's packages), as if its event had just arrived.
+    /// Brings the `deployment_status` rules in step with the results an evaluator may have
+    /// missed: each present device's latest stored result (across the project's packages)
+    /// fires a rule it matches if it came in the last [`RECONCILE_WINDOW_MS`] and after the
+    /// rule was made, and clears a firing one it does not match if it came after that
+    /// firing, as its event would have. Older results are left alone, so a start does not
+    /// wake results long past.
     fn reconcile_rollouts(&mut self, now: i64, ch: &mut Changes) -> Result<()> {
         if !self
             .rules
@@ -691,9 +705,18 @@ impl EvaluatorState {
         {
             return Ok(());
         }
+        let present: std::collections::HashSet<u64> = self
+            .store()
+            .project_devices(self.pid)?
+            .iter()
+            .map(|d| d.id)
+            .collect();
         let mut latest: HashMap<u64, (i64, RolloutStatus)> = HashMap::new();
-        for dep in self.ctx.store.project_deployments(self.pid)? {
-            for r in self.ctx.store.device_results(dep.id)? {
+        for dep in self.store().project_deployments(self.pid)? {
+            for r in self.store().device_results(dep.id)? {
+                if !present.contains(&r.device_id) {
+                    continue;
+                }
                 let e = latest
                     .entry(r.device_id)
                     .or_insert((r.reported_at, r.status));
@@ -702,13 +725,26 @@ impl EvaluatorState {
                 }
             }
         }
-        // Only results a rule would have met as events: those since its condition was last
-        // written (a rule does not fire for results older than itself).
         for i in 0..self.rules.len() {
-            let since = self.rules[i].rule.updated_at;
+            let Condition::DeploymentStatus { status: want } = self.rules[i].cond.clone() else {
+                continue;
+            };
+            let rule = self.rules[i].rule.clone();
             for (&device, &(at, status)) in &latest {
-                if at >= since {
-                    self.rollout_rule(i, device, status, now, ch)?;
+                if !self.applies(&rule, device)? {
+                    continue;
+                }
+                let hit = matches!(
+                    (want, status),
+                    (RolloutOutcome::Succeeded, RolloutStatus::Succeeded)
+                        | (RolloutOutcome::Failed, RolloutStatus::Failed)
+                );
+                match (hit, self.states.get(&(rule.id, device)).cloned()) {
+                    (true, None) if at >= rule.created_at && at >= now - RECONCILE_WINDOW_MS => {
+                        self.fire(i, device, now, now, ch)?
+                    }
+                    (false, Some(s)) if at > s.since => self.clear(i, device, &s, now, ch)?,
+                    _ => {}
                 }
             }
         }
