@@ -82,8 +82,12 @@ pub struct SessionsConfig {
     /// bounds its memory; `since` pages further at no cost.
     pub max_result_window: usize,
     /// Log exports and artifact ZIPs streaming at once (503 past it); each holds a blocking
-    /// thread until its reader has taken it all, or has left a piece untaken for 60 s.
+    /// thread until its reader has taken it all, or has left a piece untaken for
+    /// `stalled_reader_seconds`.
     pub max_streams: usize,
+    /// How long such a stream waits for its reader to take a piece before it is cut short
+    /// (the response then ends in an error, not as if whole).
+    pub stalled_reader_seconds: u64,
 }
 
 impl Default for SessionsConfig {
@@ -98,6 +102,7 @@ impl Default for SessionsConfig {
             idle_seconds: 300,
             max_result_window: 1_000_000,
             max_streams: 32,
+            stalled_reader_seconds: 60,
         }
     }
 }

@@ -19,11 +19,23 @@ pub fn full(b: impl Into<Bytes>) -> Body {
 }
 
 /// A body fed by a channel of pieces; the producer stops when the client goes away.
-pub fn channel(rx: tokio::sync::mpsc::Receiver<std::io::Result<Bytes>>) -> Body {
-    let stream = futures::stream::unfold(rx, |mut rx| async move {
-        rx.recv()
-            .await
-            .map(|piece| (piece.map(hyper::body::Frame::data), rx))
+pub fn channel(s: fleetops_actors::sessions::ExportStream) -> Body {
+    let fleetops_actors::sessions::ExportStream { rx, done } = s;
+    // A stream whose producer stopped before its last piece (its reader stalled) ends in an
+    // error, so the response is cut off rather than ending as if it were whole.
+    let stream = futures::stream::unfold(Some(rx), move |rx| {
+        let done = done.clone();
+        async move {
+            let mut rx = rx?;
+            match rx.recv().await {
+                Some(piece) => Some((piece.map(hyper::body::Frame::data), Some(rx))),
+                None if done.load(std::sync::atomic::Ordering::Acquire) => None,
+                None => Some((
+                    Err(std::io::Error::other("the download was cut short")),
+                    None,
+                )),
+            }
+        }
     });
     http_body_util::StreamBody::new(stream).boxed_unsync()
 }

@@ -842,6 +842,52 @@ async fn exports_past_max_streams_are_503_and_a_dropped_one_frees_its_place() {
     assert_eq!(body.lines().count(), 200_001, "a header and every line");
 }
 
+/// An export whose reader stops reading is cut short after `stalled_reader_seconds`: its
+/// thread and its place are given back, and the reader, when it comes back, gets an error,
+/// never a body that ends as if it were whole.
+#[tokio::test]
+async fn an_export_nobody_reads_is_cut_short_and_ends_in_an_error() {
+    let s = start_with(|c| {
+        c.sessions.max_streams = 1;
+        c.sessions.stalled_reader_seconds = 1;
+    })
+    .await;
+    let (d, tok) = device(&s, "bulk").await;
+    let sid = session(&s, d, &tok).await;
+    let logs = format!("{DEV}/sessions/{sid}/logs");
+    let text = "x".repeat(100);
+    for _ in 0..20 {
+        let batch: Vec<Value> = (0..10_000)
+            .map(|i| json!({"level": "info", "message": format!("{text} {i}")}))
+            .collect();
+        assert_eq!(s.post(&logs, &tok, Value::Array(batch)).await.status, 202);
+    }
+    let export = || {
+        s.http
+            .get(s.url(&format!("{logs}/export?format=csv")))
+            .bearer_auth(s.key())
+            .send()
+    };
+    let stalled = export().await.unwrap();
+    assert_eq!(stalled.status(), 200);
+    // Unread past the stall: its place comes back while its reader still holds it.
+    let mut freed = false;
+    for _ in 0..100 {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        let r = export().await.unwrap();
+        if r.status() == 200 {
+            freed = true;
+            break;
+        }
+    }
+    assert!(freed, "the stalled export gave its place back");
+    // Read now, what it sent is followed by an error, not a clean end.
+    assert!(
+        stalled.bytes().await.is_err(),
+        "a cut-short export must not end cleanly"
+    );
+}
+
 /// Idle session actors passivate: with no appends and no subscribers for
 /// `[sessions] idle_seconds` they stop and release their buffers; the next append or
 /// subscriber starts them again from storage, with nothing lost.

@@ -185,15 +185,15 @@ impl SessionsHandle {
         self.record(pid, id)?;
         let artifacts = self.store.artifacts(id)?;
         let permit = self.stream_permit()?;
-        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        let (tx, stream) = exports::Pieces::new(self.stall());
         let blobs = self.blobs.clone();
         let rt = tokio::runtime::Handle::current();
         tokio::task::spawn_blocking(move || {
             let _permit = permit;
             if let Err(e) = exports::zip_into(&rt, &blobs, &artifacts, &tx) {
-                exports::send_piece(&tx, Err(std::io::Error::other(e.to_string())));
+                tx.send(Err(std::io::Error::other(e.to_string())));
             }
         });
-        Ok(rx)
+        Ok(stream)
     }
 }

@@ -16,7 +16,12 @@ pub enum ExportFormat {
 }
 
 /// Pieces of an export body, each about 64 KiB.
-pub type ExportStream = tokio::sync::mpsc::Receiver<std::io::Result<bytes::Bytes>>;
+/// A download streamed from a blocking thread: its pieces, and whether the last was sent (a
+/// stream that ends without it was cut short, and its response must not end cleanly).
+pub struct ExportStream {
+    pub rx: tokio::sync::mpsc::Receiver<std::io::Result<bytes::Bytes>>,
+    pub done: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
 
 const EXPORT_PIECE: usize = 64 * 1024;
 
@@ -139,34 +144,69 @@ fn merged(
     }
 }
 
-/// How long a stream's reader may leave a piece untaken before the stream is dropped: a
-/// download nobody reads must not hold a blocking thread for ever.
-pub(super) const STALLED_READER: std::time::Duration = std::time::Duration::from_secs(60);
+/// The sending half of a stream, used from its blocking thread: each piece waits at most
+/// `stall` (`[sessions] stalled_reader_seconds`) for room, so a download nobody reads does
+/// not hold a blocking thread for ever, and once one could not be sent (the reader went away or
+/// stalled) nothing more is: the stream is cut short, and the reader's side, told by `done`
+/// staying unset, ends the response with an error instead of a clean end.
+pub(crate) struct Pieces {
+    tx: tokio::sync::mpsc::Sender<std::io::Result<bytes::Bytes>>,
+    broken: std::cell::Cell<bool>,
+    done: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    stall: std::time::Duration,
+}
 
-/// Sends `item` down `tx` from a blocking thread, waiting at most [`STALLED_READER`] for
-/// room; false once the reader went away or stalled (the stream then ends).
-pub(super) fn send_piece(
-    tx: &tokio::sync::mpsc::Sender<std::io::Result<bytes::Bytes>>,
-    item: std::io::Result<bytes::Bytes>,
-) -> bool {
-    use tokio::sync::mpsc::error::TrySendError;
-    match tx.try_send(item) {
-        Ok(()) => true,
-        Err(TrySendError::Closed(_)) => false,
-        Err(TrySendError::Full(item)) => match tokio::runtime::Handle::try_current() {
-            Ok(rt) => matches!(
-                rt.block_on(tokio::time::timeout(STALLED_READER, tx.send(item))),
-                Ok(Ok(()))
-            ),
-            Err(_) => tx.blocking_send(item).is_ok(),
-        },
+impl Pieces {
+    /// A stream's two ends.
+    pub(crate) fn new(stall: std::time::Duration) -> (Self, ExportStream) {
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        (
+            Self {
+                tx,
+                broken: std::cell::Cell::new(false),
+                done: done.clone(),
+                stall,
+            },
+            ExportStream { rx, done },
+        )
+    }
+
+    /// Sends one piece; false once the stream is cut short.
+    pub(crate) fn send(&self, item: std::io::Result<bytes::Bytes>) -> bool {
+        if self.broken.get() {
+            return false;
+        }
+        use tokio::sync::mpsc::error::TrySendError;
+        let sent = match self.tx.try_send(item) {
+            Ok(()) => true,
+            Err(TrySendError::Closed(_)) => false,
+            Err(TrySendError::Full(item)) => match tokio::runtime::Handle::try_current() {
+                Ok(rt) => matches!(
+                    rt.block_on(tokio::time::timeout(self.stall, self.tx.send(item))),
+                    Ok(Ok(()))
+                ),
+                Err(_) => self.tx.blocking_send(item).is_ok(),
+            },
+        };
+        if !sent {
+            self.broken.set(true);
+        }
+        sent
+    }
+
+    /// Marks the stream whole: every piece was sent.
+    pub(crate) fn finish(&self) {
+        if !self.broken.get() {
+            self.done.store(true, std::sync::atomic::Ordering::Release);
+        }
     }
 }
 
 /// A `Write` that sends what it is given down the channel in pieces.
 struct ChannelWriter<'a> {
     buf: Vec<u8>,
-    tx: &'a tokio::sync::mpsc::Sender<std::io::Result<bytes::Bytes>>,
+    tx: &'a Pieces,
 }
 
 impl std::io::Write for ChannelWriter<'_> {
@@ -182,7 +222,7 @@ impl std::io::Write for ChannelWriter<'_> {
             return Ok(());
         }
         let piece = bytes::Bytes::from(std::mem::take(&mut self.buf));
-        if send_piece(self.tx, Ok(piece)) {
+        if self.tx.send(Ok(piece)) {
             Ok(())
         } else {
             Err(std::io::Error::new(
@@ -197,7 +237,7 @@ pub(super) fn zip_into(
     rt: &tokio::runtime::Handle,
     blobs: &BlobStore,
     artifacts: &[Artifact],
-    tx: &tokio::sync::mpsc::Sender<std::io::Result<bytes::Bytes>>,
+    tx: &Pieces,
 ) -> Result<()> {
     use futures::StreamExt;
     use std::io::Write;
@@ -220,6 +260,7 @@ pub(super) fn zip_into(
     }
     let mut out = zip.finish().map_err(|e| io(&e))?;
     out.flush().map_err(|e| io(&e))?;
+    tx.finish();
     Ok(())
 }
 
@@ -242,7 +283,7 @@ pub(super) fn export_into(
     session: u64,
     f: &LogFilter,
     format: ExportFormat,
-    tx: &tokio::sync::mpsc::Sender<std::io::Result<bytes::Bytes>>,
+    tx: &Pieces,
 ) -> Result<()> {
     let internal = |e: &dyn std::fmt::Display| Error::Internal(e.to_string());
     let mut n = 0usize;
@@ -302,7 +343,7 @@ pub(super) fn export_into(
         }
         if buf.0.borrow().len() >= EXPORT_PIECE {
             let piece = std::mem::take(&mut *buf.0.borrow_mut());
-            if !send_piece(tx, Ok(bytes::Bytes::from(piece))) {
+            if !tx.send(Ok(bytes::Bytes::from(piece))) {
                 return Ok(false); // the client went away or stopped reading
             }
         }
@@ -314,7 +355,9 @@ pub(super) fn export_into(
         buf.0.borrow_mut().push(b']');
     }
     let rest = std::mem::take(&mut *buf.0.borrow_mut());
-    send_piece(tx, Ok(bytes::Bytes::from(rest)));
+    if tx.send(Ok(bytes::Bytes::from(rest))) {
+        tx.finish();
+    }
     Ok(())
 }
 

@@ -72,8 +72,13 @@ pub struct SessionsHandle {
 }
 
 impl SessionsHandle {
+    /// How long a stream's reader may leave a piece untaken before the stream is cut short.
+    pub(super) fn stall(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(self.cfg.stalled_reader_seconds.max(1))
+    }
+
     /// A place for one more export or ZIP stream, or 503: each holds a blocking thread while
-    /// it runs (until its reader takes the last piece, or stalls past `STALLED_READER`).
+    /// it runs (until its reader takes the last piece, or stalls past `stall`).
     pub(super) fn stream_permit(&self) -> Result<tokio::sync::OwnedSemaphorePermit> {
         self.streams
             .clone()
@@ -377,15 +382,15 @@ impl SessionsHandle {
     ) -> Result<ExportStream> {
         self.record(pid, id)?;
         let permit = self.stream_permit()?;
-        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        let (tx, stream) = exports::Pieces::new(self.stall());
         let store = self.store.clone();
         tokio::task::spawn_blocking(move || {
             let _permit = permit;
             if let Err(e) = exports::export_into(&store, id, &filter, format, &tx) {
-                exports::send_piece(&tx, Err(std::io::Error::other(e.to_string())));
+                tx.send(Err(std::io::Error::other(e.to_string())));
             }
         });
-        Ok(rx)
+        Ok(stream)
     }
 
     /// The `[sessions]` configuration (live-stream settings).
