@@ -18,6 +18,8 @@ use crate::webhooks::WebhooksHandle;
 
 /// How often the blob stores are swept for orphans (a listing of every blob).
 const ORPHAN_SWEEP_EVERY: Duration = Duration::from_secs(3600);
+/// How often failed background validations are tried again.
+const VALIDATIONS_EVERY: Duration = Duration::from_secs(600);
 /// An unreferenced artifact blob younger than this may be an upload still streaming.
 pub(crate) const ORPHAN_GRACE_MS: i64 = 24 * 3_600_000;
 
@@ -52,6 +54,8 @@ pub(crate) struct HousekeeperArgs {
     pub clock: crate::clock::Clock,
     /// When this incarnation last swept for orphaned blobs.
     pub last_sweep: Option<Instant>,
+    /// When this incarnation last resumed failed capsule validations.
+    pub last_validations: Option<Instant>,
     pub auth: Arc<Authenticator>,
     pub pruners: Pruners,
     pub every: Duration,
@@ -102,9 +106,16 @@ impl Actor for Housekeeper {
             tracing::warn!(error = %e, "restarting rollout controllers failed");
         }
         // The same for confirms answered 202 whose background validation failed (a storage
-        // or S3 error): one running now holds its capsule's lock and is left alone.
-        if let Err(e) = st.pipeline.resume_validations() {
-            tracing::warn!(error = %e, "resuming capsule validations failed");
+        // or S3 error), every few minutes (each hashes up to a capsule's size again): one
+        // running now holds its capsule's lock and is left alone.
+        if st
+            .last_validations
+            .is_none_or(|t| t.elapsed() >= VALIDATIONS_EVERY)
+        {
+            st.last_validations = Some(Instant::now());
+            if let Err(e) = st.pipeline.resume_validations() {
+                tracing::warn!(error = %e, "resuming capsule validations failed");
+            }
         }
         if let Err(e) = st.alerts.revive().await {
             tracing::warn!(error = %e, "reviving alert evaluators and notifiers failed");

@@ -473,6 +473,8 @@ impl Runtime {
                     sessions: sessions.clone(),
                     clock: clock.clone(),
                     last_sweep: None,
+                    // Start-up resumes them itself.
+                    last_validations: Some(std::time::Instant::now()),
                     webhooks: webhooks.clone(),
                     alerts: alerts.clone(),
                     auth: auth.clone(),
