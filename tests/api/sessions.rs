@@ -795,17 +795,12 @@ async fn export_of_many_lines_with_quoting() {
     assert_eq!(v[14_999]["metadata"], json!({"i": 4999}));
 }
 
-/// Exports hold a blocking thread while they stream, so at most `[sessions] max_streams` run
-/// at once (503 with `Retry-After` past it), and one whose reader went away gives its place
-/// back.
-#[tokio::test]
-async fn exports_past_max_streams_are_503_and_a_dropped_one_frees_its_place() {
-    let s = start_with(|c| c.sessions.max_streams = 1).await;
-    let (d, tok) = device(&s, "bulk").await;
-    let sid = session(&s, d, &tok).await;
+/// A session of 200,000 lines (about 24 MB of CSV: more than an export's channel and the
+/// sockets' buffers hold, so an export nobody reads stays in flight); its logs path.
+async fn big_session(s: &Srv) -> String {
+    let (d, tok) = device(s, "bulk").await;
+    let sid = session(s, d, &tok).await;
     let logs = format!("{DEV}/sessions/{sid}/logs");
-    // About 24 MB of export: more than the channel and the sockets' buffers hold, so an
-    // export nobody reads stays in flight.
     let text = "x".repeat(100);
     for _ in 0..20 {
         let batch: Vec<Value> = (0..10_000)
@@ -813,6 +808,16 @@ async fn exports_past_max_streams_are_503_and_a_dropped_one_frees_its_place() {
             .collect();
         assert_eq!(s.post(&logs, &tok, Value::Array(batch)).await.status, 202);
     }
+    logs
+}
+
+/// Exports hold a blocking thread while they stream, so at most `[sessions] max_streams` run
+/// at once (503 with `Retry-After` past it), and one whose reader went away gives its place
+/// back.
+#[tokio::test]
+async fn exports_past_max_streams_are_503_and_a_dropped_one_frees_its_place() {
+    let s = start_with(|c| c.sessions.max_streams = 1).await;
+    let logs = big_session(&s).await;
     let export = || {
         s.http
             .get(s.url(&format!("{logs}/export?format=csv")))
@@ -852,16 +857,7 @@ async fn an_export_nobody_reads_is_cut_short_and_ends_in_an_error() {
         c.sessions.stalled_reader_seconds = 1;
     })
     .await;
-    let (d, tok) = device(&s, "bulk").await;
-    let sid = session(&s, d, &tok).await;
-    let logs = format!("{DEV}/sessions/{sid}/logs");
-    let text = "x".repeat(100);
-    for _ in 0..20 {
-        let batch: Vec<Value> = (0..10_000)
-            .map(|i| json!({"level": "info", "message": format!("{text} {i}")}))
-            .collect();
-        assert_eq!(s.post(&logs, &tok, Value::Array(batch)).await.status, 202);
-    }
+    let logs = big_session(&s).await;
     let export = || {
         s.http
             .get(s.url(&format!("{logs}/export?format=csv")))

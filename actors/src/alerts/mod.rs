@@ -85,6 +85,14 @@ impl AlertsHandle {
         for pid in active {
             let _ = self.feed.evaluators.actor(pid).await;
         }
+        for pid in self.owed_projects()? {
+            let _ = self.feed.notifiers.actor(pid).await;
+        }
+        Ok(())
+    }
+
+    /// The projects with owed notifications, each once.
+    fn owed_projects(&self) -> crate::error::Result<Vec<u64>> {
         let mut owed: Vec<u64> = self
             .store
             .owed_notifications()?
@@ -93,10 +101,7 @@ impl AlertsHandle {
             .collect();
         owed.sort_unstable();
         owed.dedup();
-        for pid in owed {
-            let _ = self.feed.notifiers.actor(pid).await;
-        }
-        Ok(())
+        Ok(owed)
     }
 
     /// At start-up: the evaluators of every project with enabled rules (so silent devices
@@ -109,15 +114,7 @@ impl AlertsHandle {
         for pid in self.store.projects_with_alert_rules()? {
             self.feed.rules_changed(&self.store, pid).await;
         }
-        let mut owed: Vec<u64> = self
-            .store
-            .owed_notifications()?
-            .iter()
-            .map(|n| n.project_id)
-            .collect();
-        owed.sort_unstable();
-        owed.dedup();
-        for pid in owed {
+        for pid in self.owed_projects()? {
             // One notifier that cannot start must not keep the server down; its
             // notifications stay owed in storage.
             if let Err(e) = self.feed.notifiers.actor(pid).await {

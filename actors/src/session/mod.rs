@@ -411,10 +411,8 @@ mod tests {
             .0
     }
 
-    /// The replay buffer is bounded in bytes as well as entries: a few large entries do not
-    /// stay, live or rebuilt from storage, past `buffer_bytes` (the newest batch always does).
-    #[tokio::test]
-    async fn the_replay_buffer_keeps_at_most_buffer_bytes() {
+    /// A store holding session `SID`, active (keep the directory while the store is used).
+    fn active_session() -> (tempfile::TempDir, Store) {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path()).unwrap();
         store
@@ -430,6 +428,14 @@ mod tests {
                 package_id: None,
             })
             .unwrap();
+        (dir, store)
+    }
+
+    /// The replay buffer is bounded in bytes as well as entries: a few large entries do not
+    /// stay, live or rebuilt from storage, past `buffer_bytes` (the newest batch always does).
+    #[tokio::test]
+    async fn the_replay_buffer_keeps_at_most_buffer_bytes() {
+        let (_dir, store) = active_session();
         let cfg = SessionsConfig {
             buffer_bytes: 10_000,
             ..SessionsConfig::default()
@@ -496,21 +502,7 @@ mod tests {
 
     #[tokio::test]
     async fn appends_count_seal_refuses_and_a_replacement_rebuilds_from_storage() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(dir.path()).unwrap();
-        store
-            .put_session(&Session {
-                id: SID,
-                project_id: 1,
-                device_id: 2,
-                device_name: "r1".into(),
-                status: SessionStatus::Active,
-                started_at: 0,
-                ended_at: None,
-                tags: Vec::new(),
-                package_id: None,
-            })
-            .unwrap();
+        let (_dir, store) = active_session();
         let a = spawn(&store).await;
         assert_eq!(
             ask(&a, |r| SessionMsg::Append(batch("a", 3), index("a", 3), r))
