@@ -811,6 +811,16 @@ async fn big_session(s: &Srv) -> String {
     logs
 }
 
+/// A CSV export of the session at `logs`, its headers read, its body not yet.
+async fn csv_export(s: &Srv, logs: &str) -> reqwest::Response {
+    s.http
+        .get(s.url(&format!("{logs}/export?format=csv")))
+        .bearer_auth(s.key())
+        .send()
+        .await
+        .unwrap()
+}
+
 /// Exports hold a blocking thread while they stream, so at most `[sessions] max_streams` run
 /// at once (503 with `Retry-After` past it), and one whose reader went away gives its place
 /// back.
@@ -818,21 +828,16 @@ async fn big_session(s: &Srv) -> String {
 async fn exports_past_max_streams_are_503_and_a_dropped_one_frees_its_place() {
     let s = start_with(|c| c.sessions.max_streams = 1).await;
     let logs = big_session(&s).await;
-    let export = || {
-        s.http
-            .get(s.url(&format!("{logs}/export?format=csv")))
-            .bearer_auth(s.key())
-            .send()
-    };
-    let held = export().await.unwrap();
+    let export = || csv_export(&s, &logs);
+    let held = export().await;
     assert_eq!(held.status(), 200);
-    let refused = export().await.unwrap();
+    let refused = export().await;
     assert_eq!(refused.status(), 503);
     assert!(refused.headers().contains_key("retry-after"));
     drop(held);
     let mut freed = None;
     for _ in 0..250 {
-        let r = export().await.unwrap();
+        let r = export().await;
         if r.status() == 200 {
             freed = Some(r);
             break;
@@ -858,19 +863,14 @@ async fn an_export_nobody_reads_is_cut_short_and_ends_in_an_error() {
     })
     .await;
     let logs = big_session(&s).await;
-    let export = || {
-        s.http
-            .get(s.url(&format!("{logs}/export?format=csv")))
-            .bearer_auth(s.key())
-            .send()
-    };
-    let stalled = export().await.unwrap();
+    let export = || csv_export(&s, &logs);
+    let stalled = export().await;
     assert_eq!(stalled.status(), 200);
     // Unread past the stall: its place comes back while its reader still holds it.
     let mut freed = false;
     for _ in 0..100 {
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-        let r = export().await.unwrap();
+        let r = export().await;
         if r.status() == 200 {
             freed = true;
             break;

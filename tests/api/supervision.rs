@@ -504,12 +504,33 @@ async fn a_caller_that_hung_up_before_its_turn_is_never_applied() {
     assert_never_applied(&s, &k, "hung-up").await;
 }
 
+/// A correctly signed `ping` delivery (an unsubscribed event: 202 ignored once claimed)
+/// with the given id, as a future that owns what it needs (it may be spawned); its status.
+fn signed_ping(s: &Srv, id: String, zen: String) -> impl Future<Output = u16> + use<> {
+    use crate::webhooks::{SECRET, sign};
+    let (http, url) = (s.http.clone(), s.url("/api/v1/scm/webhooks"));
+    async move {
+        let body = serde_json::to_vec(&json!({ "zen": zen })).unwrap();
+        http.post(url)
+            .header("content-type", "application/json")
+            .header("X-Host-Event", "ping")
+            .header("X-Host-Delivery", id)
+            .header("X-Hub-Signature-256", sign(SECRET, &body))
+            .body(body)
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .as_u16()
+    }
+}
+
 /// The mailbox bound counts messages, not waiting callers: a call whose caller timed out
 /// keeps its place (and its payload) until the actor reaches it, so a stalled actor holds at
 /// most `mailbox_limit` messages however many callers give up and come again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_actor_holds_at_most_its_mailbox_limit_of_messages() {
-    use crate::webhooks::{SECRET, sign};
+    use crate::webhooks::SECRET;
     let s = start_with(|c| {
         c.scm.webhook_secret = SECRET.into();
         c.supervision.call_timeout_ms = 300;
@@ -517,23 +538,7 @@ async fn a_stalled_actor_holds_at_most_its_mailbox_limit_of_messages() {
     })
     .await;
     let rt = s.running.as_ref().unwrap().runtime.clone();
-    let send = |zen: u32| {
-        let (http, url) = (s.http.clone(), s.url("/api/v1/scm/webhooks"));
-        async move {
-            let body = serde_json::to_vec(&json!({ "zen": zen })).unwrap();
-            http.post(url)
-                .header("content-type", "application/json")
-                .header("X-Host-Event", "ping")
-                .header("X-Host-Delivery", uuid::Uuid::new_v4().to_string())
-                .header("X-Hub-Signature-256", sign(SECRET, &body))
-                .body(body)
-                .send()
-                .await
-                .unwrap()
-                .status()
-                .as_u16()
-        }
-    };
+    let send = |zen: u32| signed_ping(&s, uuid::Uuid::new_v4().to_string(), zen.to_string());
     // The intake's write is held: the first delivery waits in its batch, the rest queue.
     let hold = rt.webhooks.inject_write_hold();
     let first = tokio::spawn(send(0));
@@ -562,30 +567,14 @@ async fn a_stalled_actor_holds_at_most_its_mailbox_limit_of_messages() {
 /// first attempt still waits in the intake's mailbox as the redelivery arrives.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redelivery_after_a_503_is_the_delivery() {
-    use crate::webhooks::{SECRET, sign};
+    use crate::webhooks::SECRET;
     let s = start_with(|c| {
         c.scm.webhook_secret = SECRET.into();
         c.supervision.call_timeout_ms = 1000;
     })
     .await;
     let rt = s.running.as_ref().unwrap().runtime.clone();
-    let send = |id: String, zen: &'static str| {
-        let (http, url) = (s.http.clone(), s.url("/api/v1/scm/webhooks"));
-        async move {
-            let body = serde_json::to_vec(&json!({ "zen": zen })).unwrap();
-            http.post(url)
-                .header("content-type", "application/json")
-                .header("X-Host-Event", "ping")
-                .header("X-Host-Delivery", id)
-                .header("X-Hub-Signature-256", sign(SECRET, &body))
-                .body(body)
-                .send()
-                .await
-                .unwrap()
-                .status()
-                .as_u16()
-        }
-    };
+    let send = |id: String, zen: &'static str| signed_ping(&s, id, zen.to_string());
     // A first delivery's batch write is held: the intake's mailbox queues what comes next.
     let hold = rt.webhooks.inject_write_hold();
     let first = tokio::spawn(send(uuid::Uuid::new_v4().to_string(), "first"));

@@ -1293,20 +1293,7 @@ async fn a_dispatch_failing_mid_batch_is_retried_in_order_without_duplicates() {
     // The twenty pull requests reach the worker as one batch; the fifth of them fails in
     // the dispatcher.
     let failed = rt.webhooks.inject_dispatch_failure(5);
-    let plan = (1..=20u64)
-        .map(|n| ("pull_request", pr("opened", n, &format!("{n:040}"), false)))
-        .collect();
-    let ids = send_held(&s, plan).await;
-    let mut run_ids = Vec::new();
-    for id in &ids {
-        let d = settled(&s, id).await;
-        assert_eq!(d["outcome"], "dispatched", "{d}");
-        run_ids.push(d["test_run_id"].as_u64().expect("a run"));
-    }
-    let mut sorted = run_ids.clone();
-    sorted.sort_unstable();
-    sorted.dedup();
-    assert_eq!(run_ids, sorted, "one run each, made in arrival order");
+    let run_ids = twenty_prs_each_dispatched_once(&s).await;
     // The failed attempt's run (its id taken, its writes taken back) left one gap, before
     // the fifth: had its writes been kept, the fifth's run would be the failed attempt's.
     let gaps: Vec<usize> = run_ids
@@ -1332,20 +1319,7 @@ async fn a_shared_commit_that_fails_leaves_its_deliveries_to_be_worked_again_in_
     let s = installed_for_batches().await;
     let rt = s.running.as_ref().unwrap().runtime.clone();
     let failed = rt.webhooks.inject_commit_failure();
-    let plan = (1..=20u64)
-        .map(|n| ("pull_request", pr("opened", n, &format!("{n:040}"), false)))
-        .collect();
-    let ids = send_held(&s, plan).await;
-    let mut run_ids = Vec::new();
-    for id in &ids {
-        let d = settled(&s, id).await;
-        assert_eq!(d["outcome"], "dispatched", "{d}");
-        run_ids.push(d["test_run_id"].as_u64().expect("a run"));
-    }
-    let mut sorted = run_ids.clone();
-    sorted.sort_unstable();
-    sorted.dedup();
-    assert_eq!(run_ids, sorted, "one run each, made in arrival order");
+    let run_ids = twenty_prs_each_dispatched_once(&s).await;
     assert!(
         failed.load(std::sync::atomic::Ordering::SeqCst),
         "the injected failure happened"
@@ -1366,6 +1340,26 @@ async fn a_shared_commit_that_fails_leaves_its_deliveries_to_be_worked_again_in_
         first > 1,
         "the failed batch's run ids were taken and left unused: {run_ids:?}"
     );
+}
+
+/// Sends twenty pull requests as one batch and waits for each: every one dispatched into a
+/// run of its own, the runs made in arrival order. Their run ids, in arrival order.
+async fn twenty_prs_each_dispatched_once(s: &Srv) -> Vec<u64> {
+    let plan = (1..=20u64)
+        .map(|n| ("pull_request", pr("opened", n, &format!("{n:040}"), false)))
+        .collect();
+    let ids = send_held(s, plan).await;
+    let mut run_ids = Vec::new();
+    for id in &ids {
+        let d = settled(s, id).await;
+        assert_eq!(d["outcome"], "dispatched", "{d}");
+        run_ids.push(d["test_run_id"].as_u64().expect("a run"));
+    }
+    let mut sorted = run_ids.clone();
+    sorted.sort_unstable();
+    sorted.dedup();
+    assert_eq!(run_ids, sorted, "one run each, made in arrival order");
+    run_ids
 }
 
 /// A server with the repository linked and installed, whose calls wait long enough for a
