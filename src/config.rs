@@ -302,6 +302,9 @@ mod tests {
         let mut c = Config::default();
         c.auth.jwt_secret = "short".into();
         assert!(c.validate().is_err());
+        let mut c = Config::default();
+        c.sessions.max_result_window = 9_999;
+        assert!(c.validate().is_err(), "a window below the largest limit");
     }
 
     #[test]

@@ -559,6 +559,10 @@ async fn log_query_filters_against_a_known_data_set() {
     ] {
         s.get(&q(bad), k).await.assert_error(422);
     }
+    assert_eq!(
+        s.get(&q("?offset=999901"), k).await.assert_error(422),
+        "offset: offset + limit is at most 1000000; page further with since"
+    );
     assert_eq!(s.get(&q("?limit=10000"), k).await.status, 200);
     // The deepest page: offset + limit up to `max_result_window` (1,000,000).
     let deepest = s.get(&q("?offset=999900"), k).await;
