@@ -382,7 +382,8 @@ impl Actor for EvaluatorActor {
                     Pending::Nothing => {}
                 }
                 if std::mem::take(&mut st.reconcile_due) {
-                    st.reconcile_rollouts(now, &mut ch)?;
+                    let latest = st.latest_results().await?;
+                    st.reconcile_rollouts(&latest, now, &mut ch)?;
                 }
                 st.tick(now, &mut ch)?
             }
@@ -654,18 +655,20 @@ impl EvaluatorState {
         ch: &mut Changes,
     ) -> Result<()> {
         for i in 0..self.rules.len() {
-            self.rollout_rule(i, device, status, now, ch)?;
+            self.rollout_rule(i, device, status, None, now, ch)?;
         }
         Ok(())
     }
 
     /// One `deployment_status` rule (index `i`; any other rule is left alone) meeting a
-    /// device's rollout result.
+    /// device's rollout result: as its event (`missed` is `None`), or as a result found in
+    /// storage that its event may have missed, reported at `missed` (`reconcile_rollouts`).
     fn rollout_rule(
         &mut self,
         i: usize,
         device: u64,
         status: RolloutStatus,
+        missed: Option<i64>,
         now: i64,
         ch: &mut Changes,
     ) -> Result<()> {
@@ -682,70 +685,69 @@ impl EvaluatorState {
             (RolloutOutcome::Succeeded, RolloutStatus::Succeeded)
                 | (RolloutOutcome::Failed, RolloutStatus::Failed)
         );
+        let made = self.rules[i].rule.created_at;
         let key = (self.rules[i].rule.id, device);
+        // A missed result fires only if it is recent and the rule existed when it came, and
+        // clears only a firing older than it, as its event would have.
+        let fires = missed.is_none_or(|at| at >= made && at >= now - RECONCILE_WINDOW_MS);
         match (hit, self.states.get(&key).cloned()) {
-            (true, None) => self.fire(i, device, now, now, ch)?,
-            (false, Some(s)) => self.clear(i, device, &s, now, ch)?,
+            (true, None) if fires => self.fire(i, device, now, now, ch)?,
+            (false, Some(s)) if missed.is_none_or(|at| at > s.since) => {
+                self.clear(i, device, &s, now, ch)?
+            }
             _ => {}
         }
         Ok(())
     }
 
-    /// Brings the `deployment_status` rules in step with the results an evaluator may have
-    /// missed: each present device's latest stored result (across the project's packages)
-    /// fires a rule it matches if it came in the last [`RECONCILE_WINDOW_MS`] and after the
-    /// rule was made, and clears a firing one it does not match if it came after that
-    /// firing, as its event would have. Older results are left alone, so a start does not
-    /// wake results long past.
-    fn reconcile_rollouts(&mut self, now: i64, ch: &mut Changes) -> Result<()> {
+    /// Each present device's latest stored rollout result (across the project's packages),
+    /// when the project has `deployment_status` rules: read on the blocking pool, since it
+    /// reads every result the project keeps.
+    async fn latest_results(&self) -> Result<HashMap<u64, (i64, RolloutStatus)>> {
         if !self
             .rules
             .iter()
             .any(|r| matches!(r.cond, Condition::DeploymentStatus { .. }))
         {
-            return Ok(());
+            return Ok(HashMap::new());
         }
-        let present: std::collections::HashSet<u64> = self
-            .store()
-            .project_devices(self.pid)?
-            .iter()
-            .map(|d| d.id)
-            .collect();
-        let mut latest: HashMap<u64, (i64, RolloutStatus)> = HashMap::new();
-        for dep in self.store().project_deployments(self.pid)? {
-            for r in self.store().device_results(dep.id)? {
-                if !present.contains(&r.device_id) {
-                    continue;
-                }
-                let e = latest
-                    .entry(r.device_id)
-                    .or_insert((r.reported_at, r.status));
-                if r.reported_at > e.0 {
-                    *e = (r.reported_at, r.status);
+        let (store, pid) = (self.ctx.store.clone(), self.pid);
+        crate::off_thread(move || {
+            let present: std::collections::HashSet<u64> =
+                store.project_devices(pid)?.iter().map(|d| d.id).collect();
+            let mut latest: HashMap<u64, (i64, RolloutStatus)> = HashMap::new();
+            for dep in store.project_deployments(pid)? {
+                for r in store.device_results(dep.id)? {
+                    if !present.contains(&r.device_id) {
+                        continue;
+                    }
+                    let e = latest
+                        .entry(r.device_id)
+                        .or_insert((r.reported_at, r.status));
+                    if r.reported_at > e.0 {
+                        *e = (r.reported_at, r.status);
+                    }
                 }
             }
-        }
+            Ok(latest)
+        })
+        .await
+    }
+
+    /// Brings the `deployment_status` rules in step with the results an evaluator may have
+    /// missed (`latest`, from `latest_results`): a result from the last
+    /// [`RECONCILE_WINDOW_MS`], after the rule was made, fires a rule it matches; one after
+    /// a firing that it does not match clears it. Older results are left alone, so a start
+    /// does not wake results long past.
+    fn reconcile_rollouts(
+        &mut self,
+        latest: &HashMap<u64, (i64, RolloutStatus)>,
+        now: i64,
+        ch: &mut Changes,
+    ) -> Result<()> {
         for i in 0..self.rules.len() {
-            let Condition::DeploymentStatus { status: want } = self.rules[i].cond.clone() else {
-                continue;
-            };
-            let rule = self.rules[i].rule.clone();
-            for (&device, &(at, status)) in &latest {
-                if !self.applies(&rule, device)? {
-                    continue;
-                }
-                let hit = matches!(
-                    (want, status),
-                    (RolloutOutcome::Succeeded, RolloutStatus::Succeeded)
-                        | (RolloutOutcome::Failed, RolloutStatus::Failed)
-                );
-                match (hit, self.states.get(&(rule.id, device)).cloned()) {
-                    (true, None) if at >= rule.created_at && at >= now - RECONCILE_WINDOW_MS => {
-                        self.fire(i, device, now, now, ch)?
-                    }
-                    (false, Some(s)) if at > s.since => self.clear(i, device, &s, now, ch)?,
-                    _ => {}
-                }
+            for (&device, &(at, status)) in latest {
+                self.rollout_rule(i, device, status, Some(at), now, ch)?;
             }
         }
         Ok(())

@@ -218,7 +218,9 @@ impl SessionsHandle {
     }
 
     /// Undoes `seal` after the write it guarded failed (answered an error, so the session
-    /// stays as stored: appends are taken again while it is active).
+    /// stays as stored: appends are taken again while it is active). A caller that went away
+    /// mid-write sends none (the write may yet apply): that seal lasts until the actor, which
+    /// refused appends do not keep alive, idles out and starts again from storage.
     fn unseal(&self, id: u64) {
         if let Some(a) = self.actors.running(id) {
             let _ = a.cast(crate::mailbox::Envelope::cast(SessionMsg::Unseal));

@@ -175,9 +175,12 @@ impl Actor for SessionActor {
         };
         match msg {
             SessionMsg::Append(chunk, index, reply) => {
-                st.last_active = std::time::Instant::now();
                 match st.append(&chunk, &index) {
                     Ok(first_seq) => {
+                        // Only an accepted append keeps the actor in memory: one sealed by a
+                        // completion whose caller went away mid-write (no unseal came) idles
+                        // out, and its next start reads the stored status.
+                        st.last_active = std::time::Instant::now();
                         // Answered as soon as the write is applied, before the replay buffer and
                         // the fan-out: a panic in those cannot leave the caller without the truth,
                         // so a request lost to a panic never wrote anything.
