@@ -93,6 +93,7 @@ pub mod secrets;
 mod session;
 pub use session::handle as sessions;
 mod supervision;
+pub mod text;
 pub mod versions;
 pub mod views;
 pub mod webhooks;

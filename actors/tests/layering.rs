@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 /// Modules the rules may use: other rules and leaf helpers that depend on nothing stateful.
-const RULES_MAY_USE: &[&str] = &["error", "versions", "clock"];
+const RULES_MAY_USE: &[&str] = &["error", "versions", "clock", "text"];
 
 fn files(dir: &Path, out: &mut Vec<PathBuf>) {
     for e in std::fs::read_dir(dir).expect("readable src").flatten() {

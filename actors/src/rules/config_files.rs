@@ -231,17 +231,9 @@ pub fn violations(schema: &Value, instance: &Value) -> Result<Vec<SchemaError>, 
         .take(100)
         .map(|e| SchemaError {
             pointer: e.instance_path().as_str().to_string(),
-            message: clip(&e.to_string(), 300),
+            message: crate::text::clip(&e.to_string(), 300),
         })
         .collect())
-}
-
-/// At most `max` characters (the messages quote the offending value).
-pub fn clip(s: &str, max: usize) -> String {
-    match s.char_indices().nth(max) {
-        Some((i, _)) => format!("{}...", s.get(..i).unwrap_or_default()),
-        None => s.to_string(),
-    }
 }
 
 /// The notes a schema failure leaves on the configuration.

@@ -49,7 +49,7 @@ impl WebhooksHandle {
         let subscribed = payload::SUBSCRIBED.contains(&event);
         // A name past 64 characters is no event the service subscribes to: ignored like any
         // other, and logged cut short as a rejected delivery's is (a log entry stays small).
-        let (id, ev) = (delivery_id, crate::rules::config_files::clip(event, 64));
+        let (id, ev) = (delivery_id, crate::text::clip(event, 64));
         let r = self
             .intake
             .call(|reply| IntakeMsg::Accept {
@@ -239,7 +239,12 @@ impl WebhooksHandle {
         let first = seqs.first().copied();
         let loaded = match ahead.take() {
             Some(r) if Some(r.first) == first => r.batch.await.ok().flatten(),
-            _ => self.load_batch(seqs).await,
+            other => {
+                if let Some(r) = other {
+                    r.discard().await;
+                }
+                self.load_batch(seqs).await
+            }
         };
         let Some((loaded, clean)) = loaded else {
             // The reading thread panicked: the first is worked on its own, and the rest

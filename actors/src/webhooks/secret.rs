@@ -110,8 +110,8 @@ impl WebhooksHandle {
             }
             r.push_back(DeliveryView {
                 // Header values as sent, clipped: the list is bounded in bytes too.
-                delivery_id: crate::rules::config_files::clip(id.unwrap_or_default(), 64),
-                event: crate::rules::config_files::clip(event.unwrap_or_default(), 64),
+                delivery_id: crate::text::clip(id.unwrap_or_default(), 64),
+                event: crate::text::clip(event.unwrap_or_default(), 64),
                 action: None,
                 received_at: fmt_ms(now),
                 status_code: 401,

@@ -53,6 +53,15 @@ pub(crate) struct ReadAhead {
     pub batch: tokio::task::JoinHandle<LoadedBatch>,
 }
 
+impl ReadAhead {
+    /// Waits for a read-ahead that will not be used to end, so its batch leaves memory before
+    /// another is read: dropping the handle would leave the read running beside the next one
+    /// (a third batch in memory).
+    pub(crate) async fn discard(self) {
+        let _ = self.batch.await;
+    }
+}
+
 /// Whether a delivery is still waiting to be worked (a retried call finds it done).
 pub(crate) fn still_queued(store: &Store, seq: u64) -> Result<bool> {
     Ok(store

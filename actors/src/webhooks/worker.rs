@@ -100,7 +100,9 @@ impl Actor for WorkerActor {
                 break;
             }
             // A read-ahead belongs to the page it was read from.
-            st.ahead = None;
+            if let Some(r) = st.ahead.take() {
+                r.discard().await;
+            }
             let (store, after) = (st.webhooks.store.clone(), st.after);
             let page =
                 tokio::task::spawn_blocking(move || store.queued_after(after, PAGE)).await??;
