@@ -242,6 +242,13 @@ impl Runtime {
             health: health.clone(),
         };
         store.backfill_commit_runs()?;
+        let lowered = store.lowercase_run_commits()?;
+        if lowered > 0 {
+            tracing::info!(
+                runs = lowered,
+                "lower-cased the commits of runs stored before commits were lower-cased at parse"
+            );
+        }
         let feed = webhooks::worker::WorkerFeed::default();
         let installation_args = KeyedArgs::<webhooks::installation::InstallationActor> {
             ctx: (store.clone(), dispatcher_slot.clone()),

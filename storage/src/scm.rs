@@ -773,6 +773,70 @@ impl Store {
         self.flush_blocking()
     }
 
+    /// Lower-cases the commit of runs stored before commits were lower-cased at parse, once
+    /// per data directory: the run, its commit list entry and its idempotency key (whose `@sha` part is the commit), so a redelivery of its event after
+    /// the upgrade finds it, a rerequest counts its attempts, and a commit filter lists it.
+    /// Where two runs' keys become one, the key index keeps the newer run (as a rerequest
+    /// would); a run the index no longer pointed at stays unindexed.
+    pub fn lowercase_run_commits(&self) -> Result<usize> {
+        const DONE: &str = "runs_commit_lowercase_v1";
+        if self.meta_get(DONE)?.is_some() {
+            return Ok(0);
+        }
+        let mut changed = Vec::new();
+        for kv in self.inner.records.scan_prefix(keys::all_runs_prefix()) {
+            let (_, v) = kv?;
+            let r: TestRun = codec::decode(&v)?;
+            if r.commit_sha.bytes().any(|b| b.is_ascii_uppercase()) {
+                changed.push(r);
+            }
+        }
+        // The key index entries this pass writes, so runs folding into one key see each other.
+        let mut slots: std::collections::HashMap<String, u64> = std::collections::HashMap::new();
+        let mut w = Writes::new();
+        for old in &changed {
+            let mut r = old.clone();
+            r.commit_sha = old.commit_sha.to_ascii_lowercase();
+            r.idempotency_key = old.idempotency_key.replacen(
+                &format!("@{}", old.commit_sha),
+                &format!("@{}", r.commit_sha),
+                1,
+            );
+            // The commit index (`keys::commit_run`) is case-blind already.
+            w.put_listed(keys::run(r.project_id, r.id), &r)?;
+            let held = self
+                .inner
+                .records
+                .get(keys::run_by_key(&old.idempotency_key))?
+                .and_then(|v| pair(&v))
+                == Some((old.project_id, old.id));
+            if held && r.idempotency_key != old.idempotency_key {
+                w.delete(keys::run_by_key(&old.idempotency_key));
+                let holder = match slots.get(&r.idempotency_key) {
+                    Some(&id) => Some(id),
+                    None => self
+                        .inner
+                        .records
+                        .get(keys::run_by_key(&r.idempotency_key))?
+                        .and_then(|v| pair(&v))
+                        .map(|(_, id)| id),
+                };
+                if holder.is_none_or(|id| id < r.id) {
+                    let mut v = r.project_id.to_be_bytes().to_vec();
+                    v.extend_from_slice(&r.id.to_be_bytes());
+                    w.0.insert(keys::run_by_key(&r.idempotency_key), v);
+                    slots.insert(r.idempotency_key.clone(), r.id);
+                }
+            }
+        }
+        if !changed.is_empty() {
+            self.apply(w)?;
+        }
+        self.meta_put(DONE, b"1")?;
+        self.flush_blocking()?;
+        Ok(changed.len())
+    }
+
     pub fn pr_runs_in_flight(&self, full_name: &str, number: u64) -> Result<Vec<TestRun>> {
         let mut out = Vec::new();
         for kv in self
@@ -859,6 +923,104 @@ mod tests {
         let next = store.new_run(run_fields("next")).unwrap().id;
         assert_eq!(next, RUN_ID_BLOCK + 1, "past the whole block taken before");
         assert_eq!(store.new_run(run_fields("then")).unwrap().id, next + 1);
+    }
+
+    /// Runs stored with an upper-case commit are lower-cased once, with every index that
+    /// names the commit; where two keys fold into one, the newer run keeps the key.
+    #[test]
+    fn runs_stored_with_upper_case_commits_are_lower_cased_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let upper = "ABCDEF0123".repeat(4);
+        let lower = upper.to_ascii_lowercase();
+        let make = |sha: &str, key: &str, status: RunStatus| {
+            let mut r = run_fields(key);
+            r.commit_sha = sha.into();
+            r.status = status;
+            let r = store.new_run(r).unwrap();
+            let mut b = ScmBatch::default();
+            b.put_new_run(&r).unwrap();
+            b.commit(&store).unwrap();
+            r.id
+        };
+        // An old run, its key held; an older one of another commit whose lower-case key a
+        // newer run already holds; and a cancelled one, holding no key.
+        let held = make(
+            &upper,
+            &format!("acme/robot@{upper}@main"),
+            RunStatus::Queued,
+        );
+        let other = "FEDCBA9876".repeat(4);
+        let folded = make(
+            &other,
+            &format!("acme/robot@{other}#pr7"),
+            RunStatus::Passed,
+        );
+        let newer = make(
+            &other.to_ascii_lowercase(),
+            &format!("acme/robot@{}#pr7", other.to_ascii_lowercase()),
+            RunStatus::Queued,
+        );
+        let cancelled = make(
+            &upper,
+            &format!("acme/robot@{upper}#pr9"),
+            RunStatus::Cancelled,
+        );
+        let by_commit = |sha: &str| {
+            store
+                .runs_page(
+                    1,
+                    RunQuery {
+                        commit_sha: Some(sha),
+                        ..Default::default()
+                    },
+                    0,
+                    10,
+                )
+                .unwrap()
+                .1
+        };
+        assert_eq!(
+            by_commit(&lower),
+            0,
+            "not yet found by its lower-case commit"
+        );
+
+        assert_eq!(store.lowercase_run_commits().unwrap(), 3);
+        let r = store.run(1, held).unwrap().unwrap();
+        assert_eq!(r.commit_sha, lower);
+        assert_eq!(r.idempotency_key, format!("acme/robot@{lower}@main"));
+        let by_key = |k: &str| store.run_by_key(k).unwrap().map(|r| r.id);
+        assert_eq!(by_key(&format!("acme/robot@{lower}@main")), Some(held));
+        assert_eq!(by_key(&format!("acme/robot@{upper}@main")), None);
+        let o = other.to_ascii_lowercase();
+        assert_eq!(
+            by_key(&format!("acme/robot@{o}#pr7")),
+            Some(newer),
+            "the newer run keeps the key"
+        );
+        assert_eq!(by_key(&format!("acme/robot@{other}#pr7")), None);
+        assert_eq!(store.run(1, folded).unwrap().unwrap().commit_sha, o);
+        assert_eq!(
+            by_key(&format!("acme/robot@{lower}#pr9")),
+            None,
+            "a cancelled run holds none"
+        );
+        assert_eq!(by_commit(&lower), 2);
+        let ids: Vec<u64> = store
+            .commit_runs(1, "acme/robot", &lower, 10)
+            .unwrap()
+            .iter()
+            .map(|r| r.id)
+            .collect();
+        assert_eq!(ids, vec![cancelled, held]);
+        assert_eq!(store.max_commit_attempt("acme/robot", &o).unwrap(), Some(1));
+
+        // Once per data directory, across a reopen.
+        make(&upper, "acme/robot@later", RunStatus::Queued);
+        drop(store);
+        let store = Store::reopen(dir.path());
+        assert_eq!(store.lowercase_run_commits().unwrap(), 0);
     }
 
     fn segments(dir: &std::path::Path) -> usize {
