@@ -330,3 +330,68 @@ fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     }
     out
 }
+
+/// A session whose artifacts (24 MB that does not compress) make a ZIP larger than a
+/// stream's channel and the sockets' buffers hold, so a ZIP nobody reads stays in flight.
+async fn incompressible_artifacts(s: &Srv) -> u64 {
+    let (d, tok) = device(s, "bulk-cam").await;
+    let sid = session(s, d, &tok).await;
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    for i in 0..3 {
+        let bytes: Vec<u8> = (0..8 << 20)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect();
+        let r = put(s, sid, &format!("noise-{i}.bin"), &tok, None, bytes).await;
+        assert_eq!(r.status, 201, "{}", r.body);
+    }
+    sid
+}
+
+/// The artifact ZIP streams from a blocking thread as an export does, under the same cap
+/// (`[sessions] max_streams`: 503 with `Retry-After` past it) and the same stall timeout (a
+/// ZIP nobody reads gives its place back, and its reader then gets an error, never a body
+/// that ends as if it were whole).
+#[tokio::test]
+async fn zips_share_the_stream_cap_and_a_stalled_one_is_cut_short() {
+    let s = start_with(|c| {
+        c.sessions.max_streams = 1;
+        c.sessions.stalled_reader_seconds = 1;
+    })
+    .await;
+    let sid = incompressible_artifacts(&s).await;
+    let zip = || {
+        s.http
+            .get(s.url(&format!("{DEV}/sessions/{sid}/files/download")))
+            .bearer_auth(s.key())
+            .send()
+    };
+    let stalled = zip().await.unwrap();
+    assert_eq!(stalled.status(), 200);
+    assert_eq!(stalled.headers()["content-type"], "application/zip");
+    let refused = zip().await.unwrap();
+    assert_eq!(refused.status(), 503);
+    assert!(refused.headers().contains_key("retry-after"));
+    let mut freed = None;
+    for _ in 0..100 {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        let r = zip().await.unwrap();
+        if r.status() == 200 {
+            freed = Some(r);
+            break;
+        }
+    }
+    let freed = freed.expect("the stalled ZIP gave its place back");
+    assert!(
+        stalled.bytes().await.is_err(),
+        "a cut-short ZIP must not end cleanly"
+    );
+    // Read at once, the ZIP that took the place is whole.
+    let bytes = freed.bytes().await.unwrap();
+    let zip = zip::ZipArchive::new(std::io::Cursor::new(bytes.to_vec())).unwrap();
+    assert_eq!(zip.len(), 3);
+}
