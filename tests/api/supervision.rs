@@ -864,3 +864,41 @@ async fn past_the_budget_every_actor_kind_is_contained() {
     tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     assert_eq!(rt.restarts(), n);
 }
+
+/// A completion whose write fails (here its call timed out behind a stalled project actor,
+/// so it is never applied) gives the session back: it takes appends again at once, stays
+/// active, and a later completion ends it with every line kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_completion_that_failed_leaves_the_session_taking_appends() {
+    let s = start_with(|c| c.supervision.call_timeout_ms = 300).await;
+    let pid = project_id(&s);
+    let rt = s.running.as_ref().unwrap().runtime.clone();
+    let (d, tok) = crate::sessions::device(&s, "sealer").await;
+    let sid = crate::sessions::session(&s, d, &tok).await;
+    let logs = format!("{DEV}/sessions/{sid}/logs");
+    let complete = format!("{DEV}/sessions/{sid}/complete");
+    let line = |m: &str| json!([{"level": "info", "message": m}]);
+    assert_eq!(s.post(&logs, &tok, line("before")).await.status, 202);
+    rt.projects
+        .inject_stall(pid, std::time::Duration::from_millis(1500))
+        .await
+        .unwrap();
+    let r = s
+        .post(&complete, &tok, json!({"status": "completed"}))
+        .await;
+    assert_eq!(r.status, 503, "{}", r.body);
+    // The seal that guarded the failed write is lifted before the 503 is answered.
+    let r = s.post(&logs, &tok, line("after")).await;
+    assert_eq!(r.status, 202, "{}", r.body);
+    let done = eventually(10, || async {
+        s.post(&complete, &tok, json!({"status": "completed"}))
+            .await
+            .status
+            == 200
+    })
+    .await;
+    assert!(done, "a later completion ends the session");
+    let r = s.get(&logs, s.key()).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body["total"], 2, "{}", r.body);
+}
