@@ -850,6 +850,17 @@ async fn roles_refresh_secure_cookie_and_origins() {
         .await
         .unwrap();
     assert_eq!(r.status(), 413);
+    // The rollout's form too: its role before its body.
+    for (cookie, status) in [(&viewer, 403), (&member, 413)] {
+        let r = c
+            .post(&action)
+            .header("cookie", cookie)
+            .form_of(&oversized)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), status);
+    }
     // Another project's session: its export and files are 404 from this project's pages.
     let other = s
         .post(
