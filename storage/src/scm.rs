@@ -831,6 +831,8 @@ impl Store {
         }
         if !changed.is_empty() {
             self.apply(w)?;
+            // On disk before the marker that says it was done (they are in different trees).
+            self.flush_blocking()?;
         }
         self.meta_put(DONE, b"1")?;
         self.flush_blocking()?;
@@ -1007,6 +1009,7 @@ mod tests {
             "a cancelled run holds none"
         );
         assert_eq!(by_commit(&lower), 2);
+        assert_eq!(by_commit(&upper), 0, "the upper-case list is left empty");
         let ids: Vec<u64> = store
             .commit_runs(1, "acme/robot", &lower, 10)
             .unwrap()

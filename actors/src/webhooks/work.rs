@@ -55,8 +55,9 @@ pub(crate) struct ReadAhead {
 
 impl ReadAhead {
     /// Waits for a read-ahead that will not be used to end, so its batch leaves memory before
-    /// another is read: dropping the handle would leave the read running beside the next one
-    /// (a third batch in memory).
+    /// another is read (dropping the handle would leave the read running beside the next
+    /// one). Defensive: a read-ahead is always for the front of what is left of the page. A
+    /// worker that restarts drops its state, and a read under way then ends on its own.
     pub(crate) async fn discard(self) {
         let _ = self.batch.await;
     }
