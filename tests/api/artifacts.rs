@@ -338,14 +338,7 @@ async fn incompressible_artifacts(s: &Srv) -> u64 {
     let sid = session(s, d, &tok).await;
     let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
     for i in 0..3 {
-        let bytes: Vec<u8> = (0..8 << 20)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect();
+        let bytes = noise(&mut x, 8 << 20);
         let r = put(s, sid, &format!("noise-{i}.bin"), &tok, None, bytes).await;
         assert_eq!(r.status, 201, "{}", r.body);
     }

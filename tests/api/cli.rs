@@ -758,15 +758,7 @@ async fn kill_9_keeps_artifacts_transitions_rollouts_and_owed_validations() {
         .unwrap();
     assert_eq!(r.status(), 202);
     // A capsule large enough that its validation is still running at the kill.
-    let mut x = 0x9e37_79b9_7f4a_7c15u64;
-    let noise: Vec<u8> = (0..48 << 20)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect();
+    let noise = crate::common::noise(&mut 0x9e37_79b9_7f4a_7c15u64, 48 << 20);
     let big = publish("big", archive(".tar", &noise)).await;
     p.child.kill().unwrap();
     p.child.wait().unwrap();

@@ -289,3 +289,16 @@ where
 }
 
 pub const DEV: &str = "/api/v1/organizations/default/projects/default";
+
+/// `len` bytes of xorshift noise from `state`, which the next call continues: content that
+/// does not compress, so archives and ZIPs of it stay as large as it is.
+pub fn noise(state: &mut u64, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|_| {
+            *state ^= *state << 13;
+            *state ^= *state >> 7;
+            *state ^= *state << 17;
+            *state as u8
+        })
+        .collect()
+}
