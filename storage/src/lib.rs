@@ -253,7 +253,7 @@ impl Store {
 
     fn apply(&self, w: Writes) -> Result<()> {
         let Writes(ops, relist) = w;
-        let mut batch = ops.into_batch();
+        let mut batch = ops.into_batch(self)?;
         if relist.is_empty() {
             self.inner.records.apply_batch(batch)?;
             return Ok(());
@@ -303,24 +303,61 @@ struct Writes(Ops, Vec<lists::Relist>);
 /// A batch's inserts and removals in the order made (a later one of a key wins, as in
 /// `sled::Batch`), kept as a list so a caller can take back the ones made since a mark.
 #[derive(Default)]
-struct Ops(Vec<(sled::IVec, Option<sled::IVec>)>);
+struct Ops(Vec<(sled::IVec, Op)>);
+
+enum Op {
+    Set(sled::IVec),
+    Remove,
+    /// Remove while the key holds this value (as stored, or as set earlier in the batch): an
+    /// index entry goes only with the record it points at.
+    RemoveIf(sled::IVec),
+}
 
 impl Ops {
     fn insert<K: Into<sled::IVec>, V: Into<sled::IVec>>(&mut self, key: K, value: V) {
-        self.0.push((key.into(), Some(value.into())));
+        self.0.push((key.into(), Op::Set(value.into())));
     }
     fn remove<K: Into<sled::IVec>>(&mut self, key: K) {
-        self.0.push((key.into(), None));
+        self.0.push((key.into(), Op::Remove));
     }
-    fn into_batch(self) -> sled::Batch {
+    fn remove_if<K: Into<sled::IVec>, V: Into<sled::IVec>>(&mut self, key: K, value: V) {
+        self.0.push((key.into(), Op::RemoveIf(value.into())));
+    }
+    /// The batch, with each conditional removal decided against what the key holds at that
+    /// point of the batch. Its writer must be the only one of such keys (the read is not
+    /// under a lock).
+    fn into_batch(self, store: &Store) -> Result<sled::Batch> {
         let mut b = sled::Batch::default();
-        for (k, v) in self.0 {
-            match v {
-                Some(v) => b.insert(k, v),
-                None => b.remove(k),
+        let mut pending: std::collections::HashMap<sled::IVec, Option<sled::IVec>> =
+            std::collections::HashMap::new();
+        let conditional = self.0.iter().any(|(_, op)| matches!(op, Op::RemoveIf(_)));
+        for (k, op) in self.0 {
+            match op {
+                Op::Set(v) => {
+                    if conditional {
+                        pending.insert(k.clone(), Some(v.clone()));
+                    }
+                    b.insert(k, v)
+                }
+                Op::Remove => {
+                    if conditional {
+                        pending.insert(k.clone(), None);
+                    }
+                    b.remove(k)
+                }
+                Op::RemoveIf(expected) => {
+                    let holds = match pending.get(&k) {
+                        Some(v) => v.clone(),
+                        None => store.inner.records.get(&k)?,
+                    };
+                    if holds.as_ref() == Some(&expected) {
+                        pending.insert(k.clone(), None);
+                        b.remove(k);
+                    }
+                }
             }
         }
-        b
+        Ok(b)
     }
 }
 

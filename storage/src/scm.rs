@@ -151,7 +151,11 @@ impl ScmBatch {
                 self.0.0.insert(keys::run_by_key(&r.idempotency_key), v);
             }
         } else if old.is_some_and(|o| o.holds_key()) {
-            self.0.delete(keys::run_by_key(&r.idempotency_key));
+            // Only while the index still points here: a rerequest (or the commit migration's
+            // fold) may have handed the key to a newer run.
+            let mut v = pid.clone();
+            v.extend_from_slice(&r.id.to_be_bytes());
+            self.0.0.remove_if(keys::run_by_key(&r.idempotency_key), v);
         }
         if !r.commit_sha.is_empty() {
             self.0.0.insert(
@@ -925,6 +929,56 @@ mod tests {
         let next = store.new_run(run_fields("next")).unwrap().id;
         assert_eq!(next, RUN_ID_BLOCK + 1, "past the whole block taken before");
         assert_eq!(store.new_run(run_fields("then")).unwrap().id, next + 1);
+    }
+
+    /// A cancelled run takes its key's index entry with it only while the entry points at
+    /// it: a newer run given the key (stored, or earlier in the same batch) keeps it.
+    #[test]
+    fn a_cancelled_run_removes_only_its_own_key_entry() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let make = |b: &mut ScmBatch, key: &str| {
+            let r = store.new_run(run_fields(key)).unwrap();
+            b.put_new_run(&r).unwrap();
+            store.run(1, r.id).unwrap().unwrap_or_else(|| (*r).clone())
+        };
+        let cancel = |b: &mut ScmBatch, r: &TestRun| {
+            let mut c = store.run(1, r.id).unwrap().unwrap();
+            let old = c.clone();
+            c.status = RunStatus::Cancelled;
+            b.put_run(&old, &c).unwrap();
+        };
+        let by_key = |k: &str| store.run_by_key(k).unwrap().map(|r| r.id);
+        let commit = |b: ScmBatch| b.commit(&store).unwrap();
+
+        // The key moved to a newer run before: cancelling the older leaves it there.
+        let mut b = ScmBatch::default();
+        let older = make(&mut b, "k");
+        commit(b);
+        let mut b = ScmBatch::default();
+        let newer = make(&mut b, "k");
+        commit(b);
+        assert_eq!(by_key("k"), Some(newer.id));
+        let mut b = ScmBatch::default();
+        cancel(&mut b, &older);
+        commit(b);
+        assert_eq!(by_key("k"), Some(newer.id), "the newer run keeps its key");
+
+        // The same within one batch: the newer run is made, then the older cancelled.
+        let mut b = ScmBatch::default();
+        let first = make(&mut b, "j");
+        commit(b);
+        let mut b = ScmBatch::default();
+        let second = make(&mut b, "j");
+        cancel(&mut b, &first);
+        commit(b);
+        assert_eq!(by_key("j"), Some(second.id));
+
+        // The holder cancelled: its entry goes.
+        let mut b = ScmBatch::default();
+        cancel(&mut b, &newer);
+        commit(b);
+        assert_eq!(by_key("k"), None);
     }
 
     /// Runs stored with an upper-case commit are lower-cased once, with every index that
