@@ -151,8 +151,9 @@ impl ScmBatch {
                 self.0.0.insert(keys::run_by_key(&r.idempotency_key), v);
             }
         } else if old.is_some_and(|o| o.holds_key()) {
-            // Only while the index still points here: a rerequest (or the commit migration's
-            // fold) may have handed the key to a newer run.
+            // Only while the index still points here: the commit migration's fold can hand
+            // an in-flight run's key to a newer run (and a change that moves keys later must
+            // not have a cancel take the newer run's entry).
             let mut v = pid.clone();
             v.extend_from_slice(&r.id.to_be_bytes());
             self.0.0.remove_if(keys::run_by_key(&r.idempotency_key), v);
