@@ -726,6 +726,18 @@ async fn workflow_run_completed_records_the_finished_run() {
     );
     let d = run(&s, "workflow_run", &payload("workflow_run.completed")).await;
     skipped(&d, "duplicate_job");
+    // A cancelled run holds no key; a repeat of its completion is a duplicate all the same.
+    let mut cancelled = payload("workflow_run.completed");
+    cancelled["workflow_run"]["id"] = json!(289782452);
+    cancelled["workflow_run"]["conclusion"] = json!("cancelled");
+    let d = run(&s, "workflow_run", &cancelled).await;
+    assert_eq!(d["outcome"], "dispatched", "{d}");
+    let first = d["test_run_id"].as_u64().unwrap();
+    let r = s.get(&format!("{DEV}/test-runs/{first}"), s.key()).await;
+    assert_eq!(r.body["status"], "cancelled");
+    let d = run(&s, "workflow_run", &cancelled).await;
+    skipped(&d, "duplicate_job");
+    assert_eq!(d["test_run_id"], first);
 }
 
 #[tokio::test]

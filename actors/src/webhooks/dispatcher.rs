@@ -618,6 +618,18 @@ impl DispatcherState {
                     "cancelled" => RunStatus::Cancelled,
                     _ => RunStatus::Failed,
                 };
+                // A cancelled run holds no key (so it has no index entry): a repeat of its
+                // completion is found among the commit's runs instead.
+                if r.status == RunStatus::Cancelled
+                    && let Some(existing) = self
+                        .store
+                        .commit_runs(link.project_id, &full, &r.commit_sha, 100)?
+                        .into_iter()
+                        .find(|x| x.idempotency_key == r.idempotency_key)
+                {
+                    d.test_run_id = Some(existing.id);
+                    return skip_into(b, &d, "duplicate_job");
+                }
                 self.make(b, d, DeliveryOutcome::Dispatched, r)
             }
             _ => skip_into(b, &d, "event_ignored"),
