@@ -234,11 +234,12 @@ fn search_hits(c: &impl Columns, needle: &str) -> Vec<usize> {
     if c.cols().text.is_ascii() && needle.is_ascii() {
         let hay = c.cols().text.to_ascii_lowercase();
         let finder = memchr::memmem::Finder::new(needle.as_bytes());
-        let mut from = 0;
+        let (mut from, mut last) = (0, 0);
         while let Some(pos) = finder.find(hay.get(from..).unwrap_or_default()) {
             let at = from + pos;
-            // The entry whose message holds byte `at`.
-            let i = c.entry_at_text(at);
+            // The entry whose message holds byte `at` (at or after the last one's).
+            let i = c.entry_at_text(at, last);
+            last = i;
             let end = c.text_end(i).unwrap_or(0);
             if at + needle.len() <= end {
                 hits.push(i);
@@ -324,6 +325,47 @@ mod tests {
         assert_eq!(e.level, "WARN");
         assert_eq!(e.timestamp, "2026-01-01T00:00:01.000Z");
         assert_eq!(e.metadata.get(), "{}");
+    }
+
+    /// The one-pass search over a chunk's text finds exactly the entries whose own message
+    /// holds the needle: random short messages over a small alphabet (frequent hits, empty
+    /// messages, matches that would straddle two messages), against each message alone.
+    #[test]
+    fn the_text_search_finds_each_message_that_holds_the_needle() {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n
+        };
+        for _ in 0..200 {
+            let msgs: Vec<String> = (0..1 + next(60))
+                .map(|_| {
+                    (0..next(6))
+                        .map(|_| ['a', 'b', 'A', ' '][next(4) as usize])
+                        .collect()
+                })
+                .collect();
+            let c = build_chunk(
+                msgs.iter()
+                    .map(|m| raw(Some("2026-01-01T00:00:00Z"), "info", "nav", m))
+                    .collect(),
+            )
+            .unwrap();
+            // Needles that overlap themselves ("aaa", "abab") can cross into the next message
+            // twice in a row.
+            for needle in ["a", "ab", "aa", "b a", "aba", "aaa", "abab", "a a a"] {
+                let want: Vec<usize> = (0..msgs.len())
+                    .filter(|&i| msgs[i].to_ascii_lowercase().contains(needle))
+                    .collect();
+                let f = LogFilter {
+                    search: Some(needle.into()),
+                    ..Default::default()
+                };
+                assert_eq!(f.matches(&c), want, "{needle:?} in {msgs:?}");
+            }
+        }
     }
 
     #[test]

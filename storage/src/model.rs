@@ -354,9 +354,21 @@ pub trait Columns {
         let start = if i == 0 { 0 } else { self.meta_end(i - 1)? };
         self.cols().meta.get(start..self.meta_end(i)?)
     }
-    /// The entry whose message holds text byte `at`.
-    fn entry_at_text(&self, at: usize) -> usize {
-        let (mut lo, mut hi) = (0, self.len());
+    /// The entry whose message holds text byte `at`, known to be `from` or later: a search
+    /// walks a chunk's hits in order, so it gallops forward from the last hit's entry (a
+    /// frequent term's hits are a few entries apart) rather than bisecting the whole chunk
+    /// for each (the bisection was 40 % of a frequent-term query's filter time).
+    fn entry_at_text(&self, at: usize, from: usize) -> usize {
+        let ends_by = |i: usize| self.text_end(i).unwrap_or(usize::MAX) <= at;
+        let (mut lo, mut step) = (from.min(self.len()), 1);
+        // Widen [lo, hi) until entry `hi` ends after `at` (or the chunk ends).
+        let mut hi = lo;
+        while hi < self.len() && ends_by(hi) {
+            lo = hi + 1;
+            hi = hi.saturating_add(step).min(self.len());
+            step = step.saturating_mul(2);
+        }
+        let mut hi = hi.max(lo).min(self.len());
         while lo < hi {
             let mid = (lo + hi) / 2;
             if self.text_end(mid).unwrap_or(usize::MAX) <= at {
@@ -810,4 +822,39 @@ pub struct ConditionState {
     pub device_id: u64,
     pub since: i64,
     pub alert_id: Option<u64>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The galloping search finds, from every admissible start, the entry a bisection of the
+    /// whole chunk finds, for every byte of the text and one past it (empty messages too).
+    #[test]
+    fn entry_at_text_gallops_to_the_bisected_entry() {
+        let lens = [0usize, 3, 1, 0, 0, 7, 2, 0, 11, 1, 1, 1, 5, 0];
+        let mut ends = Vec::new();
+        let mut end = 0u32;
+        for l in lens {
+            end += l as u32;
+            ends.extend_from_slice(&end.to_le_bytes());
+        }
+        let c = LogChunk {
+            levels: vec![0; lens.len()],
+            text: "x".repeat(end as usize),
+            text_ends: ends,
+            ..Default::default()
+        };
+        let bisect = |at: usize| {
+            (0..c.len())
+                .find(|&i| c.text_end(i).is_some_and(|e| e > at))
+                .unwrap_or(c.len())
+        };
+        for at in 0..=end as usize + 1 {
+            let want = bisect(at);
+            for from in 0..=want {
+                assert_eq!(c.entry_at_text(at, from), want, "at {at} from {from}");
+            }
+        }
+    }
 }
