@@ -242,6 +242,7 @@ impl Runtime {
             health: health.clone(),
         };
         store.backfill_commit_runs()?;
+        store.backfill_results_by_time()?;
         let lowered = store.lowercase_run_commits()?;
         if lowered > 0 {
             tracing::info!(

@@ -185,6 +185,27 @@ pub(crate) fn device_result(deployment: u64, device: u64) -> Vec<u8> {
 pub(crate) fn device_result_prefix(deployment: u64) -> Vec<u8> {
     key(&[b"dr", &be(deployment), b""])
 }
+/// A project's rollout results by the time they came (each result's latest report only), so
+/// the results of the last minutes are read without reading every result the project keeps.
+pub(crate) fn result_by_time(project: u64, at: i64, deployment: u64, device: u64) -> Vec<u8> {
+    key(&[
+        b"drt",
+        &be(project),
+        &be(crate::lists::ord(at)),
+        &be(deployment),
+        &be(device),
+    ])
+}
+/// Where a project's results by time from `at` on start.
+pub(crate) fn result_by_time_from(project: u64, at: i64) -> Vec<u8> {
+    key(&[b"drt", &be(project), &be(crate::lists::ord(at))])
+}
+pub(crate) fn all_device_results_prefix() -> Vec<u8> {
+    key(&[b"dr", b""])
+}
+pub(crate) fn result_by_time_prefix(project: u64) -> Vec<u8> {
+    key(&[b"drt", &be(project), b""])
+}
 // Device updates: the latest state per (package, device), each device's report history
 // (oldest first), and per-package rollout plans.
 pub(crate) fn device_progress(deployment: u64, device: u64) -> Vec<u8> {

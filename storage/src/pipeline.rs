@@ -315,7 +315,19 @@ impl Store {
     pub fn delete_deployment(&self, d: &Deployment) -> Result<()> {
         let mut w = Writes::new();
         w.delete_listed::<Deployment>(keys::deployment(d.project_id, d.id));
-        for k in self.scan_keys(&keys::device_result_prefix(d.id))? {
+        for kv in self
+            .inner
+            .records
+            .scan_prefix(keys::device_result_prefix(d.id))
+        {
+            let (k, v) = kv?;
+            let r: DeviceResult = crate::codec::decode(&v)?;
+            w.delete(keys::result_by_time(
+                d.project_id,
+                r.reported_at,
+                r.deployment_id,
+                r.device_id,
+            ));
             w.0.remove(k);
         }
         for k in self.scan_keys(&keys::device_progress_prefix(d.id))? {
@@ -334,11 +346,5 @@ impl Store {
 
     pub fn device_result(&self, deployment: u64, device: u64) -> Result<Option<DeviceResult>> {
         self.get(&keys::device_result(deployment, device))
-    }
-
-    pub fn put_device_result(&self, r: &DeviceResult) -> Result<()> {
-        let mut w = Writes::new();
-        w.put(keys::device_result(r.deployment_id, r.device_id), r)?;
-        self.apply(w)
     }
 }

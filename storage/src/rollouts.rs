@@ -99,7 +99,14 @@ pub struct ProjectPolicy {
 impl Store {
     /// Records a device's report on a package: its latest state, an entry in its history
     /// (pruned to [`MAX_HISTORY`]) and, for a final state, its rollout result, in one batch.
-    pub fn record_update(&self, p: &DeviceProgress, result: Option<&DeviceResult>) -> Result<()> {
+    /// `project` is the package's project: a result is also indexed by time in it
+    /// ([`Store::recent_results`]), and the entry of the result it replaces goes.
+    pub fn record_update(
+        &self,
+        project: u64,
+        p: &DeviceProgress,
+        result: Option<&DeviceResult>,
+    ) -> Result<()> {
         let mut w = Writes::new();
         w.put(keys::device_progress(p.deployment_id, p.device_id), p)?;
         let state = UpdateState::ALL
@@ -116,7 +123,20 @@ impl Store {
             },
         )?;
         if let Some(r) = result {
-            w.put(keys::device_result(r.deployment_id, r.device_id), r)?;
+            let k = keys::device_result(r.deployment_id, r.device_id);
+            if let Some(old) = self.get::<DeviceResult>(&k)? {
+                w.delete(keys::result_by_time(
+                    project,
+                    old.reported_at,
+                    old.deployment_id,
+                    old.device_id,
+                ));
+            }
+            w.put(k, r)?;
+            w.0.insert(
+                keys::result_by_time(project, r.reported_at, r.deployment_id, r.device_id),
+                Vec::new(),
+            );
         }
         // Oldest first: drop what is over the bound once this entry is in.
         let prefix = keys::device_history_prefix(p.device_id);
@@ -133,6 +153,73 @@ impl Store {
             }
         }
         self.apply(w)
+    }
+
+    /// The project's rollout results reported at `since` or later, oldest first: one read
+    /// per result in that span, whatever the project keeps from before it.
+    pub fn recent_results(&self, project: u64, since: i64) -> Result<Vec<DeviceResult>> {
+        let prefix = keys::result_by_time_prefix(project);
+        let mut out = Vec::new();
+        for kv in self
+            .inner
+            .records
+            .range(keys::result_by_time_from(project, since)..)
+        {
+            let (k, _) = kv?;
+            let Some(rest) = k.strip_prefix(prefix.as_slice()) else {
+                break;
+            };
+            // `{at}/{deployment}/{device}`, each 8 bytes.
+            let id = |at: usize| {
+                rest.get(at..at + 8)
+                    .and_then(|b| <[u8; 8]>::try_from(b).ok())
+                    .map(u64::from_be_bytes)
+            };
+            let (Some(deployment), Some(device)) = (id(9), id(18)) else {
+                continue;
+            };
+            if let Some(r) = self.get::<DeviceResult>(&keys::device_result(deployment, device))? {
+                out.push(r);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Indexes by time the rollout results stored before the index existed, once per data
+    /// directory.
+    pub fn backfill_results_by_time(&self) -> Result<()> {
+        const DONE: &str = "ix_results_by_time_v1";
+        if self.meta_get(DONE)?.is_some() {
+            return Ok(());
+        }
+        let mut project_of = std::collections::HashMap::new();
+        for kv in self
+            .inner
+            .records
+            .scan_prefix(keys::all_deployments_prefix())
+        {
+            let (_, v) = kv?;
+            let d: crate::Deployment = crate::codec::decode(&v)?;
+            project_of.insert(d.id, d.project_id);
+        }
+        let mut batch = sled::Batch::default();
+        for kv in self
+            .inner
+            .records
+            .scan_prefix(keys::all_device_results_prefix())
+        {
+            let (_, v) = kv?;
+            let r: DeviceResult = crate::codec::decode(&v)?;
+            if let Some(&p) = project_of.get(&r.deployment_id) {
+                batch.insert(
+                    keys::result_by_time(p, r.reported_at, r.deployment_id, r.device_id),
+                    Vec::new(),
+                );
+            }
+        }
+        self.inner.records.apply_batch(batch)?;
+        self.meta_put(DONE, b"1")?;
+        self.flush_blocking()
     }
 
     /// Every device's latest state with a package, by device id.
@@ -208,5 +295,121 @@ impl Store {
         let mut w = Writes::new();
         w.put(keys::project_policy(project), p)?;
         self.apply(w)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use crate::{Deployment, DeploymentStatus, RolloutStatus};
+
+    fn package(store: &Store, project: u64, id: u64) -> Deployment {
+        let d = Deployment {
+            id,
+            project_id: project,
+            name: format!("p{id}"),
+            description: None,
+            composition_tag: "t".into(),
+            capsule_id: 1,
+            configuration_id: None,
+            status: DeploymentStatus::Active,
+            deployed_at: None,
+            deprecated_at: None,
+            target_devices_json: b"[]".to_vec(),
+            created_at: 0,
+            updated_at: 0,
+        };
+        store.put_deployment(&d).unwrap();
+        d
+    }
+
+    fn report(store: &Store, project: u64, deployment: u64, device: u64, at: i64, ok: bool) {
+        let state = if ok {
+            UpdateState::Succeeded
+        } else {
+            UpdateState::Failed
+        };
+        let p = DeviceProgress {
+            deployment_id: deployment,
+            device_id: device,
+            state,
+            message: None,
+            at,
+        };
+        let r = DeviceResult {
+            deployment_id: deployment,
+            device_id: device,
+            status: state.result().unwrap(),
+            message: None,
+            reported_at: at,
+        };
+        store.record_update(project, &p, Some(&r)).unwrap();
+    }
+
+    fn recent(store: &Store, project: u64, since: i64) -> Vec<(u64, u64, i64, RolloutStatus)> {
+        store
+            .recent_results(project, since)
+            .unwrap()
+            .into_iter()
+            .map(|r| (r.deployment_id, r.device_id, r.reported_at, r.status))
+            .collect()
+    }
+
+    /// The time index holds each result's latest report once, only its own project's, only
+    /// while its package exists, and is built at the first open after an upgrade for
+    /// results stored before it.
+    #[test]
+    fn recent_results_come_from_the_time_index() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        // What every start does (on an empty store: nothing to index, the marker set).
+        store.backfill_results_by_time().unwrap();
+        let (a, b) = (package(&store, 1, 10), package(&store, 1, 11));
+        package(&store, 2, 20);
+        report(&store, 1, a.id, 100, 1_000, false);
+        report(&store, 1, a.id, 101, 5_000, true);
+        report(&store, 1, b.id, 100, 6_000, true);
+        report(&store, 2, 20, 200, 7_000, false);
+        // A later report replaces the device's result: its old time entry goes.
+        report(&store, 1, a.id, 100, 8_000, true);
+        use RolloutStatus::*;
+        assert_eq!(
+            recent(&store, 1, 0),
+            [
+                (a.id, 101, 5_000, Succeeded),
+                (b.id, 100, 6_000, Succeeded),
+                (a.id, 100, 8_000, Succeeded)
+            ]
+        );
+        assert_eq!(
+            recent(&store, 1, 6_000),
+            [(b.id, 100, 6_000, Succeeded), (a.id, 100, 8_000, Succeeded)]
+        );
+        assert_eq!(recent(&store, 1, 8_001), []);
+        assert_eq!(recent(&store, 2, 0), [(20, 200, 7_000, Failed)]);
+        // Deleting a package takes its results' entries.
+        store.delete_deployment(&a).unwrap();
+        assert_eq!(recent(&store, 1, 0), [(b.id, 100, 6_000, Succeeded)]);
+
+        // A store written before the index: the entries are built once, at the backfill.
+        let mut gone = sled::Batch::default();
+        for k in store
+            .inner
+            .records
+            .scan_prefix(keys::result_by_time_prefix(1))
+            .keys()
+        {
+            gone.remove(k.unwrap());
+        }
+        store.inner.records.apply_batch(gone).unwrap();
+        assert_eq!(recent(&store, 1, 0), []);
+        store.backfill_results_by_time().unwrap();
+        assert_eq!(recent(&store, 1, 0), [], "once per data directory");
+        store.meta_remove("ix_results_by_time_v1").unwrap();
+        store.backfill_results_by_time().unwrap();
+        assert_eq!(recent(&store, 1, 0), [(b.id, 100, 6_000, Succeeded)]);
+        assert_eq!(recent(&store, 2, 0), [(20, 200, 7_000, Failed)]);
     }
 }

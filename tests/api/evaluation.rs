@@ -332,6 +332,54 @@ async fn a_failed_rollout_reported_while_the_evaluator_restarts_still_fires() {
     assert_eq!(l["items"][0]["device_id"], d, "{l}");
 }
 
+/// The other half of reconciliation: a success reported while the evaluator restarts
+/// resolves the alert an earlier failure fired, even when the evaluator comes back past the
+/// 15 minutes in which a missed result may fire (its clock is moved on): it reads the
+/// latest result of each device it has firing, not only the project's recent results.
+#[tokio::test]
+async fn a_success_reported_while_the_evaluator_restarts_resolves_its_alert() {
+    let sink = Sink::start().await;
+    let s = start_with(|c| {
+        fast(c);
+        c.supervision.restart_backoff_ms = 1500;
+        c.supervision.max_restart_backoff_ms = 1500;
+    })
+    .await;
+    let rt = s.running.as_ref().unwrap().runtime.clone();
+    let hook = webhook(&s, &sink).await;
+    rule(
+        &s,
+        hook,
+        json!({"type": "deployment_status", "status": "failed"}),
+    )
+    .await;
+    let (d, dep) = activated_package(&s).await;
+    let pid = s.project_id("default");
+    let url = format!("{}/{dep}/device-status", crate::deployments::DEPS);
+    let r = s
+        .post(&url, s.key(), json!({"device_id": d, "status": "failed"}))
+        .await;
+    assert_eq!(r.status, 202, "{}", r.body);
+    wait_alerts(&s, "state=firing", 1).await;
+    for _ in 0..2 {
+        rt.alerts.inject_evaluator_panic(pid).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Inside the restart's backoff: its event finds no evaluator.
+    let r = s
+        .post(
+            &url,
+            s.key(),
+            json!({"device_id": d, "status": "succeeded"}),
+        )
+        .await;
+    assert_eq!(r.status, 202, "{}", r.body);
+    rt.clock.advance(Duration::from_secs(16 * 60));
+    let l = wait_alerts(&s, "state=resolved", 1).await;
+    assert_eq!(l["items"][0]["device_id"], d, "{l}");
+    assert_eq!(alerts(&s, "state=firing").await["total"], 0);
+}
+
 #[tokio::test]
 async fn deployment_status_fires_on_a_failed_rollout_and_resolves_on_success() {
     let sink = Sink::start().await;

@@ -382,7 +382,7 @@ impl Actor for EvaluatorActor {
                     Pending::Nothing => {}
                 }
                 if std::mem::take(&mut st.reconcile_due) {
-                    let latest = st.latest_results().await?;
+                    let latest = st.latest_results(now).await?;
                     st.reconcile_rollouts(&latest, now, &mut ch)?;
                 }
                 st.tick(now, &mut ch)?
@@ -700,36 +700,58 @@ impl EvaluatorState {
         Ok(())
     }
 
-    /// Each present device's latest stored rollout result (across the project's packages),
-    /// when the project has `deployment_status` rules: read on the blocking pool, since it
-    /// reads every result the project keeps.
-    async fn latest_results(&self) -> Result<HashMap<u64, (i64, RolloutStatus)>> {
-        if !self
+    /// Each present device's latest stored rollout result (across the project's packages)
+    /// that a reconciliation can act on, when the project has `deployment_status` rules: the
+    /// results of the last [`RECONCILE_WINDOW_MS`] (the only ones that may fire), read from
+    /// the project's time index, and the latest result of each device a `deployment_status`
+    /// rule is firing for (the only ones an older result may clear), read by key in each of
+    /// the project's packages. Older results of other devices change nothing, so they are not
+    /// read: the cost follows the recent results and the firing alerts, not every result
+    /// the project keeps. On the blocking pool.
+    async fn latest_results(&self, now: i64) -> Result<HashMap<u64, (i64, RolloutStatus)>> {
+        let rollout_rules: std::collections::HashSet<u64> = self
             .rules
             .iter()
-            .any(|r| matches!(r.cond, Condition::DeploymentStatus { .. }))
-        {
+            .filter(|r| matches!(r.cond, Condition::DeploymentStatus { .. }))
+            .map(|r| r.rule.id)
+            .collect();
+        if rollout_rules.is_empty() {
             return Ok(HashMap::new());
         }
+        let firing: std::collections::BTreeSet<u64> = self
+            .states
+            .keys()
+            .filter(|(rule, _)| rollout_rules.contains(rule))
+            .map(|&(_, device)| device)
+            .collect();
         let (store, pid) = (self.ctx.store.clone(), self.pid);
         crate::off_thread(move || {
-            let present: std::collections::HashSet<u64> =
-                store.project_devices(pid)?.iter().map(|d| d.id).collect();
             let mut latest: HashMap<u64, (i64, RolloutStatus)> = HashMap::new();
-            for dep in store.project_deployments(pid)? {
-                for r in store.device_results(dep.id)? {
-                    if !present.contains(&r.device_id) {
-                        continue;
-                    }
-                    let e = latest
-                        .entry(r.device_id)
-                        .or_insert((r.reported_at, r.status));
-                    if r.reported_at > e.0 {
-                        *e = (r.reported_at, r.status);
+            let mut offer = |device: u64, at: i64, status: RolloutStatus| {
+                let e = latest.entry(device).or_insert((at, status));
+                if at > e.0 {
+                    *e = (at, status);
+                }
+            };
+            for r in store.recent_results(pid, now.saturating_sub(RECONCILE_WINDOW_MS))? {
+                offer(r.device_id, r.reported_at, r.status);
+            }
+            if !firing.is_empty() {
+                for dep in store.project_deployments(pid)? {
+                    for &device in &firing {
+                        if let Some(r) = store.device_result(dep.id, device)? {
+                            offer(device, r.reported_at, r.status);
+                        }
                     }
                 }
             }
-            Ok(latest)
+            let mut present = HashMap::with_capacity(latest.len());
+            for (device, v) in latest {
+                if store.device(pid, device)?.is_some() {
+                    present.insert(device, v);
+                }
+            }
+            Ok(present)
         })
         .await
     }

@@ -231,7 +231,8 @@ impl ProjectState {
             Some(_) => self.store.device_result(id, device_id)?.map(|r| r.status),
             None => None,
         };
-        self.store.record_update(&progress, result.as_ref())?;
+        self.store
+            .record_update(self.pid(), &progress, result.as_ref())?;
         Ok((progress, previous))
     }
 
