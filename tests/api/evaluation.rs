@@ -292,44 +292,75 @@ async fn log_pattern_counts_in_its_window_and_resolves_when_the_count_falls() {
     );
 }
 
+/// A server whose evaluators restart after a 1.5 s backoff, a `deployment_status` rule on
+/// `failed` notifying `sink`, and a device with an activated package: the device, and a
+/// report of its result (202 asserted).
+struct RolloutRule {
+    s: Srv,
+    _sink: Sink,
+    pid: u64,
+    device: u64,
+    url: String,
+}
+
+impl RolloutRule {
+    async fn start() -> Self {
+        let sink = Sink::start().await;
+        let s = start_with(|c| {
+            fast(c);
+            c.supervision.restart_backoff_ms = 1500;
+            c.supervision.max_restart_backoff_ms = 1500;
+        })
+        .await;
+        let hook = webhook(&s, &sink).await;
+        rule(
+            &s,
+            hook,
+            json!({"type": "deployment_status", "status": "failed"}),
+        )
+        .await;
+        let (device, dep) = activated_package(&s).await;
+        let pid = s.project_id("default");
+        let url = format!("{}/{dep}/device-status", crate::deployments::DEPS);
+        Self {
+            s,
+            _sink: sink,
+            pid,
+            device,
+            url,
+        }
+    }
+
+    async fn report(&self, status: &str) {
+        let body = json!({"device_id": self.device, "status": status});
+        let r = self.s.post(&self.url, self.s.key(), body).await;
+        assert_eq!(r.status, 202, "{}", r.body);
+    }
+
+    /// Two injected panics: the first restarts the evaluator at once, the second waits out
+    /// the backoff, so a result reported next finds no evaluator for its event.
+    async fn restart_evaluator_slowly(&self) {
+        for _ in 0..2 {
+            self.s
+                .rt()
+                .alerts
+                .inject_evaluator_panic(self.pid)
+                .await
+                .unwrap();
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
+
 /// A rollout result that reaches the evaluator while it is down (restarting after a panic)
 /// is not lost: the restarted evaluator starts from the stored results, so the rule fires.
 #[tokio::test]
 async fn a_failed_rollout_reported_while_the_evaluator_restarts_still_fires() {
-    let sink = Sink::start().await;
-    let s = start_with(|c| {
-        fast(c);
-        c.supervision.restart_backoff_ms = 1500;
-        c.supervision.max_restart_backoff_ms = 1500;
-    })
-    .await;
-    let rt = s.running.as_ref().unwrap().runtime.clone();
-    let hook = webhook(&s, &sink).await;
-    rule(
-        &s,
-        hook,
-        json!({"type": "deployment_status", "status": "failed"}),
-    )
-    .await;
-    let (d, dep) = activated_package(&s).await;
-    let pid = s.project_id("default");
-    // A first failure restarts at once; a second waits out the backoff (1.5 s).
-    for _ in 0..2 {
-        rt.alerts.inject_evaluator_panic(pid).await.unwrap();
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    // Reported inside the restart's backoff: its event finds no evaluator.
-    let deps = crate::deployments::DEPS;
-    let r = s
-        .post(
-            &format!("{deps}/{dep}/device-status"),
-            s.key(),
-            json!({"device_id": d, "status": "failed"}),
-        )
-        .await;
-    assert_eq!(r.status, 202, "{}", r.body);
-    let l = wait_alerts(&s, "state=firing", 1).await;
-    assert_eq!(l["items"][0]["device_id"], d, "{l}");
+    let t = RolloutRule::start().await;
+    t.restart_evaluator_slowly().await;
+    t.report("failed").await;
+    let l = wait_alerts(&t.s, "state=firing", 1).await;
+    assert_eq!(l["items"][0]["device_id"], t.device, "{l}");
 }
 
 /// The other half of reconciliation: a success reported while the evaluator restarts
@@ -338,46 +369,15 @@ async fn a_failed_rollout_reported_while_the_evaluator_restarts_still_fires() {
 /// latest result of each device it has firing, not only the project's recent results.
 #[tokio::test]
 async fn a_success_reported_while_the_evaluator_restarts_resolves_its_alert() {
-    let sink = Sink::start().await;
-    let s = start_with(|c| {
-        fast(c);
-        c.supervision.restart_backoff_ms = 1500;
-        c.supervision.max_restart_backoff_ms = 1500;
-    })
-    .await;
-    let rt = s.running.as_ref().unwrap().runtime.clone();
-    let hook = webhook(&s, &sink).await;
-    rule(
-        &s,
-        hook,
-        json!({"type": "deployment_status", "status": "failed"}),
-    )
-    .await;
-    let (d, dep) = activated_package(&s).await;
-    let pid = s.project_id("default");
-    let url = format!("{}/{dep}/device-status", crate::deployments::DEPS);
-    let r = s
-        .post(&url, s.key(), json!({"device_id": d, "status": "failed"}))
-        .await;
-    assert_eq!(r.status, 202, "{}", r.body);
-    wait_alerts(&s, "state=firing", 1).await;
-    for _ in 0..2 {
-        rt.alerts.inject_evaluator_panic(pid).await.unwrap();
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    // Inside the restart's backoff: its event finds no evaluator.
-    let r = s
-        .post(
-            &url,
-            s.key(),
-            json!({"device_id": d, "status": "succeeded"}),
-        )
-        .await;
-    assert_eq!(r.status, 202, "{}", r.body);
-    rt.clock.advance(Duration::from_secs(16 * 60));
-    let l = wait_alerts(&s, "state=resolved", 1).await;
-    assert_eq!(l["items"][0]["device_id"], d, "{l}");
-    assert_eq!(alerts(&s, "state=firing").await["total"], 0);
+    let t = RolloutRule::start().await;
+    t.report("failed").await;
+    wait_alerts(&t.s, "state=firing", 1).await;
+    t.restart_evaluator_slowly().await;
+    t.report("succeeded").await;
+    t.s.rt().clock.advance(Duration::from_secs(16 * 60));
+    let l = wait_alerts(&t.s, "state=resolved", 1).await;
+    assert_eq!(l["items"][0]["device_id"], t.device, "{l}");
+    assert_eq!(alerts(&t.s, "state=firing").await["total"], 0);
 }
 
 #[tokio::test]
