@@ -368,7 +368,7 @@ pub trait Columns {
             hi = hi.saturating_add(step).min(self.len());
             step = step.saturating_mul(2);
         }
-        let mut hi = hi.max(lo).min(self.len());
+        let mut hi = hi.min(self.len());
         while lo < hi {
             let mid = (lo + hi) / 2;
             if self.text_end(mid).unwrap_or(usize::MAX) <= at {

@@ -100,7 +100,9 @@ impl Store {
     /// Records a device's report on a package: its latest state, an entry in its history
     /// (pruned to [`MAX_HISTORY`]) and, for a final state, its rollout result, in one batch.
     /// `project` is the package's project: a result is also indexed by time in it
-    /// ([`Store::recent_results`]), and the entry of the result it replaces goes.
+    /// ([`Store::recent_results`]), and the entry of the result it replaces goes (read
+    /// first: the project's actor is the one writer of its packages' results, so nothing
+    /// replaces it in between).
     pub fn record_update(
         &self,
         project: u64,
@@ -202,7 +204,8 @@ impl Store {
             let d: crate::Deployment = crate::codec::decode(&v)?;
             project_of.insert(d.id, d.project_id);
         }
-        let mut batch = sled::Batch::default();
+        // In batches of bounded size; entries written before a crash are written again.
+        let (mut batch, mut held) = (sled::Batch::default(), 0);
         for kv in self
             .inner
             .records
@@ -215,6 +218,11 @@ impl Store {
                     keys::result_by_time(p, r.reported_at, r.deployment_id, r.device_id),
                     Vec::new(),
                 );
+                held += 1;
+            }
+            if held == 10_000 {
+                self.inner.records.apply_batch(std::mem::take(&mut batch))?;
+                held = 0;
             }
         }
         self.inner.records.apply_batch(batch)?;
@@ -389,8 +397,17 @@ mod tests {
         );
         assert_eq!(recent(&store, 1, 8_001), []);
         assert_eq!(recent(&store, 2, 0), [(20, 200, 7_000, Failed)]);
-        // Deleting a package takes its results' entries.
+        // Deleting a package takes its results' entries (counted as keys: a read skips an
+        // entry whose result is gone).
         store.delete_deployment(&a).unwrap();
+        let entries = |p| {
+            store
+                .inner
+                .records
+                .scan_prefix(keys::result_by_time_prefix(p))
+                .count()
+        };
+        assert_eq!((entries(1), entries(2)), (1, 1));
         assert_eq!(recent(&store, 1, 0), [(b.id, 100, 6_000, Succeeded)]);
 
         // A store written before the index: the entries are built once, at the backfill.

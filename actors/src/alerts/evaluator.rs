@@ -706,8 +706,8 @@ impl EvaluatorState {
     /// the project's time index, and the latest result of each device a `deployment_status`
     /// rule is firing for (the only ones an older result may clear), read by key in each of
     /// the project's packages. Older results of other devices change nothing, so they are not
-    /// read: the cost follows the recent results and the firing alerts, not every result
-    /// the project keeps. On the blocking pool.
+    /// read: the cost follows the recent results, and the firing alerts times the project's
+    /// packages, not every device and result the project keeps. On the blocking pool.
     async fn latest_results(&self, now: i64) -> Result<HashMap<u64, (i64, RolloutStatus)>> {
         let rollout_rules: std::collections::HashSet<u64> = self
             .rules
@@ -726,29 +726,32 @@ impl EvaluatorState {
             .collect();
         let (store, pid) = (self.ctx.store.clone(), self.pid);
         crate::off_thread(move || {
-            let mut latest: HashMap<u64, (i64, RolloutStatus)> = HashMap::new();
-            let mut offer = |device: u64, at: i64, status: RolloutStatus| {
-                let e = latest.entry(device).or_insert((at, status));
-                if at > e.0 {
-                    *e = (at, status);
+            // Of two results reported in the same millisecond, the newer package's is the
+            // latest (as when every package was read newest first).
+            let mut latest: HashMap<u64, (i64, u64, RolloutStatus)> = HashMap::new();
+            let mut offer = |r: &fleetops_storage::DeviceResult| {
+                let v = (r.reported_at, r.deployment_id, r.status);
+                let e = latest.entry(r.device_id).or_insert(v);
+                if (v.0, v.1) > (e.0, e.1) {
+                    *e = v;
                 }
             };
             for r in store.recent_results(pid, now.saturating_sub(RECONCILE_WINDOW_MS))? {
-                offer(r.device_id, r.reported_at, r.status);
+                offer(&r);
             }
             if !firing.is_empty() {
                 for dep in store.project_deployments(pid)? {
                     for &device in &firing {
                         if let Some(r) = store.device_result(dep.id, device)? {
-                            offer(device, r.reported_at, r.status);
+                            offer(&r);
                         }
                     }
                 }
             }
             let mut present = HashMap::with_capacity(latest.len());
-            for (device, v) in latest {
+            for (device, (at, _, status)) in latest {
                 if store.device(pid, device)?.is_some() {
-                    present.insert(device, v);
+                    present.insert(device, (at, status));
                 }
             }
             Ok(present)
