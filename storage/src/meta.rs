@@ -26,6 +26,17 @@ impl Store {
         Ok(())
     }
 
+    /// Runs a one-time migration unless `marker` says it ran: the work, then the marker, then
+    /// a flush. Work that a crash cuts short runs again whole, so it must be idempotent.
+    pub(crate) fn once(&self, marker: &str, work: impl FnOnce() -> Result<()>) -> Result<()> {
+        if self.meta_get(marker)?.is_some() {
+            return Ok(());
+        }
+        work()?;
+        self.meta_put(marker, b"1")?;
+        self.flush_blocking()
+    }
+
     pub fn meta_remove(&self, name: &str) -> Result<()> {
         self.inner.meta.remove(name.as_bytes())?;
         Ok(())

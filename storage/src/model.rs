@@ -360,6 +360,10 @@ pub trait Columns {
     /// for each (the bisection was 40 % of a frequent-term query's filter time).
     fn entry_at_text(&self, at: usize, from: usize) -> usize {
         let ends_by = |i: usize| self.text_end(i).unwrap_or(usize::MAX) <= at;
+        debug_assert!(
+            from == 0 || from > self.len() || ends_by(from - 1),
+            "entry_at_text: the entry before `from` must end by `at`"
+        );
         let (mut lo, mut step) = (from.min(self.len()), 1);
         // Widen [lo, hi) until entry `hi` ends after `at` (or the chunk ends).
         let mut hi = lo;

@@ -7,7 +7,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::{DeviceResult, Result, RolloutState, Store, UpdateState, Writes, keys};
+use crate::{DeviceResult, Result, RolloutState, RolloutStatus, Store, UpdateState, Writes, keys};
 
 /// A device's latest state with one package.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -96,18 +96,37 @@ pub struct ProjectPolicy {
     pub require_passed_test_run: bool,
 }
 
+/// A result as the time index holds it ([`Store::recent_results`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecentResult {
+    pub deployment_id: u64,
+    pub device_id: u64,
+    pub reported_at: i64,
+    pub status: RolloutStatus,
+}
+
+/// The time index's entry of a result, key and value: the value is its status, so a read
+/// of recent results reads no record.
+fn by_time_entry(project: u64, r: &DeviceResult) -> Result<(Vec<u8>, Vec<u8>)> {
+    Ok((
+        keys::result_by_time(project, r.reported_at, r.deployment_id, r.device_id),
+        crate::codec::encode(&r.status)?,
+    ))
+}
+
 impl Store {
     /// Records a device's report on a package: its latest state, an entry in its history
     /// (pruned to [`MAX_HISTORY`]) and, for a final state, its rollout result, in one batch.
     /// `project` is the package's project: a result is also indexed by time in it
-    /// ([`Store::recent_results`]), and the entry of the result it replaces goes (read
-    /// first: the project's actor is the one writer of its packages' results, so nothing
-    /// replaces it in between).
+    /// ([`Store::recent_results`]); `replaced` is the device's result for the package as
+    /// stored now (the caller, the project's actor, reads it anyway and is the one writer of
+    /// its packages' results), whose entry goes.
     pub fn record_update(
         &self,
         project: u64,
         p: &DeviceProgress,
         result: Option<&DeviceResult>,
+        replaced: Option<&DeviceResult>,
     ) -> Result<()> {
         let mut w = Writes::new();
         w.put(keys::device_progress(p.deployment_id, p.device_id), p)?;
@@ -125,8 +144,7 @@ impl Store {
             },
         )?;
         if let Some(r) = result {
-            let k = keys::device_result(r.deployment_id, r.device_id);
-            if let Some(old) = self.get::<DeviceResult>(&k)? {
+            if let Some(old) = replaced {
                 w.delete(keys::result_by_time(
                     project,
                     old.reported_at,
@@ -134,11 +152,9 @@ impl Store {
                     old.device_id,
                 ));
             }
-            w.put(k, r)?;
-            w.0.insert(
-                keys::result_by_time(project, r.reported_at, r.deployment_id, r.device_id),
-                Vec::new(),
-            );
+            w.put(keys::device_result(r.deployment_id, r.device_id), r)?;
+            let (k, v) = by_time_entry(project, r)?;
+            w.0.insert(k, v);
         }
         // Oldest first: drop what is over the bound once this entry is in.
         let prefix = keys::device_history_prefix(p.device_id);
@@ -157,9 +173,10 @@ impl Store {
         self.apply(w)
     }
 
-    /// The project's rollout results reported at `since` or later, oldest first: one read
-    /// per result in that span, whatever the project keeps from before it.
-    pub fn recent_results(&self, project: u64, since: i64) -> Result<Vec<DeviceResult>> {
+    /// The project's rollout results reported at `since` or later, oldest first, from the
+    /// time index alone (an entry carries its status): no record is read, and each costs a
+    /// few dozen bytes, whatever the results' messages.
+    pub fn recent_results(&self, project: u64, since: i64) -> Result<Vec<RecentResult>> {
         let prefix = keys::result_by_time_prefix(project);
         let mut out = Vec::new();
         for kv in self
@@ -167,7 +184,7 @@ impl Store {
             .records
             .range(keys::result_by_time_from(project, since)..)
         {
-            let (k, _) = kv?;
+            let (k, v) = kv?;
             let Some(rest) = k.strip_prefix(prefix.as_slice()) else {
                 break;
             };
@@ -177,12 +194,15 @@ impl Store {
                     .and_then(|b| <[u8; 8]>::try_from(b).ok())
                     .map(u64::from_be_bytes)
             };
-            let (Some(deployment), Some(device)) = (id(9), id(18)) else {
+            let (Some(at), Some(deployment_id), Some(device_id)) = (id(0), id(9), id(18)) else {
                 continue;
             };
-            if let Some(r) = self.get::<DeviceResult>(&keys::device_result(deployment, device))? {
-                out.push(r);
-            }
+            out.push(RecentResult {
+                deployment_id,
+                device_id,
+                reported_at: i64::try_from(at).unwrap_or(i64::MAX),
+                status: crate::codec::decode(&v)?,
+            });
         }
         Ok(out)
     }
@@ -190,44 +210,38 @@ impl Store {
     /// Indexes by time the rollout results stored before the index existed, once per data
     /// directory.
     pub fn backfill_results_by_time(&self) -> Result<()> {
-        const DONE: &str = "ix_results_by_time_v1";
-        if self.meta_get(DONE)?.is_some() {
-            return Ok(());
-        }
-        let mut project_of = std::collections::HashMap::new();
-        for kv in self
-            .inner
-            .records
-            .scan_prefix(keys::all_deployments_prefix())
-        {
-            let (_, v) = kv?;
-            let d: crate::Deployment = crate::codec::decode(&v)?;
-            project_of.insert(d.id, d.project_id);
-        }
-        // In batches of bounded size; entries written before a crash are written again.
-        let (mut batch, mut held) = (sled::Batch::default(), 0);
-        for kv in self
-            .inner
-            .records
-            .scan_prefix(keys::all_device_results_prefix())
-        {
-            let (_, v) = kv?;
-            let r: DeviceResult = crate::codec::decode(&v)?;
-            if let Some(&p) = project_of.get(&r.deployment_id) {
-                batch.insert(
-                    keys::result_by_time(p, r.reported_at, r.deployment_id, r.device_id),
-                    Vec::new(),
-                );
-                held += 1;
+        self.once("ix_results_by_time_v1", || {
+            let mut project_of = std::collections::HashMap::new();
+            for kv in self
+                .inner
+                .records
+                .scan_prefix(keys::all_deployments_prefix())
+            {
+                let (_, v) = kv?;
+                let d: crate::Deployment = crate::codec::decode(&v)?;
+                project_of.insert(d.id, d.project_id);
             }
-            if held == 10_000 {
-                self.inner.records.apply_batch(std::mem::take(&mut batch))?;
-                held = 0;
+            // In batches of bounded size; entries written before a crash are written again.
+            let (mut batch, mut held) = (sled::Batch::default(), 0);
+            for kv in self
+                .inner
+                .records
+                .scan_prefix(keys::all_device_results_prefix())
+            {
+                let (_, v) = kv?;
+                let r: DeviceResult = crate::codec::decode(&v)?;
+                if let Some(&p) = project_of.get(&r.deployment_id) {
+                    let (k, v) = by_time_entry(p, &r)?;
+                    batch.insert(k, v);
+                    held += 1;
+                }
+                if held == 10_000 {
+                    self.inner.records.apply_batch(std::mem::take(&mut batch))?;
+                    held = 0;
+                }
             }
-        }
-        self.inner.records.apply_batch(batch)?;
-        self.meta_put(DONE, b"1")?;
-        self.flush_blocking()
+            Ok(self.inner.records.apply_batch(batch)?)
+        })
     }
 
     /// Every device's latest state with a package, by device id.
@@ -311,7 +325,7 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
-    use crate::{Deployment, DeploymentStatus, RolloutStatus};
+    use crate::{Deployment, DeploymentStatus};
 
     fn package(store: &Store, project: u64, id: u64) -> Deployment {
         let d = Deployment {
@@ -353,7 +367,10 @@ mod tests {
             message: None,
             reported_at: at,
         };
-        store.record_update(project, &p, Some(&r)).unwrap();
+        let replaced = store.device_result(deployment, device).unwrap();
+        store
+            .record_update(project, &p, Some(&r), replaced.as_ref())
+            .unwrap();
     }
 
     fn recent(store: &Store, project: u64, since: i64) -> Vec<(u64, u64, i64, RolloutStatus)> {

@@ -758,24 +758,20 @@ impl Store {
 
     /// Builds the commit index of runs stored before it existed, once per data directory.
     pub fn backfill_commit_runs(&self) -> Result<()> {
-        const DONE: &str = "ix_commit_runs_v1";
-        if self.meta_get(DONE)?.is_some() {
-            return Ok(());
-        }
-        let mut batch = sled::Batch::default();
-        for kv in self.inner.records.scan_prefix(keys::all_runs_prefix()) {
-            let (_, v) = kv?;
-            let r: TestRun = codec::decode(&v)?;
-            if !r.commit_sha.is_empty() {
-                batch.insert(
-                    keys::commit_run(&r.repository, &r.commit_sha, r.id),
-                    r.project_id.to_be_bytes().to_vec(),
-                );
+        self.once("ix_commit_runs_v1", || {
+            let mut batch = sled::Batch::default();
+            for kv in self.inner.records.scan_prefix(keys::all_runs_prefix()) {
+                let (_, v) = kv?;
+                let r: TestRun = codec::decode(&v)?;
+                if !r.commit_sha.is_empty() {
+                    batch.insert(
+                        keys::commit_run(&r.repository, &r.commit_sha, r.id),
+                        r.project_id.to_be_bytes().to_vec(),
+                    );
+                }
             }
-        }
-        self.inner.records.apply_batch(batch)?;
-        self.meta_put(DONE, b"1")?;
-        self.flush_blocking()
+            Ok(self.inner.records.apply_batch(batch)?)
+        })
     }
 
     /// Lower-cases the commit of runs stored before commits were lower-cased at parse, once

@@ -729,21 +729,20 @@ impl EvaluatorState {
             // Of two results reported in the same millisecond, the newer package's is the
             // latest (as when every package was read newest first).
             let mut latest: HashMap<u64, (i64, u64, RolloutStatus)> = HashMap::new();
-            let mut offer = |r: &fleetops_storage::DeviceResult| {
-                let v = (r.reported_at, r.deployment_id, r.status);
-                let e = latest.entry(r.device_id).or_insert(v);
+            let mut offer = |device: u64, v: (i64, u64, RolloutStatus)| {
+                let e = latest.entry(device).or_insert(v);
                 if (v.0, v.1) > (e.0, e.1) {
                     *e = v;
                 }
             };
             for r in store.recent_results(pid, now.saturating_sub(RECONCILE_WINDOW_MS))? {
-                offer(&r);
+                offer(r.device_id, (r.reported_at, r.deployment_id, r.status));
             }
             if !firing.is_empty() {
                 for dep in store.project_deployments(pid)? {
                     for &device in &firing {
                         if let Some(r) = store.device_result(dep.id, device)? {
-                            offer(&r);
+                            offer(device, (r.reported_at, r.deployment_id, r.status));
                         }
                     }
                 }

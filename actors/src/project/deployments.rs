@@ -227,13 +227,13 @@ impl ProjectState {
             message,
             reported_at: now,
         });
-        let previous = match result {
-            Some(_) => self.store.device_result(id, device_id)?.map(|r| r.status),
+        let replaced = match result {
+            Some(_) => self.store.device_result(id, device_id)?,
             None => None,
         };
         self.store
-            .record_update(self.pid(), &progress, result.as_ref())?;
-        Ok((progress, previous))
+            .record_update(self.pid(), &progress, result.as_ref(), replaced.as_ref())?;
+        Ok((progress, replaced.map(|r| r.status)))
     }
 
     /// A rollout's step or a member's action on it; replies with the rollout and whether it
