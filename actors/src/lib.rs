@@ -243,6 +243,13 @@ impl Runtime {
         };
         store.backfill_commit_runs()?;
         store.backfill_results_by_time()?;
+        let bound = store.bind_installations()?;
+        if bound > 0 {
+            tracing::info!(
+                installations = bound,
+                "bound installations stored before installations belonged to organizations"
+            );
+        }
         let lowered = store.lowercase_run_commits()?;
         if lowered > 0 {
             tracing::info!(

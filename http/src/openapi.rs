@@ -171,6 +171,7 @@ fn types(op: Op) -> (Option<SchemaFn>, Option<SchemaFn>) {
         ),
         ScmStatus => (none, Some(ty::<WebhooksStatus>)),
         ScmInstallations => (none, Some(ty::<Items<InstallationView>>)),
+        BindInstallation => (Some(ty::<hooks::BindBody>), Some(ty::<InstallationView>)),
         ScmDeliveries | ProjectDeliveries => (none, Some(ty::<Page<DeliveryView>>)),
         ScmDelivery | ProjectDelivery => (none, Some(ty::<DeliveryDetail>)),
         CreateRepo => (Some(ty::<hooks::RepoBody>), Some(ty::<RepoView>)),
@@ -275,8 +276,9 @@ fn doc(op: Op) -> Doc {
         | ListAlerts => QUERY,
         CreateApiKey | DeleteApiKey | RotateSecret | CreateDevice | PatchDevice | DeleteDevice
         | CreateGroup | PatchGroup | DeleteGroup | CreateSession | DeleteSession | AddTag
-        | RemoveTag | ScmRotate | PatchRepo | DeleteRepo | CreateIntegration | PatchIntegration
-        | DeleteIntegration | CreateAlertRule | PatchAlertRule | DeleteAlertRule => WRITE,
+        | RemoveTag | ScmRotate | BindInstallation | PatchRepo | DeleteRepo | CreateIntegration
+        | PatchIntegration | DeleteIntegration | CreateAlertRule | PatchAlertRule
+        | DeleteAlertRule => WRITE,
         // The target's refusal is `success: false` in a 200, never an error of the request.
         TestIntegration => PLAIN,
         // Reads only: 422 for a bad condition, window or group.

@@ -211,6 +211,17 @@ impl Store {
         Ok(out)
     }
 
+    /// The service's organization when it has exactly one.
+    pub fn sole_org(&self) -> Result<Option<u64>> {
+        let prefix = &keys::org(0)[..keys::org(0).len() - 8];
+        let mut ids = self.inner.records.scan_prefix(prefix).keys();
+        let first = match ids.next() {
+            Some(k) => keys::trailing_id(&k?),
+            None => return Ok(None),
+        };
+        Ok(if ids.next().is_some() { None } else { first })
+    }
+
     /// Every organization (for superusers), in creation order.
     pub fn all_orgs(&self) -> Result<Vec<Organization>> {
         let mut v: Vec<Organization> = self.scan_rev(&keys::org(0)[..keys::org(0).len() - 8])?;

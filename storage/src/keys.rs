@@ -269,8 +269,23 @@ pub(crate) fn repo(project: u64, id: u64) -> Vec<u8> {
 pub(crate) fn repo_prefix(project: u64) -> Vec<u8> {
     key(&[b"repo", &be(project), b""])
 }
-pub(crate) fn repo_by_name(full_name: &str) -> Vec<u8> {
-    key(&[b"ix-repo", full_name.to_ascii_lowercase().as_bytes()])
+/// A link by its organization and name: a repository links to one project at most within an
+/// organization, and links of different organizations never meet.
+pub(crate) fn repo_by_name(org: u64, full_name: &str) -> Vec<u8> {
+    key(&[
+        b"ix-orepo",
+        &be(org),
+        full_name.to_ascii_lowercase().as_bytes(),
+    ])
+}
+/// The index of links by name alone, which stores written before links were per organization
+/// hold; only read and removed, once, at open.
+pub(crate) fn legacy_repo_by_name_prefix() -> Vec<u8> {
+    key(&[b"ix-repo", b""])
+}
+/// The organization an installation is bound to.
+pub(crate) fn installation_binding(id: u64) -> Vec<u8> {
+    key(&[b"inst-org", &be(id)])
 }
 pub(crate) fn run(project: u64, id: u64) -> Vec<u8> {
     key(&[b"tr", &be(project), &be(id)])

@@ -685,6 +685,37 @@ pub struct Installation {
     pub updated_at: i64,
 }
 
+/// The organization an installation is bound to: its deliveries resolve only to links of
+/// that organization's projects. Kept beside the installation record (whose layout predates
+/// it), written by the installation's actor.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InstallationBinding {
+    /// `None` while unbound (its deliveries are skipped `installation_unbound`).
+    pub organization_id: Option<u64>,
+    /// Organizations it was moved away from (newest last, at most 16): their links of its
+    /// repositories show `disconnected` rather than `pending`.
+    pub former: Vec<u64>,
+}
+
+impl InstallationBinding {
+    /// At most this many former organizations are remembered.
+    pub const FORMER_MAX: usize = 16;
+
+    /// Binds to `org`, remembering the organization it leaves.
+    pub fn bind(&mut self, org: u64) {
+        if let Some(old) = self.organization_id.filter(|&o| o != org) {
+            self.former.retain(|&o| o != old);
+            self.former.push(old);
+        }
+        self.former.retain(|&o| o != org);
+        if self.former.len() > Self::FORMER_MAX {
+            let cut = self.former.len() - Self::FORMER_MAX;
+            self.former.drain(..cut);
+        }
+        self.organization_id = Some(org);
+    }
+}
+
 /// A repository linked to a project.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RepoLink {

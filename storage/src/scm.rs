@@ -7,7 +7,8 @@ use crate::accounts::Seq;
 use crate::states::DeliveryOutcome;
 use crate::states::RunStatus;
 use crate::{
-    Delivery, Installation, RepoHold, RepoLink, Result, Store, TestRun, Writes, codec, keys,
+    Delivery, Installation, InstallationBinding, RepoHold, RepoLink, Result, Store, TestRun,
+    Writes, codec, keys,
 };
 
 use crate::lists::{Entry, ListId, Listed, Query};
@@ -109,6 +110,10 @@ impl ScmBatch {
         self.0.put(keys::installation(i.id), i)
     }
 
+    pub fn put_binding(&mut self, installation: u64, b: &InstallationBinding) -> Result<()> {
+        self.0.put(keys::installation_binding(installation), b)
+    }
+
     pub fn put_hold(&mut self, full_name: &str, h: &RepoHold) -> Result<()> {
         self.0.put(keys::repo_hold(full_name), h)
     }
@@ -174,17 +179,18 @@ impl ScmBatch {
         Ok(())
     }
 
-    pub fn put_repo(&mut self, r: &RepoLink) -> Result<()> {
+    /// Writes a link of a project of organization `org`, indexed by its name in `org`.
+    pub fn put_repo(&mut self, org: u64, r: &RepoLink) -> Result<()> {
         self.0.put(keys::repo(r.project_id, r.id), r)?;
-        let mut v = r.project_id.to_be_bytes().to_vec();
-        v.extend_from_slice(&r.id.to_be_bytes());
-        self.0.0.insert(keys::repo_by_name(&r.full_name), v);
+        self.0
+            .0
+            .insert(keys::repo_by_name(org, &r.full_name), pair_bytes(r));
         Ok(())
     }
 
-    pub fn delete_repo(&mut self, r: &RepoLink) {
+    pub fn delete_repo(&mut self, org: u64, r: &RepoLink) {
         self.0.delete(keys::repo(r.project_id, r.id));
-        self.0.delete(keys::repo_by_name(&r.full_name));
+        self.0.delete(keys::repo_by_name(org, &r.full_name));
     }
 
     pub fn commit(self, store: &Store) -> Result<()> {
@@ -228,6 +234,13 @@ fn claim_writes(w: &mut Writes, d: &Delivery) -> Result<()> {
     entry.extend_from_slice(&d.received_at.to_be_bytes());
     w.0.insert(keys::delivery_by_id(&d.delivery_id), entry);
     w.put_listed(keys::delivery(d.seq), d)
+}
+
+/// A link's index value: its project and id.
+fn pair_bytes(r: &RepoLink) -> Vec<u8> {
+    let mut v = r.project_id.to_be_bytes().to_vec();
+    v.extend_from_slice(&r.id.to_be_bytes());
+    v
 }
 
 fn pair(v: &[u8]) -> Option<(u64, u64)> {
@@ -595,6 +608,80 @@ impl Store {
         Ok(v)
     }
 
+    /// The organization `id` is bound to and those it left (unbound when never written).
+    pub fn installation_binding(&self, id: u64) -> Result<InstallationBinding> {
+        Ok(self
+            .get(&keys::installation_binding(id))?
+            .unwrap_or_default())
+    }
+
+    /// Binds installations stored before installations belonged to organizations, once per
+    /// data directory, and moves the index of links by name under each link's organization.
+    /// An installation whose linked repositories (held or removed) are linked in exactly one
+    /// organization is bound to it; one with none is bound to the service's only
+    /// organization when it has exactly one; any other stays unbound until a superuser binds
+    /// it. Returns how many it bound.
+    pub fn bind_installations(&self) -> Result<usize> {
+        let mut bound = 0;
+        self.once("installation_orgs_v1", || {
+            let mut w = Writes::new();
+            // name (lower-case) -> the organizations that link it.
+            let mut orgs_of: std::collections::HashMap<String, Vec<u64>> =
+                std::collections::HashMap::new();
+            for kv in self
+                .inner
+                .records
+                .scan_prefix(keys::legacy_repo_by_name_prefix())
+            {
+                let (k, v) = kv?;
+                w.delete(k.to_vec());
+                let Some((p, id)) = pair(&v) else { continue };
+                let (Some(r), Some(project)) = (self.repo(p, id)?, self.project(p)?) else {
+                    continue;
+                };
+                w.0.insert(
+                    keys::repo_by_name(project.org_id, &r.full_name),
+                    pair_bytes(&r),
+                );
+                let orgs = orgs_of.entry(r.full_name.to_ascii_lowercase()).or_default();
+                if !orgs.contains(&project.org_id) {
+                    orgs.push(project.org_id);
+                }
+            }
+            let sole = self.sole_org()?;
+            for i in self.installations()? {
+                if self.installation_binding(i.id)?.organization_id.is_some() {
+                    continue;
+                }
+                let mut orgs: Vec<u64> = Vec::new();
+                for name in i.repositories.iter().chain(&i.removed) {
+                    for o in orgs_of
+                        .get(&name.to_ascii_lowercase())
+                        .into_iter()
+                        .flatten()
+                    {
+                        if !orgs.contains(o) {
+                            orgs.push(*o);
+                        }
+                    }
+                }
+                let org = match orgs.as_slice() {
+                    [one] => Some(*one),
+                    [] => sole,
+                    _ => None,
+                };
+                if let Some(org) = org {
+                    let mut b = InstallationBinding::default();
+                    b.bind(org);
+                    w.put(keys::installation_binding(i.id), &b)?;
+                    bound += 1;
+                }
+            }
+            self.apply(w)
+        })?;
+        Ok(bound)
+    }
+
     pub fn repo_hold(&self, full_name: &str) -> Result<Option<RepoHold>> {
         self.get(&keys::repo_hold(full_name))
     }
@@ -603,8 +690,9 @@ impl Store {
         self.get(&keys::repo(project, id))
     }
 
-    pub fn repo_by_name(&self, full_name: &str) -> Result<Option<RepoLink>> {
-        let Some(v) = self.inner.records.get(keys::repo_by_name(full_name))? else {
+    /// The link of `full_name` in organization `org`.
+    pub fn repo_by_name(&self, org: u64, full_name: &str) -> Result<Option<RepoLink>> {
+        let Some(v) = self.inner.records.get(keys::repo_by_name(org, full_name))? else {
             return Ok(None);
         };
         match pair(&v) {
@@ -703,9 +791,14 @@ impl Store {
         Ok(out)
     }
 
-    /// The queued and running runs of a pull request.
-    /// The highest `attempt` of any run of `sha` in `full_name`, whatever event made it.
-    pub fn max_commit_attempt(&self, full_name: &str, sha: &str) -> Result<Option<u32>> {
+    /// The highest `attempt` of any run of `project` of `sha` in `full_name`, whatever event
+    /// made it.
+    pub fn max_commit_attempt(
+        &self,
+        project: u64,
+        full_name: &str,
+        sha: &str,
+    ) -> Result<Option<u32>> {
         let mut max = None;
         for kv in self
             .inner
@@ -716,7 +809,8 @@ impl Store {
             if let (Some(id), Some(p)) = (
                 keys::trailing_id(&k),
                 <[u8; 8]>::try_from(v.as_ref()).ok().map(u64::from_be_bytes),
-            ) && let Some(r) = self.run(p, id)?
+            ) && p == project
+                && let Some(r) = self.run(p, id)?
             {
                 max = max.max(Some(r.attempt));
             }
@@ -840,7 +934,13 @@ impl Store {
         Ok(changed.len())
     }
 
-    pub fn pr_runs_in_flight(&self, full_name: &str, number: u64) -> Result<Vec<TestRun>> {
+    /// The queued and running runs of `project` of a pull request.
+    pub fn pr_runs_in_flight(
+        &self,
+        project: u64,
+        full_name: &str,
+        number: u64,
+    ) -> Result<Vec<TestRun>> {
         let mut out = Vec::new();
         for kv in self
             .inner
@@ -851,7 +951,8 @@ impl Store {
             if let (Some(id), Some(p)) = (
                 keys::trailing_id(&k),
                 <[u8; 8]>::try_from(v.as_ref()).ok().map(u64::from_be_bytes),
-            ) && let Some(r) = self.run(p, id)?
+            ) && p == project
+                && let Some(r) = self.run(p, id)?
             {
                 out.push(r);
             }
@@ -1068,13 +1169,110 @@ mod tests {
             .map(|r| r.id)
             .collect();
         assert_eq!(ids, vec![cancelled, held]);
-        assert_eq!(store.max_commit_attempt("acme/robot", &o).unwrap(), Some(1));
+        assert_eq!(
+            store.max_commit_attempt(1, "acme/robot", &o).unwrap(),
+            Some(1)
+        );
 
         // Once per data directory, across a reopen.
         make(&upper, "acme/robot@later", RunStatus::Queued);
         drop(store);
         let store = Store::reopen(dir.path());
         assert_eq!(store.lowercase_run_commits().unwrap(), 0);
+    }
+
+    /// Organizations 1 and 2 with projects 10 and 20, links written under the index by name
+    /// alone (as before links were per organization), and three installations.
+    #[test]
+    fn installations_stored_before_organizations_are_bound_once_by_their_links() {
+        use crate::{Membership, Organization, Project, Role};
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        for (org, project) in [(1u64, 10u64), (2, 20)] {
+            let o = Organization {
+                id: org,
+                slug: format!("o{org}"),
+                name: String::new(),
+                tier: "free".into(),
+                created_at: 0,
+            };
+            let m = Membership {
+                org_id: org,
+                user_id: 1,
+                role: Role::Owner,
+                created_at: 0,
+            };
+            store.insert_org(&o, &m).unwrap();
+            store
+                .insert_project(&Project {
+                    id: project,
+                    org_id: org,
+                    slug: "p".into(),
+                    name: String::new(),
+                    secret_hash: [0; 32],
+                    created_at: 0,
+                })
+                .unwrap();
+        }
+        let mut w = Writes::new();
+        let mut link = |project: u64, id: u64, name: &str| {
+            let r = RepoLink {
+                id,
+                project_id: project,
+                full_name: name.into(),
+                branch_patterns: vec!["main".into()],
+                include_drafts: false,
+                created_at: 0,
+                updated_at: 0,
+            };
+            w.put(keys::repo(project, id), &r).unwrap();
+            let mut k = keys::legacy_repo_by_name_prefix();
+            k.extend_from_slice(name.to_ascii_lowercase().as_bytes());
+            w.0.insert(k, pair_bytes(&r));
+        };
+        link(10, 1, "Acme/One");
+        link(10, 2, "acme/both");
+        link(20, 3, "acme/both-too");
+        link(20, 4, "acme/removed");
+        store.apply(w).unwrap();
+        let mut b = ScmBatch::default();
+        let inst = |id: u64, held: &[&str], removed: &[&str]| Installation {
+            id,
+            account_login: "acme".into(),
+            account_type: "Organization".into(),
+            repository_selection: "selected".into(),
+            state: crate::InstallationState::Active,
+            repositories: held.iter().map(|s| s.to_string()).collect(),
+            removed: removed.iter().map(|s| s.to_string()).collect(),
+            created_at: id as i64,
+            updated_at: 0,
+        };
+        // One organization's links (names compared case-blind); both; none.
+        b.put_installation(&inst(100, &["acme/one"], &[])).unwrap();
+        b.put_installation(&inst(200, &["acme/both"], &["acme/both-too"]))
+            .unwrap();
+        b.put_installation(&inst(300, &["acme/unlinked"], &[])).unwrap();
+        b.put_installation(&inst(400, &[], &["acme/removed"])).unwrap();
+        b.commit(&store).unwrap();
+
+        assert_eq!(store.bind_installations().unwrap(), 2);
+        let org = |id| store.installation_binding(id).unwrap().organization_id;
+        assert_eq!(
+            [org(100), org(200), org(300), org(400)],
+            [Some(1), None, None, Some(2)]
+        );
+        // The index now answers per organization only.
+        assert_eq!(store.repo_by_name(1, "acme/ONE").unwrap().unwrap().id, 1);
+        assert!(store.repo_by_name(2, "acme/one").unwrap().is_none());
+        assert_eq!(store.repo_by_name(2, "acme/both-too").unwrap().unwrap().id, 3);
+        let legacy = store
+            .inner
+            .records
+            .scan_prefix(keys::legacy_repo_by_name_prefix())
+            .count();
+        assert_eq!(legacy, 0);
+        // Once per data directory.
+        assert_eq!(store.bind_installations().unwrap(), 0);
     }
 
     fn segments(dir: &std::path::Path) -> usize {

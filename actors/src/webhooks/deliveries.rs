@@ -448,12 +448,40 @@ impl WebhooksHandle {
     }
 
     pub fn installations(&self) -> Result<Vec<InstallationView>> {
-        Ok(self
-            .store
+        self.store
             .installations()?
             .iter()
-            .map(InstallationView::from)
-            .collect())
+            .map(|i| self.installation_view(i))
+            .collect()
+    }
+
+    fn installation_view(&self, i: &fleetops_storage::Installation) -> Result<InstallationView> {
+        let org = match self.store.installation_binding(i.id)?.organization_id {
+            Some(o) => self.store.org(o)?.map(|o| o.slug),
+            None => None,
+        };
+        Ok(InstallationView::new(i, org))
+    }
+
+    /// Binds installation `id` to the organization `slug` (a rebind moves it: the links of
+    /// the organization it leaves turn `disconnected`). An installation not seen yet is
+    /// recorded, so its first delivery resolves there.
+    pub async fn bind_installation(&self, id: u64, slug: &str) -> Result<InstallationView> {
+        if id == 0 {
+            return Err(Error::not_found("Installation"));
+        }
+        let org = self.store.org_by_slug(slug)?.ok_or_else(|| {
+            Error::unprocessable("organization", format!("no organization {slug:?}"))
+        })?;
+        let i = self
+            .installations
+            .call(id, |reply| InstallationMsg::Bind {
+                org_id: org.id,
+                reply,
+            })
+            .await?;
+        self.store.durable().await?;
+        self.installation_view(&i)
     }
 
     /// Drops log entries past retention (the housekeeper calls this); ids leave the dedup

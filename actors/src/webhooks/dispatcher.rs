@@ -13,7 +13,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
 use super::RepoPatch;
 use super::payload::{Payload, matches};
-use super::work::{Work, skip, skip_into, still_queued};
+use super::work::{Work, delivery_org, skip, skip_into, still_queued};
 
 use crate::error::{Error, Result};
 use crate::mailbox::Envelope;
@@ -309,6 +309,16 @@ impl DispatcherState {
         }
     }
 
+    /// The run of `run`'s project that holds its idempotency key. A run of another project
+    /// (one whose organization the repository's installation was moved away from) does
+    /// not: the key's index entry then moves to the new run.
+    fn holder(&self, run: &TestRun) -> Result<Option<TestRun>> {
+        Ok(self
+            .store
+            .run_by_key(&run.idempotency_key)?
+            .filter(|r| r.project_id == run.project_id))
+    }
+
     /// Makes `run` (taking its id) and adds it with the delivery's outcome to `b`.
     fn make(
         &self,
@@ -327,7 +337,7 @@ impl DispatcherState {
 
     /// Queues a run under `key` unless a run already holds it (`duplicate_job`).
     fn enqueue(&self, b: &mut ScmBatch, mut d: Delivery, mut run: TestRun) -> Result<Wrote> {
-        if let Some(existing) = self.store.run_by_key(&run.idempotency_key)? {
+        if let Some(existing) = self.holder(&run)? {
             d.test_run_id = Some(existing.id);
             d.outcome = DeliveryOutcome::Skipped;
             d.reason = Some("duplicate_job".into());
@@ -480,7 +490,10 @@ impl DispatcherState {
             return skip_into(b, &d, "invalid_payload");
         };
         d.repository = Some(name.to_string());
-        let Some(link) = self.store.repo_by_name(name)? else {
+        let Some(org) = delivery_org(&self.store, d.installation_id.unwrap_or(0))? else {
+            return skip_into(b, &d, "installation_unbound");
+        };
+        let Some(link) = self.store.repo_by_name(org, name)? else {
             return skip_into(b, &d, "repository_not_linked");
         };
         d.project_id = Some(link.project_id);
@@ -516,7 +529,7 @@ impl DispatcherState {
                     else {
                         return skip_into(b, &d, "invalid_payload");
                     };
-                    let runs = self.store.pr_runs_in_flight(&full, n)?;
+                    let runs = self.store.pr_runs_in_flight(link.project_id, &full, n)?;
                     let now = self.clock.now_ms();
                     for old in &runs {
                         let mut r = old.clone();
@@ -578,7 +591,9 @@ impl DispatcherState {
                         // Always a new attempt of that commit, one more than any run of it
                         // in this repository (whatever event made them); the key moves to
                         // the new run.
-                        let previous = self.store.max_commit_attempt(&full, &sha)?;
+                        let previous =
+                            self.store
+                                .max_commit_attempt(link.project_id, &full, &sha)?;
                         let mut r = self.new_run(&d, &link, key);
                         r.commit_sha = sha;
                         r.git_ref = branch;
@@ -609,7 +624,7 @@ impl DispatcherState {
                     "html_url": w.html_url, "logs_url": w.logs_url, "artifacts_url": w.artifacts_url,
                 }))
                 .map_err(|e| Error::Internal(e.to_string()))?;
-                if let Some(existing) = self.store.run_by_key(&r.idempotency_key)? {
+                if let Some(existing) = self.holder(&r)? {
                     d.test_run_id = Some(existing.id);
                     return skip_into(b, &d, "duplicate_job");
                 }
@@ -645,7 +660,10 @@ impl DispatcherState {
     ) -> Result<RepoLink> {
         check_full_name(&full_name)?;
         check_patterns(&branch_patterns)?;
-        if let Some(l) = self.store.repo_by_name(&full_name)? {
+        let org = self.org_of(project_id)?;
+        // One project per repository within an organization; other organizations' links
+        // neither conflict nor show.
+        if let Some(l) = self.store.repo_by_name(org, &full_name)? {
             return Err(Error::Conflict(if l.project_id == project_id {
                 format!("Repository {full_name} is already linked to this project")
             } else {
@@ -663,9 +681,18 @@ impl DispatcherState {
             updated_at: now,
         };
         let mut b = ScmBatch::default();
-        b.put_repo(&r)?;
+        b.put_repo(org, &r)?;
         b.commit(&self.store)?;
         Ok(r)
+    }
+
+    /// The organization of `project_id`.
+    fn org_of(&self, project_id: u64) -> Result<u64> {
+        Ok(self
+            .store
+            .project(project_id)?
+            .ok_or_else(|| Error::not_found("Project"))?
+            .org_id)
     }
 
     fn repo(&self, project_id: u64, id: u64) -> Result<RepoLink> {
@@ -685,7 +712,7 @@ impl DispatcherState {
         }
         r.updated_at = self.clock.now_ms();
         let mut b = ScmBatch::default();
-        b.put_repo(&r)?;
+        b.put_repo(self.org_of(project_id)?, &r)?;
         b.commit(&self.store)?;
         Ok(r)
     }
@@ -693,7 +720,7 @@ impl DispatcherState {
     fn delete_repo(&self, project_id: u64, id: u64) -> Result<()> {
         let r = self.repo(project_id, id)?;
         let mut b = ScmBatch::default();
-        b.delete_repo(&r);
+        b.delete_repo(self.org_of(project_id)?, &r);
         Ok(b.commit(&self.store)?)
     }
 

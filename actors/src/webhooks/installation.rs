@@ -32,6 +32,12 @@ pub(crate) enum InstallationMsg {
         works: Vec<Arc<Work>>,
         reply: Reply<Vec<Result<()>>>,
     },
+    /// Binds the installation to an organization (a superuser's decision); makes a record
+    /// for an installation not seen yet, so its first delivery resolves there.
+    Bind {
+        org_id: u64,
+        reply: Reply<Installation>,
+    },
     /// Fault injection for supervision tests.
     #[cfg(feature = "fault-injection")]
     Panic,
@@ -92,6 +98,9 @@ impl Actor for InstallationActor {
                 let r = st.deliver_batch(works).await;
                 let _ = reply.send(Ok(r));
             }
+            InstallationMsg::Bind { org_id, reply } => {
+                let _ = reply.send(st.bind(org_id));
+            }
             #[cfg(feature = "fault-injection")]
             InstallationMsg::Panic => panic!("injected fault in InstallationActor {}", st.id),
         }
@@ -115,6 +124,7 @@ impl InstallationActorState {
         if !still_queued(&self.store, work.delivery.seq)? {
             return Ok(Route::Done);
         }
+        let org = self.first_sight()?;
         let p = &work.payload;
         let action = p.action.as_deref().unwrap_or("");
         match work.delivery.event.as_str() {
@@ -138,12 +148,14 @@ impl InstallationActorState {
                     if let Some(reason) = reason {
                         // Resolved far enough to appear in the project's log.
                         let mut d = work.delivery.clone();
-                        if let Some(name) = work.payload.repo_name() {
-                            d.project_id = self.store.repo_by_name(name)?.map(|l| l.project_id);
-                        }
+                        d.project_id = self.linked_project(org, work.payload.repo_name())?;
                         skip(&self.store, &d, reason)?;
                         return Ok(Route::Done);
                     }
+                }
+                if self.id != 0 && org.is_none() {
+                    skip(&self.store, &work.delivery, "installation_unbound")?;
+                    return Ok(Route::Done);
                 }
                 return Ok(Route::Dispatch);
             }
@@ -230,10 +242,9 @@ impl InstallationActorState {
         true
     }
 
-    /// The stored installation, or a new one from the payload.
-    fn record(&self, p: &Payload) -> Result<Installation> {
-        let now = now_ms();
-        let mut i = self.store.installation(self.id)?.unwrap_or(Installation {
+    /// An installation not seen yet: active, holding nothing.
+    fn blank(&self, now: i64) -> Installation {
+        Installation {
             id: self.id,
             account_login: String::new(),
             account_type: String::new(),
@@ -243,7 +254,16 @@ impl InstallationActorState {
             removed: Vec::new(),
             created_at: now,
             updated_at: now,
-        });
+        }
+    }
+
+    /// The stored installation, or a new one from the payload.
+    fn record(&self, p: &Payload) -> Result<Installation> {
+        let now = now_ms();
+        let mut i = self
+            .store
+            .installation(self.id)?
+            .unwrap_or_else(|| self.blank(now));
         if let Some(r) = &p.installation {
             if let Some(a) = &r.account {
                 if let Some(l) = &a.login {
@@ -331,10 +351,56 @@ impl InstallationActorState {
         // A single-repository change names its project in the log when it is linked.
         if let [only] = list.as_slice() {
             d.repository = Some(only.clone());
-            d.project_id = self.store.repo_by_name(only)?.map(|l| l.project_id);
+            let org = self.store.installation_binding(self.id)?.organization_id;
+            d.project_id = self.linked_project(org, Some(only))?;
         }
         b.finish_delivery(&d)?;
         Ok(b.commit(&self.store)?)
+    }
+
+    /// The organization this installation is bound to. While the service has exactly one
+    /// organization, an installation is bound to it when first seen (written at once; a
+    /// repeat writes the same), so a single-tenant service needs no step.
+    fn first_sight(&self) -> Result<Option<u64>> {
+        if self.id == 0 {
+            return Ok(None);
+        }
+        let mut b = self.store.installation_binding(self.id)?;
+        if let Some(org) = b.organization_id {
+            return Ok(Some(org));
+        }
+        let Some(org) = self.store.sole_org()? else {
+            return Ok(None);
+        };
+        b.bind(org);
+        let mut batch = ScmBatch::default();
+        batch.put_binding(self.id, &b)?;
+        batch.commit(&self.store)?;
+        Ok(Some(org))
+    }
+
+    /// The project that links `name` in `org`, for the delivery log.
+    fn linked_project(&self, org: Option<u64>, name: Option<&str>) -> Result<Option<u64>> {
+        Ok(match (org, name) {
+            (Some(org), Some(name)) => self.store.repo_by_name(org, name)?.map(|l| l.project_id),
+            _ => None,
+        })
+    }
+
+    /// Binds this installation to `org_id`; links of the organization it leaves turn
+    /// `disconnected` (the binding remembers it).
+    fn bind(&self, org_id: u64) -> Result<Installation> {
+        let i = self
+            .store
+            .installation(self.id)?
+            .unwrap_or_else(|| self.blank(now_ms()));
+        let mut b = self.store.installation_binding(self.id)?;
+        b.bind(org_id);
+        let mut batch = ScmBatch::default();
+        batch.put_installation(&i)?;
+        batch.put_binding(self.id, &b)?;
+        batch.commit(&self.store)?;
+        Ok(i)
     }
 
     fn hold(&self, current: bool) -> RepoHold {

@@ -18,18 +18,35 @@ pub struct RepoPatch {
 }
 
 impl WebhooksHandle {
+    /// A link as its project sees it: `connected` while an installation bound to the
+    /// project's organization holds the repository, `disconnected` once that installation
+    /// removed it or was moved to another organization, else `pending`. Nothing about another
+    /// organization shows (its installation's id included).
     fn repo_view(&self, r: &RepoLink) -> Result<RepoView> {
-        let hold = self.store.repo_hold(&r.full_name)?;
-        let state = match &hold {
-            None => RepoState::Pending,
-            Some(h) if h.current => RepoState::Connected,
-            Some(_) => RepoState::Disconnected,
+        let org = self.store.project(r.project_id)?.map(|p| p.org_id);
+        let (state, installation_id) = match self.store.repo_hold(&r.full_name)? {
+            None => (RepoState::Pending, None),
+            Some(h) => {
+                let b = self.store.installation_binding(h.installation_id)?;
+                match org {
+                    Some(o) if b.organization_id == Some(o) => (
+                        if h.current {
+                            RepoState::Connected
+                        } else {
+                            RepoState::Disconnected
+                        },
+                        Some(h.installation_id),
+                    ),
+                    Some(o) if b.former.contains(&o) => (RepoState::Disconnected, None),
+                    _ => (RepoState::Pending, None),
+                }
+            }
         };
         Ok(RepoView {
             id: r.id,
             full_name: r.full_name.clone(),
             state,
-            installation_id: hold.map(|h| h.installation_id),
+            installation_id,
             branch_patterns: r.branch_patterns.clone(),
             include_drafts: r.include_drafts,
             created_at: fmt_ms(r.created_at),

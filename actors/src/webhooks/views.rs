@@ -118,17 +118,20 @@ pub struct InstallationView {
     pub account_type: String,
     pub repository_selection: String,
     pub state: String,
+    /// The slug of the organization it is bound to; null while unbound.
+    pub organization: Option<String>,
     pub repositories: Vec<String>,
 }
 
-impl From<&Installation> for InstallationView {
-    fn from(i: &Installation) -> Self {
+impl InstallationView {
+    pub(super) fn new(i: &Installation, organization: Option<String>) -> Self {
         Self {
             id: i.id,
             account_login: i.account_login.clone(),
             account_type: i.account_type.clone(),
             repository_selection: i.repository_selection.clone(),
             state: i.state.to_string(),
+            organization,
             repositories: i.repositories.clone(),
         }
     }

@@ -70,6 +70,17 @@ pub(crate) fn still_queued(store: &Store, seq: u64) -> Result<bool> {
         .is_some_and(|d| d.outcome == DeliveryOutcome::Queued))
 }
 
+/// The organization a delivery of installation `id` resolves in (0: it names none and no
+/// installation holds its repository): the one the installation is bound to; for none, the
+/// service's only organization while it has exactly one. `None`: the delivery is skipped
+/// `installation_unbound`, so no tenant's link can catch another's repository.
+pub(crate) fn delivery_org(store: &Store, id: u64) -> Result<Option<u64>> {
+    if id == 0 {
+        return Ok(store.sole_org()?);
+    }
+    Ok(store.installation_binding(id)?.organization_id)
+}
+
 /// Records a delivery as skipped with a reason.
 pub(crate) fn skip(store: &Store, d: &Delivery, reason: &str) -> Result<()> {
     let mut b = ScmBatch::default();

@@ -117,6 +117,7 @@ pub async fn dispatch(op: Op, cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<B
         Op::ScmRotate => webhooks::rotate(cx, req).await,
         Op::ScmStatus => webhooks::status(cx, req),
         Op::ScmInstallations => webhooks::installations(cx, req),
+        Op::BindInstallation => webhooks::bind_installation(cx, req).await,
         Op::ScmDeliveries => webhooks::deliveries(cx, req).await,
         Op::ScmDelivery => webhooks::delivery(cx, req),
         Op::CreateRepo => webhooks::create_repo(cx, req).await,

@@ -56,6 +56,25 @@ pub fn installations(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
     })
 }
 
+#[derive(Deserialize, schemars::JsonSchema)]
+#[schemars(rename = "BindInstallation")]
+pub(crate) struct BindBody {
+    /// The organization's slug.
+    organization: String,
+}
+
+pub async fn bind_installation(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
+    superuser(cx, &req)?;
+    let id = req.id("installation_id", "Installation")?;
+    let b: BindBody = cx.json(&mut req).await?;
+    body::ok(
+        &cx.rt()
+            .webhooks
+            .bind_installation(id, &b.organization)
+            .await?,
+    )
+}
+
 fn delivery_filter(req: &Req) -> ApiResult<DeliveryFilter> {
     let outcome = match req.query.get("outcome") {
         None => None,
