@@ -298,6 +298,9 @@ impl Runtime {
             cfg.supervision.clone(),
         );
         let evaluator_busy = Arc::new(AtomicU64::new(0));
+        let rule_health: alerts::evaluator::RuleHealthMap = Arc::new(DashMap::new());
+        #[cfg(feature = "fault-injection")]
+        let fail_log_sets = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let evaluator_args = KeyedArgs::<alerts::evaluator::EvaluatorActor> {
             ctx: alerts::evaluator::EvaluatorCtx {
                 store: store.clone(),
@@ -307,6 +310,9 @@ impl Runtime {
                 correlation_window_ms: cfg.alerts.correlation_window_seconds.saturating_mul(1000),
                 busy_ns: evaluator_busy.clone(),
                 notifiers: notifier_actors.clone(),
+                rule_health: rule_health.clone(),
+                #[cfg(feature = "fault-injection")]
+                fail_log_sets: fail_log_sets.clone(),
             },
             cfg: cfg.supervision.clone(),
             registry: Arc::new(DashMap::new()),
@@ -324,6 +330,9 @@ impl Runtime {
             log_bytes: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
             max_log_bytes: cfg.alerts.max_log_bytes_in_flight.max(1),
             dropped: Arc::new(AtomicU64::new(0)),
+            rule_health: rule_health.clone(),
+            #[cfg(feature = "fault-injection")]
+            fail_log_sets,
         };
         let session_actors = Keyed::new(
             sessions_slot.clone(),

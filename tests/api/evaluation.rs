@@ -1035,3 +1035,94 @@ async fn resolved_alerts_are_pruned_after_their_retention() {
     let notifications = rt.store.alert_notifications(resolved).unwrap();
     assert!(notifications.is_empty(), "{notifications:?}");
 }
+
+/// One matching line from a new device of project `default`, just after its heartbeat (as a
+/// robot starting up sends them); the device.
+async fn device_logs_a_line(s: &Srv, name: &str, message: &str) -> u64 {
+    let (d, tok) = device(s, name).await;
+    heartbeat(s, d, &tok, json!({})).await;
+    let sid = session(s, d, &tok).await;
+    let r = s
+        .post(
+            &format!("{DEV}/sessions/{sid}/logs"),
+            &tok,
+            json!([{"level": "error", "message": message}]),
+        )
+        .await;
+    assert_eq!(r.status, 202, "{}", r.body);
+    d
+}
+
+/// A rule added to a project whose evaluator already runs is judged on the next line, not
+/// only after the evaluator's next tick (a slow tick here makes the line always come first).
+#[tokio::test]
+async fn a_second_log_rule_fires_on_the_line_sent_right_after_it() {
+    let sink = Sink::start().await;
+    let s = start_with(|c| {
+        fast(c);
+        c.devices.offline_after_seconds = 60;
+        c.alerts.tick_ms = 1000;
+    })
+    .await;
+    let hook = webhook(&s, &sink).await;
+    let first = rule(&s, hook, json!({"type": "log_pattern", "pattern": "panic"})).await;
+    let d1 = device_logs_a_line(&s, "r1", "kernel panic").await;
+    let l = wait_alerts(&s, &format!("rule_id={first}"), 1).await;
+    assert_eq!(l["items"][0]["device_id"], d1);
+    let second = rule(
+        &s,
+        hook,
+        json!({"type": "log_pattern", "pattern": "overheat"}),
+    )
+    .await;
+    let d2 = device_logs_a_line(&s, "r2", "motor overheat").await;
+    let l = wait_alerts(&s, &format!("rule_id={second}"), 1).await;
+    assert_eq!(l["items"][0]["device_id"], d2);
+    assert_eq!(l["items"][0]["state"], "firing");
+}
+
+/// When a project's log patterns cannot be compiled into one set, each rule is matched on
+/// its own: both still fire, and each says so in its `health`.
+#[tokio::test]
+async fn log_rules_whose_set_cannot_compile_are_matched_one_by_one_and_say_so() {
+    let sink = Sink::start().await;
+    let s = start_with(|c| {
+        fast(c);
+        c.devices.offline_after_seconds = 60;
+    })
+    .await;
+    s.rt().alerts.inject_log_set_failure();
+    let hook = webhook(&s, &sink).await;
+    let a = rule(&s, hook, json!({"type": "log_pattern", "pattern": "panic"})).await;
+    let b = rule(
+        &s,
+        hook,
+        json!({"type": "log_pattern", "pattern": "overheat"}),
+    )
+    .await;
+    let d1 = device_logs_a_line(&s, "r1", "kernel panic").await;
+    let d2 = device_logs_a_line(&s, "r2", "motor overheat").await;
+    let l = wait_alerts(&s, &format!("rule_id={a}"), 1).await;
+    assert_eq!(l["items"][0]["device_id"], d1);
+    let l = wait_alerts(&s, &format!("rule_id={b}"), 1).await;
+    assert_eq!(l["items"][0]["device_id"], d2);
+    for id in [a, b] {
+        let v = s.get(&format!("{RULES}/{id}"), s.key()).await.body;
+        assert_eq!(v["health"], "degraded", "{v}");
+        let why = v["health_detail"].as_str().unwrap();
+        assert!(why.contains("could not be compiled together"), "{why}");
+    }
+    // A metric rule beside them is untouched.
+    let m = rule(
+        &s,
+        hook,
+        json!({"type": "metric_threshold", "metric": "temp", "operator": "gt", "threshold": 90, "duration_seconds": 0}),
+    )
+    .await;
+    let v = s.get(&format!("{RULES}/{m}"), s.key()).await.body;
+    assert_eq!(
+        (v["health"].as_str(), &v["health_detail"]),
+        (Some("ok"), &Value::Null),
+        "{v}"
+    );
+}

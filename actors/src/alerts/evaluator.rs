@@ -81,7 +81,24 @@ pub(crate) struct EvaluatorCtx {
     /// Time spent evaluating, across evaluators (for `/metrics` and the bench).
     pub busy_ns: Arc<AtomicU64>,
     pub notifiers: Keyed<crate::alerts::notifier::NotifierActor>,
+    /// Rules not evaluated as written, by (project, rule): what the rules' `health` shows.
+    pub rule_health: RuleHealthMap,
+    /// Makes every combined pattern set fail to build (tests of the per-rule fallback).
+    #[cfg(feature = "fault-injection")]
+    pub fail_log_sets: Arc<std::sync::atomic::AtomicBool>,
 }
+
+/// How a rule is evaluated when not simply as written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum RuleHealth {
+    /// Evaluated, but apart from the project's other log rules (their patterns could not be
+    /// compiled together).
+    Degraded(String),
+    /// Not evaluated: its condition cannot be read or its pattern cannot be compiled.
+    Error(String),
+}
+
+pub(crate) type RuleHealthMap = Arc<DashMap<(u64, u64), RuleHealth>>;
 
 #[derive(Default)]
 pub(crate) struct EvaluatorActor;
@@ -117,6 +134,11 @@ pub(crate) struct AlertFeed {
     pub log_bytes: Arc<AtomicUsize>,
     pub max_log_bytes: usize,
     pub dropped: Arc<AtomicU64>,
+    /// What the evaluators record of rules not evaluated as written.
+    pub rule_health: RuleHealthMap,
+    /// See [`EvaluatorCtx::fail_log_sets`].
+    #[cfg(feature = "fault-injection")]
+    pub fail_log_sets: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl AlertFeed {
@@ -190,8 +212,39 @@ struct Loaded {
     level: Option<u8>,
 }
 
-/// Every log rule's pattern in one set, so a line is scanned once whatever the number of rules.
-fn log_set(rules: &[Loaded]) -> (Vec<usize>, Option<regex::RegexSet>) {
+/// How a project's log rules match a line: every pattern in one set, so a line is scanned
+/// once whatever the number of rules; or, when the set cannot be built, each rule's pattern
+/// on its own (slower, never silent: each such rule's `health` says so).
+enum LogMatcher {
+    Set(regex::RegexSet),
+    Each(Vec<regex::Regex>),
+}
+
+impl LogMatcher {
+    /// The indices (into the matcher's patterns) that match `msg`, into `out`.
+    fn matches(&self, msg: &str, out: &mut Vec<usize>) {
+        out.clear();
+        match self {
+            LogMatcher::Set(set) => {
+                if set.is_match(msg) {
+                    out.extend(set.matches(msg).iter());
+                }
+            }
+            LogMatcher::Each(each) => {
+                out.extend(
+                    each.iter()
+                        .enumerate()
+                        .filter(|(_, r)| r.is_match(msg))
+                        .map(|(k, _)| k),
+                );
+            }
+        }
+    }
+}
+
+/// The log rules' matcher, with the indices (into `rules`) of the log rules in the order of
+/// its patterns, and the rules it had to set apart (each with why).
+fn log_set(rules: &[Loaded], fail_set: bool) -> (Vec<usize>, Option<LogMatcher>, Unhealthy) {
     let mut idx = Vec::new();
     let mut patterns = Vec::new();
     for (i, l) in rules.iter().enumerate() {
@@ -201,20 +254,51 @@ fn log_set(rules: &[Loaded]) -> (Vec<usize>, Option<regex::RegexSet>) {
         }
     }
     if idx.is_empty() {
-        return (idx, None);
+        return (idx, None, Vec::new());
     }
     let limit = 256 * 1024 * patterns.len().max(1);
-    match regex::RegexSetBuilder::new(&patterns)
-        .size_limit(limit)
-        .dfa_size_limit(limit)
-        .build()
-    {
-        Ok(set) => (idx, Some(set)),
-        Err(e) => {
-            tracing::warn!(error = %e, "log rules could not be compiled together");
-            (Vec::new(), None)
+    let set = if fail_set {
+        Err(regex::Error::CompiledTooBig(limit))
+    } else {
+        regex::RegexSetBuilder::new(&patterns)
+            .size_limit(limit)
+            .dfa_size_limit(limit)
+            .build()
+    };
+    let why = match set {
+        Ok(set) => return (idx, Some(LogMatcher::Set(set)), Vec::new()),
+        Err(e) => e.to_string(),
+    };
+    // Each rule alone, within the limit it was checked against when written.
+    let mut kept = Vec::new();
+    let mut each = Vec::new();
+    let mut health = Vec::new();
+    for (i, p) in idx.into_iter().zip(&patterns) {
+        let id = rules[i].rule.id;
+        match crate::rules::alert_conditions::compile(p) {
+            Ok(r) => {
+                kept.push(i);
+                each.push(r);
+                health.push((
+                    id,
+                    RuleHealth::Degraded(format!(
+                        "evaluated apart from the project's other log rules: their patterns \
+                         could not be compiled together ({why})"
+                    )),
+                ));
+            }
+            Err(e) => health.push((
+                id,
+                RuleHealth::Error(format!("its pattern cannot be compiled: {e}")),
+            )),
         }
     }
+    tracing::warn!(
+        error = %why,
+        rules = ?health.iter().map(|(id, _)| id).collect::<Vec<_>>(),
+        "a project's log rules could not be compiled together; each is matched on its own"
+    );
+    (kept, Some(LogMatcher::Each(each)), health)
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -242,7 +326,7 @@ pub(crate) struct EvaluatorState {
     rules: Vec<Loaded>,
     /// The indices (into `rules`) of the log rules, in the order of `log_set`'s patterns.
     log_rules: Vec<usize>,
-    log_set: Option<regex::RegexSet>,
+    log_set: Option<LogMatcher>,
     states: HashMap<(u64, u64), ConditionState>,
     last_seen: HashMap<u64, i64>,
     /// Rollout results may have been missed (this incarnation is new, or the forwarder fell
@@ -265,21 +349,37 @@ struct Changes {
     notifications: Vec<Notification>,
 }
 
-fn load_rules(store: &Store, pid: u64) -> Result<Vec<Loaded>> {
+/// Rules not evaluated as written, each with why.
+type Unhealthy = Vec<(u64, RuleHealth)>;
+
+/// The enabled rules of the project, with the ones it cannot evaluate.
+fn load_rules(store: &Store, pid: u64) -> Result<(Vec<Loaded>, Unhealthy)> {
     let mut out = Vec::new();
+    let mut bad = Vec::new();
     for r in store.project_alert_rules(pid)? {
         if !r.enabled {
             continue;
         }
-        let Ok(v) = serde_json::from_slice::<serde_json::Value>(&r.condition_json) else {
-            continue;
-        };
-        let Ok(cond) = Condition::parse(&v) else {
-            continue;
+        let cond = serde_json::from_slice::<serde_json::Value>(&r.condition_json)
+            .map_err(|e| e.to_string())
+            .and_then(|v| Condition::parse(&v).map_err(|e| e.to_string()));
+        let cond = match cond {
+            Ok(c) => c,
+            Err(e) => {
+                bad.push((
+                    r.id,
+                    RuleHealth::Error(format!("its condition cannot be read: {e}")),
+                ));
+                continue;
+            }
         };
         let level = match &cond {
             Condition::LogPattern { pattern, level, .. } => {
-                if crate::rules::alert_conditions::compile(pattern).is_err() {
+                if let Err(e) = crate::rules::alert_conditions::compile(pattern) {
+                    bad.push((
+                        r.id,
+                        RuleHealth::Error(format!("its pattern cannot be compiled: {e}")),
+                    ));
                     continue;
                 }
                 level.as_deref().and_then(crate::logs::parse_level)
@@ -292,7 +392,7 @@ fn load_rules(store: &Store, pid: u64) -> Result<Vec<Loaded>> {
             level,
         });
     }
-    Ok(out)
+    Ok((out, bad))
 }
 
 impl Actor for EvaluatorActor {
@@ -310,15 +410,13 @@ impl Actor for EvaluatorActor {
             .project(pid)?
             .map(|p| p.slug.clone())
             .ok_or_else(|| format!("project {pid} does not exist"))?;
-        let rules = load_rules(&store, pid)?;
-        let (log_rules, log_set) = log_set(&rules);
         let mut st = EvaluatorState {
             pid,
             pending: Pending::Nothing,
             slug,
-            rules,
-            log_rules,
-            log_set,
+            rules: Vec::new(),
+            log_rules: Vec::new(),
+            log_set: None,
             states: store
                 .condition_states(pid)?
                 .into_iter()
@@ -334,6 +432,7 @@ impl Actor for EvaluatorActor {
             scheduled: HashMap::new(),
             ctx,
         };
+        st.rules = st.load()?;
         myself.send_interval(st.ctx.tick, || Envelope::cast(EvaluatorMsg::Tick));
         let now = st.ctx.clock.now_ms();
         let mut ch = Changes::default();
@@ -357,30 +456,37 @@ impl Actor for EvaluatorActor {
         let started = std::time::Instant::now();
         let mut ch = Changes::default();
         match msg {
+            // An event is judged by the rules and devices as they are when it comes: a reread
+            // owed for changes made before it is done first (the change's answer went out
+            // after its signal was sent, so every event sent after that answer is judged with
+            // it).
             EvaluatorMsg::Heartbeat {
                 device_id,
                 at,
                 metrics,
-            } => st.heartbeat(device_id, at, metrics, now, &mut ch)?,
+            } => {
+                st.flush_pending(now, &mut ch)?;
+                st.heartbeat(device_id, at, metrics, now, &mut ch)?
+            }
             EvaluatorMsg::Logs {
                 device_id, chunk, ..
-            } => st.logs(device_id, &chunk, now, &mut ch)?,
+            } => {
+                st.flush_pending(now, &mut ch)?;
+                st.logs(device_id, &chunk, now, &mut ch)?
+            }
             EvaluatorMsg::Rollout { device_id, status } => {
+                st.flush_pending(now, &mut ch)?;
                 st.rollout(device_id, status, now, &mut ch)?
             }
             EvaluatorMsg::RolloutsMissed => st.reconcile_due = true,
-            // Both reread storage: a burst of changes (a script creating 100 rules) is done
-            // once, on the next tick.
+            // Both reread storage, at the next event or tick: a burst of changes (a script
+            // creating 100 rules) is reread once.
             EvaluatorMsg::RulesChanged => st.pending = st.pending.max(Pending::Rules),
             EvaluatorMsg::DevicesChanged => st.pending = st.pending.max(Pending::Devices),
             #[cfg(feature = "fault-injection")]
             EvaluatorMsg::Panic => panic!("injected fault in the evaluator of project {}", st.pid),
             EvaluatorMsg::Tick => {
-                match std::mem::take(&mut st.pending) {
-                    Pending::Rules => st.reload(now, &mut ch)?,
-                    Pending::Devices => st.refresh_devices(now, &mut ch)?,
-                    Pending::Nothing => {}
-                }
+                st.flush_pending(now, &mut ch)?;
                 if std::mem::take(&mut st.reconcile_due) {
                     let latest = st.latest_results(now).await?;
                     st.reconcile_rollouts(&latest, now, &mut ch)?;
@@ -520,10 +626,39 @@ impl EvaluatorState {
         Ok(())
     }
 
-    /// Matches a batch once against every log rule's pattern (one `RegexSet` pass per line),
-    /// then counts per rule with its level and module.
+    /// The reread of storage owed, if any.
+    fn flush_pending(&mut self, now: i64, ch: &mut Changes) -> Result<()> {
+        match std::mem::take(&mut self.pending) {
+            Pending::Rules => self.reload(now, ch),
+            Pending::Devices => self.refresh_devices(now, ch),
+            Pending::Nothing => Ok(()),
+        }
+    }
+
+    /// Loads the enabled rules and builds the log rules' matcher, recording in the shared
+    /// health map each rule not evaluated as written.
+    fn load(&mut self) -> Result<Vec<Loaded>> {
+        let (rules, mut health) = load_rules(self.store(), self.pid)?;
+        #[cfg(feature = "fault-injection")]
+        let fail = self.ctx.fail_log_sets.load(Ordering::Relaxed);
+        #[cfg(not(feature = "fault-injection"))]
+        let fail = false;
+        let (log_rules, matcher, apart) = log_set(&rules, fail);
+        (self.log_rules, self.log_set) = (log_rules, matcher);
+        health.extend(apart);
+        let pid = self.pid;
+        self.ctx.rule_health.retain(|(p, _), _| *p != pid);
+        for (id, h) in health {
+            self.ctx.rule_health.insert((pid, id), h);
+        }
+        Ok(rules)
+    }
+
+    /// Matches a batch once against every log rule's pattern (one `RegexSet` pass per line,
+    /// or each rule's own when they could not be compiled together), then counts per rule
+    /// with its level and module.
     fn logs(&mut self, device: u64, chunk: &LogChunk, now: i64, ch: &mut Changes) -> Result<()> {
-        let Some(set) = &self.log_set else {
+        let Some(matcher) = &self.log_set else {
             return Ok(());
         };
         let mut applicable = Vec::with_capacity(self.log_rules.len());
@@ -547,6 +682,7 @@ impl EvaluatorState {
             return Ok(());
         }
         let mut counts = vec![0usize; self.log_rules.len()];
+        let mut hits = Vec::new();
         for e in 0..chunk.len() {
             if chunk.level_at(e).is_some_and(|l| levels & (1u8 << l) == 0) {
                 continue;
@@ -554,10 +690,8 @@ impl EvaluatorState {
             let Some(msg) = chunk.message(e) else {
                 continue;
             };
-            if !set.is_match(msg) {
-                continue;
-            }
-            for k in set.matches(msg).iter() {
+            matcher.matches(msg, &mut hits);
+            for &k in &hits {
                 if !applicable.get(k).copied().unwrap_or(false) {
                     continue;
                 }
@@ -800,7 +934,7 @@ impl EvaluatorState {
     /// cleared (a firing alert of theirs is resolved without notifications: the rule that
     /// would be resolved no longer exists as it was), then everything is judged again.
     fn reload(&mut self, now: i64, ch: &mut Changes) -> Result<()> {
-        let fresh = load_rules(self.store(), self.pid)?;
+        let fresh = self.load()?;
         // What a rule's states depend on: its condition and its devices.
         let shape = |l: &Loaded| {
             (
@@ -828,7 +962,6 @@ impl EvaluatorState {
         }
         self.windows.retain(|(r, _), _| !changed(r));
         self.rules = fresh;
-        (self.log_rules, self.log_set) = log_set(&self.rules);
         self.refresh_devices(now, ch)
     }
 

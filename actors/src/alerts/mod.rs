@@ -60,6 +60,16 @@ impl AlertsHandle {
         })
     }
 
+    /// Makes every combined log pattern set built from now on fail, as one too large to
+    /// compile would (tests of the per-rule fallback only).
+    #[doc(hidden)]
+    #[cfg(feature = "fault-injection")]
+    pub fn inject_log_set_failure(&self) {
+        self.feed
+            .fail_log_sets
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// Makes the project's notifier panic in its handler (supervision tests only).
     #[doc(hidden)]
     #[cfg(feature = "fault-injection")]

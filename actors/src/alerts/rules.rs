@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::AlertsHandle;
+use super::evaluator::RuleHealth;
 use crate::clock::fmt_ms;
 use crate::error::{Error, Result};
 use crate::project::ProjectMsg;
@@ -63,12 +64,30 @@ pub struct RuleView {
     pub integration_ids: Vec<u64>,
     pub device_group_ids: Vec<u64>,
     pub enabled: bool,
+    /// `ok`: evaluated as written; `degraded`: evaluated, but not as efficiently as usual
+    /// (a log rule matched apart from the project's others because their patterns could not
+    /// be compiled together); `error`: not evaluated. `health_detail` says why.
+    pub health: RuleHealthState,
+    pub health_detail: Option<String>,
     pub created_at: String,
     pub updated_at: String,
 }
 
-impl From<&AlertRule> for RuleView {
-    fn from(r: &AlertRule) -> Self {
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, schemars::JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum RuleHealthState {
+    Ok,
+    Degraded,
+    Error,
+}
+
+impl RuleView {
+    fn new(r: &AlertRule, health: Option<RuleHealth>) -> Self {
+        let (health, health_detail) = match health {
+            None => (RuleHealthState::Ok, None),
+            Some(RuleHealth::Degraded(why)) => (RuleHealthState::Degraded, Some(why)),
+            Some(RuleHealth::Error(why)) => (RuleHealthState::Error, Some(why)),
+        };
         Self {
             id: r.id,
             name: r.name.clone(),
@@ -77,6 +96,8 @@ impl From<&AlertRule> for RuleView {
             integration_ids: r.integration_ids.clone(),
             device_group_ids: r.device_group_ids.clone(),
             enabled: r.enabled,
+            health,
+            health_detail,
             created_at: fmt_ms(r.created_at),
             updated_at: fmt_ms(r.updated_at),
         }
@@ -105,19 +126,33 @@ pub fn condition(v: &Value) -> Result<Condition> {
 }
 
 impl AlertsHandle {
+    /// A rule with what its project's evaluator last recorded of it (a disabled rule, or
+    /// one not loaded yet, is `ok`).
+    fn rule_view(&self, r: &AlertRule) -> RuleView {
+        let h = if r.enabled {
+            self.feed
+                .rule_health
+                .get(&(r.project_id, r.id))
+                .map(|h| h.clone())
+        } else {
+            None
+        };
+        RuleView::new(r, h)
+    }
+
     pub fn rules(&self, pid: u64) -> Result<Vec<RuleView>> {
         Ok(self
             .store
             .project_alert_rules(pid)?
             .iter()
-            .map(RuleView::from)
+            .map(|r| self.rule_view(r))
             .collect())
     }
 
     pub fn rule(&self, pid: u64, id: u64) -> Result<RuleView> {
         self.store
             .alert_rule(pid, id)?
-            .map(|r| RuleView::from(&r))
+            .map(|r| self.rule_view(&r))
             .ok_or_else(|| Error::not_found("Alert rule"))
     }
 
@@ -138,7 +173,7 @@ impl AlertsHandle {
             })
             .await?;
         self.feed.rules_changed(&self.store, pid).await;
-        Ok(RuleView::from(&r))
+        Ok(self.rule_view(&r))
     }
 
     pub async fn update_rule(&self, pid: u64, id: u64, req: RulePatchRequest) -> Result<RuleView> {
@@ -159,7 +194,7 @@ impl AlertsHandle {
             })
             .await?;
         self.feed.rules_changed(&self.store, pid).await;
-        Ok(RuleView::from(&r))
+        Ok(self.rule_view(&r))
     }
 
     pub async fn delete_rule(&self, pid: u64, id: u64) -> Result<()> {
