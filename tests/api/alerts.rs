@@ -165,6 +165,50 @@ async fn integrations_mask_secrets_merge_patches_and_encrypt_at_rest() {
         .assert_error(404);
 }
 
+/// Every range of IANA's special-purpose registries is refused as a target, as private
+/// networks are: documentation, benchmarking, protocol assignments, reserved, multicast and
+/// the IPv4-translated form.
+#[tokio::test]
+async fn special_purpose_addresses_are_refused_as_targets() {
+    let s = start().await;
+    for host in [
+        "192.0.0.8",
+        "192.0.2.1",
+        "198.18.0.1",
+        "198.51.100.1",
+        "203.0.113.1",
+        "240.0.0.1",
+        "224.0.0.251",
+        "[ff02::1]",
+        "[2001:db8::1]",
+        "[2001::1]",
+        "[::ffff:0:7f00:1]",
+        "[::ffff:0:808:808]",
+    ] {
+        let r = s
+            .post(
+                INTEGRATIONS,
+                s.key(),
+                json!({"type": "webhook", "name": "x", "config": {"url": format!("http://{host}/h"), "signing_secret": "s"}}),
+            )
+            .await;
+        let detail = r.assert_error(422);
+        assert!(
+            detail.contains("special-purpose address"),
+            "{host}: {detail}"
+        );
+    }
+    // A public address is fine.
+    let r = s
+        .post(
+            INTEGRATIONS,
+            s.key(),
+            json!({"type": "webhook", "name": "x", "config": {"url": "http://8.8.8.8/h", "signing_secret": "s"}}),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.body);
+}
+
 #[tokio::test]
 async fn integration_configs_are_validated_per_type() {
     let s = start().await;
