@@ -963,3 +963,61 @@ async fn idle_sessions_passivate_and_come_back_on_append() {
     }
     assert_eq!(running(&s).await, 20);
 }
+
+/// A device's log line that a spreadsheet would read as a formula is exported to CSV with a
+/// leading `'` (module and message alike); the JSON export keeps it as logged.
+#[tokio::test]
+async fn csv_exports_neutralize_cells_a_spreadsheet_would_run() {
+    let s = start().await;
+    let (d, tok) = device(&s, "r1").await;
+    let sid = session(&s, d, &tok).await;
+    let logs = format!("{DEV}/sessions/{sid}/logs");
+    let risky = [
+        "=HYPERLINK(\"http://x\")",
+        "+1",
+        "-1+2",
+        "@SUM(A1)",
+        "\tcmd",
+        "\rcmd",
+    ];
+    let batch: Vec<Value> = risky
+        .iter()
+        .map(|m| json!({"level": "info", "module": "=mod", "message": m}))
+        .chain([json!({"level": "info", "module": "arm", "message": "a = b"})])
+        .collect();
+    assert_eq!(s.post(&logs, &tok, Value::Array(batch)).await.status, 202);
+    let text = s
+        .http
+        .get(s.url(&format!("{logs}/export?format=csv")))
+        .bearer_auth(s.key())
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let mut rd = csv::Reader::from_reader(text.as_bytes());
+    let rows: Vec<csv::StringRecord> = rd.records().map(|r| r.unwrap()).collect();
+    assert_eq!(rows.len(), risky.len() + 1);
+    for (row, m) in rows.iter().zip(risky) {
+        assert_eq!((&row[2], &row[3]), ("'=mod", format!("'{m}").as_str()));
+    }
+    let last = rows.last().unwrap();
+    assert_eq!(
+        (&last[2], &last[3]),
+        ("arm", "a = b"),
+        "other cells as logged"
+    );
+    let v: Value = s
+        .http
+        .get(s.url(&format!("{logs}/export?format=json")))
+        .bearer_auth(s.key())
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(v[0]["message"], risky[0]);
+    assert_eq!(v[0]["module"], "=mod");
+}

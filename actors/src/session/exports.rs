@@ -278,6 +278,22 @@ impl std::io::Write for Shared {
     }
 }
 
+/// A text cell as a CSV export writes it: one that a spreadsheet would read as a formula
+/// (starting with `=`, `+`, `-`, `@`, a tab or a carriage return, OWASP's rule) gets a
+/// leading `'`, so a device's log line cannot run in the reader's spreadsheet. Only such a
+/// cell is copied. The JSON export keeps every value as logged.
+fn csv_cell(cell: &[u8]) -> std::borrow::Cow<'_, [u8]> {
+    match cell.first() {
+        Some(b'=' | b'+' | b'-' | b'@' | b'\t' | b'\r') => {
+            let mut v = Vec::with_capacity(cell.len() + 1);
+            v.push(b'\'');
+            v.extend_from_slice(cell);
+            std::borrow::Cow::Owned(v)
+        }
+        _ => std::borrow::Cow::Borrowed(cell),
+    }
+}
+
 pub(super) fn export_into(
     store: &Store,
     session: u64,
@@ -315,8 +331,8 @@ pub(super) fn export_into(
             out.write_record([
                 ts_buf.as_bytes(),
                 level.as_bytes(),
-                module.as_bytes(),
-                message.as_bytes(),
+                &csv_cell(module.as_bytes()),
+                &csv_cell(message.as_bytes()),
                 meta,
             ])
             .map_err(|e| internal(&e))?;
@@ -551,6 +567,23 @@ fn page(
 mod tests {
     use super::*;
     use fleetops_storage::{LogChunk, SessionCounters};
+
+    #[test]
+    fn csv_cells_that_a_spreadsheet_would_run_are_quoted() {
+        for (cell, out) in [
+            ("=1+1", "'=1+1"),
+            ("+cmd", "'+cmd"),
+            ("-2", "'-2"),
+            ("@SUM(A1)", "'@SUM(A1)"),
+            ("\tx", "'\tx"),
+            ("\rx", "'\rx"),
+            ("motor =hot", "motor =hot"),
+            ("", ""),
+        ] {
+            assert_eq!(&*csv_cell(cell.as_bytes()), out.as_bytes(), "{cell:?}");
+        }
+        assert!(matches!(csv_cell(b"plain"), std::borrow::Cow::Borrowed(_)));
+    }
 
     /// The merge emits exactly what a full sort of every match would, in the same order,
     /// with chunks in and out of time order, overlapping, and tied timestamps.
