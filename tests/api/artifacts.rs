@@ -392,3 +392,45 @@ async fn zips_share_the_stream_cap_and_a_stalled_one_is_cut_short() {
         "a cut-short ZIP must not end cleanly"
     );
 }
+
+/// A device's file served by the API is a download that a browser neither sniffs nor shows
+/// as a page of this origin, whole or in part; the ZIP of them is not sniffed either.
+#[tokio::test]
+async fn artifact_downloads_are_attachments_that_are_never_sniffed() {
+    let s = start().await;
+    let (d, tok) = crate::sessions::device(&s, "r1").await;
+    let sid = crate::sessions::session(&s, d, &tok).await;
+    let page = b"<html><script>alert(document.cookie)</script></html>".to_vec();
+    let r = s
+        .raw(
+            s.http
+                .put(s.url(&format!("{DEV}/sessions/{sid}/files/logs/x\"y;.html")))
+                .bearer_auth(&tok)
+                .header("content-type", "text/html")
+                .body(page.clone()),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.body);
+    let url = s.url(&format!("{DEV}/sessions/{sid}/files/logs/x%22y;.html"));
+    for range in [None, Some("bytes=0-9")] {
+        let mut rb = s.http.get(&url).bearer_auth(s.key());
+        if let Some(rg) = range {
+            rb = rb.header("range", rg);
+        }
+        let resp = rb.send().await.unwrap();
+        assert!(resp.status().is_success(), "{range:?}: {}", resp.status());
+        let h = resp.headers();
+        assert_eq!(h["content-type"], "text/html", "the type as uploaded");
+        assert_eq!(h["x-content-type-options"], "nosniff");
+        assert_eq!(h["content-disposition"], "attachment; filename=\"xy.html\"");
+        assert_eq!(h["content-security-policy"], "sandbox; default-src 'none'");
+    }
+    let zip = s
+        .http
+        .get(s.url(&format!("{DEV}/sessions/{sid}/files/download")))
+        .bearer_auth(s.key())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(zip.headers()["x-content-type-options"], "nosniff");
+}

@@ -679,11 +679,8 @@ async fn export(
     let id = parse_id(id, "Session")?;
     let mut q = req.query.clone();
     q.drop_empty();
-    let mut r = crate::handlers::sessions::export_response(&app.rt, scope.project.id, id, &q)?;
-    r.headers_mut().insert(
-        header::X_CONTENT_TYPE_OPTIONS,
-        header::HeaderValue::from_static("nosniff"),
-    );
+    // `nosniff` comes with the API's export.
+    let r = crate::handlers::sessions::export_response(&app.rt, scope.project.id, id, &q)?;
     Ok(headers(r, None))
 }
 
@@ -709,23 +706,7 @@ async fn artifact(
         header::CONTENT_TYPE,
         header::HeaderValue::from_static("application/octet-stream"),
     );
-    let name: String = path
-        .rsplit('/')
-        .next()
-        .unwrap_or("file")
-        .chars()
-        .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'))
-        .collect();
-    if let Ok(v) = header::HeaderValue::from_str(&format!(
-        "attachment; filename=\"{}\"",
-        if name.is_empty() { "file" } else { &name }
-    )) {
-        h.insert(header::CONTENT_DISPOSITION, v);
-    }
-    h.insert(
-        header::X_CONTENT_TYPE_OPTIONS,
-        header::HeaderValue::from_static("nosniff"),
-    );
+    crate::handlers::artifacts::attachment(h, path);
     if let Ok(v) = header::HeaderValue::from_str(&a.size_bytes.to_string()) {
         h.insert(header::CONTENT_LENGTH, v);
     }
