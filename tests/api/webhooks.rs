@@ -398,6 +398,65 @@ async fn rotation_keeps_the_previous_secret_for_its_grace_period() {
     assert_eq!(r.status, 202);
 }
 
+/// A signed `ping` with a fresh id, answered with its status.
+async fn ping_status(s: &Srv, secret: &str) -> u16 {
+    let body = b"{}".to_vec();
+    let r = raw(
+        s,
+        Some("ping"),
+        Some(&uuid::Uuid::new_v4().to_string()),
+        Some(&sign(secret, &body)),
+        body,
+    )
+    .await;
+    r.status.as_u16()
+}
+
+async fn rotate(s: &Srv) -> String {
+    let r = s
+        .post(&format!("{SCM}/webhook-secret/rotate"), s.key(), json!({}))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    r.body["webhook_secret"].as_str().unwrap().to_string()
+}
+
+/// Two rotations 30 s apart: each replaced secret verifies until its own grace period ends
+/// (the first is not cut short by the second), across a restart.
+#[tokio::test]
+async fn rotating_twice_keeps_each_earlier_secret_for_its_own_grace_period() {
+    let s = start_with(|c| {
+        c.scm.webhook_secret = SECRET.into();
+        c.scm.rotation_grace_seconds = 60;
+    })
+    .await;
+    let clock = s.rt().clock.clone();
+    let first = rotate(&s).await;
+    clock.advance(std::time::Duration::from_secs(30));
+    let second = rotate(&s).await;
+    for secret in [SECRET, first.as_str(), second.as_str()] {
+        assert_eq!(ping_status(&s, secret).await, 202, "{secret}");
+    }
+    // The stored state keeps them: a restart (its clock starts again at the real time, about
+    // the first rotation's) verifies all three.
+    let s = s.restart().await;
+    for secret in [SECRET, first.as_str(), second.as_str()] {
+        assert_eq!(
+            ping_status(&s, secret).await,
+            202,
+            "{secret} after a restart"
+        );
+    }
+    let clock = s.rt().clock.clone();
+    // 61 s after the first rotation: the configured secret's grace is over, the first's not.
+    clock.advance(std::time::Duration::from_secs(61));
+    assert_eq!(ping_status(&s, SECRET).await, 401);
+    assert_eq!(ping_status(&s, &first).await, 202);
+    // 91 s after it: the first's grace is over too; the current one verifies.
+    clock.advance(std::time::Duration::from_secs(30));
+    assert_eq!(ping_status(&s, &first).await, 401);
+    assert_eq!(ping_status(&s, &second).await, 202);
+}
+
 /// A webhook server with `REPO` linked to the default project and held by installation
 /// `INST` (created through the host's real `installation.created` payload); the link's id.
 async fn installed() -> (Srv, u64) {
@@ -1671,7 +1730,7 @@ async fn an_unbound_installation_is_skipped_until_a_superuser_binds_it() {
     assert_eq!(l.body["total"], 1, "{}", l.body);
 
     let bind = format!("{SCM}/installations/{INST}/organization");
-    // Only a superuser binds; an unknown organization is 422; a body that is not JSON 400.
+    // Only a superuser binds; an unknown organization is 404, a malformed slug 422.
     s.send(
         reqwest::Method::PUT,
         &bind,
@@ -1685,6 +1744,14 @@ async fn an_unbound_installation_is_skipped_until_a_superuser_binds_it() {
         &bind,
         Some(s.key()),
         Some(json!({"organization": "nobody"})),
+    )
+    .await
+    .assert_error(404);
+    s.send(
+        reqwest::Method::PUT,
+        &bind,
+        Some(s.key()),
+        Some(json!({"organization": "Not A Slug"})),
     )
     .await
     .assert_error(422);

@@ -470,9 +470,11 @@ impl WebhooksHandle {
         if id == 0 {
             return Err(Error::not_found("Installation"));
         }
-        let org = self.store.org_by_slug(slug)?.ok_or_else(|| {
-            Error::unprocessable("organization", format!("no organization {slug:?}"))
-        })?;
+        crate::rules::slug("organization", slug)?;
+        let org = self
+            .store
+            .org_by_slug(slug)?
+            .ok_or_else(|| Error::not_found("Organization"))?;
         let i = self
             .installations
             .call(id, |reply| InstallationMsg::Bind {

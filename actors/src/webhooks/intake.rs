@@ -19,13 +19,76 @@ use crate::mailbox::{CallState, Envelope, MailboxSlot};
 
 type Reply<T> = RpcReplyPort<Result<T>>;
 
-/// The webhook secret: the current one, since when, and the previous one during its grace.
+/// The webhook secret: the current one, since when, and the ones it replaced, each during
+/// its own grace period.
 #[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct SecretState {
     pub current: String,
     pub created_at: i64,
+    /// The newest of `earlier`, kept as the state was written before there could be several
+    /// (a record written then holds only these two).
     pub previous: Option<String>,
     pub previous_valid_until: Option<i64>,
+    /// Every replaced secret still in its grace period, newest first (at most
+    /// [`SecretState::EARLIER_MAX`]).
+    #[serde(default)]
+    pub earlier: Vec<EarlierSecret>,
+}
+
+/// A replaced webhook secret and the moment it stops verifying.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct EarlierSecret {
+    pub secret: String,
+    pub valid_until: i64,
+}
+
+impl SecretState {
+    /// Replaced secrets kept at most (a bad signature costs one HMAC of its body per secret
+    /// that still verifies): past it, the oldest stops verifying early.
+    pub const EARLIER_MAX: usize = 8;
+
+    /// The replaced secrets that verify at `now`, newest first (a record written before
+    /// there could be several holds its one in `previous`).
+    pub fn live_earlier(&self, now: i64) -> Vec<EarlierSecret> {
+        let mut out: Vec<EarlierSecret> = self.earlier.clone();
+        if let (Some(p), Some(t)) = (&self.previous, self.previous_valid_until)
+            && !out.iter().any(|e| &e.secret == p)
+        {
+            out.insert(
+                0,
+                EarlierSecret {
+                    secret: p.clone(),
+                    valid_until: t,
+                },
+            );
+        }
+        out.retain(|e| now < e.valid_until && !e.secret.is_empty());
+        out
+    }
+
+    /// This state with `fresh` current: the one it replaces verifies for `grace_ms` more,
+    /// and every earlier one until its own end.
+    pub fn rotated(&self, fresh: String, now: i64, grace_ms: i64) -> SecretState {
+        let mut earlier = self.live_earlier(now);
+        if !self.current.is_empty() {
+            earlier.retain(|e| e.secret != self.current);
+            earlier.insert(
+                0,
+                EarlierSecret {
+                    secret: self.current.clone(),
+                    valid_until: now.saturating_add(grace_ms),
+                },
+            );
+        }
+        earlier.truncate(Self::EARLIER_MAX);
+        SecretState {
+            current: fresh,
+            created_at: now,
+            previous: earlier.first().map(|e| e.secret.clone()),
+            previous_valid_until: earlier.first().map(|e| e.valid_until),
+            earlier,
+        }
+    }
 }
 
 /// The meta key of the webhook secret state.
@@ -43,10 +106,13 @@ pub(crate) enum IntakeMsg {
     },
     /// Writes the deliveries accepted since the last flush.
     Flush,
-    /// Stores a new secret state (rotation).
+    /// Makes `fresh` the current secret (rotation), from the stored state, so two
+    /// rotations at once both count; replies with the state stored.
     Rotate {
-        state: Box<SecretState>,
-        reply: Reply<()>,
+        fresh: String,
+        now: i64,
+        grace_ms: i64,
+        reply: Reply<SecretState>,
     },
     /// Expires the delivery log (and the ids it holds) received before `before`: the intake
     /// owns delivery ids, so expiry cannot interleave with a claim.
@@ -196,13 +262,27 @@ impl Actor for IntakeActor {
                     .and_then(|r| r.map_err(Error::from));
                 let _ = reply.send(r);
             }
-            IntakeMsg::Rotate { state, reply } => {
+            IntakeMsg::Rotate {
+                fresh,
+                now,
+                grace_ms,
+                reply,
+            } => {
                 if call.is_some_and(|c| !c.start()) {
                     return Ok(());
                 }
-                let r = serde_json::to_vec(&*state)
-                    .map_err(|e| Error::Internal(e.to_string()))
-                    .and_then(|v| Ok(st.store.meta_put(SECRET_META, &v)?));
+                let r = (|| {
+                    let old: SecretState = match st.store.meta_get(SECRET_META)? {
+                        Some(v) => serde_json::from_slice(&v)
+                            .map_err(|e| Error::Internal(e.to_string()))?,
+                        None => SecretState::default(),
+                    };
+                    let next = old.rotated(fresh, now, grace_ms);
+                    let v =
+                        serde_json::to_vec(&next).map_err(|e| Error::Internal(e.to_string()))?;
+                    st.store.meta_put(SECRET_META, &v)?;
+                    Ok(next)
+                })();
                 let _ = reply.send(r);
             }
         }
@@ -389,5 +469,48 @@ mod tests {
         let r = accept(&a, "d-1", true).await.await.unwrap();
         assert!(matches!(r, Ok(Some(s)) if s > seq));
         a.stop(None);
+    }
+}
+
+#[cfg(test)]
+mod secret_state_tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn a_state_written_with_one_previous_secret_reads_and_rotates() {
+        let legacy = br#"{"current":"c","created_at":0,"previous":"p","previous_valid_until":100}"#;
+        let s: SecretState = serde_json::from_slice(legacy).unwrap();
+        let live: Vec<String> = s.live_earlier(50).into_iter().map(|e| e.secret).collect();
+        assert_eq!(live, ["p"]);
+        assert!(s.live_earlier(100).is_empty(), "ends at its valid_until");
+        let next = s.rotated("d".into(), 50, 1000);
+        let ends: Vec<(&str, i64)> = next
+            .earlier
+            .iter()
+            .map(|e| (e.secret.as_str(), e.valid_until))
+            .collect();
+        assert_eq!(ends, [("c", 1050), ("p", 100)]);
+        assert_eq!(
+            (next.previous.as_deref(), next.previous_valid_until),
+            (Some("c"), Some(1050)),
+            "an older binary reads the newest"
+        );
+    }
+
+    #[test]
+    fn rotations_keep_at_most_the_newest_earlier_secrets() {
+        let mut s = SecretState {
+            current: "s0".into(),
+            ..SecretState::default()
+        };
+        for i in 1..=20 {
+            s = s.rotated(format!("s{i}"), i, 1_000_000);
+        }
+        assert_eq!(s.earlier.len(), SecretState::EARLIER_MAX);
+        assert_eq!(s.earlier[0].secret, "s19");
+        // Expired ones are dropped at the next rotation.
+        let later = s.rotated("late".into(), 2_000_000, 10);
+        assert_eq!(later.earlier.len(), 1);
     }
 }

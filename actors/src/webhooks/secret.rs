@@ -60,8 +60,7 @@ pub(crate) fn load_secret(store: &Store, cfg: &ScmConfig) -> Result<SecretState>
     let s = SecretState {
         current,
         created_at: crate::clock::now_ms(),
-        previous: None,
-        previous_valid_until: None,
+        ..SecretState::default()
     };
     let v = serde_json::to_vec(&s).map_err(|e| Error::Internal(e.to_string()))?;
     if generated {
@@ -126,18 +125,17 @@ impl WebhooksHandle {
         }
     }
 
-    /// Whether `X-Hub-Signature-256` matches the raw body under the current secret (or the
-    /// previous one during its grace period), in constant time.
+    /// Whether `X-Hub-Signature-256` matches the raw body under the current secret (or one
+    /// it replaced, during that one's grace period), in constant time.
     fn signature_ok(&self, header: Option<&str>, body: &[u8]) -> bool {
         let sig = header_signature(header);
         match (&sig, self.secret.read()) {
             (Some(sig), Ok(s)) => {
                 let now = self.clock.now_ms();
                 (!s.current.is_empty() && hmac_ok(s.current.as_bytes(), body, sig))
-                    || s.previous.as_ref().is_some_and(|p| {
-                        s.previous_valid_until.is_some_and(|t| now < t)
-                            && hmac_ok(p.as_bytes(), body, sig)
-                    })
+                    || s.live_earlier(now)
+                        .iter()
+                        .any(|e| hmac_ok(e.secret.as_bytes(), body, sig))
             }
             _ => false,
         }
@@ -175,7 +173,8 @@ impl WebhooksHandle {
         Err(Error::Rejected("Invalid signature".into()))
     }
 
-    /// A new secret; the previous keeps verifying for `rotation_grace_seconds`.
+    /// A new secret; the one it replaces keeps verifying for `rotation_grace_seconds`, and
+    /// each earlier one until its own grace period ends.
     pub async fn rotate(&self) -> Result<Rotated> {
         let fresh = format!(
             "whsec_{}",
@@ -184,24 +183,23 @@ impl WebhooksHandle {
             )
         );
         let now = self.clock.now_ms();
-        let old = self.secret.read().map(|s| s.clone()).unwrap_or_default();
-        let next = SecretState {
-            current: fresh.clone(),
-            created_at: now,
-            previous: (!old.current.is_empty()).then(|| old.current.clone()),
-            previous_valid_until: (!old.current.is_empty())
-                .then_some(now + self.cfg.rotation_grace_seconds * 1000),
-        };
-        let boxed = Box::new(next.clone());
-        self.intake
+        let grace_ms = self.cfg.rotation_grace_seconds.saturating_mul(1000);
+        let next = self
+            .intake
             .call(|reply| IntakeMsg::Rotate {
-                state: boxed.clone(),
+                fresh: fresh.clone(),
+                now,
+                grace_ms,
                 reply,
             })
             .await?;
         self.store.durable().await?;
         if let Ok(mut s) = self.secret.write() {
-            *s = next.clone();
+            // Of two rotations at once, the later stored names the other's secret among
+            // its earlier ones: an answer that comes second never rolls the state back.
+            if s.current.is_empty() || next.earlier.iter().any(|e| e.secret == s.current) {
+                *s = next.clone();
+            }
         }
         Ok(Rotated {
             webhook_secret: fresh,

@@ -60,6 +60,7 @@ pub fn installations(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
 #[schemars(rename = "BindInstallation")]
 pub(crate) struct BindBody {
     /// The organization's slug.
+    #[schemars(schema_with = "fleetops_actors::rules::schemas::slug")]
     organization: String,
 }
 
