@@ -50,6 +50,8 @@ pub struct Config {
     pub alerts: fleetops_actors::config::AlertsConfig,
     /// `[smtp]`: where e-mail integrations send.
     pub smtp: fleetops_actors::config::SmtpConfig,
+    /// `[secrets]`: where the key that encrypts integration secrets lives.
+    pub secrets: fleetops_actors::config::SecretsConfig,
     /// `[storage]`: where artifacts (and later capsules) live.
     pub storage: fleetops_storage::blobs::StorageConfig,
     /// `[tiers.<name>]`; a table given here replaces only the keys it sets.
@@ -102,6 +104,7 @@ impl Default for Config {
             runs: fleetops_actors::config::RunsConfig::default(),
             alerts: fleetops_actors::config::AlertsConfig::default(),
             smtp: fleetops_actors::config::SmtpConfig::default(),
+            secrets: fleetops_actors::config::SecretsConfig::default(),
             storage: fleetops_storage::blobs::StorageConfig::default(),
             tiers: BTreeMap::new(),
             admin: AdminConfig::default(),
@@ -158,6 +161,21 @@ impl Config {
                 "false" | "0" | "" => false,
                 other => anyhow::bail!(
                     "FLEETOPS_ALERTS_ALLOW_PRIVATE_TARGETS must be true or false, not {other:?}"
+                ),
+            };
+        }
+        if let Some(v) = get("FLEETOPS_SECRETS_KEY_FILE") {
+            self.secrets.key_file = v;
+        }
+        if let Some(v) = get("FLEETOPS_SECRETS_KEY") {
+            self.secrets.key = v;
+        }
+        if let Some(v) = get("FLEETOPS_ALLOW_SHARED_DATA_DIR") {
+            self.storage.allow_shared_data_dir = match v.trim() {
+                "true" | "1" => true,
+                "false" | "0" | "" => false,
+                other => anyhow::bail!(
+                    "FLEETOPS_ALLOW_SHARED_DATA_DIR must be true or false, not {other:?}"
                 ),
             };
         }
@@ -273,6 +291,7 @@ impl Config {
             runs: self.runs.clone(),
             alerts: self.alerts.clone(),
             smtp: self.smtp.clone(),
+            secrets: self.secrets.clone(),
             public_url: self.public_url.trim_end_matches('/').to_string(),
             tmp_dir: Some(self.data_dir.join("tmp")),
         }

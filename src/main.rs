@@ -222,7 +222,10 @@ async fn backup(
                 cfg.data_dir.display()
             )
         }
-        None => fleetops_storage::Store::open(&cfg.data_dir),
+        None => {
+            fleetops_storage::perms::check_private(&cfg.data_dir, cfg.storage.allow_shared_data_dir)
+                .and_then(|()| fleetops_storage::Store::open(&cfg.data_dir))
+        }
     };
     match offline {
         Ok(store) => {

@@ -24,13 +24,18 @@ pub struct Running {
     serving: JoinHandle<()>,
 }
 
-/// Opens the data directory; a directory held by another process is a clear error.
+/// Opens the data directory; a directory held by another process, or one other accounts can
+/// read or write (unless `[storage] allow_shared_data_dir`), is a clear error.
 pub async fn open_store(cfg: &Config) -> anyhow::Result<Store> {
     let dir = cfg.data_dir.clone();
     let delay = std::time::Duration::from_micros(cfg.storage.commit_delay_us);
-    tokio::task::spawn_blocking(move || Store::open_with(&dir, delay))
-        .await?
-        .map_err(anyhow::Error::from)
+    let allow = cfg.storage.allow_shared_data_dir;
+    tokio::task::spawn_blocking(move || {
+        fleetops_storage::perms::check_private(&dir, allow)?;
+        Store::open_with(&dir, delay)
+    })
+    .await?
+    .map_err(anyhow::Error::from)
 }
 
 pub async fn start_runtime(cfg: &Config) -> anyhow::Result<Runtime> {

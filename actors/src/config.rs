@@ -130,6 +130,20 @@ impl Default for AuthConfig {
     }
 }
 
+/// `[secrets]`: where the key that encrypts integration secrets lives.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SecretsConfig {
+    /// A file holding the key (`FLEETOPS_SECRETS_KEY_FILE`): 32 bytes as base64, made (mode
+    /// 0600) at the first start that names it, holding the data directory's key if it had
+    /// one. Empty: the key is kept in the data directory.
+    pub key_file: String,
+    /// The key itself, 32 bytes as base64 (only from the environment, `FLEETOPS_SECRETS_KEY`;
+    /// wins over `key_file`).
+    #[serde(skip)]
+    pub key: String,
+}
+
 /// `[pipeline]`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -319,6 +333,7 @@ pub struct RuntimeConfig {
     pub runs: RunsConfig,
     pub alerts: AlertsConfig,
     pub smtp: SmtpConfig,
+    pub secrets: SecretsConfig,
     /// Base of the links handed out; empty until the server knows its address.
     pub public_url: String,
     /// Where temporary copies (capsules being checked) go: inside the data directory, not a

@@ -89,6 +89,7 @@ mod quota;
 mod rollout;
 mod root;
 pub mod rules;
+mod sealing;
 pub mod secrets;
 mod session;
 pub use session::handle as sessions;
@@ -157,8 +158,6 @@ pub struct Runtime {
 
 /// The meta key of the generated JWT secret.
 const JWT_SECRET_META: &str = "jwt_secret";
-/// The meta key of the data directory's secret-encryption key (integration secrets).
-const SEALING_KEY_META: &str = "secret_encryption_key";
 /// The meta key of the key that signs upload and download links.
 const LINK_KEY_META: &str = "link_signing_key";
 
@@ -210,8 +209,7 @@ impl Runtime {
         };
         let clock = clock::Clock::default();
         let rollouts = events::Outbox::start(store.clone());
-        let fresh = secrets::random_bytes(32)?;
-        let sealer = secrets::Sealer::new(&store.meta_get_or_init(SEALING_KEY_META, || fresh)?)?;
+        let sealer = sealing::sealer(&store, &cfg.secrets)?;
         let assignments = Arc::new(assignments::Assignments::new(
             cfg.pipeline.device_cache_entries,
         ));

@@ -38,6 +38,20 @@ impl Store {
         self.scan_rev(&keys::integration_prefix(project))
     }
 
+    /// Every integration of every project (sealing them again with a new key).
+    pub fn all_integrations(&self) -> Result<Vec<Integration>> {
+        self.scan_rev(&keys::all_integrations_prefix())
+    }
+
+    /// Writes `items` in one batch.
+    pub fn put_integrations(&self, items: &[Integration]) -> Result<()> {
+        let mut w = Writes::new();
+        for i in items {
+            w.put(keys::integration(i.project_id, i.id), i)?;
+        }
+        self.apply(w)
+    }
+
     pub fn put_integration(&self, i: &Integration) -> Result<()> {
         let mut w = Writes::new();
         w.put(keys::integration(i.project_id, i.id), i)?;

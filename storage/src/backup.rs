@@ -108,7 +108,7 @@ impl Store {
             // Absent or empty before: left so, and a retry to the same path works.
             let _ = std::fs::remove_dir_all(dest);
             if existed {
-                let _ = std::fs::create_dir(dest);
+                let _ = crate::perms::create_dirs(dest);
             }
         }
         taken
@@ -267,7 +267,7 @@ fn copy_tree(from: &Path, to: &Path, link: bool, seen: &mut Seen) -> Result<()> 
         // folders hold only folders (blobs/capsules/{project}/...) survives power loss too.
         let mut changed = !here.is_dir();
         if changed {
-            std::fs::create_dir_all(&here)?;
+            crate::perms::create_dirs(&here)?;
             if let Some(parent) = here.parent() {
                 seen.1.push(parent.to_path_buf());
             }
@@ -301,11 +301,14 @@ fn copy_tree(from: &Path, to: &Path, link: bool, seen: &mut Seen) -> Result<()> 
                 let _ = std::fs::remove_file(&dst);
                 if !(link && std::fs::hard_link(&src, &dst).is_ok()) {
                     match std::fs::copy(&src, &dst) {
-                        Ok(_) => seen.1.push(dst),
+                        Ok(_) => seen.1.push(dst.clone()),
                         Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
                         Err(e) => return Err(e.into()),
                     }
                 }
+                // A copy takes its source's mode (and a hard link is its source): private
+                // either way, whatever the source's was.
+                crate::perms::private_file(&dst)?;
                 changed = true;
                 seen.0.insert(src, now);
             }
@@ -319,7 +322,13 @@ fn copy_tree(from: &Path, to: &Path, link: bool, seen: &mut Seen) -> Result<()> 
 
 fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
     use std::io::Write;
-    let mut f = std::fs::File::create(path)?;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)?;
     f.write_all(bytes)?;
     f.sync_all()?;
     Ok(())

@@ -39,6 +39,10 @@ pub struct StorageConfig {
     /// fsyncs, so that more writers share the fsync (like PostgreSQL's `commit_delay`). 0:
     /// flush at once; writers that arrive during a flush share the next one anyway.
     pub commit_delay_us: u64,
+    /// Start even when other accounts can read or write the data directory
+    /// (`FLEETOPS_ALLOW_SHARED_DATA_DIR`); it holds the JWT signing key and the webhook
+    /// secret, so by default such a start is refused.
+    pub allow_shared_data_dir: bool,
 }
 
 impl Default for StorageConfig {
@@ -52,6 +56,7 @@ impl Default for StorageConfig {
             secret_access_key: String::new(),
             allow_http: false,
             commit_delay_us: 0,
+            allow_shared_data_dir: false,
         }
     }
 }

@@ -384,6 +384,9 @@ pub(crate) fn integration(project: u64, id: u64) -> Vec<u8> {
 pub(crate) fn integration_prefix(project: u64) -> Vec<u8> {
     key(&[b"ig", &be(project), b""])
 }
+pub(crate) fn all_integrations_prefix() -> Vec<u8> {
+    key(&[b"ig", b""])
+}
 pub(crate) fn alert_rule(project: u64, id: u64) -> Vec<u8> {
     key(&[b"ar", &be(project), &be(id)])
 }

@@ -20,6 +20,7 @@ mod keys;
 mod lists;
 pub mod meta;
 pub mod model;
+pub mod perms;
 pub mod pipeline;
 pub mod rollouts;
 pub mod scm;
@@ -123,6 +124,7 @@ impl Store {
 
     /// As [`Store::open`], with the group-commit delay of `[storage] commit_delay_us`.
     pub fn open_with(dir: &Path, commit_delay: std::time::Duration) -> Result<Self> {
+        perms::restrict_umask();
         create_dir_durable(dir)?;
         let db = sled::Config::new()
             .path(dir.join("db"))
@@ -437,7 +439,7 @@ pub(crate) fn create_dir_durable(dir: &Path) -> std::io::Result<()> {
     if existing == dir {
         return Ok(());
     }
-    std::fs::create_dir_all(dir)?;
+    perms::create_dirs(dir)?;
     let mut d = parent(dir);
     while let Some(p) = d {
         std::fs::File::open(p)?.sync_all()?;

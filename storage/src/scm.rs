@@ -1251,8 +1251,10 @@ mod tests {
         b.put_installation(&inst(100, &["acme/one"], &[])).unwrap();
         b.put_installation(&inst(200, &["acme/both"], &["acme/both-too"]))
             .unwrap();
-        b.put_installation(&inst(300, &["acme/unlinked"], &[])).unwrap();
-        b.put_installation(&inst(400, &[], &["acme/removed"])).unwrap();
+        b.put_installation(&inst(300, &["acme/unlinked"], &[]))
+            .unwrap();
+        b.put_installation(&inst(400, &[], &["acme/removed"]))
+            .unwrap();
         b.commit(&store).unwrap();
 
         assert_eq!(store.bind_installations().unwrap(), 2);
@@ -1264,7 +1266,10 @@ mod tests {
         // The index now answers per organization only.
         assert_eq!(store.repo_by_name(1, "acme/ONE").unwrap().unwrap().id, 1);
         assert!(store.repo_by_name(2, "acme/one").unwrap().is_none());
-        assert_eq!(store.repo_by_name(2, "acme/both-too").unwrap().unwrap().id, 3);
+        assert_eq!(
+            store.repo_by_name(2, "acme/both-too").unwrap().unwrap().id,
+            3
+        );
         let legacy = store
             .inner
             .records

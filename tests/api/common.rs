@@ -65,7 +65,7 @@ pub async fn start_with(f: impl FnOnce(&mut Config)) -> Srv {
     }
 }
 
-fn test_config(dir: &tempfile::TempDir, f: impl FnOnce(&mut Config)) -> Config {
+pub(crate) fn test_config(dir: &tempfile::TempDir, f: impl FnOnce(&mut Config)) -> Config {
     let mut cfg = Config {
         listen: "127.0.0.1:0".into(),
         data_dir: dir.path().join("data"),
@@ -227,6 +227,14 @@ impl Srv {
             .await;
         assert!(r.status.is_success(), "{}", r.body);
         jwt
+    }
+
+    /// Graceful stop; the temporary directory that holds the data directory outlives it.
+    pub async fn stopped(mut self) -> tempfile::TempDir {
+        if let Some(r) = self.running.take() {
+            r.stop().await;
+        }
+        std::mem::replace(&mut self._dir, tempfile::tempdir().unwrap())
     }
 
     /// Graceful stop, then a new server on the same data directory (and a new port).

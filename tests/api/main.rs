@@ -25,6 +25,7 @@ mod rate_limits;
 mod rollouts;
 mod s3;
 mod schemathesis;
+mod secrets;
 mod sessions;
 mod supervision;
 mod updates;
