@@ -236,6 +236,10 @@ impl Authenticator {
         let claims = self.decode(value)?;
         let uid: u64 = claims.sub.parse().map_err(|_| Error::Unauthorized)?;
         let user = self.store.user(uid)?.ok_or(Error::Unauthorized)?;
+        // A signed-out sign-in's tokens are never believed again (its refreshes included).
+        if self.store.is_signed_out(uid, claims.auth_time)? {
+            return Err(Error::Unauthorized);
+        }
         Ok(Principal {
             user: Some(user),
             credential: Credential::Jwt {

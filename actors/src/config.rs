@@ -85,6 +85,9 @@ pub struct SessionsConfig {
     /// thread until its reader has taken it all, or has left a piece untaken for
     /// `stalled_reader_seconds`.
     pub max_streams: usize,
+    /// Of those, at most this many for one organization's projects (503 past it), so slow
+    /// readers of one tenant never hold every place.
+    pub max_streams_per_org: usize,
     /// How long such a stream waits for its reader to take a piece before it is cut short
     /// (the response then ends in an error, not as if whole).
     pub stalled_reader_seconds: u64,
@@ -102,6 +105,7 @@ impl Default for SessionsConfig {
             idle_seconds: 300,
             max_result_window: 1_000_000,
             max_streams: 32,
+            max_streams_per_org: 8,
             stalled_reader_seconds: 60,
         }
     }
@@ -118,6 +122,9 @@ pub struct AuthConfig {
     pub token_ttl_seconds: u64,
     /// How long after the original login a token may still be refreshed.
     pub refresh_window_seconds: u64,
+    /// API keys one user may hold (each is a credential with its own rate-limit bucket);
+    /// past it, creating one is 422.
+    pub max_api_keys_per_user: usize,
 }
 
 impl Default for AuthConfig {
@@ -126,6 +133,7 @@ impl Default for AuthConfig {
             jwt_secret: String::new(),
             token_ttl_seconds: 3600,
             refresh_window_seconds: 7 * 24 * 3600,
+            max_api_keys_per_user: 20,
         }
     }
 }
@@ -243,6 +251,15 @@ pub struct AlertsConfig {
     pub request_timeout_seconds: u64,
     /// Notifications being sent at once, across all targets.
     pub max_in_flight: usize,
+    /// Of those, at most this many for one project, so one whose targets hang (each holding
+    /// its slot for `request_timeout_seconds`) leaves the rest to the others.
+    pub max_in_flight_per_project: usize,
+    /// And at most this many for one organization's projects together.
+    pub max_in_flight_per_org: usize,
+    /// Alert rules one project may have (422 past it).
+    pub max_rules_per_project: usize,
+    /// Integrations one rule may notify (422 past it; at most 100).
+    pub max_integrations_per_rule: usize,
     /// Static host entries consulted before DNS (like `/etc/hosts`); their addresses are
     /// vetted like any DNS answer.
     pub hosts: std::collections::BTreeMap<String, std::net::IpAddr>,
@@ -276,6 +293,10 @@ impl Default for AlertsConfig {
             connect_timeout_seconds: 5,
             request_timeout_seconds: 10,
             max_in_flight: 64,
+            max_in_flight_per_project: 8,
+            max_in_flight_per_org: 16,
+            max_rules_per_project: 500,
+            max_integrations_per_rule: 20,
             hosts: std::collections::BTreeMap::new(),
             tick_ms: 250,
             max_log_bytes_in_flight: 64 * 1024 * 1024,

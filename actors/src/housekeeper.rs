@@ -57,6 +57,7 @@ pub(crate) struct HousekeeperArgs {
     /// When this incarnation last resumed failed capsule validations.
     pub last_validations: Option<Instant>,
     pub auth: Arc<Authenticator>,
+    pub directory: crate::directory::DirectoryHandle,
     pub pruners: Pruners,
     pub every: Duration,
 }
@@ -94,6 +95,9 @@ impl Actor for Housekeeper {
             }
         }
         st.auth.prune();
+        if let Err(e) = st.directory.prune_sign_outs(st.clock.now_ms()).await {
+            tracing::warn!(error = %e, "forgetting expired sign-outs failed");
+        }
         if let Err(e) = st.pipeline.purge_expired().await {
             tracing::warn!(error = %e, "purging expired uploads failed");
         }

@@ -92,6 +92,8 @@ pub mod rules;
 mod sealing;
 pub mod secrets;
 mod session;
+mod shares;
+mod signals;
 pub use session::handle as sessions;
 mod supervision;
 pub mod text;
@@ -224,6 +226,8 @@ impl Runtime {
                     allow_private_targets: cfg.alerts.allow_private_targets,
                     history_resolution_ms: (cfg.alerts.history_resolution_seconds as i64)
                         .saturating_mul(1000),
+                    max_rules: cfg.alerts.max_rules_per_project,
+                    max_integrations_per_rule: cfg.alerts.max_integrations_per_rule,
                 },
             },
             cfg: cfg.supervision.clone(),
@@ -283,7 +287,10 @@ impl Runtime {
                 sealer: sealer.clone(),
                 sender: sender.clone(),
                 cfg: Arc::new(cfg.alerts.clone()),
-                in_flight: Arc::new(tokio::sync::Semaphore::new(cfg.alerts.max_in_flight.max(1))),
+                slots: shares::Shares::new(
+                    cfg.alerts.max_in_flight,
+                    cfg.alerts.max_in_flight_per_org,
+                ),
             },
             cfg: cfg.supervision.clone(),
             registry: Arc::new(DashMap::new()),
@@ -343,6 +350,9 @@ impl Runtime {
         let directory = DirectoryHandle {
             slot: directory_slot.clone(),
             store: store.clone(),
+            sign_in_lifetime_ms: (cfg.auth.refresh_window_seconds as i64)
+                .saturating_add(cfg.auth.token_ttl_seconds as i64)
+                .saturating_mul(1000),
         };
         let projects = ProjectsHandle {
             actors: project_actors,
@@ -350,7 +360,7 @@ impl Runtime {
             devices: cfg.devices.clone(),
             restarts: restarts.clone(),
             clock: clock.clone(),
-            alerts: alert_feed.clone(),
+            alerts: Arc::new(alert_feed.clone()),
         };
         let controllers = Keyed::new(
             rollouts_slot.clone(),
@@ -384,7 +394,10 @@ impl Runtime {
             store: store.clone(),
             blobs,
             cfg: cfg.sessions.clone(),
-            streams: Arc::new(tokio::sync::Semaphore::new(cfg.sessions.max_streams.max(1))),
+            streams: shares::Shares::new(
+                cfg.sessions.max_streams,
+                cfg.sessions.max_streams_per_org,
+            ),
         };
         let fresh = secrets::random_bytes(32)?;
         let signing_key = store.meta_get_or_init(LINK_KEY_META, || fresh)?;
@@ -473,6 +486,7 @@ impl Runtime {
                 store: store.clone(),
                 cfg: cfg.supervision.clone(),
                 tiers: cfg.tiers.clone(),
+                max_api_keys_per_user: cfg.auth.max_api_keys_per_user,
                 directory: directory_slot.clone(),
                 projects: projects_slot,
                 project_args,
@@ -501,6 +515,7 @@ impl Runtime {
                     webhooks: webhooks.clone(),
                     alerts: alerts.clone(),
                     auth: auth.clone(),
+                    directory: directory.clone(),
                     pruners: pruners.clone(),
                     every: Duration::from_secs(cfg.supervision.housekeeping_seconds.max(1)),
                 },

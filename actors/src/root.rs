@@ -75,6 +75,7 @@ pub(crate) struct RootArgs {
     pub store: Store,
     pub cfg: SupervisionConfig,
     pub tiers: Vec<String>,
+    pub max_api_keys_per_user: usize,
     pub directory: Arc<Slot<DirectoryMsg>>,
     pub projects: Arc<Slot<KeyedMsg<ProjectMsg>>>,
     pub project_args: KeyedArgs<ProjectActor>,
@@ -142,7 +143,11 @@ impl RootState {
                 let (a, _) = Actor::spawn_linked(
                     None,
                     DirectoryActor,
-                    (self.args.store.clone(), self.args.tiers.clone()),
+                    (
+                        self.args.store.clone(),
+                        self.args.tiers.clone(),
+                        self.args.max_api_keys_per_user,
+                    ),
                     myself.get_cell(),
                 )
                 .await?;

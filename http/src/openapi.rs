@@ -92,7 +92,7 @@ fn types(op: Op) -> (Option<SchemaFn>, Option<SchemaFn>) {
         Refresh => (none, Some(ty::<auth::Token>)),
         CreateApiKey => (Some(ty::<accounts::NameBody>), Some(ty::<ApiKeyCreated>)),
         ListApiKeys => (none, Some(ty::<Items<ApiKeyView>>)),
-        DeleteApiKey => (none, none),
+        DeleteApiKey | Logout => (none, none),
         Me => (none, Some(ty::<views::Me>)),
         CreateUser => (Some(ty::<accounts::UserBody>), Some(ty::<UserView>)),
         CreateOrg => (Some(ty::<accounts::OrgBody>), Some(ty::<OrgView>)),
@@ -274,11 +274,11 @@ fn doc(op: Op) -> Doc {
         OrgDevices | ListDevices | ListSessions | QueryLogs | ListCapsules | ListConfigs
         | ListDeployments | ScmDeliveries | ListRepos | ListRuns | ProjectDeliveries
         | ListAlerts => QUERY,
-        CreateApiKey | DeleteApiKey | RotateSecret | CreateDevice | PatchDevice | DeleteDevice
-        | CreateGroup | PatchGroup | DeleteGroup | CreateSession | DeleteSession | AddTag
-        | RemoveTag | ScmRotate | BindInstallation | PatchRepo | DeleteRepo | CreateIntegration
-        | PatchIntegration | DeleteIntegration | CreateAlertRule | PatchAlertRule
-        | DeleteAlertRule => WRITE,
+        CreateApiKey | DeleteApiKey | Logout | RotateSecret | CreateDevice | PatchDevice
+        | DeleteDevice | CreateGroup | PatchGroup | DeleteGroup | CreateSession | DeleteSession
+        | AddTag | RemoveTag | ScmRotate | BindInstallation | PatchRepo | DeleteRepo
+        | CreateIntegration | PatchIntegration | DeleteIntegration | CreateAlertRule
+        | PatchAlertRule | DeleteAlertRule => WRITE,
         // The target's refusal is `success: false` in a 200, never an error of the request.
         TestIntegration => PLAIN,
         // Reads only: 422 for a bad condition, window or group.

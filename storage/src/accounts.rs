@@ -130,6 +130,48 @@ impl Store {
         Ok(())
     }
 
+    // ---- signed-out sign-ins ----
+
+    /// Records that the sign-in of `user` at `auth_time` (Unix seconds) was signed out: no
+    /// token descending from it is believed again. Kept until `until_ms`, past which none
+    /// could be valid anyway.
+    pub fn sign_out(&self, user: u64, auth_time: i64, until_ms: i64) -> Result<()> {
+        let mut w = Writes::new();
+        w.0.insert(
+            keys::signed_out(user, auth_time),
+            until_ms.to_be_bytes().to_vec(),
+        );
+        self.apply(w)
+    }
+
+    /// Whether the sign-in of `user` at `auth_time` was signed out (one point read).
+    pub fn is_signed_out(&self, user: u64, auth_time: i64) -> Result<bool> {
+        Ok(self
+            .inner
+            .records
+            .contains_key(keys::signed_out(user, auth_time))?)
+    }
+
+    /// Forgets sign-outs whose tokens have all expired by `now_ms`; how many.
+    pub fn prune_sign_outs(&self, now_ms: i64) -> Result<usize> {
+        let mut w = Writes::new();
+        let mut n = 0;
+        for kv in self.inner.records.scan_prefix(keys::signed_out_prefix()) {
+            let (k, v) = kv?;
+            let until = <[u8; 8]>::try_from(v.as_ref())
+                .map(i64::from_be_bytes)
+                .unwrap_or(0);
+            if until <= now_ms {
+                w.delete(k.to_vec());
+                n += 1;
+            }
+        }
+        if n > 0 {
+            self.apply(w)?;
+        }
+        Ok(n)
+    }
+
     // ---- organizations ----
 
     pub fn org(&self, id: u64) -> Result<Option<Organization>> {

@@ -49,6 +49,15 @@ pub(crate) fn user_org_prefix(user: u64) -> Vec<u8> {
     key(&[b"um", &be(user), b""])
 }
 
+/// A signed-out sign-in: a user and the time (Unix seconds) of the password sign-in its
+/// tokens descend from.
+pub(crate) fn signed_out(user: u64, auth_time: i64) -> Vec<u8> {
+    key(&[b"so", &be(user), &auth_time.to_be_bytes()])
+}
+pub(crate) fn signed_out_prefix() -> Vec<u8> {
+    key(&[b"so", b""])
+}
+
 // Projects.
 pub(crate) fn project(id: u64) -> Vec<u8> {
     key(&[b"p", &be(id)])

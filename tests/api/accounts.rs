@@ -580,3 +580,50 @@ async fn validation_of_account_inputs() {
     .await
     .assert_error(422);
 }
+
+/// A user holds at most `[auth] max_api_keys_per_user` keys: one more is 422 with the
+/// envelope, another user is not affected, and deleting one makes room.
+#[tokio::test]
+async fn api_keys_past_the_per_user_cap_are_refused() {
+    let s = start_with(|c| c.auth.max_api_keys_per_user = 3).await;
+    // The first start's own key counts: the admin holds one already.
+    let jwt = s.login("admin@localhost", ADMIN_PASSWORD).await;
+    let mut ids = Vec::new();
+    for i in 0..2 {
+        let r = s
+            .post(
+                "/api/v1/auth/api-keys",
+                &jwt,
+                json!({"name": format!("k{i}")}),
+            )
+            .await;
+        assert_eq!(r.status, 201, "{}", r.body);
+        ids.push(r.body["id"].as_u64().unwrap());
+    }
+    let r = s
+        .post(
+            "/api/v1/auth/api-keys",
+            &jwt,
+            json!({"name": "one too many"}),
+        )
+        .await;
+    let detail = r.assert_error(422);
+    assert!(detail.contains("at most 3 API keys"), "{detail}");
+    let listed = s.get("/api/v1/auth/api-keys", &jwt).await;
+    assert_eq!(listed.body["items"].as_array().unwrap().len(), 3);
+    // Another user has a cap of their own.
+    let other = s.user("other@example.com").await;
+    let r = s
+        .post("/api/v1/auth/api-keys", &other, json!({"name": "mine"}))
+        .await;
+    assert_eq!(r.status, 201, "{}", r.body);
+    // Deleting one makes room.
+    let r = s
+        .delete(&format!("/api/v1/auth/api-keys/{}", ids[0]), &jwt)
+        .await;
+    assert_eq!(r.status, 204);
+    let r = s
+        .post("/api/v1/auth/api-keys", &jwt, json!({"name": "again"}))
+        .await;
+    assert_eq!(r.status, 201, "{}", r.body);
+}

@@ -211,7 +211,7 @@ async fn per_entity_maxima_are_422() {
                    "condition": {"type": "deployment_status", "status": "failed"}}),
         )
         .await;
-    assert!(r.assert_error(422).contains("at most 100"), "{}", r.body);
+    assert!(r.assert_error(422).contains("at most 20"), "{}", r.body);
     let labels: serde_json::Map<String, serde_json::Value> =
         (0..65).map(|i| (format!("k{i}"), json!("v"))).collect();
     let r = s

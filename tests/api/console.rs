@@ -1040,3 +1040,82 @@ async fn a_console_page_past_the_rate_limit_is_429_with_its_headers() {
         "{body}"
     );
 }
+
+/// Signing out of the console ends the sign-in on the server: a copy of the cookie's token,
+/// and a token refreshed from it, are refused by the API and the console from then on; another
+/// sign-in of the same user goes on, and the API's own sign-out ends that one.
+#[tokio::test]
+async fn signing_out_revokes_the_token_and_its_refreshes_everywhere() {
+    let s = start().await;
+    let c = no_redirects();
+    let r = c
+        .post(s.url("/console/login"))
+        .form_of(&[
+            ("email", s.admin.email.as_str()),
+            ("password", ADMIN_PASSWORD),
+        ])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 303);
+    let cookie = cookie_of(&r)
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .to_string();
+    let token = cookie
+        .strip_prefix("fleetops_session=")
+        .unwrap()
+        .to_string();
+    let html = c
+        .get(s.url("/console"))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let csrf = csrf_of(&html);
+    let refreshed = s.post("/api/v1/auth/refresh", &token, json!({})).await;
+    assert_eq!(refreshed.status, 200, "{}", refreshed.body);
+    let refreshed = refreshed.body["access_token"].as_str().unwrap().to_string();
+    // A second sign-in (a later second: sign-ins are told apart by their time).
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    let other = s.login(&s.admin.email, ADMIN_PASSWORD).await;
+
+    let r = c
+        .post(s.url("/console/logout"))
+        .header("cookie", &cookie)
+        .form_of(&[("csrf", csrf.as_str())])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 303);
+    for t in [&token, &refreshed] {
+        s.get("/api/v1/users/me", t).await.assert_error(401);
+        s.post("/api/v1/auth/refresh", t, json!({}))
+            .await
+            .assert_error(401);
+    }
+    let page = c
+        .get(s.url("/console"))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(page.status(), 303, "the old cookie signs in no more");
+    assert_eq!(s.get("/api/v1/users/me", &other).await.status, 200);
+
+    // The API's sign-out: 204, then the token is refused; an API key has no sign-in to end.
+    let r = s.post("/api/v1/auth/logout", &other, json!({})).await;
+    assert_eq!(r.status, 204, "{}", r.body);
+    s.get("/api/v1/users/me", &other).await.assert_error(401);
+    s.post("/api/v1/auth/logout", s.key(), json!({}))
+        .await
+        .assert_error(403);
+    // Kept across a restart.
+    let s = s.restart().await;
+    s.get("/api/v1/users/me", &token).await.assert_error(401);
+}

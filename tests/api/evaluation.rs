@@ -1126,3 +1126,191 @@ async fn log_rules_whose_set_cannot_compile_are_matched_one_by_one_and_say_so() 
         "{v}"
     );
 }
+
+/// In `org`'s project `project` (made by the superuser when new): a webhook integration to
+/// `sink`, a `metric_threshold` rule on `temp` > 50 at once, and `n` devices whose heartbeat
+/// crosses it, so `n` alerts each owe one notification.
+async fn hot_devices(s: &Srv, org: &str, project: &str, sink: &Sink, n: usize) {
+    if org != "default" {
+        let r = s
+            .post("/api/v1/organizations", s.key(), json!({"slug": org}))
+            .await;
+        assert!(r.status == 201 || r.status == 409, "{}", r.body);
+    }
+    if project != "default" {
+        let r = s
+            .post(
+                &format!("/api/v1/organizations/{org}/projects"),
+                s.key(),
+                json!({"slug": project}),
+            )
+            .await;
+        assert_eq!(r.status, 201, "{}", r.body);
+    }
+    let base = format!("/api/v1/organizations/{org}/projects/{project}");
+    let r = s
+        .post(
+            &format!("{base}/integrations"),
+            s.key(),
+            json!({"type": "webhook", "name": "w", "config": {"url": sink.url("/alerts"), "signing_secret": "s3cret"}}),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.body);
+    let hook = r.body["id"].as_u64().unwrap();
+    let r = s
+        .post(
+            &format!("{base}/alert-rules"),
+            s.key(),
+            json!({"name": "hot", "condition": {"type": "metric_threshold", "metric": "temp", "operator": "gt", "threshold": 50, "duration_seconds": 0}, "severity": "critical", "integration_ids": [hook]}),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.body);
+    for i in 0..n {
+        let r = s
+            .post(
+                &format!("{base}/devices"),
+                s.key(),
+                json!({"name": format!("hot-{i}")}),
+            )
+            .await;
+        assert_eq!(r.status, 201, "{}", r.body);
+        let (d, tok) = (
+            r.body["id"].as_u64().unwrap(),
+            r.body["device_token"].as_str().unwrap().to_string(),
+        );
+        let r = s
+            .post(
+                &format!("{base}/devices/{d}/heartbeat"),
+                &tok,
+                json!({"metrics": {"temp": 90}}),
+            )
+            .await;
+        assert_eq!(r.status, 202, "{}", r.body);
+    }
+}
+
+/// One organization's projects whose targets hang (each attempt held for the whole request
+/// timeout) hold their shares of the notification slots, never the whole pool: another
+/// organization's alert is notified within the contract's 2 s.
+#[tokio::test]
+async fn a_tarpit_tenant_holds_its_share_of_notification_slots_not_the_pool() {
+    let tarpit = Sink::start().await;
+    tarpit.script(std::iter::repeat_n(Reply::Hang, 64));
+    let sink = Sink::start().await;
+    let s = start_with(|c| {
+        fast(c);
+        c.devices.offline_after_seconds = 3600;
+        c.alerts.request_timeout_seconds = 30;
+        c.alerts.max_in_flight = 6;
+        c.alerts.max_in_flight_per_project = 2;
+        c.alerts.max_in_flight_per_org = 3;
+    })
+    .await;
+    // Two projects of one organization, six hanging notifications each.
+    hot_devices(&s, "evil", "a", &tarpit, 6).await;
+    hot_devices(&s, "evil", "b", &tarpit, 6).await;
+    // Its share is taken: three attempts hang (the organization's share), no more.
+    assert!(
+        eventually(5, || async { tarpit.count() >= 3 }).await,
+        "the tarpit got {}",
+        tarpit.count()
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        tarpit.count(),
+        3,
+        "one organization holds at most its share"
+    );
+    // Another organization's alert (and the first one's other project, had it one) goes out.
+    let fired = Instant::now();
+    hot_devices(&s, "good", "p", &sink, 1).await;
+    sink.wait_for(1).await;
+    assert!(
+        fired.elapsed() < Duration::from_secs(2),
+        "notified after {:?}",
+        fired.elapsed()
+    );
+}
+
+/// Within one organization, a project whose targets hang holds its own share: the
+/// organization's other project is notified at once.
+#[tokio::test]
+async fn a_tarpit_project_holds_its_share_and_its_neighbour_is_notified() {
+    let tarpit = Sink::start().await;
+    tarpit.script(std::iter::repeat_n(Reply::Hang, 64));
+    let sink = Sink::start().await;
+    let s = start_with(|c| {
+        fast(c);
+        c.devices.offline_after_seconds = 3600;
+        c.alerts.request_timeout_seconds = 30;
+        c.alerts.max_in_flight = 6;
+        c.alerts.max_in_flight_per_project = 2;
+        c.alerts.max_in_flight_per_org = 6;
+    })
+    .await;
+    hot_devices(&s, "default", "default", &tarpit, 6).await;
+    assert!(eventually(5, || async { tarpit.count() >= 2 }).await);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(tarpit.count(), 2, "one project holds at most its share");
+    let fired = Instant::now();
+    hot_devices(&s, "default", "other", &sink, 1).await;
+    sink.wait_for(1).await;
+    assert!(
+        fired.elapsed() < Duration::from_secs(2),
+        "notified after {:?}",
+        fired.elapsed()
+    );
+}
+
+/// Rules per project and integrations per rule are capped (422 with the envelope).
+#[tokio::test]
+async fn rules_past_the_project_cap_and_integrations_past_the_rule_cap_are_refused() {
+    let sink = Sink::start().await;
+    let s = start_with(|c| {
+        fast(c);
+        c.alerts.max_rules_per_project = 2;
+        c.alerts.max_integrations_per_rule = 2;
+    })
+    .await;
+    let hooks = [
+        webhook(&s, &sink).await,
+        webhook(&s, &sink).await,
+        webhook(&s, &sink).await,
+    ];
+    let cond = json!({"type": "log_pattern", "pattern": "x"});
+    let r = s
+        .post(
+            RULES,
+            s.key(),
+            json!({"name": "r", "condition": cond, "severity": "critical", "integration_ids": hooks}),
+        )
+        .await;
+    let detail = r.assert_error(422);
+    assert!(detail.starts_with("integration_ids"), "{detail}");
+    let first = rule(&s, hooks[0], cond.clone()).await;
+    let r = s
+        .patch(
+            &format!("{RULES}/{first}"),
+            s.key(),
+            json!({"integration_ids": hooks}),
+        )
+        .await;
+    r.assert_error(422);
+    rule(&s, hooks[1], cond.clone()).await;
+    let r = s
+        .post(
+            RULES,
+            s.key(),
+            json!({"name": "third", "condition": cond, "severity": "critical", "integration_ids": [hooks[2]]}),
+        )
+        .await;
+    let detail = r.assert_error(422);
+    assert!(detail.contains("at most 2 alert rules"), "{detail}");
+    assert_eq!(
+        s.get(RULES, s.key()).await.body["items"]
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
+}

@@ -1021,3 +1021,55 @@ async fn csv_exports_neutralize_cells_a_spreadsheet_would_run() {
     assert_eq!(v[0]["message"], risky[0]);
     assert_eq!(v[0]["module"], "=mod");
 }
+
+/// Slow readers of one organization hold at most its share of the export places
+/// (`[sessions] max_streams_per_org`): its next export is 503 while another organization's
+/// goes through.
+#[tokio::test]
+async fn one_organizations_slow_exports_hold_only_its_share_of_the_places() {
+    let s = start_with(|c| {
+        c.sessions.max_streams = 3;
+        c.sessions.max_streams_per_org = 2;
+    })
+    .await;
+    let logs = big_session(&s).await;
+    let held = [csv_export(&s, &logs).await, csv_export(&s, &logs).await];
+    assert!(held.iter().all(|r| r.status() == 200));
+    let refused = csv_export(&s, &logs).await;
+    assert_eq!(refused.status(), 503, "past the organization's share");
+    assert!(refused.headers().contains_key("retry-after"));
+    // Another organization's export takes the place left.
+    let r = s
+        .post("/api/v1/organizations", s.key(), json!({"slug": "acme"}))
+        .await;
+    assert_eq!(r.status, 201, "{}", r.body);
+    let base = "/api/v1/organizations/acme/projects/p";
+    let r = s
+        .post(
+            "/api/v1/organizations/acme/projects",
+            s.key(),
+            json!({"slug": "p"}),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.body);
+    let r = s
+        .post(&format!("{base}/devices"), s.key(), json!({"name": "r"}))
+        .await;
+    let (d, tok) = (
+        r.body["id"].as_u64().unwrap(),
+        r.body["device_token"].as_str().unwrap().to_string(),
+    );
+    let r = s
+        .post(&format!("{base}/sessions"), &tok, json!({"device_id": d}))
+        .await;
+    let sid = r.body["id"].as_u64().unwrap();
+    let theirs = format!("{base}/sessions/{sid}/logs");
+    let r = s
+        .post(&theirs, &tok, json!([{"level": "info", "message": "hi"}]))
+        .await;
+    assert_eq!(r.status, 202, "{}", r.body);
+    let r = csv_export(&s, &theirs).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.text().await.unwrap().lines().count(), 2);
+    drop(held);
+}

@@ -141,6 +141,38 @@ pub(crate) struct AlertFeed {
     pub fail_log_sets: Arc<std::sync::atomic::AtomicBool>,
 }
 
+impl crate::signals::AlertSignals for AlertFeed {
+    fn devices_changed(&self, pid: u64) -> futures::future::BoxFuture<'_, ()> {
+        Box::pin(self.signal(pid, EvaluatorMsg::DevicesChanged))
+    }
+
+    fn heartbeat(
+        &self,
+        pid: u64,
+        device_id: u64,
+        at: i64,
+        metrics: Arc<BTreeMap<String, f64>>,
+    ) -> futures::future::BoxFuture<'_, ()> {
+        Box::pin(self.signal(
+            pid,
+            EvaluatorMsg::Heartbeat {
+                device_id,
+                at,
+                metrics,
+            },
+        ))
+    }
+
+    fn logs(
+        &self,
+        pid: u64,
+        device_id: u64,
+        chunk: Arc<LogChunk>,
+    ) -> futures::future::BoxFuture<'_, ()> {
+        Box::pin(AlertFeed::logs(self, pid, device_id, chunk))
+    }
+}
+
 impl AlertFeed {
     /// A log batch for the project's rules, if the budget has room for it.
     pub(crate) async fn logs(&self, pid: u64, device_id: u64, chunk: Arc<LogChunk>) {

@@ -1,7 +1,10 @@
 //! Notifier: one per project, the single writer of its notifications' outcomes. It holds the
 //! owed notifications in a deadline heap, sends each in its own task (at most
-//! `[alerts] max_in_flight` at once across all projects, so a slow target holds one slot and
-//! never delays another target or the evaluator), records every attempt, and retries 5xx,
+//! `[alerts] max_in_flight` at once across all projects, of which at most
+//! `max_in_flight_per_project` for one project and `max_in_flight_per_org` for one
+//! organization, so a slow target holds one slot, a project whose targets all hang holds its
+//! share and never the whole pool, and neither delays another target or the evaluator),
+//! records every attempt, and retries 5xx,
 //! 429 (`Retry-After`, capped), timeouts and connection errors with exponential backoff up to
 //! `[alerts] max_attempts`. Owed notifications are stored, so a restart resumes them.
 
@@ -13,7 +16,6 @@ use crate::counters::Counters;
 use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
-use tokio::sync::Semaphore;
 
 use crate::alerts::sender::{SendError, Sender};
 use crate::clock::Clock;
@@ -47,8 +49,9 @@ pub(crate) struct NotifierCtx {
     pub sealer: Sealer,
     pub sender: Sender,
     pub cfg: Arc<AlertsConfig>,
-    /// Shared by every project's notifier.
-    pub in_flight: Arc<Semaphore>,
+    /// The sending slots, shared by every project's notifier, with each organization's
+    /// share.
+    pub slots: crate::shares::Shares,
 }
 
 #[derive(Default)]
@@ -68,6 +71,8 @@ const MAX_BACKOFF_MS: u64 = 300_000;
 pub(crate) struct NotifierState {
     pid: u64,
     slug: String,
+    /// The project's organization, whose share of the slots it takes from.
+    org: u64,
     /// Ticks since the owed notifications were last reread from storage.
     ticks: u32,
     ctx: NotifierCtx,
@@ -89,14 +94,13 @@ impl Actor for NotifierActor {
         myself: ActorRef<Self::Msg>,
         (ctx, pid): Self::Arguments,
     ) -> Result<Self::State, ActorProcessingErr> {
-        let slug = ctx
-            .store
-            .project(pid)?
-            .map(|p| p.slug.clone())
-            .unwrap_or_default();
+        let project = ctx.store.project(pid)?;
+        let slug = project.as_ref().map(|p| p.slug.clone()).unwrap_or_default();
+        let org = project.map_or(0, |p| p.org_id);
         let mut st = NotifierState {
             pid,
             slug,
+            org,
             ticks: 0,
             owed: HashMap::new(),
             heap: BinaryHeap::new(),
@@ -186,7 +190,8 @@ impl NotifierState {
         self.owed.insert(n.id, n);
     }
 
-    /// Starts every due attempt a slot is free for; the rest wait for the next tick.
+    /// Starts every due attempt a slot is free for (within the project's and its
+    /// organization's shares); the rest wait for a slot of theirs or the next tick.
     fn start_due(&mut self, myself: &ActorRef<Envelope<NotifierMsg>>) {
         let now = self.ctx.clock.now_ms();
         while let Some(Reverse((at, id))) = self.heap.peek().copied() {
@@ -218,7 +223,10 @@ impl NotifierState {
                 self.heap.push(Reverse((later, id)));
                 continue;
             }
-            let Ok(permit) = self.ctx.in_flight.clone().try_acquire_owned() else {
+            if self.sending.len() >= self.ctx.cfg.max_in_flight_per_project.max(1) {
+                break;
+            }
+            let Some(slot) = self.ctx.slots.try_take(self.org) else {
                 break;
             };
             self.heap.pop();
@@ -231,7 +239,7 @@ impl NotifierState {
             );
             tokio::spawn(async move {
                 let outcome = attempt(&ctx, &slug, &n).await;
-                drop(permit);
+                drop(slot);
                 let _ = me.cast(Envelope::cast(NotifierMsg::Attempted { id: n.id, outcome }));
             });
         }

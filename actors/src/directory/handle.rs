@@ -16,6 +16,9 @@ use std::sync::Arc;
 pub struct DirectoryHandle {
     pub(crate) slot: Arc<Slot<DirectoryMsg>>,
     pub(crate) store: Store,
+    /// How long after its password sign-in a token of it can still be valid (the refresh
+    /// window plus a token's life), in milliseconds: a sign-out is kept that long.
+    pub(crate) sign_in_lifetime_ms: i64,
 }
 
 impl DirectoryHandle {
@@ -124,6 +127,34 @@ impl DirectoryHandle {
             reply,
         })
         .await
+    }
+
+    /// Signs out the sign-in a JWT descends from: that token, every token refreshed from it
+    /// and every refresh of them are refused from now on (401), by every route. Another
+    /// credential (an API key) is 403: it has no sign-in to end.
+    pub async fn sign_out(&self, p: &crate::auth::Principal) -> Result<()> {
+        let (crate::auth::Credential::Jwt { auth_time }, Some(user)) = (&p.credential, &p.user)
+        else {
+            return Err(crate::error::Error::Forbidden);
+        };
+        let (user_id, auth_time) = (user.id, *auth_time);
+        let until_ms = auth_time
+            .saturating_mul(1000)
+            .saturating_add(self.sign_in_lifetime_ms);
+        self.write(|reply| DirectoryMsg::SignOut {
+            user_id,
+            auth_time,
+            until_ms,
+            reply,
+        })
+        .await
+    }
+
+    /// Forgets sign-outs whose tokens have all expired (the housekeeper's pass).
+    pub(crate) async fn prune_sign_outs(&self, now_ms: i64) -> Result<usize> {
+        self.slot
+            .call(|reply| DirectoryMsg::PruneSignOuts { now_ms, reply })
+            .await
     }
 
     pub(crate) fn touch_key(&self, key_id: u64, at: i64) {

@@ -76,6 +76,18 @@ pub(crate) enum DirectoryMsg {
         key_id: u64,
         reply: Reply<()>,
     },
+    /// Signs out a sign-in: its tokens are refused from now on, until `until_ms`.
+    SignOut {
+        user_id: u64,
+        auth_time: i64,
+        until_ms: i64,
+        reply: Reply<()>,
+    },
+    /// Forgets sign-outs whose tokens have all expired.
+    PruneSignOuts {
+        now_ms: i64,
+        reply: Reply<usize>,
+    },
     /// Records the last use of an API key (no reply; a lost touch only ages `last_used_at`).
     TouchKey {
         key_id: u64,
@@ -92,19 +104,25 @@ pub(crate) struct DirectoryState {
     store: Store,
     /// Tier names that exist.
     tiers: Vec<String>,
+    /// `[auth] max_api_keys_per_user`.
+    max_api_keys: usize,
 }
 
 impl Actor for DirectoryActor {
     type Msg = Envelope<DirectoryMsg>;
     type State = DirectoryState;
-    type Arguments = (Store, Vec<String>);
+    type Arguments = (Store, Vec<String>, usize);
 
     async fn pre_start(
         &self,
         _myself: ActorRef<Self::Msg>,
-        (store, tiers): Self::Arguments,
+        (store, tiers, max_api_keys): Self::Arguments,
     ) -> Result<Self::State, ActorProcessingErr> {
-        Ok(DirectoryState { store, tiers })
+        Ok(DirectoryState {
+            store,
+            tiers,
+            max_api_keys,
+        })
     }
 
     async fn handle(
@@ -180,6 +198,18 @@ impl Actor for DirectoryActor {
                 reply,
             } => {
                 let _ = reply.send(st.delete_api_key(user_id, key_id));
+            }
+            DirectoryMsg::SignOut {
+                user_id,
+                auth_time,
+                until_ms,
+                reply,
+            } => {
+                let r = st.store.sign_out(user_id, auth_time, until_ms);
+                let _ = reply.send(r.map_err(Into::into));
+            }
+            DirectoryMsg::PruneSignOuts { now_ms, reply } => {
+                let _ = reply.send(st.store.prune_sign_outs(now_ms).map_err(Into::into));
             }
             DirectoryMsg::TouchKey { key_id, at } => {
                 if let Ok(Some(mut k)) = st.store.api_key(key_id) {
@@ -339,6 +369,14 @@ impl DirectoryState {
 
     fn create_api_key(&self, user_id: u64, name: &str) -> Result<ApiKeyCreated> {
         let name = rules::name("name", name, 200)?;
+        // Counted by the one writer of keys, so two creations at once cannot both pass.
+        let held = self.store.user_api_keys(user_id)?.len();
+        if held >= self.max_api_keys {
+            return Err(Error::Unprocessable(format!(
+                "a user holds at most {} API keys ([auth] max_api_keys_per_user); delete one first",
+                self.max_api_keys
+            )));
+        }
         let key = secrets::new_api_key()?;
         let rec = ApiKey {
             id: self.store.new_id(Seq::ApiKey)?,

@@ -20,6 +20,10 @@ pub(crate) struct AlertingCtx {
     pub allow_private_targets: bool,
     /// At most one heartbeat sample per device per this many milliseconds is kept.
     pub history_resolution_ms: i64,
+    /// `[alerts] max_rules_per_project`.
+    pub max_rules: usize,
+    /// `[alerts] max_integrations_per_rule` (at most [`rules::MAX_RULE_REFS`]).
+    pub max_integrations_per_rule: usize,
 }
 
 /// The associated data a sealed secret is bound to.
@@ -206,7 +210,11 @@ impl ProjectState {
     }
 
     fn check_references(&self, integrations: &[u64], groups: &[u64]) -> Result<()> {
-        rules::at_most("integration_ids", integrations.len(), rules::MAX_RULE_REFS)?;
+        let most = self
+            .alerting
+            .max_integrations_per_rule
+            .clamp(1, rules::MAX_RULE_REFS);
+        rules::at_most("integration_ids", integrations.len(), most)?;
         rules::at_most("device_group_ids", groups.len(), rules::MAX_RULE_REFS)?;
         for id in integrations {
             if self.store.integration(self.pid(), *id)?.is_none() {
@@ -229,6 +237,14 @@ impl ProjectState {
 
     pub(super) fn create_alert_rule(&self, d: RuleDraft) -> Result<AlertRule> {
         let name = rules::name("name", &d.name, 200)?;
+        // Counted by the project's one writer, so two creations at once cannot both pass.
+        let held = self.store.project_alert_rules(self.pid())?.len();
+        if held >= self.alerting.max_rules {
+            return Err(Error::Unprocessable(format!(
+                "a project has at most {} alert rules ([alerts] max_rules_per_project); delete one first",
+                self.alerting.max_rules
+            )));
+        }
         let (integration_ids, device_group_ids) =
             (sorted(d.integration_ids), sorted(d.device_group_ids));
         self.check_references(&integration_ids, &device_group_ids)?;

@@ -10,11 +10,11 @@ use fleetops_storage::devices::DeviceQuery;
 use fleetops_storage::{Device, DeviceGroup, Store};
 use ractor::RpcReplyPort;
 
-use crate::alerts::evaluator::{AlertFeed, EvaluatorMsg};
 use crate::config::DevicesConfig;
 use crate::error::{Error, Result};
 use crate::keyed::Keyed;
 use crate::project::{ProjectActor, ProjectMsg};
+use crate::signals::AlertSignals;
 use crate::views::{DeviceView, GroupView, HeartbeatAck, Page, PageReq};
 
 /// Filters of the device lists.
@@ -57,8 +57,9 @@ pub struct ProjectsHandle {
     pub(crate) restarts: Arc<AtomicU64>,
     /// Online/offline is judged by the runtime's clock.
     pub(crate) clock: crate::clock::Clock,
-    /// Heartbeats go on to the project's alert evaluator.
-    pub(crate) alerts: AlertFeed,
+    /// Heartbeats (and, through the sessions' handle, log batches) go on to the project's
+    /// alert evaluator.
+    pub(crate) alerts: Arc<dyn AlertSignals>,
 }
 
 impl ProjectsHandle {
@@ -352,7 +353,7 @@ impl ProjectsHandle {
         self.write(pid, |reply| ProjectMsg::DeleteDevice { id, reply })
             .await?;
         // Its alerts resolve; it no longer goes offline.
-        self.alerts.signal(pid, EvaluatorMsg::DevicesChanged).await;
+        self.alerts.devices_changed(pid).await;
         Ok(())
     }
 
@@ -371,16 +372,7 @@ impl ProjectsHandle {
             })
             .await?;
         // Durable now: the project's alert rules may judge it.
-        self.alerts
-            .signal(
-                pid,
-                EvaluatorMsg::Heartbeat {
-                    device_id: id,
-                    at,
-                    metrics,
-                },
-            )
-            .await;
+        self.alerts.heartbeat(pid, id, at, metrics).await;
         Ok(HeartbeatAck { status: "online" })
     }
 
@@ -416,7 +408,7 @@ impl ProjectsHandle {
             .await?;
         if device_ids.is_some() {
             // Rules that name the group now cover other devices.
-            self.alerts.signal(pid, EvaluatorMsg::DevicesChanged).await;
+            self.alerts.devices_changed(pid).await;
         }
         Ok(GroupView::from(&g))
     }
@@ -424,7 +416,7 @@ impl ProjectsHandle {
     pub async fn delete_group(&self, pid: u64, id: u64) -> Result<()> {
         self.write(pid, |reply| ProjectMsg::DeleteGroup { id, reply })
             .await?;
-        self.alerts.signal(pid, EvaluatorMsg::DevicesChanged).await;
+        self.alerts.devices_changed(pid).await;
         Ok(())
     }
 }

@@ -579,6 +579,8 @@ mod tests {
                 sealer: crate::secrets::Sealer::new(&[1; 32]).unwrap(),
                 allow_private_targets: false,
                 history_resolution_ms: 10_000,
+                max_rules: 500,
+                max_integrations_per_rule: 20,
             },
         };
         Actor::spawn(None, ProjectActor, (ctx, pid))

@@ -184,7 +184,7 @@ impl SessionsHandle {
     pub fn zip(&self, pid: u64, id: u64) -> Result<ExportStream> {
         self.record(pid, id)?;
         let artifacts = self.store.artifacts(id)?;
-        let permit = self.stream_permit()?;
+        let permit = self.stream_permit(pid)?;
         let (tx, stream) = exports::Pieces::new(self.stall());
         let blobs = self.blobs.clone();
         let rt = tokio::runtime::Handle::current();

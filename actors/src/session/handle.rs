@@ -67,8 +67,8 @@ pub struct SessionsHandle {
     pub(crate) blobs: BlobStore,
     pub(crate) cfg: SessionsConfig,
     /// Exports and ZIP downloads streaming now, each on a blocking thread
-    /// (`[sessions] max_streams`).
-    pub(crate) streams: std::sync::Arc<tokio::sync::Semaphore>,
+    /// (`[sessions] max_streams`, at most `max_streams_per_org` for one organization).
+    pub(crate) streams: crate::shares::Shares,
 }
 
 impl SessionsHandle {
@@ -77,15 +77,14 @@ impl SessionsHandle {
         std::time::Duration::from_secs(self.cfg.stalled_reader_seconds.max(1))
     }
 
-    /// A place for one more export or ZIP stream, or 503: each holds a blocking thread while
-    /// it runs (until its reader takes the last piece, or stalls past `stall`).
-    pub(super) fn stream_permit(&self) -> Result<tokio::sync::OwnedSemaphorePermit> {
-        self.streams
-            .clone()
-            .try_acquire_owned()
-            .map_err(|_| Error::Unavailable {
-                retry_after_secs: 5,
-            })
+    /// A place for one more export or ZIP stream of project `pid`, or 503: each holds a
+    /// blocking thread while it runs (until its reader takes the last piece, or stalls past
+    /// `stall`), and one organization's streams hold at most its share of the places.
+    pub(super) fn stream_permit(&self, pid: u64) -> Result<crate::shares::Slot> {
+        let org = self.store.project(pid)?.map_or(0, |p| p.org_id);
+        self.streams.try_take(org).ok_or(Error::Unavailable {
+            retry_after_secs: 5,
+        })
     }
 
     pub(super) fn record(&self, pid: u64, id: u64) -> Result<Session> {
@@ -383,7 +382,7 @@ impl SessionsHandle {
         format: ExportFormat,
     ) -> Result<ExportStream> {
         self.record(pid, id)?;
-        let permit = self.stream_permit()?;
+        let permit = self.stream_permit(pid)?;
         let (tx, stream) = exports::Pieces::new(self.stall());
         let store = self.store.clone();
         tokio::task::spawn_blocking(move || {

@@ -365,13 +365,18 @@ fn origin_matches(app: &App, req: &Req, required: bool) -> bool {
     origin.eq_ignore_ascii_case(&format!("{scheme}://{host}"))
 }
 
+/// Signs out for real: the sign-in the cookie's token descends from ends server-side (a
+/// copy of the token is refused from now on, refreshes included), then the cookie goes.
 async fn logout(app: &App, mut req: Req) -> Result<Response<Body>, ApiError> {
     match checked_form(app, &mut req).await? {
         None => Ok(to_login()),
-        Some(_) => Ok(redirect(
-            "/console/login",
-            Some(session::clear(secure(app, &req))),
-        )),
+        Some((s, _)) => {
+            app.rt.directory.sign_out(&s.principal).await?;
+            Ok(redirect(
+                "/console/login",
+                Some(session::clear(secure(app, &req))),
+            ))
+        }
     }
 }
 

@@ -29,6 +29,13 @@ pub fn refresh(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
     body::ok(&cx.rt().auth.refresh(&p)?)
 }
 
+pub async fn logout(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    let p = cx.authenticate(&req, None)?;
+    cx.rt().access.require_jwt(&p)?;
+    cx.rt().directory.sign_out(&p).await?;
+    body::no_content()
+}
+
 #[derive(Deserialize, schemars::JsonSchema)]
 #[schemars(rename = "CreateApiKey")]
 pub(crate) struct NameBody {

@@ -30,6 +30,7 @@ pub async fn dispatch(op: Op, cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<B
         Op::OpenApi => ops::openapi(cx),
         Op::Login => accounts::login(cx, req).await,
         Op::Refresh => accounts::refresh(cx, req),
+        Op::Logout => accounts::logout(cx, req).await,
         Op::CreateApiKey => accounts::create_api_key(cx, req).await,
         Op::ListApiKeys => accounts::list_api_keys(cx, req),
         Op::DeleteApiKey => accounts::delete_api_key(cx, req).await,
