@@ -292,6 +292,10 @@ impl Config {
             alerts: self.alerts.clone(),
             smtp: self.smtp.clone(),
             secrets: self.secrets.clone(),
+            uploads: (
+                self.http.max_streamed_uploads,
+                self.http.max_streamed_uploads_per_org,
+            ),
             public_url: self.public_url.trim_end_matches('/').to_string(),
             tmp_dir: Some(self.data_dir.join("tmp")),
         }

@@ -355,6 +355,8 @@ pub struct RuntimeConfig {
     pub alerts: AlertsConfig,
     pub smtp: SmtpConfig,
     pub secrets: SecretsConfig,
+    /// Streamed uploads at once, and at most how many for one organization (from `[http]`).
+    pub uploads: (usize, usize),
     /// Base of the links handed out; empty until the server knows its address.
     pub public_url: String,
     /// Where temporary copies (capsules being checked) go: inside the data directory, not a

@@ -25,6 +25,9 @@ pub enum Error {
     BadRequest(String),
     #[error("{0}")]
     TooLarge(String),
+    /// A request body that stalled or came slower than the minimum rate (408).
+    #[error("{0}")]
+    BodyTimeout(String),
     /// The owning actor is restarting, overloaded or did not answer in time.
     #[error("Service temporarily unavailable")]
     Unavailable { retry_after_secs: u64 },
@@ -41,6 +44,16 @@ impl Error {
     }
     pub fn unprocessable(field: &str, why: impl std::fmt::Display) -> Self {
         Error::Unprocessable(format!("{field}: {why}"))
+    }
+
+    /// A streamed request body that could not be read: 408 when it stalled or trickled
+    /// (the edge ends it with `TimedOut`), else 400.
+    pub fn unreadable_body(e: &std::io::Error) -> Self {
+        if e.kind() == std::io::ErrorKind::TimedOut {
+            Error::BodyTimeout(format!("The request body was not received in time: {e}"))
+        } else {
+            Error::BadRequest(format!("Could not read the request body: {e}"))
+        }
     }
 }
 

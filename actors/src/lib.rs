@@ -387,6 +387,7 @@ impl Runtime {
             restarts: restarts.clone(),
             health: health.clone(),
         };
+        let uploads = shares::Shares::new(cfg.uploads.0, cfg.uploads.1);
         let sessions = SessionsHandle {
             counters: counters.clone(),
             actors: session_actors,
@@ -398,6 +399,7 @@ impl Runtime {
                 cfg.sessions.max_streams,
                 cfg.sessions.max_streams_per_org,
             ),
+            uploads: uploads.clone(),
         };
         let fresh = secrets::random_bytes(32)?;
         let signing_key = store.meta_get_or_init(LINK_KEY_META, || fresh)?;
@@ -408,6 +410,7 @@ impl Runtime {
             projects: projects.clone(),
             store: store.clone(),
             blobs: sessions.blobs.clone(),
+            uploads,
             signer: Arc::new(links::Signer::new(signing_key)),
             public_url: Arc::new(std::sync::RwLock::new(cfg.public_url.clone())),
             quotas: Arc::new(cfg.quotas.clone()),
@@ -649,6 +652,12 @@ impl Runtime {
             d("notifier", feed.notifiers.depths()),
             d("quota", self.pipeline.quota.actors.depths()),
         ]
+    }
+
+    /// The most memory one streamed upload's writer holds (the edge reserves it from the
+    /// body budget while the upload runs).
+    pub fn upload_buffer_bytes(&self) -> usize {
+        self.sessions.blobs.stream_buffer_bytes()
     }
 
     pub fn live_batches_skipped(&self) -> u64 {

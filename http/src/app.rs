@@ -50,7 +50,11 @@ impl App {
             rt.store.flush_timings(),
         );
         Ok(Self {
-            limits: RateLimits::new(&tiers, cfg.login_per_minute),
+            limits: RateLimits::new(
+                &tiers,
+                cfg.login_per_minute,
+                cfg.login_per_account_per_minute,
+            ),
             rt,
             tiers,
             metrics,
@@ -152,18 +156,33 @@ impl Req {
         credential(self.header("authorization"), self.header("x-api-key"))
     }
 
-    /// The body as a stream of pieces (for uploads that must not be held in memory); a
-    /// sender that pauses longer than `[http] body_timeout_seconds` ends it with an error.
-    pub fn body_stream(&mut self) -> futures::stream::BoxStream<'static, std::io::Result<Bytes>> {
+    /// The body as a stream of pieces (for uploads that must not be held in memory), whose
+    /// writer buffers up to `buffer` bytes: that much (or the declared length, when smaller)
+    /// is reserved from the body budget while the upload runs (503 when it cannot be). A
+    /// sender that pauses longer than `[http] body_timeout_seconds`, or brings less than
+    /// `min_upload_bytes_per_second` over such a window, ends it with an error.
+    pub fn body_stream(
+        &mut self,
+        buffer: usize,
+    ) -> ApiResult<futures::stream::BoxStream<'static, std::io::Result<Bytes>>> {
         use futures::{StreamExt, TryStreamExt};
-        match self.body.take() {
-            Some(b) => self.edge.idle_limited(
-                http_body_util::BodyDataStream::new(b)
-                    .map_err(std::io::Error::other)
-                    .boxed(),
+        let Some(b) = self.body.take() else {
+            return Ok(futures::stream::empty().boxed());
+        };
+        let hold = match self.declared_len() {
+            Some(0) => None,
+            Some(n) => Some(
+                self.edge
+                    .reserve_stream(usize::try_from(n).unwrap_or(usize::MAX).min(buffer))?,
             ),
-            None => futures::stream::empty().boxed(),
-        }
+            None => Some(self.edge.reserve_stream(buffer)?),
+        };
+        Ok(self.edge.idle_limited(
+            http_body_util::BodyDataStream::new(b)
+                .map_err(std::io::Error::other)
+                .boxed(),
+            hold,
+        ))
     }
 
     /// The whole body, at most `limit` bytes (413 at once when it declares more), within the

@@ -12,8 +12,11 @@ pub struct HttpConfig {
     pub max_body_bytes: usize,
     /// Peers whose `X-Forwarded-For` is believed (for the login limiter).
     pub trusted_proxies: Vec<IpAddr>,
-    /// Login attempts per client address per minute.
+    /// Login attempts per client per minute (an IPv6 client counted by its /64).
     pub login_per_minute: u32,
+    /// Login attempts per account per minute, from any address (each costs a password
+    /// hash); past it 429, for unknown accounts alike.
+    pub login_per_account_per_minute: u32,
     /// When set, `/metrics` needs `Authorization: Bearer <token>`.
     pub metrics_token: String,
     /// How long shutdown waits for in-flight requests.
@@ -29,9 +32,21 @@ pub struct HttpConfig {
     pub idle_timeout_seconds: u64,
     /// Connections served at once; past it new connections wait in the accept backlog.
     pub max_connections: usize,
-    /// Bytes of buffered request bodies all connections together may hold (503 with
-    /// `Retry-After` past it); streamed uploads do not count.
+    /// Connections open at once from one client (an IPv6 client counted by its /64); past
+    /// it a new one is closed at once. Peers in `trusted_proxies` are not counted.
+    pub max_connections_per_address: usize,
+    /// Bytes of request bodies all connections together may hold in memory (503 with
+    /// `Retry-After` past it): buffered bodies as their bytes arrive, and each streamed
+    /// upload's write buffer (1 MiB, or 5 MiB on S3, times three) while it runs.
     pub body_budget_bytes: usize,
+    /// A streamed upload (artifacts, capsules, configurations) must bring at least this many
+    /// bytes a second, averaged over each `body_timeout_seconds`; a slower one is ended
+    /// (408). 0: no floor.
+    pub min_upload_bytes_per_second: u64,
+    /// Streamed uploads running at once (503 with `Retry-After` past it), of which at most
+    /// `max_streamed_uploads_per_org` for one organization.
+    pub max_streamed_uploads: usize,
+    pub max_streamed_uploads_per_org: usize,
     /// Buffered bodies over 1 MiB (or of no declared length) read at once; the others wait,
     /// reading nothing, within their body deadline.
     pub max_large_bodies: usize,
@@ -51,13 +66,18 @@ impl Default for HttpConfig {
             max_body_bytes: 1024 * 1024,
             trusted_proxies: Vec::new(),
             login_per_minute: 10,
+            login_per_account_per_minute: 20,
             metrics_token: String::new(),
             shutdown_grace_seconds: 10,
             header_read_timeout_seconds: 10,
             body_timeout_seconds: 60,
             idle_timeout_seconds: 60,
             max_connections: 4096,
+            max_connections_per_address: 1024,
             body_budget_bytes: 256 * 1024 * 1024,
+            min_upload_bytes_per_second: 1024,
+            max_streamed_uploads: 64,
+            max_streamed_uploads_per_org: 16,
             max_large_bodies: 8,
             unauthenticated_body_bytes_per_second: 64 * 1024 * 1024,
             max_unauthenticated_per_address: 512,

@@ -15,7 +15,8 @@ use crate::config::HttpConfig;
 use crate::error::{ApiError, ApiResult};
 
 pub struct Edge {
-    /// Buffered request bodies in flight, in KiB (streamed uploads do not count).
+    /// Request bodies in memory, in KiB: buffered bodies as their bytes arrive, and each
+    /// streamed upload's write buffer for as long as it runs.
     body_budget: Arc<Semaphore>,
     budget_kib: u32,
     /// Bodies declared over `LARGE_BODY` read at once (`max_large_bodies`): a flood of big
@@ -37,6 +38,11 @@ pub struct Edge {
     /// Times a large unauthenticated body waited for its pace.
     pub paced_waits: AtomicU64,
     pub body_timeout: Duration,
+    /// A streamed upload must bring at least this many bytes in each `body_timeout` (0: no
+    /// floor); a slower one is ended (`[http] min_upload_bytes_per_second`).
+    min_upload_per_window: u64,
+    /// Streamed uploads ended for being slower than that.
+    pub slow_uploads: AtomicU64,
     pub connections: Arc<Semaphore>,
     pub header_timeouts: AtomicU64,
     /// HTTP/2 connections whose peer stopped answering pings.
@@ -52,8 +58,22 @@ pub struct Edge {
     pub connections_open: AtomicI64,
     /// Requests in flight per client address on routes that take no credential.
     per_address: Arc<dashmap::DashMap<std::net::IpAddr, usize>>,
+    /// Connections open per client (an IPv6 client by its /64).
+    conns_per_address: Arc<dashmap::DashMap<std::net::IpAddr, usize>>,
+    max_conns_per_address: usize,
+    /// Peers not counted per address (they carry many clients' connections).
+    trusted_proxies: Vec<std::net::IpAddr>,
+    /// Connections closed at once over `max_connections_per_address`.
+    pub connection_refusals: AtomicU64,
     max_per_address: usize,
     pub per_address_refusals: AtomicU64,
+}
+
+/// Whether a new connection is served: with its place in its client's share (none for a
+/// trusted proxy), or refused.
+pub enum Admission {
+    Admitted(Option<AddressSlot>),
+    Refused,
 }
 
 /// One request counted against its address; released when dropped.
@@ -80,14 +100,21 @@ pub struct ConnSlot(#[allow(dead_code)] pub Arc<SlotHold>);
 /// both given back when the connection (or the WebSocket it became) ends.
 pub struct SlotHold {
     _permit: OwnedSemaphorePermit,
+    /// Its place in its client's share, when counted.
+    _address: Option<AddressSlot>,
     edge: Arc<Edge>,
 }
 
 impl SlotHold {
-    pub fn new(permit: OwnedSemaphorePermit, edge: Arc<Edge>) -> Self {
+    pub fn new(
+        permit: OwnedSemaphorePermit,
+        address: Option<AddressSlot>,
+        edge: Arc<Edge>,
+    ) -> Self {
         edge.connections_open.fetch_add(1, Ordering::Relaxed);
         Self {
             _permit: permit,
+            _address: address,
             edge,
         }
     }
@@ -260,6 +287,10 @@ impl Edge {
             unauthenticated_pace,
             paced_waits: AtomicU64::new(0),
             body_timeout: Duration::from_secs(cfg.body_timeout_seconds.max(1)),
+            min_upload_per_window: cfg
+                .min_upload_bytes_per_second
+                .saturating_mul(cfg.body_timeout_seconds.max(1)),
+            slow_uploads: AtomicU64::new(0),
             connections: Arc::new(Semaphore::new(cfg.max_connections.max(1))),
             header_timeouts: AtomicU64::new(0),
             keepalive_timeouts: AtomicU64::new(0),
@@ -271,6 +302,10 @@ impl Edge {
             connection_waits: AtomicU64::new(0),
             connections_open: AtomicI64::new(0),
             per_address: Arc::new(dashmap::DashMap::new()),
+            conns_per_address: Arc::new(dashmap::DashMap::new()),
+            max_conns_per_address: cfg.max_connections_per_address.max(1),
+            trusted_proxies: cfg.trusted_proxies.clone(),
+            connection_refusals: AtomicU64::new(0),
             max_per_address: cfg.max_unauthenticated_per_address.max(1),
             per_address_refusals: AtomicU64::new(0),
         }
@@ -280,6 +315,7 @@ impl Edge {
     /// `Retry-After` when that address already has `max_unauthenticated_per_address` in
     /// flight (one address cannot take the whole budget or the connection ceiling).
     pub fn per_address(&self, ip: std::net::IpAddr) -> ApiResult<AddressSlot> {
+        let ip = crate::rate_limit::client_key(ip);
         let mut n = self.per_address.entry(ip).or_insert(0);
         if *n >= self.max_per_address {
             drop(n);
@@ -294,6 +330,28 @@ impl Edge {
             map: self.per_address.clone(),
             ip,
         })
+    }
+
+    /// Counts a new connection from `peer` against its client's share
+    /// (`max_connections_per_address`); `Refused` (counted) when that client already holds
+    /// its share, and the connection should be closed. A trusted proxy is not counted.
+    pub fn connection_from(&self, peer: std::net::IpAddr) -> Admission {
+        if self.trusted_proxies.contains(&peer) {
+            return Admission::Admitted(None);
+        }
+        let ip = crate::rate_limit::client_key(peer);
+        let mut n = self.conns_per_address.entry(ip).or_insert(0);
+        if *n >= self.max_conns_per_address {
+            drop(n);
+            self.connection_refusals.fetch_add(1, Ordering::Relaxed);
+            return Admission::Refused;
+        }
+        *n += 1;
+        drop(n);
+        Admission::Admitted(Some(AddressSlot {
+            map: self.conns_per_address.clone(),
+            ip,
+        }))
     }
 
     /// Reads a body whole, at most `limit` bytes, reserving its bytes from the shared budget
@@ -447,29 +505,79 @@ impl Edge {
         }
     }
 
-    /// A streamed body whose sender may pause at most `body_timeout` between two pieces (a
-    /// large upload may take long as a whole, but never stalls for free).
+    /// Reserves `bytes` of the body budget for a streamed upload's write buffer, held until
+    /// the returned permit is dropped; 503 with `Retry-After` when the budget cannot hold it.
+    pub fn reserve_stream(&self, bytes: usize) -> ApiResult<OwnedSemaphorePermit> {
+        let kib = u32::try_from(bytes.div_ceil(1024))
+            .unwrap_or(u32::MAX)
+            .clamp(1, self.budget_kib);
+        match self.body_budget.clone().try_acquire_many_owned(kib) {
+            Ok(p) => {
+                let held = self.budget_kib as usize - self.body_budget.available_permits();
+                self.budget_peak_kib
+                    .fetch_max(held as u64, Ordering::Relaxed);
+                Ok(p)
+            }
+            Err(_) => {
+                self.budget_refusals.fetch_add(1, Ordering::Relaxed);
+                Err(ApiError::Domain(fleetops_actors::Error::Unavailable {
+                    retry_after_secs: 1,
+                }))
+            }
+        }
+    }
+
+    /// A streamed body whose sender may pause at most `body_timeout` between two pieces, and
+    /// must bring at least `min_upload_bytes_per_second` on average over each window of
+    /// `body_timeout` (a large upload may take long as a whole, but never stalls or trickles
+    /// for free). `hold` (a budget reservation) is given back when the stream ends or is
+    /// dropped.
     pub fn idle_limited(
         self: &Arc<Self>,
         body: BoxStream<'static, std::io::Result<Bytes>>,
+        hold: Option<OwnedSemaphorePermit>,
     ) -> BoxStream<'static, std::io::Result<Bytes>> {
+        struct Reading {
+            body: BoxStream<'static, std::io::Result<Bytes>>,
+            _hold: Option<OwnedSemaphorePermit>,
+            window_start: tokio::time::Instant,
+            window_bytes: u64,
+        }
         let edge = self.clone();
-        futures::stream::unfold(Some(body), move |state| {
+        let state = Reading {
+            body,
+            _hold: hold,
+            window_start: tokio::time::Instant::now(),
+            window_bytes: 0,
+        };
+        futures::stream::unfold(Some(state), move |state| {
             let edge = edge.clone();
             async move {
-                let mut body = state?;
-                match tokio::time::timeout(edge.body_timeout, body.next()).await {
-                    Ok(Some(piece)) => Some((piece, Some(body))),
+                let mut st = state?;
+                let failed = |kind, msg: &'static str| {
+                    Some((Err(std::io::Error::new(kind, msg)), None::<Reading>))
+                };
+                match tokio::time::timeout(edge.body_timeout, st.body.next()).await {
+                    Ok(Some(Ok(piece))) => {
+                        st.window_bytes += piece.len() as u64;
+                        if st.window_start.elapsed() >= edge.body_timeout {
+                            if st.window_bytes < edge.min_upload_per_window {
+                                edge.slow_uploads.fetch_add(1, Ordering::Relaxed);
+                                return failed(
+                                    std::io::ErrorKind::TimedOut,
+                                    "the request body arrives slower than the minimum rate",
+                                );
+                            }
+                            st.window_start = tokio::time::Instant::now();
+                            st.window_bytes = 0;
+                        }
+                        Some((Ok(piece), Some(st)))
+                    }
+                    Ok(Some(Err(e))) => Some((Err(e), None)),
                     Ok(None) => None,
                     Err(_) => {
                         edge.body_timeouts.fetch_add(1, Ordering::Relaxed);
-                        Some((
-                            Err(std::io::Error::new(
-                                std::io::ErrorKind::TimedOut,
-                                "the request body stalled",
-                            )),
-                            None,
-                        ))
+                        failed(std::io::ErrorKind::TimedOut, "the request body stalled")
                     }
                 }
             }

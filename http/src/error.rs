@@ -51,6 +51,7 @@ impl ApiError {
                 Error::Unprocessable(_) => StatusCode::UNPROCESSABLE_ENTITY,
                 Error::BadRequest(_) => StatusCode::BAD_REQUEST,
                 Error::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+                Error::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
                 Error::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
                 Error::Internal(_) | Error::Storage(_) => StatusCode::INTERNAL_SERVER_ERROR,
             },
@@ -78,6 +79,10 @@ impl ApiError {
             }
             ApiError::Domain(e @ Error::Unavailable { retry_after_secs }) => {
                 headers.push((header::RETRY_AFTER, retry_after_secs.to_string()));
+                e.to_string()
+            }
+            ApiError::Domain(e @ Error::BodyTimeout(_)) => {
+                headers.push((header::CONNECTION, "close".into()));
                 e.to_string()
             }
             ApiError::Domain(e) => e.to_string(),

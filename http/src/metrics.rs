@@ -47,6 +47,8 @@ pub struct RuntimeFigures {
     pub live_batches_skipped: u64,
     pub session_actors: u64,
     pub per_address_refusals: u64,
+    pub connection_refusals: u64,
+    pub slow_uploads: u64,
     /// Per family of keyed actors: calls in all mailboxes, and in the fullest one.
     pub mailbox_depths: Vec<(&'static str, usize, usize)>,
     pub log_lines_ingested: u64,
@@ -59,7 +61,7 @@ pub struct RuntimeFigures {
 
 /// The plain gauges: names and values are arrays of this length, so one added to one list
 /// and not the other does not compile (a zip would drop the last one silently).
-const EDGE: usize = 19;
+const EDGE: usize = 21;
 
 pub struct Metrics {
     registry: Registry,
@@ -203,6 +205,14 @@ impl Metrics {
                 "Requests refused (503) over [http] max_unauthenticated_per_address",
             ),
             (
+                "http_connection_refusals",
+                "Connections closed at once over [http] max_connections_per_address",
+            ),
+            (
+                "http_slow_uploads",
+                "Streamed uploads ended for coming slower than [http] min_upload_bytes_per_second",
+            ),
+            (
                 "log_lines_ingested",
                 "Log lines acknowledged (durable) since start-up; its rate is the ingest rate",
             ),
@@ -298,6 +308,8 @@ impl Metrics {
             rt.live_batches_skipped as i64,
             rt.session_actors as i64,
             rt.per_address_refusals as i64,
+            rt.connection_refusals as i64,
+            rt.slow_uploads as i64,
             rt.log_lines_ingested as i64,
             rt.webhook_deliveries_queued as i64,
             rt.webhook_deliveries_recovered as i64,

@@ -53,8 +53,28 @@ struct TierLimiter {
 
 pub struct RateLimits {
     tiers: HashMap<String, TierLimiter>,
+    /// Login attempts per client (an IPv6 client counted by its /64).
     login: Keyed<IpAddr>,
+    /// Login attempts per account, by the SHA-256 of the address as given (trimmed and
+    /// lower-cased), unknown addresses included, so rotating addresses does not lift it.
+    login_account: Keyed<[u8; 32]>,
     clock: DefaultClock,
+}
+
+/// The key a client is counted under: an IPv4 address (an IPv4-mapped IPv6 one as its IPv4
+/// form), or an IPv6 address's /64, the block one subscriber is usually given, so rotating
+/// through it does not make a new client each time.
+pub fn client_key(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => ip,
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => {
+                let s = v6.segments();
+                IpAddr::V6(std::net::Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0))
+            }
+        },
+    }
 }
 
 fn quota(per_minute: u32) -> (Quota, u32, Duration) {
@@ -71,7 +91,7 @@ fn unix_now() -> u64 {
 }
 
 impl RateLimits {
-    pub fn new(tiers: &[Tier], login_per_minute: u32) -> Self {
+    pub fn new(tiers: &[Tier], login_per_minute: u32, login_per_account_per_minute: u32) -> Self {
         let tiers = tiers
             .iter()
             .map(|t| {
@@ -88,9 +108,11 @@ impl RateLimits {
             })
             .collect();
         let (q, _, _) = quota(login_per_minute);
+        let (qa, _, _) = quota(login_per_account_per_minute);
         Self {
             tiers,
             login: RateLimiter::keyed(q).with_middleware::<StateInformationMiddleware>(),
+            login_account: RateLimiter::keyed(qa).with_middleware::<StateInformationMiddleware>(),
             clock: DefaultClock::default(),
         }
     }
@@ -132,19 +154,32 @@ impl RateLimits {
         }
     }
 
-    /// One login attempt from `addr`.
+    /// One login attempt from `addr` (counted by [`client_key`]).
     pub fn check_login(&self, addr: IpAddr) -> Result<(), ApiError> {
-        match self.login.check_key(&addr) {
-            Ok(_) => Ok(()),
-            Err(n) => {
-                let retry_after = n
-                    .wait_time_from(self.clock.now())
-                    .as_secs_f64()
-                    .ceil()
-                    .max(1.0) as u64;
-                Err(ApiError::RateLimited { retry_after })
-            }
-        }
+        self.limited(self.login.check_key(&client_key(addr)).map(|_| ()))
+    }
+
+    /// One login attempt for the account `email` names, whether or not it exists, before
+    /// its password is hashed: guessing one account's password from many addresses is held
+    /// to `login_per_account_per_minute`.
+    pub fn check_login_account(&self, email: &str) -> Result<(), ApiError> {
+        use sha2::Digest;
+        let key: [u8; 32] = sha2::Sha256::digest(email.trim().to_lowercase().as_bytes()).into();
+        self.limited(self.login_account.check_key(&key).map(|_| ()))
+    }
+
+    fn limited(
+        &self,
+        r: Result<(), governor::NotUntil<<DefaultClock as Clock>::Instant>>,
+    ) -> Result<(), ApiError> {
+        r.map_err(|n| {
+            let retry_after = n
+                .wait_time_from(self.clock.now())
+                .as_secs_f64()
+                .ceil()
+                .max(1.0) as u64;
+            ApiError::RateLimited { retry_after }
+        })
     }
 
     /// Forgets buckets that are back to full, so keyed state does not grow without bound.
@@ -155,6 +190,8 @@ impl RateLimits {
         }
         self.login.retain_recent();
         self.login.shrink_to_fit();
+        self.login_account.retain_recent();
+        self.login_account.shrink_to_fit();
     }
 }
 
@@ -178,6 +215,7 @@ mod tests {
                 storage_bytes: 0,
             }],
             10,
+            10,
         );
         let h = rl.check("free", key(1)).unwrap();
         assert_eq!((h.limit, h.remaining), (3, 2));
@@ -192,5 +230,27 @@ mod tests {
         }
         // Another bucket is untouched.
         assert_eq!(rl.check("free", key(2)).unwrap().remaining, 2);
+    }
+
+    #[test]
+    fn clients_are_counted_by_ipv4_address_or_ipv6_64() {
+        let k = |s: &str| client_key(s.parse().unwrap()).to_string();
+        assert_eq!(k("192.0.2.7"), "192.0.2.7");
+        assert_eq!(k("::ffff:192.0.2.7"), "192.0.2.7");
+        assert_eq!(k("2001:db8:1:2:aaaa:bbbb:cccc:dddd"), "2001:db8:1:2::");
+        assert_eq!(k("2001:db8:1:2::1"), k("2001:db8:1:2:ffff::9"));
+        assert_ne!(k("2001:db8:1:2::1"), k("2001:db8:1:3::1"));
+    }
+
+    #[test]
+    fn one_account_is_limited_whatever_the_address_and_spelling() {
+        let rl = RateLimits::new(&[], 1000, 2);
+        rl.check_login_account("Admin@Example.com").unwrap();
+        rl.check_login_account(" admin@example.com ").unwrap();
+        assert!(matches!(
+            rl.check_login_account("ADMIN@example.com"),
+            Err(ApiError::RateLimited { .. })
+        ));
+        rl.check_login_account("other@example.com").unwrap();
     }
 }

@@ -77,6 +77,14 @@ pub async fn serve(listener: TcpListener, app: Arc<App>, shutdown: impl Future<O
                         continue;
                     }
                 };
+                // One client holds at most its share of the connections: past it, closed at
+                // once (before any byte is read), its slot given back.
+                let crate::edge::Admission::Admitted(address) =
+                    app.edge.connection_from(peer.ip())
+                else {
+                    drop(stream);
+                    continue;
+                };
                 let _ = stream.set_nodelay(true);
                 let edge = app.edge.clone();
                 let header_timeout =
@@ -87,6 +95,7 @@ pub async fn serve(listener: TcpListener, app: Arc<App>, shutdown: impl Future<O
                 // the upgrade ends the HTTP connection.
                 let slot = crate::edge::ConnSlot(Arc::new(crate::edge::SlotHold::new(
                     slot,
+                    address,
                     edge.clone(),
                 )));
                 let conn_slot = slot.clone();

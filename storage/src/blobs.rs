@@ -70,6 +70,10 @@ pub struct BlobStore {
     signer: Option<Arc<dyn object_store::signer::Signer>>,
 }
 
+/// Parts of one streamed put written at once (object_store's default is 8, each a part's
+/// size in memory).
+pub const STREAM_PARTS_IN_FLIGHT: usize = 2;
+
 /// Why a streamed put stopped.
 #[derive(Debug, thiserror::Error)]
 pub enum PutError {
@@ -174,6 +178,21 @@ impl BlobStore {
         self.sync(key).await
     }
 
+    /// The piece a streamed put buffers before it writes: S3's smallest multipart part
+    /// (5 MiB); 1 MiB on the local backend.
+    fn stream_part(&self) -> usize {
+        match self.local_root {
+            Some(_) => 1 << 20,
+            None => 5 << 20,
+        }
+    }
+
+    /// The most memory one streamed put holds: the piece it buffers and the parts it is
+    /// writing ([`STREAM_PARTS_IN_FLIGHT`]). The edge counts it in the body budget.
+    pub fn stream_buffer_bytes(&self) -> usize {
+        self.stream_part() * (1 + STREAM_PARTS_IN_FLIGHT)
+    }
+
     /// Streams a body into `key`, refusing more than `max` bytes. Returns the size.
     ///
     /// The object appears at `key` only whole (object_store writes a staging file, or a
@@ -187,7 +206,8 @@ impl BlobStore {
         max: u64,
     ) -> std::result::Result<u64, PutError> {
         let path = ObjPath::from(key);
-        let mut w = BufWriter::new(self.inner.clone(), path);
+        let mut w = BufWriter::with_capacity(self.inner.clone(), path, self.stream_part())
+            .with_max_concurrency(STREAM_PARTS_IN_FLIGHT);
         let mut size = 0u64;
         let outcome = async {
             while let Some(piece) = body.next().await {

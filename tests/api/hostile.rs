@@ -528,3 +528,241 @@ async fn a_flood_of_large_unsigned_deliveries_gets_401_or_503() {
     let peak = s.metric("fleetops_http_body_budget_peak_bytes").await;
     assert!(peak >= (25 << 20) as f64, "{peak}");
 }
+
+/// An HTTP/1.1 connection from `from` (a loopback address of its own) that has made one
+/// request and keeps the connection open; `None` when the server closed it at once.
+async fn held_connection(s: &Srv, from: &str) -> Option<TcpStream> {
+    let sock = tokio::net::TcpSocket::new_v4().unwrap();
+    sock.bind(format!("{from}:0").parse().unwrap()).unwrap();
+    let mut c = sock.connect(addr(s).parse().unwrap()).await.unwrap();
+    if c.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .is_err()
+    {
+        return None;
+    }
+    let mut buf = [0u8; 1024];
+    match tokio::time::timeout(Duration::from_secs(5), c.read(&mut buf)).await {
+        Ok(Ok(n)) if n > 0 && buf.starts_with(b"HTTP/1.1 200") => Some(c),
+        _ => None,
+    }
+}
+
+/// One client holds at most `max_connections_per_address` connections: the next is closed at
+/// once, while another address is served.
+#[tokio::test]
+async fn one_address_holds_at_most_its_share_of_connections() {
+    let s = start_with(|c| c.http.max_connections_per_address = 4).await;
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        held.push(
+            held_connection(&s, "127.0.0.1")
+                .await
+                .expect("within the share"),
+        );
+    }
+    assert!(
+        held_connection(&s, "127.0.0.1").await.is_none(),
+        "the fifth from one address is closed"
+    );
+    assert!(
+        held_connection(&s, "127.0.0.2").await.is_some(),
+        "another address is served"
+    );
+    // A closed one gives its place back.
+    drop(held.pop());
+    let back = eventually(5, || async {
+        held_connection(&s, "127.0.0.1").await.is_some()
+    })
+    .await;
+    assert!(back, "the place came back");
+    drop(held);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(s.metric("fleetops_http_connection_refusals").await >= 1.0);
+}
+
+/// The head of a chunked artifact upload of session `sid` with `token`.
+fn upload_head(sid: u64, token: &str, path: &str) -> String {
+    format!(
+        "PUT {DEV}/sessions/{sid}/files/{path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\nTransfer-Encoding: chunked\r\n\r\n"
+    )
+}
+
+/// The status line of the answer on `c`.
+async fn status_of(c: &mut TcpStream, within: Duration) -> Option<String> {
+    let mut buf = vec![0u8; 4096];
+    let n = tokio::time::timeout(within, c.read(&mut buf))
+        .await
+        .ok()?
+        .ok()?;
+    let text = String::from_utf8_lossy(&buf[..n]).to_string();
+    text.lines().next().map(str::to_string)
+}
+
+/// A streamed upload that trickles (a byte at a time, well below the minimum rate) is ended
+/// with 408, however long it keeps each pause under the body deadline.
+#[tokio::test]
+async fn an_upload_slower_than_the_minimum_rate_is_ended_with_408() {
+    let s = start_with(|c| {
+        c.http.body_timeout_seconds = 1;
+        c.http.min_upload_bytes_per_second = 1_000;
+    })
+    .await;
+    let (d, tok) = crate::sessions::device(&s, "r1").await;
+    let sid = crate::sessions::session(&s, d, &tok).await;
+    let mut c = TcpStream::connect(addr(&s)).await.unwrap();
+    c.write_all(upload_head(sid, &tok, "slow.bin").as_bytes())
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let mut answered = None;
+    for _ in 0..20 {
+        // One byte every 300 ms: each pause is inside the 1 s deadline.
+        if c.write_all(b"1\r\nx\r\n").await.is_err() {
+            break;
+        }
+        if let Some(line) = status_of(&mut c, Duration::from_millis(300)).await {
+            answered = Some(line);
+            break;
+        }
+    }
+    let line = answered.expect("the trickle was answered");
+    assert!(line.contains("408"), "{line}");
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(s.metric("fleetops_http_slow_uploads").await >= 1.0);
+    let files = s.get(&format!("{DEV}/sessions/{sid}/files"), s.key()).await;
+    assert_eq!(
+        files.body["items"],
+        serde_json::json!([]),
+        "nothing half-written"
+    );
+}
+
+/// A streamed upload holds its writer's buffer in the body budget while it runs: past the
+/// budget the next is 503 with `Retry-After`, and once the first ends there is room again.
+#[tokio::test]
+async fn streamed_uploads_are_counted_in_the_body_budget() {
+    // Room for one chunked upload's buffer (3 MiB on the local backend), not two.
+    let s = start_with(|c| c.http.body_budget_bytes = 5 << 20).await;
+    let (d, tok) = crate::sessions::device(&s, "r1").await;
+    let sid = crate::sessions::session(&s, d, &tok).await;
+    let mut first = TcpStream::connect(addr(&s)).await.unwrap();
+    first
+        .write_all(upload_head(sid, &tok, "a.bin").as_bytes())
+        .await
+        .unwrap();
+    first.write_all(b"1\r\nx\r\n").await.unwrap();
+    // The first holds its share: a second chunked upload is refused.
+    let mut refused = None;
+    for _ in 0..50 {
+        let mut second = TcpStream::connect(addr(&s)).await.unwrap();
+        second
+            .write_all(upload_head(sid, &tok, "b.bin").as_bytes())
+            .await
+            .unwrap();
+        second.write_all(b"1\r\ny\r\n0\r\n\r\n").await.unwrap();
+        let line = status_of(&mut second, Duration::from_secs(5))
+            .await
+            .unwrap();
+        if line.contains("503") {
+            refused = Some(line);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(refused.is_some(), "a second upload past the budget is 503");
+    // An ordinary JSON request still fits beside it.
+    let r = s.get(&format!("{DEV}/devices"), s.key()).await;
+    assert_eq!(r.status, 200);
+    // The first ends: the budget has room again.
+    first.write_all(b"0\r\n\r\n").await.unwrap();
+    let line = status_of(&mut first, Duration::from_secs(5)).await.unwrap();
+    assert!(line.contains("201"), "{line}");
+    let r = s
+        .raw(
+            s.http
+                .put(s.url(&format!("{DEV}/sessions/{sid}/files/c.bin")))
+                .bearer_auth(&tok)
+                .body(vec![1u8; 10]),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.body);
+}
+
+/// One organization's uploads hold at most its share of the upload places
+/// (`max_streamed_uploads_per_org`): its next upload is 503 while another organization's goes
+/// through.
+#[tokio::test]
+async fn one_organizations_uploads_hold_only_its_share() {
+    let s = start_with(|c| {
+        c.http.max_streamed_uploads = 3;
+        c.http.max_streamed_uploads_per_org = 1;
+    })
+    .await;
+    let (d, tok) = crate::sessions::device(&s, "r1").await;
+    let sid = crate::sessions::session(&s, d, &tok).await;
+    let mut held = TcpStream::connect(addr(&s)).await.unwrap();
+    held.write_all(upload_head(sid, &tok, "a.bin").as_bytes())
+        .await
+        .unwrap();
+    held.write_all(b"1\r\nx\r\n").await.unwrap();
+    let put = |sid: u64, tok: String, base: String| {
+        let s = &s;
+        async move {
+            s.raw(
+                s.http
+                    .put(s.url(&format!("{base}/sessions/{sid}/files/b.bin")))
+                    .bearer_auth(&tok)
+                    .body(vec![1u8; 10]),
+            )
+            .await
+        }
+    };
+    assert!(
+        eventually(5, || async {
+            put(sid, tok.clone(), DEV.to_string()).await.status == 503
+        })
+        .await,
+        "the organization's second upload waits for its share"
+    );
+    // Another organization's device uploads meanwhile.
+    s.post(
+        "/api/v1/organizations",
+        s.key(),
+        serde_json::json!({"slug": "acme"}),
+    )
+    .await;
+    s.post(
+        "/api/v1/organizations/acme/projects",
+        s.key(),
+        serde_json::json!({"slug": "p"}),
+    )
+    .await;
+    let base = "/api/v1/organizations/acme/projects/p".to_string();
+    let r = s
+        .post(
+            &format!("{base}/devices"),
+            s.key(),
+            serde_json::json!({"name": "r"}),
+        )
+        .await;
+    let (d2, tok2) = (
+        r.body["id"].as_u64().unwrap(),
+        r.body["device_token"].as_str().unwrap().to_string(),
+    );
+    let r = s
+        .post(
+            &format!("{base}/sessions"),
+            &tok2,
+            serde_json::json!({"device_id": d2}),
+        )
+        .await;
+    let sid2 = r.body["id"].as_u64().unwrap();
+    let r = put(sid2, tok2, base).await;
+    assert_eq!(r.status, 201, "{}", r.body);
+    drop(held);
+}

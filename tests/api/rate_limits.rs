@@ -120,3 +120,70 @@ async fn login_is_limited_per_address() {
     assert!(r.body["retry_after"].as_u64().unwrap() >= 1);
     assert!(r.header("retry-after").is_some());
 }
+
+/// A wrong login for `email` from the client `xff` names (the server trusts loopback as its
+/// proxy); its status.
+async fn login_from(s: &Srv, xff: &str, email: &str) -> u16 {
+    let r = s
+        .raw(
+            s.http
+                .post(s.url("/api/v1/auth/login"))
+                .header("x-forwarded-for", xff)
+                .json(&json!({"email": email, "password": "wrong"})),
+        )
+        .await;
+    r.status.as_u16()
+}
+
+/// Guessing one account's password from many addresses is limited per account too, and
+/// unknown accounts alike (a 429 says nothing about whether the account exists).
+#[tokio::test]
+async fn login_is_limited_per_account_whatever_the_address() {
+    let s = start_with(|c| {
+        c.http.trusted_proxies = vec!["127.0.0.1".parse().unwrap()];
+        c.http.login_per_minute = 1_000;
+        c.http.login_per_account_per_minute = 3;
+    })
+    .await;
+    for i in 0..3 {
+        let ip = format!("203.0.113.{i}");
+        assert_eq!(login_from(&s, &ip, "admin@localhost").await, 401);
+        assert_eq!(login_from(&s, &ip, "Nobody@Example.com").await, 401);
+    }
+    assert_eq!(login_from(&s, "198.51.100.9", "ADMIN@localhost").await, 429);
+    assert_eq!(
+        login_from(&s, "198.51.100.9", "nobody@example.com").await,
+        429
+    );
+    assert_eq!(
+        login_from(&s, "198.51.100.9", "someone@example.com").await,
+        401
+    );
+}
+
+/// An IPv6 client is counted by its /64: rotating through it does not make a new client.
+#[tokio::test]
+async fn ipv6_clients_are_counted_by_their_64() {
+    let s = start_with(|c| {
+        c.http.trusted_proxies = vec!["127.0.0.1".parse().unwrap()];
+        c.http.login_per_minute = 2;
+        c.http.login_per_account_per_minute = 1_000;
+    })
+    .await;
+    assert_eq!(
+        login_from(&s, "2001:db8:1:2::1", "a@example.com").await,
+        401
+    );
+    assert_eq!(
+        login_from(&s, "2001:db8:1:2:ffff::9", "b@example.com").await,
+        401
+    );
+    assert_eq!(
+        login_from(&s, "2001:db8:1:2:abcd::7", "c@example.com").await,
+        429
+    );
+    assert_eq!(
+        login_from(&s, "2001:db8:1:3::1", "c@example.com").await,
+        401
+    );
+}

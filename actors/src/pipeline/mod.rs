@@ -210,6 +210,9 @@ pub struct PipelineHandle {
     pub(crate) quota: crate::quota::QuotaHandle,
     pub(crate) cfg: PipelineConfig,
     pub(crate) tmp_dir: Option<std::path::PathBuf>,
+    /// Streamed uploads running now, shared with the sessions' artifacts (one pool, each
+    /// organization's share).
+    pub(crate) uploads: crate::shares::Shares,
     /// Per-object locks of upload and confirm.
     pub(crate) locks: Arc<dashmap::DashMap<(UploadKind, u64), ObjectLock>>,
     /// Rollout results as the project actors publish them, for the alert evaluator.

@@ -86,9 +86,7 @@ impl PipelineHandle {
                 PutError::TooLarge(max) => {
                     Error::TooLarge(format!("The upload exceeds the declared {max} bytes"))
                 }
-                PutError::Body(e) => {
-                    Error::BadRequest(format!("Could not read the request body: {e}"))
-                }
+                PutError::Body(e) => Error::unreadable_body(&e),
                 PutError::Storage(e) => Error::from(e),
             })
     }
@@ -135,6 +133,10 @@ impl PipelineHandle {
         let kind = UploadKind::parse(&link.kind)
             .ok_or_else(|| Error::BadRequest("Unknown upload kind".into()))?;
         let (pid, id) = (link.project_id, link.id);
+        let org = self.store.project(pid)?.map_or(0, |p| p.org_id);
+        let _slot = self.uploads.try_take(org).ok_or(Error::Unavailable {
+            retry_after_secs: 1,
+        })?;
         let _busy = self.busy(kind, id)?;
         // Read under the lock: a confirm that finished first makes the bytes immutable.
         let (upload, max) = match kind {

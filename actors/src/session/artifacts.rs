@@ -99,6 +99,12 @@ impl SessionsHandle {
                     .essence_str()
                     .to_string()
             });
+        let _slot = self
+            .uploads
+            .try_take(self.org_of(pid)?)
+            .ok_or(Error::Unavailable {
+                retry_after_secs: 1,
+            })?;
         // Time-ordered (v7), so the orphan sweep can tell an upload still in flight by age.
         let blob_key = format!("artifacts/{id}/{}", uuid::Uuid::now_v7());
         let size = self
@@ -109,9 +115,7 @@ impl SessionsHandle {
                 PutError::TooLarge(max) => {
                     Error::TooLarge(format!("An artifact is at most {max} bytes"))
                 }
-                PutError::Body(e) => {
-                    Error::BadRequest(format!("Could not read the request body: {e}"))
-                }
+                PutError::Body(e) => Error::unreadable_body(&e),
                 PutError::Storage(e) => Error::from(e),
             })?;
         let a = Artifact {

@@ -69,6 +69,9 @@ pub struct SessionsHandle {
     /// Exports and ZIP downloads streaming now, each on a blocking thread
     /// (`[sessions] max_streams`, at most `max_streams_per_org` for one organization).
     pub(crate) streams: crate::shares::Shares,
+    /// Streamed uploads running now (artifacts here, capsules and configurations in the
+    /// pipeline: one pool), with each organization's share.
+    pub(crate) uploads: crate::shares::Shares,
 }
 
 impl SessionsHandle {
@@ -81,10 +84,16 @@ impl SessionsHandle {
     /// blocking thread while it runs (until its reader takes the last piece, or stalls past
     /// `stall`), and one organization's streams hold at most its share of the places.
     pub(super) fn stream_permit(&self, pid: u64) -> Result<crate::shares::Slot> {
-        let org = self.store.project(pid)?.map_or(0, |p| p.org_id);
-        self.streams.try_take(org).ok_or(Error::Unavailable {
-            retry_after_secs: 5,
-        })
+        self.streams
+            .try_take(self.org_of(pid)?)
+            .ok_or(Error::Unavailable {
+                retry_after_secs: 5,
+            })
+    }
+
+    /// The organization of project `pid` (0 when it is gone).
+    pub(super) fn org_of(&self, pid: u64) -> Result<u64> {
+        Ok(self.store.project(pid)?.map_or(0, |p| p.org_id))
     }
 
     pub(super) fn record(&self, pid: u64, id: u64) -> Result<Session> {

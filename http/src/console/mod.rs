@@ -299,6 +299,7 @@ async fn login(app: &App, mut req: Req) -> Result<Response<Body>, ApiError> {
     }
     let bytes = req.body_bytes(FORM_LIMIT).await?;
     let (email, password) = form2(&bytes, "email", "password");
+    app.limits.check_login_account(&email)?;
     match app.rt.auth.login(&email, &password).await {
         Ok(t) => Ok(redirect(
             "/console",

@@ -20,6 +20,7 @@ pub async fn login(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
         .limits
         .check_login(req.client_ip(&cx.app.cfg.trusted_proxies))?;
     let b: LoginBody = cx.json(&mut req).await?;
+    cx.app.limits.check_login_account(&b.email)?;
     body::ok(&cx.rt().auth.login(&b.email, &b.password).await?)
 }
 

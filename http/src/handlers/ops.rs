@@ -103,6 +103,8 @@ pub fn metrics(cx: &Cx<'_>, req: &Req) -> ApiResult<Response<Body>> {
         live_batches_skipped: cx.rt().live_batches_skipped(),
         session_actors: cx.rt().sessions.running_actors() as u64,
         per_address_refusals: n(&edge.per_address_refusals),
+        connection_refusals: n(&edge.connection_refusals),
+        slow_uploads: n(&edge.slow_uploads),
         mailbox_depths: cx.rt().mailbox_depths(),
         log_lines_ingested: n(&cx.rt().counters.log_lines),
         webhook_deliveries_queued: cx.rt().store.deliveries_queued().unwrap_or(0),
