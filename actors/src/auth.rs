@@ -24,14 +24,27 @@ struct Claims {
     exp: i64,
     /// Time of the password login this token descends from (refresh is bounded by it).
     auth_time: i64,
+    /// The sign-in this token descends from (random, kept by refresh): what a sign-out ends.
+    /// Tokens issued before it existed have none; theirs is told apart by `auth_time`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    sid: Option<String>,
 }
 
 /// How the caller proved who it is.
 #[derive(Debug, Clone)]
 pub enum Credential {
-    Jwt { auth_time: i64 },
-    ApiKey { key_id: u64 },
-    Device { project_id: u64, device_id: u64 },
+    /// `sign_in` names the password sign-in the token descends from.
+    Jwt {
+        auth_time: i64,
+        sign_in: String,
+    },
+    ApiKey {
+        key_id: u64,
+    },
+    Device {
+        project_id: u64,
+        device_id: u64,
+    },
 }
 
 /// An authenticated caller. Device tokens carry no user.
@@ -116,19 +129,20 @@ impl Authenticator {
         };
         // jsonwebtoken panics on first use when its crypto backend is misconfigured: find
         // out at start-up, not on the first login.
-        let t = a.issue(0, now_ms())?;
+        let t = a.issue(0, now_ms(), None)?;
         a.decode(&t.access_token)
             .map_err(|_| Error::Internal("JWT self-test failed".into()))?;
         Ok(a)
     }
 
-    fn issue(&self, user_id: u64, auth_time: i64) -> Result<Token> {
+    fn issue(&self, user_id: u64, auth_time: i64, sid: Option<String>) -> Result<Token> {
         let now = now_ms() / 1000;
         let claims = Claims {
             sub: user_id.to_string(),
             iat: now,
             exp: now + self.cfg.token_ttl_seconds as i64,
             auth_time,
+            sid,
         };
         let access_token = jsonwebtoken::encode(&Header::new(Algorithm::HS256), &claims, &self.enc)
             .map_err(|e| Error::Internal(format!("jwt encode: {e}")))?;
@@ -156,20 +170,22 @@ impl Authenticator {
             .await
             .map_err(|e| Error::Internal(e.to_string()))?;
         match user {
-            Some(u) if ok => self.issue(u.id, now_ms() / 1000),
+            Some(u) if ok => self.issue(u.id, now_ms() / 1000, Some(secrets::random_token(16)?)),
             _ => Err(Error::Unauthorized),
         }
     }
 
     /// A new token for a JWT principal, within the refresh window of its original login.
     pub fn refresh(&self, p: &Principal) -> Result<Token> {
-        let (Credential::Jwt { auth_time }, Some(user)) = (&p.credential, &p.user) else {
+        let (Credential::Jwt { auth_time, sign_in }, Some(user)) = (&p.credential, &p.user) else {
             return Err(Error::Forbidden);
         };
         if now_ms() / 1000 - auth_time > self.cfg.refresh_window_seconds as i64 {
             return Err(Error::Unauthorized);
         }
-        self.issue(user.id, *auth_time)
+        // The same sign-in: its id again (a token from before sign-ins had one stays without).
+        let sid = sign_in.strip_prefix("s:").map(str::to_string);
+        self.issue(user.id, *auth_time, sid)
     }
 
     /// The console's CSRF token of a signed-in user: an HMAC of the user and the time of the
@@ -177,7 +193,7 @@ impl Authenticator {
     /// stay valid) and cannot be computed without the server's secret.
     pub fn csrf_token(&self, p: &Principal) -> Option<String> {
         use hmac::{KeyInit, Mac};
-        let (Credential::Jwt { auth_time }, Some(user)) = (&p.credential, &p.user) else {
+        let (Credential::Jwt { auth_time, .. }, Some(user)) = (&p.credential, &p.user) else {
             return None;
         };
         let mut m = hmac::Hmac::<sha2::Sha256>::new_from_slice(&self.csrf_key).ok()?;
@@ -237,13 +253,15 @@ impl Authenticator {
         let uid: u64 = claims.sub.parse().map_err(|_| Error::Unauthorized)?;
         let user = self.store.user(uid)?.ok_or(Error::Unauthorized)?;
         // A signed-out sign-in's tokens are never believed again (its refreshes included).
-        if self.store.is_signed_out(uid, claims.auth_time)? {
+        let sign_in = sign_in_of(&claims);
+        if self.store.is_signed_out(uid, &sign_in)? {
             return Err(Error::Unauthorized);
         }
         Ok(Principal {
             user: Some(user),
             credential: Credential::Jwt {
                 auth_time: claims.auth_time,
+                sign_in,
             },
         })
     }
@@ -293,6 +311,15 @@ impl Authenticator {
     }
 }
 
+/// The sign-in a token descends from: its `sid`, or, for a token issued before sign-ins had
+/// one, the time of its password sign-in (such tokens expire within the refresh window).
+fn sign_in_of(c: &Claims) -> String {
+    match &c.sid {
+        Some(s) if !s.is_empty() && s.len() <= 64 => format!("s:{s}"),
+        _ => format!("t:{}", c.auth_time),
+    }
+}
+
 /// What a token must be to be believed: HS256, no leeway, `exp`, `sub` and `iat` present.
 pub(crate) fn jwt_validation() -> Validation {
     let mut validation = Validation::new(Algorithm::HS256);
@@ -309,4 +336,28 @@ pub(crate) fn decode_with(secret: &[u8], token: &str) -> Result<u64> {
             .map(|d| d.claims)
             .map_err(|_| Error::Unauthorized)?;
     claims.sub.parse().map_err(|_| Error::Unauthorized)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn a_token_from_before_sign_ins_had_an_id_is_told_apart_by_its_sign_in_time() {
+        let old: Claims =
+            serde_json::from_str(r#"{"sub":"1","iat":5,"exp":9,"auth_time":5}"#).unwrap();
+        assert_eq!(sign_in_of(&old), "t:5");
+        let new: Claims =
+            serde_json::from_str(r#"{"sub":"1","iat":5,"exp":9,"auth_time":5,"sid":"abc"}"#)
+                .unwrap();
+        assert_eq!(sign_in_of(&new), "s:abc");
+        // An id no sign-in would have (empty, or longer than any made) is not trusted as one.
+        let odd: Claims = serde_json::from_str(&format!(
+            r#"{{"sub":"1","iat":5,"exp":9,"auth_time":7,"sid":"{}"}}"#,
+            "x".repeat(65)
+        ))
+        .unwrap();
+        assert_eq!(sign_in_of(&odd), "t:7");
+    }
 }

@@ -47,12 +47,17 @@ impl Error {
     }
 
     /// A streamed request body that could not be read: 408 when it stalled or trickled
-    /// (the edge ends it with `TimedOut`), else 400.
+    /// (the edge ends it with `TimedOut`), 503 when the edge had no room for its buffer
+    /// (`ResourceBusy`), else 400.
     pub fn unreadable_body(e: &std::io::Error) -> Self {
-        if e.kind() == std::io::ErrorKind::TimedOut {
-            Error::BodyTimeout(format!("The request body was not received in time: {e}"))
-        } else {
-            Error::BadRequest(format!("Could not read the request body: {e}"))
+        match e.kind() {
+            std::io::ErrorKind::TimedOut => {
+                Error::BodyTimeout(format!("The request body was not received in time: {e}"))
+            }
+            std::io::ErrorKind::ResourceBusy => Error::Unavailable {
+                retry_after_secs: 1,
+            },
+            _ => Error::BadRequest(format!("Could not read the request body: {e}")),
         }
     }
 }

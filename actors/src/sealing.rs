@@ -38,7 +38,15 @@ pub(crate) fn sealer(store: &Store, cfg: &SecretsConfig) -> anyhow::Result<Seale
     let outside = if !cfg.key.trim().is_empty() {
         Some(decode(&cfg.key).context("FLEETOPS_SECRETS_KEY")?)
     } else if !cfg.key_file.trim().is_empty() {
-        Some(key_file(Path::new(cfg.key_file.trim()), inside.as_deref())?)
+        let path = Path::new(cfg.key_file.trim());
+        if inside_of(path, store.dir()) {
+            anyhow::bail!(
+                "[secrets] key_file {} is inside the data directory, where a copy of the data \
+                 directory would carry it: keep it elsewhere",
+                path.display()
+            );
+        }
+        Some(key_file(path, inside.as_deref())?)
     } else {
         None
     };
@@ -137,22 +145,46 @@ fn key_file(path: &Path, seed: Option<&[u8]>) -> anyhow::Result<Vec<u8>> {
                 Some(k) => k.to_vec(),
                 None => random_bytes(32)?,
             };
+            // Written beside it and renamed into place whole, so a crash never leaves a
+            // partial key file behind (the next start makes it again).
+            let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
+            let _ = std::fs::remove_file(&tmp);
             let mut f = std::fs::OpenOptions::new()
                 .write(true)
                 .create_new(true)
                 .mode(0o600)
-                .open(path)
-                .with_context(|| format!("creating {}", path.display()))?;
+                .open(&tmp)
+                .with_context(|| format!("creating {}", tmp.display()))?;
             let text = base64::engine::general_purpose::STANDARD.encode(&key);
             f.write_all(format!("{text}\n").as_bytes())?;
             f.sync_all()?;
-            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-                std::fs::File::open(dir)?.sync_all()?;
-            }
+            drop(f);
+            std::fs::rename(&tmp, path).with_context(|| format!("creating {}", path.display()))?;
+            let dir = path
+                .parent()
+                .filter(|d| !d.as_os_str().is_empty())
+                .unwrap_or(Path::new("."));
+            std::fs::File::open(dir)?.sync_all()?;
             Ok(key)
         }
         Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
     }
+}
+
+/// Whether `path` lies inside `dir` (both resolved as far as they exist).
+fn inside_of(path: &Path, dir: &Path) -> bool {
+    let resolve = |p: &Path| {
+        let abs = std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
+        // The file may not exist yet: resolve its directory.
+        match (abs.parent(), abs.file_name()) {
+            (Some(parent), Some(name)) => std::fs::canonicalize(parent)
+                .map(|c| c.join(name))
+                .unwrap_or(abs.clone()),
+            _ => abs,
+        }
+    };
+    let dir = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
+    resolve(path).starts_with(dir)
 }
 
 /// 32 bytes written as base64 (standard or URL-safe, padded or not).

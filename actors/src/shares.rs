@@ -46,6 +46,14 @@ impl Shares {
         })
     }
 
+    /// As [`Shares::try_take`], or 503 with `Retry-After: 1` when there is none.
+    pub(crate) fn take(&self, tenant: u64) -> crate::error::Result<Slot> {
+        self.try_take(tenant)
+            .ok_or(crate::error::Error::Unavailable {
+                retry_after_secs: 1,
+            })
+    }
+
     /// Slots free in the whole pool now.
     #[cfg(test)]
     pub(crate) fn available(&self) -> usize {

@@ -158,31 +158,29 @@ impl Req {
 
     /// The body as a stream of pieces (for uploads that must not be held in memory), whose
     /// writer buffers up to `buffer` bytes: that much (or the declared length, when smaller)
-    /// is reserved from the body budget while the upload runs (503 when it cannot be). A
-    /// sender that pauses longer than `[http] body_timeout_seconds`, or brings less than
-    /// `min_upload_bytes_per_second` over such a window, ends it with an error.
+    /// is reserved from the body budget from its first read until the upload ends (an error
+    /// of kind `ResourceBusy`, 503, when it cannot be). A sender that pauses longer than
+    /// `[http] body_timeout_seconds`, or brings less than `min_upload_bytes_per_second`,
+    /// ends it with an error of kind `TimedOut` (408).
     pub fn body_stream(
         &mut self,
         buffer: usize,
-    ) -> ApiResult<futures::stream::BoxStream<'static, std::io::Result<Bytes>>> {
+    ) -> futures::stream::BoxStream<'static, std::io::Result<Bytes>> {
         use futures::{StreamExt, TryStreamExt};
         let Some(b) = self.body.take() else {
-            return Ok(futures::stream::empty().boxed());
+            return futures::stream::empty().boxed();
         };
-        let hold = match self.declared_len() {
+        let reserve = match self.declared_len() {
             Some(0) => None,
-            Some(n) => Some(
-                self.edge
-                    .reserve_stream(usize::try_from(n).unwrap_or(usize::MAX).min(buffer))?,
-            ),
-            None => Some(self.edge.reserve_stream(buffer)?),
+            Some(n) => Some(usize::try_from(n).unwrap_or(usize::MAX).min(buffer)),
+            None => Some(buffer),
         };
-        Ok(self.edge.idle_limited(
+        self.edge.idle_limited(
             http_body_util::BodyDataStream::new(b)
                 .map_err(std::io::Error::other)
                 .boxed(),
-            hold,
-        ))
+            reserve,
+        )
     }
 
     /// The whole body, at most `limit` bytes (413 at once when it declares more), within the

@@ -528,28 +528,35 @@ impl Edge {
     }
 
     /// A streamed body whose sender may pause at most `body_timeout` between two pieces, and
-    /// must bring at least `min_upload_bytes_per_second` on average over each window of
-    /// `body_timeout` (a large upload may take long as a whole, but never stalls or trickles
-    /// for free). `hold` (a budget reservation) is given back when the stream ends or is
-    /// dropped.
+    /// must bring at least `min_upload_bytes_per_second` on average over the time spent
+    /// waiting for it, judged each time a `body_timeout` of waiting has passed (a large
+    /// upload may take long as a whole, but never stalls or trickles for free; time the
+    /// server spends writing is not the sender's). `reserve` bytes of the body budget are
+    /// taken when the body is first read (so every check of the request comes first; 503
+    /// through `ResourceBusy` when the budget cannot hold them) and given back when the
+    /// stream ends or is dropped.
     pub fn idle_limited(
         self: &Arc<Self>,
         body: BoxStream<'static, std::io::Result<Bytes>>,
-        hold: Option<OwnedSemaphorePermit>,
+        reserve: Option<usize>,
     ) -> BoxStream<'static, std::io::Result<Bytes>> {
         struct Reading {
             body: BoxStream<'static, std::io::Result<Bytes>>,
+            reserve: Option<usize>,
             _hold: Option<OwnedSemaphorePermit>,
-            window_start: tokio::time::Instant,
+            /// Time spent waiting for the sender in this window, and the bytes it brought.
+            waited: Duration,
             window_bytes: u64,
         }
         let edge = self.clone();
         let state = Reading {
             body,
-            _hold: hold,
-            window_start: tokio::time::Instant::now(),
+            reserve,
+            _hold: None,
+            waited: Duration::ZERO,
             window_bytes: 0,
         };
+        let rate = self.min_upload_per_window / self.body_timeout.as_secs().max(1);
         futures::stream::unfold(Some(state), move |state| {
             let edge = edge.clone();
             async move {
@@ -557,18 +564,32 @@ impl Edge {
                 let failed = |kind, msg: &'static str| {
                     Some((Err(std::io::Error::new(kind, msg)), None::<Reading>))
                 };
+                if let Some(bytes) = st.reserve.take() {
+                    match edge.reserve_stream(bytes) {
+                        Ok(p) => st._hold = Some(p),
+                        Err(_) => {
+                            return failed(
+                                std::io::ErrorKind::ResourceBusy,
+                                "the body budget is spent",
+                            );
+                        }
+                    }
+                }
+                let asked = tokio::time::Instant::now();
                 match tokio::time::timeout(edge.body_timeout, st.body.next()).await {
                     Ok(Some(Ok(piece))) => {
                         st.window_bytes += piece.len() as u64;
-                        if st.window_start.elapsed() >= edge.body_timeout {
-                            if st.window_bytes < edge.min_upload_per_window {
+                        st.waited += asked.elapsed();
+                        if st.waited >= edge.body_timeout {
+                            let due = rate.saturating_mul(st.waited.as_secs());
+                            if st.window_bytes < due {
                                 edge.slow_uploads.fetch_add(1, Ordering::Relaxed);
                                 return failed(
                                     std::io::ErrorKind::TimedOut,
                                     "the request body arrives slower than the minimum rate",
                                 );
                             }
-                            st.window_start = tokio::time::Instant::now();
+                            st.waited = Duration::ZERO;
                             st.window_bytes = 0;
                         }
                         Some((Ok(piece), Some(st)))

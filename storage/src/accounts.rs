@@ -132,24 +132,23 @@ impl Store {
 
     // ---- signed-out sign-ins ----
 
-    /// Records that the sign-in of `user` at `auth_time` (Unix seconds) was signed out: no
-    /// token descending from it is believed again. Kept until `until_ms`, past which none
-    /// could be valid anyway.
-    pub fn sign_out(&self, user: u64, auth_time: i64, until_ms: i64) -> Result<()> {
+    /// Records that the sign-in `sign_in` of `user` was signed out: no token descending from
+    /// it is believed again. Kept until `until_ms`, past which none could be valid anyway.
+    pub fn sign_out(&self, user: u64, sign_in: &str, until_ms: i64) -> Result<()> {
         let mut w = Writes::new();
         w.0.insert(
-            keys::signed_out(user, auth_time),
+            keys::signed_out(user, sign_in),
             until_ms.to_be_bytes().to_vec(),
         );
         self.apply(w)
     }
 
-    /// Whether the sign-in of `user` at `auth_time` was signed out (one point read).
-    pub fn is_signed_out(&self, user: u64, auth_time: i64) -> Result<bool> {
+    /// Whether the sign-in `sign_in` of `user` was signed out (one point read).
+    pub fn is_signed_out(&self, user: u64, sign_in: &str) -> Result<bool> {
         Ok(self
             .inner
             .records
-            .contains_key(keys::signed_out(user, auth_time))?)
+            .contains_key(keys::signed_out(user, sign_in))?)
     }
 
     /// Forgets sign-outs whose tokens have all expired by `now_ms`; how many.
@@ -278,6 +277,12 @@ impl Store {
     }
 
     // ---- projects ----
+
+    /// The organization of project `id` (0 when the project is gone: its tenant's share is
+    /// then one no live organization holds).
+    pub fn org_of_project(&self, id: u64) -> Result<u64> {
+        Ok(self.project(id)?.map_or(0, |p| p.org_id))
+    }
 
     pub fn project(&self, id: u64) -> Result<Option<Project>> {
         self.get(&keys::project(id))

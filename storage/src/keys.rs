@@ -49,10 +49,9 @@ pub(crate) fn user_org_prefix(user: u64) -> Vec<u8> {
     key(&[b"um", &be(user), b""])
 }
 
-/// A signed-out sign-in: a user and the time (Unix seconds) of the password sign-in its
-/// tokens descend from.
-pub(crate) fn signed_out(user: u64, auth_time: i64) -> Vec<u8> {
-    key(&[b"so", &be(user), &auth_time.to_be_bytes()])
+/// A signed-out sign-in: a user and the sign-in its tokens descend from.
+pub(crate) fn signed_out(user: u64, sign_in: &str) -> Vec<u8> {
+    key(&[b"so", &be(user), sign_in.as_bytes()])
 }
 pub(crate) fn signed_out_prefix() -> Vec<u8> {
     key(&[b"so", b""])

@@ -1036,11 +1036,13 @@ async fn resolved_alerts_are_pruned_after_their_retention() {
     assert!(notifications.is_empty(), "{notifications:?}");
 }
 
-/// One matching line from a new device of project `default`, just after its heartbeat (as a
-/// robot starting up sends them); the device.
-async fn device_logs_a_line(s: &Srv, name: &str, message: &str) -> u64 {
+/// One matching line from a new device of project `default` (just after its heartbeat, as a
+/// robot starting up sends them, when `beat`); the device.
+async fn device_logs_a_line(s: &Srv, name: &str, message: &str, beat: bool) -> u64 {
     let (d, tok) = device(s, name).await;
-    heartbeat(s, d, &tok, json!({})).await;
+    if beat {
+        heartbeat(s, d, &tok, json!({})).await;
+    }
     let sid = session(s, d, &tok).await;
     let r = s
         .post(
@@ -1054,7 +1056,8 @@ async fn device_logs_a_line(s: &Srv, name: &str, message: &str) -> u64 {
 }
 
 /// A rule added to a project whose evaluator already runs is judged on the next line, not
-/// only after the evaluator's next tick (a slow tick here makes the line always come first).
+/// only after the evaluator's next tick (the slowest tick here makes the line come first
+/// almost always; the second device sends no heartbeat, so the line alone must reread).
 #[tokio::test]
 async fn a_second_log_rule_fires_on_the_line_sent_right_after_it() {
     let sink = Sink::start().await;
@@ -1066,7 +1069,7 @@ async fn a_second_log_rule_fires_on_the_line_sent_right_after_it() {
     .await;
     let hook = webhook(&s, &sink).await;
     let first = rule(&s, hook, json!({"type": "log_pattern", "pattern": "panic"})).await;
-    let d1 = device_logs_a_line(&s, "r1", "kernel panic").await;
+    let d1 = device_logs_a_line(&s, "r1", "kernel panic", true).await;
     let l = wait_alerts(&s, &format!("rule_id={first}"), 1).await;
     assert_eq!(l["items"][0]["device_id"], d1);
     let second = rule(
@@ -1075,7 +1078,7 @@ async fn a_second_log_rule_fires_on_the_line_sent_right_after_it() {
         json!({"type": "log_pattern", "pattern": "overheat"}),
     )
     .await;
-    let d2 = device_logs_a_line(&s, "r2", "motor overheat").await;
+    let d2 = device_logs_a_line(&s, "r2", "motor overheat", false).await;
     let l = wait_alerts(&s, &format!("rule_id={second}"), 1).await;
     assert_eq!(l["items"][0]["device_id"], d2);
     assert_eq!(l["items"][0]["state"], "firing");
@@ -1100,8 +1103,8 @@ async fn log_rules_whose_set_cannot_compile_are_matched_one_by_one_and_say_so() 
         json!({"type": "log_pattern", "pattern": "overheat"}),
     )
     .await;
-    let d1 = device_logs_a_line(&s, "r1", "kernel panic").await;
-    let d2 = device_logs_a_line(&s, "r2", "motor overheat").await;
+    let d1 = device_logs_a_line(&s, "r1", "kernel panic", true).await;
+    let d2 = device_logs_a_line(&s, "r2", "motor overheat", true).await;
     let l = wait_alerts(&s, &format!("rule_id={a}"), 1).await;
     assert_eq!(l["items"][0]["device_id"], d1);
     let l = wait_alerts(&s, &format!("rule_id={b}"), 1).await;
@@ -1129,8 +1132,8 @@ async fn log_rules_whose_set_cannot_compile_are_matched_one_by_one_and_say_so() 
 
 /// In `org`'s project `project` (made by the superuser when new): a webhook integration to
 /// `sink`, a `metric_threshold` rule on `temp` > 50 at once, and `n` devices whose heartbeat
-/// crosses it, so `n` alerts each owe one notification.
-async fn hot_devices(s: &Srv, org: &str, project: &str, sink: &Sink, n: usize) {
+/// crosses it, so `n` alerts each owe one notification; when the last heartbeat was answered.
+async fn hot_devices(s: &Srv, org: &str, project: &str, sink: &Sink, n: usize) -> Instant {
     if org != "default" {
         let r = s
             .post("/api/v1/organizations", s.key(), json!({"slug": org}))
@@ -1187,6 +1190,7 @@ async fn hot_devices(s: &Srv, org: &str, project: &str, sink: &Sink, n: usize) {
             .await;
         assert_eq!(r.status, 202, "{}", r.body);
     }
+    Instant::now()
 }
 
 /// One organization's projects whose targets hang (each attempt held for the whole request
@@ -1222,8 +1226,7 @@ async fn a_tarpit_tenant_holds_its_share_of_notification_slots_not_the_pool() {
         "one organization holds at most its share"
     );
     // Another organization's alert (and the first one's other project, had it one) goes out.
-    let fired = Instant::now();
-    hot_devices(&s, "good", "p", &sink, 1).await;
+    let fired = hot_devices(&s, "good", "p", &sink, 1).await;
     sink.wait_for(1).await;
     assert!(
         fired.elapsed() < Duration::from_secs(2),
@@ -1252,8 +1255,7 @@ async fn a_tarpit_project_holds_its_share_and_its_neighbour_is_notified() {
     assert!(eventually(5, || async { tarpit.count() >= 2 }).await);
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(tarpit.count(), 2, "one project holds at most its share");
-    let fired = Instant::now();
-    hot_devices(&s, "default", "other", &sink, 1).await;
+    let fired = hot_devices(&s, "default", "other", &sink, 1).await;
     sink.wait_for(1).await;
     assert!(
         fired.elapsed() < Duration::from_secs(2),
@@ -1313,4 +1315,47 @@ async fn rules_past_the_project_cap_and_integrations_past_the_rule_cap_are_refus
             .len(),
         2
     );
+}
+
+/// A rule written under a higher `max_integrations_per_rule` can still be changed after the
+/// cap is lowered (disabled, renamed), but not grown.
+#[tokio::test]
+async fn a_rule_over_a_lowered_cap_can_still_be_changed_not_grown() {
+    let sink = Sink::start().await;
+    let s = start_with(fast).await;
+    let mut hooks = Vec::new();
+    for _ in 0..4 {
+        hooks.push(webhook(&s, &sink).await);
+    }
+    let r = s
+        .post(
+            RULES,
+            s.key(),
+            json!({"name": "r", "condition": {"type": "log_pattern", "pattern": "x"}, "severity": "critical", "integration_ids": &hooks[..3]}),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.body);
+    let id = r.body["id"].as_u64().unwrap();
+    let s = s
+        .restart_with(|c| {
+            fast(c);
+            c.alerts.max_integrations_per_rule = 2;
+        })
+        .await;
+    let r = s
+        .patch(
+            &format!("{RULES}/{id}"),
+            s.key(),
+            json!({"enabled": false, "name": "renamed"}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let r = s
+        .patch(
+            &format!("{RULES}/{id}"),
+            s.key(),
+            json!({"integration_ids": hooks}),
+        )
+        .await;
+    r.assert_error(422);
 }

@@ -77,6 +77,18 @@ async fn the_data_directory_its_files_and_its_backups_are_private_to_their_owner
     s.rt().store.flush_blocking().unwrap();
     let files = assert_private(&data_dir(&s));
     assert!(files >= 3, "sled's files and the blob: {files}");
+    // Files an earlier version left readable (0644) are private in the copy all the same.
+    let mut stack = vec![data_dir(&s).join("blobs")];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let e = e.unwrap();
+            if e.metadata().unwrap().is_dir() {
+                stack.push(e.path());
+            } else {
+                std::fs::set_permissions(e.path(), std::fs::Permissions::from_mode(0o644)).unwrap();
+            }
+        }
+    }
     // A backup the server takes is private too, whatever the destination's parents are.
     let outside = tempfile::tempdir().unwrap();
     std::fs::set_permissions(outside.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
@@ -114,36 +126,38 @@ async fn a_data_directory_other_accounts_can_read_is_refused_at_start() {
     started(told).await.stop().await;
 }
 
-/// Why a start with `cfg` is refused (waiting out the lock a server just stopped on the same
-/// data directory may hold a moment longer).
-async fn refused(cfg: fleetops::config::Config) -> String {
+/// A start with `cfg`, once the lock a server that just stopped (or a refused start) on the
+/// same data directory may hold a moment longer is released.
+async fn start_once_unlocked(
+    cfg: &fleetops::config::Config,
+) -> anyhow::Result<fleetops::startup::Running> {
     for _ in 0..100 {
         match fleetops::startup::start(cfg.clone()).await {
-            Ok(r) => {
-                r.stop().await;
-                panic!("started, and should not have");
-            }
             Err(e) if format!("{e:#}").contains("in use by another") => {
                 tokio::time::sleep(std::time::Duration::from_millis(20)).await;
             }
-            Err(e) => return format!("{e:#}"),
+            other => return other,
         }
     }
     panic!("the data directory stayed locked");
 }
 
-/// A server started with `cfg`, once the lock a refused start left is released.
-async fn started(cfg: fleetops::config::Config) -> fleetops::startup::Running {
-    for _ in 0..100 {
-        match fleetops::startup::start(cfg.clone()).await {
-            Ok(r) => return r,
-            Err(e) if format!("{e:#}").contains("in use by another") => {
-                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-            }
-            Err(e) => panic!("{e:#}"),
+/// Why a start with `cfg` is refused.
+async fn refused(cfg: fleetops::config::Config) -> String {
+    match start_once_unlocked(&cfg).await {
+        Ok(r) => {
+            r.stop().await;
+            panic!("started, and should not have");
         }
+        Err(e) => format!("{e:#}"),
     }
-    panic!("the data directory stayed locked");
+}
+
+/// A server started with `cfg`.
+async fn started(cfg: fleetops::config::Config) -> fleetops::startup::Running {
+    start_once_unlocked(&cfg)
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}"))
 }
 
 /// A webhook integration that signs with [`SIGNING_SECRET`]; its id.
@@ -229,6 +243,16 @@ async fn a_copied_data_directory_without_the_key_file_does_not_open_its_secrets(
         c.secrets.key_file = path.clone();
     });
     started(cfg).await.stop().await;
+}
+
+#[tokio::test]
+async fn a_key_file_inside_the_data_directory_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let inside = dir.path().join("data/secrets.key");
+    let path = inside.to_str().unwrap().to_string();
+    let e = refused(test_config(&dir, |c| c.secrets.key_file = path.clone())).await;
+    assert!(e.contains("inside the data directory"), "{e}");
+    assert!(!inside.exists());
 }
 
 #[tokio::test]

@@ -1809,6 +1809,20 @@ async fn an_unbound_installation_is_skipped_until_a_superuser_binds_it() {
         "{d}"
     );
     assert_eq!(runs(&s, "").await["total"], 1, "default keeps its one run");
+    // Moved back: `default`'s run of that commit still holds its key there, though `acme`'s
+    // run took the key's index entry meanwhile.
+    let r = s
+        .send(
+            reqwest::Method::PUT,
+            &bind,
+            Some(s.key()),
+            Some(json!({"organization": "default"})),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let d = run(&s, "pull_request", &pr("opened", 1, "aaa2", false)).await;
+    skipped(&d, "duplicate_job");
+    assert_eq!(runs(&s, "").await["total"], 1, "no second run of one key");
 }
 
 /// An installation the service never saw can be bound ahead of its first delivery.

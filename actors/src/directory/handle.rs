@@ -133,17 +133,18 @@ impl DirectoryHandle {
     /// and every refresh of them are refused from now on (401), by every route. Another
     /// credential (an API key) is 403: it has no sign-in to end.
     pub async fn sign_out(&self, p: &crate::auth::Principal) -> Result<()> {
-        let (crate::auth::Credential::Jwt { auth_time }, Some(user)) = (&p.credential, &p.user)
+        let (crate::auth::Credential::Jwt { auth_time, sign_in }, Some(user)) =
+            (&p.credential, &p.user)
         else {
             return Err(crate::error::Error::Forbidden);
         };
-        let (user_id, auth_time) = (user.id, *auth_time);
+        let user_id = user.id;
         let until_ms = auth_time
             .saturating_mul(1000)
             .saturating_add(self.sign_in_lifetime_ms);
         self.write(|reply| DirectoryMsg::SignOut {
             user_id,
-            auth_time,
+            sign_in: sign_in.clone(),
             until_ms,
             reply,
         })

@@ -79,7 +79,7 @@ pub(crate) enum DirectoryMsg {
     /// Signs out a sign-in: its tokens are refused from now on, until `until_ms`.
     SignOut {
         user_id: u64,
-        auth_time: i64,
+        sign_in: String,
         until_ms: i64,
         reply: Reply<()>,
     },
@@ -201,11 +201,11 @@ impl Actor for DirectoryActor {
             }
             DirectoryMsg::SignOut {
                 user_id,
-                auth_time,
+                sign_in,
                 until_ms,
                 reply,
             } => {
-                let r = st.store.sign_out(user_id, auth_time, until_ms);
+                let r = st.store.sign_out(user_id, &sign_in, until_ms);
                 let _ = reply.send(r.map_err(Into::into));
             }
             DirectoryMsg::PruneSignOuts { now_ms, reply } => {

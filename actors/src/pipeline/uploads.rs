@@ -133,10 +133,7 @@ impl PipelineHandle {
         let kind = UploadKind::parse(&link.kind)
             .ok_or_else(|| Error::BadRequest("Unknown upload kind".into()))?;
         let (pid, id) = (link.project_id, link.id);
-        let org = self.store.project(pid)?.map_or(0, |p| p.org_id);
-        let _slot = self.uploads.try_take(org).ok_or(Error::Unavailable {
-            retry_after_secs: 1,
-        })?;
+        let _slot = self.uploads.take(self.store.org_of_project(pid)?)?;
         let _busy = self.busy(kind, id)?;
         // Read under the lock: a confirm that finished first makes the bytes immutable.
         let (upload, max) = match kind {

@@ -209,11 +209,16 @@ impl ProjectState {
             .ok_or_else(|| Error::not_found("Alert rule"))
     }
 
-    fn check_references(&self, integrations: &[u64], groups: &[u64]) -> Result<()> {
+    /// The rule's integrations and groups exist in the project and are within their caps;
+    /// `held` integrations (a rule's own before a patch) may stay above today's
+    /// `max_integrations_per_rule`, so a rule written under a higher cap can still be
+    /// changed, never grown.
+    fn check_references(&self, integrations: &[u64], groups: &[u64], held: usize) -> Result<()> {
         let most = self
             .alerting
             .max_integrations_per_rule
-            .clamp(1, rules::MAX_RULE_REFS);
+            .clamp(1, rules::MAX_RULE_REFS)
+            .max(held.min(rules::MAX_RULE_REFS));
         rules::at_most("integration_ids", integrations.len(), most)?;
         rules::at_most("device_group_ids", groups.len(), rules::MAX_RULE_REFS)?;
         for id in integrations {
@@ -247,7 +252,7 @@ impl ProjectState {
         }
         let (integration_ids, device_group_ids) =
             (sorted(d.integration_ids), sorted(d.device_group_ids));
-        self.check_references(&integration_ids, &device_group_ids)?;
+        self.check_references(&integration_ids, &device_group_ids, 0)?;
         let now = self.clock.now_ms();
         let r = AlertRule {
             id: self.store.new_id(Seq::AlertRule)?,
@@ -268,6 +273,7 @@ impl ProjectState {
 
     pub(super) fn update_alert_rule(&self, id: u64, p: RulePatch) -> Result<AlertRule> {
         let mut r = self.alert_rule(id)?;
+        let held = r.integration_ids.len();
         if let Some(n) = p.name {
             r.name = rules::name("name", &n, 200)?;
         }
@@ -287,7 +293,7 @@ impl ProjectState {
         if let Some(e) = p.enabled {
             r.enabled = e;
         }
-        self.check_references(&r.integration_ids, &r.device_group_ids)?;
+        self.check_references(&r.integration_ids, &r.device_group_ids, held)?;
         r.updated_at = self.clock.now_ms();
         self.store.put_alert_rule(&r)?;
         Ok(r)

@@ -85,15 +85,10 @@ impl SessionsHandle {
     /// `stall`), and one organization's streams hold at most its share of the places.
     pub(super) fn stream_permit(&self, pid: u64) -> Result<crate::shares::Slot> {
         self.streams
-            .try_take(self.org_of(pid)?)
+            .try_take(self.store.org_of_project(pid)?)
             .ok_or(Error::Unavailable {
                 retry_after_secs: 5,
             })
-    }
-
-    /// The organization of project `pid` (0 when it is gone).
-    pub(super) fn org_of(&self, pid: u64) -> Result<u64> {
-        Ok(self.store.project(pid)?.map_or(0, |p| p.org_id))
     }
 
     pub(super) fn record(&self, pid: u64, id: u64) -> Result<Session> {

@@ -309,14 +309,21 @@ impl DispatcherState {
         }
     }
 
-    /// The run of `run`'s project that holds its idempotency key. A run of another project
-    /// (one whose organization the repository's installation was moved away from) does
-    /// not: the key's index entry then moves to the new run.
+    /// The run of `run`'s project that holds its idempotency key. The key's index entry
+    /// names one run across projects: when it names another project's (the repository's
+    /// installation was moved to another organization and back), this project's own holder
+    /// is looked for among the commit's runs of this project, and the entry moves to the
+    /// new run if there is none.
     fn holder(&self, run: &TestRun) -> Result<Option<TestRun>> {
-        Ok(self
-            .store
-            .run_by_key(&run.idempotency_key)?
-            .filter(|r| r.project_id == run.project_id))
+        match self.store.run_by_key(&run.idempotency_key)? {
+            Some(r) if r.project_id == run.project_id => Ok(Some(r)),
+            None => Ok(None),
+            Some(_) => Ok(self
+                .store
+                .commit_runs(run.project_id, &run.repository, &run.commit_sha, 100)?
+                .into_iter()
+                .find(|r| r.idempotency_key == run.idempotency_key && r.holds_key())),
+        }
     }
 
     /// Makes `run` (taking its id) and adds it with the delivery's outcome to `b`.

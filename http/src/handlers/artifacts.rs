@@ -23,7 +23,7 @@ pub async fn put(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
     let (_, s, id) = ingestion(cx, &req)?;
     let path = file_path(&req);
     let content_type = req.header("content-type").map(str::to_string);
-    let stream = req.body_stream(cx.rt().upload_buffer_bytes())?;
+    let stream = req.body_stream(cx.rt().upload_buffer_bytes());
     body::created(
         &cx.rt()
             .sessions

@@ -16,7 +16,7 @@ pub(crate) struct Uploaded {
 
 pub async fn upload(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
     let token = req.param("token").to_string();
-    let stream = req.body_stream(cx.rt().upload_buffer_bytes())?;
+    let stream = req.body_stream(cx.rt().upload_buffer_bytes());
     let size = cx.rt().pipeline.upload(&token, stream).await?;
     body::ok(&Uploaded {
         status: "uploaded",
