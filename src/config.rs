@@ -75,6 +75,10 @@ pub struct AdminConfig {
     pub email: String,
     /// `FLEETOPS_ADMIN_PASSWORD`; empty: generated and printed once.
     pub password: String,
+    /// The tier of organization `default` made by the first start (`FLEETOPS_ADMIN_TIER`):
+    /// `enterprise` by default, since on a self-hosted server the operator's own fleet should
+    /// not meet the hosted `free` tier's 60 requests a minute.
+    pub tier: String,
 }
 
 impl Default for AdminConfig {
@@ -82,6 +86,7 @@ impl Default for AdminConfig {
         Self {
             email: "admin@localhost".into(),
             password: String::new(),
+            tier: "enterprise".into(),
         }
     }
 }
@@ -196,6 +201,9 @@ impl Config {
         if let Some(v) = get("FLEETOPS_ADMIN_PASSWORD") {
             self.admin.password = v;
         }
+        if let Some(v) = get("FLEETOPS_ADMIN_TIER") {
+            self.admin.tier = v.trim().to_string();
+        }
         Ok(())
     }
 
@@ -208,6 +216,12 @@ impl Config {
             if t.requests_per_minute == 0 {
                 anyhow::bail!("tiers.{name}.requests_per_minute must be at least 1");
             }
+        }
+        if !self.tiers().iter().any(|t| t.name == self.admin.tier) {
+            anyhow::bail!(
+                "[admin] tier {:?} is not a tier ([tiers.<name>] or free, personal, team, enterprise)",
+                self.admin.tier
+            );
         }
         if self.sessions.max_result_window < 10_000 {
             anyhow::bail!(

@@ -97,7 +97,7 @@ async fn first_start(rt: &Runtime, cfg: &Config) -> anyhow::Result<Option<Bootst
             password: password.clone(),
             org: "default".into(),
             project: "default".into(),
-            tier: "free".into(),
+            tier: cfg.admin.tier.clone(),
         })
         .await
         .context("creating the initial administrator")?;

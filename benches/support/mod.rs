@@ -207,6 +207,7 @@ pub async fn start_fleetops_with(
         ..fleetops::config::Config::default()
     };
     cfg.admin.password = "bench-password".into();
+    cfg.admin.tier = "free".into();
     cfg.tiers.insert(
         "free".into(),
         fleetops::config::TierFile {

@@ -399,7 +399,7 @@ async fn config_flag_before_or_after_the_subcommand() {
         std::fs::write(
             &cfg,
             format!(
-                "listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\nlog = \"warn\"\n[tiers.free]\nrequests_per_minute = 7\n",
+                "listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\nlog = \"warn\"\n[tiers.enterprise]\nrequests_per_minute = 7\n",
                 dir.path().join("d").display()
             ),
         )
@@ -815,7 +815,7 @@ async fn kill_9_while_an_alert_fires_and_its_notification_is_owed() {
         dir.path().join("config.toml"),
         "[devices]\noffline_after_seconds = 1\n\
          [alerts]\nallow_private_targets = true\ntick_ms = 50\nretry_base_ms = 5000\nmax_attempts = 5\n\
-         [tiers.free]\nrequests_per_minute = 100000\n",
+         [tiers.enterprise]\nrequests_per_minute = 100000\n",
     )
     .unwrap();
     let mut p = serve(dir.path(), &[]);

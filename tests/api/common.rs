@@ -72,6 +72,8 @@ pub(crate) fn test_config(dir: &tempfile::TempDir, f: impl FnOnce(&mut Config)) 
         ..Config::default()
     };
     cfg.admin.password = ADMIN_PASSWORD.into();
+    // The tests' quotas and limits are the `free` tier's, set per test.
+    cfg.admin.tier = "free".into();
     cfg.auth.jwt_secret = JWT_SECRET.into();
     for tier in ["free", "personal", "team", "enterprise"] {
         cfg.tiers.insert(
