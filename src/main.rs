@@ -1,5 +1,21 @@
 //! `fleetops`: the server (`serve`) and its admin commands (`admin bootstrap`, `admin backup`,
-//! `admin restore`).
+//! `admin restore`). This file holds the command line and what each command prints;
+//! configuration and wiring are the library half (`fleetops::config`, `fleetops::startup`).
+//!
+//! What a change must keep:
+//! - Standard output carries only what the operator must read: the first start's credentials
+//!   and a generated webhook secret (each shown once), and each admin command's JSON. The log
+//!   goes to standard error and never holds a credential.
+//! - Exit status 0 on success; 2 when the command line or the configuration does not parse;
+//!   1 for any other failure, with the reason on standard error.
+//! - `admin backup` copies the data directory itself when no server holds it, and otherwise
+//!   asks the running server (`POST /api/v1/admin/backup` with a superuser's token), which
+//!   writes the copy on its own host; `admin restore` fills only an absent or empty data
+//!   directory.
+//! - SIGTERM and Ctrl-C stop the server in order (`startup::Running::stop`), exiting 0.
+//!
+//! Tested through the built binary (`tests/api/cli.rs`): first-start credentials, bootstrap,
+//! a locked data directory, kill -9 and restart, SIGTERM, backup and restore.
 
 use std::path::PathBuf;
 

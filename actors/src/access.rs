@@ -1,10 +1,15 @@
 //! Who may do what: organization membership and the minimum role of each operation, resolved
-//! to a scope the handles take. Reads only.
+//! to a scope the handles take, and the tier whose rate limit applies to a caller. Reads only,
+//! through the store's read-through caches of organizations, projects and memberships.
 //!
 //! Rules: a superuser has owner rights everywhere; an organization the caller
 //! is not a member of is 403 whether it exists or not (a superuser gets 404 for a missing
 //! one); another project's resources are 404; device tokens reach only their own device's
-//! ingestion routes.
+//! ingestion routes and the device update API, which takes nothing else (a user's JWT or API
+//! key there is 403).
+//!
+//! Tested through the API (`tests/api/accounts.rs`: every role, another organization, the
+//! superuser; and each resource family's own tenancy checks).
 
 use std::sync::Arc;
 

@@ -1,12 +1,19 @@
-//! Which package each device should run now, cached so that a robot's poll costs one map
-//! read. Every write that can change an answer in a project (a package's transition, a
-//! rollout's decision, a device created, changed or deleted, a group's members) bumps that
-//! project's generation after it is applied and before it is answered; a poll reads the
-//! generation before it reads the store, so an answer is kept only with the generation it was
-//! computed under and a later bump makes the next poll compute it again.
+//! Which package each device should run now (the most recently activated active package that
+//! targets it and whose rollout, if it has one, has reached it), cached so that a robot's poll
+//! costs one map read. Every write that can change an answer in a project (a package's
+//! transition, a rollout's decision, a device created, changed or deleted, a group created,
+//! changed or deleted) bumps that project's generation after it is applied and before it is
+//! answered; a poll reads the generation before it reads the store, so an answer is kept only
+//! with the generation it was computed under and a later bump makes the next poll compute it
+//! again. Heartbeats and reports change no answer and bump nothing.
 //!
-//! Memory: a device's entry is a few dozen bytes; the answer bodies (links, configuration,
-//! provenance) are built once per package and shared by its devices.
+//! Memory: a device's entry is a few dozen bytes, at most `[pipeline] device_cache_entries`
+//! of them; the answer bodies (links, configuration, provenance) are built once per package
+//! and shared by its devices, and a package's phase map is computed once per generation, for
+//! at most 1,024 packages. Past either bound that cache starts over.
+//!
+//! Tested through the device update API (`tests/api/updates.rs`) and the rollouts that move
+//! devices from package to package (`tests/api/rollouts.rs`).
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -1,8 +1,19 @@
 //! Who is calling: JWTs (HS256 only), API keys, device tokens and project secrets, resolved to
-//! a [`Principal`]. Reads only; writes (keys, secrets) go through the directory actor.
+//! a [`Principal`]; password login, refresh within `[auth] refresh_window_seconds` of the
+//! password sign-in, and the console's CSRF tokens. Reads only; writes (keys, secrets,
+//! sign-outs, an API key's `last_used_at`) go through the directory actor.
 //!
 //! Keys and secrets are looked up by their SHA-256 (never a slow hash per request) and every
 //! comparison of secret material is constant-time.
+//!
+//! Also kept: a login for an unknown e-mail verifies against a dummy hash, so timing does not
+//! tell which addresses have accounts, and argon2 runs on a blocking thread; each password
+//! sign-in carries a random id (`sid`) that refresh keeps, and a signed-out sign-in's tokens,
+//! refreshes included, are refused from then on; an API key's `last_used_at` is written at
+//! most once a minute per key, off the request path.
+//!
+//! Tested by the unit test below and through the API (`tests/api/accounts.rs`: login, refresh,
+//! expired and forged tokens, the API key life cycle).
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -3,6 +3,16 @@
 //! caller that went away (a dropped connection, a cancelled request) and never published for
 //! a write that failed. The outbox waits for the group commit that covers everything handed
 //! to it so far, then broadcasts in the order the writers published.
+//!
+//! Bounds and limits: at most 4,096 events wait for their fsync (a writer waits when the
+//! outbox is full, so memory stays bounded); a subscriber more than 1,024 events behind is
+//! told it lagged and misses those; the outbox is in memory, so a kill -9 between the fsync and
+//! the broadcast loses the event while its write stays stored. The only kind of event is a
+//! device's rollout result, for the alert evaluators, which reconcile from the stored results
+//! after a restart or a lag.
+//!
+//! Tested through the real server: a rollout result is published by its writer even when the
+//! caller hung up before the answer (`tests/api/deployments.rs`).
 
 use fleetops_storage::Store;
 use tokio::sync::{broadcast, mpsc};

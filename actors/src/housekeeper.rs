@@ -1,9 +1,28 @@
-//! Housekeeper: the periodic chores, as a supervised actor. It purges uploads never
-//! confirmed once their link expired, asks the intake (the owner of delivery ids) to expire
-//! the delivery log past its retention, and prunes in-memory state that would otherwise grow
-//! with the number of callers (the binary registers the edge's own pruning), and once an hour
-//! (and soon after start-up, when a crash may have left some) collects blobs no record points
-//! at. It writes no record itself: each chore goes through the actor that owns the keys.
+//! Housekeeper: the periodic chores, as one supervised actor ticking every
+//! `[supervision] housekeeping_seconds`. Each pass:
+//! - runs the registered pruners: in-memory state that would otherwise grow with the number of
+//!   callers (the authenticator's key-touch map, and the edge's rate-limit buckets, which the
+//!   binary registers), and final records past their retention (heartbeat samples past
+//!   `[alerts] history_days`, alerts resolved past `retention_days`), a bounded number a pass;
+//! - asks the directory to forget sign-outs whose tokens have all expired;
+//! - purges uploads never confirmed once their link expired (never one whose upload or confirm
+//!   is under way);
+//! - asks the intake (the owner of delivery ids) to expire the delivery log past its retention;
+//! - starts what runs only on its own timers and is down (past its restart budget, or after a
+//!   start that failed): the controllers of rollouts with work left, the evaluators of
+//!   projects with enabled rules, the notifiers of projects with owed notifications; and,
+//!   every 10 minutes, the validations of confirms answered 202 whose verdict is not written;
+//! - on its first pass and then hourly (a crash may leave some), deletes blobs no record points
+//!   at; an artifact blob only once it is 24 h old, as its upload may still be streaming.
+//!
+//! It keeps nothing that matters across a restart: the next incarnation starts its own timer.
+//! It writes no live record itself: each chore that changes one goes through the actor that
+//! owns its keys; only final records (samples, resolved alerts) are deleted directly, since no
+//! writer changes them any more.
+//!
+//! Tested through the API tests of its chores (samples and alerts past their retention, the
+//! delivery log's retention, expired uploads, orphaned blobs) and with a panic injected
+//! (`tests/api/supervision.rs`).
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

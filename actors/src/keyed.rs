@@ -1,10 +1,23 @@
-//! The supervisor of per-entity actors (one per project, one per active session): it starts
-//! the entity's actor on first use, restarts it from storage when it fails (within the
-//! `[supervision]` budget), and keeps the typed map from entity id to the live actor. Typed
-//! maps, not global names, so two servers in one process never collide.
+//! The supervisor of per-entity actors (one per project, active session, host installation,
+//! organization's quota, project's rule evaluator and notifier, and phased rollout): it starts
+//! the entity's actor on first use, restarts it from storage when it fails, and keeps the typed
+//! map from entity id to the live actor. Typed maps, not global names, so two servers in one
+//! process never collide.
 //!
-//! [`Keyed`] is the calling side: it finds or starts the actor, bounds its mailbox, and sends a
-//! request lost in a crash once more to the replacement.
+//! Restarts follow the `[supervision]` budget (`supervision`): at once the first time, then
+//! after a doubling backoff; past `max_restarts` within `restart_window_seconds` the entity is
+//! left down until the window has passed, its calls answer 503 with `Retry-After`, and
+//! `/healthz` names it as contained while every other entity goes on. A normal stop (a
+//! completed or idle session, a controller with nothing to do) only leaves the map.
+//!
+//! [`Keyed`] is the calling side: it finds or starts the actor, bounds its mailbox
+//! (`mailbox_limit` calls per entity, kept across restarts), and sends a request lost in a
+//! crash before the actor took it on once more to the replacement; the request the actor died
+//! handling is not sent again (see `mailbox`).
+//!
+//! Tested through the real server with panics injected into project, session, installation,
+//! evaluator, notifier and rollout actors, some past their budget (`tests/api/supervision.rs`,
+//! `tests/api/rollouts.rs`).
 
 use std::collections::HashMap;
 use std::marker::PhantomData;

@@ -2,61 +2,83 @@
 //!
 //! ```text
 //! RootSupervisor
-//!  ├─ DirectoryActor        single writer: users, organizations, members, projects, API keys
+//!  ├─ DirectoryActor        single writer: users, organizations, members, projects, API keys,
+//!  │                        sign-outs
 //!  ├─ ProjectsSupervisor
-//!  │   └─ ProjectActor      one per project (started on first use): devices, groups, heartbeats,
-//!  │                        session records (status, tags, deletion), capsules,
-//!  │                        configurations, deployment packages and rollout results
+//!  │   └─ ProjectActor      one per project (started on first use): devices, groups,
+//!  │                        heartbeats, session records (status, tags, deletion), capsules,
+//!  │                        configurations, deployment packages, rollout results and
+//!  │                        decisions, integrations and alert rules
 //!  ├─ SessionsSupervisor
-//!  │   └─ SessionActor      one per active session: its log chunks and counters
-//!  ├─ IntakeActor           webhook delivery ids (dedup) and the webhook secret
+//!  │   └─ SessionActor      one per active session: its log chunks, counters and artifacts,
+//!  │                        the replay buffer and the live fan-out
+//!  ├─ IntakeActor           webhook delivery ids (dedup), the payload journal, the secret
 //!  ├─ JobDispatcher         repository links, test runs, idempotency keys
 //!  ├─ InstallationsSupervisor
-//!  │   └─ InstallationActor one per host installation
+//!  │   └─ InstallationActor one per host installation: its lifecycle and repositories
 //!  ├─ QuotasSupervisor
 //!  │   └─ QuotaActor        one per organization: checks and reserves its storage quota
 //!  ├─ NotifiersSupervisor
 //!  │   └─ Notifier          one per project with owed notifications: sends, retries, records
 //!  ├─ EvaluatorsSupervisor
 //!  │   └─ RuleEvaluator     one per project with enabled rules: condition states and alerts
-//!  ├─ WebhookWorker         routes queued deliveries to their owners
-//!  └─ Housekeeper           asks each owner to prune what expired
+//!  ├─ RolloutsSupervisor
+//!  │   └─ RolloutController one per phased rollout with work left: judges its phase's gate
+//!  ├─ WebhookWorker         routes queued deliveries to their owners, in arrival order
+//!  └─ Housekeeper           retention, expired uploads, orphaned blobs; restarts what
+//!                           runs on its own timers and is down
 //! ```
 //!
 //! A panic inside an actor's handler is caught by ractor and reported to its supervisor, which
-//! restarts the actor from storage within the `[supervision]` budget; the request being handled
-//! gets a 500, every other request goes on. Handles are the only way in: writes pass through
-//! the owning actor and are answered once durable (group commit); reads go to the store.
+//! restarts the actor from storage within the `[supervision]` budget: the request being handled
+//! gets a 500 and wrote nothing, the requests queued behind it are sent once more to the
+//! replacement, and an actor left down past its budget answers 503 while the rest serves.
+//! Handles are the only way in: writes pass through the owning actor, one atomic batch each,
+//! and are answered once durable (a group commit; for webhook deliveries, the payload journal's
+//! fsync); reads go to the store. Every call has a deadline (`call_timeout_ms`) and every
+//! mailbox a bound (`mailbox_limit`); a call whose caller gave up before the actor took it on
+//! is never applied.
 //!
 //! This crate never touches hyper; `http` never touches sled.
 //!
 //! # Module map
 //!
-//! Three layers, imports pointing one way (`tests/layering.rs` holds the rules to importing no
-//! handle or writer, the writers to importing no handle, and the modules to no cycle):
+//! Three layers, imports pointing one way (`tests/layering.rs` fails on an import cycle
+//! between modules or between families, on a rule that imports anything but other rules and
+//! `error`, `versions`, `clock` or `text`, and on a writer that imports a handle):
 //!
 //! - **Handles**, the typed API `http` calls (validate input, send one message, shape the
 //!   reply): `directory` (users, organizations, projects, keys), [`projects`] (devices,
 //!   groups, heartbeats), [`sessions`] (sessions, logs, artifacts, exports), [`pipeline`]
-//!   (capsules, configurations, deployments), [`webhooks`] (intake, delivery log,
-//!   repositories, test runs), [`alerts`] (integrations, rules, the alert history).
+//!   (capsules, configurations, deployments, rollouts, the device update API), [`webhooks`]
+//!   (intake, delivery log, repositories, test runs), [`alerts`] (integrations, rules, the
+//!   alert history, backtests).
 //! - **Writers**, the actors, each the single writer of its keys: `project` (one per project),
 //!   `session` (one per active session), `quota` (one per organization), `webhooks::intake`,
 //!   `webhooks::installation`, `webhooks::dispatcher`, `directory`, `alerts::evaluator` (one
 //!   per project with rules), `alerts::notifier` (one per project with owed notifications);
-//!   supervised by `root` through `keyed` (per-entity supervisors) with `mailbox` (deadlines, bounded waiting, the
-//!   caller's state) and `supervision` (restart budgets). Two supervised actors write nothing
-//!   and drive the writers through the handles: `webhooks::worker` and `housekeeper`.
+//!   supervised by `root` through `keyed` (per-entity supervisors) with `mailbox` (deadlines,
+//!   bounded waiting, the caller's state) and `supervision` (restart budgets). Three
+//!   supervised actors write nothing and drive the writers through the handles:
+//!   `webhooks::worker`, `housekeeper` and `rollout` (the rollout controllers).
 //! - **Rules**, functions and types that decide and never write (some read the store):
-//!   [`rules`] (input formats, deployment evaluation,
-//!   configuration lineage, quota counting, blob keys, and `rules::config_files`: parsing,
-//!   merging and checking uploaded configuration files), [`versions`], [`logs`] (log batches
-//!   and filters).
+//!   [`rules`] (input formats, deployment evaluation, rollout plans and gates, configuration
+//!   lineage and files, quota counting, blob keys, alert conditions, integration configs and
+//!   wire formats, outbound targets, backtests), [`versions`], [`logs`] (log batches and
+//!   filters).
 //!
-//! Beside them: [`config`] (settings), [`clock`], [`error`], [`events`] (the outbox events
-//! leave their writer through), [`auth`] and [`access`] (who may do what), [`links`] (signed
-//! upload and download links), [`live`] (WebSocket frames), [`views`] (response shapes),
-//! [`archives`] and [`secrets`].
+//! Leaf modules shared by writers and handles: `assignments` (which package each device should
+//! run, cached), [`provenance`] (package → capsule → commit → test runs), `shares` (pools with
+//! a bounded share per organization) and `signals` (what device and log handles tell the alert
+//! evaluators). Beside them: [`config`] (settings), [`clock`], [`error`], [`events`] (the
+//! outbox events leave their writer through), [`auth`] and [`access`] (who may do what),
+//! [`links`] (signed upload and download links), [`live`] (the live log stream), [`views`]
+//! (response shapes), [`health`] (what `/healthz` reports), [`backup`], [`archives`],
+//! [`secrets`] and `sealing` (where the key of integration secrets lives).
+//!
+//! Tested by unit tests beside the code, `tests/layering.rs`, and the workspace's API tests,
+//! which turn on the `fault-injection` feature to make actors panic, stall or fail to start
+//! (the shipped binary has none of these hooks).
 
 pub mod access;
 pub mod alerts;

@@ -6,6 +6,17 @@
 //! read is skipped (the batch is not queued for it) and learns how many entries it missed from
 //! the arrival sequence numbers, so one stalled viewer holds a bounded amount of memory and
 //! ingestion and other subscribers never wait for it.
+//!
+//! A batch larger than the byte bound alone still goes to an empty queue. A subscriber that was
+//! skipped is told how far (`lagged`, with the number of entries) once its queue is empty,
+//! and before the end; the end (the session completed, failed or deleted) is never skipped.
+//! `fleetops_live_batches_skipped` counts the batches not queued. When the session's actor
+//! restarts, each feed ends and the edge picks it up again from the next arrival index
+//! (`SessionsHandle::resume`), so a subscriber misses nothing the replay buffer still holds.
+//!
+//! Tested through the WebSocket (`tests/api/live.rs`: replay, order and filters, a stalled
+//! subscriber bounded in batches and in bytes while others go on, a resume after the actor
+//! restarts).
 
 use fleetops_storage::Columns;
 use std::sync::Arc;

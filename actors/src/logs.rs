@@ -1,6 +1,18 @@
 //! Log entries: the rules for what a device may send, how a batch becomes a stored chunk, and
 //! how a query walks the chunks. Pure functions; the session actor and the sessions handle
 //! call them.
+//!
+//! A batch is checked whole, all entries or none (at most 10,000 of them, else 413; a bad
+//! timestamp, level or metadata is a 422 naming the entry), and laid out as one chunk, column
+//! by column: timestamps, levels, a module dictionary, the messages concatenated, metadata as
+//! JSON bytes (an object, nested at most 64 levels). A [`LogFilter`] (levels, module, a
+//! case-insensitive substring, a time range) first rules a chunk out from its level mask and
+//! time range, then picks the matching entries in arrival order; a search is one `memmem` pass
+//! over the chunk's lower-cased text (entry by entry when either side is not ASCII). The same
+//! filter serves the query, the export and the live stream, so the three agree.
+//!
+//! Tested by the unit tests below and through the API (`tests/api/sessions.rs`,
+//! `tests/api/live.rs`).
 
 use std::collections::HashMap;
 

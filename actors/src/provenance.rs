@@ -2,6 +2,17 @@
 //! commit in the project, read from the store. Shown by a package's detail, the device update
 //! API and alerts naming a device; the project's policy can require a passed run before a
 //! package is activated.
+//!
+//! A capsule's source is a repository (`owner/name`) and a full commit id (40 or 64 hex
+//! characters, stored lower-case), the form the host's events carry and test runs are indexed
+//! by. Only test runs of the same project count: the commit index spans projects, and another
+//! project's runs are never shown. At most the 20 newest runs are shown; the policy's check
+//! reads every run of the commit. Reads only; shared by the project's actor (the policy check
+//! at activation) and the handles, so it imports no handle (`tests/layering.rs` checks it as
+//! a writer).
+//!
+//! Tested through the real server, from a commit's test run to the robot's answer and the
+//! passed-run policy (`tests/api/rollouts.rs`).
 
 use fleetops_storage::{Deployment, RunStatus, Store, rollouts::CapsuleSource};
 use serde::Serialize;

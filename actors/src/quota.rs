@@ -6,6 +6,15 @@
 //! the caller a [`Turn`] and waits until the caller has written its record (or failed) before
 //! it counts for the next one. The record is the reservation, so nothing is left to release
 //! after a crash.
+//!
+//! The turn travels with the create message to the project's actor, so it ends when the record
+//! is written or the message is dropped unapplied, never merely because the caller hung up.
+//! The actor keeps no state of its own (it counts from the store at each turn), so a restart
+//! loses nothing. Past the limit the answer is 413, before any byte moves.
+//!
+//! Tested by the unit test below (a turn is exclusive, and what is written counts) and through
+//! the API (`tests/api/capsules.rs`: concurrent uploads across projects, and a reservation
+//! whose caller hung up, never pass the quota).
 
 use fleetops_storage::Store;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};

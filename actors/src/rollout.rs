@@ -1,10 +1,25 @@
 //! RolloutController: one per phased rollout a controller still has work for (running, or
-//! with a failed gate's notice owed), under a keyed supervisor. It holds no state
-//! of its own: every tick it reads the rollout, judges the current phase's gate (failure rate,
-//! gate rules fired on the devices the rollout has reached, the phase's wait) and sends its
-//! verdict to the project's actor, the rollout's single writer, which records it durably as a
-//! decision. A restart (a panic, a kill -9) continues exactly where the stored rollout stands.
-//! A failed gate's notice goes to the gate rules' integrations until sent.
+//! with a failed gate's notice owed), under a keyed supervisor. It writes nothing itself and
+//! keeps no rollout state: every tick (`[pipeline] rollout_tick_ms`) it reads the rollout,
+//! judges the current phase's gate (`rules::rollouts`: failure rate, gate rules fired on the
+//! devices the rollout has reached, the phase's wait) and sends its verdict to the project's
+//! actor, the rollout's single writer, which records it durably as a decision. A verdict names
+//! the phase it judged and when that phase began, so one for a phase the rollout has left, or
+//! paused and resumed since, changes nothing. A restart (a panic, a kill -9) continues exactly
+//! where the stored rollout stands.
+//!
+//! A failed gate's notice is owed durably in the rollout record and goes to every enabled
+//! integration of the gate rules until each took it, retried after 1 s, doubling to 5 minutes.
+//! Only who took it and the backoff are kept in memory, so after a restart the owed notice
+//! goes to all of them again.
+//!
+//! A controller with nothing left to do leaves its supervisor's registry before it stops and
+//! then looks once more, so a resume that reached it on its way out still gets a fresh
+//! controller at once. The housekeeper starts a controller for any rollout with work left that
+//! has none.
+//!
+//! Tested through the real server (`tests/api/rollouts.rs`: phases followed by fifty robots,
+//! gates that pause and roll back, kill -9, a panic injected, a resume racing the stop).
 
 use std::collections::HashSet;
 use std::sync::Arc;

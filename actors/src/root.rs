@@ -1,7 +1,17 @@
-//! RootSupervisor: the top of the tree. It starts the singleton actors and the per-entity
-//! supervisors, and restarts any of them that fails, within the `[supervision]` budget. A
-//! restart that itself fails is logged and tried again a second later; meanwhile the child
-//! is named in [`crate::health::Health`] (`/healthz` answers 503) and the rest of the tree keeps serving.
+//! RootSupervisor: the top of the tree. It starts its twelve children in order (the
+//! directory; the supervisors of projects and sessions; the webhook intake and the job
+//! dispatcher; the supervisors of installations, quotas, notifiers, evaluators and rollouts;
+//! then the webhook worker and the housekeeper, which drive the others) and restarts any of
+//! them that fails, in place, within the `[supervision]` budget: at once the first time, then
+//! after a doubling backoff, and past the budget once its window has passed.
+//!
+//! While a child is down its slot is empty, so calls to it answer 503, and it is named in
+//! [`crate::health::Health`] (`/healthz` answers 503 naming it); the rest of the tree keeps
+//! serving. A restart that itself fails (its `pre_start` fails, for example on a storage
+//! error) is logged and tried again a second later; it never stops the root.
+//!
+//! Tested with panics injected into its singleton children (directory, intake, dispatcher,
+//! worker, housekeeper) and a child's start made to fail (`tests/api/supervision.rs`).
 
 use crate::health::Health;
 use std::collections::HashMap;

@@ -12,6 +12,15 @@
 //! A sealed check value in the data directory says which key sealed its secrets: a start
 //! with another key is refused with a clear message instead of failing at the first
 //! notification.
+//!
+//! A key file is refused when other accounts can read or write it, or when it lies inside the
+//! data directory (a copy would carry it); a new one is written beside its place and renamed
+//! in whole, so a crash never leaves half a key. Sealing again is safe to repeat: a secret only
+//! the new key opens was sealed again by a start a crash cut short, and is left alone.
+//!
+//! Tested by the unit test below and through the server (`tests/api/secrets.rs`: a copied data
+//! directory without the key file does not open its secrets; a key file inside it is
+//! refused).
 
 use std::io::Write;
 use std::path::Path;

@@ -1,6 +1,16 @@
 //! A pool of slots with a bounded share per tenant: whoever grabs first can take at most its
 //! share, so one organization's slow readers, hung targets or trickling uploads cost the
 //! others nothing beyond it. Used by the notification, stream and upload pools.
+//!
+//! The tenant is an organization. The pools: notifications being sent (`[alerts]
+//! max_in_flight`, `max_in_flight_per_org`), exports and artifact ZIPs being streamed
+//! (`[sessions] max_streams`, `max_streams_per_org`) and streamed uploads (`[http]
+//! max_streamed_uploads`, `max_streamed_uploads_per_org`). A slot gives its place back when it
+//! is dropped; [`Shares::take`] answers 503 with `Retry-After: 1` when there is none, and the
+//! notifier uses [`Shares::try_take`] and keeps the notification owed until a slot is free.
+//!
+//! Tested by the unit test below, and through the server with one organization's targets,
+//! readers or uploads stalled while another's go on.
 
 use std::sync::Arc;
 

@@ -3,6 +3,10 @@
 //! integrations) holds its evaluators' feed without importing the alerting family: the two
 //! families import each other in one direction only. The alerting family implements it
 //! (`alerts::evaluator::AlertFeed`); a signal never fails its caller.
+//!
+//! A handle signals only once its write is durable (a heartbeat, a log batch, a device
+//! deleted, a group changed), so an evaluator never judges what a crash could still take back.
+//! `tests/layering.rs` holds the one direction between the two families.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -1,11 +1,34 @@
-//! Persistence for fleetops: typed records and indexes in sled, blobs in `object_store`.
+//! Persistence for fleetops: typed records and indexes in sled, webhook payloads in
+//! append-only segment files beside it (`spool`), blobs through `object_store` (local files or
+//! S3).
 //!
-//! Owns every key layout and codec; nothing outside this crate sees a sled type. The rest of
-//! the code calls typed operations (`accounts`, `devices`) so that another backend could later
-//! sit behind the same functions and pass the same tests.
+//! Owns every key layout (`keys`) and codec (`codec`); nothing outside this crate sees a sled
+//! type. The rest of the code calls typed operations (`accounts`, `devices`, `sessions`,
+//! `pipeline`, `scm`, ...) so that another backend could sit behind the same functions and
+//! pass the same tests. Four sled trees: `records` (every record with its secondary indexes
+//! and list entries, so a record and what points at it are one atomic batch), `logs` (log
+//! chunks, kept apart so record scans stay small), `seq` (id counters; a gap after a crash is
+//! harmless) and `meta` (values generated once, and markers).
 //!
-//! Durability: sled fsyncs on its own only every ~500 ms, so every acknowledged write is
-//! followed by [`Store::durable`], a group commit shared by all writers waiting at that moment.
+//! Invariants a change must keep:
+//! - Durability: sled fsyncs on its own only every ~500 ms, so every acknowledged write is
+//!   followed by [`Store::durable`], a group commit shared by all writers waiting at that
+//!   moment. Webhook deliveries are the exception: an intake batch is durable once its
+//!   payloads and its journal record are fsynced in the payload log, and [`Store::open`]
+//!   replays that journal for whatever sled lost.
+//! - Uniqueness and state transitions are decided by the single-writer actors before they
+//!   write; a write here is one atomic batch, and a storage error is a 5xx, never a conflict.
+//! - A listed record's list entries and counters (`lists`) are written in the record's own
+//!   batch, under one lock, so a page reads only its entries and one counter.
+//! - Every write holds the backup gate (`gate`) shared, so a backup holding it exclusive
+//!   copies one moment of the store; the read-through caches (`cache`) are forgotten around
+//!   every write of their records.
+//! - Opening a store builds, once and behind a marker in `meta`, what a store written by an
+//!   older version lacks (list indexes, the resolved alerts' expiry index).
+//!
+//! Tested by unit tests beside each module, and by the API tests in `tests/api/`, each of
+//! which ends by checking every list index and counter against the records
+//! (`Store::verify_lists`), as the crash harness does after its last restart.
 
 pub mod accounts;
 pub mod alerts;

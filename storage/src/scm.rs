@@ -492,7 +492,7 @@ impl Store {
     /// Removes the one-key-per-delivery queue of a store written before the list of queued
     /// deliveries became the queue (the list holds the same deliveries), in batches of at
     /// most 100,000 keys. An older binary started on the store afterwards would find its
-    /// queue empty: README says a downgrade across this change is not supported.
+    /// queue empty: a downgrade across this change is not supported (docs/operations.md).
     pub(crate) fn drop_legacy_queue(&self) -> Result<()> {
         let mut b = sled::Batch::default();
         let mut n = 0usize;

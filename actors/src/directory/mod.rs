@@ -1,8 +1,18 @@
-//! DirectoryActor: the single writer of users, organizations, memberships, projects and API
-//! keys, so that e-mails and slugs stay unique under concurrent requests.
+//! DirectoryActor: the single writer of users, organizations, memberships, projects (with
+//! their secrets), API keys and sign-outs, so that e-mails and slugs stay unique, a member is
+//! added once and a user holds at most `[auth] max_api_keys_per_user` keys under concurrent
+//! requests.
 //!
-//! It holds no state beyond the store: a restart loses nothing. Reads do not pass through it;
-//! they go to the store directly (see `access`). Its handle is in `handle.rs`.
+//! It holds no state beyond the store and its settings (tier names, the key cap): a restart
+//! loses nothing. Reads do not pass through it; they go to the store directly, through its
+//! read-through caches (see `access` and `auth`). Its handle is in `handle.rs`, and hashes a
+//! password on a blocking thread before the message reaches the actor, so the actor never
+//! waits on argon2. Project secrets and API keys are stored only as their SHA-256 and shown
+//! once. An API key's last use arrives as a message with no reply: a lost one only ages
+//! `last_used_at`.
+//!
+//! Tested through the API (`tests/api/accounts.rs`), and with a panic injected into it
+//! (`tests/api/supervision.rs`).
 
 mod handle;
 

@@ -1,16 +1,33 @@
-//! [`PipelineHandle`]: the deployment pipeline. Capsules here; configurations and deployment
-//! packages in their own modules. The upload flow: `upload-url` creates the record (quota
-//! checked, declared size reserved) and a signed upload link; the bytes are PUT to that link
-//! (at most the declared size); `confirm` computes SHA-256 over the stored bytes, checks the
-//! archive and the dependencies, and settles `passed`/`failed` and `is_latest`.
+//! [`PipelineHandle`]: the deployment pipeline, from an uploaded capsule to what a robot runs.
+//! Capsules here; configurations, deployment packages, phased rollouts, the device update API
+//! and the upload machinery capsules and configurations share in their own modules
+//! (`configurations`, `deployments`, `rollouts`, `updates`, `uploads`).
 //!
-//! Writes go through the project's actor (single writer of `is_latest` and uniqueness);
-//! hashing and archive checks run on a blocking thread over a temporary copy, memory flat.
+//! The upload flow: `upload-url` checks the request, takes the organization's quota turn with
+//! the declared size reserved (`quota`), creates the record and answers a signed upload link;
+//! the bytes are PUT to that link (at most the declared size); `confirm` computes SHA-256 over
+//! the stored bytes, checks the archive and the dependencies, and settles `passed`/`failed`
+//! and `is_latest`. Above `sync_validation_max_bytes` confirm answers 202 and validates in the
+//! background; the owed validation is written durably before the 202 and resumed at start-up
+//! and by the housekeeper (`resume_validations`) until its verdict is written.
 //!
-//! On the local backend the upload and download links are fleetops' own signed tokens
-//! (`/api/v1/uploads/{token}`, `/api/v1/downloads/{token}`); on S3 they are the store's own
-//! presigned URLs, confirm reads the stored size from the store, and confirm seals the bytes
-//! it validates under a key no upload URL targets (see [`keys`]).
+//! Invariants a change must keep:
+//! - Writes go through the project's actor (single writer of `is_latest`, uniqueness,
+//!   references and transitions); this handle writes no record itself.
+//! - Hashing and archive checks run on a blocking thread over a temporary copy, memory flat;
+//!   an archive's check reads a bounded amount of decompressed bytes and entries
+//!   (`archives`).
+//! - Confirmed bytes never change. On the local backend the upload and download links are
+//!   fleetops' own signed tokens (`/api/v1/uploads/{token}`, `/api/v1/downloads/{token}`); a
+//!   `PUT` there shares the object's lock with confirm and is refused once confirmed. On S3
+//!   they are the store's own presigned URLs, which cannot be revoked, so a capsule's confirm
+//!   copies the upload to a staging key no URL targets, validates that copy and seals it under
+//!   its content key (see [`keys`]); the record's `blob_key` moves in the verdict's write, and
+//!   the upload key is deleted only once that write is durable.
+//!
+//! Tested through the real server (`tests/api/capsules.rs`, `configurations.rs`,
+//! `deployments.rs`, `rollouts.rs`, `updates.rs`), against moto for S3 (`tests/api/s3.rs`),
+//! and by the crash harness, which kills the server with a validation owed.
 
 pub mod configurations;
 pub mod deployments;

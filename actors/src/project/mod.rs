@@ -1,11 +1,31 @@
-//! ProjectActor: one per project, the single writer of the project's devices, groups, session
-//! records and pipeline records (capsules, configurations, deployment packages and their
-//! rollout results), so that invariants hold under concurrent requests. This file holds the
-//! actor and its message enum; the state changes of each family are in their own file
-//! (devices, sessions, capsules, configurations, deployments), and the handle in `handle.rs`.
+//! ProjectActor: one per project, started on first use, the single writer of the project's
+//! records: devices (their heartbeats and kept metric samples), groups, session records
+//! (status, tags, deletion), the pipeline (capsules, configurations, deployment packages,
+//! devices' reports, rollout plans and decisions, the rollout policy) and alerting's
+//! integrations and rules. One writer is what keeps uniqueness, `is_latest`, references (a
+//! rule's integrations and groups, whatever a deletion would leave dangling) and state
+//! transitions true under concurrent requests. This file holds the actor and its message enum;
+//! the state changes of each family are in their own file (`devices`, `sessions`, `capsules`,
+//! `configurations`, `deployments`, `alerting`), and the handle in `handle.rs`.
 //!
-//! Its state is rebuilt from storage in `pre_start`, so a restart after a panic loses nothing
-//! that was acknowledged. Reads do not pass through it (see `projects::ProjectsHandle`).
+//! Invariants a change must keep:
+//! - Each message is one atomic write, answered as soon as it is applied; the handles answer
+//!   their callers once it is durable. Reads do not pass through the actor (see
+//!   `projects::ProjectsHandle`).
+//! - A write that can change which package a device should run (a device or group changed, a
+//!   package's transition, a rollout's decision) bumps the project's generation in
+//!   `assignments` after it is applied and before it is answered.
+//! - A device's rollout result is handed to the events outbox (`events`) by the actor itself,
+//!   after its reply, so it is published once on disk whatever became of the caller.
+//! - The creation of a capsule or configuration carries the organization's quota turn
+//!   (`quota`), released once the record is written or the message is dropped unapplied.
+//! - It keeps nothing storage does not hold, beyond the project record and when each device's
+//!   last metric sample was kept, so a restart after a panic loses nothing that was
+//!   acknowledged.
+//!
+//! Tested by the unit tests below (through its mailbox on a temporary store, no HTTP), through
+//! the API tests of devices, sessions, the pipeline, rollouts and alerts, and with panics and
+//! stalls injected (`tests/api/supervision.rs`).
 
 pub(crate) mod alerting;
 mod capsules;

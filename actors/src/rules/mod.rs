@@ -1,7 +1,20 @@
-//! Rules: functions and types that decide, and never write. This file holds the input
-//! formats (slugs, e-mail addresses, names, labels, artifact paths, tags), each failing with
-//! a 422 that names the field; the children hold deployment evaluation, configuration lineage
-//! and files, and blob keys. Some read the store; none writes it.
+//! Rules: functions and types that decide, and never write. Handles and writers call them;
+//! they import neither (`tests/layering.rs` lets them use only other rules and `error`,
+//! `versions`, `clock`, `text`), so a rule is tested without an actor or a server. Some read
+//! the store; none writes it.
+//!
+//! This file holds the input formats (slugs, e-mail addresses, names, passwords, labels,
+//! heartbeat metrics, artifact paths, tags) and the per-entity bounds, each failing with a 422
+//! that names the field. The children: `deployments` (what blocks a package, its targets, its
+//! transitions), `rollouts` (phase plans, phase membership, the gate), `configurations` and
+//! `config_files` (lineage, the five file formats, schema checks, what the quota counts),
+//! `blob_keys`, `alert_conditions`, `notifications` (integration configs and wire formats),
+//! `targets` (outbound addresses), `backtest` (replay with the live evaluator's semantics),
+//! and `schemas` and `whole` (the formats as the OpenAPI document states them).
+//!
+//! Invariant: a format enforced here and the JSON Schema `schemas` publishes for it agree; the
+//! unit tests in `schemas` hold each schema to its function on the same strings. Unit tests
+//! sit beside the rules, in this file and most children.
 
 pub mod alert_conditions;
 pub mod backtest;

@@ -1,10 +1,26 @@
-//! SessionActor: one per active session, started on its first append after creation or a
-//! restart. It is the single writer of the session's log chunks and counters: each appended
-//! batch is one chunk, written with its counters in one transaction and acknowledged once
-//! durable (the handle waits for the group commit, so concurrent batches share fsyncs).
+//! SessionActor: one per active session, started on first use (an append, an artifact, a live
+//! subscriber) and again after a restart or an idle stop. It is the single writer of the
+//! session's log chunks, counters and artifact records: each appended batch is one chunk,
+//! written with its counters in one transaction and acknowledged once durable (the handle
+//! waits for the group commit, so concurrent batches share fsyncs). It also keeps the replay
+//! buffer (the last `buffer_entries` entries, within `buffer_bytes`, the newest batch always)
+//! and fans each stored batch out to the live subscribers (`live`).
 //!
-//! Its state is rebuilt from storage in `pre_start` (counters, whether the session is still
-//! active), so a restart after a panic loses nothing that was acknowledged.
+//! Invariants a change must keep:
+//! - An append is answered as soon as its write is applied, before the replay buffer and the
+//!   fan-out: a panic in those leaves the caller with the truth and never writes twice.
+//! - Completion and deletion seal the actor first (later appends are 409). Seals are counted,
+//!   and one whose completion failed is taken back: appends resume only once no seal is left
+//!   and the stored session is still active.
+//! - Its state is rebuilt from storage in `pre_start` (counters, the replay buffer from the
+//!   newest chunks, whether the session is still active), so a restart after a panic loses
+//!   nothing that was acknowledged, and live subscribers resume from the next entry.
+//! - With no append, artifact or subscriber for `[sessions] idle_seconds` it stops: all its
+//!   state is in storage, and the next use starts it again.
+//!
+//! Tested by the unit tests below (through its mailbox on a temporary store, no HTTP), through
+//! the API tests of sessions, artifacts and the live stream, and with panics injected, one of
+//! them right after a write (`tests/api/supervision.rs`).
 
 use std::collections::VecDeque;
 use std::sync::Arc;

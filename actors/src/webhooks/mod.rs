@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! POST /scm/webhooks ─ verify (HMAC, constant time) ─▶ IntakeActor (claim id + store, atomic)
-//!        ◀── 202 once durable (group commit) ─────────┘        │ seq
+//!        ◀── 202 once in the journal (fdatasync) ─────┘         │ seq
 //!                                                               ▼
 //!                       WorkerActor (arrival order) ─▶ InstallationActor (one per installation)
 //!                                                               │
@@ -10,9 +10,24 @@
 //!                                                         JobDispatcher ─▶ test runs
 //! ```
 //!
-//! A delivery answered 202 is on disk with its payload and a place in the queue; the worker's
-//! effect and the delivery's outcome are written in one batch, so after a crash every queued
-//! delivery is processed exactly once. Reads (lists, status) go to the store.
+//! A delivery answered 202 is on disk with its payload and a place in the queue: the intake
+//! appends a batch's payloads and a journal record of its deliveries to the payload log with
+//! one `fdatasync`, then claims the ids and stores the deliveries in one sled write without
+//! waiting for sled's flush, and the store replays the journal at open for whatever sled lost.
+//! The worker's effect and the delivery's outcome are written in one batch, and the
+//! installation actor and the dispatcher act on a delivery only while it is still `queued`, so
+//! after a crash, or a call retried while the first is still queued, every queued delivery is
+//! processed exactly once. Reads (lists, status) go to the store.
+//!
+//! The store is the worker's queue (the list of `queued` deliveries), read a page at a time,
+//! so a backlog costs a page of memory. A delivery that keeps failing (other than on an actor
+//! that is down) is recorded `processing_failed` after five retries, so one poison delivery
+//! cannot stall the queue. Each installation is bound to one organization, and its deliveries
+//! resolve only to repository links of that organization's projects.
+//!
+//! Tested through the real server (`tests/api/webhooks.rs`: signatures, dedup, policy, batches
+//! that fail part-way, panics), by unit tests of the intake, the dispatcher and the payloads,
+//! and by the crash harness, whose kills land between a batch's 202 and sled's flush.
 
 mod deliveries;
 pub(crate) mod dispatcher;

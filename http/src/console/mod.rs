@@ -1,9 +1,25 @@
-//! The operator console: HTML pages at `/console`, served from templates compiled into the
-//! binary, reading the same handles the REST API calls. Like the API's handlers, each page
-//! parses, authorizes (the signed-in user's roles, through `access`), calls the runtime and
-//! renders; no business rule lives here. Sign-in keeps the API's JWT in a cookie
-//! (`session.rs`); every form that changes something carries the session's CSRF token, and
-//! the pages allow no script but their own (a strict `Content-Security-Policy`).
+//! The operator console: HTML pages at `/console` (and `/` redirects there), rendered on the
+//! server from maud templates compiled into the binary (`pages.rs`), with one embedded
+//! stylesheet and one small script of its own for the live tail. Pages read the same handles
+//! the REST API calls, through its paginated, server-filtered queries. Like the API's
+//! handlers, each page parses, authorizes (the signed-in user's roles, through `access`),
+//! calls the runtime and renders; no business rule lives here, and permissions are the API's.
+//!
+//! Invariants a change must keep:
+//! - Sign-in keeps the API's JWT in a cookie (`session.rs`); every page is charged to the user
+//!   under the organization's rate limit and carries the API's `X-RateLimit-*` headers.
+//! - A form that changes something is refused (403, nothing changed) unless a browser's
+//!   `Origin`, when sent, is exactly this console's and the user has the role, both checked
+//!   before its body (at most 8 KiB) is read, and unless it carries the sign-in's CSRF token.
+//! - Every page is sent `no-store`, unframeable and under a strict `Content-Security-Policy`
+//!   that runs no script but the console's own; a session's files are served only as
+//!   downloads (`attachment`, `nosniff`, a sandboxing policy), never rendered under the
+//!   console's origin.
+//! - The live tail's WebSocket takes the cookie as its credential only when the handshake's
+//!   `Origin` is exactly this console's ([`same_origin`]).
+//!
+//! Tested by the unit tests of `session.rs`, over plain HTTP, and in a real browser
+//! (`tests/api/console.rs`: Debian's Chromium driven through chromedriver).
 
 pub mod pages;
 pub mod session;

@@ -1,5 +1,19 @@
-//! One file per resource family. A handler parses, authorizes, makes one call into the
-//! runtime and maps the reply; no business rule lives here.
+//! The REST handlers, one file per resource family; [`dispatch`] maps each operation of the
+//! route table (`router.rs`) to its handler. A handler parses, authorizes, makes one call into
+//! the runtime and maps the reply; no business rule lives here, and a handler writes nothing
+//! itself.
+//!
+//! Invariants a new handler keeps:
+//! - Authentication, the rate limit and authorization come first, through [`Cx`] (401 → 429 →
+//!   403 → 404); the body is read only after them, always under a size cap (413), then parsed
+//!   (400, or 422 naming a field that does not fit) and checked by the runtime (422, 409): the
+//!   order `lib.rs` states.
+//! - What it answers is described in `openapi.rs`, whose exhaustive matches on the operation
+//!   make a new one fail to compile until it is described.
+//!
+//! Tested through the real server (`tests/api/`), including malformed and hostile input
+//! (`bad_input.rs`), the order of checks, and schemathesis against the served OpenAPI
+//! document.
 
 pub(crate) mod accounts;
 pub(crate) mod alerts;
