@@ -811,6 +811,124 @@ fn integer_range(s: &mut Schema) {
     m.entry("maximum").or_insert(max);
 }
 
+/// An integration request as client generators read unions: one named object per `type`
+/// (its config a named schema too), joined by `oneOf` with a discriminator on `type`.
+fn integration_union(schemas: &mut Map<String, Value>) {
+    let Some(Value::Object(base)) = schemas.remove("IntegrationRequest") else {
+        return;
+    };
+    let base_props = base.get("properties").cloned().unwrap_or_else(|| json!({}));
+    let required = base.get("required").cloned().unwrap_or_else(|| json!([]));
+    let (mut one_of, mut mapping) = (Vec::new(), Map::new());
+    for (kind, config) in fleetops_actors::rules::notifications::config_schemas() {
+        let title = {
+            let mut c = kind.chars();
+            c.next()
+                .map(|f| f.to_ascii_uppercase().to_string() + c.as_str())
+                .unwrap_or_default()
+        };
+        let (request, config_name) = (
+            format!("{title}IntegrationRequest"),
+            format!("{title}IntegrationConfig"),
+        );
+        let mut props = base_props.clone();
+        if let Value::Object(p) = &mut props {
+            p.insert("type".into(), json!({"type": "string", "enum": [kind]}));
+            p.insert(
+                "config".into(),
+                json!({"$ref": format!("#/components/schemas/{config_name}")}),
+            );
+        }
+        schemas.insert(config_name, config);
+        schemas.insert(
+            request.clone(),
+            json!({"type": "object", "required": required, "properties": props}),
+        );
+        let r = format!("#/components/schemas/{request}");
+        mapping.insert(kind.into(), Value::from(r.clone()));
+        one_of.push(json!({"$ref": r}));
+    }
+    schemas.insert(
+        "IntegrationRequest".into(),
+        json!({"oneOf": one_of, "discriminator": {"propertyName": "type", "mapping": mapping}}),
+    );
+}
+
+/// A schema as client generators take it: the boolean schema `true` (anything) written `{}`
+/// and `false` as `{"not": {}}` (`additionalProperties` keeps its boolean), and an array
+/// that says nothing of its items saying so with `items: {}`.
+fn generator_friendly(s: &mut Value) {
+    const ONE: [&str; 12] = [
+        "items",
+        "additionalProperties",
+        "not",
+        "contains",
+        "propertyNames",
+        "if",
+        "then",
+        "else",
+        "unevaluatedProperties",
+        "unevaluatedItems",
+        "contentSchema",
+        "additionalItems",
+    ];
+    const MANY: [&str; 4] = [
+        "properties",
+        "patternProperties",
+        "$defs",
+        "dependentSchemas",
+    ];
+    const LISTS: [&str; 4] = ["allOf", "anyOf", "oneOf", "prefixItems"];
+    match s {
+        Value::Bool(true) => *s = json!({}),
+        Value::Bool(false) => *s = json!({"not": {}}),
+        Value::Object(m) => {
+            let is_array = match m.get("type") {
+                Some(Value::String(t)) => t == "array",
+                Some(Value::Array(ts)) => ts.iter().any(|t| t == "array"),
+                _ => false,
+            };
+            if is_array && !m.contains_key("items") && !m.contains_key("prefixItems") {
+                m.insert("items".into(), json!({}));
+            }
+            for (k, v) in m.iter_mut() {
+                if ONE.contains(&k.as_str()) {
+                    if !(k == "additionalProperties" && v.is_boolean()) {
+                        generator_friendly(v);
+                    }
+                } else if MANY.contains(&k.as_str()) {
+                    if let Value::Object(each) = v {
+                        each.values_mut().for_each(generator_friendly);
+                    }
+                } else if LISTS.contains(&k.as_str())
+                    && let Value::Array(each) = v
+                {
+                    each.iter_mut().for_each(generator_friendly);
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+/// [`generator_friendly`] for every `schema` of a path item's operations (parameters,
+/// bodies, responses, headers).
+fn schemas_in_operations(v: &mut Value) {
+    match v {
+        Value::Object(m) => {
+            for (k, x) in m.iter_mut() {
+                if k == "schema" {
+                    generator_friendly(x);
+                } else {
+                    schemas_in_operations(x);
+                }
+            }
+        }
+        Value::Array(a) => a.iter_mut().for_each(schemas_in_operations),
+        _ => {}
+    }
+}
+
 /// Rewrites `$ref`s to renamed request schemas.
 fn rename_refs(v: &mut Value, renamed: &BTreeMap<String, String>) {
     match v {
@@ -933,6 +1051,13 @@ pub fn document(routes: &[RouteDef], tiers: &[String]) -> Value {
         if let Some(Value::Object(op)) = paths.get_mut(&path).and_then(|p| p.get_mut(&method)) {
             op.insert("requestBody".into(), b);
         }
+    }
+    integration_union(&mut schemas);
+    for s in schemas.values_mut() {
+        generator_friendly(s);
+    }
+    for item in paths.values_mut() {
+        schemas_in_operations(item);
     }
     let error = |description: &str| {
         json!({

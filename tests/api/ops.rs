@@ -317,3 +317,73 @@ async fn backup_endpoint_refuses_missing_credentials_and_bad_bodies() {
         .await
         .assert_error(422);
 }
+
+/// The served document generates a client with openapi-python-client (the generator most
+/// Python users reach for; installed by README's test command), and that client signs in,
+/// registers a device, sends a heartbeat and a log batch, queries it and creates an
+/// integration: no boolean schemas, and the integration union has a discriminator on `type`.
+#[tokio::test]
+async fn a_generated_python_client_runs_a_short_flow() {
+    let s = start().await;
+    let work = tempfile::tempdir().unwrap();
+    let doc = s
+        .http
+        .get(s.url("/api/v1/openapi.json"))
+        .send()
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    std::fs::write(work.path().join("openapi.json"), &doc).unwrap();
+    let out = tokio::process::Command::new("openapi-python-client")
+        .args([
+            "generate",
+            "--path",
+            "openapi.json",
+            "--output-path",
+            "client",
+        ])
+        .current_dir(work.path())
+        .output()
+        .await
+        .expect("openapi-python-client is installed by README's test command (pip)");
+    let log = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{log}");
+    for refused in ["Unable to process schema", "Failure to process schema"] {
+        assert!(!log.contains(refused), "{log}");
+    }
+    let flow = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/peers/openapi_client_flow.py"
+    );
+    let out = tokio::process::Command::new("python3")
+        .arg(flow)
+        .env("PYTHONPATH", work.path().join("client"))
+        .env("FLEETOPS", &s.base)
+        .env("EMAIL", &s.admin.email)
+        .env("PASSWORD", ADMIN_PASSWORD)
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for line in [
+        "signed in: bearer",
+        "heartbeat: online",
+        "accepted: 1",
+        "query: 1 ERROR left motor overheat",
+        "integration: 1 webhook",
+        "integrations: 1",
+    ] {
+        assert!(stdout.contains(line), "{line:?} in {stdout}");
+    }
+}
