@@ -334,6 +334,16 @@ mod tests {
     }
 
     #[test]
+    fn the_first_start_is_enterprise_unless_told_and_a_tier_must_exist() {
+        assert_eq!(Config::default().admin.tier, "enterprise");
+        let mut c = Config::default();
+        c.admin.tier = "platinum".into();
+        assert!(c.validate().is_err());
+        c.tiers.insert("platinum".into(), TierFile::default());
+        c.validate().unwrap();
+    }
+
+    #[test]
     fn unknown_keys_and_short_secrets_are_refused() {
         assert!(toml::from_str::<Config>("lissten = 1").is_err());
         let mut c = Config::default();

@@ -627,3 +627,17 @@ async fn api_keys_past_the_per_user_cap_are_refused() {
         .await;
     assert_eq!(r.status, 201, "{}", r.body);
 }
+
+/// The first start's organization is on `[admin] tier`: its rate limit is that tier's.
+#[tokio::test]
+async fn the_first_start_organization_takes_the_configured_tier() {
+    let s = start_with(|c| {
+        c.admin.tier = "team".into();
+        c.tiers.get_mut("team").unwrap().requests_per_minute = Some(1234);
+    })
+    .await;
+    let r = s.get("/api/v1/organizations", s.key()).await;
+    assert_eq!(r.body["items"][0]["tier"], "team", "{}", r.body);
+    let r = s.get(&format!("{DEV}/devices"), s.key()).await;
+    assert_eq!(r.header("x-ratelimit-limit"), Some("1234"));
+}

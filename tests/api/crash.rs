@@ -8,7 +8,7 @@
 //!
 //! `CRASH_KILLS` (default 20) kills; `CRASH_SEED` replays a run; `CRASH_LOG_LINES` stores that
 //! many log lines first, so the time to healthy after each kill is measured at that size
-//! (README: 200 kills and 1,000,000 lines, `cargo test --release`).
+//! (docs/performance.md: 200 kills and 1,000,000 lines, `cargo test --release`).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -481,7 +481,7 @@ async fn kill_9_at_random_moments_loses_and_duplicates_nothing() {
         "[devices]\noffline_after_seconds = 1\n\
          [pipeline]\nsync_validation_max_bytes = 64\n\
          [alerts]\nallow_private_targets = true\ntick_ms = 100\nretry_base_ms = 200\n\
-         [tiers.free]\nrequests_per_minute = 10000000\n",
+         [tiers.enterprise]\nrequests_per_minute = 10000000\n",
     )
     .unwrap();
     let env = [("FLEETOPS_SCM_WEBHOOK_SECRET", SECRET)];

@@ -28,5 +28,6 @@ mod schemathesis;
 mod secrets;
 mod sessions;
 mod supervision;
+mod tour;
 mod updates;
 mod webhooks;
