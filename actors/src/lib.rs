@@ -474,6 +474,7 @@ impl Runtime {
             clock: clock.clone(),
             feed: alert_feed.clone(),
             history_days: cfg.alerts.history_days,
+            history_resolution_seconds: cfg.alerts.history_resolution_seconds,
             evaluator_busy,
             offline_after_ms: (cfg.devices.offline_after_seconds as i64).saturating_mul(1000),
             assignments: assignments.clone(),

@@ -597,9 +597,65 @@ async fn an_operator_finds_the_offline_robot_the_alert_and_the_rollout_in_a_brow
         .body["items"][0]["id"]
         .as_u64()
         .unwrap();
+    // Heartbeats too close together for the history to keep them: the chart ends at the
+    // latest all the same, a metric seen once is a dot, numbers are rounded, and the time
+    // axis is labelled.
+    let tok = device_token(&s, "r-online").await;
+    // (Above the seeded rule's threshold, so its alert keeps firing.)
+    for cpu in [95.123456789012, 96.0, 98.0] {
+        heartbeat(&s, on, &tok, json!({"cpu": cpu})).await;
+    }
+    heartbeat(&s, on, &tok, json!({"cpu": 99.0, "batt": 3.14159265358979})).await;
     c.goto(&s.url(&format!("/console/default/default/devices/{on}")))
         .await
         .unwrap();
+    let captions: Vec<String> = {
+        let mut v = Vec::new();
+        for f in c
+            .find_all(Locator::Css("figure.chart figcaption"))
+            .await
+            .unwrap()
+        {
+            v.push(f.text().await.unwrap());
+        }
+        v
+    };
+    assert_eq!(captions.len(), 2, "{captions:?}");
+    assert!(
+        captions[0].starts_with("batt: 1 point (one kept per 10 s at most")
+            && captions[0].ends_with("min 3.142, max 3.142"),
+        "{captions:?}"
+    );
+    // The first kept sample and the latest at least (a slow machine may keep one between).
+    assert!(
+        captions[1].starts_with("cpu: ")
+            && captions[1].contains(" points ")
+            && captions[1].ends_with("max 99")
+            && !captions[1].contains("95.1234"),
+        "{captions:?}"
+    );
+    assert_eq!(
+        c.find_all(Locator::Css("figure.chart circle.point"))
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+    assert_eq!(
+        c.find_all(Locator::Css("figure.chart polyline"))
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+    assert_eq!(
+        c.find_all(Locator::Css("figure.chart text.axis"))
+            .await
+            .unwrap()
+            .len(),
+        3
+    );
+    shot(c, "3b-device-metrics").await;
     c.find(Locator::Css("a.session"))
         .await
         .unwrap()

@@ -66,6 +66,8 @@ pub struct AlertsHandle {
     pub(crate) feed: evaluator::AlertFeed,
     /// What backtests may look back over, and when a device counts as offline.
     pub(crate) history_days: u64,
+    /// At most one heartbeat per device per this many seconds is kept in the history.
+    pub(crate) history_resolution_seconds: u64,
     pub(crate) evaluator_busy: std::sync::Arc<std::sync::atomic::AtomicU64>,
     pub(crate) offline_after_ms: i64,
     /// Which package each device runs now (an alert shows its provenance).
@@ -113,6 +115,12 @@ impl AlertsHandle {
             .map_err(|_| crate::error::Error::Unavailable {
                 retry_after_secs: 1,
             })
+    }
+
+    /// The heartbeat history keeps at most one sample per device per this many seconds
+    /// (`[alerts] history_resolution_seconds`): what a chart of it can show.
+    pub fn history_resolution_seconds(&self) -> u64 {
+        self.history_resolution_seconds
     }
 
     /// Log batches the evaluators did not see, over the byte budget (for `/metrics`).

@@ -509,6 +509,7 @@ async fn device(
             &pages::DevicePage {
                 device: &d,
                 metrics: &metrics,
+                resolution_seconds: app.rt.alerts.history_resolution_seconds(),
                 sessions: &sessions.items,
                 history: &history,
                 alerts: &open,

@@ -164,34 +164,77 @@ pub fn fleet(
     )
 }
 
-/// A small line chart of one metric, drawn on the server as SVG (no script).
-fn chart(name: &str, points: &[(i64, f64)]) -> Markup {
-    let (w, h) = (600.0, 120.0);
+/// A number as a person reads it: integers whole, anything else to at most three decimals
+/// (the stored value keeps every digit; the API shows them all).
+pub(crate) fn num(v: f64) -> String {
+    if v.fract() == 0.0 && v.abs() < 1e15 {
+        return format!("{v:.0}");
+    }
+    let s = format!("{v:.3}");
+    s.trim_end_matches('0').trim_end_matches('.').to_string()
+}
+
+/// A time of day, UTC, for a chart's axis.
+fn clock(ms: i64) -> String {
+    time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
+        .map(|t| format!("{:02}:{:02}:{:02}", t.hour(), t.minute(), t.second()))
+        .unwrap_or_default()
+}
+
+/// A small line chart of one metric, drawn on the server as SVG (no script): the samples the
+/// heartbeat history keeps (at most one per `resolution` seconds), then the latest
+/// heartbeat's value; one point is drawn as a dot. The time axis is labelled at both ends.
+fn chart(name: &str, points: &[(i64, f64)], resolution: u64) -> Markup {
+    let (w, plot_h, h) = (600.0, 120.0, 140.0);
     let (t0, t1) = (
         points.first().map_or(0, |p| p.0),
-        points.last().map_or(1, |p| p.0),
+        points.last().map_or(0, |p| p.0),
     );
     let (lo, hi) = points.iter().fold((f64::MAX, f64::MIN), |(lo, hi), p| {
         (lo.min(p.1), hi.max(p.1))
     });
     let span_t = ((t1 - t0) as f64).max(1.0);
     let span_v = (hi - lo).max(f64::EPSILON);
+    let xy = |(t, v): &(i64, f64)| {
+        let x = if t1 == t0 {
+            w / 2.0
+        } else {
+            (*t - t0) as f64 / span_t * w
+        };
+        let y = if hi == lo {
+            plot_h / 2.0
+        } else {
+            plot_h - (v - lo) / span_v * (plot_h - 10.0) - 5.0
+        };
+        (x, y)
+    };
     let path: Vec<String> = points
         .iter()
-        .map(|(t, v)| {
-            format!(
-                "{:.1},{:.1}",
-                (*t - t0) as f64 / span_t * w,
-                h - (v - lo) / span_v * (h - 10.0) - 5.0
-            )
+        .map(|p| {
+            let (x, y) = xy(p);
+            format!("{x:.1},{y:.1}")
         })
         .collect();
+    let n = points.len();
     html! {
         figure class="chart" {
-            svg viewBox={ "0 0 " (w) " " (h) } role="img" aria-label={ (name) " over the last 24 hours, from " (lo) " to " (hi) } {
-                polyline fill="none" stroke="currentColor" stroke-width="2" points=(path.join(" ")) {}
+            svg viewBox={ "0 0 " (w) " " (h) } role="img" aria-label={ (name) " over the last 24 hours, from " (num(lo)) " to " (num(hi)) } {
+                @if n == 1 {
+                    @let (x, y) = xy(&points[0]);
+                    circle class="point" cx=(format!("{x:.1}")) cy=(format!("{y:.1}")) r="4" fill="currentColor" {}
+                } @else {
+                    polyline fill="none" stroke="currentColor" stroke-width="2" points=(path.join(" ")) {}
+                }
+                text class="axis" x="0" y=(h - 2.0) text-anchor="start" { (clock(t0)) @if t1 == t0 { " UTC" } }
+                @if t1 != t0 {
+                    text class="axis" x=(w) y=(h - 2.0) text-anchor="end" { (clock(t1)) " UTC" }
+                }
             }
-            figcaption { (name) ": " (points.len()) " samples, min " (lo) ", max " (hi) }
+            figcaption {
+                (name) ": " (n) @if n == 1 { " point" } @else { " points" }
+                " (one kept per " (resolution) " s at most, and the latest heartbeat), min "
+                (num(lo)) ", max " (num(hi))
+            }
         }
     }
 }
@@ -199,6 +242,8 @@ fn chart(name: &str, points: &[(i64, f64)]) -> Markup {
 pub struct DevicePage<'a> {
     pub device: &'a DeviceView,
     pub metrics: &'a [(i64, BTreeMap<String, f64>)],
+    /// The heartbeat history keeps at most one sample per device per this many seconds.
+    pub resolution_seconds: u64,
     pub sessions: &'a [SessionItem],
     pub history: &'a fleetops_actors::pipeline::updates::DeviceHistory,
     pub alerts: &'a [fleetops_actors::alerts::history::AlertView],
@@ -216,6 +261,24 @@ pub fn device(chrome: &Chrome<'_>, p: &DevicePage<'_>) -> Markup {
             series.entry(k.as_str()).or_default().push((*t, *v));
         }
     }
+    // The latest heartbeat's values end each chart, so it agrees with "Latest metrics" even
+    // when that heartbeat came too soon after the last kept sample to be kept itself.
+    let last_seen = d.last_seen_at.as_deref().and_then(|s| {
+        time::OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339)
+            .ok()
+            .map(|t| (t.unix_timestamp_nanos() / 1_000_000) as i64)
+    });
+    if let Some(at) = last_seen {
+        for (k, v) in &d.metrics {
+            if series.len() >= 16 && !series.contains_key(k.as_str()) {
+                continue;
+            }
+            let s = series.entry(k.as_str()).or_default();
+            if s.last().is_none_or(|(t, _)| *t < at) {
+                s.push((at, *v));
+            }
+        }
+    }
     layout(
         &d.name,
         Some(chrome),
@@ -224,11 +287,11 @@ pub fn device(chrome: &Chrome<'_>, p: &DevicePage<'_>) -> Markup {
                 dt { "Status" } dd { span id="device-status" class={ "status " (d.status) } { (d.status) } }
                 dt { "Last seen" } dd { (d.last_seen_at.as_deref().unwrap_or("never")) }
                 dt { "Labels" } dd { @for (k, v) in &d.labels { code { (k) "=" (v) } " " } }
-                dt { "Latest metrics" } dd { @for (k, v) in &d.metrics { code { (k) "=" (v) } " " } }
+                dt { "Latest metrics" } dd { @for (k, v) in &d.metrics { code { (k) "=" (num(*v)) } " " } }
             }
             h2 { "Metrics" }
             @if series.is_empty() { p { "No heartbeat metrics kept." } }
-            @for (name, points) in &series { (chart(name, points)) }
+            @for (name, points) in &series { (chart(name, points, p.resolution_seconds)) }
             h2 { "Open alerts" }
             @if p.alerts.is_empty() { p { "None." } }
             ul { @for a in p.alerts { li { strong { (a.rule_name) } " — " (a.summary) " (since " (a.fired_at) ")" } } }
