@@ -605,7 +605,7 @@ async fn an_operator_finds_the_offline_robot_the_alert_and_the_rollout_in_a_brow
     for cpu in [95.123456789012, 96.0, 98.0] {
         heartbeat(&s, on, &tok, json!({"cpu": cpu})).await;
     }
-    heartbeat(&s, on, &tok, json!({"cpu": 99.0, "batt": 3.14159265358979})).await;
+    heartbeat(&s, on, &tok, json!({"cpu": 99.0, "batt": 12.3456789012})).await;
     c.goto(&s.url(&format!("/console/default/default/devices/{on}")))
         .await
         .unwrap();
@@ -623,7 +623,7 @@ async fn an_operator_finds_the_offline_robot_the_alert_and_the_rollout_in_a_brow
     assert_eq!(captions.len(), 2, "{captions:?}");
     assert!(
         captions[0].starts_with("batt: 1 point (one kept per 10 s at most")
-            && captions[0].ends_with("min 3.142, max 3.142"),
+            && captions[0].ends_with("min 12.346, max 12.346"),
         "{captions:?}"
     );
     // The first kept sample and the latest at least (a slow machine may keep one between).
