@@ -236,6 +236,13 @@ impl Authenticator {
             if !secrets::ct_eq(&d.token_hash, &secrets::sha256(value.as_bytes())) {
                 return Err(Error::Unauthorized);
             }
+            // A deleted organization's devices are refused at once, while its data is purged.
+            if self
+                .store
+                .org_being_deleted(self.store.org_of_project(d.project_id)?)?
+            {
+                return Err(Error::Unauthorized);
+            }
             return Ok(Principal {
                 user: None,
                 credential: Credential::Device {

@@ -22,6 +22,11 @@ pub struct SupervisionConfig {
     pub mailbox_limit: usize,
     /// Interval of the housekeeper's passes (expired uploads, delivery retention, pruning).
     pub housekeeping_seconds: u64,
+    /// A deleted organization's data is purged in the background, at most this many records
+    /// a step, each step durable before the next.
+    pub purge_records_per_step: usize,
+    /// The pause between two purge steps, which leaves the store to other writers.
+    pub purge_pause_ms: u64,
 }
 
 impl Default for SupervisionConfig {
@@ -34,6 +39,8 @@ impl Default for SupervisionConfig {
             call_timeout_ms: 5_000,
             mailbox_limit: 4_096,
             housekeeping_seconds: 60,
+            purge_records_per_step: 500,
+            purge_pause_ms: 1,
         }
     }
 }

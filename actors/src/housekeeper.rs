@@ -117,6 +117,9 @@ impl Actor for Housekeeper {
         if let Err(e) = st.directory.prune_sign_outs(st.clock.now_ms()).await {
             tracing::warn!(error = %e, "forgetting expired sign-outs failed");
         }
+        if let Err(e) = st.directory.resume_purges() {
+            tracing::warn!(error = %e, "resuming the purge of deleted organizations failed");
+        }
         if let Err(e) = st.pipeline.purge_expired().await {
             tracing::warn!(error = %e, "purging expired uploads failed");
         }

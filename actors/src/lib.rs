@@ -369,7 +369,28 @@ impl Runtime {
 
         // The handles first (they only hold slots and the store), so that the supervised
         // worker and housekeeper can be given theirs.
+        let rollout_registry: keyed::Registry<rollout::RolloutMsg> = Arc::new(DashMap::new());
+        let (stop_feed, stop_store, stop_rollouts) =
+            (alert_feed.clone(), store.clone(), rollout_registry.clone());
         let directory = DirectoryHandle {
+            offboarding: directory::purge::Offboarding {
+                store: store.clone(),
+                blobs: blobs.clone(),
+                stop_project: Arc::new(move |pid| {
+                    stop_feed.stop_project(pid);
+                    // Its rollout controllers too, so none sends a gate's notice for it.
+                    if let Ok(deployments) = stop_store.project_deployments(pid) {
+                        for d in deployments {
+                            if let Some(a) = stop_rollouts.get(&d.id) {
+                                a.stop(None);
+                            }
+                        }
+                    }
+                }),
+                running: Arc::new(DashMap::new()),
+                step: cfg.supervision.purge_records_per_step.max(1),
+                pause: Duration::from_millis(cfg.supervision.purge_pause_ms),
+            },
             slot: directory_slot.clone(),
             store: store.clone(),
             sign_in_lifetime_ms: (cfg.auth.refresh_window_seconds as i64)
@@ -386,7 +407,7 @@ impl Runtime {
         };
         let controllers = Keyed::new(
             rollouts_slot.clone(),
-            Arc::new(DashMap::new()),
+            rollout_registry,
             cfg.supervision.clone(),
         );
         #[cfg(feature = "fault-injection")]
@@ -575,6 +596,8 @@ impl Runtime {
         alerts.start(pipeline.subscribe_rollouts()).await?;
         // Rollouts a controller still has work for continue where their records stand.
         pipeline.resume_rollouts().await?;
+        // Organizations deleted before a stop are purged on (their evaluators stop again).
+        directory.resume_purges()?;
         let access = Access {
             store: store.clone(),
             tier_rank: Arc::new(cfg.tiers.iter().rev().cloned().collect()),

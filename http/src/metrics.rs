@@ -57,11 +57,12 @@ pub struct RuntimeFigures {
     pub notifications_sent: u64,
     pub notifications_retried: u64,
     pub notifications_failed: u64,
+    pub orgs_being_deleted: u64,
 }
 
 /// The plain gauges: names and values are arrays of this length, so one added to one list
 /// and not the other does not compile (a zip would drop the last one silently).
-const EDGE: usize = 21;
+const EDGE: usize = 22;
 
 pub struct Metrics {
     registry: Registry,
@@ -236,6 +237,10 @@ impl Metrics {
                 "alert_notifications_failed",
                 "Notifications given up on (a final refusal or out of attempts) since start-up",
             ),
+            (
+                "orgs_being_deleted",
+                "Deleted organizations whose data is still being purged",
+            ),
         ];
         for (g, (name, help)) in edge.iter().zip(names) {
             registry.register(name, help, g.clone());
@@ -316,6 +321,7 @@ impl Metrics {
             rt.notifications_sent as i64,
             rt.notifications_retried as i64,
             rt.notifications_failed as i64,
+            rt.orgs_being_deleted as i64,
         ];
         for (g, v) in self.edge.iter().zip(values) {
             g.set(v);

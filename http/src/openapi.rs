@@ -97,6 +97,9 @@ fn types(op: Op) -> (Option<SchemaFn>, Option<SchemaFn>) {
         CreateUser => (Some(ty::<accounts::UserBody>), Some(ty::<UserView>)),
         CreateOrg => (Some(ty::<accounts::OrgBody>), Some(ty::<OrgView>)),
         ListOrgs => (none, Some(ty::<Items<OrgView>>)),
+        GetOrg => (none, Some(ty::<OrgView>)),
+        PatchOrg => (Some(ty::<accounts::OrgPatchBody>), Some(ty::<OrgView>)),
+        DeleteOrg => (none, none),
         AddMember => (Some(ty::<accounts::MemberBody>), Some(ty::<MemberView>)),
         CreateProject => (Some(ty::<accounts::ProjectBody>), Some(ty::<ProjectView>)),
         ListProjects => (none, Some(ty::<Items<ProjectView>>)),
@@ -258,7 +261,7 @@ fn doc(op: Op) -> Doc {
         },
         // Bad credentials; the per-address limiter.
         Login => answers(&[401, 429]),
-        Refresh | ListApiKeys | Me | ListOrgs | ListProjects | GetDevice | ListGroups
+        Refresh | ListApiKeys | Me | ListOrgs | GetOrg | ListProjects | GetDevice | ListGroups
         | GetGroup | GetSession | ListFiles | GetCapsule | GetConfig | PlanDeployment
         | GetDeployment | ScmStatus | ScmInstallations | ScmDelivery | GetRepo | GetRun
         | ProjectDelivery | ListIntegrations | GetIntegration | ListAlertRules | GetAlertRule
@@ -274,11 +277,11 @@ fn doc(op: Op) -> Doc {
         OrgDevices | ListDevices | ListSessions | QueryLogs | ListCapsules | ListConfigs
         | ListDeployments | ScmDeliveries | ListRepos | ListRuns | ProjectDeliveries
         | ListAlerts => QUERY,
-        CreateApiKey | DeleteApiKey | Logout | RotateSecret | CreateDevice | PatchDevice
-        | DeleteDevice | CreateGroup | PatchGroup | DeleteGroup | CreateSession | DeleteSession
-        | AddTag | RemoveTag | ScmRotate | BindInstallation | PatchRepo | DeleteRepo
-        | CreateIntegration | PatchIntegration | DeleteIntegration | CreateAlertRule
-        | PatchAlertRule | DeleteAlertRule => WRITE,
+        CreateApiKey | DeleteApiKey | Logout | PatchOrg | DeleteOrg | RotateSecret
+        | CreateDevice | PatchDevice | DeleteDevice | CreateGroup | PatchGroup | DeleteGroup
+        | CreateSession | DeleteSession | AddTag | RemoveTag | ScmRotate | BindInstallation
+        | PatchRepo | DeleteRepo | CreateIntegration | PatchIntegration | DeleteIntegration
+        | CreateAlertRule | PatchAlertRule | DeleteAlertRule => WRITE,
         // The target's refusal is `success: false` in a 200, never an error of the request.
         TestIntegration => PLAIN,
         // Reads only: 422 for a bad condition, window or group.
@@ -1040,11 +1043,11 @@ pub fn document(routes: &[RouteDef], tiers: &[String]) -> Value {
         let name = renamed.get(&name).cloned().unwrap_or(name);
         schemas.entry(name).or_insert(v);
     }
-    if let Some(Value::Object(p)) = schemas
-        .get_mut("CreateOrganization")
-        .and_then(|s| s.get_mut("properties"))
-    {
-        p.insert("tier".into(), json!({"type": ["string", "null"], "enum": tiers.iter().map(|t| Value::from(t.as_str())).chain([Value::Null]).collect::<Vec<_>>()}));
+    for body in ["CreateOrganization", "PatchOrganization"] {
+        if let Some(Value::Object(p)) = schemas.get_mut(body).and_then(|s| s.get_mut("properties"))
+        {
+            p.insert("tier".into(), json!({"type": ["string", "null"], "enum": tiers.iter().map(|t| Value::from(t.as_str())).chain([Value::Null]).collect::<Vec<_>>()}));
+        }
     }
     for (path, method, mut b) in requests {
         rename_refs(&mut b, &renamed);
@@ -1295,10 +1298,12 @@ mod tests {
             schemas["CreateProject"]["properties"]["slug"]["pattern"],
             "^[a-z0-9][a-z0-9-]{0,62}$"
         );
-        assert_eq!(
-            schemas["CreateOrganization"]["properties"]["tier"]["enum"],
-            json!(["free", null])
-        );
+        for body in ["CreateOrganization", "PatchOrganization"] {
+            assert_eq!(
+                schemas[body]["properties"]["tier"]["enum"],
+                json!(["free", null])
+            );
+        }
         assert_eq!(
             schemas["Error"]["required"],
             json!(["detail", "status_code"])

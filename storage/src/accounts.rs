@@ -205,6 +205,16 @@ impl Store {
         Ok(())
     }
 
+    /// Replaces an organization's record (its name or tier; the slug does not change).
+    pub fn update_org(&self, org: &Organization) -> Result<()> {
+        let mut w = Writes::new();
+        w.put(keys::org(org.id), org)?;
+        self.inner.cache.orgs_by_slug.forget(&org.slug);
+        self.apply(w)?;
+        self.inner.cache.orgs_by_slug.forget(&org.slug);
+        Ok(())
+    }
+
     fn forget_org(&self, org: &Organization, owner: &Membership) {
         self.inner.cache.orgs_by_slug.forget(&org.slug);
         self.inner

@@ -45,6 +45,13 @@ pub(crate) fn member_prefix(org: u64) -> Vec<u8> {
 pub(crate) fn user_org(user: u64, org: u64) -> Vec<u8> {
     key(&[b"um", &be(user), &be(org)])
 }
+/// An organization whose data is still being purged (its record, kept until the purge ends).
+pub(crate) fn org_deletion(org: u64) -> Vec<u8> {
+    key(&[b"odel", &be(org)])
+}
+pub(crate) fn org_deletion_prefix() -> Vec<u8> {
+    key(&[b"odel", b""])
+}
 pub(crate) fn user_org_prefix(user: u64) -> Vec<u8> {
     key(&[b"um", &be(user), b""])
 }
@@ -295,8 +302,14 @@ pub(crate) fn legacy_repo_by_name_prefix() -> Vec<u8> {
 pub(crate) fn installation_binding(id: u64) -> Vec<u8> {
     key(&[b"inst-org", &be(id)])
 }
+pub(crate) fn installation_binding_prefix() -> Vec<u8> {
+    key(&[b"inst-org", b""])
+}
 pub(crate) fn run(project: u64, id: u64) -> Vec<u8> {
     key(&[b"tr", &be(project), &be(id)])
+}
+pub(crate) fn run_prefix(project: u64) -> Vec<u8> {
+    key(&[b"tr", &be(project), b""])
 }
 pub(crate) fn run_queue(project: u64, id: u64) -> Vec<u8> {
     key(&[b"trq", &be(project), &be(id)])
@@ -431,10 +444,22 @@ pub(crate) fn notification_prefix(alert: u64) -> Vec<u8> {
 pub(crate) fn metric_sample(project: u64, device: u64, at: i64) -> Vec<u8> {
     key(&[b"mh", &be(project), &be(device), &be(at.max(0) as u64)])
 }
+pub(crate) fn metric_sample_project_prefix(project: u64) -> Vec<u8> {
+    key(&[b"mh", &be(project), b""])
+}
 pub(crate) fn metric_sample_prefix(project: u64, device: u64) -> Vec<u8> {
     key(&[b"mh", &be(project), &be(device), b""])
 }
 /// The expiry index of samples: time first, so pruning reads only what expired.
+/// The expiry index entry of the metric sample stored under `k` (a [`metric_sample`] key).
+pub(crate) fn metric_sample_expiry_of(k: &[u8]) -> Option<Vec<u8>> {
+    // ... be(project) '/' be(device) '/' be(at)
+    let n = k.len().checked_sub(26)?;
+    let t = k.get(n..)?;
+    let id = |b: &[u8]| <[u8; 8]>::try_from(b).ok().map(u64::from_be_bytes);
+    let (project, device, at) = (id(&t[0..8])?, id(&t[9..17])?, id(&t[18..26])?);
+    Some(metric_sample_expiry(at as i64, project, device))
+}
 pub(crate) fn metric_sample_expiry(at: i64, project: u64, device: u64) -> Vec<u8> {
     key(&[b"mhx", &be(at.max(0) as u64), &be(project), &be(device)])
 }
@@ -465,6 +490,15 @@ pub(crate) fn owed_notification_prefix() -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_metric_samples_expiry_entry_is_found_from_its_key() {
+        assert_eq!(
+            metric_sample_expiry_of(&metric_sample(3, 258, 1_700_000_000_123)),
+            Some(metric_sample_expiry(1_700_000_000_123, 3, 258))
+        );
+        assert_eq!(metric_sample_expiry_of(b"short"), None);
+    }
 
     #[test]
     fn ids_sort_numerically_and_prefixes_do_not_overlap() {

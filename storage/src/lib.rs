@@ -45,6 +45,7 @@ pub mod meta;
 pub mod model;
 pub mod perms;
 pub mod pipeline;
+pub mod purge;
 pub mod rollouts;
 pub mod scm;
 pub mod sessions;

@@ -609,6 +609,12 @@ impl Store {
     }
 
     /// The organization `id` is bound to and those it left (unbound when never written).
+    /// The binding of installation `id`, `None` for an installation never seen (no binding,
+    /// not even an unbound one, was ever written).
+    pub fn installation_binding_if_seen(&self, id: u64) -> Result<Option<InstallationBinding>> {
+        self.get(&keys::installation_binding(id))
+    }
+
     pub fn installation_binding(&self, id: u64) -> Result<InstallationBinding> {
         Ok(self
             .get(&keys::installation_binding(id))?

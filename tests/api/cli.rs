@@ -1340,3 +1340,153 @@ async fn device_and_session(c: &reqwest::Client, base: &str, key: &str) -> (Stri
         .unwrap();
     (token, v["id"].as_u64().unwrap())
 }
+
+/// `kill -9` while a deleted organization's data is being purged (slowed down to small steps):
+/// the restart resumes the purge, which finishes with nothing of its projects left, the lists
+/// consistent, and the default organization's data intact.
+#[tokio::test]
+async fn kill_9_mid_purge_then_the_restart_finishes_the_purge() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("config.toml"),
+        "[supervision]\npurge_records_per_step = 5\npurge_pause_ms = 20\n",
+    )
+    .unwrap();
+    let mut p = serve(dir.path(), &[]);
+    let key = field(&p.stdout, "API key:").unwrap().to_string();
+    let c = client();
+    let base = p.base.clone();
+    let (kept_token, kept_sid) = device_and_session(&c, &base, &key).await;
+    let post = |path: String, cred: String, body: serde_json::Value| {
+        let c = c.clone();
+        let url = format!("{base}{path}");
+        async move {
+            let r = c
+                .post(url)
+                .bearer_auth(cred)
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            let status = r.status().as_u16();
+            (
+                status,
+                r.json::<serde_json::Value>().await.unwrap_or_default(),
+            )
+        }
+    };
+    let (st, _) = post(
+        format!("{DEV}/sessions/{kept_sid}/logs"),
+        kept_token.clone(),
+        json!([{"level": "info", "message": "kept"}]),
+    )
+    .await;
+    assert_eq!(st, 202);
+    let (st, _) = post(
+        "/api/v1/organizations".into(),
+        key.clone(),
+        json!({"slug": "gone"}),
+    )
+    .await;
+    assert_eq!(st, 201);
+    let org = "/api/v1/organizations/gone";
+    let (st, proj) = post(format!("{org}/projects"), key.clone(), json!({"slug": "p"})).await;
+    assert_eq!(st, 201);
+    let pid = proj["id"].as_u64().unwrap();
+    let project = format!("{org}/projects/p");
+    let (st, d) = post(
+        format!("{project}/devices"),
+        key.clone(),
+        json!({"name": "r"}),
+    )
+    .await;
+    assert_eq!(st, 201);
+    let token = d["device_token"].as_str().unwrap().to_string();
+    let mut sids = Vec::new();
+    for _ in 0..10 {
+        let (st, v) = post(
+            format!("{project}/sessions"),
+            token.clone(),
+            json!({"device_id": d["id"]}),
+        )
+        .await;
+        assert_eq!(st, 201);
+        let sid = v["id"].as_u64().unwrap();
+        for i in 0..5 {
+            let (st, _) = post(
+                format!("{project}/sessions/{sid}/logs"),
+                token.clone(),
+                json!([{"level": "info", "message": format!("line {i}")}]),
+            )
+            .await;
+            assert_eq!(st, 202);
+        }
+        sids.push(sid);
+    }
+    let r = c
+        .delete(format!("{base}{org}"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 204);
+    let metric = |base: String| {
+        let c = c.clone();
+        async move {
+            let text = c
+                .get(format!("{base}/metrics"))
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap();
+            text.lines()
+                .find_map(|l| l.strip_prefix("fleetops_orgs_being_deleted "))
+                .map(|v| v.trim().to_string())
+                .unwrap()
+        }
+    };
+    assert_eq!(metric(base.clone()).await, "1", "the purge is under way");
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    p.child.kill().unwrap();
+    p.child.wait().unwrap();
+    drop(p);
+    {
+        let store = fleetops_storage::Store::open(&dir.path().join("data")).unwrap();
+        assert_eq!(
+            store.orgs_being_deleted().unwrap().len(),
+            1,
+            "killed mid-purge"
+        );
+        assert!(!store.project_residue(pid).unwrap().is_empty());
+    }
+
+    let p = serve(dir.path(), &[]);
+    let base = p.base.clone();
+    let mut finished = false;
+    for _ in 0..200 {
+        if metric(base.clone()).await == "0" {
+            finished = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(finished, "the restart did not finish the purge");
+    let r = c
+        .get(format!("{base}{DEV}/sessions/{kept_sid}/logs"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap();
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(v["items"][0]["message"], "kept", "{v}");
+    drop(p);
+    let store = fleetops_storage::Store::open(&dir.path().join("data")).unwrap();
+    assert_eq!(store.project_residue(pid).unwrap(), Vec::<&str>::new());
+    for sid in sids {
+        assert!(store.session_by_id(sid).unwrap().is_none());
+        assert_eq!(store.log_chunk_heads(sid).unwrap(), vec![]);
+    }
+    assert_eq!(store.verify_lists().unwrap(), Vec::<String>::new());
+}

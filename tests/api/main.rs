@@ -19,6 +19,7 @@ mod devices;
 mod evaluation;
 mod hostile;
 mod live;
+mod offboarding;
 mod ops;
 mod peers;
 mod rate_limits;

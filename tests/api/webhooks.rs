@@ -1852,3 +1852,67 @@ async fn an_installation_bound_before_its_first_delivery_resolves_there() {
     .await
     .assert_error(404);
 }
+
+/// Deleting the organization an installation is bound to unbinds it at once (its deliveries
+/// are skipped `installation_unbound`), and once the purge is done its repository links are
+/// gone, so another organization links the repository and, bound there, receives its runs.
+#[tokio::test]
+async fn deleting_an_organization_unbinds_its_installation_and_frees_its_repositories() {
+    let s = webhook_server().await;
+    let (acme, acme_p) = other_tenant(&s, "acme").await;
+    let d = run(&s, "installation", &payload("installation.created")).await;
+    assert_eq!(d["outcome"], "processed", "{d}");
+    let bind = format!("{SCM}/installations/{INST}/organization");
+    let r = s
+        .send(
+            reqwest::Method::PUT,
+            &bind,
+            Some(s.key()),
+            Some(json!({"organization": "acme"})),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let r = s
+        .post(
+            &format!("{acme_p}/repositories"),
+            &acme,
+            json!({"full_name": REPO}),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.body);
+    let d = run(&s, "pull_request", &pr("opened", 1, "ddd1", false)).await;
+    assert_eq!(d["outcome"], "dispatched", "{d}");
+
+    let r = s.delete("/api/v1/organizations/acme", &acme).await;
+    assert_eq!(r.status, 204, "{}", r.body);
+    let inst = s.get(&format!("{SCM}/installations"), s.key()).await;
+    assert_eq!(
+        inst.body["items"][0]["organization"],
+        Value::Null,
+        "{}",
+        inst.body
+    );
+    let d = run(&s, "pull_request", &pr("opened", 1, "ddd2", false)).await;
+    skipped(&d, "installation_unbound");
+
+    let rt = s.rt();
+    assert!(eventually(20, || async { rt.directory.purging().unwrap().is_empty() }).await);
+    let rid = link(&s, REPO).await["id"].as_u64().unwrap();
+    let r = s
+        .send(
+            reqwest::Method::PUT,
+            &bind,
+            Some(s.key()),
+            Some(json!({"organization": "default"})),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let r = s.get(&format!("{DEV}/repositories/{rid}"), s.key()).await;
+    assert_eq!(r.body["state"], "connected", "{}", r.body);
+    let d = run(&s, "pull_request", &pr("opened", 1, "ddd3", false)).await;
+    assert_eq!(
+        (d["outcome"].as_str(), d["project"].as_str()),
+        (Some("dispatched"), Some("default")),
+        "{d}"
+    );
+}

@@ -215,6 +215,18 @@ impl AlertFeed {
         }
     }
 
+    /// Stops the project's evaluator and notifier and takes it off the active list: its
+    /// organization is being deleted, and nothing may write into it while it is purged.
+    pub(crate) fn stop_project(&self, pid: u64) {
+        self.active.remove(&pid);
+        if let Some(a) = self.evaluators.running(pid) {
+            a.stop(None);
+        }
+        if let Some(a) = self.notifiers.running(pid) {
+            a.stop(None);
+        }
+    }
+
     /// Marks the project as having enabled rules (or not), from storage, and tells its
     /// evaluator to reload.
     pub(crate) async fn rules_changed(&self, store: &Store, pid: u64) {

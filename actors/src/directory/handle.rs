@@ -19,6 +19,8 @@ pub struct DirectoryHandle {
     /// How long after its password sign-in a token of it can still be valid (the refresh
     /// window plus a token's life), in milliseconds: a sign-out is kept that long.
     pub(crate) sign_in_lifetime_ms: i64,
+    /// Purges deleted organizations' data.
+    pub(crate) offboarding: super::purge::Offboarding,
 }
 
 impl DirectoryHandle {
@@ -72,6 +74,44 @@ impl DirectoryHandle {
             reply,
         })
         .await
+    }
+
+    /// Changes an organization's name or tier (each `None`: unchanged).
+    pub async fn update_org(
+        &self,
+        org_id: u64,
+        name: Option<String>,
+        tier: Option<String>,
+    ) -> Result<OrgView> {
+        self.write(|reply| DirectoryMsg::UpdateOrg {
+            org_id,
+            name: name.clone(),
+            tier: tier.clone(),
+            reply,
+        })
+        .await
+        .map(|o| OrgView::from(&o))
+    }
+
+    /// Deletes an organization: gone from every lookup once this answers (its slug free, no
+    /// member reaches it, its installations unbound), and its projects with every device,
+    /// session, log, file, capsule, configuration, deployment, rule, alert, repository link and
+    /// test run purged in the background (resumed after a restart).
+    pub async fn delete_org(&self, org_id: u64) -> Result<()> {
+        self.write(|reply| DirectoryMsg::DeleteOrg { org_id, reply })
+            .await?;
+        self.offboarding.start(org_id);
+        Ok(())
+    }
+
+    /// Resumes the purge of every organization deleted but not yet purged.
+    pub(crate) fn resume_purges(&self) -> Result<()> {
+        self.offboarding.resume()
+    }
+
+    /// Whether a deleted organization's data is still being purged (tests and the CLI).
+    pub fn purging(&self) -> Result<Vec<u64>> {
+        Ok(self.store.orgs_being_deleted()?)
     }
 
     pub async fn add_member(

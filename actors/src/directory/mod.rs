@@ -15,6 +15,7 @@
 //! (`tests/api/supervision.rs`).
 
 mod handle;
+pub(crate) mod purge;
 
 pub use handle::DirectoryHandle;
 
@@ -84,6 +85,18 @@ pub(crate) enum DirectoryMsg {
     DeleteApiKey {
         user_id: u64,
         key_id: u64,
+        reply: Reply<()>,
+    },
+    /// Changes an organization's name or tier (`None`: unchanged).
+    UpdateOrg {
+        org_id: u64,
+        name: Option<String>,
+        tier: Option<String>,
+        reply: Reply<Organization>,
+    },
+    /// Removes an organization from every lookup and marks its data for purging.
+    DeleteOrg {
+        org_id: u64,
         reply: Reply<()>,
     },
     /// Signs out a sign-in: its tokens are refused from now on, until `until_ms`.
@@ -209,6 +222,22 @@ impl Actor for DirectoryActor {
             } => {
                 let _ = reply.send(st.delete_api_key(user_id, key_id));
             }
+            DirectoryMsg::UpdateOrg {
+                org_id,
+                name,
+                tier,
+                reply,
+            } => {
+                let _ = reply.send(st.update_org(org_id, name, tier));
+            }
+            DirectoryMsg::DeleteOrg { org_id, reply } => {
+                let r = match st.store.org(org_id) {
+                    Ok(Some(org)) => st.store.begin_org_deletion(&org).map_err(Into::into),
+                    Ok(None) => Err(Error::not_found("Organization")),
+                    Err(e) => Err(e.into()),
+                };
+                let _ = reply.send(r);
+            }
             DirectoryMsg::SignOut {
                 user_id,
                 sign_in,
@@ -264,6 +293,27 @@ impl DirectoryState {
                 format!("must be one of {}", self.tiers.join(", ")),
             ))
         }
+    }
+
+    fn update_org(
+        &self,
+        org_id: u64,
+        name: Option<String>,
+        tier: Option<String>,
+    ) -> Result<Organization> {
+        let mut org = self
+            .store
+            .org(org_id)?
+            .ok_or_else(|| Error::not_found("Organization"))?;
+        if let Some(n) = name {
+            org.name = rules::name("name", &n, 200)?;
+        }
+        if let Some(t) = tier {
+            self.check_tier(&t)?;
+            org.tier = t;
+        }
+        self.store.update_org(&org)?;
+        Ok(org)
     }
 
     fn create_org(

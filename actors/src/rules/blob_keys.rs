@@ -11,6 +11,11 @@
 pub(crate) const CAPSULES: &str = "capsules";
 pub(crate) const CONFIGURATIONS: &str = "configurations";
 
+/// A project's folder of `kind`: every upload and sealed copy of its records.
+pub(crate) fn project_folder(kind: &str, pid: u64) -> String {
+    format!("{kind}/{pid}")
+}
+
 /// Where the upload link writes (and, on the local backend, where the bytes stay).
 pub(crate) fn upload(kind: &str, pid: u64, id: u64) -> String {
     format!("{kind}/{pid}/{id}")

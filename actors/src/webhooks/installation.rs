@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use fleetops_storage::{Installation, RepoHold, Store, scm::ScmBatch};
+use fleetops_storage::{Installation, InstallationBinding, RepoHold, Store, scm::ScmBatch};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
 use super::dispatcher::DispatcherMsg;
@@ -359,24 +359,27 @@ impl InstallationActorState {
     }
 
     /// The organization this installation is bound to. While the service has exactly one
-    /// organization, an installation is bound to it when first seen (written at once; a
-    /// repeat writes the same), so a single-tenant service needs no step.
+    /// organization, an installation is bound to it when first seen, so a single-tenant
+    /// service needs no step; first seen with several, it is recorded unbound, and stays so
+    /// (however many organizations there are later) until a superuser binds it.
     fn first_sight(&self) -> Result<Option<u64>> {
         if self.id == 0 {
             return Ok(None);
         }
-        let mut b = self.store.installation_binding(self.id)?;
-        if let Some(org) = b.organization_id {
-            return Ok(Some(org));
+        if let Some(b) = self.store.installation_binding_if_seen(self.id)? {
+            // Seen before: bound, or left unbound (by several organizations at its first
+            // sight, or by its organization's deletion) until a superuser binds it.
+            return Ok(b.organization_id);
         }
-        let Some(org) = self.store.sole_org()? else {
-            return Ok(None);
-        };
-        b.bind(org);
+        let mut b = InstallationBinding::default();
+        let org = self.store.sole_org()?;
+        if let Some(org) = org {
+            b.bind(org);
+        }
         let mut batch = ScmBatch::default();
         batch.put_binding(self.id, &b)?;
         batch.commit(&self.store)?;
-        Ok(Some(org))
+        Ok(org)
     }
 
     /// The project that links `name` in `org`, for the delivery log.

@@ -123,6 +123,42 @@ pub async fn create_org(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Bod
     )
 }
 
+pub fn get_org(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.org(&req, Role::Viewer)?;
+    body::ok(&fleetops_actors::views::OrgView::from(&*s.org))
+}
+
+#[derive(Deserialize, schemars::JsonSchema)]
+#[schemars(rename = "PatchOrganization")]
+pub(crate) struct OrgPatchBody {
+    #[serde(default)]
+    #[schemars(schema_with = "fleetops_actors::rules::schemas::opt_name")]
+    name: Option<String>,
+    #[serde(default)]
+    tier: Option<String>,
+}
+
+/// A name is an admin's to change; a tier (what the organization may use) a superuser's.
+pub async fn patch_org(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
+    let (p, s) = cx.org(&req, Role::Admin)?;
+    let b: OrgPatchBody = cx.json(&mut req).await?;
+    if b.tier.is_some() {
+        cx.rt().access.require_superuser(&p)?;
+    }
+    body::ok(
+        &cx.rt()
+            .directory
+            .update_org(s.org.id, b.name, b.tier)
+            .await?,
+    )
+}
+
+pub async fn delete_org(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.org(&req, Role::Owner)?;
+    cx.rt().directory.delete_org(s.org.id).await?;
+    body::no_content()
+}
+
 pub fn list_orgs(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
     let p = cx.authenticate(&req, None)?;
     body::ok(&fleetops_actors::views::Items {

@@ -112,6 +112,7 @@ pub fn metrics(cx: &Cx<'_>, req: &Req) -> ApiResult<Response<Body>> {
         notifications_sent: n(&cx.rt().counters.notifications_sent),
         notifications_retried: n(&cx.rt().counters.notifications_retried),
         notifications_failed: n(&cx.rt().counters.notifications_failed),
+        orgs_being_deleted: cx.rt().directory.purging().map_or(0, |v| v.len() as u64),
     };
     let text = cx.app.metrics.render(&figures, openmetrics);
     let mut r = Response::new(full(text));
