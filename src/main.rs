@@ -1,5 +1,5 @@
 //! `fleetops`: the server (`serve`) and its admin commands (`admin bootstrap`, `admin backup`,
-//! `admin restore`). This file holds the command line and what each command prints;
+//! `admin restore`, `admin org`). This file holds the command line and what each command prints;
 //! configuration and wiring are the library half (`fleetops::config`, `fleetops::startup`).
 //!
 //! What a change must keep:
@@ -11,11 +11,14 @@
 //! - `admin backup` copies the data directory itself when no server holds it, and otherwise
 //!   asks the running server (`POST /api/v1/admin/backup` with a superuser's token), which
 //!   writes the copy on its own host; `admin restore` fills only an absent or empty data
-//!   directory.
+//!   directory. `admin org` works the same way: here when no server holds the directory,
+//!   else through the running server's API.
 //! - SIGTERM and Ctrl-C stop the server in order (`startup::Running::stop`), exiting 0.
 //!
 //! Tested through the built binary (`tests/api/cli.rs`): first-start credentials, bootstrap,
 //! a locked data directory, kill -9 and restart, SIGTERM, backup and restore.
+
+mod admin_org;
 
 use std::path::PathBuf;
 
@@ -81,6 +84,19 @@ enum AdminCmd {
         #[arg(long, value_name = "DIR")]
         from: PathBuf,
     },
+    /// Organizations: list, show, rename, set-tier, delete. With the server stopped the data
+    /// directory is changed here; while it serves, the running server makes the change: give
+    /// its URL and a superuser's API key or token.
+    Org {
+        #[command(subcommand)]
+        cmd: admin_org::OrgCmd,
+        /// The running server (default: the configured listening address).
+        #[arg(long, global = true)]
+        url: Option<String>,
+        /// A superuser's API key or token, for a server that is running.
+        #[arg(long, global = true, env = "FLEETOPS_TOKEN", hide_env_values = true)]
+        token: Option<String>,
+    },
 }
 
 fn main() -> std::process::ExitCode {
@@ -134,6 +150,9 @@ fn main() -> std::process::ExitCode {
             Cmd::Admin {
                 cmd: AdminCmd::Restore { from },
             } => restore(cfg, from),
+            Cmd::Admin {
+                cmd: AdminCmd::Org { cmd, url, token },
+            } => admin_org::run(cfg, cmd, admin_org::Remote { url, token }).await,
         }
     });
     match result {
@@ -260,16 +279,7 @@ async fn backup(
                     "the data directory is in use by a running server: give a superuser's API key with --token or FLEETOPS_TOKEN, and the server takes the backup"
                 )
             })?;
-            let base = match url {
-                Some(u) => u.trim_end_matches('/').to_string(),
-                None => {
-                    let mut addr: std::net::SocketAddr = cfg.listen.parse()?;
-                    if addr.ip().is_unspecified() {
-                        addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
-                    }
-                    format!("http://{addr}")
-                }
-            };
+            let base = server_base(&cfg, url)?;
             let r = reqwest::Client::new()
                 .post(format!("{base}/api/v1/admin/backup"))
                 .bearer_auth(token)
@@ -286,6 +296,20 @@ async fn backup(
         }
         Err(e) => Err(e.into()),
     }
+}
+
+/// The running server's base URL: `url`, else the configured listening address.
+fn server_base(cfg: &Config, url: Option<String>) -> anyhow::Result<String> {
+    Ok(match url {
+        Some(u) => u.trim_end_matches('/').to_string(),
+        None => {
+            let mut addr: std::net::SocketAddr = cfg.listen.parse()?;
+            if addr.ip().is_unspecified() {
+                addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+            }
+            format!("http://{addr}")
+        }
+    })
 }
 
 fn restore(cfg: Config, from: PathBuf) -> anyhow::Result<()> {

@@ -103,6 +103,14 @@ pub struct Me {
     pub organizations: Vec<OrgRole>,
 }
 
+/// Every organization of the service (the operator's list).
+#[derive(Debug, Serialize, schemars::JsonSchema)]
+pub struct AllOrgs {
+    pub items: Vec<OrgView>,
+    /// Deleted organizations whose data is still being purged.
+    pub being_purged: u64,
+}
+
 #[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct OrgView {
     pub id: u64,

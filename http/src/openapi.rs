@@ -97,6 +97,7 @@ fn types(op: Op) -> (Option<SchemaFn>, Option<SchemaFn>) {
         CreateUser => (Some(ty::<accounts::UserBody>), Some(ty::<UserView>)),
         CreateOrg => (Some(ty::<accounts::OrgBody>), Some(ty::<OrgView>)),
         ListOrgs => (none, Some(ty::<Items<OrgView>>)),
+        AdminOrgs => (none, Some(ty::<views::AllOrgs>)),
         GetOrg => (none, Some(ty::<OrgView>)),
         PatchOrg => (Some(ty::<accounts::OrgPatchBody>), Some(ty::<OrgView>)),
         DeleteOrg => (none, none),
@@ -265,7 +266,7 @@ fn doc(op: Op) -> Doc {
         | GetGroup | GetSession | ListFiles | GetCapsule | GetConfig | PlanDeployment
         | GetDeployment | ScmStatus | ScmInstallations | ScmDelivery | GetRepo | GetRun
         | ProjectDelivery | ListIntegrations | GetIntegration | ListAlertRules | GetAlertRule
-        | GetAlert | DeviceHistory | GetRollout | GetPolicy => PLAIN,
+        | GetAlert | DeviceHistory | GetRollout | GetPolicy | AdminOrgs => PLAIN,
         PatchPolicy => WRITE,
         // 409 when the rollout's state does not allow the action.
         PauseRollout | ResumeRollout | AbortRollout => answers(&[409]),

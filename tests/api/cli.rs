@@ -1490,3 +1490,196 @@ async fn kill_9_mid_purge_then_the_restart_finishes_the_purge() {
     }
     assert_eq!(store.verify_lists().unwrap(), Vec::<String>::new());
 }
+
+/// One line of JSON from a successful `admin` run.
+fn admin_json(dir: &std::path::Path, args: &[&str], env: &[(&str, &str)]) -> serde_json::Value {
+    let (ok, stdout, stderr) = admin(dir, args, env);
+    assert!(ok, "{args:?}: {stderr}");
+    assert_eq!(stdout.trim().lines().count(), 1, "{stdout}");
+    serde_json::from_str(stdout.trim()).unwrap()
+}
+
+/// `admin org` with the server stopped: list, show, rename and set-tier change the data
+/// directory; a tier the configuration does not define, an unknown organization and a delete
+/// without `--yes` are refused; a delete returns once everything of the organization is purged.
+#[tokio::test]
+async fn admin_org_offline_lists_changes_and_deletes_an_organization() {
+    let dir = tempfile::tempdir().unwrap();
+    let v = admin_json(
+        dir.path(),
+        &[
+            "bootstrap",
+            "--email",
+            "root@acme.io",
+            "--password",
+            "pw",
+            "--org",
+            "acme",
+            "--project",
+            "arms",
+        ],
+        &[],
+    );
+    assert_eq!(v["org"], "acme");
+    admin_json(
+        dir.path(),
+        &[
+            "bootstrap",
+            "--email",
+            "root@kept.io",
+            "--password",
+            "pw",
+            "--org",
+            "kept",
+            "--project",
+            "p",
+        ],
+        &[],
+    );
+    let list = admin_json(dir.path(), &["org", "list"], &[]);
+    let slugs: Vec<_> = list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["slug"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(slugs, ["kept", "acme"], "{list}");
+    assert_eq!(list["being_purged"], 0);
+
+    let v = admin_json(dir.path(), &["org", "rename", "acme", "Acme Robotics"], &[]);
+    assert_eq!(
+        (&v["slug"], &v["name"]),
+        (&json!("acme"), &json!("Acme Robotics"))
+    );
+    let v = admin_json(dir.path(), &["org", "set-tier", "acme", "enterprise"], &[]);
+    assert_eq!(v["tier"], "enterprise");
+    let v = admin_json(dir.path(), &["org", "show", "acme"], &[]);
+    assert_eq!(
+        (&v["name"], &v["tier"]),
+        (&json!("Acme Robotics"), &json!("enterprise"))
+    );
+
+    let (ok, _, err) = admin(dir.path(), &["org", "set-tier", "acme", "platinum"], &[]);
+    assert!(!ok);
+    assert!(err.contains("tier: must be one of"), "{err}");
+    let (ok, _, err) = admin(dir.path(), &["org", "show", "nobody"], &[]);
+    assert!(!ok);
+    assert!(err.contains("no organization nobody"), "{err}");
+    let (ok, _, err) = admin(dir.path(), &["org", "delete", "acme"], &[]);
+    assert!(!ok);
+    assert!(err.contains("--yes"), "{err}");
+    assert_eq!(
+        admin_json(dir.path(), &["org", "show", "acme"], &[])["slug"],
+        "acme"
+    );
+
+    let pid = {
+        let store = fleetops_storage::Store::open(&dir.path().join("data")).unwrap();
+        let org = store.org_by_slug("acme").unwrap().unwrap();
+        store.project_by_slug(org.id, "arms").unwrap().unwrap().id
+    };
+    let v = admin_json(dir.path(), &["org", "delete", "acme", "--yes"], &[]);
+    assert_eq!(v, json!({"deleted": "acme", "purging": false}));
+    let list = admin_json(dir.path(), &["org", "list"], &[]);
+    assert_eq!(list["items"].as_array().unwrap().len(), 1, "{list}");
+    assert_eq!(list["being_purged"], 0);
+    let store = fleetops_storage::Store::open(&dir.path().join("data")).unwrap();
+    assert_eq!(store.project_residue(pid).unwrap(), Vec::<&str>::new());
+    assert_eq!(store.orgs_being_deleted().unwrap(), Vec::<u64>::new());
+    assert_eq!(store.verify_lists().unwrap(), Vec::<String>::new());
+}
+
+/// `admin org` while the server runs: through its API with a superuser's key (a delete
+/// returns with the purge under way in the server); without a key, or with a key that is
+/// not a superuser's, it is refused.
+#[tokio::test]
+async fn admin_org_goes_through_the_running_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = serve(dir.path(), &[]);
+    let key = field(&p.stdout, "API key:").unwrap().to_string();
+    let c = client();
+    let r = c
+        .post(format!("{}/api/v1/organizations", p.base))
+        .bearer_auth(&key)
+        .json(&json!({"slug": "acme"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let url = p.base.clone();
+    let remote = |args: &[&str]| {
+        let mut v: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        v.extend(["--url".into(), url.clone()]);
+        v
+    };
+    let run = |args: Vec<String>, token: &str| {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        admin(dir.path(), &args, &[("FLEETOPS_TOKEN", token)])
+    };
+
+    let (ok, out, err) = run(remote(&["org", "list"]), &key);
+    assert!(ok, "{err}");
+    let list: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    let slugs: Vec<_> = list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["slug"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(slugs, ["acme", "default"], "{list}");
+    let (ok, out, err) = run(remote(&["org", "set-tier", "acme", "team"]), &key);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(v["tier"], "team");
+    let r: serde_json::Value = c
+        .get(format!("{}/api/v1/organizations/acme", p.base))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(r["tier"], "team");
+
+    // No key: told what to give; a key of a user who is not a superuser: the server's 403.
+    let (ok, _, err) = admin(dir.path(), &["org", "list"], &[]);
+    assert!(!ok);
+    assert!(err.contains("--token"), "{err}");
+    let r: serde_json::Value = c
+        .post(format!("{}/api/v1/users", p.base))
+        .bearer_auth(&key)
+        .json(&json!({"email": "plain@acme.io", "password": "plain-password"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(r["id"].as_u64().is_some(), "{r}");
+    let login: serde_json::Value = c
+        .post(format!("{}/api/v1/auth/login", p.base))
+        .json(&json!({"email": "plain@acme.io", "password": "plain-password"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let plain = login["access_token"].as_str().unwrap().to_string();
+    let (ok, _, err) = run(remote(&["org", "list"]), &plain);
+    assert!(!ok);
+    assert!(err.contains("403"), "{err}");
+
+    let (ok, out, err) = run(remote(&["org", "delete", "acme", "--yes"]), &key);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(v, json!({"deleted": "acme", "purging": true}));
+    let r = c
+        .get(format!("{}/api/v1/organizations/acme", p.base))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+}

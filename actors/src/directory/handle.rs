@@ -109,6 +109,21 @@ impl DirectoryHandle {
         self.offboarding.resume()
     }
 
+    /// Every organization, newest first, and the deleted ones still being purged.
+    pub fn all_orgs(&self) -> Result<crate::views::AllOrgs> {
+        let mut items: Vec<OrgView> = self.store.all_orgs()?.iter().map(OrgView::from).collect();
+        items.sort_by(|a, b| (&b.created_at, b.id).cmp(&(&a.created_at, a.id)));
+        Ok(crate::views::AllOrgs {
+            items,
+            being_purged: self.store.orgs_being_deleted()?.len() as u64,
+        })
+    }
+
+    /// Organization `slug`, if it exists.
+    pub fn org_by_slug(&self, slug: &str) -> Result<Option<OrgView>> {
+        Ok(self.store.org_by_slug(slug)?.map(|o| OrgView::from(&*o)))
+    }
+
     /// Whether a deleted organization's data is still being purged (tests and the CLI).
     pub fn purging(&self) -> Result<Vec<u64>> {
         Ok(self.store.orgs_being_deleted()?)

@@ -41,6 +41,7 @@ pub async fn dispatch(op: Op, cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<B
         Op::Healthz => ops::healthz(cx),
         Op::Metrics => ops::metrics(cx, &req),
         Op::Backup => ops::backup(cx, req).await,
+        Op::AdminOrgs => ops::admin_orgs(cx, req),
         Op::OpenApi => ops::openapi(cx),
         Op::Login => accounts::login(cx, req).await,
         Op::Refresh => accounts::refresh(cx, req),

@@ -135,6 +135,12 @@ pub(crate) struct BackupBody {
 }
 
 /// Superuser: a consistent copy of the data directory on the server's host.
+pub fn admin_orgs(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    let p = cx.authenticate(&req, None)?;
+    cx.rt().access.require_superuser(&p)?;
+    body::ok(&cx.rt().directory.all_orgs()?)
+}
+
 pub async fn backup(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
     let p = cx.authenticate(&req, None)?;
     cx.rt().access.require_superuser(&p)?;
