@@ -42,11 +42,13 @@ impl Offboarding {
         }
         let this = self.clone();
         tokio::spawn(async move {
+            // Off the running list however the task ends (a panic too), so that the next
+            // housekeeping pass starts it again.
+            let _running = Running(this.running.clone(), org);
             let r = this.purge(org).await;
             if let Err(e) = &r {
                 tracing::warn!(org, error = %e, "purging a deleted organization stopped; the next housekeeping pass resumes it");
             }
-            this.running.remove(&org);
         });
     }
 
@@ -90,5 +92,14 @@ impl Offboarding {
             // Other writers get the store between steps.
             tokio::time::sleep(self.pause).await;
         }
+    }
+}
+
+/// Takes an organization off the running purges when dropped.
+struct Running(Arc<DashMap<u64, ()>>, u64);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.remove(&self.1);
     }
 }
