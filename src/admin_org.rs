@@ -58,8 +58,23 @@ pub async fn run(cfg: Config, cmd: OrgCmd, remote: Remote) -> anyhow::Result<()>
                 cfg.data_dir.display()
             );
         }
-        match startup::start_runtime(&cfg).await {
-            Ok(rt) => {
+        // Reads need only the store; changes go through the runtime's actors (its timers
+        // run too while the command does: the server is stopped, so they are the only ones).
+        let reads = matches!(cmd, OrgCmd::List | OrgCmd::Show { .. });
+        let opened = if reads {
+            startup::open_store(&cfg).await.map(Opened::Store)
+        } else {
+            startup::start_runtime(&cfg)
+                .await
+                .map(|rt| Opened::Runtime(Box::new(rt)))
+        };
+        match opened {
+            Ok(Opened::Store(store)) => {
+                let out = read_offline(&store, cmd)?;
+                println!("{}", serde_json::to_string(&out)?);
+                return Ok(());
+            }
+            Ok(Opened::Runtime(rt)) => {
                 let out = offline(&rt, cmd).await;
                 rt.shutdown().await;
                 println!("{}", serde_json::to_string(&out?)?);
@@ -72,6 +87,28 @@ pub async fn run(cfg: Config, cmd: OrgCmd, remote: Remote) -> anyhow::Result<()>
     let out = online(&cfg, cmd, remote).await?;
     println!("{}", serde_json::to_string(&out)?);
     Ok(())
+}
+
+enum Opened {
+    Store(fleetops_storage::Store),
+    Runtime(Box<fleetops_actors::Runtime>),
+}
+
+/// `list` and `show` on the store alone.
+fn read_offline(store: &fleetops_storage::Store, cmd: OrgCmd) -> anyhow::Result<Value> {
+    use fleetops_actors::views::{AllOrgs, OrgView};
+    Ok(match cmd {
+        OrgCmd::Show { slug } => {
+            let o = store
+                .org_by_slug(&slug)?
+                .ok_or_else(|| anyhow::anyhow!("no organization {slug}"))?;
+            serde_json::to_value(OrgView::from(&*o))?
+        }
+        _ => serde_json::to_value(AllOrgs::of(
+            &store.all_orgs()?,
+            store.orgs_being_deleted()?.len() as u64,
+        ))?,
+    })
 }
 
 fn is_locked(e: &anyhow::Error) -> bool {
@@ -114,11 +151,13 @@ async fn offline(rt: &fleetops_actors::Runtime, cmd: OrgCmd) -> anyhow::Result<V
 async fn online(cfg: &Config, cmd: OrgCmd, remote: Remote) -> anyhow::Result<Value> {
     let token = remote.token.ok_or_else(|| {
         anyhow::anyhow!(
-            "the data directory is in use by a running server: give a superuser's API key with --token or FLEETOPS_TOKEN, and the server makes the change"
+            "the data directory is in use (by a running server, or another admin command): for a server, give a superuser's API key with --token or FLEETOPS_TOKEN, and the server makes the change"
         )
     })?;
     let base = crate::server_base(cfg, remote.url)?;
-    let c = reqwest::Client::new();
+    let c = reqwest::Client::builder()
+        .timeout(std::time::Duration::from_secs(60))
+        .build()?;
     let org = |slug: &str| format!("{base}/api/v1/organizations/{slug}");
     let rb = match &cmd {
         OrgCmd::List => c.get(format!("{base}/api/v1/admin/organizations")),

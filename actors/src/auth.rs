@@ -237,10 +237,7 @@ impl Authenticator {
                 return Err(Error::Unauthorized);
             }
             // A deleted organization's devices are refused at once, while its data is purged.
-            if self
-                .store
-                .org_being_deleted(self.store.org_of_project(d.project_id)?)?
-            {
+            if self.store.project_retired(d.project_id) {
                 return Err(Error::Unauthorized);
             }
             return Ok(Principal {

@@ -390,6 +390,8 @@ impl Runtime {
                 running: Arc::new(DashMap::new()),
                 step: cfg.supervision.purge_records_per_step.max(1),
                 pause: Duration::from_millis(cfg.supervision.purge_pause_ms),
+                grace: Duration::from_millis(cfg.supervision.call_timeout_ms)
+                    + Duration::from_secs(1),
             },
             slot: directory_slot.clone(),
             store: store.clone(),

@@ -179,6 +179,10 @@ impl ControllerState {
             return Ok(false);
         };
         let pid = r.project_id;
+        // A deleted organization's rollout: no notice, no step; the purge removes it.
+        if store.project_retired(pid) {
+            return Ok(false);
+        }
         if let Some(notice) = r.notice_owed.clone() {
             self.notify(&r, &notice).await?;
         }

@@ -111,6 +111,18 @@ pub struct AllOrgs {
     pub being_purged: u64,
 }
 
+impl AllOrgs {
+    /// The list of `orgs`, newest first (`id` breaking ties).
+    pub fn of(orgs: &[Organization], being_purged: u64) -> Self {
+        let mut items: Vec<OrgView> = orgs.iter().map(OrgView::from).collect();
+        items.sort_by(|a, b| (&b.created_at, b.id).cmp(&(&a.created_at, a.id)));
+        Self {
+            items,
+            being_purged,
+        }
+    }
+}
+
 #[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct OrgView {
     pub id: u64,

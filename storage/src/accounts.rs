@@ -264,13 +264,22 @@ impl Store {
 
     /// The service's organization when it has exactly one.
     pub fn sole_org(&self) -> Result<Option<u64>> {
+        let ids = self.first_org_ids(2)?;
+        Ok(if ids.len() == 1 {
+            ids.first().copied()
+        } else {
+            None
+        })
+    }
+
+    /// The ids of the first `n` organizations (in creation order).
+    pub fn first_org_ids(&self, n: usize) -> Result<Vec<u64>> {
         let prefix = &keys::org(0)[..keys::org(0).len() - 8];
-        let mut ids = self.inner.records.scan_prefix(prefix).keys();
-        let first = match ids.next() {
-            Some(k) => keys::trailing_id(&k?),
-            None => return Ok(None),
-        };
-        Ok(if ids.next().is_some() { None } else { first })
+        let mut out = Vec::new();
+        for k in self.inner.records.scan_prefix(prefix).keys().take(n) {
+            out.extend(keys::trailing_id(&k?));
+        }
+        Ok(out)
     }
 
     /// Every organization (for superusers), in creation order.

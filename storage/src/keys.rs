@@ -302,9 +302,6 @@ pub(crate) fn legacy_repo_by_name_prefix() -> Vec<u8> {
 pub(crate) fn installation_binding(id: u64) -> Vec<u8> {
     key(&[b"inst-org", &be(id)])
 }
-pub(crate) fn installation_binding_prefix() -> Vec<u8> {
-    key(&[b"inst-org", b""])
-}
 pub(crate) fn run(project: u64, id: u64) -> Vec<u8> {
     key(&[b"tr", &be(project), &be(id)])
 }

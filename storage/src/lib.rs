@@ -120,6 +120,9 @@ struct Inner {
     /// Test-run ids taken from their counter a block at a time and not handed out yet
     /// (`Store::new_run`).
     run_ids: std::sync::Mutex<std::ops::Range<u64>>,
+    /// Projects of deleted organizations (being purged, or purged since this open): writers
+    /// refuse them ([`Store::project_retired`]). Loaded at open from the deletion markers.
+    retired: dashmap::DashSet<u64>,
 }
 
 impl Store {
@@ -185,8 +188,10 @@ impl Store {
                 recovered: 0.into(),
                 spool,
                 run_ids: std::sync::Mutex::new(0..0),
+                retired: dashmap::DashSet::new(),
             }),
         };
+        store.load_retired()?;
         store.ensure_lists()?;
         store.ensure_alert_expiry()?;
         store.drop_legacy_queue()?;

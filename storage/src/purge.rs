@@ -1,8 +1,8 @@
 //! Deleting an organization: at once from every lookup, then its data in bounded steps.
 //!
 //! [`Store::begin_org_deletion`] is one atomic batch: the organization record, its slug and
-//! every membership go (so no request reaches it again and the slug is free), its
-//! installations are unbound, and a marker (`odel/{org}`) records that its data is still to
+//! every membership go (so no request reaches it again and the slug is free; an installation
+//! bound to it reads as unbound from then on), and a marker (`odel/{org}`) records that its data is still to
 //! be purged. [`Store::purge_org_step`] then removes the data of one of its projects at a time,
 //! family by family, at most a budget of records a step, each removal through the family's own
 //! delete (so list indexes and counters stay exact), and the project record itself last; when
@@ -15,8 +15,9 @@
 //! again; a crash before it is deleted leaves an orphan the housekeeper's sweep collects).
 
 use crate::{
-    Alert, AlertRule, Capsule, Configuration, Deployment, Device, DeviceGroup, InstallationBinding,
-    Integration, Organization, RepoLink, Result, Session, Store, TestRun, Writes, codec, keys,
+    Alert, AlertRule, Artifact, Capsule, Configuration, Deployment, Device, DeviceGroup,
+    DeviceResult, Integration, Organization, RepoLink, Result, Session, Store, TestRun, Writes,
+    codec, keys,
 };
 
 /// What one purge step did.
@@ -34,7 +35,8 @@ pub struct PurgeStep {
 
 impl Store {
     /// Removes organization `org` from every lookup and marks its data for purging, in one
-    /// batch. Its installations are unbound (their links of its projects go with the purge).
+    /// batch. Installations bound to it read as unbound from then on (the binding records are
+    /// their actors' to write; their links of its projects go with the purge).
     pub fn begin_org_deletion(&self, org: &Organization) -> Result<()> {
         let mut w = Writes::new();
         w.put(keys::org_deletion(org.id), org)?;
@@ -45,27 +47,38 @@ impl Store {
             w.delete(keys::member(org.id, m.user_id));
             w.delete(keys::user_org(m.user_id, org.id));
         }
-        for kv in self
-            .inner
-            .records
-            .scan_prefix(keys::installation_binding_prefix())
-        {
-            let (k, v) = kv?;
-            let mut b: InstallationBinding = codec::decode(&v)?;
-            if b.organization_id == Some(org.id) {
-                b.organization_id = None;
-                b.former.retain(|&o| o != org.id);
-                w.put(k.to_vec(), &b)?;
-            }
-        }
         self.inner.cache.orgs_by_slug.forget(&org.slug);
         for m in &members {
             self.inner.cache.members.forget(&(org.id, m.user_id));
         }
         self.apply(w)?;
+        self.retire_projects(org.id)?;
         self.inner.cache.orgs_by_slug.forget(&org.slug);
         for m in &members {
             self.inner.cache.members.forget(&(org.id, m.user_id));
+        }
+        Ok(())
+    }
+
+    /// Whether project `pid` belongs to a deleted organization: nothing may be written into
+    /// it any more (an in-memory check, cheap enough for every request).
+    pub fn project_retired(&self, pid: u64) -> bool {
+        self.inner.retired.contains(&pid)
+    }
+
+    fn retire_projects(&self, org: u64) -> Result<()> {
+        for k in self.scan_keys(&keys::org_project_prefix(org))? {
+            if let Some(pid) = keys::trailing_id(&k) {
+                self.inner.retired.insert(pid);
+            }
+        }
+        Ok(())
+    }
+
+    /// At open: the projects of every organization still being purged.
+    pub(crate) fn load_retired(&self) -> Result<()> {
+        for org in self.orgs_being_deleted()? {
+            self.retire_projects(org)?;
         }
         Ok(())
     }
@@ -121,8 +134,15 @@ impl Store {
         Ok(out)
     }
 
-    /// Removes up to `budget` records of the first family of project `pid` that still has
-    /// any; whether it found any (false: only the project record is left).
+    /// Removes up to `budget` records of project `pid`, family by family; whether it found
+    /// any (false: only the project record is left).
+    ///
+    /// The order matters: what acts on its own (owed notifications, alerts, rollouts, test
+    /// runs, repository links) goes first, then the bulk (sessions with their logs and files).
+    /// A record with an unbounded number of dependents (an alert's notifications, a
+    /// deployment's device results, a session's log chunks and files, a device's history)
+    /// has them removed a budget at a time before the record itself, so no step exceeds its
+    /// budget however large one record grew.
     fn purge_project_part(
         &self,
         org: u64,
@@ -130,190 +150,244 @@ impl Store {
         budget: usize,
         step: &mut PurgeStep,
     ) -> Result<bool> {
-        // Sessions first: their log chunks are the bulk. A session's chunks go a budget at a
-        // time (a long session of small batches has many), then the session with its files.
-        let sessions: Vec<Session> = self.first_records(&keys::session_prefix(pid), budget)?;
-        if !sessions.is_empty() {
-            let mut left = budget;
-            for s in &sessions {
-                let chunks = self.purge_session_logs(s.id, left)?;
-                step.removed += chunks;
-                left = left.saturating_sub(chunks);
-                if left == 0 {
-                    break;
-                }
-                step.blobs.extend(self.delete_session(s)?);
-                step.removed += 1;
-                left -= 1;
-                if left == 0 {
-                    break;
-                }
-            }
-            return Ok(true);
+        let mut b = Budget { left: budget };
+        self.purge_alerts(pid, &mut b)?;
+        if b.left > 0 {
+            self.purge_raw(&keys::condition_prefix(pid), &mut b, |_| None)?;
         }
-        let deployments: Vec<Deployment> =
-            self.first_records(&keys::deployment_prefix(pid), budget)?;
-        if !deployments.is_empty() {
-            for d in &deployments {
-                self.delete_deployment(d)?;
+        if b.left > 0 {
+            for r in self.first_records::<AlertRule>(&keys::alert_rule_prefix(pid), b.left)? {
+                self.delete_alert_rule(&r)?;
+                b.spend(1);
             }
-            step.removed += deployments.len();
-            return Ok(true);
         }
-        let configs: Vec<Configuration> = self.first_records(&keys::config_prefix(pid), budget)?;
-        if !configs.is_empty() {
-            for c in &configs {
-                self.delete_configuration(c)?;
+        if b.left > 0 {
+            for i in self.first_records::<Integration>(&keys::integration_prefix(pid), b.left)? {
+                self.delete_integration(&i, &[])?;
+                b.spend(1);
+            }
+        }
+        if b.left > 0 {
+            self.purge_deployments(pid, &mut b)?;
+        }
+        if b.left > 0 {
+            let runs: Vec<TestRun> = self.first_records(&keys::run_prefix(pid), b.left)?;
+            if !runs.is_empty() {
+                let mut w = Writes::new();
+                for r in &runs {
+                    delete_run(&mut w, r);
+                }
+                self.apply(w)?;
+                b.spend(runs.len());
+            }
+        }
+        if b.left > 0 {
+            let repos: Vec<RepoLink> = self.first_records(&keys::repo_prefix(pid), b.left)?;
+            if !repos.is_empty() {
+                let mut batch = crate::scm::ScmBatch::default();
+                for r in &repos {
+                    batch.delete_repo(org, r);
+                }
+                batch.commit(self)?;
+                b.spend(repos.len());
+            }
+        }
+        if b.left > 0 {
+            self.purge_sessions(pid, &mut b, step)?;
+        }
+        if b.left > 0 {
+            for c in self.first_records::<Configuration>(&keys::config_prefix(pid), b.left)? {
+                self.delete_configuration(&c)?;
                 step.blobs.push(c.upload.blob_key.clone());
+                b.spend(1);
             }
-            step.removed += configs.len();
-            return Ok(true);
         }
-        let capsules: Vec<Capsule> = self.first_records(&keys::capsule_prefix(pid), budget)?;
-        if !capsules.is_empty() {
-            for c in &capsules {
-                self.delete_capsule(c, &[])?;
+        if b.left > 0 {
+            for c in self.first_records::<Capsule>(&keys::capsule_prefix(pid), b.left)? {
+                self.delete_capsule(&c, &[])?;
                 step.blobs.push(c.upload.blob_key.clone());
+                b.spend(1);
             }
-            step.removed += capsules.len();
-            return Ok(true);
         }
-        let alerts: Vec<Alert> = self.first_records(&keys::alert_prefix(pid), budget)?;
-        if !alerts.is_empty() {
-            let mut w = Writes::new();
-            for a in &alerts {
-                w.delete_listed::<Alert>(keys::alert(pid, a.id));
-                for n in self.alert_notifications(a.id)? {
-                    w.delete(keys::notification(a.id, n.id));
-                    w.delete(keys::owed_notification(n.id));
-                }
-                if let Some(t) = a.resolved_at {
-                    w.delete(keys::alert_expiry(t, pid, a.id));
-                }
+        if b.left > 0 {
+            // Metric samples with their entries in the expiry index.
+            self.purge_raw(
+                &keys::metric_sample_project_prefix(pid),
+                &mut b,
+                keys::metric_sample_expiry_of,
+            )?;
+        }
+        if b.left > 0 {
+            self.purge_devices(pid, &mut b)?;
+        }
+        if b.left > 0 {
+            for g in self.first_records::<DeviceGroup>(&keys::group_prefix(pid), b.left)? {
+                self.delete_group(&g)?;
+                b.spend(1);
             }
-            self.apply(w)?;
-            step.removed += alerts.len();
-            return Ok(true);
         }
-        if self.delete_prefix(&keys::condition_prefix(pid), budget, step)? {
-            return Ok(true);
-        }
-        let rules: Vec<AlertRule> = self.first_records(&keys::alert_rule_prefix(pid), budget)?;
-        if !rules.is_empty() {
-            for r in &rules {
-                self.delete_alert_rule(r)?;
-            }
-            step.removed += rules.len();
-            return Ok(true);
-        }
-        let integrations: Vec<Integration> =
-            self.first_records(&keys::integration_prefix(pid), budget)?;
-        if !integrations.is_empty() {
-            for i in &integrations {
-                self.delete_integration(i, &[])?;
-            }
-            step.removed += integrations.len();
-            return Ok(true);
-        }
-        // Metric samples with their entries in the expiry index.
-        let mut w = Writes::new();
-        let mut n = 0;
-        for k in self
-            .inner
-            .records
-            .scan_prefix(keys::metric_sample_project_prefix(pid))
-            .keys()
-            .take(budget)
-        {
-            let k = k?;
-            if let Some(x) = keys::metric_sample_expiry_of(&k) {
-                w.delete(x);
-            }
-            w.delete(k.to_vec());
-            n += 1;
-        }
-        if n > 0 {
-            self.apply(w)?;
-            step.removed += n;
-            return Ok(true);
-        }
-        let devices: Vec<Device> = self.first_records(&keys::device_prefix(pid), budget)?;
-        if !devices.is_empty() {
-            for d in &devices {
-                self.delete_device(d, &[])?;
-            }
-            step.removed += devices.len();
-            return Ok(true);
-        }
-        let groups: Vec<DeviceGroup> = self.first_records(&keys::group_prefix(pid), budget)?;
-        if !groups.is_empty() {
-            for g in &groups {
-                self.delete_group(g)?;
-            }
-            step.removed += groups.len();
-            return Ok(true);
-        }
-        let repos: Vec<RepoLink> = self.first_records(&keys::repo_prefix(pid), budget)?;
-        if !repos.is_empty() {
-            let mut b = crate::scm::ScmBatch::default();
-            for r in &repos {
-                b.delete_repo(org, r);
-            }
-            b.commit(self)?;
-            step.removed += repos.len();
-            return Ok(true);
-        }
-        let runs: Vec<TestRun> = self.first_records(&keys::run_prefix(pid), budget)?;
-        if !runs.is_empty() {
-            let mut w = Writes::new();
-            for r in &runs {
-                delete_run(&mut w, r);
-            }
-            self.apply(w)?;
-            step.removed += runs.len();
-            return Ok(true);
-        }
-        Ok(false)
+        step.removed += budget - b.left;
+        Ok(b.left < budget)
     }
 
-    /// Removes up to `budget` of session `sid`'s log chunks with their summaries and text
-    /// filters; how many keys went (fewer than `budget`: none is left).
-    fn purge_session_logs(&self, sid: u64, budget: usize) -> Result<usize> {
-        let mut batch = sled::Batch::default();
-        let mut n = 0;
-        for prefix in [
-            keys::log_prefix(sid),
-            keys::log_summary_prefix(sid),
-            keys::log_text_filter_prefix(sid),
-        ] {
-            for k in self.inner.logs.scan_prefix(prefix).keys().take(budget - n) {
-                batch.remove(k?);
+    /// Alerts, each after its notifications (and their owed entries).
+    fn purge_alerts(&self, pid: u64, b: &mut Budget) -> Result<()> {
+        for a in self.first_records::<Alert>(&keys::alert_prefix(pid), b.left)? {
+            self.purge_raw(&keys::notification_prefix(a.id), b, |k| {
+                keys::trailing_id(k).map(keys::owed_notification)
+            })?;
+            if b.left == 0 {
+                return Ok(());
+            }
+            let mut w = Writes::new();
+            w.delete_listed::<Alert>(keys::alert(pid, a.id));
+            if let Some(t) = a.resolved_at {
+                w.delete(keys::alert_expiry(t, pid, a.id));
+            }
+            self.apply(w)?;
+            b.spend(1);
+            if b.left == 0 {
+                return Ok(());
+            }
+        }
+        Ok(())
+    }
+
+    /// Deployments, each after its device results (with their time index) and progress; the
+    /// deployment's own removal takes its rollout.
+    fn purge_deployments(&self, pid: u64, b: &mut Budget) -> Result<()> {
+        for d in self.first_records::<Deployment>(&keys::deployment_prefix(pid), b.left)? {
+            let mut batch = sled::Batch::default();
+            let mut n = 0;
+            for kv in self
+                .inner
+                .records
+                .scan_prefix(keys::device_result_prefix(d.id))
+                .take(b.left)
+            {
+                let (k, v) = kv?;
+                let r: DeviceResult = codec::decode(&v)?;
+                batch.remove(keys::result_by_time(
+                    pid,
+                    r.reported_at,
+                    r.deployment_id,
+                    r.device_id,
+                ));
+                batch.remove(k);
                 n += 1;
             }
-            if n == budget {
-                break;
+            if n > 0 {
+                self.inner.records.apply_batch(batch)?;
+                b.spend(n);
+                if b.left == 0 {
+                    return Ok(());
+                }
+            }
+            self.purge_raw(&keys::device_progress_prefix(d.id), b, |_| None)?;
+            if b.left == 0 {
+                return Ok(());
+            }
+            self.delete_deployment(&d)?;
+            b.spend(1);
+            if b.left == 0 {
+                return Ok(());
             }
         }
-        if n > 0 {
-            self.inner.logs.apply_batch(batch)?;
-        }
-        Ok(n)
+        Ok(())
     }
 
-    /// Removes up to `budget` keys under `prefix`; whether there were any.
-    fn delete_prefix(&self, prefix: &[u8], budget: usize, step: &mut PurgeStep) -> Result<bool> {
-        let mut w = Writes::new();
+    /// Sessions, each after its log chunks (with summaries and text filters) and its files
+    /// (whose blobs the step returns).
+    fn purge_sessions(&self, pid: u64, b: &mut Budget, step: &mut PurgeStep) -> Result<()> {
+        for s in self.first_records::<Session>(&keys::session_prefix(pid), b.left)? {
+            for prefix in [
+                keys::log_prefix(s.id),
+                keys::log_summary_prefix(s.id),
+                keys::log_text_filter_prefix(s.id),
+            ] {
+                let mut batch = sled::Batch::default();
+                let mut n = 0;
+                for k in self.inner.logs.scan_prefix(prefix).keys().take(b.left) {
+                    batch.remove(k?);
+                    n += 1;
+                }
+                if n > 0 {
+                    self.inner.logs.apply_batch(batch)?;
+                    b.spend(n);
+                }
+                if b.left == 0 {
+                    return Ok(());
+                }
+            }
+            let mut batch = sled::Batch::default();
+            let mut n = 0;
+            for kv in self
+                .inner
+                .records
+                .scan_prefix(keys::artifact_prefix(s.id))
+                .take(b.left)
+            {
+                let (k, v) = kv?;
+                let a: Artifact = codec::decode(&v)?;
+                step.blobs.push(a.blob_key);
+                batch.remove(k);
+                n += 1;
+            }
+            if n > 0 {
+                self.inner.records.apply_batch(batch)?;
+                b.spend(n);
+                if b.left == 0 {
+                    return Ok(());
+                }
+            }
+            step.blobs.extend(self.delete_session(&s)?);
+            b.spend(1);
+            if b.left == 0 {
+                return Ok(());
+            }
+        }
+        Ok(())
+    }
+
+    /// Devices, each after its history; the device's removal takes its token's entry.
+    fn purge_devices(&self, pid: u64, b: &mut Budget) -> Result<()> {
+        for d in self.first_records::<Device>(&keys::device_prefix(pid), b.left)? {
+            self.purge_raw(&keys::device_history_prefix(d.id), b, |_| None)?;
+            if b.left == 0 {
+                return Ok(());
+            }
+            self.delete_device(&d, &[])?;
+            b.spend(1);
+            if b.left == 0 {
+                return Ok(());
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes up to the budget of keys under `prefix` (no listed family), each with the
+    /// companion key `also` names, in one batch.
+    fn purge_raw(
+        &self,
+        prefix: &[u8],
+        b: &mut Budget,
+        also: impl Fn(&[u8]) -> Option<Vec<u8>>,
+    ) -> Result<()> {
+        let mut batch = sled::Batch::default();
         let mut n = 0;
-        for k in self.inner.records.scan_prefix(prefix).keys().take(budget) {
-            w.delete(k?.to_vec());
+        for k in self.inner.records.scan_prefix(prefix).keys().take(b.left) {
+            let k = k?;
+            if let Some(x) = also(&k) {
+                batch.remove(x);
+            }
+            batch.remove(k);
             n += 1;
         }
-        if n == 0 {
-            return Ok(false);
+        if n > 0 {
+            self.inner.records.apply_batch(batch)?;
+            b.spend(n);
         }
-        self.apply(w)?;
-        step.removed += n;
-        Ok(true)
+        Ok(())
     }
 
     /// The project record and its indexes, once nothing of it is left.
@@ -370,6 +444,37 @@ impl Store {
     }
 }
 
+impl Store {
+    /// Every key of the records and logs trees (logs' prefixed `logs:`), for tests that
+    /// check a purge left nothing behind: the keys after it, less those before, should be
+    /// none of the purged organization's.
+    #[doc(hidden)]
+    pub fn key_snapshot(&self) -> Result<std::collections::BTreeSet<Vec<u8>>> {
+        let mut out = std::collections::BTreeSet::new();
+        for k in self.inner.records.scan_prefix(b"").keys() {
+            out.insert(k?.to_vec());
+        }
+        for k in self.inner.logs.scan_prefix(b"").keys() {
+            let mut v = b"logs:".to_vec();
+            v.extend_from_slice(&k?);
+            out.insert(v);
+        }
+        Ok(out)
+    }
+}
+
+/// The family of a key from [`Store::key_snapshot`]: its tag, as `ix-email` or `logs:l`.
+#[doc(hidden)]
+pub fn key_family(k: &[u8]) -> String {
+    let (tree, rest) = match k.strip_prefix(b"logs:") {
+        Some(r) => ("logs:", r),
+        None => ("", k),
+    };
+    let rest = rest.strip_prefix(keys::V).unwrap_or(rest);
+    let tag = rest.split(|&b| b == b'/').next().unwrap_or_default();
+    format!("{tree}{}", String::from_utf8_lossy(tag))
+}
+
 /// A run's removal with its indexes: the queue, running and pull-request entries, its commit
 /// entry, and the idempotency key's entry while it points at this run.
 fn delete_run(w: &mut Writes, r: &TestRun) {
@@ -385,4 +490,15 @@ fn delete_run(w: &mut Writes, r: &TestRun) {
     let mut v = r.project_id.to_be_bytes().to_vec();
     v.extend_from_slice(&r.id.to_be_bytes());
     w.0.remove_if(keys::run_by_key(&r.idempotency_key), v);
+}
+
+/// What is left of a step's budget of records.
+struct Budget {
+    left: usize,
+}
+
+impl Budget {
+    fn spend(&mut self, n: usize) {
+        self.left = self.left.saturating_sub(n);
+    }
 }

@@ -608,17 +608,25 @@ impl Store {
         Ok(v)
     }
 
-    /// The organization `id` is bound to and those it left (unbound when never written).
     /// The binding of installation `id`, `None` for an installation never seen (no binding,
-    /// not even an unbound one, was ever written).
+    /// not even an unbound one, was ever written). A binding to an organization since
+    /// deleted reads as unbound.
     pub fn installation_binding_if_seen(&self, id: u64) -> Result<Option<InstallationBinding>> {
-        self.get(&keys::installation_binding(id))
+        let Some(mut b) = self.get::<InstallationBinding>(&keys::installation_binding(id))? else {
+            return Ok(None);
+        };
+        if let Some(org) = b.organization_id
+            && !self.inner.records.contains_key(keys::org(org))?
+        {
+            b.organization_id = None;
+        }
+        Ok(Some(b))
     }
 
+    /// The organization `id` is bound to and those it left (unbound when never written, or
+    /// when its organization was deleted).
     pub fn installation_binding(&self, id: u64) -> Result<InstallationBinding> {
-        Ok(self
-            .get(&keys::installation_binding(id))?
-            .unwrap_or_default())
+        Ok(self.installation_binding_if_seen(id)?.unwrap_or_default())
     }
 
     /// Binds installations stored before installations belonged to organizations, once per

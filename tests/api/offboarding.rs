@@ -93,7 +93,12 @@ async fn members_read_an_organization_admins_rename_it_and_a_superuser_sets_its_
         .await
         .assert_error(422);
 
-    // The tier decides quotas: a superuser's to change, even for the owner.
+    // The tier decides quotas: a superuser's to change, even for the owner (repeating the
+    // current one changes nothing and is anyone's with the rename right).
+    let r = s
+        .patch(ORG, &d.admin, json!({"tier": "free", "name": "Renamed"}))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
     for tok in [&d.admin, &d.owner] {
         s.patch(ORG, tok, json!({"tier": "enterprise"}))
             .await
@@ -166,13 +171,18 @@ fn files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     out
 }
 
+/// Key families that outlive an organization by design: its members' user accounts, their
+/// API keys and sign-outs.
+const KEPT_FAMILIES: &[&str] = &["u", "ix-email", "k", "ix-khash", "uk", "so"];
+
 /// Deleting an organization purges every record and blob of its projects (sessions with logs
-/// and files, devices with metrics, capsules, alert rules), refuses its device tokens at once,
-/// and leaves the default organization's data as it was.
+/// and files, devices with metrics and history, capsules, a deployment with device results,
+/// a repository link, an integration, a rule and a firing alert with owed notifications),
+/// refuses its device tokens at once, and leaves the default organization's data as it was:
+/// no key of it is left in the store.
 #[tokio::test]
 async fn a_deleted_organizations_data_is_purged_and_no_other_is_touched() {
-    let s = start().await;
-    let d = doomed(&s).await;
+    let s = start_with(|c| c.alerts.allow_private_targets = true).await;
     // The default organization's device, session, log lines and file: kept.
     let (kept_dev, kept_tok) = device(&s, "keeper").await;
     let kept_sid = session(&s, kept_dev, &kept_tok).await;
@@ -184,9 +194,10 @@ async fn a_deleted_organizations_data_is_purged_and_no_other_is_touched() {
         )
         .await;
     assert_eq!(r.status, 202, "{}", r.body);
+    let rt = s.rt();
+    let before = rt.store.key_snapshot().unwrap();
 
-    // The doomed organization's: a device with metrics, sessions with logs and a file, a
-    // capsule, an alert rule.
+    let d = doomed(&s).await;
     let r = s
         .post(
             &format!("{PROJECT}/devices"),
@@ -204,6 +215,26 @@ async fn a_deleted_organizations_data_is_purged_and_no_other_is_touched() {
         )
         .await;
     assert_eq!(r.status, 202, "{}", r.body);
+    // A rule with an integration whose target refuses: its alert's notification stays owed.
+    let r = s
+        .post(
+            &format!("{PROJECT}/integrations"),
+            &d.admin,
+            json!({"type": "webhook", "name": "hook",
+                   "config": {"url": "http://127.0.0.1:9/h", "signing_secret": "s"}}),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.body);
+    let iid = r.body["id"].as_u64().unwrap();
+    let r = s
+        .post(
+            &format!("{PROJECT}/alert-rules"),
+            &d.admin,
+            json!({"name": "panics", "condition": {"type": "log_pattern", "pattern": "panic"},
+                   "severity": "warning", "integration_ids": [iid]}),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.body);
     let mut sids = Vec::new();
     for _ in 0..3 {
         let r = s
@@ -228,6 +259,22 @@ async fn a_deleted_organizations_data_is_purged_and_no_other_is_touched() {
         sids.push(sid);
     }
     let r = s
+        .post(
+            &format!("{PROJECT}/sessions/{}/logs", sids[0]),
+            &tok,
+            json!([{"level": "error", "message": "panic in the motor loop"}]),
+        )
+        .await;
+    assert_eq!(r.status, 202, "{}", r.body);
+    let alerts = format!("{PROJECT}/alerts");
+    assert!(
+        eventually(10, || async {
+            s.get(&alerts, &d.admin).await.body["total"] == json!(1)
+        })
+        .await,
+        "the alert did not fire"
+    );
+    let r = s
         .raw(
             s.http
                 .put(s.url(&format!("{PROJECT}/sessions/{}/files/trace.bin", sids[0])))
@@ -236,6 +283,15 @@ async fn a_deleted_organizations_data_is_purged_and_no_other_is_touched() {
         )
         .await;
     assert_eq!(r.status, 201, "{}", r.body);
+    let r = s
+        .post(
+            &format!("{PROJECT}/repositories"),
+            &d.admin,
+            json!({"full_name": "doomed/firmware"}),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.body);
+    // A capsule, and a deployment of it the device reports on.
     let caps = "/api/v1/projects/doomed/p/capsules";
     let bytes = archive(".tar", b"x");
     let r = secret_post(
@@ -264,18 +320,35 @@ async fn a_deleted_organizations_data_is_purged_and_no_other_is_touched() {
     )
     .await;
     assert_eq!(r.status, 200, "{}", r.body);
+    let deps = "/api/v1/projects/doomed/p/deployments";
     let r = s
         .post(
-            &format!("{PROJECT}/alert-rules"),
+            deps,
             &d.admin,
-            json!({"name": "panics", "condition": {"type": "log_pattern", "pattern": "panic"},
-                   "severity": "warning", "integration_ids": []}),
+            json!({"name": "first", "composition_tag": "nav-1.0.0", "capsule_id": cid,
+                   "target_devices": [dev],
+                   "rollout": {"phases": [{"name": "all", "devices": {"percent": 100}}]}}),
         )
         .await;
     assert_eq!(r.status, 201, "{}", r.body);
+    let dep = r.body["id"].as_u64().unwrap();
+    let r = s
+        .post(&format!("{deps}/{dep}/activate"), &d.admin, json!({}))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    for status in ["installing", "succeeded"] {
+        let r = s
+            .raw(
+                s.http
+                    .post(s.url(&format!("/api/v1/device/deployment/{dep}/status")))
+                    .bearer_auth(&tok)
+                    .json(&json!({"status": status})),
+            )
+            .await;
+        assert_eq!(r.status, 202, "{}", r.body);
+    }
 
     let pid = project_id(&s);
-    let rt = s.rt();
     assert!(!rt.store.project_residue(pid).unwrap().is_empty());
     let blobs = s._dir.path().join("data/blobs");
     let theirs = |p: &std::path::Path| {
@@ -289,8 +362,12 @@ async fn a_deleted_organizations_data_is_purged_and_no_other_is_touched() {
                 .iter()
                 .any(|sid| rel.starts_with(&format!("artifacts/{sid}/")))
     };
-    let before = files(&blobs);
-    assert_eq!(before.iter().filter(|p| theirs(p)).count(), 2, "{before:?}");
+    let blobs_before = files(&blobs);
+    assert_eq!(
+        blobs_before.iter().filter(|p| theirs(p)).count(),
+        2,
+        "{blobs_before:?}"
+    );
 
     let r = s.delete(ORG, &d.owner).await;
     assert_eq!(r.status, 204, "{}", r.body);
@@ -298,19 +375,32 @@ async fn a_deleted_organizations_data_is_purged_and_no_other_is_touched() {
     s.get("/api/v1/device/deployment", &tok)
         .await
         .assert_error(401);
+    assert_eq!(s.metric("fleetops_orgs_being_deleted").await, 1.0);
 
     assert!(
-        eventually(20, || async { rt.directory.purging().unwrap().is_empty() }).await,
+        eventually(30, || async { rt.directory.purging().unwrap().is_empty() }).await,
         "the purge did not finish"
     );
     assert_eq!(rt.store.project_residue(pid).unwrap(), Vec::<&str>::new());
-    for sid in &sids {
-        assert!(rt.store.session_by_id(*sid).unwrap().is_none());
-        assert_eq!(rt.store.log_chunk_heads(*sid).unwrap(), vec![]);
-    }
-    let after = files(&blobs);
-    assert_eq!(after.iter().filter(|p| theirs(p)).count(), 0, "{after:?}");
-    assert_eq!(after.len(), before.len() - 2);
+    let left: std::collections::BTreeSet<String> = rt
+        .store
+        .key_snapshot()
+        .unwrap()
+        .difference(&before)
+        .map(|k| fleetops_storage::purge::key_family(k))
+        .filter(|f| !KEPT_FAMILIES.contains(&f.as_str()))
+        .collect();
+    assert_eq!(
+        left,
+        Default::default(),
+        "keys of the deleted organization are left"
+    );
+    let blobs_after = files(&blobs);
+    assert_eq!(
+        blobs_after.iter().filter(|p| theirs(p)).count(),
+        0,
+        "{blobs_after:?}"
+    );
 
     // The default organization's data is as it was.
     let r = s
@@ -365,6 +455,7 @@ async fn each_purge_step_removes_at_most_its_budget() {
     let org = store.org_by_slug("doomed").unwrap().unwrap();
     // Marked as a deletion does it, and purged here step by step (no background task runs).
     store.begin_org_deletion(&org).unwrap();
+
     let mut steps = Vec::new();
     loop {
         let step = store.purge_org_step(org.id, 7).unwrap();
@@ -383,4 +474,57 @@ async fn each_purge_step_removes_at_most_its_budget() {
     assert!(steps.len() >= total / 7, "{steps:?}");
     assert_eq!(store.project_residue(pid).unwrap(), Vec::<&str>::new());
     assert!(!store.org_being_deleted(org.id).unwrap());
+}
+
+/// Once an organization is deleted, a write that got past its lookup before (a log batch, a
+/// heartbeat) is refused by the actor it reaches: nothing is written into a project being
+/// purged.
+#[tokio::test]
+async fn a_write_already_past_the_lookup_is_refused_once_the_organization_is_deleted() {
+    let s = start().await;
+    let d = doomed(&s).await;
+    let r = s
+        .post(
+            &format!("{PROJECT}/devices"),
+            &d.admin,
+            json!({"name": "rover"}),
+        )
+        .await;
+    let (dev, tok) = (
+        r.body["id"].as_u64().unwrap(),
+        r.body["device_token"].as_str().unwrap().to_string(),
+    );
+    let r = s
+        .post(
+            &format!("{PROJECT}/sessions"),
+            &tok,
+            json!({"device_id": dev}),
+        )
+        .await;
+    let sid = r.body["id"].as_u64().unwrap();
+    let pid = project_id(&s);
+    let rt = s.rt();
+    let entry = || -> Vec<fleetops_actors::logs::RawEntry> {
+        vec![serde_json::from_value(json!({"level": "info", "message": "late"})).unwrap()]
+    };
+    // Both accepted while the organization exists (the session's actor is running).
+    rt.sessions.append(pid, sid, entry()).await.unwrap();
+    rt.projects
+        .heartbeat(pid, dev, Default::default())
+        .await
+        .unwrap();
+
+    let r = s.delete(ORG, &d.owner).await;
+    assert_eq!(r.status, 204, "{}", r.body);
+    let late = rt.sessions.append(pid, sid, entry()).await;
+    assert!(
+        matches!(late, Err(fleetops_actors::Error::NotFound(_))),
+        "{late:?}"
+    );
+    let late = rt.projects.heartbeat(pid, dev, Default::default()).await;
+    assert!(
+        matches!(late, Err(fleetops_actors::Error::NotFound(_))),
+        "{late:?}"
+    );
+    assert!(eventually(30, || async { rt.directory.purging().unwrap().is_empty() }).await);
 }

@@ -230,6 +230,10 @@ impl AlertFeed {
     /// Marks the project as having enabled rules (or not), from storage, and tells its
     /// evaluator to reload.
     pub(crate) async fn rules_changed(&self, store: &Store, pid: u64) {
+        if store.project_retired(pid) {
+            self.stop_project(pid);
+            return;
+        }
         let any = store
             .project_alert_rules(pid)
             .map(|r| r.iter().any(|r| r.enabled))
@@ -489,13 +493,18 @@ impl Actor for EvaluatorActor {
 
     async fn handle(
         &self,
-        _myself: ActorRef<Self::Msg>,
+        myself: ActorRef<Self::Msg>,
         msg: Self::Msg,
         st: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
         let Some(msg) = msg.open() else {
             return Ok(());
         };
+        // Its organization deleted: nothing more is judged or written.
+        if st.ctx.store.project_retired(st.pid) {
+            myself.stop(None);
+            return Ok(());
+        }
         let now = st.ctx.clock.now_ms();
         let started = std::time::Instant::now();
         let mut ch = Changes::default();

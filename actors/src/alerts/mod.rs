@@ -135,6 +135,10 @@ impl AlertsHandle {
     pub(crate) async fn revive(&self) -> crate::error::Result<()> {
         let active: Vec<u64> = self.feed.active.iter().map(|e| *e.key()).collect();
         for pid in active {
+            if self.store.project_retired(pid) {
+                self.feed.stop_project(pid);
+                continue;
+            }
             let _ = self.feed.evaluators.actor(pid).await;
         }
         for pid in self.owed_projects()? {
@@ -150,6 +154,8 @@ impl AlertsHandle {
             .owed_notifications()?
             .iter()
             .map(|n| n.project_id)
+            // A deleted organization's notifications are never sent; the purge drops them.
+            .filter(|&pid| !self.store.project_retired(pid))
             .collect();
         owed.sort_unstable();
         owed.dedup();

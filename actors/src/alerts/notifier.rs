@@ -127,6 +127,11 @@ impl Actor for NotifierActor {
         let Some(msg) = msg.open() else {
             return Ok(());
         };
+        // Its organization deleted: nothing more is sent (the purge drops what is owed).
+        if st.ctx.store.project_retired(st.pid) {
+            myself.stop(None);
+            return Ok(());
+        }
         match msg {
             #[cfg(feature = "fault-injection")]
             NotifierMsg::Panic => panic!("injected fault in a notifier"),

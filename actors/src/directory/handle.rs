@@ -100,7 +100,7 @@ impl DirectoryHandle {
     pub async fn delete_org(&self, org_id: u64) -> Result<()> {
         self.write(|reply| DirectoryMsg::DeleteOrg { org_id, reply })
             .await?;
-        self.offboarding.start(org_id);
+        self.offboarding.start(org_id, true);
         Ok(())
     }
 
@@ -111,12 +111,10 @@ impl DirectoryHandle {
 
     /// Every organization, newest first, and the deleted ones still being purged.
     pub fn all_orgs(&self) -> Result<crate::views::AllOrgs> {
-        let mut items: Vec<OrgView> = self.store.all_orgs()?.iter().map(OrgView::from).collect();
-        items.sort_by(|a, b| (&b.created_at, b.id).cmp(&(&a.created_at, a.id)));
-        Ok(crate::views::AllOrgs {
-            items,
-            being_purged: self.store.orgs_being_deleted()?.len() as u64,
-        })
+        Ok(crate::views::AllOrgs::of(
+            &self.store.all_orgs()?,
+            self.store.orgs_being_deleted()?.len() as u64,
+        ))
     }
 
     /// Organization `slug`, if it exists.

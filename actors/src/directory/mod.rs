@@ -295,16 +295,21 @@ impl DirectoryState {
         }
     }
 
+    /// Organization `org_id`, which a request resolved before this actor took its message:
+    /// gone if a deletion came first (this actor applies both, one at a time).
+    fn existing_org(&self, org_id: u64) -> Result<Organization> {
+        self.store
+            .org(org_id)?
+            .ok_or_else(|| Error::not_found("Organization"))
+    }
+
     fn update_org(
         &self,
         org_id: u64,
         name: Option<String>,
         tier: Option<String>,
     ) -> Result<Organization> {
-        let mut org = self
-            .store
-            .org(org_id)?
-            .ok_or_else(|| Error::not_found("Organization"))?;
+        let mut org = self.existing_org(org_id)?;
         if let Some(n) = name {
             org.name = rules::name("name", &n, 200)?;
         }
@@ -362,6 +367,7 @@ impl DirectoryState {
         if role == Role::Owner && caller_role != Role::Owner {
             return Err(Error::Forbidden);
         }
+        self.existing_org(org_id)?;
         let email = rules::email("email", email)?;
         let user = self
             .store
@@ -396,6 +402,7 @@ impl DirectoryState {
             Some(n) => rules::name("name", &n, 200)?,
             None => slug.to_string(),
         };
+        self.existing_org(org_id)?;
         if self.store.project_by_slug(org_id, slug)?.is_some() {
             return Err(Error::Conflict(
                 "A project with this slug already exists".into(),
@@ -418,6 +425,7 @@ impl DirectoryState {
         let mut p = self
             .store
             .project(project_id)?
+            .filter(|p| !self.store.project_retired(p.id))
             .ok_or_else(|| Error::not_found("Project"))?;
         let secret = secrets::new_project_secret()?;
         p.secret_hash = secrets::sha256(secret.as_bytes());

@@ -1,11 +1,15 @@
 //! Offboarding: purging a deleted organization's data in the background.
 //!
 //! Deleting an organization (the DirectoryActor's one batch, `Store::begin_org_deletion`)
-//! takes it out of every lookup at once; its projects' data then goes here, a bounded step at a
-//! time (`Store::purge_org_step`), each step on disk before the blobs it freed are deleted. The
-//! actors that run on timers for its projects (rule evaluators, notifiers) are stopped first, so
-//! none writes into a project being purged. A purge survives restarts: the start and every
-//! housekeeping pass resume the organizations still marked, one task per organization.
+//! takes it out of every lookup at once and retires its projects (`Store::project_retired`):
+//! from then on every writer refuses them (the projects' and sessions' actors, the dispatcher,
+//! upload and download links, device tokens), and the actors that run on timers for them (rule
+//! evaluators, notifiers, rollout controllers) stop and are not started again. Writes already
+//! let in finish or are dropped within the mailbox deadline, so the purge waits that long
+//! (`grace`) and then removes the projects' data a bounded step at a time
+//! (`Store::purge_org_step`), each step on disk before the blobs it freed are deleted. A purge
+//! survives restarts: the start and every housekeeping pass resume the organizations still
+//! marked, one task per organization.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,11 +31,16 @@ pub(crate) struct Offboarding {
     pub step: usize,
     /// The pause between steps (`[supervision] purge_pause_ms`).
     pub pause: Duration,
+    /// How long a deletion waits before its purge starts: past the longest a call already
+    /// queued for one of its actors can wait (`[supervision] call_timeout_ms`), and a second
+    /// more, so that every write let in before the deletion is done or dropped by then.
+    pub grace: Duration,
 }
 
 impl Offboarding {
-    /// Starts purging `org` unless a task already does.
-    pub(crate) fn start(&self, org: u64) {
+    /// Starts purging `org` unless a task already does; `settle`: after the grace (a deletion
+    /// just made, with writes that may still be in flight).
+    pub(crate) fn start(&self, org: u64, settle: bool) {
         if self.running.insert(org, ()).is_some() {
             return;
         }
@@ -45,6 +54,9 @@ impl Offboarding {
             // Off the running list however the task ends (a panic too), so that the next
             // housekeeping pass starts it again.
             let _running = Running(this.running.clone(), org);
+            if settle {
+                tokio::time::sleep(this.grace).await;
+            }
             let r = this.purge(org).await;
             if let Err(e) = &r {
                 tracing::warn!(org, error = %e, "purging a deleted organization stopped; the next housekeeping pass resumes it");
@@ -55,7 +67,7 @@ impl Offboarding {
     /// Resumes every purge still marked (at start and each housekeeping pass).
     pub(crate) fn resume(&self) -> crate::error::Result<()> {
         for org in self.store.orgs_being_deleted()? {
-            self.start(org);
+            self.start(org, false);
         }
         Ok(())
     }

@@ -85,6 +85,9 @@ impl PipelineHandle {
     pub(crate) async fn resume_rollouts(&self) -> Result<()> {
         let me = self.clone();
         for r in crate::off_thread(move || Ok(me.store.open_rollouts()?)).await? {
+            if self.store.project_retired(r.project_id) {
+                continue;
+            }
             if self.controllers.running(r.deployment_id).is_none() {
                 self.start_controller(r.deployment_id).await;
             }

@@ -133,6 +133,9 @@ impl PipelineHandle {
         let kind = UploadKind::parse(&link.kind)
             .ok_or_else(|| Error::BadRequest("Unknown upload kind".into()))?;
         let (pid, id) = (link.project_id, link.id);
+        if self.store.project_retired(pid) {
+            return Err(Error::not_found(kind.noun()));
+        }
         let _slot = self.uploads.take(self.store.org_of_project(pid)?)?;
         let _busy = self.busy(kind, id)?;
         // Read under the lock: a confirm that finished first makes the bytes immutable.
@@ -169,6 +172,9 @@ impl PipelineHandle {
         let link = self
             .signer
             .verify(token, Purpose::Download, now_ms() / 1000)?;
+        if self.store.project_retired(link.project_id) {
+            return Err(Error::not_found("File"));
+        }
         let (blob, size, filename, content_type) =
             if UploadKind::parse(&link.kind) == Some(UploadKind::Configuration) {
                 let c = self

@@ -69,6 +69,11 @@ impl ProjectsHandle {
         pid: u64,
         build: impl Fn(RpcReplyPort<Result<T>>) -> ProjectMsg,
     ) -> Result<T> {
+        // A deleted organization's project takes no write (those already queued are done or
+        // dropped before its purge starts: `directory::purge`).
+        if self.store.project_retired(pid) {
+            return Err(Error::not_found("Project"));
+        }
         let r = self.actors.call(pid, build).await?;
         self.store.durable().await?;
         Ok(r)

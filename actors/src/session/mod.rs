@@ -94,6 +94,8 @@ impl crate::keyed::KeyedChild for SessionActor {
 
 pub(crate) struct SessionState {
     id: u64,
+    /// Its project (0 when the session does not exist).
+    project_id: u64,
     store: Store,
     /// Counters as stored after the last acknowledged append.
     counters: SessionCounters,
@@ -157,6 +159,7 @@ impl Actor for SessionActor {
         myself.send_after(idle, || Envelope::cast(SessionMsg::IdleCheck));
         Ok(SessionState {
             id,
+            project_id: session.as_ref().map_or(0, |s| s.project_id),
             counters,
             open: session
                 .as_ref()
@@ -263,7 +266,8 @@ impl Actor for SessionActor {
 
 impl SessionState {
     fn check_open(&self) -> Result<()> {
-        if self.gone {
+        // Its organization deleted: being purged, never written again.
+        if self.gone || self.store.project_retired(self.project_id) {
             return Err(Error::not_found("Session"));
         }
         if !self.open {

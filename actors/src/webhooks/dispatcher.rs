@@ -500,7 +500,12 @@ impl DispatcherState {
         let Some(org) = delivery_org(&self.store, d.installation_id.unwrap_or(0))? else {
             return skip_into(b, &d, "installation_unbound");
         };
-        let Some(link) = self.store.repo_by_name(org, name)? else {
+        let Some(link) = self
+            .store
+            .repo_by_name(org, name)?
+            // A link of a deleted organization's project, not yet purged.
+            .filter(|l| !self.store.project_retired(l.project_id))
+        else {
             return skip_into(b, &d, "repository_not_linked");
         };
         d.project_id = Some(link.project_id);
@@ -805,6 +810,9 @@ impl DispatcherState {
     fn expire_leases(&self) -> Result<()> {
         let now = self.clock.now_ms();
         for (p, id) in self.store.running_runs()? {
+            if self.store.project_retired(p) {
+                continue;
+            }
             let Some(old) = self.store.run(p, id)? else {
                 continue;
             };

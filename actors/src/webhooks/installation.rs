@@ -361,7 +361,8 @@ impl InstallationActorState {
     /// The organization this installation is bound to. While the service has exactly one
     /// organization, an installation is bound to it when first seen, so a single-tenant
     /// service needs no step; first seen with several, it is recorded unbound, and stays so
-    /// (however many organizations there are later) until a superuser binds it.
+    /// (however many organizations there are later) until a superuser binds it, as does one
+    /// whose organization was deleted. Seen while there is none, it is not recorded.
     fn first_sight(&self) -> Result<Option<u64>> {
         if self.id == 0 {
             return Ok(None);
@@ -372,7 +373,12 @@ impl InstallationActorState {
             return Ok(b.organization_id);
         }
         let mut b = InstallationBinding::default();
-        let org = self.store.sole_org()?;
+        let org = match self.store.first_org_ids(2)?[..] {
+            // No organization yet: not recorded, so the first one made will take it.
+            [] => return Ok(None),
+            [only] => Some(only),
+            _ => None,
+        };
         if let Some(org) = org {
             b.bind(org);
         }

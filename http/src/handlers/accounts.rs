@@ -142,7 +142,8 @@ pub(crate) struct OrgPatchBody {
 pub async fn patch_org(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
     let (p, s) = cx.org(&req, Role::Admin)?;
     let b: OrgPatchBody = cx.json(&mut req).await?;
-    if b.tier.is_some() {
+    // Repeating the current tier changes nothing, so it needs no superuser.
+    if b.tier.as_ref().is_some_and(|t| *t != s.org.tier) {
         cx.rt().access.require_superuser(&p)?;
     }
     body::ok(
