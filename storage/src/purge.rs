@@ -17,7 +17,7 @@
 use crate::{
     Alert, AlertRule, Artifact, Capsule, Configuration, Deployment, Device, DeviceGroup,
     DeviceResult, Integration, Organization, RepoLink, Result, Session, Store, TestRun, Writes,
-    codec, keys,
+    codec, gate, keys,
 };
 
 /// What one purge step did.
@@ -153,7 +153,12 @@ impl Store {
         let mut b = Budget { left: budget };
         self.purge_alerts(pid, &mut b)?;
         if b.left > 0 {
-            self.purge_raw(&keys::condition_prefix(pid), &mut b, |_| None)?;
+            self.purge_raw(
+                &self.inner.records,
+                &keys::condition_prefix(pid),
+                &mut b,
+                none,
+            )?;
         }
         if b.left > 0 {
             for r in self.first_records::<AlertRule>(&keys::alert_rule_prefix(pid), b.left)? {
@@ -212,9 +217,10 @@ impl Store {
         if b.left > 0 {
             // Metric samples with their entries in the expiry index.
             self.purge_raw(
+                &self.inner.records,
                 &keys::metric_sample_project_prefix(pid),
                 &mut b,
-                keys::metric_sample_expiry_of,
+                |k, _| Ok(keys::metric_sample_expiry_of(k)),
             )?;
         }
         if b.left > 0 {
@@ -232,9 +238,10 @@ impl Store {
 
     /// Alerts, each after its notifications (and their owed entries).
     fn purge_alerts(&self, pid: u64, b: &mut Budget) -> Result<()> {
+        let records = &self.inner.records;
         for a in self.first_records::<Alert>(&keys::alert_prefix(pid), b.left)? {
-            self.purge_raw(&keys::notification_prefix(a.id), b, |k| {
-                keys::trailing_id(k).map(keys::owed_notification)
+            self.purge_raw(records, &keys::notification_prefix(a.id), b, |k, _| {
+                Ok(keys::trailing_id(k).map(keys::owed_notification))
             })?;
             if b.left == 0 {
                 return Ok(());
@@ -256,34 +263,20 @@ impl Store {
     /// Deployments, each after its device results (with their time index) and progress; the
     /// deployment's own removal takes its rollout.
     fn purge_deployments(&self, pid: u64, b: &mut Budget) -> Result<()> {
+        let records = &self.inner.records;
         for d in self.first_records::<Deployment>(&keys::deployment_prefix(pid), b.left)? {
-            let mut batch = sled::Batch::default();
-            let mut n = 0;
-            for kv in self
-                .inner
-                .records
-                .scan_prefix(keys::device_result_prefix(d.id))
-                .take(b.left)
-            {
-                let (k, v) = kv?;
-                let r: DeviceResult = codec::decode(&v)?;
-                batch.remove(keys::result_by_time(
+            self.purge_raw(records, &keys::device_result_prefix(d.id), b, |_, v| {
+                let r: DeviceResult = codec::decode(v)?;
+                Ok(Some(keys::result_by_time(
                     pid,
                     r.reported_at,
                     r.deployment_id,
                     r.device_id,
-                ));
-                batch.remove(k);
-                n += 1;
+                )))
+            })?;
+            if b.left > 0 {
+                self.purge_raw(records, &keys::device_progress_prefix(d.id), b, none)?;
             }
-            if n > 0 {
-                self.inner.records.apply_batch(batch)?;
-                b.spend(n);
-                if b.left == 0 {
-                    return Ok(());
-                }
-            }
-            self.purge_raw(&keys::device_progress_prefix(d.id), b, |_| None)?;
             if b.left == 0 {
                 return Ok(());
             }
@@ -305,40 +298,22 @@ impl Store {
                 keys::log_summary_prefix(s.id),
                 keys::log_text_filter_prefix(s.id),
             ] {
-                let mut batch = sled::Batch::default();
-                let mut n = 0;
-                for k in self.inner.logs.scan_prefix(prefix).keys().take(b.left) {
-                    batch.remove(k?);
-                    n += 1;
-                }
-                if n > 0 {
-                    self.inner.logs.apply_batch(batch)?;
-                    b.spend(n);
-                }
-                if b.left == 0 {
-                    return Ok(());
-                }
+                self.purge_raw(&self.inner.logs, &prefix, b, none)?;
             }
-            let mut batch = sled::Batch::default();
-            let mut n = 0;
-            for kv in self
-                .inner
-                .records
-                .scan_prefix(keys::artifact_prefix(s.id))
-                .take(b.left)
-            {
-                let (k, v) = kv?;
-                let a: Artifact = codec::decode(&v)?;
-                step.blobs.push(a.blob_key);
-                batch.remove(k);
-                n += 1;
+            if b.left > 0 {
+                self.purge_raw(
+                    &self.inner.records,
+                    &keys::artifact_prefix(s.id),
+                    b,
+                    |_, v| {
+                        let a: Artifact = codec::decode(v)?;
+                        step.blobs.push(a.blob_key);
+                        Ok(None)
+                    },
+                )?;
             }
-            if n > 0 {
-                self.inner.records.apply_batch(batch)?;
-                b.spend(n);
-                if b.left == 0 {
-                    return Ok(());
-                }
+            if b.left == 0 {
+                return Ok(());
             }
             step.blobs.extend(self.delete_session(&s)?);
             b.spend(1);
@@ -352,7 +327,12 @@ impl Store {
     /// Devices, each after its history; the device's removal takes its token's entry.
     fn purge_devices(&self, pid: u64, b: &mut Budget) -> Result<()> {
         for d in self.first_records::<Device>(&keys::device_prefix(pid), b.left)? {
-            self.purge_raw(&keys::device_history_prefix(d.id), b, |_| None)?;
+            self.purge_raw(
+                &self.inner.records,
+                &keys::device_history_prefix(d.id),
+                b,
+                none,
+            )?;
             if b.left == 0 {
                 return Ok(());
             }
@@ -365,26 +345,28 @@ impl Store {
         Ok(())
     }
 
-    /// Removes up to the budget of keys under `prefix` (no listed family), each with the
-    /// companion key `also` names, in one batch.
+    /// Removes up to what is left of the budget of `tree`'s keys under `prefix` (none of a
+    /// listed family), each with the companion key `also` names from its key and value, in
+    /// one batch.
     fn purge_raw(
         &self,
+        tree: &gate::Tree,
         prefix: &[u8],
         b: &mut Budget,
-        also: impl Fn(&[u8]) -> Option<Vec<u8>>,
+        mut also: impl FnMut(&[u8], &[u8]) -> Result<Option<Vec<u8>>>,
     ) -> Result<()> {
         let mut batch = sled::Batch::default();
         let mut n = 0;
-        for k in self.inner.records.scan_prefix(prefix).keys().take(b.left) {
-            let k = k?;
-            if let Some(x) = also(&k) {
+        for kv in tree.scan_prefix(prefix).take(b.left) {
+            let (k, v) = kv?;
+            if let Some(x) = also(&k, &v)? {
                 batch.remove(x);
             }
             batch.remove(k);
             n += 1;
         }
         if n > 0 {
-            self.inner.records.apply_batch(batch)?;
+            tree.apply_batch(batch)?;
             b.spend(n);
         }
         Ok(())
@@ -490,6 +472,11 @@ fn delete_run(w: &mut Writes, r: &TestRun) {
     let mut v = r.project_id.to_be_bytes().to_vec();
     v.extend_from_slice(&r.id.to_be_bytes());
     w.0.remove_if(keys::run_by_key(&r.idempotency_key), v);
+}
+
+/// No companion key (for [`Store::purge_raw`]).
+fn none(_: &[u8], _: &[u8]) -> Result<Option<Vec<u8>>> {
+    Ok(None)
 }
 
 /// What is left of a step's budget of records.

@@ -85,6 +85,27 @@ pub(crate) fn field<'a>(lines: &'a [String], label: &str) -> Option<&'a str> {
         .find_map(|l| l.trim_start().strip_prefix(label).map(str::trim))
 }
 
+/// A JSON POST to a running binary: the status and the body (Null when not JSON).
+async fn post_json(
+    c: reqwest::Client,
+    url: String,
+    cred: String,
+    body: serde_json::Value,
+) -> (u16, serde_json::Value) {
+    let r = c
+        .post(url)
+        .bearer_auth(cred)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    (
+        status,
+        r.json::<serde_json::Value>().await.unwrap_or_default(),
+    )
+}
+
 pub(crate) fn client() -> reqwest::Client {
     reqwest::Client::builder()
         .timeout(Duration::from_secs(30))
@@ -822,21 +843,7 @@ async fn kill_9_while_an_alert_fires_and_its_notification_is_owed() {
     let key = field(&p.stdout, "API key:").unwrap().to_string();
     let c = client();
     let post = |base: String, path: String, cred: String, body: serde_json::Value| {
-        let c = c.clone();
-        async move {
-            let r = c
-                .post(format!("{base}{path}"))
-                .bearer_auth(cred)
-                .json(&body)
-                .send()
-                .await
-                .unwrap();
-            let status = r.status().as_u16();
-            (
-                status,
-                r.json::<serde_json::Value>().await.unwrap_or_default(),
-            )
-        }
+        post_json(c.clone(), format!("{base}{path}"), cred, body)
     };
     let (st, hook) = post(
         p.base.clone(),
@@ -1358,22 +1365,7 @@ async fn kill_9_mid_purge_then_the_restart_finishes_the_purge() {
     let base = p.base.clone();
     let (kept_token, kept_sid) = device_and_session(&c, &base, &key).await;
     let post = |path: String, cred: String, body: serde_json::Value| {
-        let c = c.clone();
-        let url = format!("{base}{path}");
-        async move {
-            let r = c
-                .post(url)
-                .bearer_auth(cred)
-                .json(&body)
-                .send()
-                .await
-                .unwrap();
-            let status = r.status().as_u16();
-            (
-                status,
-                r.json::<serde_json::Value>().await.unwrap_or_default(),
-            )
-        }
+        post_json(c.clone(), format!("{base}{path}"), cred, body)
     };
     let (st, _) = post(
         format!("{DEV}/sessions/{kept_sid}/logs"),

@@ -53,6 +53,22 @@ async fn doomed(s: &Srv) -> Doomed {
     }
 }
 
+/// Device `rover` of project `p`: its id and token.
+async fn rover(s: &Srv, d: &Doomed) -> (u64, String) {
+    let r = s
+        .post(
+            &format!("{PROJECT}/devices"),
+            &d.admin,
+            json!({"name": "rover"}),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.body);
+    (
+        r.body["id"].as_u64().unwrap(),
+        r.body["device_token"].as_str().unwrap().to_string(),
+    )
+}
+
 fn project_id(s: &Srv) -> u64 {
     let rt = s.rt();
     let org = rt.store.org_by_slug("doomed").unwrap().unwrap();
@@ -198,15 +214,7 @@ async fn a_deleted_organizations_data_is_purged_and_no_other_is_touched() {
     let before = rt.store.key_snapshot().unwrap();
 
     let d = doomed(&s).await;
-    let r = s
-        .post(
-            &format!("{PROJECT}/devices"),
-            &d.admin,
-            json!({"name": "rover"}),
-        )
-        .await;
-    let dev = r.body["id"].as_u64().unwrap();
-    let tok = r.body["device_token"].as_str().unwrap().to_string();
+    let (dev, tok) = rover(&s, &d).await;
     let r = s
         .post(
             &format!("{PROJECT}/devices/{dev}/heartbeat"),
@@ -419,17 +427,7 @@ async fn a_deleted_organizations_data_is_purged_and_no_other_is_touched() {
 async fn each_purge_step_removes_at_most_its_budget() {
     let s = start().await;
     let d = doomed(&s).await;
-    let r = s
-        .post(
-            &format!("{PROJECT}/devices"),
-            &d.admin,
-            json!({"name": "rover"}),
-        )
-        .await;
-    let (dev, tok) = (
-        r.body["id"].as_u64().unwrap(),
-        r.body["device_token"].as_str().unwrap().to_string(),
-    );
+    let (dev, tok) = rover(&s, &d).await;
     for _ in 0..2 {
         let r = s
             .post(
@@ -483,17 +481,7 @@ async fn each_purge_step_removes_at_most_its_budget() {
 async fn a_write_already_past_the_lookup_is_refused_once_the_organization_is_deleted() {
     let s = start().await;
     let d = doomed(&s).await;
-    let r = s
-        .post(
-            &format!("{PROJECT}/devices"),
-            &d.admin,
-            json!({"name": "rover"}),
-        )
-        .await;
-    let (dev, tok) = (
-        r.body["id"].as_u64().unwrap(),
-        r.body["device_token"].as_str().unwrap().to_string(),
-    );
+    let (dev, tok) = rover(&s, &d).await;
     let r = s
         .post(
             &format!("{PROJECT}/sessions"),
