@@ -412,6 +412,10 @@ fn has_work(store: &Store, id: u64) -> Result<bool> {
     let Some(r) = store.rollout(id)? else {
         return Ok(false);
     };
+    // A deleted organization's rollout has none (`tick` stops its controller).
+    if store.project_retired(r.project_id) {
+        return Ok(false);
+    }
     let Some(d) = store.deployment(r.project_id, id)? else {
         return Ok(false);
     };

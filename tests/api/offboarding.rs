@@ -474,9 +474,9 @@ async fn each_purge_step_removes_at_most_its_budget() {
     assert!(!store.org_being_deleted(org.id).unwrap());
 }
 
-/// Once an organization is deleted, a write that got past its lookup before (a log batch, a
-/// heartbeat) is refused by the actor it reaches: nothing is written into a project being
-/// purged.
+/// Once an organization is deleted, a write that got past its lookup before (a heartbeat
+/// queued behind a busy project actor, a log batch, a heartbeat) is refused by the actor it
+/// reaches: nothing is written into a project being purged.
 #[tokio::test]
 async fn a_write_already_past_the_lookup_is_refused_once_the_organization_is_deleted() {
     let s = start().await;
@@ -502,8 +502,26 @@ async fn a_write_already_past_the_lookup_is_refused_once_the_organization_is_del
         .await
         .unwrap();
 
+    // A heartbeat queued behind a busy project actor before the deletion: refused when the
+    // actor takes it on, after.
+    rt.projects
+        .inject_stall(pid, std::time::Duration::from_millis(1500))
+        .await
+        .unwrap();
+    let queued = tokio::spawn({
+        let rt = rt.clone();
+        async move { rt.projects.heartbeat(pid, dev, Default::default()).await }
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    assert_eq!(rt.projects.waiting(pid), 1, "the heartbeat waits behind the stall");
+
     let r = s.delete(ORG, &d.owner).await;
     assert_eq!(r.status, 204, "{}", r.body);
+    let late = queued.await.unwrap();
+    assert!(
+        matches!(late, Err(fleetops_actors::Error::NotFound(_))),
+        "{late:?}"
+    );
     let late = rt.sessions.append(pid, sid, entry()).await;
     assert!(
         matches!(late, Err(fleetops_actors::Error::NotFound(_))),

@@ -98,10 +98,17 @@ impl DirectoryHandle {
     /// session, log, file, capsule, configuration, deployment, rule, alert, repository link and
     /// test run purged in the background (resumed after a restart).
     pub async fn delete_org(&self, org_id: u64) -> Result<()> {
-        self.write(|reply| DirectoryMsg::DeleteOrg { org_id, reply })
-            .await?;
-        self.offboarding.start(org_id, true);
-        Ok(())
+        // On its own task: a caller that goes away (a client hanging up) cannot leave a
+        // deletion applied without its purge started.
+        let this = self.clone();
+        tokio::spawn(async move {
+            this.write(|reply| DirectoryMsg::DeleteOrg { org_id, reply })
+                .await?;
+            this.offboarding.start(org_id, true);
+            Ok(())
+        })
+        .await
+        .map_err(|e| crate::Error::Internal(format!("deleting an organization: {e}")))?
     }
 
     /// Resumes the purge of every organization deleted but not yet purged.

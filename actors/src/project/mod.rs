@@ -250,6 +250,57 @@ pub(crate) enum ProjectMsg {
     Stall(std::time::Duration),
 }
 
+impl ProjectMsg {
+    /// Answers the request with `e()`, unapplied (its project's organization was deleted
+    /// after the request got past its lookup).
+    fn refuse(self, e: impl Fn() -> crate::Error) {
+        macro_rules! refuse {
+            ($($v:ident),*) => {
+                match self {
+                    $(ProjectMsg::$v { reply, .. } => {
+                        let _ = reply.send(Err(e()));
+                    })*
+                    #[cfg(feature = "fault-injection")]
+                    ProjectMsg::Panic | ProjectMsg::Stall(_) => {}
+                }
+            };
+        }
+        refuse!(
+            CreateDevice,
+            UpdateDevice,
+            DeleteDevice,
+            Heartbeat,
+            CreateGroup,
+            UpdateGroup,
+            DeleteGroup,
+            CreateSession,
+            EndSession,
+            Tag,
+            DeleteSession,
+            CreateCapsule,
+            Uploaded,
+            SettleCapsule,
+            ValidationPending,
+            CreateConfiguration,
+            SettleConfiguration,
+            DeleteUpload,
+            CreateDeployment,
+            UpdateDeployment,
+            DeleteDeployment,
+            TransitionDeployment,
+            CreateIntegration,
+            UpdateIntegration,
+            DeleteIntegration,
+            CreateAlertRule,
+            UpdateAlertRule,
+            DeleteAlertRule,
+            ReportRollout,
+            SetPolicy,
+            Rollout
+        );
+    }
+}
+
 #[derive(Default)]
 pub(crate) struct ProjectActor;
 
@@ -327,6 +378,12 @@ impl Actor for ProjectActor {
             // Its caller gave up before it got here: never applied.
             return Ok(());
         };
+        // Checked as the request is taken on (the handle checks before sending it too): a
+        // request queued before its organization's deletion writes nothing after it.
+        if st.store.project_retired(st.pid()) {
+            msg.refuse(|| crate::Error::not_found("Project"));
+            return Ok(());
+        }
         match msg {
             ProjectMsg::CreateDevice {
                 name,

@@ -167,12 +167,9 @@ impl Actor for DispatcherActor {
                 include_drafts,
                 reply,
             } => {
-                let _ = reply.send(st.create_repo(
-                    project_id,
-                    full_name,
-                    branch_patterns,
-                    include_drafts,
-                ));
+                let _ = reply.send(st.live(project_id).and_then(|()| {
+                    st.create_repo(project_id, full_name, branch_patterns, include_drafts)
+                }));
             }
             DispatcherMsg::UpdateRepo {
                 project_id,
@@ -180,24 +177,33 @@ impl Actor for DispatcherActor {
                 patch,
                 reply,
             } => {
-                let _ = reply.send(st.update_repo(project_id, id, patch));
+                let _ = reply.send(
+                    st.live(project_id)
+                        .and_then(|()| st.update_repo(project_id, id, patch)),
+                );
             }
             DispatcherMsg::DeleteRepo {
                 project_id,
                 id,
                 reply,
             } => {
-                let _ = reply.send(st.delete_repo(project_id, id));
+                let _ = reply.send(
+                    st.live(project_id)
+                        .and_then(|()| st.delete_repo(project_id, id)),
+                );
             }
             DispatcherMsg::Claim { project_id, reply } => {
-                let _ = reply.send(st.claim(project_id));
+                let _ = reply.send(st.live(project_id).and_then(|()| st.claim(project_id)));
             }
             DispatcherMsg::Heartbeat {
                 project_id,
                 id,
                 reply,
             } => {
-                let _ = reply.send(st.heartbeat(project_id, id));
+                let _ = reply.send(
+                    st.live(project_id)
+                        .and_then(|()| st.heartbeat(project_id, id)),
+                );
             }
             DispatcherMsg::Complete {
                 project_id,
@@ -206,7 +212,10 @@ impl Actor for DispatcherActor {
                 summary,
                 reply,
             } => {
-                let _ = reply.send(st.complete(project_id, id, status, summary));
+                let _ = reply.send(
+                    st.live(project_id)
+                        .and_then(|()| st.complete(project_id, id, status, summary)),
+                );
             }
             DispatcherMsg::ExpireLeases => {
                 if let Err(e) = st.expire_leases() {
@@ -805,6 +814,15 @@ impl DispatcherState {
         r.updated_at = self.clock.now_ms();
         self.save(&old, &r)?;
         Ok(r)
+    }
+
+    /// Refuses a project whose organization was deleted after the request got past its
+    /// lookup (checked as the request is taken on, so nothing is written into it).
+    fn live(&self, project_id: u64) -> Result<()> {
+        if self.store.project_retired(project_id) {
+            return Err(crate::Error::not_found("Project"));
+        }
+        Ok(())
     }
 
     fn expire_leases(&self) -> Result<()> {

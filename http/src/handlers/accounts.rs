@@ -143,15 +143,11 @@ pub async fn patch_org(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body
     let (p, s) = cx.org(&req, Role::Admin)?;
     let b: OrgPatchBody = cx.json(&mut req).await?;
     // Repeating the current tier changes nothing, so it needs no superuser.
-    if b.tier.as_ref().is_some_and(|t| *t != s.org.tier) {
+    let tier = b.tier.filter(|t| *t != s.org.tier);
+    if tier.is_some() {
         cx.rt().access.require_superuser(&p)?;
     }
-    body::ok(
-        &cx.rt()
-            .directory
-            .update_org(s.org.id, b.name, b.tier)
-            .await?,
-    )
+    body::ok(&cx.rt().directory.update_org(s.org.id, b.name, tier).await?)
 }
 
 pub async fn delete_org(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
