@@ -513,7 +513,11 @@ async fn a_write_already_past_the_lookup_is_refused_once_the_organization_is_del
         async move { rt.projects.heartbeat(pid, dev, Default::default()).await }
     });
     tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-    assert_eq!(rt.projects.waiting(pid), 1, "the heartbeat waits behind the stall");
+    assert_eq!(
+        rt.projects.waiting(pid),
+        1,
+        "the heartbeat waits behind the stall"
+    );
 
     let r = s.delete(ORG, &d.owner).await;
     assert_eq!(r.status, 204, "{}", r.body);
