@@ -862,6 +862,46 @@ async fn device_status_online_fires_after_the_duration_and_resolves_when_offline
     );
 }
 
+/// A device that went offline and comes back counts an online rule's duration from its
+/// return, also when a rule change makes the evaluator reread the devices just before the
+/// returning heartbeat (which then finds the device online already).
+#[tokio::test]
+async fn a_device_back_online_counts_the_duration_from_its_return() {
+    let sink = Sink::start().await;
+    let s = start_with(fast).await;
+    let hook = webhook(&s, &sink).await;
+    let r = rule(
+        &s,
+        hook,
+        json!({"type": "device_status", "status": "online", "duration_seconds": 3}),
+    )
+    .await;
+    let (d, tok) = device(&s, "r1").await;
+    heartbeat(&s, d, &tok, json!({})).await;
+    // Offline after 1 s, and away for longer than the rule's duration.
+    tokio::time::sleep(Duration::from_millis(3500)).await;
+    assert_eq!(alerts(&s, "").await["total"], 0, "online for 1 s only");
+    let p = s
+        .patch(&format!("{RULES}/{r}"), s.key(), json!({"name": "renamed"}))
+        .await;
+    assert_eq!(p.status, 200, "{}", p.body);
+    let back = Instant::now();
+    while back.elapsed() < Duration::from_millis(2500) {
+        heartbeat(&s, d, &tok, json!({})).await;
+        assert_eq!(
+            alerts(&s, "").await["total"],
+            0,
+            "online again for {:?} only",
+            back.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    heartbeat(&s, d, &tok, json!({})).await;
+    let l = wait_alerts(&s, "state=firing", 1).await;
+    assert_eq!(l["items"][0]["device_id"], d);
+    assert!(back.elapsed() >= Duration::from_millis(2900));
+}
+
 /// A panic injected into the rule evaluator and into the notifier while heartbeats and log
 /// batches keep arriving: every request still succeeds, both actors restart (counted), and
 /// the restarted pair still fires an alert and delivers its notification.

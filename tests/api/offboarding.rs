@@ -69,6 +69,26 @@ async fn rover(s: &Srv, d: &Doomed) -> (u64, String) {
     )
 }
 
+/// A session of device `dev` with `batches` one-line log batches; its id.
+async fn session_of_batches(s: &Srv, dev: u64, tok: &str, batches: usize) -> u64 {
+    let r = s
+        .post(&format!("{PROJECT}/sessions"), tok, json!({"device_id": dev}))
+        .await;
+    assert_eq!(r.status, 201, "{}", r.body);
+    let sid = r.body["id"].as_u64().unwrap();
+    for i in 0..batches {
+        let r = s
+            .post(
+                &format!("{PROJECT}/sessions/{sid}/logs"),
+                tok,
+                json!([{"level": "info", "message": format!("line {i}")}]),
+            )
+            .await;
+        assert_eq!(r.status, 202, "{}", r.body);
+    }
+    sid
+}
+
 fn project_id(s: &Srv) -> u64 {
     let rt = s.rt();
     let org = rt.store.org_by_slug("doomed").unwrap().unwrap();
@@ -245,26 +265,7 @@ async fn a_deleted_organizations_data_is_purged_and_no_other_is_touched() {
     assert_eq!(r.status, 201, "{}", r.body);
     let mut sids = Vec::new();
     for _ in 0..3 {
-        let r = s
-            .post(
-                &format!("{PROJECT}/sessions"),
-                &tok,
-                json!({"device_id": dev}),
-            )
-            .await;
-        assert_eq!(r.status, 201, "{}", r.body);
-        let sid = r.body["id"].as_u64().unwrap();
-        for i in 0..20 {
-            let r = s
-                .post(
-                    &format!("{PROJECT}/sessions/{sid}/logs"),
-                    &tok,
-                    json!([{"level": "info", "message": format!("line {i}")}]),
-                )
-                .await;
-            assert_eq!(r.status, 202, "{}", r.body);
-        }
-        sids.push(sid);
+        sids.push(session_of_batches(&s, dev, &tok, 20).await);
     }
     let r = s
         .post(
@@ -429,24 +430,7 @@ async fn each_purge_step_removes_at_most_its_budget() {
     let d = doomed(&s).await;
     let (dev, tok) = rover(&s, &d).await;
     for _ in 0..2 {
-        let r = s
-            .post(
-                &format!("{PROJECT}/sessions"),
-                &tok,
-                json!({"device_id": dev}),
-            )
-            .await;
-        let sid = r.body["id"].as_u64().unwrap();
-        for i in 0..15 {
-            let r = s
-                .post(
-                    &format!("{PROJECT}/sessions/{sid}/logs"),
-                    &tok,
-                    json!([{"level": "info", "message": format!("line {i}")}]),
-                )
-                .await;
-            assert_eq!(r.status, 202, "{}", r.body);
-        }
+        session_of_batches(&s, dev, &tok, 15).await;
     }
     let pid = project_id(&s);
     let store = s.rt().store;
@@ -482,14 +466,7 @@ async fn a_write_already_past_the_lookup_is_refused_once_the_organization_is_del
     let s = start().await;
     let d = doomed(&s).await;
     let (dev, tok) = rover(&s, &d).await;
-    let r = s
-        .post(
-            &format!("{PROJECT}/sessions"),
-            &tok,
-            json!({"device_id": dev}),
-        )
-        .await;
-    let sid = r.body["id"].as_u64().unwrap();
+    let sid = session_of_batches(&s, dev, &tok, 0).await;
     let pid = project_id(&s);
     let rt = s.rt();
     let entry = || -> Vec<fleetops_actors::logs::RawEntry> {

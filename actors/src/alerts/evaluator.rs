@@ -1024,13 +1024,22 @@ impl EvaluatorState {
     fn refresh_devices(&mut self, now: i64, ch: &mut Changes) -> Result<()> {
         let devices = self.store().project_devices(self.pid)?;
         let present: std::collections::HashSet<u64> = devices.iter().map(|d| d.id).collect();
-        self.last_seen.clear();
+        let before = std::mem::take(&mut self.last_seen);
         self.metrics.clear();
         for d in devices {
             if let Some(ls) = d.last_seen_at {
                 self.last_seen.insert(d.id, ls);
-                let since = self.online_since.get(&d.id).copied().unwrap_or(ls);
-                self.online_since.insert(d.id, since.min(ls));
+                // Online since the stored heartbeat when it went offline between the one this
+                // evaluator knew and that one (the stored heartbeat may be the very one whose
+                // event comes next, which then finds the device online already).
+                let back = before
+                    .get(&d.id)
+                    .is_some_and(|&prev| ls >= prev + self.ctx.offline_after_ms);
+                let since = match self.online_since.get(&d.id) {
+                    Some(&s) if !back => s.min(ls),
+                    _ => ls,
+                };
+                self.online_since.insert(d.id, since);
                 self.metrics.insert(d.id, Arc::new(d.metrics));
             }
         }
