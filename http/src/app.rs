@@ -131,10 +131,16 @@ impl Req {
         self.parts.headers.get(name).and_then(|v| v.to_str().ok())
     }
 
+    /// Whether the peer is one of the trusted proxies (an IPv4 peer on a dual-stack listener
+    /// arrives IPv4-mapped, and is compared as IPv4).
+    pub fn from_trusted_proxy(&self, trusted: &[IpAddr]) -> bool {
+        trusted.contains(&self.peer.ip().to_canonical())
+    }
+
     /// The client address, believing `X-Forwarded-For` only from trusted proxies.
     pub fn client_ip(&self, trusted: &[IpAddr]) -> IpAddr {
-        let peer = self.peer.ip();
-        if trusted.contains(&peer)
+        let peer = self.peer.ip().to_canonical();
+        if self.from_trusted_proxy(trusted)
             && let Some(ip) = self
                 .header("x-forwarded-for")
                 .and_then(|v| v.split(',').next_back())

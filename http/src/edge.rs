@@ -31,6 +31,10 @@ pub struct Edge {
     /// authenticated bodies (four 8 MiB log batches at the default) whatever a flood holds.
     unauthenticated_budget: Arc<Semaphore>,
     unauthenticated_budget_kib: u32,
+    /// The share of the body budget streamed uploads' write buffers may hold together (half,
+    /// in KiB): slow uploads, which may hold theirs for long, never take what heartbeats,
+    /// log batches and other buffered bodies need.
+    stream_budget: Arc<Semaphore>,
     /// Large bodies turned away after `LARGE_BODY_WAIT` without a reader.
     pub large_body_waits: AtomicU64,
     /// The pace, in KiB, of large bodies on routes that take no credential (None: unpaced).
@@ -38,9 +42,9 @@ pub struct Edge {
     /// Times a large unauthenticated body waited for its pace.
     pub paced_waits: AtomicU64,
     pub body_timeout: Duration,
-    /// A streamed upload must bring at least this many bytes in each `body_timeout` (0: no
-    /// floor); a slower one is ended (`[http] min_upload_bytes_per_second`).
-    min_upload_per_window: u64,
+    /// A streamed upload must bring at least this many bytes a second of waiting for it (0:
+    /// no floor); a slower one is ended (`[http] min_upload_bytes_per_second`).
+    min_upload_rate: u64,
     /// Streamed uploads ended for being slower than that.
     pub slow_uploads: AtomicU64,
     pub connections: Arc<Semaphore>,
@@ -283,13 +287,12 @@ impl Edge {
             unauthenticated_readers: Arc::new(Semaphore::new(cfg.max_large_bodies.max(1))),
             unauthenticated_budget: Arc::new(Semaphore::new(unauthenticated_budget_kib as usize)),
             unauthenticated_budget_kib,
+            stream_budget: Arc::new(Semaphore::new((budget_kib / 2).max(1) as usize)),
             large_body_waits: AtomicU64::new(0),
             unauthenticated_pace,
             paced_waits: AtomicU64::new(0),
             body_timeout: Duration::from_secs(cfg.body_timeout_seconds.max(1)),
-            min_upload_per_window: cfg
-                .min_upload_bytes_per_second
-                .saturating_mul(cfg.body_timeout_seconds.max(1)),
+            min_upload_rate: cfg.min_upload_bytes_per_second,
             slow_uploads: AtomicU64::new(0),
             connections: Arc::new(Semaphore::new(cfg.max_connections.max(1))),
             header_timeouts: AtomicU64::new(0),
@@ -336,7 +339,8 @@ impl Edge {
     /// (`max_connections_per_address`); `Refused` (counted) when that client already holds
     /// its share, and the connection should be closed. A trusted proxy is not counted.
     pub fn connection_from(&self, peer: std::net::IpAddr) -> Admission {
-        if self.trusted_proxies.contains(&peer) {
+        // An IPv4 peer on a dual-stack listener arrives IPv4-mapped.
+        if self.trusted_proxies.contains(&peer.to_canonical()) {
             return Admission::Admitted(None);
         }
         let ip = crate::rate_limit::client_key(peer);
@@ -505,20 +509,26 @@ impl Edge {
         }
     }
 
-    /// Reserves `bytes` of the body budget for a streamed upload's write buffer, held until
-    /// the returned permit is dropped; 503 with `Retry-After` when the budget cannot hold it.
-    pub fn reserve_stream(&self, bytes: usize) -> ApiResult<OwnedSemaphorePermit> {
+    /// Reserves `bytes` of the body budget for a streamed upload's write buffer, within the
+    /// streams' share of it, held until the returned permits are dropped; 503 with
+    /// `Retry-After` when either cannot hold it.
+    pub fn reserve_stream(&self, bytes: usize) -> ApiResult<StreamHold> {
         let kib = u32::try_from(bytes.div_ceil(1024))
             .unwrap_or(u32::MAX)
-            .clamp(1, self.budget_kib);
-        match self.body_budget.clone().try_acquire_many_owned(kib) {
-            Ok(p) => {
+            .clamp(1, (self.budget_kib / 2).max(1));
+        let share = self.stream_budget.clone().try_acquire_many_owned(kib);
+        let budget = self.body_budget.clone().try_acquire_many_owned(kib);
+        match (share, budget) {
+            (Ok(s), Ok(b)) => {
                 let held = self.budget_kib as usize - self.body_budget.available_permits();
                 self.budget_peak_kib
                     .fetch_max(held as u64, Ordering::Relaxed);
-                Ok(p)
+                Ok(StreamHold {
+                    _share: s,
+                    _budget: b,
+                })
             }
-            Err(_) => {
+            _ => {
                 self.budget_refusals.fetch_add(1, Ordering::Relaxed);
                 Err(ApiError::Domain(fleetops_actors::Error::Unavailable {
                     retry_after_secs: 1,
@@ -543,7 +553,7 @@ impl Edge {
         struct Reading {
             body: BoxStream<'static, std::io::Result<Bytes>>,
             reserve: Option<usize>,
-            _hold: Option<OwnedSemaphorePermit>,
+            _hold: Option<StreamHold>,
             /// Time spent waiting for the sender in this window, and the bytes it brought.
             waited: Duration,
             window_bytes: u64,
@@ -556,7 +566,7 @@ impl Edge {
             waited: Duration::ZERO,
             window_bytes: 0,
         };
-        let rate = self.min_upload_per_window / self.body_timeout.as_secs().max(1);
+        let rate = self.min_upload_rate;
         futures::stream::unfold(Some(state), move |state| {
             let edge = edge.clone();
             async move {
@@ -634,5 +644,41 @@ impl<F: std::future::Future> std::future::Future for PollTimed<F> {
         let out = this.inner.poll(cx);
         this.polls.observe(started.elapsed());
         out
+    }
+}
+
+/// A streamed upload's reservation: its place in the streams' share and in the body budget.
+pub struct StreamHold {
+    _share: OwnedSemaphorePermit,
+    _budget: OwnedSemaphorePermit,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A trusted proxy is not held to the per-address connection cap, also when it connects
+    /// to a dual-stack listener and arrives IPv4-mapped; a client is.
+    #[test]
+    fn a_trusted_proxy_is_not_capped_even_ipv4_mapped() {
+        let proxy: std::net::IpAddr = "10.0.0.5".parse().unwrap();
+        let cfg = HttpConfig {
+            max_connections_per_address: 1,
+            trusted_proxies: vec![proxy],
+            ..HttpConfig::default()
+        };
+        let edge = Edge::new(&cfg);
+        let mapped: std::net::IpAddr = "::ffff:10.0.0.5".parse().unwrap();
+        let held: Vec<_> = (0..3)
+            .map(|_| match edge.connection_from(mapped) {
+                Admission::Admitted(slot) => slot,
+                Admission::Refused => panic!("the proxy was capped"),
+            })
+            .collect();
+        assert!(held.iter().all(Option::is_none));
+        let client: std::net::IpAddr = "::ffff:192.0.2.7".parse().unwrap();
+        let first = edge.connection_from(client);
+        assert!(matches!(first, Admission::Admitted(Some(_))));
+        assert!(matches!(edge.connection_from(client), Admission::Refused));
     }
 }

@@ -339,7 +339,7 @@ fn doc(op: Op) -> Doc {
         // The signed link: 403 forged or for another purpose, 401 expired.
         Upload => Doc {
             body: Some(ReqBody::Raw("application/octet-stream")),
-            ..answers(&[401, 403, 409, 503])
+            ..answers(&[401, 403, 409])
         },
         Download => Doc {
             media: &["*/*"],
@@ -349,8 +349,7 @@ fn doc(op: Op) -> Doc {
         // delivery id that is not a UUID or a missing event.
         ScmWebhook => Doc {
             body: Some(ReqBody::Raw("application/json")),
-            // Read whole before the signature can be checked: 408 and the body budget's 503.
-            ..answers(&[401, 408, 503])
+            ..answers(&[401])
         },
     }
 }
@@ -479,7 +478,9 @@ fn statuses(r: &RouteDef, d: &Doc, body: ReqBody) -> (BTreeSet<u16>, BTreeSet<u1
         ReqBody::Json | ReqBody::OptionalJson | ReqBody::Logs => {
             err.extend([400, 408, 413, 422, 503])
         }
-        ReqBody::Raw(_) => err.extend([400, 413]),
+        // Streamed or read whole: 408 for a body that stalls or comes slower than the minimum
+        // rate, 503 when the body budget cannot hold its buffer.
+        ReqBody::Raw(_) => err.extend([400, 408, 413, 503]),
         ReqBody::None => {}
     }
     (ok, err)

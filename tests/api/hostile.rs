@@ -678,19 +678,59 @@ async fn streamed_uploads_are_counted_in_the_body_budget() {
     // An ordinary JSON request still fits beside it.
     let r = s.get(&format!("{DEV}/devices"), s.key()).await;
     assert_eq!(r.status, 200);
-    // The first ends: the budget has room again.
+    // The first ends: the budget has room again for another chunked upload.
     first.write_all(b"0\r\n\r\n").await.unwrap();
     let line = status_of(&mut first, Duration::from_secs(5)).await.unwrap();
     assert!(line.contains("201"), "{line}");
+    let line = chunked_upload(&s, sid, &tok, "c.bin").await;
+    assert!(line.contains("201"), "{line}");
+}
+
+/// A whole chunked upload of one byte on a connection of its own: its status line.
+async fn chunked_upload(s: &Srv, sid: u64, tok: &str, name: &str) -> String {
+    let mut c = TcpStream::connect(addr(s)).await.unwrap();
+    c.write_all(upload_head(sid, tok, name).as_bytes())
+        .await
+        .unwrap();
+    c.write_all(b"1\r\ny\r\n0\r\n\r\n").await.unwrap();
+    status_of(&mut c, Duration::from_secs(5)).await.unwrap()
+}
+
+/// Streamed uploads hold at most half of the body budget together, so slow uploads never
+/// take what buffered bodies (heartbeats, log batches) need: with room in the budget for two
+/// uploads' buffers but not in its half, the second is 503 while a log batch goes through.
+#[tokio::test]
+async fn streamed_uploads_hold_at_most_half_the_body_budget() {
+    // 8 MiB: two 3 MiB buffers fit in the budget, one in its half.
+    let s = start_with(|c| c.http.body_budget_bytes = 8 << 20).await;
+    let (d, tok) = crate::sessions::device(&s, "r1").await;
+    let sid = crate::sessions::session(&s, d, &tok).await;
+    let mut first = TcpStream::connect(addr(&s)).await.unwrap();
+    first
+        .write_all(upload_head(sid, &tok, "a.bin").as_bytes())
+        .await
+        .unwrap();
+    first.write_all(b"1\r\nx\r\n").await.unwrap();
+    let mut refused = false;
+    for _ in 0..50 {
+        if chunked_upload(&s, sid, &tok, "b.bin").await.contains("503") {
+            refused = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(refused, "a second upload past the streams' half is 503");
     let r = s
-        .raw(
-            s.http
-                .put(s.url(&format!("{DEV}/sessions/{sid}/files/c.bin")))
-                .bearer_auth(&tok)
-                .body(vec![1u8; 10]),
+        .post(
+            &format!("{DEV}/sessions/{sid}/logs"),
+            &tok,
+            serde_json::json!([{"level": "info", "message": "beside the upload"}]),
         )
         .await;
-    assert_eq!(r.status, 201, "{}", r.body);
+    assert_eq!(r.status, 202, "{}", r.body);
+    first.write_all(b"0\r\n\r\n").await.unwrap();
+    let line = status_of(&mut first, Duration::from_secs(5)).await.unwrap();
+    assert!(line.contains("201"), "{line}");
 }
 
 /// One organization's uploads hold at most its share of the upload places

@@ -72,7 +72,11 @@ async fn rover(s: &Srv, d: &Doomed) -> (u64, String) {
 /// A session of device `dev` with `batches` one-line log batches; its id.
 async fn session_of_batches(s: &Srv, dev: u64, tok: &str, batches: usize) -> u64 {
     let r = s
-        .post(&format!("{PROJECT}/sessions"), tok, json!({"device_id": dev}))
+        .post(
+            &format!("{PROJECT}/sessions"),
+            tok,
+            json!({"device_id": dev}),
+        )
         .await;
     assert_eq!(r.status, 201, "{}", r.body);
     let sid = r.body["id"].as_u64().unwrap();

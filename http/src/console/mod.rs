@@ -214,7 +214,7 @@ impl Signed {
 /// Whether the request came over TLS (through a trusted proxy: fleetops itself speaks
 /// plain HTTP), so the cookie is `Secure`.
 fn secure(app: &App, req: &Req) -> bool {
-    app.cfg.trusted_proxies.contains(&req.peer.ip())
+    req.from_trusted_proxy(&app.cfg.trusted_proxies)
         && req
             .header("x-forwarded-proto")
             .is_some_and(|v| v.trim().eq_ignore_ascii_case("https"))
