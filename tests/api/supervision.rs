@@ -542,7 +542,9 @@ async fn a_stalled_actor_holds_at_most_its_mailbox_limit_of_messages() {
     // The intake's write is held: the first delivery waits in its batch, the rest queue.
     let hold = rt.webhooks.inject_write_hold();
     let first = tokio::spawn(send(0));
-    assert!(eventually(10, || async { rt.webhooks.intake_waiting() == 1 }).await);
+    // Its batch closed and held: what comes next queues for the following one.
+    assert!(eventually(10, || async { hold.reached() }).await);
+    assert_eq!(rt.webhooks.intake_waiting(), 1);
     // Three more time out (503) and stay queued, so the mailbox is full: the rest are turned
     // away at once, not queued behind them.
     for zen in 1..=3 {
@@ -558,7 +560,7 @@ async fn a_stalled_actor_holds_at_most_its_mailbox_limit_of_messages() {
         );
     }
     assert_eq!(rt.webhooks.intake_waiting(), 4);
-    hold.notify_one();
+    hold.release();
     assert_eq!(first.await.unwrap(), 202);
     assert!(eventually(10, || async { rt.webhooks.intake_waiting() == 0 }).await);
 }
@@ -578,7 +580,9 @@ async fn a_redelivery_after_a_503_is_the_delivery() {
     // A first delivery's batch write is held: the intake's mailbox queues what comes next.
     let hold = rt.webhooks.inject_write_hold();
     let first = tokio::spawn(send(uuid::Uuid::new_v4().to_string(), "first"));
-    assert!(eventually(10, || async { rt.webhooks.intake_waiting() == 1 }).await);
+    // Its batch closed and held: what comes next queues for the following one.
+    assert!(eventually(10, || async { hold.reached() }).await);
+    assert_eq!(rt.webhooks.intake_waiting(), 1);
     let x = uuid::Uuid::new_v4().to_string();
     // Its deadline passes in the mailbox: 503, nothing claimed.
     assert_eq!(send(x.clone(), "x").await, 503);
@@ -587,7 +591,7 @@ async fn a_redelivery_after_a_503_is_the_delivery() {
     // goes on.
     let again = tokio::spawn(send(x.clone(), "x"));
     assert!(eventually(10, || async { rt.webhooks.intake_waiting() == 3 }).await);
-    hold.notify_one();
+    hold.release();
     assert_eq!(first.await.unwrap(), 202);
     assert_eq!(again.await.unwrap(), 202);
     let r = s.get(&format!("/api/v1/scm/deliveries/{x}"), s.key()).await;

@@ -1474,7 +1474,7 @@ async fn send_held(s: &Srv, plan: Vec<(&'static str, Value)>) -> Vec<String> {
         }));
         assert!(eventually(10, || async { rt.webhooks.intake_waiting() == i + 1 }).await);
     }
-    hold.notify_one();
+    hold.release();
     for t in tasks {
         assert_eq!(t.await.unwrap(), 202);
     }
@@ -1915,4 +1915,19 @@ async fn deleting_an_organization_unbinds_its_installation_and_frees_its_reposit
         (Some("dispatched"), Some("default")),
         "{d}"
     );
+}
+
+/// A delivery that names no installation, for a repository no installation holds, on a
+/// service with several organizations resolves nowhere: skipped `repository_not_linked`
+/// (there is no installation to be unbound), even though an organization links the name.
+#[tokio::test]
+async fn a_delivery_naming_no_installation_and_held_by_none_is_not_linked_anywhere() {
+    let s = webhook_server().await;
+    other_tenant(&s, "acme").await;
+    link(&s, REPO).await;
+    let mut p = pr("opened", 1, "eee1", false);
+    p.as_object_mut().unwrap().remove("installation");
+    let d = run(&s, "pull_request", &p).await;
+    skipped(&d, "repository_not_linked");
+    assert_eq!(d["project"], Value::Null);
 }

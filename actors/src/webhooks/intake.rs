@@ -123,7 +123,7 @@ pub(crate) enum IntakeMsg {
     StallNextWrite(std::time::Duration),
     /// Fault injection: the next batch write waits until the test releases it.
     #[cfg(feature = "fault-injection")]
-    HoldNextWrite(Arc<tokio::sync::Notify>),
+    HoldNextWrite(Arc<super::WriteHold>),
     /// Fault injection: the intake panics in its handler (supervision tests).
     #[cfg(feature = "fault-injection")]
     Panic,
@@ -162,7 +162,7 @@ pub(crate) struct IntakeState {
     #[cfg(feature = "fault-injection")]
     stall: Option<std::time::Duration>,
     #[cfg(feature = "fault-injection")]
-    hold: Option<Arc<tokio::sync::Notify>>,
+    hold: Option<Arc<super::WriteHold>>,
     clock: crate::clock::Clock,
 }
 
@@ -365,8 +365,8 @@ impl IntakeState {
             tokio::time::sleep(d).await;
         }
         #[cfg(feature = "fault-injection")]
-        if let Some(n) = self.hold.take() {
-            n.notified().await;
+        if let Some(h) = self.hold.take() {
+            h.wait().await;
         }
         let written = tokio::task::spawn_blocking(move || {
             store.claim_deliveries(&mut items)?;

@@ -90,14 +90,14 @@ impl WebhooksHandle {
         self.intake.cast(IntakeMsg::StallNextWrite(d));
     }
 
-    /// Holds the intake's next batch write until the returned notify is notified (deadline
+    /// Holds the intake's next batch write until the returned hold is released (deadline
     /// tests only).
     #[doc(hidden)]
     #[cfg(feature = "fault-injection")]
-    pub fn inject_write_hold(&self) -> Arc<tokio::sync::Notify> {
-        let n = Arc::new(tokio::sync::Notify::new());
-        self.intake.cast(IntakeMsg::HoldNextWrite(n.clone()));
-        n
+    pub fn inject_write_hold(&self) -> Arc<WriteHold> {
+        let h = Arc::new(WriteHold::default());
+        self.intake.cast(IntakeMsg::HoldNextWrite(h.clone()));
+        h
     }
 
     /// Makes the intake panic in its handler (supervision tests only).
@@ -151,5 +151,32 @@ impl WebhooksHandle {
             .map_err(|_| Error::Unavailable {
                 retry_after_secs: 1,
             })
+    }
+}
+
+/// A batch write of the intake held by a test: `reached` once the write waits (its batch is
+/// closed then, so what arrives next queues for the following one), until `release`.
+#[doc(hidden)]
+#[cfg(feature = "fault-injection")]
+#[derive(Default)]
+pub struct WriteHold {
+    release: tokio::sync::Notify,
+    reached: std::sync::atomic::AtomicBool,
+}
+
+#[cfg(feature = "fault-injection")]
+impl WriteHold {
+    pub fn release(&self) {
+        self.release.notify_one();
+    }
+
+    pub fn reached(&self) -> bool {
+        self.reached.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    pub(crate) async fn wait(&self) {
+        self.reached
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        self.release.notified().await;
     }
 }
