@@ -633,8 +633,8 @@ impl Store {
     /// data directory, and moves the index of links by name under each link's organization.
     /// An installation whose linked repositories (held or removed) are linked in exactly one
     /// organization is bound to it; one with none is bound to the service's only
-    /// organization when it has exactly one; any other stays unbound until a superuser binds
-    /// it. Returns how many it bound.
+    /// organization when it has exactly one; any other is recorded unbound, and stays so
+    /// until a superuser binds it. Returns how many it bound.
     pub fn bind_installations(&self) -> Result<usize> {
         let mut bound = 0;
         self.once("installation_orgs_v1", || {
@@ -684,12 +684,14 @@ impl Store {
                     [] => sole,
                     _ => None,
                 };
+                // One left unbound is recorded so, as seen: it is not bound later by the
+                // rule for an installation first seen by a single-organization service.
+                let mut b = InstallationBinding::default();
                 if let Some(org) = org {
-                    let mut b = InstallationBinding::default();
                     b.bind(org);
-                    w.put(keys::installation_binding(i.id), &b)?;
                     bound += 1;
                 }
+                w.put(keys::installation_binding(i.id), &b)?;
             }
             self.apply(w)
         })?;
@@ -1277,6 +1279,11 @@ mod tests {
             [org(100), org(200), org(300), org(400)],
             [Some(1), None, None, Some(2)]
         );
+        // Those left unbound are recorded as seen, so they are not bound later by the rule for
+        // an installation first seen by a single-organization service.
+        for id in [200, 300] {
+            assert!(store.installation_binding_if_seen(id).unwrap().is_some());
+        }
         // The index now answers per organization only.
         assert_eq!(store.repo_by_name(1, "acme/ONE").unwrap().unwrap().id, 1);
         assert!(store.repo_by_name(2, "acme/one").unwrap().is_none());

@@ -507,7 +507,13 @@ impl DispatcherState {
         };
         d.repository = Some(name.to_string());
         let Some(org) = delivery_org(&self.store, d.installation_id.unwrap_or(0))? else {
-            return skip_into(b, &d, "installation_unbound");
+            // Named no installation, and none holds its repository: nothing links it in an
+            // organization it can be resolved to (several exist).
+            let reason = match d.installation_id {
+                Some(_) => "installation_unbound",
+                None => "repository_not_linked",
+            };
+            return skip_into(b, &d, reason);
         };
         let Some(link) = self
             .store

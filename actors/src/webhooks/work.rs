@@ -73,7 +73,8 @@ pub(crate) fn still_queued(store: &Store, seq: u64) -> Result<bool> {
 /// The organization a delivery of installation `id` resolves in (0: it names none and no
 /// installation holds its repository): the one the installation is bound to; for none, the
 /// service's only organization while it has exactly one. `None`: the delivery is skipped
-/// `installation_unbound`, so no tenant's link can catch another's repository.
+/// (`installation_unbound`, or `repository_not_linked` when it names no installation), so no
+/// tenant's link can catch another's repository.
 pub(crate) fn delivery_org(store: &Store, id: u64) -> Result<Option<u64>> {
     if id == 0 {
         return Ok(store.sole_org()?);
