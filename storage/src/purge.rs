@@ -2,17 +2,22 @@
 //!
 //! [`Store::begin_org_deletion`] is one atomic batch: the organization record, its slug and
 //! every membership go (so no request reaches it again and the slug is free; an installation
-//! bound to it reads as unbound from then on), and a marker (`odel/{org}`) records that its data is still to
-//! be purged. [`Store::purge_org_step`] then removes the data of one of its projects at a time,
-//! family by family, at most a budget of records a step, each removal through the family's own
-//! delete (so list indexes and counters stay exact), and the project record itself last; when
-//! no project is left the marker goes. Every step is atomic and may be repeated, so a crash
-//! anywhere leaves a purge that the next start resumes ([`Store::orgs_being_deleted`]).
+//! bound to it reads as unbound from then on), and a marker (`odel/{org}`) records that its
+//! data is still to be purged; its projects are retired ([`Store::project_retired`]), which
+//! every writer checks. [`Store::purge_org_step`] then removes the data of one of its projects
+//! at a time, family by family, at most a budget of records a step, and the project record
+//! itself last; when no project is left the marker goes. A listed record goes through its
+//! family's own delete (so list indexes and counters stay exact); what no list holds (log
+//! chunks, files, device results and history, notifications, conditions, metric samples) is
+//! removed raw, a budget at a time, before the record it belongs to. Each write of a step is
+//! atomic and a step may be repeated from any point, so a crash anywhere leaves a purge that
+//! the next start resumes ([`Store::orgs_being_deleted`]).
 //!
 //! What a step removes from the blob store is returned to the caller (the files of the sessions
-//! it removed, and the project whose record went last, whose blob folders go whole), which
-//! deletes those blobs after the step is on disk (a blob whose record is gone is never read
-//! again; a crash before it is deleted leaves an orphan the housekeeper's sweep collects).
+//! it removed, the capsules' and configurations' blobs, and the project whose record went last,
+//! whose blob folders go whole), which deletes those blobs after the step is on disk (a blob
+//! whose record is gone is never read again; a crash before it is deleted leaves an orphan the
+//! housekeeper's sweep collects).
 
 use crate::{
     Alert, AlertRule, Artifact, Capsule, Configuration, Deployment, Device, DeviceGroup,

@@ -17,7 +17,8 @@ use std::time::Duration;
 use dashmap::DashMap;
 use fleetops_storage::{BlobStore, Store};
 
-/// Stops whatever runs on its own timers for a project (its evaluator and notifier).
+/// Stops whatever runs on its own timers for a project (its evaluator, notifier and rollout
+/// controllers).
 pub(crate) type StopProject = Arc<dyn Fn(u64) + Send + Sync>;
 
 #[derive(Clone)]
