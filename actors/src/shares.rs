@@ -6,7 +6,7 @@
 //! max_in_flight`, `max_in_flight_per_org`), exports and artifact ZIPs being streamed
 //! (`[sessions] max_streams`, `max_streams_per_org`) and streamed uploads (`[http]
 //! max_streamed_uploads`, `max_streamed_uploads_per_org`). A slot gives its place back when it
-//! is dropped; [`Shares::take`] answers 503 with `Retry-After: 1` when there is none, and the
+//! is dropped; [`Shares::take`] answers 503 with a `Retry-After` when there is none, and the
 //! notifier uses [`Shares::try_take`] and keeps the notification owed until a slot is free.
 //!
 //! Tested by the unit test below, and through the server with one organization's targets,
@@ -56,12 +56,11 @@ impl Shares {
         })
     }
 
-    /// As [`Shares::try_take`], or 503 with `Retry-After: 1` when there is none.
-    pub(crate) fn take(&self, tenant: u64) -> crate::error::Result<Slot> {
+    /// As [`Shares::try_take`], or 503 with `Retry-After: retry_after_secs` when there is
+    /// none (about how long a slot of this pool is held).
+    pub(crate) fn take(&self, tenant: u64, retry_after_secs: u64) -> crate::error::Result<Slot> {
         self.try_take(tenant)
-            .ok_or(crate::error::Error::Unavailable {
-                retry_after_secs: 1,
-            })
+            .ok_or(crate::error::Error::Unavailable { retry_after_secs })
     }
 
     /// Slots free in the whole pool now.

@@ -9,7 +9,7 @@ use serde::de::DeserializeOwned;
 
 use crate::error::{ApiError, ApiResult, json_bytes};
 
-/// Every response body: a full buffer now, streams in later issues.
+/// Every response body: a full buffer or a stream.
 pub type Body = UnsyncBoxBody<Bytes, std::io::Error>;
 
 pub fn full(b: impl Into<Bytes>) -> Body {
@@ -180,6 +180,38 @@ pub fn with_status<T: serde::Serialize>(status: StatusCode, v: &T) -> ApiResult<
     let bytes = serde_json::to_vec(v)
         .map_err(|e| ApiError::Domain(fleetops_actors::Error::Internal(e.to_string())))?;
     Ok(json_bytes(status, Bytes::from(bytes)))
+}
+
+/// A device's file is saved, never shown by the browser as a page of this origin: it is an
+/// attachment named after the last segment of its path (`[A-Za-z0-9._-]` only), its type is
+/// not sniffed, and it runs in a sandbox with nothing allowed if opened anyway.
+pub(crate) fn attachment(h: &mut http::HeaderMap, path: &str) {
+    let name: String = path
+        .rsplit('/')
+        .next()
+        .unwrap_or_default()
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'))
+        .collect();
+    if let Ok(v) = http::HeaderValue::from_str(&format!(
+        "attachment; filename=\"{}\"",
+        if name.is_empty() { "file" } else { &name }
+    )) {
+        h.insert(header::CONTENT_DISPOSITION, v);
+    }
+    no_sniff(h);
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        http::HeaderValue::from_static("sandbox; default-src 'none'"),
+    );
+}
+
+/// Bytes of a declared type are read as that type only.
+pub(crate) fn no_sniff(h: &mut http::HeaderMap) {
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        http::HeaderValue::from_static("nosniff"),
+    );
 }
 
 #[cfg(test)]

@@ -401,7 +401,7 @@ async fn a_name_resolving_to_loopback_is_refused_at_send_time() {
         r["message"]
             .as_str()
             .unwrap()
-            .contains("loopback or private"),
+            .contains("resolves only to loopback, private or other special-purpose"),
         "{r}"
     );
     tokio::time::sleep(std::time::Duration::from_millis(200)).await;

@@ -219,6 +219,7 @@ impl AlertFeed {
     /// organization is being deleted, and nothing may write into it while it is purged.
     pub(crate) fn stop_project(&self, pid: u64) {
         self.active.remove(&pid);
+        self.rule_health.retain(|(p, _), _| *p != pid);
         if let Some(a) = self.evaluators.running(pid) {
             a.stop(None);
         }
@@ -357,7 +358,8 @@ enum Due {
     Window(u64, u64),
 }
 
-/// A reread of storage owed at the next tick (rules include devices).
+/// A reread of storage owed before the next event or tick, whichever comes first (rules
+/// include devices).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Pending {
     #[default]

@@ -13,7 +13,6 @@ use crate::rules::notifications::{AlertMessage, IntegrationConfig, mask, render,
 use fleetops_storage::{AlertEvent, Integration, IntegrationType, Severity};
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
-#[schemars(transform = crate::rules::notifications::integration_variants)]
 pub struct IntegrationRequest {
     #[serde(rename = "type")]
     #[schemars(with = "IntegrationType")]

@@ -243,9 +243,15 @@ impl NotifierState {
                 myself.clone(),
             );
             tokio::spawn(async move {
-                let outcome = attempt(&ctx, &slug, &n).await;
+                // Reports the attempt however the task ends: a panic inside it is a failed
+                // attempt to retry, and never leaves the notification marked as being sent.
+                let mut report = Report {
+                    me,
+                    id: n.id,
+                    outcome: None,
+                };
+                report.outcome = Some(attempt(&ctx, &slug, &n).await);
                 drop(slot);
-                let _ = me.cast(Envelope::cast(NotifierMsg::Attempted { id: n.id, outcome }));
             });
         }
     }
@@ -368,4 +374,26 @@ async fn attempt(
         ctx.clock.now_ms() / 1000,
     );
     ctx.sender.send(&out).await
+}
+
+/// An attempt's outcome, sent to its notifier when dropped (`None`: the attempt panicked).
+struct Report {
+    me: ActorRef<Envelope<NotifierMsg>>,
+    id: u64,
+    outcome: Option<std::result::Result<String, SendError>>,
+}
+
+impl Drop for Report {
+    fn drop(&mut self) {
+        let outcome = self.outcome.take().unwrap_or_else(|| {
+            Err(SendError::Retry {
+                message: "the attempt failed inside fleetops".into(),
+                after: None,
+            })
+        });
+        let _ = self.me.cast(Envelope::cast(NotifierMsg::Attempted {
+            id: self.id,
+            outcome,
+        }));
+    }
 }

@@ -41,7 +41,7 @@ impl std::fmt::Display for RefusedTarget {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} resolves only to loopback or private addresses",
+            "{} resolves only to loopback, private or other special-purpose addresses",
             self.0
         )
     }

@@ -136,7 +136,7 @@ impl PipelineHandle {
         if self.store.project_retired(pid) {
             return Err(Error::not_found(kind.noun()));
         }
-        let _slot = self.uploads.take(self.store.org_of_project(pid)?)?;
+        let _slot = self.uploads.take(self.store.org_of_project(pid)?, 1)?;
         let _busy = self.busy(kind, id)?;
         // Read under the lock: a confirm that finished first makes the bytes immutable.
         let (upload, max) = match kind {

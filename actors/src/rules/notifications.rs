@@ -99,17 +99,6 @@ pub fn config_schemas() -> Vec<(&'static str, Value)> {
     ]
 }
 
-/// The request schema of a new integration: one variant per `type`, with its config.
-pub fn integration_variants(schema: &mut schemars::Schema) {
-    let variants: Vec<Value> = config_schemas()
-        .into_iter()
-        .map(|(kind, config)| {
-            serde_json::json!({"properties": {"type": {"const": kind}, "config": config}})
-        })
-        .collect();
-    schema.insert("oneOf".into(), Value::Array(variants));
-}
-
 /// The secret field of each type (the one masked and sealed).
 pub fn secret_field(kind: IntegrationType) -> Option<&'static str> {
     match kind {

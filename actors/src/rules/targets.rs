@@ -1,5 +1,6 @@
 //! Which outbound targets an integration may name: absolute http(s) URLs, and (unless the
-//! operator allows it) no address on loopback or a private network. Checked on the URL's
+//! operator allows it) no address in a special-purpose range (loopback, private networks,
+//! and every other range of IANA's IPv4 and IPv6 special-purpose registries, multicast). Checked on the URL's
 //! literal host at create and patch, and again on every resolved address at send time.
 
 use std::net::{IpAddr, Ipv4Addr};

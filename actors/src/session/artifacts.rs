@@ -99,7 +99,7 @@ impl SessionsHandle {
                     .essence_str()
                     .to_string()
             });
-        let _slot = self.uploads.take(self.store.org_of_project(pid)?)?;
+        let _slot = self.uploads.take(self.store.org_of_project(pid)?, 1)?;
         // Time-ordered (v7), so the orphan sweep can tell an upload still in flight by age.
         let blob_key = format!("artifacts/{id}/{}", uuid::Uuid::now_v7());
         let size = self

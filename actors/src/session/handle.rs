@@ -84,11 +84,7 @@ impl SessionsHandle {
     /// blocking thread while it runs (until its reader takes the last piece, or stalls past
     /// `stall`), and one organization's streams hold at most its share of the places.
     pub(super) fn stream_permit(&self, pid: u64) -> Result<crate::shares::Slot> {
-        self.streams
-            .try_take(self.store.org_of_project(pid)?)
-            .ok_or(Error::Unavailable {
-                retry_after_secs: 5,
-            })
+        self.streams.take(self.store.org_of_project(pid)?, 5)
     }
 
     pub(super) fn record(&self, pid: u64, id: u64) -> Result<Session> {

@@ -729,7 +729,7 @@ async fn artifact(
         header::CONTENT_TYPE,
         header::HeaderValue::from_static("application/octet-stream"),
     );
-    crate::handlers::artifacts::attachment(h, path);
+    crate::body::attachment(h, path);
     if let Ok(v) = header::HeaderValue::from_str(&a.size_bytes.to_string()) {
         h.insert(header::CONTENT_LENGTH, v);
     }

@@ -249,16 +249,25 @@ pub struct DevicePage<'a> {
     pub alerts: &'a [fleetops_actors::alerts::history::AlertView],
 }
 
+/// The samples of metric `k`'s chart, `None` past 16 charts (whatever names a robot sends).
+fn chart_series<'m, 's>(
+    series: &'s mut BTreeMap<&'m str, Vec<(i64, f64)>>,
+    k: &'m str,
+) -> Option<&'s mut Vec<(i64, f64)>> {
+    if series.len() >= 16 && !series.contains_key(k) {
+        return None;
+    }
+    Some(series.entry(k).or_default())
+}
+
 pub fn device(chrome: &Chrome<'_>, p: &DevicePage<'_>) -> Markup {
     let d = p.device;
     let mut series: BTreeMap<&str, Vec<(i64, f64)>> = BTreeMap::new();
     for (t, m) in p.metrics {
         for (k, v) in m {
-            // At most 16 charts, whatever names a robot sends.
-            if series.len() >= 16 && !series.contains_key(k.as_str()) {
-                continue;
+            if let Some(s) = chart_series(&mut series, k) {
+                s.push((*t, *v));
             }
-            series.entry(k.as_str()).or_default().push((*t, *v));
         }
     }
     // The latest heartbeat's values end each chart, so it agrees with "Latest metrics" even
@@ -270,11 +279,9 @@ pub fn device(chrome: &Chrome<'_>, p: &DevicePage<'_>) -> Markup {
     });
     if let Some(at) = last_seen {
         for (k, v) in &d.metrics {
-            if series.len() >= 16 && !series.contains_key(k.as_str()) {
-                continue;
-            }
-            let s = series.entry(k.as_str()).or_default();
-            if s.last().is_none_or(|(t, _)| *t < at) {
+            if let Some(s) = chart_series(&mut series, k)
+                && s.last().is_none_or(|(t, _)| *t < at)
+            {
                 s.push((at, *v));
             }
         }

@@ -104,7 +104,7 @@ pub async fn get(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
     if let Ok(v) = HeaderValue::from_str(&a.content_type) {
         h.insert(header::CONTENT_TYPE, v);
     }
-    attachment(h, &a.path);
+    body::attachment(h, &a.path);
     h.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
     let len = match &range {
         Some(rg) => {
@@ -138,40 +138,8 @@ pub fn download(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
     )) {
         h.insert(header::CONTENT_DISPOSITION, v);
     }
-    no_sniff(h);
+    body::no_sniff(h);
     Ok(r)
-}
-
-/// A device's file is saved, never shown by the browser as a page of this origin: it is an
-/// attachment named after the last segment of its path (`[A-Za-z0-9._-]` only), its type is
-/// not sniffed, and it runs in a sandbox with nothing allowed if opened anyway.
-pub(crate) fn attachment(h: &mut http::HeaderMap, path: &str) {
-    let name: String = path
-        .rsplit('/')
-        .next()
-        .unwrap_or_default()
-        .chars()
-        .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'))
-        .collect();
-    if let Ok(v) = HeaderValue::from_str(&format!(
-        "attachment; filename=\"{}\"",
-        if name.is_empty() { "file" } else { &name }
-    )) {
-        h.insert(header::CONTENT_DISPOSITION, v);
-    }
-    no_sniff(h);
-    h.insert(
-        header::CONTENT_SECURITY_POLICY,
-        HeaderValue::from_static("sandbox; default-src 'none'"),
-    );
-}
-
-/// Bytes of a declared type are read as that type only.
-pub(crate) fn no_sniff(h: &mut http::HeaderMap) {
-    h.insert(
-        header::X_CONTENT_TYPE_OPTIONS,
-        HeaderValue::from_static("nosniff"),
-    );
 }
 
 #[cfg(test)]

@@ -37,6 +37,6 @@ pub async fn download(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
     if let Ok(v) = HeaderValue::from_str(&format!("attachment; filename=\"{}\"", d.filename)) {
         h.insert(header::CONTENT_DISPOSITION, v);
     }
-    super::artifacts::no_sniff(h);
+    crate::body::no_sniff(h);
     Ok(r)
 }

@@ -298,7 +298,7 @@ pub(crate) fn export_response(
     {
         h.insert(http::header::CONTENT_DISPOSITION, v);
     }
-    super::artifacts::no_sniff(h);
+    crate::body::no_sniff(h);
     Ok(r)
 }
 
