@@ -1825,12 +1825,14 @@ async fn an_unbound_installation_is_skipped_until_a_superuser_binds_it() {
     assert_eq!(runs(&s, "").await["total"], 1, "no second run of one key");
 }
 
-/// An installation the service never saw can be bound ahead of its first delivery.
+/// An installation the service never saw can be bound ahead of its first delivery; that
+/// delivery, naming a repository no installation was known to hold, makes the installation
+/// its holder, so the link that took it shows `connected`.
 #[tokio::test]
 async fn an_installation_bound_before_its_first_delivery_resolves_there() {
     let s = webhook_server().await;
     other_tenant(&s, "acme").await;
-    link(&s, REPO).await;
+    let rid = link(&s, REPO).await["id"].as_u64().unwrap();
     let r = s
         .send(
             reqwest::Method::PUT,
@@ -1841,8 +1843,17 @@ async fn an_installation_bound_before_its_first_delivery_resolves_there() {
         .await;
     assert_eq!(r.status, 200, "{}", r.body);
     assert_eq!(r.body["state"], "active");
+    let r = s.get(&format!("{DEV}/repositories/{rid}"), s.key()).await;
+    assert_eq!(r.body["state"], "pending", "{}", r.body);
     let d = run(&s, "pull_request", &pr("opened", 3, "ccc1", false)).await;
     assert_eq!(d["outcome"], "dispatched", "{d}");
+    let r = s.get(&format!("{DEV}/repositories/{rid}"), s.key()).await;
+    assert_eq!(
+        (&r.body["state"], &r.body["installation_id"]),
+        (&json!("connected"), &json!(INST)),
+        "{}",
+        r.body
+    );
     s.send(
         reqwest::Method::PUT,
         &format!("{SCM}/installations/abc/organization"),

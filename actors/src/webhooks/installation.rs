@@ -157,6 +157,7 @@ impl InstallationActorState {
                     skip(&self.store, &work.delivery, "installation_unbound")?;
                     return Ok(Route::Done);
                 }
+                self.hold_if_unheld(work)?;
                 return Ok(Route::Dispatch);
             }
         }
@@ -410,6 +411,27 @@ impl InstallationActorState {
         batch.put_binding(self.id, &b)?;
         batch.commit(&self.store)?;
         Ok(i)
+    }
+
+    /// A repository no installation is known to hold, named by a delivery of this one (the
+    /// host sends an installation only what it can see; its `installation` events may have
+    /// come before the service did), is held by it from now on: a link of it then shows
+    /// `connected`, as the delivery it takes says it is.
+    fn hold_if_unheld(&self, work: &Work) -> Result<()> {
+        let Some(name) = work.payload.repo_name() else {
+            return Ok(());
+        };
+        if self.id == 0 || self.store.repo_hold(name)?.is_some() {
+            return Ok(());
+        }
+        let mut i = self.record(&work.payload)?;
+        if !contains(&i.repositories, name) {
+            i.repositories.push(name.to_string());
+        }
+        let mut b = ScmBatch::default();
+        b.put_hold(name, &self.hold(true))?;
+        b.put_installation(&i)?;
+        Ok(b.commit(&self.store)?)
     }
 
     fn hold(&self, current: bool) -> RepoHold {
