@@ -41,6 +41,8 @@ pub struct Config {
     pub supervision: SupervisionConfig,
     pub devices: DevicesConfig,
     pub sessions: SessionsConfig,
+    /// `[logs]`: sealing a session's log batches into chunks of a target size.
+    pub logs: fleetops_actors::config::LogsConfig,
     pub pipeline: fleetops_actors::config::PipelineConfig,
     /// `[scm]`: the inbound webhook (secret, rotation, limits, retention).
     pub scm: fleetops_actors::config::ScmConfig,
@@ -104,6 +106,7 @@ impl Default for Config {
             supervision: SupervisionConfig::default(),
             devices: DevicesConfig::default(),
             sessions: SessionsConfig::default(),
+            logs: fleetops_actors::config::LogsConfig::default(),
             pipeline: fleetops_actors::config::PipelineConfig::default(),
             scm: fleetops_actors::config::ScmConfig::default(),
             runs: fleetops_actors::config::RunsConfig::default(),
@@ -293,6 +296,7 @@ impl Config {
             supervision: self.supervision.clone(),
             devices: self.devices.clone(),
             sessions: self.sessions.clone(),
+            logs: self.logs.clone(),
             auth: self.auth.clone(),
             tiers: self.tiers().into_iter().map(|t| t.name.clone()).collect(),
             quotas: self

@@ -118,6 +118,39 @@ impl Default for SessionsConfig {
     }
 }
 
+/// `[logs]`: how a session's log batches are sealed (`actors/src/session/sealer.rs`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LogsConfig {
+    /// A session's batches are sealed once this many lines ...
+    pub seal_lines: usize,
+    /// ... or this many bytes have arrived unsealed ...
+    pub seal_bytes: usize,
+    /// ... or its oldest unsealed batch is this old (checked every housekeeping pass), and
+    /// when the session ends.
+    pub seal_age_seconds: u64,
+    /// A sealed chunk merges consecutive batches up to this many lines ...
+    pub chunk_lines: usize,
+    /// ... and this many bytes (a batch larger than either stays one chunk).
+    pub chunk_bytes: usize,
+    /// Seals running at once (each on a blocking thread); a seal due while all run waits for
+    /// the next trigger or housekeeping pass.
+    pub max_concurrent_seals: usize,
+}
+
+impl Default for LogsConfig {
+    fn default() -> Self {
+        Self {
+            seal_lines: 65_536,
+            seal_bytes: 8 * 1024 * 1024,
+            seal_age_seconds: 60,
+            chunk_lines: 4_096,
+            chunk_bytes: 1024 * 1024,
+            max_concurrent_seals: 2,
+        }
+    }
+}
+
 /// `[auth]`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -351,6 +384,7 @@ pub struct RuntimeConfig {
     pub supervision: SupervisionConfig,
     pub devices: DevicesConfig,
     pub sessions: SessionsConfig,
+    pub logs: LogsConfig,
     pub auth: AuthConfig,
     /// Tier names that exist (from `[tiers.*]`), for validating organization tiers.
     pub tiers: Vec<String>,

@@ -7,6 +7,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub struct Counters {
     /// Lines of acknowledged (durable) log batches.
     pub log_lines: AtomicU64,
+    /// Log batches (chunks as appended) sealed ...
+    pub log_batches_sealed: AtomicU64,
+    /// ... and the chunks they became.
+    pub log_chunks_sealed: AtomicU64,
     /// Notification attempts the target accepted.
     pub notifications_sent: AtomicU64,
     /// Attempts that failed and will be tried again.

@@ -8,6 +8,8 @@
 //! - purges uploads never confirmed once their link expired (never one whose upload or confirm
 //!   is under way);
 //! - asks the intake (the owner of delivery ids) to expire the delivery log past its retention;
+//! - seals the log batches of sessions whose oldest unsealed batch is older than `[logs]
+//!   seal_age_seconds` (`session/sealer.rs`);
 //! - starts what runs only on its own timers and is down (past its restart budget, or after a
 //!   start that failed): the controllers of rollouts with work left, the evaluators of
 //!   projects with enabled rules, the notifiers of projects with owed notifications; and,
@@ -125,6 +127,9 @@ impl Actor for Housekeeper {
         }
         if let Err(e) = st.webhooks.expire().await {
             tracing::warn!(error = %e, "expiring webhook deliveries failed");
+        }
+        if let Err(e) = st.sessions.seal_owed(st.clock.now_ms()).await {
+            tracing::warn!(error = %e, "sealing log batches failed");
         }
         // A rollout whose controller is gone (its budget spent, its supervisor restarted, a
         // start that failed) gets one again: none waits longer than one pass.

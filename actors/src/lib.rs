@@ -258,8 +258,16 @@ impl Runtime {
             health: health.clone(),
         };
         let live_skipped = Arc::new(AtomicU64::new(0));
+        let counters = Arc::new(counters::Counters::default());
+        let log_sealer =
+            session::sealer::LogSealer::new(store.clone(), cfg.logs.clone(), counters.clone());
         let session_args = KeyedArgs::<session::SessionActor> {
-            ctx: (store.clone(), cfg.sessions.clone(), live_skipped.clone()),
+            ctx: (
+                store.clone(),
+                cfg.sessions.clone(),
+                live_skipped.clone(),
+                log_sealer.clone(),
+            ),
             cfg: cfg.supervision.clone(),
             registry: Arc::new(DashMap::new()),
             restarts: restarts.clone(),
@@ -299,7 +307,6 @@ impl Runtime {
             project_args.registry.clone(),
             cfg.supervision.clone(),
         );
-        let counters = Arc::new(counters::Counters::default());
         let sender = alerts::sender::Sender::new(&cfg.alerts, &cfg.smtp)?;
         let notifier_args = KeyedArgs::<alerts::notifier::NotifierActor> {
             ctx: alerts::notifier::NotifierCtx {
@@ -445,6 +452,7 @@ impl Runtime {
                 cfg.sessions.max_streams_per_org,
             ),
             uploads: uploads.clone(),
+            sealer: log_sealer,
         };
         let fresh = secrets::random_bytes(32)?;
         let signing_key = store.meta_get_or_init(LINK_KEY_META, || fresh)?;

@@ -52,6 +52,8 @@ pub struct RuntimeFigures {
     /// Per family of keyed actors: calls in all mailboxes, and in the fullest one.
     pub mailbox_depths: Vec<(&'static str, usize, usize)>,
     pub log_lines_ingested: u64,
+    pub log_batches_sealed: u64,
+    pub log_chunks_sealed: u64,
     pub webhook_deliveries_queued: u64,
     pub webhook_deliveries_recovered: u64,
     pub notifications_sent: u64,
@@ -62,7 +64,7 @@ pub struct RuntimeFigures {
 
 /// The plain gauges: names and values are arrays of this length, so one added to one list
 /// and not the other does not compile (a zip would drop the last one silently).
-const EDGE: usize = 22;
+const EDGE: usize = 24;
 
 pub struct Metrics {
     registry: Registry,
@@ -218,6 +220,11 @@ impl Metrics {
                 "Log lines acknowledged (durable) since start-up; its rate is the ingest rate",
             ),
             (
+                "log_batches_sealed",
+                "Log batches sealed since start-up (merged into chunks of [logs] chunk_lines)",
+            ),
+            ("log_chunks_sealed", "Chunks those sealed batches became"),
+            (
                 "webhook_deliveries_queued",
                 "Accepted webhook deliveries waiting for the worker (the backlog)",
             ),
@@ -316,6 +323,8 @@ impl Metrics {
             rt.connection_refusals as i64,
             rt.slow_uploads as i64,
             rt.log_lines_ingested as i64,
+            rt.log_batches_sealed as i64,
+            rt.log_chunks_sealed as i64,
             rt.webhook_deliveries_queued as i64,
             rt.webhook_deliveries_recovered as i64,
             rt.notifications_sent as i64,

@@ -142,6 +142,17 @@ pub(crate) fn log_text_filter(session: u64, seq: u64) -> Vec<u8> {
 pub(crate) fn log_text_filter_prefix(session: u64) -> Vec<u8> {
     key(&[b"lt", &be(session), b""])
 }
+/// The first chunk sequence number of a session not sealed yet ([`crate::log_seal`]).
+pub(crate) fn log_seal_cursor(session: u64) -> Vec<u8> {
+    key(&[b"lq", &be(session)])
+}
+/// Present while a session has unsealed chunks: when the oldest of them arrived.
+pub(crate) fn log_pending(session: u64) -> Vec<u8> {
+    key(&[b"lp", &be(session)])
+}
+pub(crate) fn log_pending_prefix() -> Vec<u8> {
+    key(&[b"lp", b""])
+}
 
 pub(crate) fn artifact(session: u64, path: &str) -> Vec<u8> {
     key(&[b"a", &be(session), path.as_bytes()])

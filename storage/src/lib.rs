@@ -41,6 +41,7 @@ mod flush;
 mod gate;
 mod keys;
 mod lists;
+pub mod log_seal;
 pub mod meta;
 pub mod model;
 pub mod perms;
@@ -123,6 +124,8 @@ struct Inner {
     /// Projects of deleted organizations (being purged, or purged since this open): writers
     /// refuse them ([`Store::project_retired`]). Loaded at open from the deletion markers.
     retired: dashmap::DashSet<u64>,
+    /// Readers and seals of sessions' log chunks ([`log_seal`]).
+    log_pins: log_seal::LogPins,
 }
 
 impl Store {
@@ -189,6 +192,7 @@ impl Store {
                 spool,
                 run_ids: std::sync::Mutex::new(0..0),
                 retired: dashmap::DashSet::new(),
+                log_pins: log_seal::LogPins::default(),
             }),
         };
         store.load_retired()?;

@@ -11,6 +11,12 @@ use crate::{
     Writes, codec, keys,
 };
 
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
 /// Sessions are listed by start time; each (device, status) filter has its own list.
 fn list(project: u64, device: Option<u64>, status: Option<SessionStatus>) -> ListId {
     match (device, status) {
@@ -57,6 +63,14 @@ impl ChunkIndex {
             summary: codec::encode(&crate::LogSummary::of(chunk))?,
             filter: crate::text_filter::build(chunk),
         })
+    }
+
+    pub(crate) fn summary_bytes(&self) -> &[u8] {
+        &self.summary
+    }
+
+    pub(crate) fn filter_bytes(&self) -> Option<&[u8]> {
+        self.filter.as_deref()
     }
 }
 
@@ -141,10 +155,16 @@ impl Store {
         let chunk_key = keys::log_chunk(session, seq);
         let summary_key = keys::log_summary(session, seq);
         let counters_key = keys::session_counters(session);
+        let pending_key = keys::log_pending(session);
+        let now = codec::encode(&now_ms())?;
         let gate = self.inner.gate.shared();
         self.inner
             .logs
             .transaction_held(&self.inner.records, &gate, |(logs, records)| {
+                // The first unsealed chunk marks the session as owed a seal.
+                if logs.get(pending_key.as_slice())?.is_none() {
+                    logs.insert(pending_key.as_slice(), now.as_slice())?;
+                }
                 logs.insert(chunk_key.as_slice(), chunk_bytes.as_slice())?;
                 logs.insert(summary_key.as_slice(), summary_bytes.as_slice())?;
                 if let Some(f) = &filter {
@@ -363,6 +383,8 @@ impl Store {
     /// one transaction, so a crash leaves the session either whole or gone. Returns the blob
     /// keys, for the caller to delete afterwards.
     pub fn delete_session(&self, s: &Session) -> Result<Vec<String>> {
+        // No seal rewrites the chunks between the listing of their keys and their removal.
+        let _pin = self.log_pin(s.id);
         let artifacts = self.artifacts(s.id)?;
         let artifact_keys: Vec<Vec<u8>> = artifacts
             .iter()
@@ -386,6 +408,7 @@ impl Store {
                     .keys(),
             )
             .collect::<std::result::Result<_, _>>()?;
+        let seal_keys = [keys::log_seal_cursor(s.id), keys::log_pending(s.id)];
         let rec = keys::session(s.project_id, s.id);
         let counters = keys::session_counters(s.id);
         let owner = keys::session_project(s.id);
@@ -410,6 +433,9 @@ impl Store {
                 }
                 for k in &chunk_keys {
                     logs.remove(k)?;
+                }
+                for k in &seal_keys {
+                    logs.remove(k.as_slice())?;
                 }
                 records.remove(rec.as_slice())?;
                 records.remove(counters.as_slice())?;

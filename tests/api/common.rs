@@ -84,6 +84,9 @@ pub(crate) fn test_config(dir: &tempfile::TempDir, f: impl FnOnce(&mut Config)) 
             },
         );
     }
+    if crate::SEAL_EVERY_BATCH {
+        cfg.logs.seal_lines = 1;
+    }
     f(&mut cfg);
     cfg
 }

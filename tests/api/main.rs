@@ -4,6 +4,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+/// Read by `common::test_config`: the `sealed` suite runs with every log batch sealed at once.
+pub const SEAL_EVERY_BATCH: bool = false;
+
 mod accounts;
 mod alerts;
 mod artifacts;
@@ -26,6 +29,7 @@ mod rate_limits;
 mod rollouts;
 mod s3;
 mod schemathesis;
+mod sealing;
 mod secrets;
 mod sessions;
 mod supervision;

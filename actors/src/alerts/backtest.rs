@@ -204,6 +204,7 @@ impl AlertsHandle {
                     if truncated {
                         break;
                     }
+                    let _pin = self.store.log_pin(s.id);
                     self.store.visit_log_chunks_while(s.id, |c| {
                         if c.max_ts < from || c.min_ts > to {
                             return true;

@@ -301,6 +301,8 @@ pub(super) fn export_into(
     format: ExportFormat,
     tx: &Pieces,
 ) -> Result<()> {
+    // No seal rewrites the session's chunks while they are read.
+    let _pin = store.log_pin(session);
     let internal = |e: &dyn std::fmt::Display| Error::Internal(e.to_string());
     let mut n = 0usize;
     let mut ts_buf = String::with_capacity(24);
@@ -388,6 +390,9 @@ pub(super) fn query(
     limit: usize,
     offset: usize,
 ) -> Result<LogPage> {
+    // Summaries, filters and chunks are read by sequence number: no seal may rewrite them
+    // in between.
+    let _pin = store.log_pin(session);
     // The chunks that can hold a match, by their summaries, in order of their first entry.
     let module = f.module.as_deref();
     let (mut summarized, mut chunks) = (0u64, 0usize);
@@ -474,6 +479,7 @@ pub(super) fn query_scan(
     limit: usize,
     offset: usize,
 ) -> Result<LogPage> {
+    let _pin = store.log_pin(session);
     let mut first = Smallest::new(offset.saturating_add(limit));
     let mut total = 0usize;
     for item in store.log_chunks(session) {
@@ -662,6 +668,167 @@ mod tests {
         }
     }
 
+    const MODULES: [&str; 3] = ["drive", "nav", "arm"];
+
+    /// A session of 6 to 45 random chunks (levels, modules, words, some clocks jumping back);
+    /// its entry count and every timestamp stored.
+    fn random_session(
+        store: &Store,
+        sid: u64,
+        narrow: bool,
+        rand: &mut impl FnMut(u64) -> u64,
+    ) -> (u64, Vec<i64>) {
+        let modules = MODULES;
+        let mut count = 0u64;
+        let mut stamps = Vec::new();
+        for seq in 1..=(5 + rand(40)) {
+            let mut c = LogChunk::default();
+            let base = seq as i64 * 100 - if rand(5) == 0 { 2_000 } else { 0 };
+            let used = 1 + rand(3) as usize;
+            c.modules = modules[..used].iter().map(|m| m.to_string()).collect();
+            for i in 0..(1 + rand(60)) {
+                let span = if rand(9) == 0 { 4_000 } else { 150 };
+                let ts = if narrow {
+                    rand(12) as i64
+                } else {
+                    base + rand(span) as i64
+                };
+                stamps.push(ts);
+                let word =
+                    ["motor", "tick", "Battery low", "stall", "Ställ ΟΔΟΣ"][rand(5) as usize];
+                c.push(
+                    ts,
+                    rand(4) as u8,
+                    rand(used as u64) as u32,
+                    &format!("{word} {seq}-{i}"),
+                    b"{}",
+                )
+                .unwrap();
+            }
+            count += c.len() as u64;
+            let counters = SessionCounters {
+                log_count: count,
+                next_chunk: seq + 1,
+                ..SessionCounters::default()
+            };
+            store.append_chunk(sid, &c, &counters, seq).unwrap();
+        }
+        (count, stamps)
+    }
+
+    /// A random query: levels, a module, a search (frequent, absent, one line's own text),
+    /// time bounds on and off stored timestamps.
+    fn random_filter(stamps: &[i64], rand: &mut impl FnMut(u64) -> u64) -> LogFilter {
+        let modules = MODULES;
+        let bound = |r: &mut dyn FnMut(u64) -> u64| match r(3) {
+            0 => None,
+            1 => Some(r(5_000) as i64),
+            _ => Some(stamps[r(stamps.len() as u64) as usize]),
+        };
+        let since = bound(&mut *rand);
+        let until = bound(&mut *rand);
+        LogFilter {
+            levels: if rand(2) == 0 { 0 } else { rand(16) as u8 },
+            module: (rand(2) == 0).then(|| modules[rand(4).min(2) as usize].to_string()),
+            // Frequent words, absent ones, and one stored line's own text (found in one
+            // chunk: what the text filters rule the others out for).
+            search: (rand(3) == 0).then(|| {
+                let seq = 1 + rand(45);
+                let line = format!("{seq}-{} ", rand(30));
+                [
+                    "motor".to_string(),
+                    "battery".into(),
+                    "nothing".into(),
+                    "ΟΔΟΣ".into(),
+                    "äll".into(),
+                    line.trim_end().into(),
+                    format!("y low {line}"),
+                ][rand(7) as usize]
+                    .to_lowercase()
+            }),
+            since,
+            until,
+        }
+    }
+
+    /// Every answer to `f`: the page's (timestamp, message) and total, and the merge's order.
+    fn answer(
+        store: &Store,
+        sid: u64,
+        f: &LogFilter,
+        limit: usize,
+        offset: usize,
+    ) -> (usize, Vec<(String, String)>, Vec<String>) {
+        let page = query(store, sid, f, limit, offset).unwrap();
+        let mut all = Vec::new();
+        merged(store, sid, f, |c, i| {
+            all.push(c.message(i).unwrap().to_string());
+            Ok(true)
+        })
+        .unwrap();
+        (
+            page.total,
+            page.items
+                .iter()
+                .map(|e| (e.timestamp.clone(), e.message.clone()))
+                .collect(),
+            all,
+        )
+    }
+
+    #[test]
+    fn sealed_chunks_answer_as_the_batches_did() {
+        let mut x: u64 = 4242;
+        let mut rand = |n: u64| {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (x >> 33) % n
+        };
+        let mut merges = 0;
+        for round in 0..12u64 {
+            let dir = tempfile::tempdir().unwrap();
+            let store = Store::open(dir.path()).unwrap();
+            let sid = 7;
+            let (_, stamps) = random_session(&store, sid, round % 3 == 0, &mut rand);
+            let asks: Vec<(LogFilter, usize, usize)> = (0..40)
+                .map(|_| {
+                    let f = random_filter(&stamps, &mut rand);
+                    (
+                        f,
+                        1 + rand(120) as usize,
+                        rand(3) as usize * rand(50) as usize,
+                    )
+                })
+                .collect();
+            let before: Vec<_> = asks
+                .iter()
+                .map(|(f, l, o)| answer(&store, sid, f, *l, *o))
+                .collect();
+            // Sealed in a few rounds of a random size, into chunks of a random size.
+            let plan = fleetops_storage::log_seal::SealPlan {
+                chunk_lines: 1 + rand(200) as usize,
+                chunk_bytes: 1 << 20,
+                max_source_bytes: 500 + rand(20_000) as usize,
+            };
+            loop {
+                let done = store.seal_logs(sid, plan).unwrap().unwrap();
+                merges += done.sources - done.chunks;
+                if !done.more {
+                    break;
+                }
+            }
+            for ((f, l, o), want) in asks.iter().zip(&before) {
+                assert_eq!(
+                    &answer(&store, sid, f, *l, *o),
+                    want,
+                    "round {round}: {f:?} {plan:?}"
+                );
+            }
+        }
+        assert!(merges > 100, "{merges} batches merged");
+    }
+
     /// The answer from summaries equals the answer from reading every chunk (the page, in
     /// order, and `total`), over random sessions and random filters; a session whose
     /// summaries do not account for every entry is answered by the full read, and an empty
@@ -675,47 +842,13 @@ mod tests {
                 .wrapping_add(1442695040888963407);
             (x >> 33) % n
         };
-        let modules = ["drive", "nav", "arm"];
         let mut ruled_out = 0;
         for round in 0..12u64 {
             let dir = tempfile::tempdir().unwrap();
             let store = Store::open(dir.path()).unwrap();
             let sid = 7;
-            let mut count = 0u64;
-            let mut stamps = Vec::new();
             // Some rounds on a narrow clock, so that equal timestamps across chunks are common.
-            let narrow = round % 3 == 0;
-            for seq in 1..=(5 + rand(40)) {
-                let mut c = LogChunk::default();
-                let base = seq as i64 * 100 - if rand(5) == 0 { 2_000 } else { 0 };
-                let used = 1 + rand(3) as usize;
-                c.modules = modules[..used].iter().map(|m| m.to_string()).collect();
-                for i in 0..(1 + rand(60)) {
-                    let span = if rand(9) == 0 { 4_000 } else { 150 };
-                    let ts = if narrow {
-                        rand(12) as i64
-                    } else {
-                        base + rand(span) as i64
-                    };
-                    stamps.push(ts);
-                    let word =
-                        ["motor", "tick", "Battery low", "stall", "Ställ ΟΔΟΣ"][rand(5) as usize];
-                    c.push(
-                        ts,
-                        rand(4) as u8,
-                        rand(used as u64) as u32,
-                        &format!("{word} {seq}-{i}"),
-                        b"{}",
-                    )
-                    .unwrap();
-                }
-                count += c.len() as u64;
-                let counters = SessionCounters {
-                    log_count: count,
-                    ..SessionCounters::default()
-                };
-                store.append_chunk(sid, &c, &counters, seq).unwrap();
-            }
+            let (count, stamps) = random_session(&store, sid, round % 3 == 0, &mut rand);
             // The summary path is the one under test: the summaries account for every entry.
             let summarized: u64 = store
                 .log_summaries(sid)
@@ -725,36 +858,7 @@ mod tests {
                 .sum();
             assert_eq!(summarized, count);
             for _ in 0..60 {
-                // Bounds on stored timestamps too, where the edges of the range matter.
-                let bound = |r: &mut dyn FnMut(u64) -> u64| match r(3) {
-                    0 => None,
-                    1 => Some(r(5_000) as i64),
-                    _ => Some(stamps[r(stamps.len() as u64) as usize]),
-                };
-                let since = bound(&mut rand);
-                let until = bound(&mut rand);
-                let f = LogFilter {
-                    levels: if rand(2) == 0 { 0 } else { rand(16) as u8 },
-                    module: (rand(2) == 0).then(|| modules[rand(4).min(2) as usize].to_string()),
-                    // Frequent words, absent ones, and one stored line's own text (found
-                    // in one chunk: what the text filters rule the others out for).
-                    search: (rand(3) == 0).then(|| {
-                        let seq = 1 + rand(45);
-                        let line = format!("{seq}-{} ", rand(30));
-                        [
-                            "motor".to_string(),
-                            "battery".into(),
-                            "nothing".into(),
-                            "ΟΔΟΣ".into(),
-                            "äll".into(),
-                            line.trim_end().into(),
-                            format!("y low {line}"),
-                        ][rand(7) as usize]
-                            .to_lowercase()
-                    }),
-                    since,
-                    until,
-                };
+                let f = random_filter(&stamps, &mut rand);
                 let (limit, offset) =
                     (1 + rand(120) as usize, rand(3) as usize * rand(50) as usize);
                 if let Some(needle) = f.search.as_deref() {

@@ -72,6 +72,8 @@ pub struct SessionsHandle {
     /// Streamed uploads running now (artifacts here, capsules and configurations in the
     /// pipeline: one pool), with each organization's share.
     pub(crate) uploads: crate::shares::Shares,
+    /// Seals sessions' log batches into chunks of the configured size.
+    pub(crate) sealer: super::sealer::LogSealer,
 }
 
 impl SessionsHandle {
@@ -259,6 +261,7 @@ impl SessionsHandle {
         let frames = tokio::task::spawn_blocking(move || -> Result<Vec<bytes::Bytes>> {
             let mut chunks = Vec::new();
             let mut matched = 0;
+            let _pin = store.log_pin(id);
             for item in store.log_chunks_rev(id) {
                 if matched >= replay {
                     break;
@@ -311,7 +314,15 @@ impl SessionsHandle {
             .await
             .inspect_err(|_| self.unseal(id))?;
         self.end_actor(id, Some(status.as_str()));
+        // Its last batches are sealed now rather than at the next housekeeping pass.
+        self.sealer.request(id);
         self.detail_of(&s)
+    }
+
+    /// Seals the log batches of sessions that have waited `[logs] seal_age_seconds` for it
+    /// (the housekeeper's pass); how many sessions were owed one.
+    pub async fn seal_owed(&self, now_ms: i64) -> Result<usize> {
+        self.sealer.seal_owed(now_ms).await
     }
 
     pub async fn tag(&self, pid: u64, id: u64, tag: String, add: bool) -> Result<SessionDetail> {

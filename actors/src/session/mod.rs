@@ -34,6 +34,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 mod artifacts;
 mod exports;
 pub mod handle;
+pub(crate) mod sealer;
 
 use crate::config::SessionsConfig;
 use crate::error::{Error, Result};
@@ -87,8 +88,9 @@ pub(crate) struct SessionActor;
 
 impl crate::keyed::KeyedChild for SessionActor {
     type Req = SessionMsg;
-    /// The store, the settings, and the count of live batches skipped for slow subscribers.
-    type Ctx = (Store, SessionsConfig, Arc<AtomicU64>);
+    /// The store, the settings, the count of live batches skipped for slow subscribers, and
+    /// the sealer its batches are handed to.
+    type Ctx = (Store, SessionsConfig, Arc<AtomicU64>, sealer::LogSealer);
     const KIND: &'static str = "session";
 }
 
@@ -121,20 +123,28 @@ pub(crate) struct SessionState {
     panic_after_write: bool,
     /// When the last append, artifact or subscriber came.
     last_active: std::time::Instant,
+    sealer: sealer::LogSealer,
+    /// Lines and bytes appended since the last seal this actor asked for.
+    unsealed: (usize, usize),
 }
 
 impl Actor for SessionActor {
     type Msg = Envelope<SessionMsg>;
     type State = SessionState;
-    type Arguments = ((Store, SessionsConfig, Arc<AtomicU64>), u64);
+    type Arguments = (
+        (Store, SessionsConfig, Arc<AtomicU64>, sealer::LogSealer),
+        u64,
+    );
 
     async fn pre_start(
         &self,
         myself: ActorRef<Self::Msg>,
-        ((store, cfg, skipped), id): Self::Arguments,
+        ((store, cfg, skipped, sealer), id): Self::Arguments,
     ) -> Result<Self::State, ActorProcessingErr> {
         let session = store.session_by_id(id)?;
         let counters = store.session_counters(id)?;
+        // No seal rewrites the chunks while the newest are read back.
+        let pin = store.log_pin(id);
         // Rebuild the replay buffer from the newest stored batches.
         let mut ring = VecDeque::new();
         let (mut ring_entries, mut ring_bytes) = (0, 0);
@@ -154,6 +164,7 @@ impl Actor for SessionActor {
             ring_bytes += bytes;
             ring.push_front((next, Arc::new(chunk)));
         }
+        drop(pin);
         let live = live::Fanout::new(cfg.subscriber_queue, cfg.subscriber_queue_bytes, skipped);
         let idle = Duration::from_secs(cfg.idle_seconds.max(1));
         myself.send_after(idle, || Envelope::cast(SessionMsg::IdleCheck));
@@ -179,6 +190,8 @@ impl Actor for SessionActor {
             #[cfg(feature = "fault-injection")]
             panic_after_write: false,
             last_active: std::time::Instant::now(),
+            sealer,
+            unsealed: (0, 0),
         })
     }
 
@@ -310,6 +323,11 @@ impl SessionState {
             .append_indexed_chunk(self.id, chunk, index, &next, seq)?;
         let first_seq = self.counters.log_count;
         self.counters = next;
+        self.unsealed.0 += n;
+        self.unsealed.1 += ring_bytes_of(chunk);
+        if self.sealer.due(self.unsealed.0, self.unsealed.1) && self.sealer.request(self.id) {
+            self.unsealed = (0, 0);
+        }
         Ok(first_seq)
     }
 
@@ -427,7 +445,13 @@ mod tests {
     }
 
     async fn spawn(store: &Store) -> ActorRef<Envelope<SessionMsg>> {
-        let ctx = (store.clone(), SessionsConfig::default(), Arc::default());
+        let sealer = sealer::LogSealer::new(store.clone(), Default::default(), Arc::default());
+        let ctx = (
+            store.clone(),
+            SessionsConfig::default(),
+            Arc::default(),
+            sealer,
+        );
         Actor::spawn(None, SessionActor, (ctx, SID))
             .await
             .unwrap()
@@ -493,10 +517,16 @@ mod tests {
         let start = |cfg: SessionsConfig| {
             let store = store.clone();
             async move {
-                Actor::spawn(None, SessionActor, ((store, cfg, Arc::default()), SID))
-                    .await
-                    .unwrap()
-                    .0
+                let sealer =
+                    sealer::LogSealer::new(store.clone(), Default::default(), Arc::default());
+                Actor::spawn(
+                    None,
+                    SessionActor,
+                    ((store, cfg, Arc::default(), sealer), SID),
+                )
+                .await
+                .unwrap()
+                .0
             }
         };
         let a = start(cfg.clone()).await;

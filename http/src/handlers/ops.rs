@@ -107,6 +107,8 @@ pub fn metrics(cx: &Cx<'_>, req: &Req) -> ApiResult<Response<Body>> {
         slow_uploads: n(&edge.slow_uploads),
         mailbox_depths: cx.rt().mailbox_depths(),
         log_lines_ingested: n(&cx.rt().counters.log_lines),
+        log_batches_sealed: n(&cx.rt().counters.log_batches_sealed),
+        log_chunks_sealed: n(&cx.rt().counters.log_chunks_sealed),
         webhook_deliveries_queued: cx.rt().store.deliveries_queued().unwrap_or(0),
         webhook_deliveries_recovered: cx.rt().store.deliveries_recovered(),
         notifications_sent: n(&cx.rt().counters.notifications_sent),
