@@ -1,0 +1,237 @@
+//! Small log batches: what sealing changes. The same lines sent as 10-line batches (a robot
+//! flushing every second) and as 1,000-line batches; the four log questions on each, with the
+//! 10-line session open (every batch its own chunk) and then sealed (merged into chunks of
+//! `[logs] chunk_lines`); durable ingest with sealing on and off, in 1,000-line and 10-line
+//! batches; beside the disk's fsync latency and the bare-hyper baseline of the same run.
+//!
+//! Run: `cargo bench --bench log_batches` (needs `wrk`: `apt-get install wrk`).
+//! Knobs: BENCH_SECS (default 10, each ingest phase), BENCH_LINES (default 1,000,000).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use support::*;
+
+const DEV: &str = "/api/v1/organizations/default/projects/default";
+
+fn batch(n: usize, offset: usize) -> Value {
+    let modules = ["drive", "nav", "arm", "vision"];
+    Value::Array(
+        (0..n)
+            .map(|i| {
+                let k = offset + i;
+                let (level, msg) = match k % 10 {
+                    0 => ("warn", format!("motor {k} temperature high")),
+                    1 => ("warn", format!("battery {k} low")),
+                    2 => ("error", format!("motor {k} stalled")),
+                    3 | 4 => ("debug", format!("tick {k}")),
+                    _ => ("info", format!("step {k} completed in 12 ms")),
+                };
+                json!({"timestamp": format!("2026-05-01T10:{:02}:{:02}.{:03}Z", (k / 60000) % 60, (k / 1000) % 60, k % 1000),
+                       "level": level, "module": modules[k % 4], "message": msg, "metadata": {"seq": k}})
+            })
+            .collect(),
+    )
+}
+
+fn p50(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[v.len() / 2]
+}
+
+/// Sends `lines` lines to `sid` in batches of `per`, from 8 clients; batches a second.
+async fn load(c: &reqwest::Client, url: &str, key: &str, sid: u64, lines: usize, per: usize) -> f64 {
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for w in 0..8 {
+        let (c, url, key) = (c.clone(), url.to_string(), key.to_string());
+        tasks.push(tokio::spawn(async move {
+            let mut b = w;
+            while b * per < lines {
+                let body = serde_json::to_vec(&batch(per, b * per)).unwrap();
+                let r = c
+                    .post(format!("{url}{DEV}/sessions/{sid}/logs"))
+                    .bearer_auth(&key)
+                    .header("content-type", "application/json")
+                    .body(body)
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(r.status(), 202);
+                b += 8;
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    (lines / per) as f64 / started.elapsed().as_secs_f64()
+}
+
+/// The four questions on `sid`: p50 of 20 (after one not counted) each, with the totals.
+async fn ask(c: &reqwest::Client, url: &str, key: &str, sid: u64, lines: usize) -> Vec<(f64, u64)> {
+    let rare = format!("step {} ", lines / 2 + 7 - (lines / 2 + 7) % 10 + 7).replace(' ', "%20");
+    let mut out = Vec::new();
+    for q in [
+        format!("search={rare}"),
+        "level=error".into(),
+        "search=motor".into(),
+        "module=arm".into(),
+    ] {
+        let url = format!("{url}{DEV}/sessions/{sid}/logs?{q}&limit=100");
+        let mut times = Vec::new();
+        let mut total = 0;
+        for i in 0..21 {
+            let t = Instant::now();
+            let v: Value = c.get(&url).bearer_auth(key).send().await.unwrap().json().await.unwrap();
+            if i > 0 {
+                times.push(t.elapsed().as_secs_f64() * 1000.0);
+            }
+            total = v["total"].as_u64().unwrap();
+        }
+        out.push((p50(&mut times), total));
+    }
+    out
+}
+
+async fn metric(c: &reqwest::Client, url: &str, name: &str) -> f64 {
+    let text = c.get(format!("{url}/metrics")).send().await.unwrap().text().await.unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok()))
+        .unwrap_or(0.0)
+}
+
+fn ingest_script(dir: &std::path::Path, per: usize) -> String {
+    let body = serde_json::to_string(&batch(per, 0)).unwrap();
+    let script = dir.join(format!("ingest{per}.lua"));
+    std::fs::write(
+        &script,
+        format!("wrk.method = \"POST\"\nwrk.headers[\"Content-Type\"] = \"application/json\"\nwrk.body = {}\n", lua_string(&body)),
+    )
+    .unwrap();
+    script.to_str().unwrap().to_string()
+}
+
+fn main() {
+    let secs = env_u32("BENCH_SECS", 10);
+    let lines = env_u32("BENCH_LINES", 1_000_000) as usize;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    println!("machine: {}", machine());
+    println!(
+        "fsync latency (4 KiB write + fdatasync, median of 200) in the data dir: {:.2} ms",
+        fsync_latency_ms(dir.path(), 200)
+    );
+    let (addr, task) = rt.block_on(start_baseline());
+    let base = wrk(&format!("http://{addr}/"), &[], 8, secs.min(5), None);
+    task.abort();
+    println!("bare hyper hello-world, 8 connections: {:.0} req/s", base.requests_per_sec);
+
+    // 1. Durable ingest, sealing off and on (the default thresholds), alternately.
+    let c = reqwest::Client::new();
+    for per in [1000usize, 10] {
+        let script = ingest_script(dir.path(), per);
+        let mut figures = Vec::new();
+        for sealing in [false, true, false, true] {
+            let (running, key, url, _data) = rt.block_on(start_fleetops_with(|cfg| {
+                if !sealing {
+                    cfg.logs.seal_lines = usize::MAX;
+                    cfg.logs.seal_bytes = usize::MAX;
+                    cfg.logs.seal_age_seconds = u64::MAX / 4000;
+                }
+            }));
+            let sid = rt.block_on(sessions(&c, &url, &key, 1))[0];
+            let r = wrk(
+                &format!("{url}{DEV}/sessions/{sid}/logs"),
+                &[format!("Authorization: Bearer {key}")],
+                8,
+                secs,
+                Some(&script),
+            );
+            let sealed = rt.block_on(metric(&c, &url, "fleetops_log_batches_sealed"));
+            println!(
+                "ingest, {per}-line batches, sealing {}: {:.0} lines/s ({:.0} batches/s, p50 {:.2} ms, p99 {:.2} ms, non-2xx {}, batches sealed {sealed})",
+                if sealing { "on" } else { "off" },
+                r.requests_per_sec * per as f64,
+                r.requests_per_sec,
+                r.p50_ms,
+                r.p99_ms,
+                r.non_2xx
+            );
+            figures.push(r.requests_per_sec);
+            rt.block_on(running.stop());
+        }
+        println!(
+            "ingest, {per}-line batches: sealing on / off = {:.3} (best of two each)",
+            figures[1].max(figures[3]) / figures[0].max(figures[2])
+        );
+    }
+
+    // 2. The same lines as 1,000-line and as 10-line batches, the latter open and sealed.
+    let (running, key, url, _data) = rt.block_on(start_fleetops_with(|cfg| {
+        cfg.logs.seal_lines = usize::MAX;
+        cfg.logs.seal_bytes = usize::MAX;
+        cfg.logs.seal_age_seconds = u64::MAX / 4000;
+    }));
+    let ids = rt.block_on(sessions(&c, &url, &key, 2));
+    let (big, small) = (ids[0], ids[1]);
+    let rate = rt.block_on(load(&c, &url, &key, big, lines, 1000));
+    println!("loaded {lines} lines as 1,000-line batches: {rate:.0} batches/s (8 clients)");
+    let rate = rt.block_on(load(&c, &url, &key, small, lines, 10));
+    println!("loaded {lines} lines as 10-line batches: {rate:.0} batches/s (8 clients)");
+    let on_disk = running.runtime.store.size_on_disk().unwrap();
+    let thousand = rt.block_on(ask(&c, &url, &key, big, lines));
+    let open = rt.block_on(ask(&c, &url, &key, small, lines));
+    let t = Instant::now();
+    let r = rt.block_on(
+        c.post(format!("{url}{DEV}/sessions/{small}/complete"))
+            .bearer_auth(&key)
+            .json(&json!({"status": "completed"}))
+            .send(),
+    )
+    .unwrap();
+    assert_eq!(r.status(), 200);
+    let want = (lines / 10) as f64;
+    while rt.block_on(metric(&c, &url, "fleetops_log_batches_sealed")) < want {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let took = t.elapsed().as_secs_f64();
+    let chunks = rt.block_on(metric(&c, &url, "fleetops_log_chunks_sealed"));
+    println!(
+        "sealed {} 10-line batches into {chunks} chunks in {took:.2} s ({:.0} lines/s)",
+        want,
+        lines as f64 / took
+    );
+    let sealed = rt.block_on(ask(&c, &url, &key, small, lines));
+    println!(
+        "sled size: {:.1} MB before the seal, {:.1} MB after (both sessions, {} lines)",
+        on_disk as f64 / 1e6,
+        running.runtime.store.size_on_disk().unwrap() as f64 / 1e6,
+        2 * lines
+    );
+    println!("| question | 1,000-line batches | 10-line, open | 10-line, sealed | sealed / 1,000-line |");
+    for (i, name) in ["rare term (one line)", "level=error (10 %)", "search=motor (20 %)", "module=arm (25 %)"]
+        .iter()
+        .enumerate()
+    {
+        assert_eq!(thousand[i].1, open[i].1);
+        assert_eq!(open[i].1, sealed[i].1);
+        println!(
+            "| {name}, total {} | {:.1} ms | {:.1} ms | {:.1} ms | {:.2} |",
+            thousand[i].1,
+            thousand[i].0,
+            open[i].0,
+            sealed[i].0,
+            sealed[i].0 / thousand[i].0
+        );
+    }
+    rt.block_on(running.stop());
+}
