@@ -44,7 +44,14 @@ fn p50(v: &mut [f64]) -> f64 {
 }
 
 /// Sends `lines` lines to `sid` in batches of `per`, from 8 clients; batches a second.
-async fn load(c: &reqwest::Client, url: &str, key: &str, sid: u64, lines: usize, per: usize) -> f64 {
+async fn load(
+    c: &reqwest::Client,
+    url: &str,
+    key: &str,
+    sid: u64,
+    lines: usize,
+    per: usize,
+) -> f64 {
     let started = Instant::now();
     let mut tasks = Vec::new();
     for w in 0..8 {
@@ -87,7 +94,15 @@ async fn ask(c: &reqwest::Client, url: &str, key: &str, sid: u64, lines: usize) 
         let mut total = 0;
         for i in 0..21 {
             let t = Instant::now();
-            let v: Value = c.get(&url).bearer_auth(key).send().await.unwrap().json().await.unwrap();
+            let v: Value = c
+                .get(&url)
+                .bearer_auth(key)
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
             if i > 0 {
                 times.push(t.elapsed().as_secs_f64() * 1000.0);
             }
@@ -99,7 +114,14 @@ async fn ask(c: &reqwest::Client, url: &str, key: &str, sid: u64, lines: usize) 
 }
 
 async fn metric(c: &reqwest::Client, url: &str, name: &str) -> f64 {
-    let text = c.get(format!("{url}/metrics")).send().await.unwrap().text().await.unwrap();
+    let text = c
+        .get(format!("{url}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     text.lines()
         .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok()))
         .unwrap_or(0.0)
@@ -133,7 +155,10 @@ fn main() {
     let (addr, task) = rt.block_on(start_baseline());
     let base = wrk(&format!("http://{addr}/"), &[], 8, secs.min(5), None);
     task.abort();
-    println!("bare hyper hello-world, 8 connections: {:.0} req/s", base.requests_per_sec);
+    println!(
+        "bare hyper hello-world, 8 connections: {:.0} req/s",
+        base.requests_per_sec
+    );
 
     // 1. Durable ingest, sealing off and on (the default thresholds), alternately.
     let c = reqwest::Client::new();
@@ -191,13 +216,14 @@ fn main() {
     let thousand = rt.block_on(ask(&c, &url, &key, big, lines));
     let open = rt.block_on(ask(&c, &url, &key, small, lines));
     let t = Instant::now();
-    let r = rt.block_on(
-        c.post(format!("{url}{DEV}/sessions/{small}/complete"))
-            .bearer_auth(&key)
-            .json(&json!({"status": "completed"}))
-            .send(),
-    )
-    .unwrap();
+    let r = rt
+        .block_on(
+            c.post(format!("{url}{DEV}/sessions/{small}/complete"))
+                .bearer_auth(&key)
+                .json(&json!({"status": "completed"}))
+                .send(),
+        )
+        .unwrap();
     assert_eq!(r.status(), 200);
     let want = (lines / 10) as f64;
     while rt.block_on(metric(&c, &url, "fleetops_log_batches_sealed")) < want {
@@ -217,10 +243,17 @@ fn main() {
         running.runtime.store.size_on_disk().unwrap() as f64 / 1e6,
         2 * lines
     );
-    println!("| question | 1,000-line batches | 10-line, open | 10-line, sealed | sealed / 1,000-line |");
-    for (i, name) in ["rare term (one line)", "level=error (10 %)", "search=motor (20 %)", "module=arm (25 %)"]
-        .iter()
-        .enumerate()
+    println!(
+        "| question | 1,000-line batches | 10-line, open | 10-line, sealed | sealed / 1,000-line |"
+    );
+    for (i, name) in [
+        "rare term (one line)",
+        "level=error (10 %)",
+        "search=motor (20 %)",
+        "module=arm (25 %)",
+    ]
+    .iter()
+    .enumerate()
     {
         assert_eq!(thousand[i].1, open[i].1);
         assert_eq!(open[i].1, sealed[i].1);

@@ -297,6 +297,7 @@ impl Config {
             devices: self.devices.clone(),
             sessions: self.sessions.clone(),
             logs: self.logs.clone(),
+            min_free_bytes: self.storage.min_free_bytes,
             auth: self.auth.clone(),
             tiers: self.tiers().into_iter().map(|t| t.name.clone()).collect(),
             quotas: self

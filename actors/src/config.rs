@@ -385,6 +385,8 @@ pub struct RuntimeConfig {
     pub devices: DevicesConfig,
     pub sessions: SessionsConfig,
     pub logs: LogsConfig,
+    /// Below this many free bytes on the data directory, writes are refused (507; 0: never).
+    pub min_free_bytes: u64,
     pub auth: AuthConfig,
     /// Tier names that exist (from `[tiers.*]`), for validating organization tiers.
     pub tiers: Vec<String>,

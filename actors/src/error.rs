@@ -31,6 +31,9 @@ pub enum Error {
     /// The owning actor is restarting, overloaded or did not answer in time.
     #[error("Service temporarily unavailable")]
     Unavailable { retry_after_secs: u64 },
+    /// The data directory's file system is below `[storage] min_free_bytes`, or full (507).
+    #[error("{0}")]
+    InsufficientStorage(String),
     #[error("Internal server error")]
     Internal(String),
     /// A storage failure, kept whole (with its source chain) for the log.
@@ -68,6 +71,9 @@ impl From<StorageError> for Error {
             StorageError::FlushFailed => Error::Unavailable {
                 retry_after_secs: 1,
             },
+            e if e.is_disk_full() => Error::InsufficientStorage(
+                "The data directory's disk is full: nothing was written".into(),
+            ),
             other => Error::Storage(other),
         }
     }

@@ -93,6 +93,7 @@ pub mod counters;
 pub use fleetops_storage::timings;
 
 mod directory;
+pub mod disk;
 pub mod error;
 pub mod events;
 pub mod fuzzing;
@@ -162,6 +163,8 @@ pub struct Runtime {
     pub backups: backup::BackupsHandle,
     /// Lines ingested and notification outcomes, for `/metrics`.
     pub counters: Arc<counters::Counters>,
+    /// The data directory's free space and the floor below which writes are refused.
+    pub disk: Arc<disk::DiskSpace>,
     /// The webhook worker and the housekeeper, supervised by the root (killed first at
     /// shutdown: the worker may be waiting on its queue).
     worker: Arc<Slot<webhooks::worker::WorkerMsg>>,
@@ -621,6 +624,7 @@ impl Runtime {
             clock.clone(),
         );
         Ok(Self {
+            disk: Arc::new(disk::DiskSpace::new(store.clone(), cfg.min_free_bytes)),
             store,
             backups,
             counters,

@@ -228,11 +228,22 @@ pub struct Cx<'a> {
     pub app: &'a App,
     /// Set once the caller is authenticated; added to every response after that.
     pub rate: Option<RateHeaders>,
+    /// The request writes to the data directory: once its caller is known (401 and 429
+    /// first), it is refused with 507 while the disk is below its floor.
+    pub writes_disk: bool,
 }
 
 impl<'a> Cx<'a> {
     pub fn rt(&self) -> &'a Runtime {
         &self.app.rt
+    }
+
+    /// 507 for a request that writes to the data directory while it is below its floor.
+    pub fn disk_floor(&self) -> ApiResult<()> {
+        if self.writes_disk {
+            self.app.rt.disk.check_write()?;
+        }
+        Ok(())
     }
 
     /// 401 for bad or missing credentials, then 429 over the caller's tier.
@@ -257,6 +268,7 @@ impl<'a> Cx<'a> {
         match self.app.limits.check(&tier, bucket) {
             Ok(h) => {
                 self.rate = Some(h);
+                self.disk_floor()?;
                 Ok(p)
             }
             Err((e, h)) => {
@@ -290,6 +302,7 @@ impl<'a> Cx<'a> {
         ) {
             Ok(h) => {
                 self.rate = Some(h);
+                self.disk_floor()?;
                 Ok((pid, org))
             }
             Err((e, h)) => {

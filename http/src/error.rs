@@ -53,6 +53,7 @@ impl ApiError {
                 Error::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
                 Error::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
                 Error::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
+                Error::InsufficientStorage(_) => StatusCode::INSUFFICIENT_STORAGE,
                 Error::Internal(_) | Error::Storage(_) => StatusCode::INTERNAL_SERVER_ERROR,
             },
             ApiError::NotFoundRoute => StatusCode::NOT_FOUND,

@@ -54,6 +54,8 @@ pub struct RuntimeFigures {
     pub log_lines_ingested: u64,
     pub log_batches_sealed: u64,
     pub log_chunks_sealed: u64,
+    pub data_dir_free_bytes: u64,
+    pub data_dir_min_free_bytes: u64,
     pub webhook_deliveries_queued: u64,
     pub webhook_deliveries_recovered: u64,
     pub notifications_sent: u64,
@@ -64,7 +66,7 @@ pub struct RuntimeFigures {
 
 /// The plain gauges: names and values are arrays of this length, so one added to one list
 /// and not the other does not compile (a zip would drop the last one silently).
-const EDGE: usize = 24;
+const EDGE: usize = 26;
 
 pub struct Metrics {
     registry: Registry,
@@ -225,6 +227,14 @@ impl Metrics {
             ),
             ("log_chunks_sealed", "Chunks those sealed batches became"),
             (
+                "data_dir_free_bytes",
+                "Bytes free on the data directory's file system",
+            ),
+            (
+                "data_dir_min_free_bytes",
+                "[storage] min_free_bytes: below it, requests that write are refused with 507",
+            ),
+            (
                 "webhook_deliveries_queued",
                 "Accepted webhook deliveries waiting for the worker (the backlog)",
             ),
@@ -325,6 +335,8 @@ impl Metrics {
             rt.log_lines_ingested as i64,
             rt.log_batches_sealed as i64,
             rt.log_chunks_sealed as i64,
+            rt.data_dir_free_bytes.min(i64::MAX as u64) as i64,
+            rt.data_dir_min_free_bytes.min(i64::MAX as u64) as i64,
             rt.webhook_deliveries_queued as i64,
             rt.webhook_deliveries_recovered as i64,
             rt.notifications_sent as i64,

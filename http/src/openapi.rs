@@ -483,6 +483,10 @@ fn statuses(r: &RouteDef, d: &Doc, body: ReqBody) -> (BTreeSet<u16>, BTreeSet<u1
         ReqBody::Raw(_) => err.extend([400, 408, 413, 503]),
         ReqBody::None => {}
     }
+    if crate::router::writes_disk(&r.method, r.op) {
+        // The data directory below `[storage] min_free_bytes`, or full.
+        err.insert(507);
+    }
     (ok, err)
 }
 
@@ -528,6 +532,7 @@ fn error_ref(status: u16) -> Value {
         426 => "UpgradeRequired",
         429 => "RateLimited",
         503 => "Unavailable",
+        507 => "InsufficientStorage",
         _ => "Error",
     };
     json!({"$ref": format!("#/components/responses/{name}")})
@@ -1122,6 +1127,7 @@ pub fn document(routes: &[RouteDef], tiers: &[String]) -> Value {
                 "UpgradeRequired": upgrade_required,
                 "RateLimited": rate_limited,
                 "Unavailable": unavailable,
+                "InsufficientStorage": error("The data directory is below [storage] min_free_bytes (or full): nothing was written; reads and deletes still work"),
                 "Error": error("Any other error (an internal fault is 500)")
             }
         }

@@ -136,6 +136,18 @@ pub enum Security {
     Device,
 }
 
+/// Whether a request to `op` with `method` writes to the data directory (refused with 507
+/// below `[storage] min_free_bytes`): every POST, PUT and PATCH but signing in and out (a full
+/// disk must not lock operators out of freeing it) and the two that only read or send (a
+/// backtest, an integration's test alert). DELETE frees space and is never refused.
+pub fn writes_disk(method: &Method, op: Op) -> bool {
+    matches!(*method, Method::POST | Method::PUT | Method::PATCH)
+        && !matches!(
+            op,
+            Op::Login | Op::Refresh | Op::Logout | Op::BacktestRule | Op::TestIntegration
+        )
+}
+
 pub struct RouteDef {
     pub method: Method,
     pub path: &'static str,

@@ -242,7 +242,11 @@ pub async fn handle(app: &App, req: Request<Incoming>, peer: SocketAddr) -> Resp
     let resolved = app.router.resolve(&method, parts.uri.path());
     let (route, resp) = match resolved {
         Resolved::Found(op, template, params) => {
-            let mut cx = Cx { app, rate: None };
+            let mut cx = Cx {
+                app,
+                rate: None,
+                writes_disk: crate::router::writes_disk(&method, op),
+            };
             let fut = async {
                 let req = Req::new(parts, body, params, peer, app.edge.clone())?;
                 // Held for the whole request on the routes that take no credential; behind a
@@ -255,6 +259,11 @@ pub async fn handle(app: &App, req: Request<Incoming>, peer: SocketAddr) -> Resp
                 } else {
                     None
                 };
+                // Routes with no credential to check (the webhook intake, signed uploads)
+                // meet the disk's floor before they read a body.
+                if app.unauthenticated.contains(&op) {
+                    cx.disk_floor()?;
+                }
                 handlers::dispatch(op, &mut cx, req).await
             };
             let result = match AssertUnwindSafe(fut).catch_unwind().await {

@@ -43,6 +43,9 @@ pub struct StorageConfig {
     /// (`FLEETOPS_ALLOW_SHARED_DATA_DIR`); it holds the JWT signing key and the webhook
     /// secret, so by default such a start is refused.
     pub allow_shared_data_dir: bool,
+    /// Below this many free bytes on the data directory's file system, requests that would
+    /// write to it are refused (507); reads, exports and deletes go on. 0: no floor.
+    pub min_free_bytes: u64,
 }
 
 impl Default for StorageConfig {
@@ -57,6 +60,7 @@ impl Default for StorageConfig {
             allow_http: false,
             commit_delay_us: 0,
             allow_shared_data_dir: false,
+            min_free_bytes: 256 * 1024 * 1024,
         }
     }
 }

@@ -87,6 +87,18 @@ pub enum StorageError {
 
 pub type Result<T, E = StorageError> = std::result::Result<T, E>;
 
+impl StorageError {
+    /// The write failed because its file system is full.
+    pub fn is_disk_full(&self) -> bool {
+        let io = match self {
+            StorageError::Io(e) => Some(e),
+            StorageError::Sled(sled::Error::Io(e)) => Some(e),
+            _ => None,
+        };
+        io.is_some_and(|e| e.kind() == std::io::ErrorKind::StorageFull)
+    }
+}
+
 /// One open data directory. Cheap to clone; all clones share the same sled instance and
 /// group-commit flusher.
 #[derive(Clone)]
@@ -244,6 +256,12 @@ impl Store {
     pub fn flush_blocking(&self) -> Result<()> {
         self.inner.db.flush()?;
         Ok(())
+    }
+
+    /// Bytes free to this process on the data directory's file system.
+    pub fn free_bytes(&self) -> Result<u64> {
+        let st = rustix::fs::statvfs(&self.inner.dir).map_err(std::io::Error::from)?;
+        Ok(st.f_bavail.saturating_mul(st.f_frsize))
     }
 
     /// Bytes sled uses on disk, for the space figures in the benches.

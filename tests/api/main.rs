@@ -19,6 +19,7 @@ mod console;
 mod crash;
 mod deployments;
 mod devices;
+mod disk;
 mod evaluation;
 mod hostile;
 mod live;

@@ -109,6 +109,8 @@ pub fn metrics(cx: &Cx<'_>, req: &Req) -> ApiResult<Response<Body>> {
         log_lines_ingested: n(&cx.rt().counters.log_lines),
         log_batches_sealed: n(&cx.rt().counters.log_batches_sealed),
         log_chunks_sealed: n(&cx.rt().counters.log_chunks_sealed),
+        data_dir_free_bytes: cx.rt().disk.free_bytes(),
+        data_dir_min_free_bytes: cx.rt().disk.floor(),
         webhook_deliveries_queued: cx.rt().store.deliveries_queued().unwrap_or(0),
         webhook_deliveries_recovered: cx.rt().store.deliveries_recovered(),
         notifications_sent: n(&cx.rt().counters.notifications_sent),
