@@ -136,6 +136,9 @@ pub struct LogsConfig {
     /// Seals running at once (each on a blocking thread); a seal due while all run waits for
     /// the next trigger or housekeeping pass.
     pub max_concurrent_seals: usize,
+    /// Days an ended session is kept, with its logs and files, before the housekeeper deletes
+    /// it (0: for good). A project may set its own through the API.
+    pub retention_days: u32,
 }
 
 impl Default for LogsConfig {
@@ -147,6 +150,7 @@ impl Default for LogsConfig {
             chunk_lines: 4_096,
             chunk_bytes: 1024 * 1024,
             max_concurrent_seals: 2,
+            retention_days: 0,
         }
     }
 }

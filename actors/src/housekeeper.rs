@@ -9,7 +9,8 @@
 //!   is under way);
 //! - asks the intake (the owner of delivery ids) to expire the delivery log past its retention;
 //! - seals the log batches of sessions whose oldest unsealed batch is older than `[logs]
-//!   seal_age_seconds` (`session/sealer.rs`);
+//!   seal_age_seconds` (`session/sealer.rs`), and deletes ended sessions past their project's
+//!   retention (`[logs] retention_days` or the project's own), at most 1,000 a pass;
 //! - starts what runs only on its own timers and is down (past its restart budget, or after a
 //!   start that failed): the controllers of rollouts with work left, the evaluators of
 //!   projects with enabled rules, the notifiers of projects with owed notifications; and,
@@ -130,6 +131,11 @@ impl Actor for Housekeeper {
         }
         if let Err(e) = st.sessions.seal_owed(st.clock.now_ms()).await {
             tracing::warn!(error = %e, "sealing log batches failed");
+        }
+        match st.sessions.expire_sessions(st.clock.now_ms()).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(sessions = n, "deleted sessions past their retention"),
+            Err(e) => tracing::warn!(error = %e, "deleting sessions past their retention failed"),
         }
         // A rollout whose controller is gone (its budget spent, its supervisor restarted, a
         // start that failed) gets one again: none waits longer than one pass.

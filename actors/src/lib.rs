@@ -456,6 +456,7 @@ impl Runtime {
             ),
             uploads: uploads.clone(),
             sealer: log_sealer,
+            logs: cfg.logs.clone(),
         };
         let fresh = secrets::random_bytes(32)?;
         let signing_key = store.meta_get_or_init(LINK_KEY_META, || fresh)?;

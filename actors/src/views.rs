@@ -307,6 +307,18 @@ pub struct PackageRef {
     pub name: String,
 }
 
+/// `GET/PATCH .../log-retention`: how long the project's ended sessions are kept.
+#[derive(Debug, Serialize, schemars::JsonSchema)]
+pub struct LogRetentionView {
+    /// The project's own setting in days (0: for good); null: the server's default.
+    pub retention_days: Option<u32>,
+    /// The server's default (`[logs] retention_days`; 0: for good).
+    pub default_retention_days: u32,
+    /// What applies: an ended session (with its logs and files) is deleted this many days
+    /// after it ended; 0: kept for good.
+    pub effective_retention_days: u32,
+}
+
 #[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct SessionDetail {
     #[serde(flatten)]

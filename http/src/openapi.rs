@@ -160,6 +160,11 @@ fn types(op: Op) -> (Option<SchemaFn>, Option<SchemaFn>) {
         DeviceUpdateStatus => (Some(ty::<updates::ReportBody>), Some(ty::<ResultAccepted>)),
         DeviceHistory => (none, Some(ty::<pipeline::updates::DeviceHistory>)),
         GetPolicy => (none, Some(ty::<pipeline::rollouts::PolicyView>)),
+        GetLogRetention => (none, Some(ty::<views::LogRetentionView>)),
+        PatchLogRetention => (
+            Some(ty::<sessions::RetentionBody>),
+            Some(ty::<views::LogRetentionView>),
+        ),
         PatchPolicy => (
             Some(ty::<deploy::PolicyBody>),
             Some(ty::<pipeline::rollouts::PolicyView>),
@@ -266,8 +271,8 @@ fn doc(op: Op) -> Doc {
         | GetGroup | GetSession | ListFiles | GetCapsule | GetConfig | PlanDeployment
         | GetDeployment | ScmStatus | ScmInstallations | ScmDelivery | GetRepo | GetRun
         | ProjectDelivery | ListIntegrations | GetIntegration | ListAlertRules | GetAlertRule
-        | GetAlert | DeviceHistory | GetRollout | GetPolicy | AdminOrgs => PLAIN,
-        PatchPolicy => WRITE,
+        | GetAlert | DeviceHistory | GetRollout | GetPolicy | GetLogRetention | AdminOrgs => PLAIN,
+        PatchPolicy | PatchLogRetention => WRITE,
         // 409 when the rollout's state does not allow the action.
         PauseRollout | ResumeRollout | AbortRollout => answers(&[409]),
         // 204 when nothing is assigned, 304 when `If-None-Match` names the current ETag.

@@ -256,6 +256,10 @@ pub(crate) fn rollout_prefix() -> Vec<u8> {
 pub(crate) fn capsule_source(capsule: u64) -> Vec<u8> {
     key(&[b"csrc", &be(capsule)])
 }
+/// A project's own log retention ([`crate::sessions::LogRetention`]).
+pub(crate) fn project_log_retention(project: u64) -> Vec<u8> {
+    key(&[b"plr", &be(project)])
+}
 pub(crate) fn project_policy(project: u64) -> Vec<u8> {
     key(&[b"ppol", &be(project)])
 }

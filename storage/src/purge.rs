@@ -384,6 +384,7 @@ impl Store {
         w.delete(keys::project(pid));
         w.delete(keys::org_project(org, pid));
         w.delete(keys::project_policy(pid));
+        w.delete(keys::project_log_retention(pid));
         if let Some(p) = &project {
             w.delete(keys::project_by_slug(org, &p.slug));
             self.inner

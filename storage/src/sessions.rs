@@ -49,6 +49,13 @@ pub struct SessionQuery {
     pub until: Option<i64>,
 }
 
+/// A project's own retention of ended sessions, overriding `[logs] retention_days`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct LogRetention {
+    /// Days an ended session is kept (0: for good); `None`: the server's default.
+    pub retention_days: Option<u32>,
+}
+
 /// What is stored beside a log chunk (its summary, encoded, and its text filter), built
 /// apart from the write: for a large batch it is a pass over all its text.
 #[derive(Debug, Clone)]
@@ -108,6 +115,48 @@ impl Store {
             get: &get,
         }
         .run(self, skip, take)
+    }
+
+    /// Up to `limit` of `project`'s sessions that ended before `cutoff` (Unix ms), oldest start
+    /// first, looking at no more than `scan` ended sessions of each end status (a long session
+    /// that started before the cutoff but ended after it is passed over).
+    pub fn sessions_ended_before(
+        &self,
+        project: u64,
+        cutoff: i64,
+        limit: usize,
+        scan: usize,
+    ) -> Result<Vec<Session>> {
+        let mut out = Vec::new();
+        for status in [SessionStatus::Completed, SessionStatus::Failed] {
+            for id in self.list_ids_from(&list(project, None, Some(status)), 0, scan)? {
+                if out.len() >= limit {
+                    return Ok(out);
+                }
+                let Some(s) = self.session(project, id)? else {
+                    continue;
+                };
+                if s.started_at >= cutoff {
+                    break;
+                }
+                if s.ended_at.is_some_and(|e| e < cutoff) {
+                    out.push(s);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    pub fn log_retention(&self, project: u64) -> Result<LogRetention> {
+        Ok(self
+            .get(&keys::project_log_retention(project))?
+            .unwrap_or_default())
+    }
+
+    pub fn put_log_retention(&self, project: u64, r: &LogRetention) -> Result<()> {
+        let mut w = Writes::new();
+        w.put(keys::project_log_retention(project), r)?;
+        self.apply(w)
     }
 
     /// A project's sessions, newest first.

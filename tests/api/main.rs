@@ -27,6 +27,7 @@ mod offboarding;
 mod ops;
 mod peers;
 mod rate_limits;
+mod retention;
 mod rollouts;
 mod s3;
 mod schemathesis;

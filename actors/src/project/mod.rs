@@ -231,6 +231,11 @@ pub(crate) enum ProjectMsg {
         any_state: bool,
         reply: Reply<fleetops_storage::rollouts::DeviceProgress>,
     },
+    /// The project's own retention of ended sessions.
+    SetLogRetention {
+        retention: fleetops_storage::sessions::LogRetention,
+        reply: Reply<fleetops_storage::sessions::LogRetention>,
+    },
     /// The project's rollout policy.
     SetPolicy {
         policy: fleetops_storage::rollouts::ProjectPolicy,
@@ -295,6 +300,7 @@ impl ProjectMsg {
             UpdateAlertRule,
             DeleteAlertRule,
             ReportRollout,
+            SetLogRetention,
             SetPolicy,
             Rollout
         );
@@ -604,6 +610,9 @@ impl Actor for ProjectActor {
             }
             ProjectMsg::SetPolicy { policy, reply } => {
                 let _ = reply.send(st.set_policy(policy));
+            }
+            ProjectMsg::SetLogRetention { retention, reply } => {
+                let _ = reply.send(st.set_log_retention(retention));
             }
             ProjectMsg::Rollout { id, action, reply } => {
                 let r = st.rollout_action(id, action);

@@ -58,6 +58,14 @@ impl ProjectState {
         Ok(s)
     }
 
+    pub(super) fn set_log_retention(
+        &self,
+        r: fleetops_storage::sessions::LogRetention,
+    ) -> Result<fleetops_storage::sessions::LogRetention> {
+        self.store.put_log_retention(self.pid(), &r)?;
+        Ok(r)
+    }
+
     pub(super) fn end_session(&self, id: u64, status: SessionStatus) -> Result<Session> {
         let mut s = self.session(id)?;
         if s.status != SessionStatus::Active {

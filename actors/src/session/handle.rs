@@ -74,7 +74,16 @@ pub struct SessionsHandle {
     pub(crate) uploads: crate::shares::Shares,
     /// Seals sessions' log batches into chunks of the configured size.
     pub(crate) sealer: super::sealer::LogSealer,
+    /// `[logs]`: the default retention of ended sessions.
+    pub(crate) logs: crate::config::LogsConfig,
 }
+
+/// Longest retention a project may set (100 years); 0 keeps sessions for good.
+const MAX_RETENTION_DAYS: u32 = 36_500;
+/// Sessions one housekeeping pass deletes past their retention, at most.
+const EXPIRE_PER_PASS: usize = 1_000;
+/// Ended sessions of each status one pass looks at per project, at most.
+const EXPIRE_SCAN: usize = 10_000;
 
 impl SessionsHandle {
     /// How long a stream's reader may leave a piece untaken before the stream is cut short.
@@ -317,6 +326,86 @@ impl SessionsHandle {
         // Its last batches are sealed now rather than at the next housekeeping pass.
         self.sealer.request(id);
         self.detail_of(&s)
+    }
+
+    /// The project's retention of ended sessions.
+    pub fn log_retention(&self, pid: u64) -> Result<crate::views::LogRetentionView> {
+        Ok(self.retention_view(self.store.log_retention(pid)?))
+    }
+
+    fn retention_view(
+        &self,
+        r: fleetops_storage::sessions::LogRetention,
+    ) -> crate::views::LogRetentionView {
+        crate::views::LogRetentionView {
+            retention_days: r.retention_days,
+            default_retention_days: self.logs.retention_days,
+            effective_retention_days: r.retention_days.unwrap_or(self.logs.retention_days),
+        }
+    }
+
+    /// Sets the project's own retention (`None`: the server's default).
+    pub async fn set_log_retention(
+        &self,
+        pid: u64,
+        days: Option<u32>,
+    ) -> Result<crate::views::LogRetentionView> {
+        if days.is_some_and(|d| d > MAX_RETENTION_DAYS) {
+            return Err(Error::unprocessable(
+                "retention_days",
+                format!("at most {MAX_RETENTION_DAYS} (0 keeps sessions for good)"),
+            ));
+        }
+        let retention = fleetops_storage::sessions::LogRetention {
+            retention_days: days,
+        };
+        let r = self
+            .projects
+            .write(pid, |reply| ProjectMsg::SetLogRetention {
+                retention,
+                reply,
+            })
+            .await?;
+        Ok(self.retention_view(r))
+    }
+
+    /// Deletes, with their logs and files, the ended sessions past their project's retention:
+    /// at most `EXPIRE_PER_PASS` a pass (the housekeeper's), each through the same path as a
+    /// user's delete. Returns how many went.
+    pub async fn expire_sessions(&self, now_ms: i64) -> Result<usize> {
+        let mut gone = 0;
+        for org in self.store.all_orgs()? {
+            for p in self.store.org_projects(org.id)? {
+                if gone >= EXPIRE_PER_PASS || self.store.project_retired(p.id) {
+                    continue;
+                }
+                let days = self
+                    .store
+                    .log_retention(p.id)?
+                    .retention_days
+                    .unwrap_or(self.logs.retention_days);
+                if days == 0 {
+                    continue;
+                }
+                let cutoff = now_ms.saturating_sub(i64::from(days).saturating_mul(86_400_000));
+                let store = self.store.clone();
+                let (pid, left) = (p.id, EXPIRE_PER_PASS - gone);
+                let expired = tokio::task::spawn_blocking(move || {
+                    store.sessions_ended_before(pid, cutoff, left, EXPIRE_SCAN)
+                })
+                .await
+                .map_err(|e| Error::Internal(e.to_string()))??;
+                for s in expired {
+                    match self.delete(pid, s.id).await {
+                        Ok(()) => gone += 1,
+                        // Deleted meanwhile by someone else.
+                        Err(Error::NotFound(_)) => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+            }
+        }
+        Ok(gone)
     }
 
     /// Seals the log batches of sessions that have waited `[logs] seal_age_seconds` for it

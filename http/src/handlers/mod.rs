@@ -126,6 +126,8 @@ pub async fn dispatch(op: Op, cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<B
         Op::DeviceUpdate => updates::current(cx, req).await,
         Op::GetRollout => deployments::rollout(cx, req).await,
         Op::GetPolicy => deployments::policy(cx, req),
+        Op::GetLogRetention => sessions::log_retention(cx, req),
+        Op::PatchLogRetention => sessions::set_log_retention(cx, req).await,
         Op::PatchPolicy => deployments::set_policy(cx, req).await,
         Op::PauseRollout => deployments::rollout_action(cx, req, RolloutAction::Pause).await,
         Op::ResumeRollout => deployments::rollout_action(cx, req, RolloutAction::Resume).await,

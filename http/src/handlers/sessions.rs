@@ -302,6 +302,35 @@ pub(crate) fn export_response(
     Ok(r)
 }
 
+/// `PATCH /log-retention`.
+#[derive(Deserialize, schemars::JsonSchema)]
+#[schemars(rename = "LogRetentionPatch")]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RetentionBody {
+    /// Days an ended session is kept with its logs and files (0: for good); null or absent:
+    /// the server's default.
+    #[serde(default)]
+    retention_days: Option<u32>,
+}
+
+/// `GET /log-retention` (viewer).
+pub fn log_retention(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.project(&req, Role::Viewer)?;
+    body::ok(&cx.rt().sessions.log_retention(s.project.id)?)
+}
+
+/// `PATCH /log-retention` (admin).
+pub async fn set_log_retention(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.project(&req, Role::Admin)?;
+    let b: RetentionBody = cx.json(&mut req).await?;
+    body::ok(
+        &cx.rt()
+            .sessions
+            .set_log_retention(s.project.id, b.retention_days)
+            .await?,
+    )
+}
+
 /// The two ways a session can end.
 #[derive(Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
