@@ -139,6 +139,8 @@ pub struct LogsConfig {
     /// Days an ended session is kept, with its logs and files, before the housekeeper deletes
     /// it (0: for good). A project may set its own through the API.
     pub retention_days: u32,
+    /// Bytes of sealed chunks fetched from the blob store kept in memory for later reads.
+    pub cache_bytes: usize,
 }
 
 impl Default for LogsConfig {
@@ -151,6 +153,7 @@ impl Default for LogsConfig {
             chunk_bytes: 1024 * 1024,
             max_concurrent_seals: 2,
             retention_days: 0,
+            cache_bytes: 256 * 1024 * 1024,
         }
     }
 }

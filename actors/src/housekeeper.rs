@@ -10,13 +10,15 @@
 //! - asks the intake (the owner of delivery ids) to expire the delivery log past its retention;
 //! - seals the log batches of sessions whose oldest unsealed batch is older than `[logs]
 //!   seal_age_seconds` (`session/sealer.rs`), and deletes ended sessions past their project's
-//!   retention (`[logs] retention_days` or the project's own), at most 1,000 a pass;
+//!   retention (`[logs] retention_days` or the project's own), at most 1,000 a pass, and
+//!   deletes the log segments of deleted sessions still on the to-delete list;
 //! - starts what runs only on its own timers and is down (past its restart budget, or after a
 //!   start that failed): the controllers of rollouts with work left, the evaluators of
 //!   projects with enabled rules, the notifiers of projects with owed notifications; and,
 //!   every 10 minutes, the validations of confirms answered 202 whose verdict is not written;
 //! - on its first pass and then hourly (a crash may leave some), deletes blobs no record points
-//!   at; an artifact blob only once it is 24 h old, as its upload may still be streaming.
+//!   at; an artifact blob only once it is 24 h old, as its upload may still be streaming, and a
+//!   log segment only once it is an hour old, as its seal may still be committing.
 //!
 //! It keeps nothing that matters across a restart: the next incarnation starts its own timer.
 //! It writes no live record itself: each chore that changes one goes through the actor that
@@ -131,6 +133,9 @@ impl Actor for Housekeeper {
         }
         if let Err(e) = st.sessions.seal_owed(st.clock.now_ms()).await {
             tracing::warn!(error = %e, "sealing log batches failed");
+        }
+        if let Err(e) = st.sessions.delete_doomed_segments().await {
+            tracing::warn!(error = %e, "deleting the log segments of deleted sessions failed");
         }
         match st.sessions.expire_sessions(st.clock.now_ms()).await {
             Ok(0) => {}

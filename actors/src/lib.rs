@@ -191,6 +191,12 @@ const LINK_KEY_META: &str = "link_signing_key";
 impl Runtime {
     /// Starts the supervision tree over an open store.
     pub async fn start(store: Store, blobs: BlobStore, cfg: RuntimeConfig) -> anyhow::Result<Self> {
+        // Sealed log chunks go to the blob store, and are read back on blocking threads.
+        store.attach_segments(
+            blobs.clone(),
+            tokio::runtime::Handle::current(),
+            cfg.logs.cache_bytes,
+        );
         let secret = if cfg.auth.jwt_secret.is_empty() {
             // Drawn before the call so that a failing random source fails the start, not
             // stores an empty key.

@@ -262,6 +262,36 @@ impl BlobStore {
         Ok(())
     }
 
+    /// Writes `bytes` to `key` only if nothing is there yet (S3's `If-None-Match: *`; a local
+    /// file created exclusively); a store that cannot make the condition writes it plainly
+    /// (callers name such keys uniquely). `false` when the key already exists.
+    pub async fn put_new(&self, key: &str, bytes: Bytes) -> Result<bool> {
+        let path = ObjPath::from(key);
+        let opts = object_store::PutOptions {
+            mode: object_store::PutMode::Create,
+            ..Default::default()
+        };
+        match self
+            .inner
+            .put_opts(&path, PutPayload::from_bytes(bytes.clone()), opts)
+            .await
+        {
+            Ok(_) => {}
+            Err(object_store::Error::AlreadyExists { .. }) => return Ok(false),
+            Err(object_store::Error::NotImplemented { .. }) => {
+                self.inner.put(&path, PutPayload::from_bytes(bytes)).await?;
+            }
+            Err(e) => return Err(e.into()),
+        }
+        self.sync(key).await?;
+        Ok(true)
+    }
+
+    /// The bytes of `range` of `key` (one ranged GET).
+    pub async fn get_range(&self, key: &str, range: Range<u64>) -> Result<Bytes> {
+        Ok(self.inner.get_range(&ObjPath::from(key), range).await?)
+    }
+
     pub async fn get(&self, key: &str) -> Result<Option<Bytes>> {
         match self.inner.get(&ObjPath::from(key)).await {
             Ok(r) => Ok(Some(r.bytes().await?)),

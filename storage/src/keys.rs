@@ -142,6 +142,20 @@ pub(crate) fn log_text_filter(session: u64, seq: u64) -> Vec<u8> {
 pub(crate) fn log_text_filter_prefix(session: u64) -> Vec<u8> {
     key(&[b"lt", &be(session), b""])
 }
+/// Where a sealed chunk is in the blob store ([`crate::segments::ChunkLocation`]).
+pub(crate) fn log_location(session: u64, seq: u64) -> Vec<u8> {
+    key(&[b"lo", &be(session), &be(seq)])
+}
+pub(crate) fn log_location_prefix(session: u64) -> Vec<u8> {
+    key(&[b"lo", &be(session), b""])
+}
+/// A segment whose session was deleted: to be deleted from the blob store.
+pub(crate) fn doomed_segment(segment: &str) -> Vec<u8> {
+    key(&[b"ldel", segment.as_bytes()])
+}
+pub(crate) fn doomed_segment_prefix() -> Vec<u8> {
+    key(&[b"ldel", b""])
+}
 /// The first chunk sequence number of a session not sealed yet ([`crate::log_seal`]).
 pub(crate) fn log_seal_cursor(session: u64) -> Vec<u8> {
     key(&[b"lq", &be(session)])

@@ -49,6 +49,7 @@ pub mod pipeline;
 pub mod purge;
 pub mod rollouts;
 pub mod scm;
+pub mod segments;
 pub mod sessions;
 mod spool;
 pub mod states;
@@ -138,6 +139,8 @@ struct Inner {
     retired: dashmap::DashSet<u64>,
     /// Readers and seals of sessions' log chunks ([`log_seal`]).
     log_pins: log_seal::LogPins,
+    /// Where sealed log chunks go, once the binary has attached a blob store.
+    segments: std::sync::OnceLock<segments::Segments>,
 }
 
 impl Store {
@@ -205,6 +208,7 @@ impl Store {
                 run_ids: std::sync::Mutex::new(0..0),
                 retired: dashmap::DashSet::new(),
                 log_pins: log_seal::LogPins::default(),
+                segments: std::sync::OnceLock::new(),
             }),
         };
         store.load_retired()?;

@@ -1,4 +1,5 @@
-//! Sealing a session's log chunks: small appended batches merged into chunks of a target size.
+//! Sealing a session's log chunks: small appended batches merged into chunks of a target
+//! size and, once a blob store is attached, moved into a segment there.
 //!
 //! Every appended batch is one chunk with its own summary and text filter, and a query visits
 //! each: a robot that flushes ten lines a second makes a session of a hundred thousand tiny
@@ -9,14 +10,19 @@
 //!
 //! A merged chunk is stored under the sequence number of its first batch, and holds the
 //! batches' entries in arrival order, so every ordering a query uses (timestamp, then chunk,
-//! then index) is unchanged. A chunk that would merge with nothing is left as it is. The
-//! rewrite (new chunks, their indexes, the removal of the old ones, the new cursor) is one
-//! transaction, refused if the session was deleted meanwhile.
+//! then index) is unchanged. With a blob store attached ([`Store::attach_segments`]), the
+//! seal's chunks (merged or not) are packed into one segment ([`crate::segments`]), written
+//! create-only, and the one transaction that follows records their locations and drops their
+//! local bytes; local disk keeps the summaries, filters and locations. Without one, merged
+//! chunks stay in sled. Either way the rewrite (new chunks or locations, their indexes, the
+//! removal of the old ones, the new cursor) is one transaction, refused if the session was
+//! deleted meanwhile (and its segment then deleted).
 //!
 //! Readers that look at a session's chunks in more than one read (a query reads summaries,
-//! then chunks by sequence number; an export scans) hold a [`LogPin`] for the session: a seal
-//! only starts while no pin is held, and a pin taken while a seal runs waits for it (a few
-//! milliseconds: a seal's sources are bounded by `max_source_bytes`).
+//! then chunks by sequence number; an export scans) hold a [`LogPin`] for the session. A seal
+//! reads, merges and writes its segment without stopping them; only its transaction waits
+//! until no pin is held (new pins wait for it meanwhile), at most `commit_wait`, past which
+//! the seal gives up and leaves the chunks as they were.
 //!
 //! Which sessions have unsealed chunks is kept in the `logs` tree (`v1/lp/{session}`, the
 //! time its oldest unsealed batch arrived), written by the append that finds none, and removed
@@ -24,7 +30,9 @@
 
 use std::collections::HashMap;
 use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant};
 
+use crate::segments::{ChunkLocation, segment_key};
 use crate::sessions::ChunkIndex;
 use crate::{Columns, LogChunk, Result, SessionCounters, StorageError, Store, codec, keys};
 
@@ -35,8 +43,11 @@ pub struct SealPlan {
     pub chunk_lines: usize,
     /// ... and about this many bytes (encoded).
     pub chunk_bytes: usize,
-    /// Bytes of unsealed chunks one seal reads at most; a session with more is sealed again.
+    /// Bytes of unsealed chunks one seal reads at most (one segment); a session with more is
+    /// sealed again.
     pub max_source_bytes: usize,
+    /// How long a seal's transaction waits for the session's readers to finish.
+    pub commit_wait: Duration,
 }
 
 /// What one seal did.
@@ -50,12 +61,14 @@ pub struct Sealed {
     pub lines: u64,
     /// Unsealed chunks remain (past `max_source_bytes`, or appended meanwhile).
     pub more: bool,
+    /// The chunks went to a segment in the blob store.
+    pub offloaded: bool,
 }
 
 /// Why a seal did nothing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SealSkipped {
-    /// A reader holds the session's chunks; try later.
+    /// Another seal of the session runs, or a reader held it past `commit_wait`; try later.
     Busy,
     /// The session is gone.
     Gone,
@@ -64,14 +77,23 @@ pub enum SealSkipped {
 #[derive(Default)]
 struct PinState {
     readers: u32,
+    /// A seal of the session is under way (one at a time).
     sealing: bool,
+    /// Its transaction is waiting or running: new readers wait.
+    committing: bool,
+}
+
+impl PinState {
+    fn idle(&self) -> bool {
+        self.readers == 0 && !self.sealing && !self.committing
+    }
 }
 
 /// Readers and seals of each session's chunks (see the module header).
 #[derive(Default)]
 pub(crate) struct LogPins {
     state: Mutex<HashMap<u64, PinState>>,
-    sealed: Condvar,
+    changed: Condvar,
 }
 
 /// A reader's hold on a session's chunks: no seal rewrites them while it lives.
@@ -86,14 +108,19 @@ impl Drop for LogPin {
         let mut st = pins.state.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(p) = st.get_mut(&self.session) {
             p.readers = p.readers.saturating_sub(1);
-            if p.readers == 0 && !p.sealing {
+            let (last, idle) = (p.readers == 0, p.idle());
+            if idle {
                 st.remove(&self.session);
+            }
+            drop(st);
+            if last {
+                pins.changed.notify_all();
             }
         }
     }
 }
 
-/// A seal's exclusive hold on a session's chunks.
+/// A seal under way: the only one for its session.
 struct SealHold<'a> {
     pins: &'a LogPins,
     session: u64,
@@ -104,12 +131,27 @@ impl Drop for SealHold<'_> {
         let mut st = self.pins.state.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(p) = st.get_mut(&self.session) {
             p.sealing = false;
-            if p.readers == 0 {
+            if p.idle() {
                 st.remove(&self.session);
             }
         }
+    }
+}
+
+/// A seal's transaction: no reader holds the session's chunks while it lives.
+struct CommitHold<'a> {
+    pins: &'a LogPins,
+    session: u64,
+}
+
+impl Drop for CommitHold<'_> {
+    fn drop(&mut self) {
+        let mut st = self.pins.state.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(p) = st.get_mut(&self.session) {
+            p.committing = false;
+        }
         drop(st);
-        self.pins.sealed.notify_all();
+        self.pins.changed.notify_all();
     }
 }
 
@@ -117,7 +159,7 @@ impl LogPins {
     fn try_seal(&self, session: u64) -> Option<SealHold<'_>> {
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let p = st.entry(session).or_default();
-        if p.readers > 0 || p.sealing {
+        if p.sealing {
             return None;
         }
         p.sealing = true;
@@ -126,31 +168,72 @@ impl LogPins {
             session,
         })
     }
+
+    /// Stops new readers of `session` and waits, at most `wait`, for its readers to finish.
+    fn commit(&self, session: u64, wait: Duration) -> Option<CommitHold<'_>> {
+        let deadline = Instant::now() + wait;
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        st.entry(session).or_default().committing = true;
+        let hold = CommitHold {
+            pins: self,
+            session,
+        };
+        loop {
+            if st.get(&session).is_none_or(|p| p.readers == 0) {
+                return Some(hold);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                drop(st);
+                // Dropping the hold lets the waiting readers in.
+                drop(hold);
+                return None;
+            }
+            st = self
+                .changed
+                .wait_timeout(st, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
 }
 
-/// One merged chunk being built: its first source's sequence number, the sources it takes.
+/// One chunk a seal produces: its first source's sequence number, the sources it takes, its
+/// lines and time range, and either its merged entries or (while it merged with nothing) the
+/// first source's stored bytes.
 struct Out {
     first: u64,
     sources: Vec<u64>,
-    chunk: LogChunk,
+    chunk: Option<LogChunk>,
+    lines: usize,
+    min_ts: i64,
+    max_ts: i64,
     bytes: usize,
+    raw: Option<sled::IVec>,
+    /// Large enough alone: moved as it is, never merged.
+    big: bool,
 }
 
 /// Appends `src`'s entries to `dst`, mapping its modules onto `dst`'s.
-fn extend(dst: &mut LogChunk, src: &LogChunk) -> Option<()> {
-    let map: Vec<u32> = src
-        .modules
-        .iter()
-        .map(|m| match dst.modules.iter().position(|x| x == m) {
-            Some(i) => u32::try_from(i).ok(),
-            None => {
-                dst.modules.push(m.clone());
-                u32::try_from(dst.modules.len() - 1).ok()
-            }
-        })
-        .collect::<Option<_>>()?;
+fn extend(dst: &mut LogChunk, src: &impl Columns) -> Option<()> {
+    let mut map: HashMap<u32, u32> = HashMap::new();
     for i in 0..src.len() {
-        let module = *map.get(src.module_at(i)? as usize)?;
+        let m = src.module_at(i)?;
+        let module = match map.get(&m) {
+            Some(&d) => d,
+            None => {
+                let name = src.module_name(m)?;
+                let d = match dst.modules.iter().position(|x| x == name) {
+                    Some(d) => u32::try_from(d).ok()?,
+                    None => {
+                        dst.modules.push(name.to_string());
+                        u32::try_from(dst.modules.len() - 1).ok()?
+                    }
+                };
+                map.insert(m, d);
+                d
+            }
+        };
         dst.push(
             src.ts_at(i)?,
             src.level_at(i)?,
@@ -162,18 +245,67 @@ fn extend(dst: &mut LogChunk, src: &LogChunk) -> Option<()> {
     Some(())
 }
 
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// What a seal writes for one produced chunk.
+struct Write {
+    first: u64,
+    /// Sources whose keys go (all but `first` when kept local; all when offloaded).
+    sources: Vec<u64>,
+    /// New stored bytes (a merge kept local).
+    bytes: Option<Vec<u8>>,
+    /// A rebuilt summary and filter (a merge, or a chunk that had none).
+    index: Option<ChunkIndex>,
+    location: Option<ChunkLocation>,
+}
+
 impl Store {
-    /// Holds `session`'s chunks against a seal while the pin lives (waiting for one under way).
+    /// Attaches the blob store sealed chunks go to, the runtime its calls wait on (readers run
+    /// on its blocking threads) and the read cache's size. Without it, seals keep chunks local.
+    pub fn attach_segments(
+        &self,
+        blobs: crate::BlobStore,
+        rt: tokio::runtime::Handle,
+        cache_bytes: usize,
+    ) {
+        let _ = self
+            .inner
+            .segments
+            .set(crate::segments::Segments::new(blobs, rt, cache_bytes));
+    }
+
+    /// What reading and writing segments has cost since start-up.
+    pub fn segment_stats(&self) -> crate::segments::SegmentStats {
+        self.inner
+            .segments
+            .get()
+            .map(|s| s.stats())
+            .unwrap_or_default()
+    }
+
+    /// Empties the read cache of sealed chunks (the benches' cold figures).
+    pub fn clear_segment_cache(&self) {
+        if let Some(s) = self.inner.segments.get() {
+            s.clear_cache();
+        }
+    }
+
+    /// Holds `session`'s chunks against a seal's rewrite while the pin lives (waiting for one
+    /// committing now).
     pub fn log_pin(&self, session: u64) -> LogPin {
         let pins = &self.inner.log_pins;
         let mut st = pins.state.lock().unwrap_or_else(|e| e.into_inner());
         loop {
             let p = st.entry(session).or_default();
-            if !p.sealing {
+            if !p.committing {
                 p.readers += 1;
                 break;
             }
-            st = pins.sealed.wait(st).unwrap_or_else(|e| e.into_inner());
+            st = pins.changed.wait(st).unwrap_or_else(|e| e.into_inner());
         }
         LogPin {
             store: self.clone(),
@@ -217,7 +349,7 @@ impl Store {
         session: u64,
         plan: SealPlan,
     ) -> Result<std::result::Result<Sealed, SealSkipped>> {
-        let Some(_hold) = self.inner.log_pins.try_seal(session) else {
+        let Some(_seal) = self.inner.log_pins.try_seal(session) else {
             return Ok(Err(SealSkipped::Busy));
         };
         let cursor = self.log_seal_cursor(session)?;
@@ -239,41 +371,140 @@ impl Store {
                 break;
             }
             read += v.len();
-            let chunk: LogChunk = codec::decode(&v)?;
+            let unreadable =
+                || StorageError::Corrupt(format!("log chunk {session}/{seq} unreadable"));
+            let view: crate::LogChunkView<'_> = codec::decode_borrowed(&v)?;
+            let n = view.len();
             sources += 1;
-            lines += chunk.len() as u64;
+            lines += n as u64;
             last = Some(seq);
-            let fits = outs.last().is_some_and(|o| {
-                o.chunk.len() + chunk.len() <= plan.chunk_lines
-                    && o.bytes + v.len() <= plan.chunk_bytes
-            });
+            // A chunk of an eighth of the target or more gains little from a merge: it is
+            // moved as it is, never decoded.
+            let big = n.saturating_mul(8) >= plan.chunk_lines
+                || v.len().saturating_mul(8) >= plan.chunk_bytes;
+            let fits = !big
+                && outs.last().is_some_and(|o| {
+                    !o.big
+                        && o.lines + n <= plan.chunk_lines
+                        && o.bytes + v.len() <= plan.chunk_bytes
+                });
             match outs.last_mut() {
                 Some(o) if fits => {
-                    extend(&mut o.chunk, &chunk).ok_or_else(|| {
-                        StorageError::Corrupt(format!("log chunk {session}/{seq} unreadable"))
-                    })?;
+                    let chunk = match (o.chunk.take(), o.raw.take()) {
+                        (Some(c), _) => c,
+                        (None, Some(raw)) => codec::decode(&raw)?,
+                        (None, None) => return Err(unreadable()),
+                    };
+                    let chunk = o.chunk.insert(chunk);
+                    extend(chunk, &view).ok_or_else(unreadable)?;
+                    o.lines += n;
+                    o.min_ts = chunk.min_ts;
+                    o.max_ts = chunk.max_ts;
                     o.bytes += v.len();
                     o.sources.push(seq);
                 }
-                _ => outs.push(Out {
-                    first: seq,
-                    sources: vec![seq],
-                    chunk,
-                    bytes: v.len(),
-                }),
+                _ => {
+                    let (min_ts, max_ts) = (view.min_ts, view.max_ts);
+                    outs.push(Out {
+                        first: seq,
+                        sources: vec![seq],
+                        chunk: None,
+                        lines: n,
+                        min_ts,
+                        max_ts,
+                        bytes: v.len(),
+                        raw: Some(v.clone()),
+                        big,
+                    })
+                }
             }
         }
-        // What each merged chunk is written as; a chunk that merged with nothing stays.
-        let mut writes = Vec::new();
-        for o in outs.iter().filter(|o| o.sources.len() > 1) {
-            let index = ChunkIndex::of(&o.chunk)?;
-            writes.push((o, codec::encode(&o.chunk)?, index));
+        let segments = self.inner.segments.get().filter(|_| !outs.is_empty());
+        // Every produced chunk's stored bytes (a merge encoded anew) and index.
+        let mut writes = Vec::with_capacity(outs.len());
+        let mut packed: Vec<(u64, Vec<u8>)> = Vec::new();
+        for o in &outs {
+            let merged = o.sources.len() > 1;
+            let has_summary = !merged
+                && self
+                    .inner
+                    .logs
+                    .contains_key(keys::log_summary(session, o.first))?;
+            let index = match (&o.chunk, &o.raw) {
+                (Some(c), _) => Some(ChunkIndex::of(c)?),
+                (None, Some(raw)) if !has_summary => {
+                    Some(ChunkIndex::of(&codec::decode::<LogChunk>(raw)?)?)
+                }
+                _ => None,
+            };
+            let bytes = match (&o.chunk, &o.raw) {
+                (Some(c), _) => Some(codec::encode(c)?),
+                (None, Some(raw)) if segments.is_some() => Some(raw.to_vec()),
+                _ => None,
+            };
+            if segments.is_some() {
+                packed.push((o.first, bytes.unwrap_or_default()));
+                writes.push(Write {
+                    first: o.first,
+                    sources: o.sources.clone(),
+                    bytes: None,
+                    index,
+                    location: None,
+                });
+            } else if merged || index.is_some() {
+                writes.push(Write {
+                    first: o.first,
+                    sources: o.sources[1..].to_vec(),
+                    bytes,
+                    index,
+                    location: None,
+                });
+            }
         }
+        // The segment, written before any record points at it.
+        let mut segment = None;
+        if let (Some(segs), Some(first), Some(last)) = (segments, outs.first(), last) {
+            let Some(project) = self.get_id(&keys::session_project(session))? else {
+                return Ok(Err(SealSkipped::Gone));
+            };
+            let refs: Vec<(u64, &[u8])> = packed.iter().map(|(s, b)| (*s, b.as_slice())).collect();
+            let (body, entries) = crate::segments::pack(&refs)?;
+            let key = segment_key(project, session, first.first, last, now_ms());
+            if !segs.put(&key, body)? {
+                return Ok(Err(SealSkipped::Busy));
+            }
+            for ((w, o), (_, offset, len, crc)) in writes.iter_mut().zip(&outs).zip(entries) {
+                w.location = Some(ChunkLocation {
+                    segment: key.clone(),
+                    offset,
+                    len,
+                    crc,
+                    min_ts: o.min_ts,
+                    max_ts: o.max_ts,
+                });
+            }
+            segment = Some(key);
+        }
+        let encoded: Vec<Option<Vec<u8>>> = writes
+            .iter()
+            .map(|w| w.location.as_ref().map(codec::encode).transpose())
+            .collect::<Result<_>>()?;
         let next = last.map_or(cursor, |l| l + 1);
         let counters_key = keys::session_counters(session);
         let cursor_key = keys::log_seal_cursor(session);
         let pending_key = keys::log_pending(session);
         let cursor_bytes = codec::encode(&next)?;
+        let gone = |segment: &Option<String>| {
+            if let (Some(key), Some(segs)) = (segment, self.inner.segments.get())
+                && let Err(e) = segs.delete(key)
+            {
+                tracing::warn!(key, error = %e, "could not delete an unused log segment");
+            }
+        };
+        let Some(_commit) = self.inner.log_pins.commit(session, plan.commit_wait) else {
+            gone(&segment);
+            return Ok(Err(SealSkipped::Busy));
+        };
         let gate = self.inner.gate.shared();
         let more =
             self.inner
@@ -284,18 +515,32 @@ impl Store {
                     };
                     let counters: SessionCounters = codec::decode(&c)
                         .map_err(|_| sled::transaction::ConflictableTransactionError::Abort(()))?;
-                    for (o, bytes, index) in &writes {
-                        for &s in &o.sources[1..] {
+                    for (w, location) in writes.iter().zip(&encoded) {
+                        for &s in &w.sources {
                             logs.remove(keys::log_chunk(session, s))?;
-                            logs.remove(keys::log_summary(session, s))?;
-                            logs.remove(keys::log_text_filter(session, s))?;
+                            if s != w.first {
+                                logs.remove(keys::log_summary(session, s))?;
+                                logs.remove(keys::log_text_filter(session, s))?;
+                            }
                         }
-                        logs.insert(keys::log_chunk(session, o.first), bytes.as_slice())?;
-                        logs.insert(keys::log_summary(session, o.first), index.summary_bytes())?;
-                        match index.filter_bytes() {
-                            Some(f) => logs.insert(keys::log_text_filter(session, o.first), f)?,
-                            None => logs.remove(keys::log_text_filter(session, o.first))?,
-                        };
+                        if let Some(bytes) = &w.bytes {
+                            logs.insert(keys::log_chunk(session, w.first), bytes.as_slice())?;
+                        }
+                        if let Some(loc) = location {
+                            logs.insert(keys::log_location(session, w.first), loc.as_slice())?;
+                        }
+                        if let Some(index) = &w.index {
+                            logs.insert(
+                                keys::log_summary(session, w.first),
+                                index.summary_bytes(),
+                            )?;
+                            match index.filter_bytes() {
+                                Some(f) => {
+                                    logs.insert(keys::log_text_filter(session, w.first), f)?
+                                }
+                                None => logs.remove(keys::log_text_filter(session, w.first))?,
+                            };
+                        }
                     }
                     logs.insert(cursor_key.as_slice(), cursor_bytes.as_slice())?;
                     let more = counters.next_chunk > next;
@@ -310,9 +555,16 @@ impl Store {
                 chunks: outs.len(),
                 lines,
                 more,
+                offloaded: segment.is_some(),
             })),
-            Err(sled::transaction::TransactionError::Abort(())) => Ok(Err(SealSkipped::Gone)),
-            Err(sled::transaction::TransactionError::Storage(e)) => Err(StorageError::Sled(e)),
+            Err(sled::transaction::TransactionError::Abort(())) => {
+                gone(&segment);
+                Ok(Err(SealSkipped::Gone))
+            }
+            Err(sled::transaction::TransactionError::Storage(e)) => {
+                // Whether it committed is unknown: the segment stays for the sweep to judge.
+                Err(StorageError::Sled(e))
+            }
         }
     }
 }
@@ -330,6 +582,7 @@ mod tests {
         chunk_lines: 100,
         chunk_bytes: 1 << 20,
         max_source_bytes: 1 << 30,
+        commit_wait: Duration::from_millis(50),
     };
 
     fn session(store: &Store, id: u64) -> Session {
@@ -406,7 +659,8 @@ mod tests {
                 sources: 35,
                 chunks: 4,
                 lines: 350,
-                more: false
+                more: false,
+                offloaded: false,
             }
         );
         assert_eq!(lines(&store, 3), before);
@@ -473,6 +727,127 @@ mod tests {
         assert_eq!(store.log_summaries(3).unwrap().len(), 4);
         drop(pin);
         assert_eq!(store.seal_logs(3, PLAN).unwrap().unwrap().chunks, 1);
+    }
+
+    /// A store whose seals write segments to a local blob store under `dir/blobs`.
+    fn offloading(dir: &std::path::Path) -> (Store, tokio::runtime::Runtime) {
+        let store = Store::open(&dir.join("data")).unwrap();
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let blobs = crate::BlobStore::local(&dir.join("blobs")).unwrap();
+        store.attach_segments(blobs, rt.handle().clone(), 1 << 20);
+        (store, rt)
+    }
+
+    fn files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+        let mut out = Vec::new();
+        for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                out.extend(files(&p));
+            } else {
+                out.push(p);
+            }
+        }
+        out
+    }
+
+    fn families(store: &Store) -> Vec<String> {
+        store
+            .key_snapshot()
+            .unwrap()
+            .iter()
+            .map(|k| crate::purge::key_family(k))
+            .collect()
+    }
+
+    #[test]
+    fn sealed_chunks_move_into_one_segment_and_read_back_the_same() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, _rt) = offloading(dir.path());
+        session(&store, 3);
+        append(&store, 3, 35, 10);
+        let before = lines(&store, 3);
+        let done = store.seal_logs(3, PLAN).unwrap().unwrap();
+        assert!(done.offloaded);
+        assert_eq!((done.sources, done.chunks), (35, 4));
+        // Local disk holds the summaries, filters and locations; the chunks are in one segment.
+        let fams = families(&store);
+        assert_eq!(fams.iter().filter(|f| *f == "logs:l").count(), 0);
+        assert_eq!(fams.iter().filter(|f| *f == "logs:lo").count(), 4);
+        assert_eq!(fams.iter().filter(|f| *f == "logs:ls").count(), 4);
+        let segs = files(&dir.path().join("blobs/logs"));
+        assert_eq!(segs.len(), 1, "{segs:?}");
+        let footer = crate::segments::footer(&std::fs::read(&segs[0]).unwrap()).unwrap();
+        assert_eq!(
+            footer.iter().map(|e| e.0).collect::<Vec<_>>(),
+            vec![0, 10, 20, 30]
+        );
+        assert_eq!(store.segment_stats().segments_written, 1);
+        // Read back cold: one ranged GET per chunk, then from the cache.
+        store.clear_segment_cache();
+        assert_eq!(lines(&store, 3), before);
+        assert_eq!(store.segment_stats().fetches, 4);
+        assert_eq!(lines(&store, 3), before);
+        assert_eq!(store.segment_stats().fetches, 4);
+        // Heads come from the locations, without a fetch.
+        store.clear_segment_cache();
+        assert_eq!(store.log_chunk_heads(3).unwrap().len(), 4);
+        assert_eq!(store.segment_stats().fetches, 4);
+        // Later batches append locally and are sealed into a segment of their own.
+        append(&store, 3, 2, 10);
+        assert_eq!(lines(&store, 3).len(), 370);
+        assert!(store.seal_logs(3, PLAN).unwrap().unwrap().offloaded);
+        assert_eq!(files(&dir.path().join("blobs/logs")).len(), 2);
+        assert_eq!(lines(&store, 3).len(), 370);
+    }
+
+    #[test]
+    fn a_segment_whose_bytes_changed_is_an_error_not_a_wrong_answer() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, _rt) = offloading(dir.path());
+        session(&store, 3);
+        append(&store, 3, 4, 10);
+        store.seal_logs(3, PLAN).unwrap().unwrap();
+        let seg = files(&dir.path().join("blobs/logs")).remove(0);
+        let mut bytes = std::fs::read(&seg).unwrap();
+        bytes[20] ^= 0xff;
+        std::fs::write(&seg, bytes).unwrap();
+        store.clear_segment_cache();
+        let err = store.log_chunks(3).next().unwrap().unwrap_err();
+        assert!(err.to_string().contains("checksum"), "{err}");
+    }
+
+    #[test]
+    fn deleting_a_sealed_session_lists_its_segments_for_deletion_and_leaves_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, _rt) = offloading(dir.path());
+        let before = store.key_snapshot().unwrap();
+        let s = session(&store, 3);
+        append(&store, 3, 4, 10);
+        store.seal_logs(3, PLAN).unwrap().unwrap();
+        append(&store, 3, 4, 10);
+        store.seal_logs(3, PLAN).unwrap().unwrap();
+        append(&store, 3, 1, 10);
+        let blobs = store.delete_session(&s).unwrap();
+        assert_eq!(blobs.len(), 2);
+        let doomed = store.doomed_segments(10).unwrap();
+        assert_eq!(doomed.len(), 2);
+        assert!(!store.segment_referenced(3, "logs/7/3/other.seg").unwrap());
+        assert!(store.segment_referenced(3, &doomed[0]).unwrap());
+        for k in &doomed {
+            store.delete_doomed_segment(k).unwrap();
+        }
+        assert!(files(&dir.path().join("blobs/logs")).is_empty());
+        let after = store.key_snapshot().unwrap();
+        let left: Vec<_> = after
+            .difference(&before)
+            .map(|k| crate::purge::key_family(k))
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
     }
 
     #[test]

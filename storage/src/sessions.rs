@@ -81,6 +81,84 @@ impl ChunkIndex {
     }
 }
 
+/// Where a chunk's bytes are.
+enum Place {
+    Local(sled::IVec),
+    /// Its encoded [`crate::segments::ChunkLocation`].
+    Remote(sled::IVec),
+}
+
+/// A chunk's stored bytes, however they were read.
+enum ChunkBytes {
+    Local(sled::IVec),
+    Remote(bytes::Bytes),
+}
+
+impl std::ops::Deref for ChunkBytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            ChunkBytes::Local(v) => v,
+            ChunkBytes::Remote(b) => b,
+        }
+    }
+}
+
+type KvIter = Box<dyn Iterator<Item = sled::Result<(sled::IVec, sled::IVec)>> + Send>;
+
+/// A session's local chunks and sealed chunk locations merged in sequence order.
+struct Places {
+    local: KvIter,
+    remote: KvIter,
+    next_local: Option<(u64, sled::IVec)>,
+    next_remote: Option<(u64, sled::IVec)>,
+    rev: bool,
+}
+
+fn next_of(it: &mut KvIter) -> Result<Option<(u64, sled::IVec)>> {
+    for kv in it.by_ref() {
+        let (k, v) = kv?;
+        if let Some(seq) = keys::trailing_id(&k) {
+            return Ok(Some((seq, v)));
+        }
+    }
+    Ok(None)
+}
+
+impl Iterator for Places {
+    type Item = Result<(u64, Place)>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.next_local.is_none() {
+            match next_of(&mut self.local) {
+                Ok(v) => self.next_local = v,
+                Err(e) => return Some(Err(e)),
+            }
+        }
+        if self.next_remote.is_none() {
+            match next_of(&mut self.remote) {
+                Ok(v) => self.next_remote = v,
+                Err(e) => return Some(Err(e)),
+            }
+        }
+        let take_local = match (&self.next_local, &self.next_remote) {
+            (None, None) => return None,
+            (Some(_), None) => true,
+            (None, Some(_)) => false,
+            (Some((l, _)), Some((r, _))) => (l < r) != self.rev,
+        };
+        if take_local {
+            self.next_local
+                .take()
+                .map(|(seq, v)| Ok((seq, Place::Local(v))))
+        } else {
+            self.next_remote
+                .take()
+                .map(|(seq, v)| Ok((seq, Place::Remote(v))))
+        }
+    }
+}
+
 impl Store {
     pub fn session(&self, project: u64, id: u64) -> Result<Option<Session>> {
         self.get(&keys::session(project, id))
@@ -236,19 +314,70 @@ impl Store {
         self.apply(w)
     }
 
+    /// Every chunk of the session with where it is (its local bytes, or its location in a
+    /// segment), in sequence order (`rev`: newest first), read lazily.
+    fn places(&self, session: u64, rev: bool) -> Places {
+        let local = self.inner.logs.scan_prefix(keys::log_prefix(session));
+        let remote = self
+            .inner
+            .logs
+            .scan_prefix(keys::log_location_prefix(session));
+        let (local, remote): (sled::Iter, sled::Iter) = (local, remote);
+        if rev {
+            Places {
+                local: Box::new(local.rev()),
+                remote: Box::new(remote.rev()),
+                next_local: None,
+                next_remote: None,
+                rev,
+            }
+        } else {
+            Places {
+                local: Box::new(local),
+                remote: Box::new(remote),
+                next_local: None,
+                next_remote: None,
+                rev,
+            }
+        }
+    }
+
+    /// A chunk's stored bytes, local or fetched from its segment.
+    fn load(&self, place: &Place) -> Result<ChunkBytes> {
+        match place {
+            Place::Local(v) => Ok(ChunkBytes::Local(v.clone())),
+            Place::Remote(v) => {
+                let loc: crate::segments::ChunkLocation = codec::decode(v)?;
+                let segs = self.inner.segments.get().ok_or_else(|| {
+                    StorageError::Config("sealed log chunks need the blob store attached".into())
+                })?;
+                Ok(ChunkBytes::Remote(segs.fetch(&loc)?))
+            }
+        }
+    }
+
+    /// Chunk `seq`'s place, read by key.
+    fn place(&self, session: u64, seq: u64) -> Result<Option<Place>> {
+        if let Some(v) = self.inner.logs.get(keys::log_chunk(session, seq))? {
+            return Ok(Some(Place::Local(v)));
+        }
+        Ok(self
+            .inner
+            .logs
+            .get(keys::log_location(session, seq))?
+            .map(Place::Remote))
+    }
+
     /// The session's chunks in arrival order with their sequence numbers, decoded lazily.
     pub fn log_chunks(
         &self,
         session: u64,
     ) -> impl Iterator<Item = Result<(u64, LogChunk)>> + use<> {
-        self.inner
-            .logs
-            .scan_prefix(keys::log_prefix(session))
-            .map(|kv| {
-                let (k, v) = kv?;
-                let seq = keys::trailing_id(&k).unwrap_or(0);
-                Ok((seq, codec::decode::<LogChunk>(&v)?))
-            })
+        let store = self.clone();
+        self.places(session, false).map(move |item| {
+            let (seq, place) = item?;
+            Ok((seq, codec::decode::<LogChunk>(&store.load(&place)?)?))
+        })
     }
 
     /// Calls `visit` with each chunk `wanted` names, read in place (no column copied), in one
@@ -259,13 +388,11 @@ impl Store {
         wanted: impl Fn(u64) -> bool,
         mut visit: impl FnMut(u64, &crate::LogChunkView<'_>),
     ) -> Result<()> {
-        for kv in self.inner.logs.scan_prefix(keys::log_prefix(session)) {
-            let (k, v) = kv?;
-            let Some(seq) = keys::trailing_id(&k) else {
-                continue;
-            };
+        for item in self.places(session, false) {
+            let (seq, place) = item?;
             if wanted(seq) {
-                visit(seq, &codec::decode_borrowed(&v)?);
+                let bytes = self.load(&place)?;
+                visit(seq, &codec::decode_borrowed(&bytes)?);
             }
         }
         Ok(())
@@ -278,9 +405,10 @@ impl Store {
         session: u64,
         mut visit: impl FnMut(&crate::LogChunkView<'_>) -> bool,
     ) -> Result<()> {
-        for kv in self.inner.logs.scan_prefix(keys::log_prefix(session)) {
-            let (_, v) = kv?;
-            if !visit(&codec::decode_borrowed(&v)?) {
+        for item in self.places(session, false) {
+            let (_, place) = item?;
+            let bytes = self.load(&place)?;
+            if !visit(&codec::decode_borrowed(&bytes)?) {
                 break;
             }
         }
@@ -294,9 +422,10 @@ impl Store {
         seq: u64,
         visit: impl FnOnce(&crate::LogChunkView<'_>),
     ) -> Result<bool> {
-        match self.inner.logs.get(keys::log_chunk(session, seq))? {
-            Some(v) => {
-                visit(&codec::decode_borrowed(&v)?);
+        match self.place(session, seq)? {
+            Some(place) => {
+                let bytes = self.load(&place)?;
+                visit(&codec::decode_borrowed(&bytes)?);
                 Ok(true)
             }
             None => Ok(false),
@@ -304,13 +433,19 @@ impl Store {
     }
 
     /// Every chunk's (seq, min_ts, max_ts), in arrival order, read without decoding the
-    /// entries: what a time-ordered merge needs to know which chunks to open next.
+    /// entries (nor fetching a sealed chunk: its location holds its time range): what a
+    /// time-ordered merge needs to know which chunks to open next.
     pub fn log_chunk_heads(&self, session: u64) -> Result<Vec<(u64, i64, i64)>> {
         let mut out = Vec::new();
-        for kv in self.inner.logs.scan_prefix(keys::log_prefix(session)) {
-            let (k, v) = kv?;
-            let seq = keys::trailing_id(&k).unwrap_or(0);
-            let (min, max): (i64, i64) = codec::decode_head(&v)?;
+        for item in self.places(session, false) {
+            let (seq, place) = item?;
+            let (min, max): (i64, i64) = match &place {
+                Place::Local(v) => codec::decode_head(v)?,
+                Place::Remote(v) => {
+                    let loc: crate::segments::ChunkLocation = codec::decode(v)?;
+                    (loc.min_ts, loc.max_ts)
+                }
+            };
             out.push((seq, min, max));
         }
         Ok(out)
@@ -321,15 +456,11 @@ impl Store {
         &self,
         session: u64,
     ) -> impl Iterator<Item = Result<(u64, LogChunk)>> + use<> {
-        self.inner
-            .logs
-            .scan_prefix(keys::log_prefix(session))
-            .rev()
-            .map(|kv| {
-                let (k, v) = kv?;
-                let seq = keys::trailing_id(&k).unwrap_or(0);
-                Ok((seq, codec::decode::<LogChunk>(&v)?))
-            })
+        let store = self.clone();
+        self.places(session, true).map(move |item| {
+            let (seq, place) = item?;
+            Ok((seq, codec::decode::<LogChunk>(&store.load(&place)?)?))
+        })
     }
 
     /// Every chunk's summary with its sequence number, in arrival order. A store written
@@ -403,8 +534,8 @@ impl Store {
     }
 
     pub fn log_chunk(&self, session: u64, seq: u64) -> Result<Option<LogChunk>> {
-        match self.inner.logs.get(keys::log_chunk(session, seq))? {
-            Some(v) => codec::decode(&v).map(Some),
+        match self.place(session, seq)? {
+            Some(place) => codec::decode(&self.load(&place)?).map(Some),
             None => Ok(None),
         }
     }
@@ -457,6 +588,16 @@ impl Store {
                     .keys(),
             )
             .collect::<std::result::Result<_, _>>()?;
+        // Sealed chunks: their locations go, and their segments onto the to-delete list.
+        let mut location_keys = Vec::new();
+        let mut segments = std::collections::BTreeSet::new();
+        for kv in self.inner.logs.scan_prefix(keys::log_location_prefix(s.id)) {
+            let (k, v) = kv?;
+            let loc: crate::segments::ChunkLocation = codec::decode(&v)?;
+            segments.insert(loc.segment);
+            location_keys.push(k);
+        }
+        let doomed: Vec<Vec<u8>> = segments.iter().map(|g| keys::doomed_segment(g)).collect();
         let seal_keys = [keys::log_seal_cursor(s.id), keys::log_pending(s.id)];
         let rec = keys::session(s.project_id, s.id);
         let counters = keys::session_counters(s.id);
@@ -486,6 +627,12 @@ impl Store {
                 for k in &seal_keys {
                     logs.remove(k.as_slice())?;
                 }
+                for k in &location_keys {
+                    logs.remove(k)?;
+                }
+                for k in &doomed {
+                    logs.insert(k.as_slice(), &[][..])?;
+                }
                 records.remove(rec.as_slice())?;
                 records.remove(counters.as_slice())?;
                 records.remove(owner.as_slice())?;
@@ -500,6 +647,56 @@ impl Store {
                     StorageError::Corrupt("session delete aborted".into())
                 }
             })?;
-        Ok(artifacts.into_iter().map(|a| a.blob_key).collect())
+        Ok(artifacts
+            .into_iter()
+            .map(|a| a.blob_key)
+            .chain(segments)
+            .collect())
+    }
+
+    /// Up to `limit` segments of deleted sessions still to be deleted from the blob store.
+    pub fn doomed_segments(&self, limit: usize) -> Result<Vec<String>> {
+        let prefix = keys::doomed_segment_prefix();
+        let mut out = Vec::new();
+        for k in self.inner.logs.scan_prefix(&prefix).keys().take(limit) {
+            let k = k?;
+            out.push(String::from_utf8_lossy(&k[prefix.len()..]).into_owned());
+        }
+        Ok(out)
+    }
+
+    /// Deletes `segment` from the blob store, then from the to-delete list.
+    pub fn delete_doomed_segment(&self, segment: &str) -> Result<()> {
+        if let Some(segs) = self.inner.segments.get() {
+            segs.delete(segment)?;
+        }
+        // Not flushed: if it comes back after a crash, the delete is repeated.
+        self.inner.logs.remove(keys::doomed_segment(segment))?;
+        Ok(())
+    }
+
+    /// Whether a location of `session` points at `segment`, or it waits for deletion: a
+    /// segment for which neither holds is an orphan (a seal that crashed before its
+    /// transaction, or one whose transaction failed).
+    pub fn segment_referenced(&self, session: u64, segment: &str) -> Result<bool> {
+        if self
+            .inner
+            .logs
+            .contains_key(keys::doomed_segment(segment))?
+        {
+            return Ok(true);
+        }
+        for kv in self
+            .inner
+            .logs
+            .scan_prefix(keys::log_location_prefix(session))
+        {
+            let (_, v) = kv?;
+            let loc: crate::segments::ChunkLocation = codec::decode(&v)?;
+            if loc.segment == segment {
+                return Ok(true);
+            }
+        }
+        Ok(false)
     }
 }

@@ -87,8 +87,73 @@ pub(crate) fn test_config(dir: &tempfile::TempDir, f: impl FnOnce(&mut Config)) 
     if crate::SEAL_EVERY_BATCH {
         cfg.logs.seal_lines = 1;
     }
+    if crate::BLOBS_ON_S3 {
+        let endpoint = shared_s3();
+        let bucket = format!("t{}", uuid::Uuid::new_v4().simple());
+        create_bucket(endpoint, &bucket);
+        cfg.storage.backend = "s3".into();
+        cfg.storage.bucket = bucket;
+        cfg.storage.endpoint = endpoint.to_string();
+        cfg.storage.region = "us-east-1".into();
+        cfg.storage.access_key_id = "testing".into();
+        cfg.storage.secret_access_key = "testing".into();
+        cfg.storage.allow_http = true;
+    }
     f(&mut cfg);
     cfg
+}
+
+/// The S3-compatible server (moto, `pip install 'moto[server]'`) a suite with
+/// `BLOBS_ON_S3` stores blobs in: one for the whole run, a bucket per server. It stops when
+/// the test process does (a shell watches its parent).
+fn shared_s3() -> &'static str {
+    static ENDPOINT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    ENDPOINT.get_or_init(|| {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let me = std::process::id();
+        let mut watcher = std::process::Command::new("sh")
+            .args([
+                "-c",
+                &format!(
+                    "python3 -m moto.server -H 127.0.0.1 -p {port} >/dev/null 2>&1 & m=$!; \
+                     while kill -0 {me} 2>/dev/null; do sleep 1; done; kill $m"
+                ),
+            ])
+            .spawn()
+            .expect("sh");
+        // Reaped whenever it ends (with this process, at the latest).
+        std::thread::spawn(move || watcher.wait());
+        for _ in 0..400 {
+            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                return format!("http://127.0.0.1:{port}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("moto did not start on port {port} (pip install 'moto[server]')");
+    })
+}
+
+/// `PUT /{bucket}` on the S3-compatible server, over a plain socket (a test's configuration
+/// is built outside any runtime).
+fn create_bucket(endpoint: &str, bucket: &str) {
+    use std::io::{Read, Write};
+    let addr = endpoint.trim_start_matches("http://");
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        s,
+        "PUT /{bucket} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).unwrap();
+    assert!(
+        answer.starts_with("HTTP/1.1 200"),
+        "creating bucket {bucket}: {answer}"
+    );
 }
 
 /// A response: status, JSON body (Null when empty or not JSON), headers.

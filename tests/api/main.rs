@@ -6,6 +6,8 @@
 
 /// Read by `common::test_config`: the `sealed` suite runs with every log batch sealed at once.
 pub const SEAL_EVERY_BATCH: bool = false;
+/// Read by `common::test_config`: the `sealed_s3` suite keeps blobs in an S3-compatible server.
+pub const BLOBS_ON_S3: bool = false;
 
 mod accounts;
 mod alerts;

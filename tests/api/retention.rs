@@ -98,7 +98,9 @@ async fn ended_sessions_past_retention_are_deleted_with_their_logs_and_files() {
     let failed = ended(&s, &tok, d, "failed").await;
     let active = session(&s, d, &tok).await;
     let blobs = s._dir.path().join("data/blobs");
-    assert_eq!(files(&blobs).len(), 2);
+    assert_eq!(files(&blobs.join("artifacts")).len(), 2);
+    // Completing sealed each ended session's logs into a segment of its own.
+    assert!(eventually(5, || async { files(&blobs.join("logs")).len() == 2 }).await);
     let clock = s.rt().clock;
     // A day in: within retention, nothing goes.
     clock.advance(DAY);

@@ -480,3 +480,95 @@ async fn a_background_confirm_on_s3_seals_what_it_validates() {
     assert_eq!(put.status(), 200);
     assert_eq!(check().await, before);
 }
+
+/// Sealed log segments go to the bucket, answer as the batches did, and leave nothing behind
+/// when their session is deleted; a segment no record points at is swept once an hour old.
+#[tokio::test]
+async fn sealed_logs_live_in_the_bucket_and_go_with_their_session() {
+    let m = moto().await;
+    let s = s3_server_with(&m, "logs", |c| c.logs.chunk_lines = 50).await;
+    let (d, tok) = device(&s, "r1").await;
+    let sid = session(&s, d, &tok).await;
+    let logs = format!("{DEV}/sessions/{sid}/logs");
+    for b in 0..12 {
+        let batch: Vec<serde_json::Value> = (0..10)
+            .map(|i| {
+                let level = ["info", "error"][i % 2];
+                serde_json::json!({"level": level, "message": format!("line {b}-{i}")})
+            })
+            .collect();
+        let r = s.post(&logs, &tok, serde_json::Value::Array(batch)).await;
+        assert_eq!(r.status, 202);
+    }
+    let before = s.get(&format!("{logs}?limit=1000"), s.key()).await.body;
+    let r = s
+        .post(
+            &format!("{DEV}/sessions/{sid}/complete"),
+            &tok,
+            serde_json::json!({"status": "completed"}),
+        )
+        .await;
+    assert_eq!(r.status, 200);
+    assert!(
+        eventually(10, || async {
+            s.metric("fleetops_log_segments_written").await == 1.0
+        })
+        .await
+    );
+    let pid = s.project_id("default");
+    let prefix = format!("logs/{pid}/{sid}/");
+    let segs: Vec<String> = keys(&m, "logs")
+        .await
+        .into_iter()
+        .filter(|k| k.starts_with(&prefix))
+        .collect();
+    assert_eq!(segs.len(), 1, "{segs:?}");
+    // The same bucket after the restart: the cache starts empty.
+    let endpoint = m.endpoint.clone();
+    let s = s
+        .restart_with(move |cfg| {
+            cfg.storage.backend = "s3".into();
+            cfg.storage.bucket = "logs".into();
+            cfg.storage.endpoint = endpoint;
+            cfg.storage.access_key_id = "testing".into();
+            cfg.storage.secret_access_key = "testing".into();
+            cfg.storage.allow_http = true;
+            cfg.logs.chunk_lines = 50;
+        })
+        .await;
+    assert_eq!(
+        s.get(&format!("{logs}?limit=1000"), s.key()).await.body,
+        before
+    );
+    assert_eq!(s.metric("fleetops_log_chunk_fetches").await, 3.0);
+
+    // Orphans: one written two hours ago and one just now, no location pointing at either.
+    let now = fleetops_actors::clock::now_ms();
+    let old = format!("{prefix}{:020}-{:020}-{}.seg", 900, 901, now - 7_200_000);
+    let young = format!("{prefix}{:020}-{:020}-{}.seg", 902, 903, now);
+    for k in [&old, &young] {
+        let r = reqwest::Client::new()
+            .put(format!("{}/logs/{k}", m.endpoint))
+            .body("x")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+    }
+    assert_eq!(s.rt().collect_orphans_now().await.unwrap(), 1);
+    let left = keys(&m, "logs").await;
+    assert!(
+        !left.contains(&old) && left.contains(&young) && left.contains(&segs[0]),
+        "{left:?}"
+    );
+
+    let r = s.delete(&format!("{DEV}/sessions/{sid}"), s.key()).await;
+    assert_eq!(r.status, 204);
+    let left: Vec<String> = keys(&m, "logs")
+        .await
+        .into_iter()
+        .filter(|k| k.starts_with(&prefix) && *k != young)
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+    assert!(s.rt().store.doomed_segments(10).unwrap().is_empty());
+}

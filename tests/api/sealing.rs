@@ -163,3 +163,39 @@ async fn deleting_a_sealed_session_removes_its_logs() {
     let left: Vec<_> = keys.iter().filter(|k| k.starts_with(b"logs:")).collect();
     assert!(left.is_empty(), "{left:?}");
 }
+
+#[tokio::test]
+async fn a_cold_selective_query_fetches_only_its_candidate_chunk() {
+    let s = start_with(|c| {
+        c.logs.seal_lines = 1_000_000;
+        c.logs.chunk_lines = 100;
+    })
+    .await;
+    let (d, tok) = device(&s, "r1").await;
+    let sid = session(&s, d, &tok).await;
+    send(&s, sid, &tok, 43, 10).await;
+    let logs = format!("{DEV}/sessions/{sid}/logs");
+    let q = format!("{logs}?search=step%20150%20&limit=10");
+    let open = s.get(&q, s.key()).await.body;
+    assert_eq!(open["total"], 1);
+    let r = s
+        .post(
+            &format!("{DEV}/sessions/{sid}/complete"),
+            &tok,
+            json!({"status": "completed"}),
+        )
+        .await;
+    assert_eq!(r.status, 200);
+    assert!(sealed(&s, 43.0, 5.0).await);
+    assert_eq!(s.metric("fleetops_log_segments_written").await, 1.0);
+    // A restart starts with an empty cache: the five chunks are in the segment only.
+    let s = s.restart().await;
+    assert_eq!(s.metric("fleetops_log_chunk_fetches").await, 0.0);
+    assert_eq!(s.get(&q, s.key()).await.body, open);
+    // The summaries and text filters ruled four chunks out: one ranged GET.
+    assert_eq!(s.metric("fleetops_log_chunk_fetches").await, 1.0);
+    // The same question again is served from the cache.
+    assert_eq!(s.get(&q, s.key()).await.body, open);
+    assert_eq!(s.metric("fleetops_log_chunk_fetches").await, 1.0);
+    assert!(s.metric("fleetops_log_chunk_cache_hits").await >= 1.0);
+}

@@ -6,6 +6,7 @@
 
 /// Read by `common::test_config`.
 pub const SEAL_EVERY_BATCH: bool = true;
+pub const BLOBS_ON_S3: bool = false;
 
 #[path = "../api/common.rs"]
 mod common;

@@ -86,8 +86,8 @@ impl Offboarding {
                 }
             }
             if let Some(pid) = step.project_removed {
-                use crate::rules::blob_keys::{CAPSULES, CONFIGURATIONS, project_folder};
-                for kind in [CAPSULES, CONFIGURATIONS] {
+                use crate::rules::blob_keys::{CAPSULES, CONFIGURATIONS, LOGS, project_folder};
+                for kind in [CAPSULES, CONFIGURATIONS, LOGS] {
                     if let Err(e) = self.blobs.delete_prefix(&project_folder(kind, pid)).await {
                         tracing::warn!(org, pid, error = %e, "a purged project's blobs were not all deleted; the orphan sweep collects them");
                     }

@@ -21,6 +21,45 @@ impl SessionsHandle {
     /// younger than `grace_ms` may belong to an upload still streaming, and is kept. Returns
     /// how many went.
     pub async fn collect_orphans(&self, now_ms: i64, grace_ms: i64) -> Result<usize> {
+        Ok(self.collect_artifact_orphans(now_ms, grace_ms).await?
+            + self.collect_segment_orphans(now_ms).await?)
+    }
+
+    /// Log segments no chunk location points at (and not waiting for deletion): a seal that
+    /// crashed between its segment's write and its transaction leaves one. A segment written
+    /// within the last hour may belong to a seal still under way, and is kept.
+    async fn collect_segment_orphans(&self, now_ms: i64) -> Result<usize> {
+        use futures::StreamExt;
+        const SEAL_GRACE_MS: i64 = 3_600_000;
+        let prefix = fleetops_storage::segments::SEGMENT_PREFIX.trim_end_matches('/');
+        let mut keys = self.blobs.keys(prefix);
+        let mut gone = 0;
+        while let Some(key) = keys.next().await {
+            let key = key?;
+            let (Some(session), Some(written)) = (
+                fleetops_storage::segments::segment_session(&key),
+                fleetops_storage::segments::segment_written_ms(&key),
+            ) else {
+                continue;
+            };
+            if now_ms - written < SEAL_GRACE_MS {
+                continue;
+            }
+            let store = self.store.clone();
+            let k = key.clone();
+            if crate::off_thread(move || Ok(store.segment_referenced(session, &k)?)).await? {
+                continue;
+            }
+            if let Err(e) = self.blobs.delete(&key).await {
+                tracing::warn!(key, error = %e, "could not delete an orphaned log segment");
+                continue;
+            }
+            gone += 1;
+        }
+        Ok(gone)
+    }
+
+    async fn collect_artifact_orphans(&self, now_ms: i64, grace_ms: i64) -> Result<usize> {
         use futures::StreamExt;
         let mut keys = self.blobs.keys("artifacts");
         // Listings come grouped by session: one session's records at a time.

@@ -785,11 +785,35 @@ mod tests {
                 .wrapping_add(1442695040888963407);
             (x >> 33) % n
         };
-        let mut merges = 0;
+        let (mut merges, mut offloaded) = (0, 0);
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
         for round in 0..12u64 {
             let dir = tempfile::tempdir().unwrap();
-            let store = Store::open(dir.path()).unwrap();
+            let store = Store::open(&dir.path().join("data")).unwrap();
+            // Every other round seals into segments of a blob store, read back with a cache
+            // that holds two chunks at most (most reads are fetches).
+            if round % 2 == 1 {
+                let blobs = BlobStore::local(&dir.path().join("blobs")).unwrap();
+                store.attach_segments(blobs, rt.handle().clone(), 2_000);
+            }
             let sid = 7;
+            store
+                .put_session(&fleetops_storage::Session {
+                    id: sid,
+                    project_id: 1,
+                    device_id: 1,
+                    device_name: "d".into(),
+                    status: fleetops_storage::SessionStatus::Active,
+                    started_at: 0,
+                    ended_at: None,
+                    tags: vec![],
+                    package_id: None,
+                })
+                .unwrap();
             let (_, stamps) = random_session(&store, sid, round % 3 == 0, &mut rand);
             let asks: Vec<(LogFilter, usize, usize)> = (0..40)
                 .map(|_| {
@@ -807,13 +831,15 @@ mod tests {
                 .collect();
             // Sealed in a few rounds of a random size, into chunks of a random size.
             let plan = fleetops_storage::log_seal::SealPlan {
-                chunk_lines: 1 + rand(200) as usize,
+                chunk_lines: 50 + rand(450) as usize,
                 chunk_bytes: 1 << 20,
                 max_source_bytes: 500 + rand(20_000) as usize,
+                commit_wait: std::time::Duration::from_secs(1),
             };
             loop {
                 let done = store.seal_logs(sid, plan).unwrap().unwrap();
                 merges += done.sources - done.chunks;
+                offloaded += usize::from(done.offloaded);
                 if !done.more {
                     break;
                 }
@@ -826,7 +852,8 @@ mod tests {
                 );
             }
         }
-        assert!(merges > 100, "{merges} batches merged");
+        assert!(merges > 50, "{merges} batches merged");
+        assert!(offloaded >= 6, "{offloaded} seals wrote segments");
     }
 
     /// The answer from summaries equals the answer from reading every chunk (the page, in

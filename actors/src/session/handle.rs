@@ -438,13 +438,44 @@ impl SessionsHandle {
             .inspect_err(|_| self.unseal(id))?;
         self.end_actor(id, None);
         // The records are gone for good; the bytes follow (a crash here leaves only
-        // unreferenced blobs, never a half-visible session).
-        for key in blobs {
+        // unreferenced blobs, never a half-visible session). Log segments are on the
+        // to-delete list until deleted; the housekeeper retries what is left there.
+        let (segments, files): (Vec<String>, Vec<String>) = blobs
+            .into_iter()
+            .partition(|k| k.starts_with(fleetops_storage::segments::SEGMENT_PREFIX));
+        for key in files {
             if let Err(e) = self.blobs.delete(&key).await {
                 tracing::warn!(key, error = %e, "could not delete an artifact blob");
             }
         }
+        if !segments.is_empty() {
+            let store = self.store.clone();
+            crate::off_thread(move || {
+                for key in &segments {
+                    if let Err(e) = store.delete_doomed_segment(key) {
+                        tracing::warn!(key, error = %e, "could not delete a log segment; the housekeeper retries");
+                    }
+                }
+                Ok(())
+            })
+            .await?;
+        }
         Ok(())
+    }
+
+    /// Deletes the log segments of deleted sessions still on the to-delete list (at most
+    /// 1,000 a pass); how many went.
+    pub async fn delete_doomed_segments(&self) -> Result<usize> {
+        let store = self.store.clone();
+        crate::off_thread(move || {
+            let mut gone = 0;
+            for key in store.doomed_segments(1_000)? {
+                store.delete_doomed_segment(&key)?;
+                gone += 1;
+            }
+            Ok(gone)
+        })
+        .await
     }
 
     /// The log query: every match counted, one page returned, ascending by timestamp with

@@ -143,28 +143,13 @@ impl Actor for SessionActor {
     ) -> Result<Self::State, ActorProcessingErr> {
         let session = store.session_by_id(id)?;
         let counters = store.session_counters(id)?;
-        // No seal rewrites the chunks while the newest are read back.
-        let pin = store.log_pin(id);
-        // Rebuild the replay buffer from the newest stored batches.
-        let mut ring = VecDeque::new();
-        let (mut ring_entries, mut ring_bytes) = (0, 0);
-        let mut next = counters.log_count;
-        for item in store.log_chunks_rev(id) {
-            if ring_entries >= cfg.buffer_entries {
-                break;
-            }
-            let (_, chunk) = item?;
-            // As `remember` keeps it: the newest batch always, older ones within the bytes.
-            let bytes = ring_bytes_of(&chunk);
-            if !ring.is_empty() && ring_bytes + bytes > cfg.buffer_bytes {
-                break;
-            }
-            next = next.saturating_sub(chunk.len() as u64);
-            ring_entries += chunk.len();
-            ring_bytes += bytes;
-            ring.push_front((next, Arc::new(chunk)));
-        }
-        drop(pin);
+        // Rebuild the replay buffer from the newest stored batches, on a blocking thread (a
+        // sealed chunk is fetched from the blob store).
+        let (ring, ring_entries, ring_bytes) = {
+            let (store, cfg) = (store.clone(), cfg.clone());
+            let log_count = counters.log_count;
+            tokio::task::spawn_blocking(move || rebuild_ring(&store, id, &cfg, log_count)).await??
+        };
         let live = live::Fanout::new(cfg.subscriber_queue, cfg.subscriber_queue_bytes, skipped);
         let idle = Duration::from_secs(cfg.idle_seconds.max(1));
         myself.send_after(idle, || Envelope::cast(SessionMsg::IdleCheck));
@@ -404,6 +389,38 @@ impl SessionState {
             },
         }
     }
+}
+
+type Ring = VecDeque<(u64, Arc<LogChunk>)>;
+
+/// The replay buffer as `remember` would have left it: the newest chunks, the newest always,
+/// older ones within `buffer_entries` and `buffer_bytes`; with its entries and bytes.
+fn rebuild_ring(
+    store: &Store,
+    id: u64,
+    cfg: &SessionsConfig,
+    log_count: u64,
+) -> fleetops_storage::Result<(Ring, usize, usize)> {
+    // No seal rewrites the chunks while the newest are read back.
+    let _pin = store.log_pin(id);
+    let mut ring = VecDeque::new();
+    let (mut ring_entries, mut ring_bytes) = (0, 0);
+    let mut next = log_count;
+    for item in store.log_chunks_rev(id) {
+        if ring_entries >= cfg.buffer_entries {
+            break;
+        }
+        let (_, chunk) = item?;
+        let bytes = ring_bytes_of(&chunk);
+        if !ring.is_empty() && ring_bytes + bytes > cfg.buffer_bytes {
+            break;
+        }
+        next = next.saturating_sub(chunk.len() as u64);
+        ring_entries += chunk.len();
+        ring_bytes += bytes;
+        ring.push_front((next, Arc::new(chunk)));
+    }
+    Ok((ring, ring_entries, ring_bytes))
 }
 
 /// What a batch kept for replay holds in memory, about: its text, its metadata and 16 bytes

@@ -38,9 +38,10 @@ impl LogSealer {
         let plan = SealPlan {
             chunk_lines: cfg.chunk_lines.max(1),
             chunk_bytes: cfg.chunk_bytes.max(1),
-            // One seal reads a few chunks' worth: enough to merge, bounded for readers that
-            // wait for it.
-            max_source_bytes: cfg.chunk_bytes.max(1).saturating_mul(8),
+            // One seal reads two chunks' worth (one segment): enough to merge, and a short
+            // transaction for the appends and readers that wait on it.
+            max_source_bytes: cfg.chunk_bytes.max(1).saturating_mul(2),
+            commit_wait: std::time::Duration::from_secs(1),
         };
         Self {
             places: Arc::new(tokio::sync::Semaphore::new(cfg.max_concurrent_seals.max(1))),

@@ -84,6 +84,7 @@ pub fn metrics(cx: &Cx<'_>, req: &Req) -> ApiResult<Response<Body>> {
         .is_some_and(|a| a.contains("application/openmetrics-text"));
     let edge = &cx.app.edge;
     let n = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+    let segments = cx.rt().store.segment_stats();
     let figures = crate::metrics::RuntimeFigures {
         restarts: cx.rt().restarts(),
         log_batches_dropped: cx.rt().alerts.log_batches_dropped(),
@@ -109,6 +110,10 @@ pub fn metrics(cx: &Cx<'_>, req: &Req) -> ApiResult<Response<Body>> {
         log_lines_ingested: n(&cx.rt().counters.log_lines),
         log_batches_sealed: n(&cx.rt().counters.log_batches_sealed),
         log_chunks_sealed: n(&cx.rt().counters.log_chunks_sealed),
+        log_segments_written: segments.segments_written,
+        log_segment_bytes_written: segments.segment_bytes_written,
+        log_chunk_fetches: segments.fetches,
+        log_chunk_cache_hits: segments.cache_hits,
         data_dir_free_bytes: cx.rt().disk.free_bytes(),
         data_dir_min_free_bytes: cx.rt().disk.floor(),
         webhook_deliveries_queued: cx.rt().store.deliveries_queued().unwrap_or(0),
