@@ -31,6 +31,12 @@ pub struct BackupReport {
     pub bytes: u64,
     /// How long writes waited: the sled copy and the second pass over the files.
     pub paused_ms: u64,
+    /// What the copy does not hold. With blobs in S3: artifacts, capsules, configurations and
+    /// sealed log segments stay in the bucket (its versioning or replication backs them up);
+    /// the copy holds the records, indexes and chunk locations that point at them. Empty with
+    /// local blobs, which the copy holds.
+    #[serde(default)]
+    pub not_included: Vec<String>,
 }
 
 /// `p` with symlinks resolved as far as it exists, the rest appended; `..` refused (it would
@@ -127,6 +133,12 @@ impl Store {
             files: 0,
             bytes: 0,
             paused_ms: 0,
+            not_included: match blobs {
+                Some(_) => Vec::new(),
+                None => vec![
+                    "blobs in the S3 bucket: artifacts, capsules, configurations and sealed log segments (back the bucket up with its versioning or replication)".into(),
+                ],
+            },
         };
         let spool = self.inner.dir.join("webhook-payloads");
         let mut seen = Seen::default();

@@ -37,6 +37,7 @@ pub mod blobs;
 mod cache;
 mod codec;
 pub mod devices;
+pub mod failpoints;
 mod flush;
 mod gate;
 mod keys;

@@ -473,6 +473,7 @@ impl Store {
             if !segs.put(&key, body)? {
                 return Ok(Err(SealSkipped::Busy));
             }
+            crate::failpoints::hit("seal:after-put");
             for ((w, o), (_, offset, len, crc)) in writes.iter_mut().zip(&outs).zip(entries) {
                 w.location = Some(ChunkLocation {
                     segment: key.clone(),
@@ -549,6 +550,9 @@ impl Store {
                     }
                     Ok(more)
                 });
+        if more.is_ok() && segment.is_some() {
+            crate::failpoints::hit("seal:after-commit");
+        }
         match more {
             Ok(more) => Ok(Ok(Sealed {
                 sources,

@@ -1223,6 +1223,8 @@ async fn backup_while_serving_then_restore_serves_the_copy() {
     assert!(ok, "{out}{err}");
     let report: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
     assert!(report["keys"].as_u64().unwrap() > 0, "{report}");
+    // Local blobs (sealed log segments among them) are in the copy.
+    assert_eq!(report["not_included"], json!([]), "{report}");
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     assert!(writer.await.unwrap() > 0);
     // Without a token, against a running server: refused with a reason.
@@ -1323,7 +1325,11 @@ async fn backup_while_serving_then_restore_serves_the_copy() {
 
 /// A device `r1` and an active session of it, through a running binary: the device token and
 /// the session id.
-async fn device_and_session(c: &reqwest::Client, base: &str, key: &str) -> (String, u64) {
+pub(crate) async fn device_and_session(
+    c: &reqwest::Client,
+    base: &str,
+    key: &str,
+) -> (String, u64) {
     let d: serde_json::Value = c
         .post(format!("{base}{DEV}/devices"))
         .bearer_auth(key)

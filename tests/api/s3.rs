@@ -562,6 +562,19 @@ async fn sealed_logs_live_in_the_bucket_and_go_with_their_session() {
         "{left:?}"
     );
 
+    // A backup holds the chunk locations, and says the segments stay in the bucket.
+    let to = s._dir.path().join("backup");
+    let r = s
+        .post(
+            "/api/v1/admin/backup",
+            s.key(),
+            serde_json::json!({"to": to}),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.body);
+    let missing = r.body["not_included"][0].as_str().unwrap();
+    assert!(missing.contains("sealed log segments"), "{missing}");
+
     let r = s.delete(&format!("{DEV}/sessions/{sid}"), s.key()).await;
     assert_eq!(r.status, 204);
     let left: Vec<String> = keys(&m, "logs")

@@ -449,6 +449,7 @@ impl SessionsHandle {
             }
         }
         if !segments.is_empty() {
+            fleetops_storage::failpoints::hit("delete:after-commit");
             let store = self.store.clone();
             crate::off_thread(move || {
                 for key in &segments {
