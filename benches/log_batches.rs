@@ -4,8 +4,14 @@
 //! `[logs] chunk_lines`); durable ingest with sealing on and off, in 1,000-line and 10-line
 //! batches; beside the disk's fsync latency and the bare-hyper baseline of the same run.
 //!
-//! Run: `cargo bench --bench log_batches` (needs `wrk`: `apt-get install wrk`).
-//! Knobs: BENCH_SECS (default 10, each ingest phase), BENCH_LINES (default 1,000,000).
+//! Then the four questions on `BENCH_BIG_LINES` lines (1,000-line batches) sealed into segments
+//! on an S3-compatible server on loopback (moto), warm (from the read cache) and cold (the
+//! cache emptied before each ask), with the local bytes and the object bytes per line.
+//!
+//! Run: `cargo bench --bench log_batches` (needs `wrk`: `apt-get install wrk`; moto for the
+//! S3 phase: `pip install 'moto[server]'`).
+//! Knobs: BENCH_SECS (default 10, each ingest phase), BENCH_LINES (default 1,000,000),
+//! BENCH_BIG_LINES (default 10,000,000; 0 skips the S3 phase).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -79,6 +85,24 @@ async fn load(
     (lines / per) as f64 / started.elapsed().as_secs_f64()
 }
 
+/// The four questions' query strings.
+fn questions(lines: usize) -> Vec<String> {
+    let rare = format!("step {} ", lines / 2 + 7 - (lines / 2 + 7) % 10 + 7).replace(' ', "%20");
+    vec![
+        format!("search={rare}"),
+        "level=error".into(),
+        "search=motor".into(),
+        "module=arm".into(),
+    ]
+}
+
+const NAMES: [&str; 4] = [
+    "rare term (one line)",
+    "level=error (10 %)",
+    "search=motor (20 %)",
+    "module=arm (25 %)",
+];
+
 /// The four questions on `sid`: p50 of 20 (after one not counted) each, with the totals.
 async fn ask(c: &reqwest::Client, url: &str, key: &str, sid: u64, lines: usize) -> Vec<(f64, u64)> {
     let rare = format!("step {} ", lines / 2 + 7 - (lines / 2 + 7) % 10 + 7).replace(' ', "%20");
@@ -141,6 +165,7 @@ fn ingest_script(dir: &std::path::Path, per: usize) -> String {
 fn main() {
     let secs = env_u32("BENCH_SECS", 10);
     let lines = env_u32("BENCH_LINES", 1_000_000) as usize;
+    let big_lines = env_u32("BENCH_BIG_LINES", 10_000_000) as usize;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -237,6 +262,23 @@ fn main() {
         lines as f64 / took
     );
     let sealed = rt.block_on(ask(&c, &url, &key, small, lines));
+    let foot = running.runtime.store.log_footprint(small).unwrap();
+    let stats = running.runtime.store.segment_stats();
+    println!(
+        "10-line session sealed, local bytes per line: {:.2} (summaries {:.2}, text filters {:.2}, locations {:.2}, open chunks {:.2}); object bytes per line {:.1} in {} segments",
+        (foot.summaries + foot.filters + foot.locations + foot.open_chunks) as f64 / lines as f64,
+        foot.summaries as f64 / lines as f64,
+        foot.filters as f64 / lines as f64,
+        foot.locations as f64 / lines as f64,
+        foot.open_chunks as f64 / lines as f64,
+        stats.segment_bytes_written as f64 / lines as f64,
+        stats.segments_written
+    );
+    let open_foot = running.runtime.store.log_footprint(big).unwrap();
+    println!(
+        "1,000-line session unsealed, local bytes per line: {:.1}",
+        (open_foot.summaries + open_foot.filters + open_foot.open_chunks) as f64 / lines as f64
+    );
     println!(
         "sled size: {:.1} MB before the seal, {:.1} MB after (both sessions, {} lines)",
         on_disk as f64 / 1e6,
@@ -267,4 +309,131 @@ fn main() {
         );
     }
     rt.block_on(running.stop());
+    if big_lines > 0 {
+        s3_phase(&rt, &c, big_lines);
+    }
+}
+
+/// The four questions on `lines` lines sealed into segments on moto, warm and cold.
+fn s3_phase(rt: &tokio::runtime::Runtime, c: &reqwest::Client, lines: usize) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut moto = match std::process::Command::new("python3")
+        .args([
+            "-m",
+            "moto.server",
+            "-H",
+            "127.0.0.1",
+            "-p",
+            &port.to_string(),
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+    {
+        Ok(m) => m,
+        Err(e) => {
+            println!("S3 phase: not measured (python3: {e})");
+            return;
+        }
+    };
+    let endpoint = format!("http://127.0.0.1:{port}");
+    let up = rt.block_on(async {
+        for _ in 0..200 {
+            if let Ok(r) = c.put(format!("{endpoint}/bench")).send().await {
+                return r.status().is_success();
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        false
+    });
+    if !up {
+        println!("S3 phase: not measured (moto did not start: pip install 'moto[server]')");
+        let _ = moto.kill();
+        return;
+    }
+    let ep = endpoint.clone();
+    let (running, key, url, _data) = rt.block_on(start_fleetops_with(move |cfg| {
+        cfg.storage.backend = "s3".into();
+        cfg.storage.bucket = "bench".into();
+        cfg.storage.endpoint = ep;
+        cfg.storage.access_key_id = "testing".into();
+        cfg.storage.secret_access_key = "testing".into();
+        cfg.storage.allow_http = true;
+    }));
+    let sid = rt.block_on(sessions(c, &url, &key, 1))[0];
+    let t = Instant::now();
+    let rate = rt.block_on(load(c, &url, &key, sid, lines, 1000));
+    let loaded = t.elapsed().as_secs_f64();
+    let r = rt
+        .block_on(
+            c.post(format!("{url}{DEV}/sessions/{sid}/complete"))
+                .bearer_auth(&key)
+                .json(&json!({"status": "completed"}))
+                .send(),
+        )
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let want = (lines / 1000) as f64;
+    while rt.block_on(metric(c, &url, "fleetops_log_batches_sealed")) < want {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let sealed_in = t.elapsed().as_secs_f64();
+    let stats = running.runtime.store.segment_stats();
+    let foot = running.runtime.store.log_footprint(sid).unwrap();
+    println!(
+        "S3 (moto on loopback): loaded {lines} lines as 1,000-line batches at {rate:.0} batches/s ({:.0} lines/s) in {loaded:.1} s, all sealed after {sealed_in:.1} s: {} segments ({:.1} PUTs/s while loading), {:.1} object bytes per line, {:.2} local bytes per line (summaries {:.2}, text filters {:.2}, locations {:.2}, open {:.2})",
+        lines as f64 / loaded,
+        stats.segments_written,
+        stats.segments_written as f64 / sealed_in,
+        stats.segment_bytes_written as f64 / lines as f64,
+        (foot.summaries + foot.filters + foot.locations + foot.open_chunks) as f64 / lines as f64,
+        foot.summaries as f64 / lines as f64,
+        foot.filters as f64 / lines as f64,
+        foot.locations as f64 / lines as f64,
+        foot.open_chunks as f64 / lines as f64,
+    );
+    let store = running.runtime.store.clone();
+    println!(
+        "| question on {lines} lines in segments | warm p50 | cold p50 | cold / warm | chunks fetched cold |"
+    );
+    for (name, q) in NAMES.iter().zip(questions(lines)) {
+        let q = format!("{url}{DEV}/sessions/{sid}/logs?{q}&limit=100");
+        let ask_once = || {
+            let t = Instant::now();
+            let v: Value = rt
+                .block_on(async {
+                    c.get(&q)
+                        .bearer_auth(&key)
+                        .send()
+                        .await
+                        .unwrap()
+                        .json()
+                        .await
+                })
+                .unwrap();
+            assert!(v["total"].as_u64().is_some(), "{v}");
+            t.elapsed().as_secs_f64() * 1000.0
+        };
+        let mut cold = Vec::new();
+        let before = store.segment_stats().fetches;
+        for _ in 0..5 {
+            store.clear_segment_cache();
+            cold.push(ask_once());
+        }
+        let fetched = (store.segment_stats().fetches - before) / 5;
+        ask_once();
+        let mut warm: Vec<f64> = (0..20).map(|_| ask_once()).collect();
+        let (w, k) = (p50(&mut warm), p50(&mut cold));
+        println!(
+            "| {name} | {w:.1} ms | {k:.1} ms | {:.1} | {fetched} |",
+            k / w
+        );
+    }
+    rt.block_on(running.stop());
+    let _ = moto.kill();
+    let _ = moto.wait();
 }

@@ -65,6 +65,17 @@ pub struct Sealed {
     pub offloaded: bool,
 }
 
+/// Bytes of a session's logs on local disk ([`Store::log_footprint`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LogFootprint {
+    /// Chunks not sealed yet (or kept local, without a blob store).
+    pub open_chunks: u64,
+    pub summaries: u64,
+    pub filters: u64,
+    /// Where sealed chunks are.
+    pub locations: u64,
+}
+
 /// Why a seal did nothing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SealSkipped {
@@ -330,6 +341,25 @@ impl Store {
             }
         }
         Ok(out)
+    }
+
+    /// What a session's logs hold in the `logs` tree (keys and values), by kind: the bytes a
+    /// figure of local disk per line counts (sled's own overhead aside).
+    pub fn log_footprint(&self, session: u64) -> Result<LogFootprint> {
+        let sum = |prefix: Vec<u8>| -> Result<u64> {
+            let mut n = 0u64;
+            for kv in self.inner.logs.scan_prefix(prefix) {
+                let (k, v) = kv?;
+                n += (k.len() + v.len()) as u64;
+            }
+            Ok(n)
+        };
+        Ok(LogFootprint {
+            open_chunks: sum(keys::log_prefix(session))?,
+            summaries: sum(keys::log_summary_prefix(session))?,
+            filters: sum(keys::log_text_filter_prefix(session))?,
+            locations: sum(keys::log_location_prefix(session))?,
+        })
     }
 
     /// The first chunk sequence number not sealed yet.
