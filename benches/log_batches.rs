@@ -251,7 +251,12 @@ fn main() {
         .unwrap();
     assert_eq!(r.status(), 200);
     let want = (lines / 10) as f64;
+    let deadline = Instant::now() + Duration::from_secs(900);
     while rt.block_on(metric(&c, &url, "fleetops_log_batches_sealed")) < want {
+        assert!(
+            Instant::now() < deadline,
+            "the seal did not finish in 15 minutes"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     let took = t.elapsed().as_secs_f64();
@@ -378,7 +383,12 @@ fn s3_phase(rt: &tokio::runtime::Runtime, c: &reqwest::Client, lines: usize) {
         .unwrap();
     assert_eq!(r.status(), 200);
     let want = (lines / 1000) as f64;
+    let deadline = Instant::now() + Duration::from_secs(900);
     while rt.block_on(metric(c, &url, "fleetops_log_batches_sealed")) < want {
+        assert!(
+            Instant::now() < deadline,
+            "the seal did not finish in 15 minutes"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     let sealed_in = t.elapsed().as_secs_f64();

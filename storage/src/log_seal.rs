@@ -107,7 +107,9 @@ pub(crate) struct LogPins {
     changed: Condvar,
 }
 
-/// A reader's hold on a session's chunks: no seal rewrites them while it lives.
+/// A reader's hold on a session's chunks: no seal rewrites them while it lives. A reader takes
+/// one pin for all its reads: a second pin of the same session, taken while a seal waits for
+/// the first to go, waits for that seal (up to its `commit_wait`).
 pub struct LogPin {
     store: Store,
     session: u64,

@@ -410,7 +410,7 @@ pub(super) fn query(
     })?;
     if summarized != store.session_counters(session)?.log_count {
         // Chunks written before summaries existed (or one appended while these were read).
-        return query_scan(store, session, f, limit, offset);
+        return scan_pinned(store, session, f, limit, offset);
     }
     candidates.sort_unstable();
     let mut first = Smallest::new(offset.saturating_add(limit));
@@ -470,8 +470,9 @@ pub(super) fn query(
     page(store, session, first, offset, limit, total as usize)
 }
 
-/// The query by reading every chunk: the answer for a store whose older chunks have no
-/// summaries, and the reference the summary path is tested against.
+/// The query by reading every chunk, under its own pin: the reference the summary path is
+/// tested against.
+#[cfg(test)]
 pub(super) fn query_scan(
     store: &Store,
     session: u64,
@@ -480,6 +481,19 @@ pub(super) fn query_scan(
     offset: usize,
 ) -> Result<LogPage> {
     let _pin = store.log_pin(session);
+    scan_pinned(store, session, f, limit, offset)
+}
+
+/// The query by reading every chunk, under a pin its caller holds (a second pin of the same
+/// reader could wait behind a seal that waits for the first): the answer for a store whose
+/// older chunks have no summaries.
+fn scan_pinned(
+    store: &Store,
+    session: u64,
+    f: &LogFilter,
+    limit: usize,
+    offset: usize,
+) -> Result<LogPage> {
     let mut first = Smallest::new(offset.saturating_add(limit));
     let mut total = 0usize;
     for item in store.log_chunks(session) {

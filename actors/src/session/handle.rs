@@ -324,7 +324,7 @@ impl SessionsHandle {
             .inspect_err(|_| self.unseal(id))?;
         self.end_actor(id, Some(status.as_str()));
         // Its last batches are sealed now rather than at the next housekeeping pass.
-        self.sealer.request(id);
+        self.sealer.request_all(id);
         self.detail_of(&s)
     }
 

@@ -21,6 +21,8 @@ use fleetops_storage::log_seal::{SealPlan, SealSkipped};
 use crate::config::LogsConfig;
 use crate::counters::Counters;
 
+/// Seals one request runs at most for a session that may still be receiving.
+const ROUNDS: usize = 16;
 /// Sessions owed a seal that one housekeeping pass looks at, at most.
 const OWED_PER_PASS: usize = 10_000;
 
@@ -57,15 +59,27 @@ impl LogSealer {
         lines >= self.cfg.seal_lines || bytes >= self.cfg.seal_bytes
     }
 
-    /// Starts sealing `session` unless every place is taken; whether it started.
+    /// Starts sealing `session` unless every place is taken; whether it started. A session
+    /// still receiving gets a few rounds (its actor asks again), so that a busy session never
+    /// keeps a place from the others.
     pub(crate) fn request(&self, session: u64) -> bool {
+        self.start(session, ROUNDS)
+    }
+
+    /// As [`LogSealer::request`] for a session that ended: every batch it has left is sealed
+    /// (nothing more can arrive, so the rounds end).
+    pub(crate) fn request_all(&self, session: u64) -> bool {
+        self.start(session, usize::MAX)
+    }
+
+    fn start(&self, session: u64, rounds: usize) -> bool {
         let Ok(place) = self.places.clone().try_acquire_owned() else {
             return false;
         };
         let this = self.clone();
         tokio::task::spawn_blocking(move || {
             let _place = place;
-            this.seal(session);
+            this.seal(session, rounds);
         });
         true
     }
@@ -86,16 +100,22 @@ impl LogSealer {
             let this = self.clone();
             tokio::task::spawn_blocking(move || {
                 let _place = place;
-                this.seal(session);
+                this.seal(session, ROUNDS);
             });
         }
         Ok(owed.len())
     }
 
-    /// Seals `session` until nothing is left unsealed, a reader holds it, or it is gone (at
-    /// most a few rounds: a session still receiving is asked for again by its actor).
-    fn seal(&self, session: u64) {
-        for _ in 0..16 {
+    /// Seals `session` until nothing is left unsealed, a reader holds it, it is gone, or
+    /// `rounds` seals are done.
+    fn seal(&self, session: u64, rounds: usize) {
+        // A deleted organization's sessions are purged, not sealed.
+        if let Ok(Some(s)) = self.store.session_by_id(session)
+            && self.store.project_retired(s.project_id)
+        {
+            return;
+        }
+        for _ in 0..rounds {
             match self.store.seal_logs(session, self.plan) {
                 Ok(Ok(done)) => {
                     Counters::add(&self.counters.log_batches_sealed, done.sources as u64);
