@@ -24,6 +24,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::{BlobStore, Result, StorageError};
 
+/// Ranged GETs one reader has in flight at once.
+const FETCH_CONCURRENCY: usize = 16;
+/// Chunks a scan fetches ahead of the one it reads.
+pub(crate) const READ_AHEAD: usize = 16;
+
 /// Where every segment lives in the blob store.
 pub const SEGMENT_PREFIX: &str = "logs/";
 const MAGIC: &[u8; 8] = b"FOSEG001";
@@ -224,6 +229,47 @@ impl Segments {
         }
         self.cache.put(key, bytes.clone());
         Ok(bytes)
+    }
+
+    /// As [`Segments::fetch`] for several chunks, the ones not cached fetched
+    /// `FETCH_CONCURRENCY` at a time; in the order asked.
+    pub(crate) fn fetch_many(&self, locs: &[ChunkLocation]) -> Result<Vec<Bytes>> {
+        use futures::StreamExt;
+        let mut out: Vec<Option<Bytes>> = locs
+            .iter()
+            .map(|l| self.cache.get(&(l.segment.clone(), l.offset)))
+            .collect();
+        let hits = out.iter().filter(|b| b.is_some()).count() as u64;
+        self.hits.fetch_add(hits, Ordering::Relaxed);
+        let missing: Vec<usize> = (0..locs.len()).filter(|&i| out[i].is_none()).collect();
+        if !missing.is_empty() {
+            let fetched: Vec<Result<Bytes>> = self.wait(
+                futures::stream::iter(missing.iter().map(|&i| {
+                    let loc = &locs[i];
+                    let range = loc.offset..loc.offset + u64::from(loc.len);
+                    self.blobs.get_range(&loc.segment, range)
+                }))
+                .buffered(FETCH_CONCURRENCY)
+                .collect(),
+            );
+            for (&i, bytes) in missing.iter().zip(fetched) {
+                let bytes = bytes?;
+                let loc = &locs[i];
+                self.fetches.fetch_add(1, Ordering::Relaxed);
+                self.fetched_bytes
+                    .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+                if bytes.len() != loc.len as usize || crc32fast::hash(&bytes) != loc.crc {
+                    return Err(StorageError::Corrupt(format!(
+                        "log chunk at {}+{} fails its checksum",
+                        loc.segment, loc.offset
+                    )));
+                }
+                self.cache
+                    .put((loc.segment.clone(), loc.offset), bytes.clone());
+                out[i] = Some(bytes);
+            }
+        }
+        Ok(out.into_iter().flatten().collect())
     }
 
     pub(crate) fn stats(&self) -> SegmentStats {

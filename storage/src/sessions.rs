@@ -356,6 +356,58 @@ impl Store {
         }
     }
 
+    /// Several chunks' stored bytes, in order; the sealed ones not cached fetched together.
+    fn load_many(&self, places: &[(u64, Place)]) -> Result<Vec<ChunkBytes>> {
+        let mut locs = Vec::new();
+        for (_, p) in places {
+            if let Place::Remote(v) = p {
+                locs.push(codec::decode::<crate::segments::ChunkLocation>(v)?);
+            }
+        }
+        let mut fetched = match (locs.is_empty(), self.inner.segments.get()) {
+            (true, _) => Vec::new(),
+            (false, Some(segs)) => segs.fetch_many(&locs)?,
+            (false, None) => {
+                return Err(StorageError::Config(
+                    "sealed log chunks need the blob store attached".into(),
+                ));
+            }
+        }
+        .into_iter();
+        places
+            .iter()
+            .map(|(_, p)| match p {
+                Place::Local(v) => Ok(ChunkBytes::Local(v.clone())),
+                Place::Remote(_) => fetched
+                    .next()
+                    .map(ChunkBytes::Remote)
+                    .ok_or_else(|| StorageError::Corrupt("a sealed chunk went missing".into())),
+            })
+            .collect()
+    }
+
+    /// Calls `visit` with chunks `seqs` (ascending) that exist, read in place, the sealed
+    /// ones fetched `READ_AHEAD` at a time.
+    pub fn visit_log_chunks_by_seq(
+        &self,
+        session: u64,
+        seqs: &[u64],
+        mut visit: impl FnMut(u64, &crate::LogChunkView<'_>),
+    ) -> Result<()> {
+        for window in seqs.chunks(crate::segments::READ_AHEAD) {
+            let mut places = Vec::with_capacity(window.len());
+            for &seq in window {
+                if let Some(p) = self.place(session, seq)? {
+                    places.push((seq, p));
+                }
+            }
+            for ((seq, _), bytes) in places.iter().zip(self.load_many(&places)?) {
+                visit(*seq, &codec::decode_borrowed(&bytes)?);
+            }
+        }
+        Ok(())
+    }
+
     /// Chunk `seq`'s place, read by key.
     fn place(&self, session: u64, seq: u64) -> Result<Option<Place>> {
         if let Some(v) = self.inner.logs.get(keys::log_chunk(session, seq))? {
@@ -388,14 +440,24 @@ impl Store {
         wanted: impl Fn(u64) -> bool,
         mut visit: impl FnMut(u64, &crate::LogChunkView<'_>),
     ) -> Result<()> {
+        let mut window = Vec::with_capacity(crate::segments::READ_AHEAD);
+        let mut flush = |window: &mut Vec<(u64, Place)>| -> Result<()> {
+            for ((seq, _), bytes) in window.iter().zip(self.load_many(window)?) {
+                visit(*seq, &codec::decode_borrowed(&bytes)?);
+            }
+            window.clear();
+            Ok(())
+        };
         for item in self.places(session, false) {
             let (seq, place) = item?;
             if wanted(seq) {
-                let bytes = self.load(&place)?;
-                visit(seq, &codec::decode_borrowed(&bytes)?);
+                window.push((seq, place));
+                if window.len() == crate::segments::READ_AHEAD {
+                    flush(&mut window)?;
+                }
             }
         }
-        Ok(())
+        flush(&mut window)
     }
 
     /// Every chunk in arrival order, read in place, while `visit` answers true: a reader with

@@ -436,9 +436,9 @@ pub(super) fn query(
             total += first.offer_matches(f, seq, chunk);
         };
         if candidates.len().saturating_mul(FEW_CHUNKS) < chunks {
-            for &(_, seq, _, _) in &candidates {
-                store.visit_log_chunk(session, seq, |chunk| count(seq, chunk))?;
-            }
+            let mut seqs: Vec<u64> = candidates.iter().map(|c| c.1).collect();
+            seqs.sort_unstable();
+            store.visit_log_chunks_by_seq(session, &seqs, &mut count)?;
         } else {
             let wanted: std::collections::HashSet<u64> = candidates.iter().map(|c| c.1).collect();
             store.visit_log_chunks(session, |seq| wanted.contains(&seq), &mut count)?;
