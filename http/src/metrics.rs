@@ -237,7 +237,7 @@ impl Metrics {
             ("log_segment_bytes_written", "Bytes of those segments"),
             (
                 "log_chunk_fetches",
-                "Sealed log chunks fetched from the blob store (ranged GETs) since start-up",
+                "Sealed log chunks fetched from the blob store since start-up (ranged GETs; nearby chunks of one segment share one)",
             ),
             (
                 "log_chunk_cache_hits",

@@ -287,6 +287,12 @@ impl BlobStore {
         Ok(true)
     }
 
+    /// The bytes of several ranges of `key`: ranges close together are fetched as one GET
+    /// (`object_store`'s coalescing), the rest in parallel.
+    pub async fn get_ranges(&self, key: &str, ranges: &[Range<u64>]) -> Result<Vec<Bytes>> {
+        Ok(self.inner.get_ranges(&ObjPath::from(key), ranges).await?)
+    }
+
     /// The bytes of `range` of `key` (one ranged GET).
     pub async fn get_range(&self, key: &str, range: Range<u64>) -> Result<Bytes> {
         Ok(self.inner.get_range(&ObjPath::from(key), range).await?)

@@ -241,19 +241,33 @@ impl Segments {
             .collect();
         let hits = out.iter().filter(|b| b.is_some()).count() as u64;
         self.hits.fetch_add(hits, Ordering::Relaxed);
-        let missing: Vec<usize> = (0..locs.len()).filter(|&i| out[i].is_none()).collect();
-        if !missing.is_empty() {
-            let fetched: Vec<Result<Bytes>> = self.wait(
-                futures::stream::iter(missing.iter().map(|&i| {
-                    let loc = &locs[i];
-                    let range = loc.offset..loc.offset + u64::from(loc.len);
-                    self.blobs.get_range(&loc.segment, range)
+        // The chunks missing, by segment: one call per segment, whose nearby ranges the
+        // store coalesces into one GET; segments fetched `FETCH_CONCURRENCY` at a time.
+        let mut by_segment: Vec<(&str, Vec<usize>)> = Vec::new();
+        for i in (0..locs.len()).filter(|&i| out[i].is_none()) {
+            match by_segment.iter_mut().find(|(s, _)| *s == locs[i].segment) {
+                Some((_, v)) => v.push(i),
+                None => by_segment.push((&locs[i].segment, vec![i])),
+            }
+        }
+        if !by_segment.is_empty() {
+            let fetched: Vec<Result<Vec<Bytes>>> = self.wait(
+                futures::stream::iter(by_segment.iter().map(|(segment, idx)| {
+                    let ranges: Vec<std::ops::Range<u64>> = idx
+                        .iter()
+                        .map(|&i| locs[i].offset..locs[i].offset + u64::from(locs[i].len))
+                        .collect();
+                    async move { self.blobs.get_ranges(segment, &ranges).await }
                 }))
                 .buffered(FETCH_CONCURRENCY)
                 .collect(),
             );
-            for (&i, bytes) in missing.iter().zip(fetched) {
-                let bytes = bytes?;
+            let pairs = by_segment
+                .iter()
+                .zip(fetched)
+                .map(|((_, idx), r)| r.map(|b| idx.iter().copied().zip(b).collect::<Vec<_>>()))
+                .collect::<Result<Vec<_>>>()?;
+            for (i, bytes) in pairs.into_iter().flatten() {
                 let loc = &locs[i];
                 self.fetches.fetch_add(1, Ordering::Relaxed);
                 self.fetched_bytes
