@@ -310,6 +310,7 @@ pub(crate) struct RetentionBody {
     /// Days an ended session is kept with its logs and files (0: for good); null or absent:
     /// the server's default.
     #[serde(default)]
+    #[schemars(range(min = 0, max = 36_500))]
     retention_days: Option<u32>,
 }
 
