@@ -625,8 +625,23 @@ impl Store {
     /// one transaction, so a crash leaves the session either whole or gone. Returns the blob
     /// keys, for the caller to delete afterwards.
     pub fn delete_session(&self, s: &Session) -> Result<Vec<String>> {
-        // No seal rewrites the chunks between the listing of their keys and their removal.
-        let _pin = self.log_pin(s.id);
+        // A seal that commits between the listing of the keys and their removal changes the
+        // seal cursor: the removal is refused and the keys listed again (no reader pin, so a
+        // delete never waits behind a seal's wait for readers).
+        for _ in 0..100 {
+            if let Some(blobs) = self.try_delete_session(s)? {
+                return Ok(blobs);
+            }
+        }
+        Err(StorageError::Corrupt(
+            "session delete kept meeting seals".into(),
+        ))
+    }
+
+    /// One attempt of [`Store::delete_session`]; `None` if a seal committed meanwhile.
+    fn try_delete_session(&self, s: &Session) -> Result<Option<Vec<String>>> {
+        let cursor_key = keys::log_seal_cursor(s.id);
+        let cursor_before = self.inner.logs.get(&cursor_key)?;
         let artifacts = self.artifacts(s.id)?;
         let artifact_keys: Vec<Vec<u8>> = artifacts
             .iter()
@@ -674,46 +689,54 @@ impl Store {
                 old: crate::lists::old_entries::<Session>,
             }],
         )?;
-        self.inner
-            .logs
-            .transaction_held(&self.inner.records, &gate, |(logs, records)| {
-                for (k, v) in &relist {
-                    match v {
-                        Some(v) => records.insert(k.as_slice(), v.as_slice())?,
-                        None => records.remove(k.as_slice())?,
-                    };
-                }
-                for k in &chunk_keys {
-                    logs.remove(k)?;
-                }
-                for k in &seal_keys {
-                    logs.remove(k.as_slice())?;
-                }
-                for k in &location_keys {
-                    logs.remove(k)?;
-                }
-                for k in &doomed {
-                    logs.insert(k.as_slice(), &[][..])?;
-                }
-                records.remove(rec.as_slice())?;
-                records.remove(counters.as_slice())?;
-                records.remove(owner.as_slice())?;
-                for k in &artifact_keys {
-                    records.remove(k.as_slice())?;
-                }
-                Ok(())
-            })
-            .map_err(|e: sled::transaction::TransactionError<()>| match e {
-                sled::transaction::TransactionError::Storage(s) => StorageError::Sled(s),
-                sled::transaction::TransactionError::Abort(()) => {
-                    StorageError::Corrupt("session delete aborted".into())
-                }
-            })?;
-        Ok(artifacts
-            .into_iter()
-            .map(|a| a.blob_key)
-            .chain(segments)
-            .collect())
+        let done =
+            self.inner
+                .logs
+                .transaction_held(&self.inner.records, &gate, |(logs, records)| {
+                    if logs.get(cursor_key.as_slice())? != cursor_before {
+                        return Err(sled::transaction::ConflictableTransactionError::Abort(true));
+                    }
+                    for (k, v) in &relist {
+                        match v {
+                            Some(v) => records.insert(k.as_slice(), v.as_slice())?,
+                            None => records.remove(k.as_slice())?,
+                        };
+                    }
+                    for k in &chunk_keys {
+                        logs.remove(k)?;
+                    }
+                    for k in &seal_keys {
+                        logs.remove(k.as_slice())?;
+                    }
+                    for k in &location_keys {
+                        logs.remove(k)?;
+                    }
+                    for k in &doomed {
+                        logs.insert(k.as_slice(), &[][..])?;
+                    }
+                    records.remove(rec.as_slice())?;
+                    records.remove(counters.as_slice())?;
+                    records.remove(owner.as_slice())?;
+                    for k in &artifact_keys {
+                        records.remove(k.as_slice())?;
+                    }
+                    Ok(())
+                });
+        match done {
+            Ok(()) => Ok(Some(
+                artifacts
+                    .into_iter()
+                    .map(|a| a.blob_key)
+                    .chain(segments)
+                    .collect(),
+            )),
+            // A seal committed since the keys were listed.
+            Err(sled::transaction::TransactionError::Abort(true)) => Ok(None),
+            Err(sled::transaction::TransactionError::Abort(false)) => {
+                Err(StorageError::Corrupt("session delete aborted".into()))
+            }
+            Err(sled::transaction::TransactionError::Storage(e)) => Err(StorageError::Sled(e)),
+        }
     }
 
     /// Up to `limit` segments of deleted sessions still to be deleted from the blob store.

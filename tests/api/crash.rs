@@ -999,7 +999,7 @@ async fn kill_9_between_a_delete_and_its_segments_deletion_leaves_nothing() {
         assert_eq!(r.status(), 202);
     }
     let segs = dir.path().join("data/blobs/logs");
-    assert!(eventually(10, || async { !files(&segs).is_empty() }).await);
+    assert!(eventually(30, || async { !files(&segs).is_empty() }).await);
     let _ = c
         .delete(format!("{base}{DEV}/sessions/{sid}"))
         .bearer_auth(&key)
@@ -1017,7 +1017,7 @@ async fn kill_9_between_a_delete_and_its_segments_deletion_leaves_nothing() {
         .unwrap();
     assert_eq!(r.status(), 404);
     assert!(
-        eventually(10, || async { files(&segs).is_empty() }).await,
+        eventually(30, || async { files(&segs).is_empty() }).await,
         "{:?}",
         files(&segs)
     );
