@@ -999,7 +999,21 @@ async fn kill_9_between_a_delete_and_its_segments_deletion_leaves_nothing() {
         assert_eq!(r.status(), 202);
     }
     let segs = dir.path().join("data/blobs/logs");
-    assert!(eventually(30, || async { !files(&segs).is_empty() }).await);
+    // Every batch sealed, and no seal under way: the abort below leaves no segment of a seal
+    // in flight (that one would be an orphan, for the hourly sweep).
+    let sealed = || async {
+        let text = c
+            .get(format!("{base}/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        text.lines().any(|l| l == "fleetops_log_batches_sealed 6")
+    };
+    assert!(eventually(30, sealed).await);
+    assert!(!files(&segs).is_empty());
     let _ = c
         .delete(format!("{base}{DEV}/sessions/{sid}"))
         .bearer_auth(&key)
