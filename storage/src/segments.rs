@@ -278,6 +278,9 @@ impl Segments {
                         loc.segment, loc.offset
                     )));
                 }
+                // A slice of a coalesced GET holds that whole buffer: the cache keeps a copy of
+                // the chunk's own bytes, so what it counts is what it holds.
+                let bytes = Bytes::copy_from_slice(&bytes);
                 self.cache
                     .put((loc.segment.clone(), loc.offset), bytes.clone());
                 out[i] = Some(bytes);

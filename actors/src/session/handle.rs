@@ -400,7 +400,12 @@ impl SessionsHandle {
                         Ok(()) => gone += 1,
                         // Deleted meanwhile by someone else.
                         Err(Error::NotFound(_)) => {}
-                        Err(e) => return Err(e),
+                        // One that cannot go now does not hold back the others.
+                        Err(e) => tracing::warn!(
+                            session = s.id,
+                            error = %e,
+                            "a session past its retention could not be deleted; the next pass retries"
+                        ),
                     }
                 }
             }

@@ -145,10 +145,31 @@ impl Actor for SessionActor {
         let counters = store.session_counters(id)?;
         // Rebuild the replay buffer from the newest stored batches, on a blocking thread (a
         // sealed chunk is fetched from the blob store).
-        let (ring, ring_entries, ring_bytes) = {
+        // A session whose newest chunks cannot be read now (a blob store down) starts with an
+        // empty buffer rather than not at all, so appends, completion and deletion still work.
+        let (ring, ring_entries, ring_bytes) = if session.is_some() {
             let (store, cfg) = (store.clone(), cfg.clone());
             let log_count = counters.log_count;
-            tokio::task::spawn_blocking(move || rebuild_ring(&store, id, &cfg, log_count)).await??
+            match tokio::task::spawn_blocking(move || rebuild_ring(&store, id, &cfg, log_count))
+                .await
+            {
+                Ok(Ok(r)) => r,
+                failed => {
+                    let error = match failed {
+                        Ok(Err(e)) => e.to_string(),
+                        Err(e) => e.to_string(),
+                        Ok(Ok(_)) => String::new(),
+                    };
+                    tracing::warn!(
+                        session = id,
+                        error,
+                        "the replay buffer could not be rebuilt; it starts empty"
+                    );
+                    (VecDeque::new(), 0, 0)
+                }
+            }
+        } else {
+            (VecDeque::new(), 0, 0)
         };
         let live = live::Fanout::new(cfg.subscriber_queue, cfg.subscriber_queue_bytes, skipped);
         let idle = Duration::from_secs(cfg.idle_seconds.max(1));

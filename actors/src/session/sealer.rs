@@ -84,8 +84,8 @@ impl LogSealer {
         true
     }
 
-    /// Seals every session owed one for longer than `seal_age_seconds` (at most
-    /// `OWED_PER_PASS`), waiting for places; how many it started.
+    /// Seals sessions owed one for longer than `seal_age_seconds` (at most `OWED_PER_PASS`),
+    /// as many as there are free places; how many were owed.
     pub(crate) async fn seal_owed(&self, now_ms: i64) -> crate::Result<usize> {
         let store = self.store.clone();
         let before = now_ms.saturating_sub((self.cfg.seal_age_seconds as i64).saturating_mul(1000));
@@ -94,7 +94,9 @@ impl LogSealer {
                 .await
                 .map_err(|e| crate::Error::Internal(e.to_string()))??;
         for &session in &owed {
-            let Ok(place) = self.places.clone().acquire_owned().await else {
+            // What finds no place waits for the next pass: a slow blob store must not hold the
+            // housekeeper's other chores.
+            let Ok(place) = self.places.clone().try_acquire_owned() else {
                 break;
             };
             let this = self.clone();
@@ -120,7 +122,9 @@ impl LogSealer {
                 Ok(Ok(done)) => {
                     Counters::add(&self.counters.log_batches_sealed, done.sources as u64);
                     Counters::add(&self.counters.log_chunks_sealed, done.chunks as u64);
-                    if !done.more {
+                    // Nothing taken: what the counters promise is not there (a purge under
+                    // way); another round would find the same.
+                    if !done.more || done.sources == 0 {
                         return;
                     }
                 }
