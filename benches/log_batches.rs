@@ -25,26 +25,6 @@ use support::*;
 
 const DEV: &str = "/api/v1/organizations/default/projects/default";
 
-fn batch(n: usize, offset: usize) -> Value {
-    let modules = ["drive", "nav", "arm", "vision"];
-    Value::Array(
-        (0..n)
-            .map(|i| {
-                let k = offset + i;
-                let (level, msg) = match k % 10 {
-                    0 => ("warn", format!("motor {k} temperature high")),
-                    1 => ("warn", format!("battery {k} low")),
-                    2 => ("error", format!("motor {k} stalled")),
-                    3 | 4 => ("debug", format!("tick {k}")),
-                    _ => ("info", format!("step {k} completed in 12 ms")),
-                };
-                json!({"timestamp": format!("2026-05-01T10:{:02}:{:02}.{:03}Z", (k / 60000) % 60, (k / 1000) % 60, k % 1000),
-                       "level": level, "module": modules[k % 4], "message": msg, "metadata": {"seq": k}})
-            })
-            .collect(),
-    )
-}
-
 fn p50(v: &mut [f64]) -> f64 {
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());
     v[v.len() / 2]

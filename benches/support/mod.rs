@@ -329,3 +329,25 @@ pub async fn poll_summary(url: &str) -> String {
         covering(1.0)
     )
 }
+
+/// `n` log entries numbered from `offset`: four modules, warn/error/debug/info in a fixed mix
+/// (10 % `motor .. stalled` errors), rising timestamps, metadata `{"seq": k}`.
+pub fn batch(n: usize, offset: usize) -> serde_json::Value {
+    let modules = ["drive", "nav", "arm", "vision"];
+    serde_json::Value::Array(
+        (0..n)
+            .map(|i| {
+                let k = offset + i;
+                let (level, msg) = match k % 10 {
+                    0 => ("warn", format!("motor {k} temperature high")),
+                    1 => ("warn", format!("battery {k} low")),
+                    2 => ("error", format!("motor {k} stalled")),
+                    3 | 4 => ("debug", format!("tick {k}")),
+                    _ => ("info", format!("step {k} completed in 12 ms")),
+                };
+                serde_json::json!({"timestamp": format!("2026-05-01T10:{:02}:{:02}.{:03}Z", (k / 60000) % 60, (k / 1000) % 60, k % 1000),
+                       "level": level, "module": modules[k % 4], "message": msg, "metadata": {"seq": k}})
+            })
+            .collect(),
+    )
+}

@@ -258,7 +258,8 @@ fn extend(dst: &mut LogChunk, src: &impl Columns) -> Option<()> {
     Some(())
 }
 
-fn now_ms() -> i64 {
+/// The wall clock in Unix ms (when a batch became owed a seal, when a segment was written).
+pub(crate) fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
@@ -872,8 +873,9 @@ mod tests {
         assert_eq!(blobs.len(), 2);
         let doomed = store.doomed_segments(10).unwrap();
         assert_eq!(doomed.len(), 2);
-        assert!(!store.segment_referenced(3, "logs/7/3/other.seg").unwrap());
-        assert!(store.segment_referenced(3, &doomed[0]).unwrap());
+        assert!(store.segments_referenced(3).unwrap().is_empty());
+        assert!(store.segment_doomed(&doomed[0]).unwrap());
+        assert!(!store.segment_doomed("logs/7/3/other.seg").unwrap());
         for k in &doomed {
             store.delete_doomed_segment(k).unwrap();
         }

@@ -11,12 +11,6 @@ use crate::{
     Writes, codec, keys,
 };
 
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-}
-
 /// Sessions are listed by start time; each (device, status) filter has its own list.
 fn list(project: u64, device: Option<u64>, status: Option<SessionStatus>) -> ListId {
     match (device, status) {
@@ -283,7 +277,7 @@ impl Store {
         let summary_key = keys::log_summary(session, seq);
         let counters_key = keys::session_counters(session);
         let pending_key = keys::log_pending(session);
-        let now = codec::encode(&now_ms())?;
+        let now = codec::encode(&crate::log_seal::now_ms())?;
         let gate = self.inner.gate.shared();
         self.inner
             .logs
@@ -760,28 +754,27 @@ impl Store {
         Ok(())
     }
 
-    /// Whether a location of `session` points at `segment`, or it waits for deletion: a
-    /// segment for which neither holds is an orphan (a seal that crashed before its
-    /// transaction, or one whose transaction failed).
-    pub fn segment_referenced(&self, session: u64, segment: &str) -> Result<bool> {
-        if self
-            .inner
-            .logs
-            .contains_key(keys::doomed_segment(segment))?
-        {
-            return Ok(true);
-        }
+    /// The segments `session`'s chunk locations point at. A segment of the session that is
+    /// neither here nor on the to-delete list ([`Store::segment_doomed`]) is an orphan (a seal
+    /// that crashed before its transaction, or whose transaction failed).
+    pub fn segments_referenced(&self, session: u64) -> Result<std::collections::HashSet<String>> {
+        let mut out = std::collections::HashSet::new();
         for kv in self
             .inner
             .logs
             .scan_prefix(keys::log_location_prefix(session))
         {
             let (_, v) = kv?;
-            let loc: crate::segments::ChunkLocation = codec::decode(&v)?;
-            if loc.segment == segment {
-                return Ok(true);
-            }
+            out.insert(codec::decode::<crate::segments::ChunkLocation>(&v)?.segment);
         }
-        Ok(false)
+        Ok(out)
+    }
+
+    /// Whether `segment` is on the to-delete list.
+    pub fn segment_doomed(&self, segment: &str) -> Result<bool> {
+        Ok(self
+            .inner
+            .logs
+            .contains_key(keys::doomed_segment(segment))?)
     }
 }

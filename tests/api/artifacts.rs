@@ -283,7 +283,7 @@ async fn the_sweep_collects_only_blobs_no_record_points_at() {
     // that is not a key of ours.
     let in_flight = write(format!("artifacts/{sid}/{}", uuid::Uuid::now_v7()));
     let foreign = write(format!("artifacts/{sid}/upload.tmp"));
-    let before: Vec<_> = walk(&blobs);
+    let before: Vec<_> = files(&blobs);
 
     assert_eq!(rt.collect_orphans_now().await.unwrap(), 4);
     for p in [&old_style, &gone_session, &gone_capsule, &gone_sealed] {
@@ -292,7 +292,7 @@ async fn the_sweep_collects_only_blobs_no_record_points_at() {
     for p in [&in_flight, &foreign] {
         assert!(p.exists(), "{p:?} should be kept");
     }
-    assert_eq!(walk(&blobs).len(), before.len() - 4);
+    assert_eq!(files(&blobs).len(), before.len() - 4);
     // What records point at is untouched and still served.
     let r = s
         .http
@@ -316,19 +316,6 @@ async fn the_sweep_collects_only_blobs_no_record_points_at() {
     assert_eq!(rt.collect_orphans_now().await.unwrap(), 1);
     assert!(!in_flight.exists());
     assert_eq!(rt.collect_orphans_now().await.unwrap(), 0);
-}
-
-fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir(dir).unwrap().flatten() {
-        let p = e.path();
-        if p.is_dir() {
-            out.extend(walk(&p));
-        } else {
-            out.push(p);
-        }
-    }
-    out
 }
 
 /// A session whose artifacts (24 MB that does not compress) make a ZIP larger than a

@@ -350,6 +350,20 @@ async fn into_resp(r: reqwest::Response) -> Resp {
     }
 }
 
+/// Every file under `dir`, at any depth (none when it does not exist).
+pub fn files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(files(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
+
 /// Polls `f` until it returns true or `secs` pass.
 pub async fn eventually<F, Fut>(secs: u64, mut f: F) -> bool
 where

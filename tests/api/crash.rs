@@ -20,7 +20,7 @@ use serde_json::{Value, json};
 
 use crate::capsules::{archive, sha};
 use crate::cli::{client, field, serve};
-use crate::common::{DEV, eventually};
+use crate::common::{DEV, eventually, files};
 use crate::peers::Sink;
 use crate::webhooks::{SECRET, pr, sign};
 
@@ -897,19 +897,6 @@ fn ended(p: &mut crate::cli::Proc) -> bool {
         std::thread::sleep(Duration::from_millis(50));
     }
     false
-}
-
-fn files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        let p = e.path();
-        if p.is_dir() {
-            out.extend(files(&p));
-        } else {
-            out.push(p);
-        }
-    }
-    out
 }
 
 /// `kill -9` (an abort at a failpoint) after a seal's segment is written and before its

@@ -124,19 +124,6 @@ async fn ended_sessions_past_retention_are_deleted_with_their_logs_and_files() {
     assert!(files(&blobs).is_empty(), "{:?}", files(&blobs));
 }
 
-fn files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        let p = e.path();
-        if p.is_dir() {
-            out.extend(files(&p));
-        } else {
-            out.push(p);
-        }
-    }
-    out
-}
-
 #[tokio::test]
 async fn the_servers_default_applies_until_a_project_keeps_its_sessions_for_good() {
     let s = start_with(|c| {

@@ -61,6 +61,18 @@ async fn answers(s: &Srv, sid: u64) -> Vec<Value> {
     out
 }
 
+/// Completes the session (which seals what it has left).
+async fn complete(s: &Srv, sid: u64, tok: &str) {
+    let r = s
+        .post(
+            &format!("{DEV}/sessions/{sid}/complete"),
+            tok,
+            json!({"status": "completed"}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+}
+
 async fn sealed(s: &Srv, batches: f64, chunks: f64) -> bool {
     eventually(10, || async {
         s.metric("fleetops_log_batches_sealed").await == batches
@@ -82,14 +94,7 @@ async fn completing_a_session_merges_its_small_batches_and_answers_as_before() {
     let before = answers(&s, sid).await;
     assert_eq!(before[0]["total"], 430);
     assert_eq!(s.metric("fleetops_log_batches_sealed").await, 0.0);
-    let r = s
-        .post(
-            &format!("{DEV}/sessions/{sid}/complete"),
-            &tok,
-            json!({"status": "completed"}),
-        )
-        .await;
-    assert_eq!(r.status, 200, "{}", r.body);
+    complete(&s, sid, &tok).await;
     // 43 batches of 10 lines became four chunks of 100 and one of 30.
     assert!(sealed(&s, 43.0, 5.0).await);
     assert_eq!(answers(&s, sid).await, before);
@@ -178,14 +183,7 @@ async fn a_cold_selective_query_fetches_only_its_candidate_chunk() {
     let q = format!("{logs}?search=step%20150%20&limit=10");
     let open = s.get(&q, s.key()).await.body;
     assert_eq!(open["total"], 1);
-    let r = s
-        .post(
-            &format!("{DEV}/sessions/{sid}/complete"),
-            &tok,
-            json!({"status": "completed"}),
-        )
-        .await;
-    assert_eq!(r.status, 200);
+    complete(&s, sid, &tok).await;
     assert!(sealed(&s, 43.0, 5.0).await);
     assert_eq!(s.metric("fleetops_log_segments_written").await, 1.0);
     // A restart starts with an empty cache: the five chunks are in the segment only.

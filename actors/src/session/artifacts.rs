@@ -27,13 +27,15 @@ impl SessionsHandle {
 
     /// Log segments no chunk location points at (and not waiting for deletion): a seal that
     /// crashed between its segment's write and its transaction leaves one. A segment written
-    /// within the last hour may belong to a seal still under way, and is kept.
+    /// within the last hour may belong to a seal still under way, and is kept. Listings come
+    /// grouped by session: each session's locations are read once.
     async fn collect_segment_orphans(&self, now_ms: i64) -> Result<usize> {
         use futures::StreamExt;
         const SEAL_GRACE_MS: i64 = 3_600_000;
         let prefix = fleetops_storage::segments::SEGMENT_PREFIX.trim_end_matches('/');
         let mut keys = self.blobs.keys(prefix);
         let mut gone = 0;
+        let mut current: Option<(u64, std::collections::HashSet<String>)> = None;
         while let Some(key) = keys.next().await {
             let key = key?;
             let (Some(session), Some(written)) = (
@@ -45,9 +47,15 @@ impl SessionsHandle {
             if now_ms - written < SEAL_GRACE_MS {
                 continue;
             }
-            let store = self.store.clone();
-            let k = key.clone();
-            if crate::off_thread(move || Ok(store.segment_referenced(session, &k)?)).await? {
+            if current.as_ref().is_none_or(|c| c.0 != session) {
+                let store = self.store.clone();
+                let held =
+                    crate::off_thread(move || Ok(store.segments_referenced(session)?)).await?;
+                current = Some((session, held));
+            }
+            if current.as_ref().is_some_and(|c| c.1.contains(&key))
+                || self.store.segment_doomed(&key)?
+            {
                 continue;
             }
             if let Err(e) = self.blobs.delete(&key).await {
