@@ -340,6 +340,7 @@ impl Runtime {
             notifier_args.registry.clone(),
             cfg.supervision.clone(),
         );
+        let disk = Arc::new(disk::DiskSpace::new(store.clone(), cfg.min_free_bytes));
         let evaluator_busy = Arc::new(AtomicU64::new(0));
         let rule_health: alerts::evaluator::RuleHealthMap = Arc::new(DashMap::new());
         #[cfg(feature = "fault-injection")]
@@ -354,6 +355,7 @@ impl Runtime {
                 busy_ns: evaluator_busy.clone(),
                 notifiers: notifier_actors.clone(),
                 rule_health: rule_health.clone(),
+                disk: disk.clone(),
                 #[cfg(feature = "fault-injection")]
                 fail_log_sets: fail_log_sets.clone(),
             },
@@ -631,7 +633,7 @@ impl Runtime {
             clock.clone(),
         );
         Ok(Self {
-            disk: Arc::new(disk::DiskSpace::new(store.clone(), cfg.min_free_bytes)),
+            disk,
             store,
             backups,
             counters,

@@ -102,3 +102,134 @@ async fn below_the_disk_floor_writes_are_507_and_reads_exports_and_deletes_go_on
     let r = s.get(&format!("{DEV}/devices/{d}"), s.key()).await;
     assert_eq!(r.body["metrics"], json!({}), "{}", r.body);
 }
+
+const RULES: &str = "/api/v1/organizations/default/projects/default/alert-rules";
+
+/// Writes `mb` MiB of real (non-sparse) bytes to `path`, so the file system's free space
+/// falls by that much.
+fn fill(path: &std::path::Path, mb: usize) {
+    use std::io::Write;
+    let mut f = std::fs::File::create(path).unwrap();
+    let block = vec![0x5au8; 1 << 20];
+    for _ in 0..mb {
+        f.write_all(&block).unwrap();
+    }
+    f.sync_all().unwrap();
+}
+
+#[tokio::test]
+async fn a_disk_space_rule_fires_a_server_alert_when_free_space_falls_and_resolves_when_freed() {
+    let sink = crate::peers::Sink::start().await;
+    let s = start_with(crate::evaluation::fast).await;
+    let hook = crate::evaluation::webhook(&s, &sink).await;
+    // The threshold sits 256 MiB under today's free space; a 768 MiB file takes it 512 MiB
+    // below, margins no other test's writes come near.
+    let free = s.metric("fleetops_data_dir_free_bytes").await as u64;
+    let below = free - (256 << 20);
+    let id = crate::evaluation::rule(
+        &s,
+        hook,
+        json!({"type": "disk_space", "below_bytes": below, "duration_seconds": 0}),
+    )
+    .await;
+    let r = s.get(&format!("{RULES}/{id}"), s.key()).await;
+    assert_eq!(
+        r.body["condition"],
+        json!({"type": "disk_space", "below_bytes": below, "duration_seconds": 0})
+    );
+    tokio::time::sleep(std::time::Duration::from_millis(600)).await;
+    assert_eq!(crate::evaluation::alerts(&s, "").await["total"], 0);
+
+    let ballast = s._dir.path().join("ballast");
+    fill(&ballast, 768);
+    let l = crate::evaluation::wait_alerts(&s, "state=firing", 1).await;
+    let a = &l["items"][0];
+    assert_eq!(a["rule_id"], id);
+    assert_eq!(a["device_id"], serde_json::Value::Null);
+    assert_eq!(a["provenance"], serde_json::Value::Null);
+    let summary = a["summary"].as_str().unwrap();
+    assert!(
+        summary.contains("data directory") && summary.contains(&format!("below {below}")),
+        "{summary}"
+    );
+    let got = sink.wait_for(1).await;
+    assert_eq!(got[0].header("x-fleetops-event"), Some("alert.firing"));
+    assert_eq!(got[0].json()["device_id"], serde_json::Value::Null);
+
+    std::fs::remove_file(&ballast).unwrap();
+    crate::evaluation::wait_alerts(&s, "state=resolved", 1).await;
+    let got = sink.wait_for(2).await;
+    assert_eq!(got[1].header("x-fleetops-event"), Some("alert.resolved"));
+    assert_eq!(crate::evaluation::alerts(&s, "").await["total"], 1);
+}
+
+#[tokio::test]
+async fn only_a_superuser_writes_a_disk_space_condition() {
+    let s = start().await;
+    let admin = s.member_key("admin").await;
+    let cond = json!({"type": "disk_space", "below_bytes": 1_000_000, "duration_seconds": 60});
+    let r = s
+        .post(
+            RULES,
+            &admin,
+            json!({"name": "disk", "condition": cond, "severity": "critical"}),
+        )
+        .await;
+    assert_eq!(r.assert_error(403), "Not enough permissions");
+    let r = s
+        .post(
+            RULES,
+            &admin,
+            json!({"name": "hot", "condition": {"type": "metric_threshold", "metric": "t", "operator": "gt", "threshold": 1.0, "duration_seconds": 0}, "severity": "warning"}),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.body);
+    let hot = r.body["id"].as_u64().unwrap();
+    let r = s
+        .patch(
+            &format!("{RULES}/{hot}"),
+            &admin,
+            json!({"condition": cond}),
+        )
+        .await;
+    assert_eq!(r.assert_error(403), "Not enough permissions");
+
+    // The superuser may; an admin may then rename it or route it.
+    let r = s
+        .post(
+            RULES,
+            s.key(),
+            json!({"name": "disk", "condition": cond, "severity": "critical"}),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.body);
+    let disk = r.body["id"].as_u64().unwrap();
+    let r = s
+        .patch(
+            &format!("{RULES}/{disk}"),
+            &admin,
+            json!({"name": "data disk"}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.body["condition"], cond);
+
+    // Checked like any condition, and never backtested (free space has no history).
+    let r = s
+        .post(
+            RULES,
+            s.key(),
+            json!({"name": "zero", "condition": {"type": "disk_space", "below_bytes": 0}, "severity": "critical"}),
+        )
+        .await;
+    r.assert_error(422);
+    let r = s
+        .post(
+            &format!("{RULES}/backtest"),
+            s.key(),
+            json!({"condition": cond}),
+        )
+        .await;
+    let detail = r.assert_error(422);
+    assert!(detail.contains("cannot be backtested"), "{detail}");
+}

@@ -101,6 +101,13 @@ impl AlertsHandle {
 
     fn backtest_now(&self, pid: u64, req: BacktestRequest) -> Result<BacktestView> {
         let cond = super::rules::condition(&req.condition)?;
+        if let Condition::DiskSpace { .. } = cond {
+            return Err(Error::unprocessable(
+                "condition.type",
+                "a disk_space condition cannot be backtested: the server's free space is not \
+                 recorded over time",
+            ));
+        }
         let now = self.clock.now_ms();
         let time = |field: &str, v: &Option<String>| -> Result<Option<i64>> {
             v.as_deref()

@@ -83,9 +83,20 @@ pub(crate) struct EvaluatorCtx {
     pub notifiers: Keyed<crate::alerts::notifier::NotifierActor>,
     /// Rules not evaluated as written, by (project, rule): what the rules' `health` shows.
     pub rule_health: RuleHealthMap,
+    /// The data directory's free space, for `disk_space` rules.
+    pub disk: Arc<crate::disk::DiskSpace>,
     /// Makes every combined pattern set fail to build (tests of the per-rule fallback).
     #[cfg(feature = "fault-injection")]
     pub fail_log_sets: Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// The device id a server-wide condition's states and alerts carry: no device has it (ids
+/// start at 1), and an alert with it is shown with `device_id: null`.
+pub(crate) const SERVER: u64 = 0;
+
+/// The device an alert names, `None` for a server-wide one.
+pub(crate) fn alert_device(device_id: u64) -> Option<u64> {
+    (device_id != SERVER).then_some(device_id)
 }
 
 /// How a rule is evaluated when not simply as written.
@@ -981,6 +992,35 @@ impl EvaluatorState {
                 Due::Window(r, d) => self.window_due(r, d, now, ch)?,
             }
         }
+        self.check_server(now, ch)
+    }
+
+    /// Judges the server-wide (`disk_space`) rules against the data directory's free space
+    /// (read at most every quarter second, shared with the edge's floor): a tick with no such
+    /// rule reads nothing.
+    fn check_server(&mut self, now: i64, ch: &mut Changes) -> Result<()> {
+        let mut free = None;
+        for i in 0..self.rules.len() {
+            let Condition::DiskSpace { below_bytes, .. } = self.rules[i].cond else {
+                continue;
+            };
+            let free = *free.get_or_insert_with(|| self.ctx.disk.free_bytes());
+            let rule_id = self.rules[i].rule.id;
+            let cur = self.states.get(&(rule_id, SERVER)).cloned();
+            match (free < below_bytes, cur) {
+                (false, Some(s)) => self.clear(i, SERVER, &s, now, ch)?,
+                (false, None) => {}
+                (true, Some(s)) if s.alert_id.is_some() => {}
+                (true, cur) => {
+                    let since = cur.map_or(now, |c| c.since);
+                    if now >= since + self.rules[i].cond.duration_ms() {
+                        self.fire(i, SERVER, since, now, ch)?;
+                    } else {
+                        self.hold(rule_id, SERVER, since, ch);
+                    }
+                }
+            }
+        }
         Ok(())
     }
 
@@ -1053,6 +1093,8 @@ impl EvaluatorState {
                 continue;
             };
             match self.rules.iter().position(|l| l.rule.id == r) {
+                // A server-wide rule's state is judged by the tick, not by devices.
+                Some(_) if d == SERVER => {}
                 Some(i) => {
                     if !present.contains(&d) || !self.applies(&self.rules[i].rule, d)? {
                         self.clear(i, d, &s, now, ch)?;
@@ -1157,6 +1199,14 @@ impl EvaluatorState {
                     RolloutOutcome::Failed => "failed",
                 }
             ),
+            Condition::DiskSpace {
+                below_bytes,
+                duration_seconds,
+            } => format!(
+                "the server's data directory has {} bytes free, below {below_bytes}, for \
+                 {duration_seconds} s",
+                self.ctx.disk.free_bytes()
+            ),
         }
     }
 
@@ -1225,7 +1275,10 @@ impl EvaluatorState {
         now: i64,
         ch: &mut Changes,
     ) -> Result<()> {
-        let stored = self.store().device(self.pid, device)?;
+        let stored = match device {
+            SERVER => None,
+            _ => self.store().device(self.pid, device)?,
+        };
         let related = match &stored {
             Some(d) => self.related(d, now)?,
             None => None,

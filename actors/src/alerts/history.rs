@@ -44,7 +44,8 @@ pub struct AlertView {
     pub rule_name: String,
     pub severity: Severity,
     pub state: AlertState,
-    pub device_id: u64,
+    /// `null` for a server-wide alert (a `disk_space` rule's).
+    pub device_id: Option<u64>,
     pub summary: String,
     pub fired_at: String,
     pub resolved_at: Option<String>,
@@ -82,7 +83,7 @@ impl AlertsHandle {
             rule_name: a.rule_name.clone(),
             severity: a.severity,
             state: a.state,
-            device_id: a.device_id,
+            device_id: super::evaluator::alert_device(a.device_id),
             summary: a.summary.clone(),
             fired_at: fmt_ms(a.fired_at),
             resolved_at: a.resolved_at.map(fmt_ms),
@@ -95,7 +96,10 @@ impl AlertsHandle {
                     activated_at: fmt_ms(d.activated_at),
                 }),
             notifications: latest,
-            provenance: self.provenance_of(a.project_id, a.device_id)?,
+            provenance: match super::evaluator::alert_device(a.device_id) {
+                Some(d) => self.provenance_of(a.project_id, d)?,
+                None => None,
+            },
         })
     }
 

@@ -343,11 +343,9 @@ async fn attempt(
         .map_err(|e| fail(e.into()))?
         .ok_or_else(|| SendError::Final("the alert is gone".into()))?;
     let cfg = full_config(&ctx.sealer, &integration).map_err(fail)?;
-    let device_name = ctx
-        .store
-        .device(n.project_id, alert.device_id)
-        .ok()
-        .flatten()
+    let device_id = super::evaluator::alert_device(alert.device_id);
+    let device_name = device_id
+        .and_then(|d| ctx.store.device(n.project_id, d).ok().flatten())
         .map(|d| d.name);
     let msg = AlertMessage {
         event: n.event,
@@ -356,7 +354,7 @@ async fn attempt(
         rule_name: alert.rule_name.clone(),
         severity: alert.severity,
         project: slug.to_string(),
-        device_id: Some(alert.device_id),
+        device_id,
         device_name,
         summary: alert.summary.clone(),
         fired_at: alert.fired_at,

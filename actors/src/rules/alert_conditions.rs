@@ -102,6 +102,15 @@ pub enum Condition {
     },
     /// The device's latest rollout result is `status`.
     DeploymentStatus { status: RolloutOutcome },
+    /// The server's data directory has had fewer than `below_bytes` free for
+    /// `duration_seconds`. Server-wide: its alert names no device, and only a superuser may
+    /// write such a condition (it shows the operator's disk).
+    DiskSpace {
+        #[serde(deserialize_with = "crate::rules::whole::u64")]
+        below_bytes: u64,
+        #[serde(default, deserialize_with = "crate::rules::whole::u64")]
+        duration_seconds: u64,
+    },
 }
 
 impl Condition {
@@ -170,6 +179,18 @@ impl Condition {
                 within("condition.window_seconds", *window_seconds, 1)?;
             }
             Condition::DeploymentStatus { .. } => {}
+            Condition::DiskSpace {
+                below_bytes,
+                duration_seconds,
+            } => {
+                if *below_bytes == 0 {
+                    return Err(Error::unprocessable(
+                        "condition.below_bytes",
+                        "must be at least 1",
+                    ));
+                }
+                within("condition.duration_seconds", *duration_seconds, 0)?;
+            }
         }
         Ok(c)
     }
@@ -182,10 +203,19 @@ impl Condition {
             }
             | Condition::MetricThreshold {
                 duration_seconds, ..
+            }
+            | Condition::DiskSpace {
+                duration_seconds, ..
             } => (*duration_seconds as i64).saturating_mul(1000),
             _ => 0,
         }
     }
+}
+
+/// Whether a condition body names a server-wide condition (`disk_space`), which only a
+/// superuser may write. Read from the raw body, so the answer comes before its other checks.
+pub fn is_server_wide(v: &serde_json::Value) -> bool {
+    v.get("type").and_then(|t| t.as_str()) == Some("disk_space")
 }
 
 /// Compiles a log pattern with a linear-time engine and a size limit.

@@ -348,7 +348,7 @@ pub fn alerts(
                         tr class={ "alert " (a.state) } {
                             td { (a.rule_name) }
                             td { span class={ "state " (a.state) } { (a.state) } }
-                            td { (a.device_id) }
+                            td { @if let Some(d) = a.device_id { (d) } @else { "the server" } }
                             td { (a.summary) }
                             td { (a.fired_at) }
                             td {

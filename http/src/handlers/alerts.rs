@@ -5,6 +5,7 @@ use fleetops_actors::alerts::{
     AlertFilter, BacktestRequest, IntegrationPatch, IntegrationRequest, RulePatchRequest,
     RuleRequest,
 };
+use fleetops_actors::rules::alert_conditions::is_server_wide;
 use fleetops_actors::views::Items;
 use fleetops_actors::{AlertState, Role};
 use http::Response;
@@ -64,8 +65,11 @@ pub async fn test_integration(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<B
 }
 
 pub async fn create_rule(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
-    let (_, s) = cx.project(&req, Role::Admin)?;
+    let (p, s) = cx.project(&req, Role::Admin)?;
     let b: RuleRequest = cx.json(&mut req).await?;
+    if is_server_wide(&b.condition) {
+        cx.rt().access.require_superuser(&p)?;
+    }
     body::created(&cx.rt().alerts.create_rule(s.project.id, b).await?)
 }
 
@@ -83,10 +87,13 @@ pub fn rule(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
 }
 
 pub async fn patch_rule(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
-    let (_, s) = cx.project(&req, Role::Admin)?;
+    let (p, s) = cx.project(&req, Role::Admin)?;
     let id = req.id("rule_id", "Alert rule")?;
     cx.rt().alerts.rule(s.project.id, id)?;
     let b: RulePatchRequest = cx.json(&mut req).await?;
+    if b.condition.as_ref().is_some_and(is_server_wide) {
+        cx.rt().access.require_superuser(&p)?;
+    }
     body::ok(&cx.rt().alerts.update_rule(s.project.id, id, b).await?)
 }
 
