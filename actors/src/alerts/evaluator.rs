@@ -90,14 +90,7 @@ pub(crate) struct EvaluatorCtx {
     pub fail_log_sets: Arc<std::sync::atomic::AtomicBool>,
 }
 
-/// The device id a server-wide condition's states and alerts carry: no device has it (ids
-/// start at 1), and an alert with it is shown with `device_id: null`.
-pub(crate) const SERVER: u64 = 0;
-
-/// The device an alert names, `None` for a server-wide one.
-pub(crate) fn alert_device(device_id: u64) -> Option<u64> {
-    (device_id != SERVER).then_some(device_id)
-}
+use crate::rules::alert_conditions::SERVER;
 
 /// How a rule is evaluated when not simply as written.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -83,7 +83,7 @@ impl AlertsHandle {
             rule_name: a.rule_name.clone(),
             severity: a.severity,
             state: a.state,
-            device_id: super::evaluator::alert_device(a.device_id),
+            device_id: crate::rules::alert_conditions::alert_device(a.device_id),
             summary: a.summary.clone(),
             fired_at: fmt_ms(a.fired_at),
             resolved_at: a.resolved_at.map(fmt_ms),
@@ -96,7 +96,7 @@ impl AlertsHandle {
                     activated_at: fmt_ms(d.activated_at),
                 }),
             notifications: latest,
-            provenance: match super::evaluator::alert_device(a.device_id) {
+            provenance: match crate::rules::alert_conditions::alert_device(a.device_id) {
                 Some(d) => self.provenance_of(a.project_id, d)?,
                 None => None,
             },

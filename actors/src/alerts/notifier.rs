@@ -343,7 +343,7 @@ async fn attempt(
         .map_err(|e| fail(e.into()))?
         .ok_or_else(|| SendError::Final("the alert is gone".into()))?;
     let cfg = full_config(&ctx.sealer, &integration).map_err(fail)?;
-    let device_id = super::evaluator::alert_device(alert.device_id);
+    let device_id = crate::rules::alert_conditions::alert_device(alert.device_id);
     let device_name = device_id
         .and_then(|d| ctx.store.device(n.project_id, d).ok().flatten())
         .map(|d| d.name);

@@ -212,6 +212,15 @@ impl Condition {
     }
 }
 
+/// The device id a server-wide condition's states and alerts carry: no device has it (ids
+/// start at 1), and an alert with it is shown with `device_id: null`.
+pub const SERVER: u64 = 0;
+
+/// The device an alert names, `None` for a server-wide one.
+pub fn alert_device(device_id: u64) -> Option<u64> {
+    (device_id != SERVER).then_some(device_id)
+}
+
 /// Whether a condition body names a server-wide condition (`disk_space`), which only a
 /// superuser may write. Read from the raw body, so the answer comes before its other checks.
 pub fn is_server_wide(v: &serde_json::Value) -> bool {
