@@ -52,7 +52,7 @@ pub async fn run(cfg: Config, cmd: OrgCmd, remote: Remote) -> anyhow::Result<()>
         anyhow::bail!("deleting {slug} removes all of its data for good: add --yes to confirm");
     }
     if remote.url.is_none() {
-        if !cfg.data_dir.join("db").exists() {
+        if !cfg.database.is_postgres() && !cfg.data_dir.join("db").exists() {
             anyhow::bail!(
                 "{} holds no fleetops store: check data_dir (or FLEETOPS_DATA_DIR)",
                 cfg.data_dir.display()

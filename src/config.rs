@@ -56,6 +56,8 @@ pub struct Config {
     pub secrets: fleetops_actors::config::SecretsConfig,
     /// `[storage]`: where artifacts (and later capsules) live.
     pub storage: fleetops_storage::blobs::StorageConfig,
+    /// `[database]`: where the metadata lives (empty `url`: sled in the data directory).
+    pub database: fleetops_storage::DatabaseConfig,
     /// `[tiers.<name>]`; a table given here replaces only the keys it sets.
     pub tiers: BTreeMap<String, TierFile>,
     pub admin: AdminConfig,
@@ -114,6 +116,7 @@ impl Default for Config {
             smtp: fleetops_actors::config::SmtpConfig::default(),
             secrets: fleetops_actors::config::SecretsConfig::default(),
             storage: fleetops_storage::blobs::StorageConfig::default(),
+            database: fleetops_storage::DatabaseConfig::default(),
             tiers: BTreeMap::new(),
             admin: AdminConfig::default(),
         }
@@ -153,6 +156,9 @@ impl Config {
         }
         if let Some(v) = get("FLEETOPS_DATA_DIR") {
             self.data_dir = PathBuf::from(v);
+        }
+        if let Some(v) = get("FLEETOPS_DATABASE_URL") {
+            self.database.url = v;
         }
         if let Some(v) = get("FLEETOPS_PUBLIC_URL") {
             self.public_url = v;

@@ -84,6 +84,13 @@ enum AdminCmd {
         #[arg(long, value_name = "DIR")]
         from: PathBuf,
     },
+    /// Copies the data directory's embedded store into an empty PostgreSQL database (the
+    /// server stopped); then set `[database] url` (or FLEETOPS_DATABASE_URL) to it and start.
+    Migrate {
+        /// The database: postgres://user:password@host:port/dbname.
+        #[arg(long, value_name = "URL")]
+        to: String,
+    },
     /// Organizations: list, show, rename, set-tier, delete. With the server stopped the data
     /// directory is changed here; while it serves, the running server makes the change: give
     /// its URL and a superuser's API key or token.
@@ -150,6 +157,9 @@ fn main() -> std::process::ExitCode {
             Cmd::Admin {
                 cmd: AdminCmd::Restore { from },
             } => restore(cfg, from),
+            Cmd::Admin {
+                cmd: AdminCmd::Migrate { to },
+            } => migrate(cfg, to).await,
             Cmd::Admin {
                 cmd: AdminCmd::Org { cmd, url, token },
             } => admin_org::run(cfg, cmd, admin_org::Remote { url, token }).await,
@@ -249,6 +259,9 @@ async fn backup(
         .as_millis() as i64;
     // With --url the running server makes the copy; offline, only a data directory that holds
     // a store is copied (opening a missing one would create it, and back up nothing).
+    if url.is_none() && cfg.database.is_postgres() {
+        anyhow::bail!("{}", fleetops_actors::backup::POSTGRES_BACKUP);
+    }
     let offline = match url {
         Some(_) => Err(fleetops_storage::StorageError::Locked(String::new())),
         None if !cfg.data_dir.join("db").exists() => {
@@ -310,6 +323,37 @@ fn server_base(cfg: &Config, url: Option<String>) -> anyhow::Result<String> {
             format!("http://{addr}")
         }
     })
+}
+
+/// `admin migrate`: the embedded store under the data directory, copied into PostgreSQL.
+async fn migrate(cfg: Config, to: String) -> anyhow::Result<()> {
+    if !cfg.data_dir.join("db").exists() {
+        anyhow::bail!(
+            "{} holds no embedded fleetops store to migrate: check data_dir (or FLEETOPS_DATA_DIR)",
+            cfg.data_dir.display()
+        );
+    }
+    if !to.starts_with("postgres://") && !to.starts_with("postgresql://") {
+        anyhow::bail!("--to must be a postgres:// URL");
+    }
+    let dir = cfg.data_dir.clone();
+    let allow = cfg.storage.allow_shared_data_dir;
+    let report = tokio::task::spawn_blocking(move || {
+        fleetops_storage::perms::check_private(&dir, allow)?;
+        // Fails while a server holds the data directory: migrate with it stopped.
+        let store = fleetops_storage::Store::open(&dir)?;
+        store.copy_to_postgres(&to)
+    })
+    .await?
+    .map_err(|e| match e {
+        fleetops_storage::StorageError::Locked(_) => anyhow::anyhow!(
+            "a running server holds {}: stop it, then migrate",
+            cfg.data_dir.display()
+        ),
+        other => anyhow::Error::from(other),
+    })?;
+    println!("{}", serde_json::to_string(&report)?);
+    Ok(())
 }
 
 fn restore(cfg: Config, from: PathBuf) -> anyhow::Result<()> {

@@ -30,9 +30,10 @@ pub async fn open_store(cfg: &Config) -> anyhow::Result<Store> {
     let dir = cfg.data_dir.clone();
     let delay = std::time::Duration::from_micros(cfg.storage.commit_delay_us);
     let allow = cfg.storage.allow_shared_data_dir;
+    let database = cfg.database.clone();
     tokio::task::spawn_blocking(move || {
         fleetops_storage::perms::check_private(&dir, allow)?;
-        Store::open_with(&dir, delay)
+        Store::open_on(&dir, delay, &database)
     })
     .await?
     .map_err(anyhow::Error::from)

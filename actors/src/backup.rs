@@ -20,6 +20,11 @@ pub struct BackupsHandle {
     running: Arc<tokio::sync::Mutex<()>>,
 }
 
+/// Why a server on PostgreSQL makes no backup of its own.
+pub const POSTGRES_BACKUP: &str = "This server keeps its records in PostgreSQL: back them up \
+     with the database's own tools (pg_dump, base backups, replicas), and the data directory's \
+     webhook-payloads folder and blobs beside them; fleetops' backup copies an embedded store";
+
 impl BackupsHandle {
     pub(crate) fn new(store: Store, blobs: Option<PathBuf>, clock: Clock) -> Self {
         Self {
@@ -33,6 +38,9 @@ impl BackupsHandle {
     /// A consistent copy of the data directory at `to` (422 for a destination that cannot
     /// take it, 409 while another backup runs).
     pub async fn take(&self, to: &str) -> Result<BackupReport> {
+        if self.store.on_postgres() {
+            return Err(Error::Conflict(POSTGRES_BACKUP.into()));
+        }
         let to = PathBuf::from(to);
         fleetops_storage::backup::check_destination(&to, self.store.dir(), self.blobs.as_deref())
             .map_err(|why| Error::unprocessable("to", why))?;

@@ -68,7 +68,7 @@ impl Error {
 impl From<StorageError> for Error {
     fn from(e: StorageError) -> Self {
         match e {
-            StorageError::FlushFailed => Error::Unavailable {
+            StorageError::FlushFailed | StorageError::Unavailable(_) => Error::Unavailable {
                 retry_after_secs: 1,
             },
             e if e.is_disk_full() => Error::InsufficientStorage(

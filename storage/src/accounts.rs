@@ -145,10 +145,9 @@ impl Store {
 
     /// Whether the sign-in `sign_in` of `user` was signed out (one point read).
     pub fn is_signed_out(&self, user: u64, sign_in: &str) -> Result<bool> {
-        Ok(self
-            .inner
+        self.inner
             .records
-            .contains_key(keys::signed_out(user, sign_in))?)
+            .contains_key(keys::signed_out(user, sign_in))
     }
 
     /// Forgets sign-outs whose tokens have all expired by `now_ms`; how many.

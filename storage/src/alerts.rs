@@ -401,7 +401,7 @@ mod tests {
                 .apply_evaluation(1, &[], &[alert(1, Some(100)), alert(2, None)], &[])
                 .unwrap();
             // As written before: no index, no marker.
-            let mut b = sled::Batch::default();
+            let mut b = crate::engine::Batch::default();
             for k in store
                 .inner
                 .records

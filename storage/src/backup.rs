@@ -150,12 +150,17 @@ impl Store {
         let paused = std::time::Instant::now();
         {
             let _writes_wait = self.inner.gate.exclusive();
-            for name in self.inner.db.tree_names() {
-                let from = self.inner.db.open_tree(&name)?;
-                let to = copy.open_tree(&name)?;
+            let trees = [
+                ("records", &self.inner.records),
+                ("logs", &self.inner.logs),
+                ("seq", &self.inner.seq),
+                ("meta", &self.inner.meta),
+            ];
+            for (name, from) in trees {
+                let to = copy.open_tree(name)?;
                 let mut batch = sled::Batch::default();
                 let mut in_batch = 0;
-                for kv in from.iter() {
+                for kv in from.scan_prefix(b"") {
                     let (k, v) = kv?;
                     report.bytes += (k.len() + v.len()) as u64;
                     batch.insert(k, v);

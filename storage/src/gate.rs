@@ -1,16 +1,15 @@
-//! The backup gate: every write to sled holds it shared, a backup holds it exclusive while it
+//! The backup gate: every write to the store holds it shared, a backup holds it exclusive while it
 //! copies the trees, so the copy is one moment of the store (sled's own iterators are not
 //! snapshots: a scan running beside a batch can see part of it).
 //!
-//! [`Tree`] wraps a sled tree and offers its writes only through the gate, so a write that
+//! [`Tree`] wraps an engine's tree and offers its writes only through the gate, so a write that
 //! forgot it does not compile. A writer that also takes the store's list lock takes the gate
 //! first and passes the guard in (`*_held`): taking it after the list lock would let a
 //! backup's wait stall every other listed writer on the plain mutex.
 
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use sled::IVec;
-use sled::transaction::{ConflictableTransactionResult, TransactionResult, TransactionalTree};
+use crate::engine::{self, Batch, Bytes, Iter, Tx, TxError, TxOutcome};
 
 #[derive(Clone, Default)]
 pub(crate) struct Gate(Arc<RwLock<()>>);
@@ -42,15 +41,24 @@ impl Gate {
     }
 }
 
-/// A sled tree whose writes go through the gate.
+/// An engine's tree whose writes go through the gate.
 #[derive(Clone)]
 pub(crate) struct Tree {
-    tree: sled::Tree,
+    tree: engine::Tree,
     gate: Gate,
 }
 
+fn owned(b: std::ops::Bound<&impl AsRef<[u8]>>) -> std::ops::Bound<Vec<u8>> {
+    use std::ops::Bound;
+    match b {
+        Bound::Included(k) => Bound::Included(k.as_ref().to_vec()),
+        Bound::Excluded(k) => Bound::Excluded(k.as_ref().to_vec()),
+        Bound::Unbounded => Bound::Unbounded,
+    }
+}
+
 impl Tree {
-    pub(crate) fn new(tree: sled::Tree, gate: Gate) -> Self {
+    pub(crate) fn new(tree: engine::Tree, gate: Gate) -> Self {
         Self { tree, gate }
     }
 
@@ -59,75 +67,73 @@ impl Tree {
         &self,
         other: &Tree,
         _held: &RwLockReadGuard<'_, ()>,
-        f: impl Fn(&(TransactionalTree, TransactionalTree)) -> ConflictableTransactionResult<A, E>,
-    ) -> TransactionResult<A, E> {
-        use sled::Transactional;
-        (&self.tree, &other.tree).transaction(f)
+        f: impl Fn(&Tx, &Tx) -> Result<A, TxError<E>>,
+    ) -> Result<A, TxOutcome<E>> {
+        self.tree.transaction(&other.tree, f)
     }
 
     /// A batch under a gate guard the caller already holds.
     pub(crate) fn apply_batch_held(
         &self,
-        batch: sled::Batch,
+        batch: Batch,
         _held: &RwLockReadGuard<'_, ()>,
-    ) -> sled::Result<()> {
+    ) -> crate::Result<()> {
         self.tree.apply_batch(batch)
     }
 
-    pub(crate) fn get(&self, key: impl AsRef<[u8]>) -> sled::Result<Option<IVec>> {
-        self.tree.get(key)
+    pub(crate) fn get(&self, key: impl AsRef<[u8]>) -> crate::Result<Option<Bytes>> {
+        self.tree.get(key.as_ref())
     }
 
-    pub(crate) fn contains_key(&self, key: impl AsRef<[u8]>) -> sled::Result<bool> {
-        self.tree.contains_key(key)
+    pub(crate) fn contains_key(&self, key: impl AsRef<[u8]>) -> crate::Result<bool> {
+        self.tree.contains_key(key.as_ref())
     }
 
-    pub(crate) fn range<K: AsRef<[u8]>, R: std::ops::RangeBounds<K>>(
-        &self,
-        range: R,
-    ) -> sled::Iter {
-        self.tree.range(range)
+    pub(crate) fn range<K: AsRef<[u8]>, R: std::ops::RangeBounds<K>>(&self, range: R) -> Iter {
+        self.tree
+            .range(owned(range.start_bound()), owned(range.end_bound()))
     }
 
-    pub(crate) fn scan_prefix(&self, prefix: impl AsRef<[u8]>) -> sled::Iter {
-        self.tree.scan_prefix(prefix)
+    pub(crate) fn scan_prefix(&self, prefix: impl AsRef<[u8]>) -> Iter {
+        self.tree.scan_prefix(prefix.as_ref())
     }
 
     pub(crate) fn insert(
         &self,
         key: impl AsRef<[u8]>,
-        value: impl Into<IVec>,
-    ) -> sled::Result<Option<IVec>> {
+        value: impl AsRef<[u8]>,
+    ) -> crate::Result<()> {
         let _g = self.gate.shared();
-        self.tree.insert(key, value)
+        self.tree.insert(key.as_ref(), value.as_ref())
     }
 
-    pub(crate) fn remove(&self, key: impl AsRef<[u8]>) -> sled::Result<Option<IVec>> {
+    pub(crate) fn remove(&self, key: impl AsRef<[u8]>) -> crate::Result<()> {
         let _g = self.gate.shared();
-        self.tree.remove(key)
+        self.tree.remove(key.as_ref())
     }
 
-    pub(crate) fn apply_batch(&self, batch: sled::Batch) -> sled::Result<()> {
+    pub(crate) fn apply_batch(&self, batch: Batch) -> crate::Result<()> {
         let _g = self.gate.shared();
         self.tree.apply_batch(batch)
     }
 
-    pub(crate) fn update_and_fetch<V: Into<IVec>>(
+    pub(crate) fn update_and_fetch(
         &self,
         key: impl AsRef<[u8]>,
-        f: impl FnMut(Option<&[u8]>) -> Option<V>,
-    ) -> sled::Result<Option<IVec>> {
+        f: impl FnMut(Option<&[u8]>) -> Option<Vec<u8>>,
+    ) -> crate::Result<Option<Bytes>> {
         let _g = self.gate.shared();
-        self.tree.update_and_fetch(key, f)
+        self.tree.update_and_fetch(key.as_ref(), f)
     }
 
-    pub(crate) fn compare_and_swap<V1: AsRef<[u8]>, V2: Into<IVec>>(
+    /// Sets `key` to `new` if it holds `old`; `Ok(false)` when it did not.
+    pub(crate) fn compare_and_swap(
         &self,
         key: impl AsRef<[u8]>,
-        old: Option<V1>,
-        new: Option<V2>,
-    ) -> sled::Result<Result<(), sled::CompareAndSwapError>> {
+        old: Option<&[u8]>,
+        new: Option<&[u8]>,
+    ) -> crate::Result<bool> {
         let _g = self.gate.shared();
-        self.tree.compare_and_swap(key, old, new)
+        self.tree.compare_and_swap(key.as_ref(), old, new)
     }
 }

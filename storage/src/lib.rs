@@ -37,6 +37,7 @@ pub mod blobs;
 mod cache;
 mod codec;
 pub mod devices;
+mod engine;
 pub mod failpoints;
 mod flush;
 mod gate;
@@ -44,6 +45,7 @@ mod keys;
 mod lists;
 pub mod log_seal;
 pub mod meta;
+pub mod migrate;
 pub mod model;
 pub mod perms;
 pub mod pipeline;
@@ -85,6 +87,13 @@ pub enum StorageError {
     Config(String),
     #[error("io: {0}")]
     Io(#[from] std::io::Error),
+    /// The database refused a statement.
+    #[error("database: {0}")]
+    Database(String),
+    /// The database cannot be reached (down, restarting, out of connections): the request
+    /// may be retried.
+    #[error("the database is unavailable: {0}")]
+    Unavailable(String),
 }
 
 pub type Result<T, E = StorageError> = std::result::Result<T, E>;
@@ -101,6 +110,33 @@ impl StorageError {
     }
 }
 
+/// `[database]`: where the store's records live. An empty `url` keeps them in sled under the
+/// data directory (the default); `postgres://user:password@host:port/dbname` puts them in
+/// that PostgreSQL database (`FLEETOPS_DATABASE_URL`).
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DatabaseConfig {
+    pub url: String,
+    /// Connections the pool may open.
+    pub max_connections: usize,
+}
+
+impl Default for DatabaseConfig {
+    fn default() -> Self {
+        Self {
+            url: String::new(),
+            max_connections: 32,
+        }
+    }
+}
+
+impl DatabaseConfig {
+    /// Whether the records live in PostgreSQL.
+    pub fn is_postgres(&self) -> bool {
+        !self.url.is_empty()
+    }
+}
+
 /// One open data directory. Cheap to clone; all clones share the same sled instance and
 /// group-commit flusher.
 #[derive(Clone)]
@@ -111,7 +147,7 @@ pub struct Store {
 struct Inner {
     /// The data directory.
     dir: std::path::PathBuf,
-    db: sled::Db,
+    db: engine::Db,
     /// Records and their secondary indexes share one tree so that a record and its index
     /// entries are written in one atomic `Batch`.
     records: gate::Tree,
@@ -121,7 +157,8 @@ struct Inner {
     seq: gate::Tree,
     /// Server-wide settings generated once (secrets) and markers.
     meta: gate::Tree,
-    flusher: flush::GroupCommit,
+    /// The group commit of an engine whose writes are not durable as they return (sled).
+    flusher: Option<flush::GroupCommit>,
     /// Writes hold it shared; a backup holds it exclusive.
     gate: gate::Gate,
     cache: cache::Caches,
@@ -142,6 +179,23 @@ struct Inner {
     log_pins: log_seal::LogPins,
     /// Where sealed log chunks go, once the binary has attached a blob store.
     segments: std::sync::OnceLock<segments::Segments>,
+    /// The data directory's lock file, held while open, where the engine does not lock it
+    /// itself (sled does).
+    dir_lock: std::sync::OnceLock<std::fs::File>,
+}
+
+/// Takes `dir/lock` exclusively, or [`StorageError::Locked`] while another process holds it.
+fn lock_dir(dir: &Path) -> Result<std::fs::File> {
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(dir.join("lock"))?;
+    match rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => Ok(f),
+        Err(rustix::io::Errno::WOULDBLOCK) => Err(StorageError::Locked(dir.display().to_string())),
+        Err(e) => Err(std::io::Error::from(e).into()),
+    }
 }
 
 impl Store {
@@ -170,8 +224,34 @@ impl Store {
 
     /// As [`Store::open`], with the group-commit delay of `[storage] commit_delay_us`.
     pub fn open_with(dir: &Path, commit_delay: std::time::Duration) -> Result<Self> {
+        Self::open_on(dir, commit_delay, &DatabaseConfig::default())
+    }
+
+    /// Opens the store `database` names: sled under `dir/db`, or a PostgreSQL database
+    /// (migrated to this build's schema). The data directory holds the webhook payload log
+    /// either way.
+    pub fn open_on(
+        dir: &Path,
+        commit_delay: std::time::Duration,
+        database: &DatabaseConfig,
+    ) -> Result<Self> {
         perms::restrict_umask();
         create_dir_durable(dir)?;
+        if database.is_postgres() {
+            if !database.url.starts_with("postgres://")
+                && !database.url.starts_with("postgresql://")
+            {
+                return Err(StorageError::Config(
+                    "[database] url must be empty (sled) or a postgres:// URL".into(),
+                ));
+            }
+            // The data directory (the webhook payload log) is still this process's alone.
+            let lock = lock_dir(dir)?;
+            let pg = engine::pg::Pg::open(&database.url, database.max_connections)?;
+            let store = Self::assemble(dir, engine::Db::Pg(pg), None)?;
+            let _ = store.inner.dir_lock.set(lock);
+            return Ok(store);
+        }
         let db = sled::Config::new()
             .path(dir.join("db"))
             .mode(sled::Mode::HighThroughput)
@@ -185,12 +265,16 @@ impl Store {
                 }
                 other => StorageError::Sled(other),
             })?;
+        let flusher = flush::GroupCommit::start(db.clone(), commit_delay);
+        Self::assemble(dir, engine::Db::Sled(db), Some(flusher))
+    }
+
+    fn assemble(dir: &Path, db: engine::Db, flusher: Option<flush::GroupCommit>) -> Result<Self> {
         let gate = gate::Gate::default();
         let records = gate::Tree::new(db.open_tree("records")?, gate.clone());
         let logs = gate::Tree::new(db.open_tree("logs")?, gate.clone());
         let seq = gate::Tree::new(db.open_tree("seq")?, gate.clone());
         let meta = gate::Tree::new(db.open_tree("meta")?, gate.clone());
-        let flusher = flush::GroupCommit::start(db.clone(), commit_delay);
         let spool = spool::Spool::open(&dir.join("webhook-payloads"))?;
         let store = Self {
             inner: Arc::new(Inner {
@@ -210,6 +294,7 @@ impl Store {
                 retired: dashmap::DashSet::new(),
                 log_pins: log_seal::LogPins::default(),
                 segments: std::sync::OnceLock::new(),
+                dir_lock: std::sync::OnceLock::new(),
             }),
         };
         store.load_retired()?;
@@ -244,12 +329,25 @@ impl Store {
     /// Waits until everything written before this call is on disk. Concurrent callers share
     /// one fsync (group commit).
     pub async fn durable(&self) -> Result<()> {
-        self.inner.flusher.wait().await
+        match &self.inner.flusher {
+            Some(f) => f.wait().await,
+            // Every write returned once committed.
+            None => Ok(()),
+        }
     }
 
-    /// How long each group-commit fsync took (for `/metrics`).
+    /// How long each group-commit fsync (sled) or commit (PostgreSQL) took (for `/metrics`).
     pub fn flush_timings(&self) -> Arc<timings::Timings> {
-        self.inner.flusher.timings.clone()
+        match (&self.inner.flusher, &self.inner.db) {
+            (Some(f), _) => f.timings.clone(),
+            (None, engine::Db::Pg(pg)) => pg.commit_timings(),
+            (None, engine::Db::Sled(_)) => Arc::default(),
+        }
+    }
+
+    /// Whether the records live in PostgreSQL.
+    pub fn on_postgres(&self) -> bool {
+        matches!(self.inner.db, engine::Db::Pg(_))
     }
 
     /// The data directory.
@@ -259,8 +357,7 @@ impl Store {
 
     /// Synchronous flush for shutdown and offline commands.
     pub fn flush_blocking(&self) -> Result<()> {
-        self.inner.db.flush()?;
-        Ok(())
+        self.inner.db.flush()
     }
 
     /// Bytes free to this process on the data directory's file system.
@@ -271,7 +368,7 @@ impl Store {
 
     /// Bytes sled uses on disk, for the space figures in the benches.
     pub fn size_on_disk(&self) -> Result<u64> {
-        Ok(self.inner.db.size_on_disk()?)
+        self.inner.db.size_on_disk()
     }
 
     fn next_id(&self, counter: &str) -> Result<u64> {
@@ -345,7 +442,7 @@ impl Store {
         Ok(out)
     }
 
-    fn scan_keys(&self, prefix: &[u8]) -> Result<Vec<sled::IVec>> {
+    fn scan_keys(&self, prefix: &[u8]) -> Result<Vec<engine::Bytes>> {
         let mut out = Vec::new();
         for kv in self.inner.records.scan_prefix(prefix) {
             out.push(kv?.0);
@@ -361,32 +458,32 @@ struct Writes(Ops, Vec<lists::Relist>);
 /// A batch's inserts and removals in the order made (a later one of a key wins, as in
 /// `sled::Batch`), kept as a list so a caller can take back the ones made since a mark.
 #[derive(Default)]
-struct Ops(Vec<(sled::IVec, Op)>);
+struct Ops(Vec<(engine::Bytes, Op)>);
 
 enum Op {
-    Set(sled::IVec),
+    Set(engine::Bytes),
     Remove,
     /// Remove while the key holds this value (as stored, or as set earlier in the batch): an
     /// index entry goes only with the record it points at.
-    RemoveIf(sled::IVec),
+    RemoveIf(engine::Bytes),
 }
 
 impl Ops {
-    fn insert<K: Into<sled::IVec>, V: Into<sled::IVec>>(&mut self, key: K, value: V) {
+    fn insert<K: Into<engine::Bytes>, V: Into<engine::Bytes>>(&mut self, key: K, value: V) {
         self.0.push((key.into(), Op::Set(value.into())));
     }
-    fn remove<K: Into<sled::IVec>>(&mut self, key: K) {
+    fn remove<K: Into<engine::Bytes>>(&mut self, key: K) {
         self.0.push((key.into(), Op::Remove));
     }
-    fn remove_if<K: Into<sled::IVec>, V: Into<sled::IVec>>(&mut self, key: K, value: V) {
+    fn remove_if<K: Into<engine::Bytes>, V: Into<engine::Bytes>>(&mut self, key: K, value: V) {
         self.0.push((key.into(), Op::RemoveIf(value.into())));
     }
     /// The batch, with each conditional removal decided against what the key holds at that
     /// point of the batch. Its writer must be the only one of such keys (the read is not
     /// under a lock).
-    fn into_batch(self, store: &Store) -> Result<sled::Batch> {
-        let mut b = sled::Batch::default();
-        let mut pending: std::collections::HashMap<sled::IVec, Option<sled::IVec>> =
+    fn into_batch(self, store: &Store) -> Result<engine::Batch> {
+        let mut b = engine::Batch::default();
+        let mut pending: std::collections::HashMap<engine::Bytes, Option<engine::Bytes>> =
             std::collections::HashMap::new();
         let conditional = self.0.iter().any(|(_, op)| matches!(op, Op::RemoveIf(_)));
         for (k, op) in self.0 {

@@ -146,7 +146,7 @@ pub(crate) fn plan(store: &Store, changes: &[Relist]) -> Result<Vec<KeyWrite>> {
 /// One entry read back: its record's id and its value.
 pub(crate) struct Hit {
     pub id: u64,
-    pub value: sled::IVec,
+    pub value: crate::engine::Bytes,
 }
 
 impl Store {
@@ -259,7 +259,7 @@ impl Store {
             list_counters_root(),
             old_delivery_index,
         ] {
-            let mut b = sled::Batch::default();
+            let mut b = crate::engine::Batch::default();
             for (n, k) in self.inner.records.scan_prefix(&prefix).keys().enumerate() {
                 b.remove(k?);
                 if n % 100_000 == 99_999 {
@@ -274,7 +274,7 @@ impl Store {
         let mut listed = 0;
         let mut pending = 0usize;
         for (prefix, entries) in families {
-            let mut b = sled::Batch::default();
+            let mut b = crate::engine::Batch::default();
             for kv in self.inner.records.scan_prefix(prefix) {
                 let (_, v) = kv?;
                 listed += 1;
@@ -293,7 +293,7 @@ impl Store {
             }
             self.inner.records.apply_batch_held(b, &gate)?;
         }
-        let mut b = sled::Batch::default();
+        let mut b = crate::engine::Batch::default();
         for (list, n) in counts {
             b.insert(list.counter_key(), n.to_be_bytes().to_vec());
         }
@@ -664,7 +664,7 @@ mod tests {
                 store.insert_device(&device(id, "x", Some(5_000))).unwrap();
             }
             // As a store written before lists existed.
-            let mut b = sled::Batch::default();
+            let mut b = crate::engine::Batch::default();
             for root in [super::list_entries_root(), super::list_counters_root()] {
                 for k in store.inner.records.scan_prefix(root).keys() {
                     b.remove(k.unwrap());

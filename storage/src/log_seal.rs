@@ -32,6 +32,7 @@ use std::collections::HashMap;
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::engine::{TxError, TxOutcome};
 use crate::segments::{ChunkLocation, segment_key};
 use crate::sessions::ChunkIndex;
 use crate::{Columns, LogChunk, Result, SessionCounters, StorageError, Store, codec, keys};
@@ -222,7 +223,7 @@ struct Out {
     min_ts: i64,
     max_ts: i64,
     bytes: usize,
-    raw: Option<sled::IVec>,
+    raw: Option<crate::engine::Bytes>,
     /// Large enough alone: moved as it is, never merged.
     big: bool,
 }
@@ -540,49 +541,44 @@ impl Store {
             return Ok(Err(SealSkipped::Busy));
         };
         let gate = self.inner.gate.shared();
-        let more =
-            self.inner
-                .logs
-                .transaction_held(&self.inner.records, &gate, |(logs, records)| {
-                    let Some(c) = records.get(counters_key.as_slice())? else {
-                        return Err(sled::transaction::ConflictableTransactionError::Abort(()));
-                    };
-                    let counters: SessionCounters = codec::decode(&c)
-                        .map_err(|_| sled::transaction::ConflictableTransactionError::Abort(()))?;
-                    for (w, location) in writes.iter().zip(&encoded) {
-                        for &s in &w.sources {
-                            logs.remove(keys::log_chunk(session, s))?;
-                            if s != w.first {
-                                logs.remove(keys::log_summary(session, s))?;
-                                logs.remove(keys::log_text_filter(session, s))?;
-                            }
-                        }
-                        if let Some(bytes) = &w.bytes {
-                            logs.insert(keys::log_chunk(session, w.first), bytes.as_slice())?;
-                        }
-                        if let Some(loc) = location {
-                            logs.insert(keys::log_location(session, w.first), loc.as_slice())?;
-                        }
-                        if let Some(index) = &w.index {
-                            logs.insert(
-                                keys::log_summary(session, w.first),
-                                index.summary_bytes(),
-                            )?;
-                            match index.filter_bytes() {
-                                Some(f) => {
-                                    logs.insert(keys::log_text_filter(session, w.first), f)?
-                                }
-                                None => logs.remove(keys::log_text_filter(session, w.first))?,
-                            };
+        let more = self
+            .inner
+            .logs
+            .transaction_held(&self.inner.records, &gate, |logs, records| {
+                let Some(c) = records.get(counters_key.as_slice())? else {
+                    return Err(TxError::Abort(()));
+                };
+                let counters: SessionCounters =
+                    codec::decode(&c).map_err(|_| TxError::Abort(()))?;
+                for (w, location) in writes.iter().zip(&encoded) {
+                    for &s in &w.sources {
+                        logs.remove(keys::log_chunk(session, s))?;
+                        if s != w.first {
+                            logs.remove(keys::log_summary(session, s))?;
+                            logs.remove(keys::log_text_filter(session, s))?;
                         }
                     }
-                    logs.insert(cursor_key.as_slice(), cursor_bytes.as_slice())?;
-                    let more = counters.next_chunk > next;
-                    if !more {
-                        logs.remove(pending_key.as_slice())?;
+                    if let Some(bytes) = &w.bytes {
+                        logs.insert(keys::log_chunk(session, w.first), bytes.as_slice())?;
                     }
-                    Ok(more)
-                });
+                    if let Some(loc) = location {
+                        logs.insert(keys::log_location(session, w.first), loc.as_slice())?;
+                    }
+                    if let Some(index) = &w.index {
+                        logs.insert(keys::log_summary(session, w.first), index.summary_bytes())?;
+                        match index.filter_bytes() {
+                            Some(f) => logs.insert(keys::log_text_filter(session, w.first), f)?,
+                            None => logs.remove(keys::log_text_filter(session, w.first))?,
+                        };
+                    }
+                }
+                logs.insert(cursor_key.as_slice(), cursor_bytes.as_slice())?;
+                let more = counters.next_chunk > next;
+                if !more {
+                    logs.remove(pending_key.as_slice())?;
+                }
+                Ok(more)
+            });
         if more.is_ok() && segment.is_some() {
             crate::failpoints::hit("seal:after-commit");
         }
@@ -594,13 +590,13 @@ impl Store {
                 more,
                 offloaded: segment.is_some(),
             })),
-            Err(sled::transaction::TransactionError::Abort(())) => {
+            Err(TxOutcome::Abort(())) => {
                 gone(&segment);
                 Ok(Err(SealSkipped::Gone))
             }
-            Err(sled::transaction::TransactionError::Storage(e)) => {
+            Err(TxOutcome::Storage(e)) => {
                 // Whether it committed is unknown: the segment stays for the sweep to judge.
-                Err(StorageError::Sled(e))
+                Err(e)
             }
         }
     }

@@ -11,10 +11,11 @@ impl Store {
         }
         let v = make();
         // compare_and_swap so that two racing initialisers agree on one value.
-        match meta.compare_and_swap(name.as_bytes(), None as Option<&[u8]>, Some(v.clone()))? {
-            Ok(()) => Ok(v),
-            Err(e) => Ok(e.current.map(|c| c.to_vec()).unwrap_or(v)),
+        if meta.compare_and_swap(name.as_bytes(), None, Some(&v))? {
+            return Ok(v);
         }
+        // Another initialiser won: its value, which is never removed.
+        Ok(meta.get(name.as_bytes())?.map(|c| c.to_vec()).unwrap_or(v))
     }
 
     pub fn meta_get(&self, name: &str) -> Result<Option<Vec<u8>>> {

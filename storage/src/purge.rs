@@ -90,7 +90,7 @@ impl Store {
 
     /// Whether organization `org` is deleted and its data still being purged.
     pub fn org_being_deleted(&self, org: u64) -> Result<bool> {
-        Ok(self.inner.records.contains_key(keys::org_deletion(org))?)
+        self.inner.records.contains_key(keys::org_deletion(org))
     }
 
     /// Organizations whose data is still being purged.
@@ -360,7 +360,7 @@ impl Store {
         b: &mut Budget,
         mut also: impl FnMut(&[u8], &[u8]) -> Result<Option<Vec<u8>>>,
     ) -> Result<()> {
-        let mut batch = sled::Batch::default();
+        let mut batch = crate::engine::Batch::default();
         let mut n = 0;
         for kv in tree.scan_prefix(prefix).take(b.left) {
             let (k, v) = kv?;

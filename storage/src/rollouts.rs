@@ -222,7 +222,7 @@ impl Store {
                 project_of.insert(d.id, d.project_id);
             }
             // In batches of bounded size; entries written before a crash are written again.
-            let (mut batch, mut held) = (sled::Batch::default(), 0);
+            let (mut batch, mut held) = (crate::engine::Batch::default(), 0);
             for kv in self
                 .inner
                 .records
@@ -240,7 +240,7 @@ impl Store {
                     held = 0;
                 }
             }
-            Ok(self.inner.records.apply_batch(batch)?)
+            self.inner.records.apply_batch(batch)
         })
     }
 
@@ -428,7 +428,7 @@ mod tests {
         assert_eq!(recent(&store, 1, 0), [(b.id, 100, 6_000, Succeeded)]);
 
         // A store written before the index: the entries are built once, at the backfill.
-        let mut gone = sled::Batch::default();
+        let mut gone = crate::engine::Batch::default();
         for k in store
             .inner
             .records

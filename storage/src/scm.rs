@@ -352,7 +352,7 @@ impl Store {
             self.raise_ids(Seq::Delivery, from)?;
             self.inner
                 .records
-                .insert(keys::journal_applied(), from.to_be_bytes().to_vec())?;
+                .insert(keys::journal_applied(), from.to_be_bytes())?;
             self.inner.db.flush()?;
             return Ok(0);
         };
@@ -494,7 +494,7 @@ impl Store {
     /// most 100,000 keys. An older binary started on the store afterwards would find its
     /// queue empty: a downgrade across this change is not supported (docs/operations.md).
     pub(crate) fn drop_legacy_queue(&self) -> Result<()> {
-        let mut b = sled::Batch::default();
+        let mut b = crate::engine::Batch::default();
         let mut n = 0usize;
         for k in self
             .inner
@@ -869,7 +869,7 @@ impl Store {
     /// Builds the commit index of runs stored before it existed, once per data directory.
     pub fn backfill_commit_runs(&self) -> Result<()> {
         self.once("ix_commit_runs_v1", || {
-            let mut batch = sled::Batch::default();
+            let mut batch = crate::engine::Batch::default();
             for kv in self.inner.records.scan_prefix(keys::all_runs_prefix()) {
                 let (_, v) = kv?;
                 let r: TestRun = codec::decode(&v)?;
@@ -880,7 +880,7 @@ impl Store {
                     );
                 }
             }
-            Ok(self.inner.records.apply_batch(batch)?)
+            self.inner.records.apply_batch(batch)
         })
     }
 
@@ -1513,7 +1513,7 @@ mod tests {
         store
             .inner
             .records
-            .insert(keys::journal_applied(), (seq - 1).to_be_bytes().to_vec())
+            .insert(keys::journal_applied(), (seq - 1).to_be_bytes())
             .unwrap();
         store.flush_blocking().unwrap();
         drop(store);

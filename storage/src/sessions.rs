@@ -5,6 +5,7 @@
 //! not a million. Appending a chunk and advancing the counters is one transaction over both
 //! trees, so a crash never leaves counters that disagree with the chunks.
 
+use crate::engine::{Bytes, Iter, TxError, TxOutcome};
 use crate::lists::{Entry, ListId, Listed, Query, ord};
 use crate::{
     Artifact, LogChunk, Result, Session, SessionCounters, SessionStatus, StorageError, Store,
@@ -77,14 +78,14 @@ impl ChunkIndex {
 
 /// Where a chunk's bytes are.
 enum Place {
-    Local(sled::IVec),
+    Local(Bytes),
     /// Its encoded [`crate::segments::ChunkLocation`].
-    Remote(sled::IVec),
+    Remote(Bytes),
 }
 
 /// A chunk's stored bytes, however they were read.
 enum ChunkBytes {
-    Local(sled::IVec),
+    Local(Bytes),
     Remote(bytes::Bytes),
 }
 
@@ -98,18 +99,18 @@ impl std::ops::Deref for ChunkBytes {
     }
 }
 
-type KvIter = Box<dyn Iterator<Item = sled::Result<(sled::IVec, sled::IVec)>> + Send>;
+type KvIter = Box<dyn Iterator<Item = Result<(Bytes, Bytes)>> + Send>;
 
 /// A session's local chunks and sealed chunk locations merged in sequence order.
 struct Places {
     local: KvIter,
     remote: KvIter,
-    next_local: Option<(u64, sled::IVec)>,
-    next_remote: Option<(u64, sled::IVec)>,
+    next_local: Option<(u64, Bytes)>,
+    next_remote: Option<(u64, Bytes)>,
     rev: bool,
 }
 
-fn next_of(it: &mut KvIter) -> Result<Option<(u64, sled::IVec)>> {
+fn next_of(it: &mut KvIter) -> Result<Option<(u64, Bytes)>> {
     for kv in it.by_ref() {
         let (k, v) = kv?;
         if let Some(seq) = keys::trailing_id(&k) {
@@ -281,7 +282,7 @@ impl Store {
         let gate = self.inner.gate.shared();
         self.inner
             .logs
-            .transaction_held(&self.inner.records, &gate, |(logs, records)| {
+            .transaction_held(&self.inner.records, &gate, |logs, records| {
                 // The first unsealed chunk marks the session as owed a seal.
                 if logs.get(pending_key.as_slice())?.is_none() {
                     logs.insert(pending_key.as_slice(), now.as_slice())?;
@@ -294,11 +295,9 @@ impl Store {
                 records.insert(counters_key.as_slice(), counter_bytes.as_slice())?;
                 Ok(())
             })
-            .map_err(|e: sled::transaction::TransactionError<()>| match e {
-                sled::transaction::TransactionError::Storage(s) => StorageError::Sled(s),
-                sled::transaction::TransactionError::Abort(()) => {
-                    StorageError::Corrupt("log append aborted".into())
-                }
+            .map_err(|e: TxOutcome<()>| match e {
+                TxOutcome::Storage(s) => s,
+                TxOutcome::Abort(()) => StorageError::Corrupt("log append aborted".into()),
             })
     }
 
@@ -316,7 +315,7 @@ impl Store {
             .inner
             .logs
             .scan_prefix(keys::log_location_prefix(session));
-        let (local, remote): (sled::Iter, sled::Iter) = (local, remote);
+        let (local, remote): (Iter, Iter) = (local, remote);
         if rev {
             Places {
                 local: Box::new(local.rev()),
@@ -641,7 +640,7 @@ impl Store {
             .iter()
             .map(|a| keys::artifact(s.id, &a.path))
             .collect();
-        let chunk_keys: Vec<sled::IVec> = self
+        let chunk_keys: Vec<Bytes> = self
             .inner
             .logs
             .scan_prefix(keys::log_prefix(s.id))
@@ -683,39 +682,39 @@ impl Store {
                 old: crate::lists::old_entries::<Session>,
             }],
         )?;
-        let done =
-            self.inner
-                .logs
-                .transaction_held(&self.inner.records, &gate, |(logs, records)| {
-                    if logs.get(cursor_key.as_slice())? != cursor_before {
-                        return Err(sled::transaction::ConflictableTransactionError::Abort(true));
-                    }
-                    for (k, v) in &relist {
-                        match v {
-                            Some(v) => records.insert(k.as_slice(), v.as_slice())?,
-                            None => records.remove(k.as_slice())?,
-                        };
-                    }
-                    for k in &chunk_keys {
-                        logs.remove(k)?;
-                    }
-                    for k in &seal_keys {
-                        logs.remove(k.as_slice())?;
-                    }
-                    for k in &location_keys {
-                        logs.remove(k)?;
-                    }
-                    for k in &doomed {
-                        logs.insert(k.as_slice(), &[][..])?;
-                    }
-                    records.remove(rec.as_slice())?;
-                    records.remove(counters.as_slice())?;
-                    records.remove(owner.as_slice())?;
-                    for k in &artifact_keys {
-                        records.remove(k.as_slice())?;
-                    }
-                    Ok(())
-                });
+        let done = self
+            .inner
+            .logs
+            .transaction_held(&self.inner.records, &gate, |logs, records| {
+                if logs.get(cursor_key.as_slice())? != cursor_before {
+                    return Err(TxError::Abort(true));
+                }
+                for (k, v) in &relist {
+                    match v {
+                        Some(v) => records.insert(k.as_slice(), v.as_slice())?,
+                        None => records.remove(k.as_slice())?,
+                    };
+                }
+                for k in &chunk_keys {
+                    logs.remove(k)?;
+                }
+                for k in &seal_keys {
+                    logs.remove(k.as_slice())?;
+                }
+                for k in &location_keys {
+                    logs.remove(k)?;
+                }
+                for k in &doomed {
+                    logs.insert(k.as_slice(), &[][..])?;
+                }
+                records.remove(rec.as_slice())?;
+                records.remove(counters.as_slice())?;
+                records.remove(owner.as_slice())?;
+                for k in &artifact_keys {
+                    records.remove(k.as_slice())?;
+                }
+                Ok(())
+            });
         match done {
             Ok(()) => Ok(Some(
                 artifacts
@@ -725,11 +724,11 @@ impl Store {
                     .collect(),
             )),
             // A seal committed since the keys were listed.
-            Err(sled::transaction::TransactionError::Abort(true)) => Ok(None),
-            Err(sled::transaction::TransactionError::Abort(false)) => {
+            Err(TxOutcome::Abort(true)) => Ok(None),
+            Err(TxOutcome::Abort(false)) => {
                 Err(StorageError::Corrupt("session delete aborted".into()))
             }
-            Err(sled::transaction::TransactionError::Storage(e)) => Err(StorageError::Sled(e)),
+            Err(TxOutcome::Storage(e)) => Err(e),
         }
     }
 
@@ -772,9 +771,6 @@ impl Store {
 
     /// Whether `segment` is on the to-delete list.
     pub fn segment_doomed(&self, segment: &str) -> Result<bool> {
-        Ok(self
-            .inner
-            .logs
-            .contains_key(keys::doomed_segment(segment))?)
+        self.inner.logs.contains_key(keys::doomed_segment(segment))
     }
 }

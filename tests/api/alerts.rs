@@ -140,7 +140,8 @@ async fn integrations_mask_secrets_merge_patches_and_encrypt_at_rest() {
     // Secrets are encrypted at rest, and survive a restart.
     let dir = s._dir.path().join("data");
     let s = s.restart().await;
-    let all = data_bytes(&dir);
+    let mut all = data_bytes(&dir);
+    all.extend(crate::common::database_bytes(s._dir.path()));
     for secret in ["XXXXSECRETXXXX", "ANOTHERKEY0123456789", "R0UTINGKEY"] {
         assert!(
             !all.windows(secret.len()).any(|w| w == secret.as_bytes()),

@@ -46,6 +46,7 @@ fn serve_with_stderr(dir: &std::path::Path, extra_env: &[(&str, &str)], stderr: 
         .current_dir(dir)
         .env("FLEETOPS_LISTEN", "127.0.0.1:0")
         .env("FLEETOPS_DATA_DIR", dir.join("data"))
+        .envs(crate::common::backend_env(dir))
         .env("FLEETOPS_LOG", "warn")
         .stdout(Stdio::piped())
         .stderr(stderr);
@@ -237,6 +238,7 @@ async fn admin_bootstrap_prints_one_json_object_and_refuses_a_locked_dir() {
             "team",
         ])
         .env("FLEETOPS_DATA_DIR", dir.path().join("data"))
+        .envs(crate::common::backend_env(dir.path()))
         .current_dir(dir.path())
         .output()
         .unwrap();
@@ -289,6 +291,7 @@ async fn admin_bootstrap_prints_one_json_object_and_refuses_a_locked_dir() {
             "p",
         ])
         .env("FLEETOPS_DATA_DIR", dir.path().join("data"))
+        .envs(crate::common::backend_env(dir.path()))
         .current_dir(dir.path())
         .output()
         .unwrap();
@@ -321,6 +324,7 @@ async fn admin_bootstrap_prints_one_json_object_and_refuses_a_locked_dir() {
             "p",
         ])
         .env("FLEETOPS_DATA_DIR", dir.path().join("data"))
+        .envs(crate::common::backend_env(dir.path()))
         .current_dir(dir.path())
         .output()
         .unwrap();
@@ -785,7 +789,7 @@ async fn kill_9_keeps_artifacts_transitions_rollouts_and_owed_validations() {
     p.child.wait().unwrap();
     drop(p);
     {
-        let store = fleetops_storage::Store::open(&dir.path().join("data")).unwrap();
+        let store = crate::common::open_store(dir.path());
         let owed = store.pending_validations().unwrap();
         assert_eq!(owed.len(), 1, "the 202 recorded the owed validation");
         assert_eq!(owed[0].1, big);
@@ -1129,6 +1133,7 @@ fn admin(dir: &std::path::Path, args: &[&str], env: &[(&str, &str)]) -> (bool, S
         .args(args)
         .current_dir(dir)
         .env("FLEETOPS_DATA_DIR", dir.join("data"))
+        .envs(crate::common::backend_env(dir))
         .env("FLEETOPS_LOG", "warn");
     for (k, v) in env {
         cmd.env(k, v);
@@ -1220,6 +1225,17 @@ async fn backup_while_serving_then_restore_serves_the_copy() {
     })
     .await
     .unwrap();
+    if crate::ON_POSTGRES {
+        // The records are the database's to back up: refused with the reason, nothing made.
+        assert!(
+            !ok && err.contains("keeps its records in PostgreSQL"),
+            "{out}{err}"
+        );
+        assert!(!backup.exists());
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        assert!(writer.await.unwrap() > 0);
+        return;
+    }
     assert!(ok, "{out}{err}");
     let report: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
     assert!(report["keys"].as_u64().unwrap() > 0, "{report}");
@@ -1263,7 +1279,7 @@ async fn backup_while_serving_then_restore_serves_the_copy() {
     );
     assert!(ok, "{out}{err}");
     {
-        let store = fleetops_storage::Store::open(&other.path().join("data")).unwrap();
+        let store = crate::common::open_store(other.path());
         assert_eq!(store.verify_lists().unwrap(), Vec::<String>::new());
     }
     let p = serve(other.path(), &[]);
@@ -1451,7 +1467,7 @@ async fn kill_9_mid_purge_then_the_restart_finishes_the_purge() {
     p.child.wait().unwrap();
     drop(p);
     {
-        let store = fleetops_storage::Store::open(&dir.path().join("data")).unwrap();
+        let store = crate::common::open_store(dir.path());
         assert_eq!(
             store.orgs_being_deleted().unwrap().len(),
             1,
@@ -1480,7 +1496,7 @@ async fn kill_9_mid_purge_then_the_restart_finishes_the_purge() {
     let v: serde_json::Value = r.json().await.unwrap();
     assert_eq!(v["items"][0]["message"], "kept", "{v}");
     drop(p);
-    let store = fleetops_storage::Store::open(&dir.path().join("data")).unwrap();
+    let store = crate::common::open_store(dir.path());
     assert_eq!(store.project_residue(pid).unwrap(), Vec::<&str>::new());
     for sid in sids {
         assert!(store.session_by_id(sid).unwrap().is_none());
@@ -1572,7 +1588,7 @@ async fn admin_org_offline_lists_changes_and_deletes_an_organization() {
     );
 
     let pid = {
-        let store = fleetops_storage::Store::open(&dir.path().join("data")).unwrap();
+        let store = crate::common::open_store(dir.path());
         let org = store.org_by_slug("acme").unwrap().unwrap();
         store.project_by_slug(org.id, "arms").unwrap().unwrap().id
     };
@@ -1581,7 +1597,7 @@ async fn admin_org_offline_lists_changes_and_deletes_an_organization() {
     let list = admin_json(dir.path(), &["org", "list"], &[]);
     assert_eq!(list["items"].as_array().unwrap().len(), 1, "{list}");
     assert_eq!(list["being_purged"], 0);
-    let store = fleetops_storage::Store::open(&dir.path().join("data")).unwrap();
+    let store = crate::common::open_store(dir.path());
     assert_eq!(store.project_residue(pid).unwrap(), Vec::<&str>::new());
     assert_eq!(store.orgs_being_deleted().unwrap(), Vec::<u64>::new());
     assert_eq!(store.verify_lists().unwrap(), Vec::<String>::new());

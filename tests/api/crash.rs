@@ -832,7 +832,7 @@ async fn kill_9_at_random_moments_loses_and_duplicates_nothing() {
     );
     drop(l);
     drop(p);
-    let store = fleetops_storage::Store::open(&dir.path().join("data")).unwrap();
+    let store = crate::common::open_store(dir.path());
     assert_eq!(store.verify_lists().unwrap(), Vec::<String>::new());
 }
 

@@ -8,6 +8,8 @@
 pub const SEAL_EVERY_BATCH: bool = false;
 /// Read by `common::test_config`: the `sealed_s3` suite keeps blobs in an S3-compatible server.
 pub const BLOBS_ON_S3: bool = false;
+/// Read by `common::test_config`: the `postgres` suite keeps records in PostgreSQL.
+pub const ON_POSTGRES: bool = false;
 
 mod accounts;
 mod alerts;
@@ -25,6 +27,7 @@ mod disk;
 mod evaluation;
 mod hostile;
 mod live;
+mod migrate;
 mod offboarding;
 mod ops;
 mod peers;

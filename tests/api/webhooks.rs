@@ -1125,7 +1125,9 @@ async fn runners_claim_renew_complete_and_leases_expire() {
     skipped(&d, "duplicate_job");
 }
 
-#[tokio::test]
+// On a multi-threaded runtime, as the server runs in production: a store call that waits
+// for the database then holds one worker, not the whole server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn five_hundred_concurrent_deliveries_are_all_accepted_and_processed() {
     let s = webhook_server().await;
     link(&s, REPO).await;

@@ -7,6 +7,7 @@
 /// Read by `common::test_config`.
 pub const SEAL_EVERY_BATCH: bool = true;
 pub const BLOBS_ON_S3: bool = false;
+pub const ON_POSTGRES: bool = false;
 
 #[path = "../api/common.rs"]
 mod common;

@@ -1,0 +1,821 @@
+//! The PostgreSQL engine: each tree is a table `fleetops_{tree} (k bytea PRIMARY KEY, v bytea)`,
+//! so keys keep sled's byte order (bytea compares bytewise) and every typed operation above
+//! runs unchanged. Chosen by `[database] url`.
+//!
+//! - **Client**: `tokio-postgres` with a `deadpool-postgres` pool, on a runtime of the
+//!   engine's own. The store's operations are synchronous; each statement (or transaction
+//!   step) runs as a task on that runtime and the caller waits for its answer, so a task is
+//!   never cancelled half-way: a caller that goes away leaves the statement to finish, and
+//!   a transaction whose closure panics drops its connection (PostgreSQL rolls it back)
+//!   rather than returning it to the pool inside an open transaction.
+//! - **Durability**: a write is answered once its transaction has committed, with
+//!   `synchronous_commit` on (checked at open), so the store's group commit has nothing left
+//!   to wait for.
+//! - **Atomicity and races**: a batch is one transaction; `update_and_fetch` and
+//!   `compare_and_swap` are decided by PostgreSQL (row lock, conditional statement), and a
+//!   two-tree transaction runs `SERIALIZABLE`, again from the start on a serialization
+//!   failure or deadlock, so two processes on one database never both win.
+//! - **Schema**: versioned migrations (`storage/migrations/NNNN_*.sql`) applied at open
+//!   inside a transaction holding an advisory lock, so concurrent starts apply each once.
+//! - **Unavailability**: a connection or server failure is [`StorageError::Unavailable`]
+//!   (503 to clients); the pool reconnects on its own when the server is back.
+
+use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::ops::Bound;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use tokio_postgres::NoTls;
+use tokio_postgres::error::SqlState;
+
+use super::{Batch, Bytes, Iter, Tx, TxError, TxFailure, TxFailureKind, TxOutcome, TxTree};
+use crate::{Result, StorageError};
+
+/// The migrations, in order; each runs once, in one transaction.
+const MIGRATIONS: &[(i32, &str)] = &[(1, include_str!("../../migrations/0001_trees.sql"))];
+
+/// The tree names a store opens.
+const TREES: &[&str] = &["records", "logs", "seq", "meta"];
+
+/// Rows read per page of a scan: small first (most scans stop early), larger after.
+const FIRST_PAGE: i64 = 64;
+const PAGE: i64 = 1024;
+
+/// How many times a transaction is run again after a serialization failure or a deadlock.
+const TX_TRIES: usize = 64;
+
+struct Shared {
+    rt: Mutex<Option<tokio::runtime::Runtime>>,
+    handle: tokio::runtime::Handle,
+    pool: Pool,
+    /// How long each commit took (`/metrics` and the benches).
+    commits: Arc<crate::timings::Timings>,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        self.pool.close();
+        // Dropped wherever the store is, an async context included.
+        if let Some(rt) = self.rt.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+/// A PostgreSQL database holding a store.
+#[derive(Clone)]
+pub(crate) struct Pg(Arc<Shared>);
+
+fn db_error(e: tokio_postgres::Error) -> StorageError {
+    if e.is_closed() || e.as_db_error().is_none() {
+        return StorageError::Unavailable(e.to_string());
+    }
+    match e.code() {
+        Some(c)
+            if *c == SqlState::ADMIN_SHUTDOWN
+                || *c == SqlState::CRASH_SHUTDOWN
+                || *c == SqlState::CANNOT_CONNECT_NOW
+                || *c == SqlState::TOO_MANY_CONNECTIONS =>
+        {
+            StorageError::Unavailable(e.to_string())
+        }
+        _ => StorageError::Database(
+            e.as_db_error()
+                .map_or_else(|| e.to_string(), |d| d.to_string()),
+        ),
+    }
+}
+
+fn pool_error(e: deadpool_postgres::PoolError) -> StorageError {
+    match e {
+        deadpool_postgres::PoolError::Backend(e) => db_error(e),
+        other => StorageError::Unavailable(other.to_string()),
+    }
+}
+
+/// A serialization failure or deadlock: the transaction is run again.
+fn retryable(e: &tokio_postgres::Error) -> bool {
+    e.code().is_some_and(|c| {
+        *c == SqlState::T_R_SERIALIZATION_FAILURE || *c == SqlState::T_R_DEADLOCK_DETECTED
+    })
+}
+
+fn table(tree: &str) -> String {
+    format!("fleetops_{tree}")
+}
+
+impl Pg {
+    /// Connects to `url` (a `postgres://` URL), checks that commits are synchronous, and
+    /// applies the migrations this build has that the database lacks.
+    pub(crate) fn open(url: &str, max_connections: usize) -> Result<Self> {
+        let config: tokio_postgres::Config = url
+            .parse()
+            .map_err(|e| StorageError::Config(format!("[database] url: {e}")))?;
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("fleetops-pg")
+            .enable_all()
+            .build()?;
+        let mgr = Manager::from_config(
+            config,
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(mgr)
+            .max_size(max_connections.max(2))
+            .runtime(deadpool_postgres::Runtime::Tokio1)
+            .wait_timeout(Some(Duration::from_secs(30)))
+            .create_timeout(Some(Duration::from_secs(5)))
+            .build()
+            .map_err(|e| StorageError::Config(format!("[database]: {e}")))?;
+        let pg = Pg(Arc::new(Shared {
+            handle: rt.handle().clone(),
+            rt: Mutex::new(Some(rt)),
+            pool,
+            commits: Arc::default(),
+        }));
+        pg.migrate()?;
+        Ok(pg)
+    }
+
+    pub(crate) fn commit_timings(&self) -> Arc<crate::timings::Timings> {
+        self.0.commits.clone()
+    }
+
+    /// Runs `fut` to completion on the engine's runtime and waits for its answer.
+    fn run<T: Send + 'static>(
+        &self,
+        fut: impl Future<Output = Result<T>> + Send + 'static,
+    ) -> Result<T> {
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        self.0.handle.spawn(async move {
+            let _ = tx.send(fut.await);
+        });
+        let wait = || {
+            rx.recv().unwrap_or_else(|_| {
+                Err(StorageError::Unavailable("the database task ended".into()))
+            })
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+                tokio::task::block_in_place(wait)
+            }
+            _ => wait(),
+        }
+    }
+
+    fn migrate(&self) -> Result<()> {
+        let pool = self.0.pool.clone();
+        self.run(async move {
+            let mut c = pool.get().await.map_err(pool_error)?;
+            let setting = c
+                .query_one("SHOW synchronous_commit", &[])
+                .await
+                .map_err(db_error)?;
+            let sync: String = setting.get(0);
+            if sync == "off" {
+                return Err(StorageError::Config(
+                    "PostgreSQL has synchronous_commit = off: an answered write could be lost; \
+                     turn it on for fleetops' database"
+                        .into(),
+                ));
+            }
+            let tx = c.transaction().await.map_err(db_error)?;
+            // One starter at a time; the lock ends with the transaction.
+            tx.execute("SELECT pg_advisory_xact_lock(7245118001)", &[])
+                .await
+                .map_err(db_error)?;
+            tx.batch_execute(
+                "CREATE TABLE IF NOT EXISTS fleetops_schema (version integer PRIMARY KEY, \
+                 applied_at timestamptz NOT NULL DEFAULT now())",
+            )
+            .await
+            .map_err(db_error)?;
+            let have: Option<i32> = tx
+                .query_one("SELECT max(version) FROM fleetops_schema", &[])
+                .await
+                .map_err(db_error)?
+                .get(0);
+            let have = have.unwrap_or(0);
+            let newest = MIGRATIONS.last().map_or(0, |m| m.0);
+            if have > newest {
+                return Err(StorageError::Config(format!(
+                    "the database's schema is version {have}, newer than this build's \
+                     {newest}: run the newer fleetops"
+                )));
+            }
+            for (version, sql) in MIGRATIONS.iter().filter(|m| m.0 > have) {
+                tx.batch_execute(sql).await.map_err(db_error)?;
+                tx.execute(
+                    "INSERT INTO fleetops_schema (version) VALUES ($1)",
+                    &[version],
+                )
+                .await
+                .map_err(db_error)?;
+                tracing::info!(version, "database schema migrated");
+            }
+            tx.commit().await.map_err(db_error)?;
+            Ok(())
+        })
+    }
+
+    pub(crate) fn tree(&self, name: &str) -> Result<PgTree> {
+        if !TREES.contains(&name) {
+            return Err(StorageError::Config(format!("no tree named {name}")));
+        }
+        Ok(PgTree {
+            pg: self.clone(),
+            table: Arc::from(table(name)),
+        })
+    }
+
+    /// Bytes the store's tables take in the database.
+    pub(crate) fn size(&self) -> Result<u64> {
+        let pool = self.0.pool.clone();
+        self.run(async move {
+            let c = pool.get().await.map_err(pool_error)?;
+            let mut total = 0i64;
+            for t in TREES {
+                let row = c
+                    .query_one(
+                        "SELECT pg_total_relation_size($1::text::regclass)",
+                        &[&table(t)],
+                    )
+                    .await
+                    .map_err(db_error)?;
+                total += row.get::<_, i64>(0);
+            }
+            Ok(total.max(0) as u64)
+        })
+    }
+}
+
+/// One tree's table.
+#[derive(Clone)]
+pub(crate) struct PgTree {
+    pg: Pg,
+    table: Arc<str>,
+}
+
+/// A tree's writes: the last value of each key (`None`: removed).
+type Writes = HashMap<Vec<u8>, Option<Vec<u8>>>;
+
+/// Upserts and deletes, each as one statement over arrays.
+async fn write_all(
+    c: &impl deadpool_postgres::GenericClient,
+    table: &str,
+    writes: Writes,
+) -> std::result::Result<(), tokio_postgres::Error> {
+    let (mut ks, mut vs, mut gone) = (Vec::new(), Vec::new(), Vec::new());
+    for (k, v) in writes {
+        match v {
+            Some(v) => {
+                ks.push(k);
+                vs.push(v);
+            }
+            None => gone.push(k),
+        }
+    }
+    if !ks.is_empty() {
+        c.execute(
+            &format!(
+                "INSERT INTO {table} (k, v) SELECT * FROM unnest($1::bytea[], $2::bytea[]) \
+                 ON CONFLICT (k) DO UPDATE SET v = EXCLUDED.v"
+            ),
+            &[&ks, &vs],
+        )
+        .await?;
+    }
+    if !gone.is_empty() {
+        c.execute(
+            &format!("DELETE FROM {table} WHERE k = ANY($1::bytea[])"),
+            &[&gone],
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+fn bound_sql(b: &Bound<Vec<u8>>, op_incl: &str, op_excl: &str, n: usize) -> Option<String> {
+    match b {
+        Bound::Included(_) => Some(format!("k {op_incl} ${n}")),
+        Bound::Excluded(_) => Some(format!("k {op_excl} ${n}")),
+        Bound::Unbounded => None,
+    }
+}
+
+fn bound_key(b: &Bound<Vec<u8>>) -> Option<Vec<u8>> {
+    match b {
+        Bound::Included(k) | Bound::Excluded(k) => Some(k.clone()),
+        Bound::Unbounded => None,
+    }
+}
+
+/// The smallest key above every key starting with `prefix` (`None`: there is none).
+fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return Some(end);
+        }
+    }
+    None
+}
+
+/// A scan read a page at a time from either end; what one end has read is cut from the
+/// other's range, so the two never meet on a key.
+struct Scan {
+    tree: PgTree,
+    lo: Bound<Vec<u8>>,
+    hi: Bound<Vec<u8>>,
+    front: VecDeque<(Bytes, Bytes)>,
+    back: VecDeque<(Bytes, Bytes)>,
+    front_pages: u32,
+    back_pages: u32,
+    /// Nothing is left between `lo` and `hi` beyond the buffers.
+    drained: bool,
+    failed: bool,
+}
+
+impl Scan {
+    fn fetch(&mut self, forward: bool) -> Result<()> {
+        let pages = if forward {
+            &mut self.front_pages
+        } else {
+            &mut self.back_pages
+        };
+        let limit = if *pages == 0 { FIRST_PAGE } else { PAGE };
+        *pages += 1;
+        let mut cond = Vec::new();
+        let mut args = Vec::new();
+        if let Some(c) = bound_sql(&self.lo, ">=", ">", args.len() + 1) {
+            cond.push(c);
+            args.extend(bound_key(&self.lo));
+        }
+        if let Some(c) = bound_sql(&self.hi, "<=", "<", args.len() + 1) {
+            cond.push(c);
+            args.extend(bound_key(&self.hi));
+        }
+        let sql = format!(
+            "SELECT k, v FROM {} {} ORDER BY k {} LIMIT {limit}",
+            self.tree.table,
+            if cond.is_empty() {
+                String::new()
+            } else {
+                format!("WHERE {}", cond.join(" AND "))
+            },
+            if forward { "ASC" } else { "DESC" },
+        );
+        let pool = self.tree.pg.0.pool.clone();
+        let rows: Vec<(Vec<u8>, Vec<u8>)> = self.tree.pg.run(async move {
+            let c = pool.get().await.map_err(pool_error)?;
+            let params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = args
+                .iter()
+                .map(|a| a as &(dyn tokio_postgres::types::ToSql + Sync))
+                .collect();
+            let rows = c.query(&sql, &params).await.map_err(db_error)?;
+            Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+        })?;
+        if (rows.len() as i64) < limit {
+            self.drained = true;
+        }
+        if let Some((k, _)) = rows.last() {
+            if forward {
+                self.lo = Bound::Excluded(k.clone());
+            } else {
+                self.hi = Bound::Excluded(k.clone());
+            }
+        }
+        let buf = if forward {
+            &mut self.front
+        } else {
+            &mut self.back
+        };
+        buf.extend(
+            rows.into_iter()
+                .map(|(k, v)| (Bytes::from(k), Bytes::from(v))),
+        );
+        Ok(())
+    }
+
+    fn step(&mut self, forward: bool) -> Option<Result<(Bytes, Bytes)>> {
+        if self.failed {
+            return None;
+        }
+        loop {
+            let own = if forward {
+                self.front.pop_front()
+            } else {
+                self.back.pop_front()
+            };
+            if let Some(kv) = own {
+                return Some(Ok(kv));
+            }
+            if self.drained {
+                // What the other end read and has not handed out yet comes last.
+                let other = if forward {
+                    self.back.pop_back()
+                } else {
+                    self.front.pop_back()
+                };
+                return other.map(Ok);
+            }
+            if let Err(e) = self.fetch(forward) {
+                self.failed = true;
+                return Some(Err(e));
+            }
+        }
+    }
+}
+
+impl Iterator for Scan {
+    type Item = Result<(Bytes, Bytes)>;
+    fn next(&mut self) -> Option<Self::Item> {
+        self.step(true)
+    }
+}
+
+impl DoubleEndedIterator for Scan {
+    fn next_back(&mut self) -> Option<Self::Item> {
+        self.step(false)
+    }
+}
+
+impl PgTree {
+    fn pool(&self) -> (Pool, Arc<str>) {
+        (self.pg.0.pool.clone(), self.table.clone())
+    }
+
+    pub(crate) fn get(&self, key: &[u8]) -> Result<Option<Bytes>> {
+        let (pool, t, key) = (self.pg.0.pool.clone(), self.table.clone(), key.to_vec());
+        self.pg.run(async move {
+            let c = pool.get().await.map_err(pool_error)?;
+            let row = c
+                .query_opt(&format!("SELECT v FROM {t} WHERE k = $1"), &[&key])
+                .await
+                .map_err(db_error)?;
+            Ok(row.map(|r| Bytes::from(r.get::<_, Vec<u8>>(0))))
+        })
+    }
+
+    pub(crate) fn contains_key(&self, key: &[u8]) -> Result<bool> {
+        let (pool, t, key) = (self.pg.0.pool.clone(), self.table.clone(), key.to_vec());
+        self.pg.run(async move {
+            let c = pool.get().await.map_err(pool_error)?;
+            let row = c
+                .query_opt(&format!("SELECT 1 FROM {t} WHERE k = $1"), &[&key])
+                .await
+                .map_err(db_error)?;
+            Ok(row.is_some())
+        })
+    }
+
+    pub(crate) fn range(&self, lo: Bound<Vec<u8>>, hi: Bound<Vec<u8>>) -> Iter {
+        Iter::new(Scan {
+            tree: self.clone(),
+            lo,
+            hi,
+            front: VecDeque::new(),
+            back: VecDeque::new(),
+            front_pages: 0,
+            back_pages: 0,
+            drained: false,
+            failed: false,
+        })
+    }
+
+    pub(crate) fn scan_prefix(&self, prefix: &[u8]) -> Iter {
+        let hi = match prefix_end(prefix) {
+            Some(end) => Bound::Excluded(end),
+            None => Bound::Unbounded,
+        };
+        self.range(Bound::Included(prefix.to_vec()), hi)
+    }
+
+    pub(crate) fn insert(&self, key: &[u8], value: &[u8]) -> Result<()> {
+        let mut b = Batch::default();
+        b.insert(key, value);
+        self.apply_batch(b)
+    }
+
+    pub(crate) fn remove(&self, key: &[u8]) -> Result<()> {
+        let mut b = Batch::default();
+        b.remove(key);
+        self.apply_batch(b)
+    }
+
+    pub(crate) fn apply_batch(&self, batch: Batch) -> Result<()> {
+        let mut last: Writes = HashMap::with_capacity(batch.0.len());
+        for (k, v) in batch.0 {
+            last.insert(k.to_vec(), v.map(|v| v.to_vec()));
+        }
+        if last.is_empty() {
+            return Ok(());
+        }
+        let commits = self.pg.0.commits.clone();
+        let (pool, t) = self.pool();
+        self.pg.run(async move {
+            let mut c = pool.get().await.map_err(pool_error)?;
+            let started = std::time::Instant::now();
+            let tx = c.transaction().await.map_err(db_error)?;
+            write_all(&tx, &t, last).await.map_err(db_error)?;
+            tx.commit().await.map_err(db_error)?;
+            commits.observe(started.elapsed());
+            Ok(())
+        })
+    }
+
+    pub(crate) fn update_and_fetch(
+        &self,
+        key: &[u8],
+        mut f: impl FnMut(Option<&[u8]>) -> Option<Vec<u8>>,
+    ) -> Result<Option<Bytes>> {
+        // Read, decide here, write back only if the value is still the one read.
+        loop {
+            let cur = self.get(key)?;
+            let new = f(cur.as_deref());
+            if self.compare_and_swap(key, cur.as_deref(), new.as_deref())? {
+                return Ok(new.map(Bytes::from));
+            }
+        }
+    }
+
+    pub(crate) fn compare_and_swap(
+        &self,
+        key: &[u8],
+        old: Option<&[u8]>,
+        new: Option<&[u8]>,
+    ) -> Result<bool> {
+        let (key, old, new) = (
+            key.to_vec(),
+            old.map(<[u8]>::to_vec),
+            new.map(<[u8]>::to_vec),
+        );
+        let commits = self.pg.0.commits.clone();
+        let (pool, t) = self.pool();
+        self.pg.run(async move {
+            let c = pool.get().await.map_err(pool_error)?;
+            let started = std::time::Instant::now();
+            let n = match (old, new) {
+                (None, None) => {
+                    let row = c
+                        .query_opt(&format!("SELECT 1 FROM {t} WHERE k = $1"), &[&key])
+                        .await
+                        .map_err(db_error)?;
+                    return Ok(row.is_none());
+                }
+                (None, Some(new)) => {
+                    c.execute(
+                        &format!(
+                            "INSERT INTO {t} (k, v) VALUES ($1, $2) ON CONFLICT (k) DO NOTHING"
+                        ),
+                        &[&key, &new],
+                    )
+                    .await
+                }
+                (Some(old), Some(new)) => {
+                    c.execute(
+                        &format!("UPDATE {t} SET v = $3 WHERE k = $1 AND v = $2"),
+                        &[&key, &old, &new],
+                    )
+                    .await
+                }
+                (Some(old), None) => {
+                    c.execute(
+                        &format!("DELETE FROM {t} WHERE k = $1 AND v = $2"),
+                        &[&key, &old],
+                    )
+                    .await
+                }
+            }
+            .map_err(db_error)?;
+            commits.observe(started.elapsed());
+            Ok(n == 1)
+        })
+    }
+
+    /// A serializable transaction over this table and `other`'s: reads go to the database
+    /// (and see the transaction's own writes, kept here until the commit writes them all).
+    pub(crate) fn transaction<A, E>(
+        &self,
+        other: &PgTree,
+        f: impl Fn(&Tx, &Tx) -> Result<A, TxError<E>>,
+    ) -> Result<A, TxOutcome<E>> {
+        for _ in 0..TX_TRIES {
+            let conn = PgTx::begin(&self.pg).map_err(TxOutcome::Storage)?;
+            let (a, b) = (
+                Side {
+                    conn: &conn,
+                    table: self.table.clone(),
+                    writes: Mutex::default(),
+                },
+                Side {
+                    conn: &conn,
+                    table: other.table.clone(),
+                    writes: Mutex::default(),
+                },
+            );
+            match f(&Tx(&a), &Tx(&b)) {
+                Ok(out) => {
+                    let writes = vec![(a.table.clone(), a.take()), (b.table.clone(), b.take())];
+                    match conn.commit(writes) {
+                        Ok(true) => return Ok(out),
+                        Ok(false) => continue,
+                        Err(e) => return Err(TxOutcome::Storage(e)),
+                    }
+                }
+                Err(TxError::Abort(e)) => {
+                    conn.rollback();
+                    return Err(TxOutcome::Abort(e));
+                }
+                Err(TxError::Engine(TxFailure(TxFailureKind::Retry))) => {
+                    conn.rollback();
+                    continue;
+                }
+                Err(TxError::Engine(TxFailure(TxFailureKind::Storage(e)))) => {
+                    conn.rollback();
+                    return Err(TxOutcome::Storage(e));
+                }
+                Err(TxError::Engine(TxFailure(TxFailureKind::Sled(_)))) => {
+                    conn.rollback();
+                    return Err(TxOutcome::Storage(StorageError::Corrupt(
+                        "a sled failure inside a PostgreSQL transaction".into(),
+                    )));
+                }
+            }
+        }
+        Err(TxOutcome::Storage(StorageError::Unavailable(
+            "a transaction kept conflicting with others".into(),
+        )))
+    }
+}
+
+/// A connection inside `BEGIN ISOLATION LEVEL SERIALIZABLE`. Dropped without a commit or a
+/// rollback (its closure panicked), the connection is closed, not pooled.
+struct PgTx {
+    pg: Pg,
+    client: Mutex<Option<deadpool_postgres::Object>>,
+}
+
+impl PgTx {
+    fn begin(pg: &Pg) -> Result<Self> {
+        let pool = pg.0.pool.clone();
+        let client = pg.run(async move {
+            let c = pool.get().await.map_err(pool_error)?;
+            c.batch_execute("BEGIN ISOLATION LEVEL SERIALIZABLE")
+                .await
+                .map_err(db_error)?;
+            Ok(c)
+        })?;
+        Ok(Self {
+            pg: pg.clone(),
+            client: Mutex::new(Some(client)),
+        })
+    }
+
+    fn take(&self) -> Option<deadpool_postgres::Object> {
+        self.client.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+
+    fn put_back(&self, c: deadpool_postgres::Object) {
+        *self.client.lock().unwrap_or_else(|e| e.into_inner()) = Some(c);
+    }
+
+    /// Reads one key inside the transaction; `Retry` on a serialization failure.
+    fn get(&self, table: &str, key: &[u8]) -> Result<Option<Bytes>, TxFailure> {
+        let Some(c) = self.take() else {
+            return Err(TxFailure(TxFailureKind::Storage(
+                StorageError::Unavailable("the transaction's connection is gone".into()),
+            )));
+        };
+        let sql = format!("SELECT v FROM {table} WHERE k = $1");
+        let key = key.to_vec();
+        let (c, out) = self
+            .pg
+            .run(async move {
+                let r = c.query_opt(&sql, &[&key]).await;
+                Ok((c, r))
+            })
+            .map_err(|e| TxFailure(TxFailureKind::Storage(e)))?;
+        self.put_back(c);
+        match out {
+            Ok(row) => Ok(row.map(|r| Bytes::from(r.get::<_, Vec<u8>>(0)))),
+            Err(e) if retryable(&e) => Err(TxFailure(TxFailureKind::Retry)),
+            Err(e) => Err(TxFailure(TxFailureKind::Storage(db_error(e)))),
+        }
+    }
+
+    /// Writes everything and commits: `Ok(false)` when it must be run again.
+    fn commit(&self, writes: Vec<(Arc<str>, Writes)>) -> Result<bool> {
+        let Some(c) = self.take() else {
+            return Err(StorageError::Unavailable(
+                "the transaction's connection is gone".into(),
+            ));
+        };
+        let commits = self.pg.0.commits.clone();
+        self.pg.run(async move {
+            let started = std::time::Instant::now();
+            let out = async {
+                for (table, w) in writes {
+                    write_all(&c, &table, w).await?;
+                }
+                c.batch_execute("COMMIT").await
+            }
+            .await;
+            match out {
+                Ok(()) => {
+                    commits.observe(started.elapsed());
+                    Ok(true)
+                }
+                Err(e) if retryable(&e) => {
+                    let _ = c.batch_execute("ROLLBACK").await;
+                    Ok(false)
+                }
+                Err(e) => {
+                    // Whether it committed is unknown; the connection is not reused.
+                    drop(deadpool_postgres::Object::take(c));
+                    Err(db_error(e))
+                }
+            }
+        })
+    }
+
+    fn rollback(&self) {
+        if let Some(c) = self.take() {
+            let _ = self.pg.run(async move {
+                if c.batch_execute("ROLLBACK").await.is_err() {
+                    drop(deadpool_postgres::Object::take(c));
+                }
+                Ok(())
+            });
+        }
+    }
+}
+
+impl Drop for PgTx {
+    fn drop(&mut self) {
+        if let Some(c) = self.take() {
+            // Never back to the pool inside a transaction.
+            drop(deadpool_postgres::Object::take(c));
+        }
+    }
+}
+
+/// One table inside a [`PgTx`], with its writes kept until the commit.
+struct Side<'a> {
+    conn: &'a PgTx,
+    table: Arc<str>,
+    writes: Mutex<Writes>,
+}
+
+impl Side<'_> {
+    fn take(&self) -> Writes {
+        std::mem::take(&mut *self.writes.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+}
+
+impl TxTree for Side<'_> {
+    fn get(&self, key: &[u8]) -> Result<Option<Bytes>, TxFailure> {
+        if let Some(v) = self
+            .writes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(key)
+        {
+            return Ok(v.clone().map(Bytes::from));
+        }
+        self.conn.get(&self.table, key)
+    }
+    fn insert(&self, key: &[u8], value: &[u8]) -> Result<(), TxFailure> {
+        self.writes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key.to_vec(), Some(value.to_vec()));
+        Ok(())
+    }
+    fn remove(&self, key: &[u8]) -> Result<(), TxFailure> {
+        self.writes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key.to_vec(), None);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::prefix_end;
+
+    #[test]
+    fn a_prefix_ends_past_every_key_that_starts_with_it() {
+        assert_eq!(prefix_end(b"ab"), Some(b"ac".to_vec()));
+        assert_eq!(prefix_end(&[1, 0xff]), Some(vec![2]));
+        assert_eq!(prefix_end(&[0xff, 0xff]), None);
+        assert_eq!(prefix_end(b""), None);
+    }
+}
