@@ -72,15 +72,36 @@ fn main() {
         secs,
         script.to_str(),
     );
+    // Durable device creations, each with a name of its own (a unique name per project).
+    let create_script = std::env::temp_dir().join("fleetops-create-device.lua");
+    std::fs::write(
+        &create_script,
+        "local n = 0\nlocal id = tostring(math.random(1, 1e9))\nrequest = function()\n  n = n + 1\n  return wrk.format(\"POST\", nil, {[\"Content-Type\"] = \"application/json\"}, '{\"name\": \"bench-' .. id .. '-' .. n .. '\"}')\nend\n",
+    )
+    .unwrap();
+    let create = wrk(
+        &format!("{base_url}{dev}"),
+        &auth,
+        conns,
+        secs,
+        create_script.to_str(),
+    );
+    let commit = commit_ms(&running.runtime.store);
     rt.block_on(running.stop());
 
     println!();
+    println!(
+        "backend: {} (mean durable commit in this run {commit:.2} ms; the disk's fsync {:.2} ms)",
+        backend(),
+        fsync_latency_ms(&std::env::temp_dir(), 50)
+    );
     println!("| server | requests/s | p50 ms | p99 ms | non-2xx |");
     println!("|---|---|---|---|---|");
     for (name, r) in [
         ("bare hyper hello-world", &base),
         ("fleetops GET device (API key)", &fleet),
         ("fleetops POST heartbeat (device token, durable)", &beat),
+        ("fleetops POST device (API key, durable)", &create),
     ] {
         println!(
             "| {name} | {:.0} | {:.2} | {:.2} | {} |",
@@ -88,8 +109,9 @@ fn main() {
         );
     }
     println!(
-        "ratio fleetops / bare hyper: {:.1}% (goal >= 50%), {conns} connections, {secs} s each",
-        100.0 * fleet.requests_per_sec / base.requests_per_sec
+        "ratio fleetops / bare hyper: GET device {:.1}% (goal >= 50%), POST device {:.2}%, {conns} connections, {secs} s each",
+        100.0 * fleet.requests_per_sec / base.requests_per_sec,
+        100.0 * create.requests_per_sec / base.requests_per_sec
     );
 
     // Idle resident memory of the real binary.

@@ -16,6 +16,36 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
 
+#[path = "../../tests/support/postgres.rs"]
+pub mod postgres;
+
+/// `BENCH_BACKEND`: where the records of the servers a bench starts live, `sled` (the
+/// default) or `postgres` (a private cluster of Debian's PostgreSQL in a temporary directory,
+/// fsync on, a database per server).
+pub fn backend() -> &'static str {
+    match std::env::var("BENCH_BACKEND").as_deref() {
+        Ok("postgres") => "postgres",
+        Ok("sled") | Err(_) => "sled",
+        Ok(other) => panic!("BENCH_BACKEND is sled or postgres, not {other}"),
+    }
+}
+
+/// The benches' cluster: durable, as in production.
+pub fn bench_cluster() -> &'static postgres::Cluster {
+    static CLUSTER: std::sync::OnceLock<postgres::Cluster> = std::sync::OnceLock::new();
+    CLUSTER.get_or_init(|| postgres::Cluster::start_new(true))
+}
+
+/// The mean of the store's durable-commit timings so far, in ms: sled's group-commit fsyncs,
+/// or PostgreSQL's commits.
+pub fn commit_ms(store: &fleetops_storage::Store) -> f64 {
+    let s = store.flush_timings().snapshot();
+    if s.count == 0 {
+        return f64::NAN;
+    }
+    s.sum_seconds * 1000.0 / s.count as f64
+}
+
 /// A bare hyper 1 hello-world server: the ceiling this machine allows for HTTP/1.1 on
 /// loopback, measured in the same run as fleetops so the ratio survives noisy machines.
 pub async fn start_baseline() -> (SocketAddr, tokio::task::JoinHandle<()>) {
@@ -215,6 +245,9 @@ pub async fn start_fleetops_with(
             storage_bytes: None,
         },
     );
+    if backend() == "postgres" {
+        cfg.database.url = bench_cluster().database();
+    }
     f(&mut cfg);
     let running = fleetops::startup::start(cfg).await.unwrap();
     let key = running.initial.clone().unwrap().api_key;
