@@ -76,7 +76,7 @@ fn main() {
     let create_script = std::env::temp_dir().join("fleetops-create-device.lua");
     std::fs::write(
         &create_script,
-        "local n = 0\nlocal id = tostring(math.random(1, 1e9))\nrequest = function()\n  n = n + 1\n  return wrk.format(\"POST\", nil, {[\"Content-Type\"] = \"application/json\"}, '{\"name\": \"bench-' .. id .. '-' .. n .. '\"}')\nend\n",
+        "wrk.method = \"POST\"\nwrk.headers[\"Content-Type\"] = \"application/json\"\nlocal n = 0\nlocal id = tostring(math.random(1, 1e9))\nrequest = function()\n  n = n + 1\n  return wrk.format(nil, nil, nil, '{\"name\": \"bench-' .. id .. '-' .. n .. '\"}')\nend\n",
     )
     .unwrap();
     let create = wrk(

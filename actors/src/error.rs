@@ -71,6 +71,8 @@ impl From<StorageError> for Error {
             StorageError::FlushFailed | StorageError::Unavailable(_) => Error::Unavailable {
                 retry_after_secs: 1,
             },
+            // Another writer (another process on the same database) took the key first.
+            StorageError::Conflict(what) => Error::Conflict(what),
             e if e.is_disk_full() => Error::InsufficientStorage(
                 "The data directory's disk is full: nothing was written".into(),
             ),

@@ -123,7 +123,11 @@ impl Store {
     pub fn insert_user(&self, user: &User) -> Result<()> {
         let mut w = Writes::new();
         w.put(keys::user(user.id), user)?;
-        w.put_id(keys::user_by_email(&user.email), user.id);
+        w.claim_id(
+            keys::user_by_email(&user.email),
+            user.id,
+            "A user with this email already exists",
+        );
         self.inner.cache.users.forget(&user.id);
         self.apply(w)?;
         self.inner.cache.users.forget(&user.id);
@@ -196,7 +200,11 @@ impl Store {
     pub fn insert_org(&self, org: &Organization, owner: &Membership) -> Result<()> {
         let mut w = Writes::new();
         w.put(keys::org(org.id), org)?;
-        w.put_id(keys::org_by_slug(&org.slug), org.id);
+        w.claim_id(
+            keys::org_by_slug(&org.slug),
+            org.id,
+            "An organization with this slug already exists",
+        );
         put_membership(&mut w, owner)?;
         self.forget_org(org, owner);
         self.apply(w)?;
@@ -326,7 +334,11 @@ impl Store {
     pub fn insert_project(&self, p: &Project) -> Result<()> {
         let mut w = Writes::new();
         w.put(keys::project(p.id), p)?;
-        w.put_id(keys::project_by_slug(p.org_id, &p.slug), p.id);
+        w.claim_id(
+            keys::project_by_slug(p.org_id, &p.slug),
+            p.id,
+            "A project with this slug already exists",
+        );
         w.put_id(keys::org_project(p.org_id, p.id), p.id);
         self.write_project(p, w)
     }

@@ -1,14 +1,15 @@
-//! Persistence for fleetops: typed records and indexes in sled, webhook payloads in
+//! Persistence for fleetops: typed records and indexes on a key-value engine (`engine`:
+//! sled, embedded, by default; PostgreSQL with `[database] url`), webhook payloads in
 //! append-only segment files beside it (`spool`), blobs through `object_store` (local files or
 //! S3).
 //!
-//! Owns every key layout (`keys`) and codec (`codec`); nothing outside this crate sees a sled
-//! type. The rest of the code calls typed operations (`accounts`, `devices`, `sessions`,
-//! `pipeline`, `scm`, ...) so that another backend could sit behind the same functions and
-//! pass the same tests. Four sled trees: `records` (every record with its secondary indexes
-//! and list entries, so a record and what points at it are one atomic batch), `logs` (log
-//! chunks, kept apart so record scans stay small), `seq` (id counters; a gap after a crash is
-//! harmless) and `meta` (values generated once, and markers).
+//! Owns every key layout (`keys`) and codec (`codec`); nothing outside this crate sees an
+//! engine's type. The rest of the code calls typed operations (`accounts`, `devices`,
+//! `sessions`, `pipeline`, `scm`, ...), written once for both engines and passing the same
+//! tests. Four trees: `records` (every record with its secondary indexes and list entries,
+//! so a record and what points at it are one atomic batch), `logs` (log chunks, kept apart so
+//! record scans stay small), `seq` (id counters; a gap after a crash is harmless) and `meta`
+//! (values generated once, and markers).
 //!
 //! Invariants a change must keep:
 //! - Durability: sled fsyncs on its own only every ~500 ms, so every acknowledged write is
@@ -17,7 +18,11 @@
 //!   payloads and its journal record are fsynced in the payload log, and [`Store::open`]
 //!   replays that journal for whatever sled lost.
 //! - Uniqueness and state transitions are decided by the single-writer actors before they
-//!   write; a write here is one atomic batch, and a storage error is a 5xx, never a conflict.
+//!   write; a write here is one atomic batch. What two processes on one database could both
+//!   get past their actors' checks is decided here: a write's claims on unique keys
+//!   (`Writes::claim`) fail it whole with [`StorageError::Conflict`] (409), and on PostgreSQL
+//!   every write is one serializable transaction with its list counters. Any other storage
+//!   error is a 5xx (503 while the database is unreachable).
 //! - A listed record's list entries and counters (`lists`) are written in the record's own
 //!   batch, under one lock, so a page reads only its entries and one counter.
 //! - Every write holds the backup gate (`gate`) shared, so a backup holding it exclusive
@@ -94,6 +99,10 @@ pub enum StorageError {
     /// may be retried.
     #[error("the database is unavailable: {0}")]
     Unavailable(String),
+    /// A write's claim on a unique key (a name, a slug, an idempotency key, a delivery id) lost
+    /// to another writer's: nothing of the write was applied. Says what was taken.
+    #[error("{0}")]
+    Conflict(String),
 }
 
 pub type Result<T, E = StorageError> = std::result::Result<T, E>;
@@ -407,6 +416,9 @@ impl Store {
     }
 
     fn apply(&self, w: Writes) -> Result<()> {
+        if self.on_postgres() {
+            return self.apply_shared(w);
+        }
         let Writes(ops, relist) = w;
         let mut batch = ops.into_batch(self)?;
         if relist.is_empty() {
@@ -423,6 +435,56 @@ impl Store {
         }
         self.inner.records.apply_batch_held(batch, &gate)?;
         Ok(())
+    }
+
+    /// [`Store::apply`] on an engine other processes write too: the conditional removals,
+    /// claims, list entries and counters are read and decided inside one serializable
+    /// transaction with the write (run again from the start when another writer's commit
+    /// conflicts), so concurrent writers neither both win a claim nor lose a count.
+    fn apply_shared(&self, w: Writes) -> Result<()> {
+        use engine::{TxError, TxOutcome};
+        let Writes(ops, relist) = w;
+        let ops = ops.0;
+        let gate = self.inner.gate.shared();
+        // Writers of lists in this process take turns, as on the embedded store, so only
+        // another process's commit makes a transaction run again.
+        let _lists = (!relist.is_empty()).then(|| self.list_guard());
+        let out = self.inner.records.transaction_held(
+            &self.inner.logs,
+            &gate,
+            |records, _| -> std::result::Result<(), TxError<StorageError>> {
+                let read = |k: &[u8]| records.get(k).map_err(TxError::from);
+                let copy = Ops(ops
+                    .iter()
+                    .map(|(k, op)| {
+                        let op = match op {
+                            Op::Set(v) => Op::Set(v.clone()),
+                            Op::Remove => Op::Remove,
+                            Op::RemoveIf(v) => Op::RemoveIf(v.clone()),
+                            Op::Claim(v, what) => Op::Claim(v.clone(), what),
+                        };
+                        (k.clone(), op)
+                    })
+                    .collect());
+                let mut writes = copy.resolve(read)?;
+                if !relist.is_empty() {
+                    for (k, v) in lists::plan_by(&relist, read)? {
+                        writes.push((k.into(), v.map(Into::into)));
+                    }
+                }
+                for (k, v) in writes {
+                    match v {
+                        Some(v) => records.insert(&k, &v)?,
+                        None => records.remove(&k)?,
+                    }
+                }
+                Ok(())
+            },
+        );
+        match out {
+            Ok(()) => Ok(()),
+            Err(TxOutcome::Abort(e) | TxOutcome::Storage(e)) => Err(e),
+        }
     }
 
     fn list_guard(&self) -> std::sync::MutexGuard<'_, ()> {
@@ -466,6 +528,10 @@ enum Op {
     /// Remove while the key holds this value (as stored, or as set earlier in the batch): an
     /// index entry goes only with the record it points at.
     RemoveIf(engine::Bytes),
+    /// Set, unless the key holds another value: then the whole write fails with
+    /// [`StorageError::Conflict`] saying what was taken. Decided by the engine, atomically
+    /// with the write, so two processes never both claim one key.
+    Claim(engine::Bytes, &'static str),
 }
 
 impl Ops {
@@ -478,41 +544,58 @@ impl Ops {
     fn remove_if<K: Into<engine::Bytes>, V: Into<engine::Bytes>>(&mut self, key: K, value: V) {
         self.0.push((key.into(), Op::RemoveIf(value.into())));
     }
-    /// The batch, with each conditional removal decided against what the key holds at that
-    /// point of the batch. Its writer must be the only one of such keys (the read is not
-    /// under a lock).
-    fn into_batch(self, store: &Store) -> Result<engine::Batch> {
-        let mut b = engine::Batch::default();
+    /// The writes, with each conditional removal and claim decided against what the key
+    /// holds at that point of the batch, read through `read`.
+    fn resolve<E: From<StorageError>>(
+        self,
+        read: impl Fn(&[u8]) -> std::result::Result<Option<engine::Bytes>, E>,
+    ) -> std::result::Result<Vec<(engine::Bytes, Option<engine::Bytes>)>, E> {
+        let mut out = Vec::with_capacity(self.0.len());
         let mut pending: std::collections::HashMap<engine::Bytes, Option<engine::Bytes>> =
             std::collections::HashMap::new();
-        let conditional = self.0.iter().any(|(_, op)| matches!(op, Op::RemoveIf(_)));
+        let conditional = self
+            .0
+            .iter()
+            .any(|(_, op)| matches!(op, Op::RemoveIf(_) | Op::Claim(..)));
         for (k, op) in self.0 {
-            match op {
-                Op::Set(v) => {
-                    if conditional {
-                        pending.insert(k.clone(), Some(v.clone()));
+            let holds =
+                |k: &engine::Bytes,
+                 pending: &std::collections::HashMap<_, Option<engine::Bytes>>| {
+                    match pending.get(k) {
+                        Some(v) => Ok(v.clone()),
+                        None => read(k),
                     }
-                    b.insert(k, v)
-                }
-                Op::Remove => {
-                    if conditional {
-                        pending.insert(k.clone(), None);
-                    }
-                    b.remove(k)
-                }
+                };
+            let write = match op {
+                Op::Set(v) => Some(v),
+                Op::Remove => None,
                 Op::RemoveIf(expected) => {
-                    let holds = match pending.get(&k) {
-                        Some(v) => v.clone(),
-                        None => store.inner.records.get(&k)?,
-                    };
-                    if holds.as_ref() == Some(&expected) {
-                        pending.insert(k.clone(), None);
-                        b.remove(k);
+                    if holds(&k, &pending)?.as_ref() != Some(&expected) {
+                        continue;
                     }
+                    None
                 }
+                Op::Claim(v, what) => {
+                    if holds(&k, &pending)?.is_some_and(|h| h != v) {
+                        return Err(StorageError::Conflict(what.to_string()).into());
+                    }
+                    Some(v)
+                }
+            };
+            if conditional {
+                pending.insert(k.clone(), write.clone());
             }
+            out.push((k, write));
         }
-        Ok(b)
+        Ok(out)
+    }
+
+    /// The batch, with each conditional removal and claim decided against what the store
+    /// holds. Its writer must be the only one of such keys (the read is not under a lock):
+    /// the embedded store's, whose process is its only writer.
+    fn into_batch(self, store: &Store) -> Result<engine::Batch> {
+        let writes = self.resolve(|k| store.inner.records.get(k))?;
+        Ok(engine::Batch(writes))
     }
 }
 
@@ -563,6 +646,14 @@ impl Writes {
     }
     fn put_id(&mut self, key: Vec<u8>, id: u64) {
         self.0.insert(key, id.to_be_bytes().to_vec());
+    }
+    /// Writes `key` unless it holds another value: then the write fails with
+    /// [`StorageError::Conflict`]`(what)`.
+    fn claim(&mut self, key: Vec<u8>, value: Vec<u8>, what: &'static str) {
+        self.0.0.push((key.into(), Op::Claim(value.into(), what)));
+    }
+    fn claim_id(&mut self, key: Vec<u8>, id: u64, what: &'static str) {
+        self.claim(key, id.to_be_bytes().to_vec(), what);
     }
     fn delete(&mut self, key: Vec<u8>) {
         self.0.remove(key);

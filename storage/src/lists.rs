@@ -14,7 +14,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::{Result, Store, keys};
+use crate::{Result, StorageError, Store, keys};
 
 /// A list's identity: its tag and the filter values it is for.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -109,6 +109,20 @@ pub(crate) type KeyWrite = (Vec<u8>, Option<Vec<u8>>);
 /// The extra key writes (`None`: remove) that bring the lists in step with `changes`.
 /// The caller holds the list lock from here until its batch is applied.
 pub(crate) fn plan(store: &Store, changes: &[Relist]) -> Result<Vec<KeyWrite>> {
+    plan_by(changes, |k| store.inner.records.get(k))
+}
+
+/// As [`plan`], reading the records and counters through `read` (a transaction's view).
+pub(crate) fn plan_by<E: From<StorageError>>(
+    changes: &[Relist],
+    read: impl Fn(&[u8]) -> std::result::Result<Option<crate::engine::Bytes>, E>,
+) -> std::result::Result<Vec<KeyWrite>, E> {
+    let counter = |k: &[u8]| -> std::result::Result<u64, E> {
+        Ok(read(k)?
+            .and_then(|v| <[u8; 8]>::try_from(v.as_ref()).ok())
+            .map(u64::from_be_bytes)
+            .unwrap_or(0))
+    };
     let mut out = Vec::new();
     let mut deltas: BTreeMap<ListId, i64> = BTreeMap::new();
     // A record changed twice in one batch: the second change starts from the first.
@@ -116,7 +130,7 @@ pub(crate) fn plan(store: &Store, changes: &[Relist]) -> Result<Vec<KeyWrite>> {
     for c in changes {
         let old = match current.remove(c.key.as_slice()) {
             Some(e) => e,
-            None => match store.inner.records.get(&c.key)? {
+            None => match read(&c.key)? {
                 Some(v) => (c.old)(&v)?,
                 None => Vec::new(),
             },
@@ -134,7 +148,7 @@ pub(crate) fn plan(store: &Store, changes: &[Relist]) -> Result<Vec<KeyWrite>> {
     }
     for (list, d) in deltas.into_iter().filter(|(_, d)| *d != 0) {
         let k = list.counter_key();
-        let n = store.counter(&k)?.saturating_add_signed(d);
+        let n = counter(&k)?.saturating_add_signed(d);
         out.push((k, (n > 0).then(|| n.to_be_bytes().to_vec())));
     }
     // In the order made: each change's removals before its inserts, changes in batch order

@@ -161,9 +161,10 @@ impl Store {
         }
         for c in capsules {
             w.put(keys::capsule(c.project_id, c.id), *c)?;
-            w.put_id(
+            w.claim_id(
                 keys::capsule_by_version(c.project_id, &c.name, &c.version),
                 c.id,
+                "A capsule with this name and version already exists",
             );
         }
         self.write_capsules(project, w, capsules, None)
@@ -177,9 +178,10 @@ impl Store {
     ) -> Result<()> {
         let mut w = Writes::new();
         w.put(keys::capsule(c.project_id, c.id), c)?;
-        w.put_id(
+        w.claim_id(
             keys::capsule_by_version(c.project_id, &c.name, &c.version),
             c.id,
+            "A capsule with this name and version already exists",
         );
         if let Some(s) = source {
             w.put(keys::capsule_source(c.id), s)?;
@@ -257,9 +259,10 @@ impl Store {
     pub fn put_configuration(&self, c: &Configuration) -> Result<()> {
         let mut w = Writes::new();
         w.put_listed(keys::config(c.project_id, c.id), c)?;
-        w.put_id(
+        w.claim_id(
             keys::config_by_version(c.project_id, &c.name, &c.version),
             c.id,
+            "A configuration with this name and version already exists",
         );
         self.apply(w)
     }

@@ -48,6 +48,7 @@ mod ops;
 mod outage;
 #[path = "../api/peers.rs"]
 mod peers;
+mod races;
 #[path = "../api/rate_limits.rs"]
 mod rate_limits;
 #[path = "../api/retention.rs"]

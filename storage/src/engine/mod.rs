@@ -79,6 +79,12 @@ pub(crate) enum TxFailureKind {
     Storage(StorageError),
 }
 
+impl From<StorageError> for TxError<StorageError> {
+    fn from(e: StorageError) -> Self {
+        TxError::Abort(e)
+    }
+}
+
 impl<E> From<TxFailure> for TxError<E> {
     fn from(f: TxFailure) -> Self {
         TxError::Engine(f)
