@@ -112,6 +112,8 @@ impl Cluster {
             "postgres",
             "-E",
             "UTF8",
+            // A minimal system may have no locales generated.
+            "--no-locale",
             "--no-sync",
             "-D",
         ])
