@@ -357,6 +357,12 @@ async fn migrate(cfg: Config, to: String) -> anyhow::Result<()> {
 }
 
 fn restore(cfg: Config, from: PathBuf) -> anyhow::Result<()> {
+    if cfg.database.is_postgres() {
+        anyhow::bail!(
+            "a backup restores an embedded store, and this configuration keeps its records in \
+             PostgreSQL: restore the database with its own tools"
+        );
+    }
     let report = fleetops_storage::backup::restore(&from, &cfg.data_dir)?;
     println!("{}", serde_json::to_string(&report)?);
     Ok(())

@@ -99,8 +99,8 @@ pub enum StorageError {
     /// may be retried.
     #[error("the database is unavailable: {0}")]
     Unavailable(String),
-    /// A write's claim on a unique key (a name, a slug, an idempotency key, a delivery id) lost
-    /// to another writer's: nothing of the write was applied. Says what was taken.
+    /// A write's claim on a unique key (an e-mail, a slug, a name and version) lost to another
+    /// writer's: nothing of the write was applied. Says what was taken.
     #[error("{0}")]
     Conflict(String),
 }
@@ -128,6 +128,12 @@ pub struct DatabaseConfig {
     pub url: String,
     /// Connections the pool may open.
     pub max_connections: usize,
+    /// Lets several stores open one PostgreSQL database at once. Not settable from the
+    /// configuration: a server keeps per-process state (caches, session counters, the
+    /// webhook queue's payloads) that several servers on one database would corrupt, so a
+    /// server takes the database alone. Tests of what the store itself decides set it.
+    #[serde(skip)]
+    pub shared: bool,
 }
 
 impl Default for DatabaseConfig {
@@ -135,6 +141,7 @@ impl Default for DatabaseConfig {
         Self {
             url: String::new(),
             max_connections: 32,
+            shared: false,
         }
     }
 }
@@ -191,6 +198,53 @@ struct Inner {
     /// The data directory's lock file, held while open, where the engine does not lock it
     /// itself (sled does).
     dir_lock: std::sync::OnceLock<std::fs::File>,
+}
+
+/// Which engine keeps the records of the data directory `dir`: `dir/engine` says, written at
+/// its first open (and by `admin migrate`). Opening it with the other engine is refused, so a
+/// configuration that lost its `[database] url`, or gained one, never starts an empty store
+/// beside the real one.
+pub(crate) fn engine_marker(dir: &Path, want: &str) -> Result<()> {
+    let path = dir.join("engine");
+    match std::fs::read_to_string(&path) {
+        Ok(have) if have.trim() == want => Ok(()),
+        Ok(have) => Err(StorageError::Config(format!(
+            "{} keeps its records in {} but the configuration names {want}: set [database] url \
+             (FLEETOPS_DATABASE_URL) to match{}",
+            dir.display(),
+            have.trim(),
+            if want == "postgres" {
+                ", or move an embedded store over with `fleetops admin migrate`"
+            } else {
+                ""
+            }
+        ))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            if want == "postgres" && dir.join("db").exists() {
+                return Err(StorageError::Config(format!(
+                    "{} holds an embedded store: move it over with `fleetops admin migrate \
+                     --to <url>` first",
+                    dir.display()
+                )));
+            }
+            write_engine_marker(dir, want)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Records `engine` as the data directory's, durably.
+pub(crate) fn write_engine_marker(dir: &Path, engine: &str) -> Result<()> {
+    let tmp = dir.join("engine.tmp");
+    {
+        use std::io::Write;
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(engine.as_bytes())?;
+        f.sync_all()?;
+    }
+    std::fs::rename(&tmp, dir.join("engine"))?;
+    std::fs::File::open(dir)?.sync_all()?;
+    Ok(())
 }
 
 /// Takes `dir/lock` exclusively, or [`StorageError::Locked`] while another process holds it.
@@ -256,11 +310,16 @@ impl Store {
             }
             // The data directory (the webhook payload log) is still this process's alone.
             let lock = lock_dir(dir)?;
+            engine_marker(dir, "postgres")?;
             let pg = engine::pg::Pg::open(&database.url, database.max_connections)?;
+            if !database.shared {
+                pg.hold_for_one_server(&database.url)?;
+            }
             let store = Self::assemble(dir, engine::Db::Pg(pg), None)?;
             let _ = store.inner.dir_lock.set(lock);
             return Ok(store);
         }
+        engine_marker(dir, "sled")?;
         let db = sled::Config::new()
             .path(dir.join("db"))
             .mode(sled::Mode::HighThroughput)

@@ -77,6 +77,9 @@ impl Store {
             }
             report.keys.insert(name, n);
         }
+        // From now on the data directory is the database's: a start without the URL is
+        // refused instead of serving the stale embedded copy.
+        crate::write_engine_marker(&self.inner.dir, "postgres")?;
         Ok(report)
     }
 }

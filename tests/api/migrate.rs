@@ -52,6 +52,25 @@ fn migrate(dir: &std::path::Path, url: &str) -> (bool, String, String) {
     )
 }
 
+/// `fleetops serve` on `dir`, with or without a database, expected to stop at once:
+/// (whether it exited 0, its standard error).
+fn start_fails(dir: &std::path::Path, url: Option<&str>) -> (bool, String) {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_fleetops"));
+    cmd.arg("serve")
+        .current_dir(dir)
+        .env("FLEETOPS_LISTEN", "127.0.0.1:0")
+        .env("FLEETOPS_DATA_DIR", dir.join("data"))
+        .env("FLEETOPS_LOG", "warn");
+    if let Some(u) = url {
+        cmd.env("FLEETOPS_DATABASE_URL", u);
+    }
+    let out = cmd.output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
 #[tokio::test]
 async fn a_migrated_store_answers_the_same_from_postgres_and_its_ids_go_on() {
     let dir = tempfile::tempdir().unwrap();
@@ -81,15 +100,34 @@ async fn a_migrated_store_answers_the_same_from_postgres_and_its_ids_go_on() {
     let (ok, _, err) = migrate(dir.path(), &url);
     assert!(!ok && err.contains("stop it"), "{err}");
     drop(p);
+    // Not migrated yet, a start on the database is refused rather than starting empty.
+    let (ok, err) = start_fails(dir.path(), Some(&url));
+    assert!(!ok && err.contains("admin migrate"), "{err}");
 
     let (ok, out, err) = migrate(dir.path(), &url);
     assert!(ok, "{out}{err}");
     let report: Value = serde_json::from_str(out.trim()).unwrap();
     assert!(report["keys"]["records"].as_u64().unwrap() > 10, "{report}");
     assert!(report["keys"]["logs"].as_u64().unwrap() >= 3, "{report}");
-    // A second run finds the database in use.
+    // A second run finds the directory moved over already.
     let (ok, _, err) = migrate(dir.path(), &url);
+    assert!(
+        !ok && err.contains("keeps its records in postgres"),
+        "{err}"
+    );
+    // Another embedded store into the same (now full) database: refused.
+    let other = tempfile::tempdir().unwrap();
+    drop(serve(other.path(), &[]));
+    let (ok, _, err) = migrate(other.path(), &url);
     assert!(!ok && err.contains("empty one"), "{err}");
+
+    // Once migrated, a start without the database is refused rather than serving the stale
+    // embedded copy.
+    let (ok, err) = start_fails(dir.path(), None);
+    assert!(
+        !ok && err.contains("keeps its records in postgres"),
+        "{err}"
+    );
 
     // Served from PostgreSQL (the embedded files moved away, so nothing can come from them).
     std::fs::rename(dir.path().join("data/db"), dir.path().join("sled-db")).unwrap();

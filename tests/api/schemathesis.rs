@@ -27,6 +27,10 @@ async fn seed(s: &Srv, jwt: &str, n: &str) -> Vec<(&'static str, Value)> {
         .await;
     assert_eq!(g.status, 201, "{}", g.body);
     let sid = session(s, dev, &tok).await;
+    // The live tail gets a session no other operation ends (`CompleteSession` ends `sid`,
+    // and on an ended session the upgrade is followed at once by `session_ended` and the
+    // close, which schemathesis's HTTP client reports as a broken connection).
+    let live = session(s, dev, &tok).await;
     let logs = json!([
         {"timestamp": "2026-03-01T10:00:05.000Z", "level": "warn", "module": "drive", "message": "motor hot"},
         {"timestamp": "2026-03-01T10:00:06.000Z", "level": "info", "module": "nav", "message": "route planned"},
@@ -152,6 +156,7 @@ async fn seed(s: &Srv, jwt: &str, n: &str) -> Vec<(&'static str, Value)> {
         ("device_id", json!(dev)),
         ("group_id", g.body["id"].clone()),
         ("session_id", json!(sid)),
+        ("live_session_id", json!(live)),
         ("tag", json!("seed")),
         ("path", json!("dir/file.txt")),
         ("capsule_id", json!(capsule)),
@@ -192,7 +197,7 @@ fn config(
     .unwrap();
     let table = |ps: &[(&str, Value)]| {
         ps.iter()
-            .filter(|(n, _)| *n != "upload_token" && *n != "device_token")
+            .filter(|(n, _)| !matches!(*n, "upload_token" | "device_token" | "live_session_id"))
             .map(|(n, v)| format!("\"path.{n}\" = {}", toml_value(v)))
             .collect::<Vec<_>>()
     };
@@ -202,6 +207,13 @@ fn config(
             "\n[[operations]]\ninclude-operation-id = \"Upload\"\n\
              parameters = {{ \"path.token\" = {} }}\n",
             toml_value(&upload.1)
+        ));
+    }
+    if let Some(live) = params.iter().find(|(n, _)| *n == "live_session_id") {
+        cfg.push_str(&format!(
+            "\n[[operations]]\ninclude-operation-id = \"LiveLogs\"\n\
+             parameters = {{ \"path.session_id\" = {} }}\n",
+            toml_value(&live.1)
         ));
     }
     // Bodies that name records get the seeded ones, so those operations reach their logic.

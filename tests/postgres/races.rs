@@ -11,7 +11,12 @@ use crate::common::*;
 async fn second(first: &Srv) -> (String, fleetops::startup::Running, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let url = postgres::database_for(first._dir.path());
-    let cfg = test_config(&dir, move |c| c.database.url = url);
+    let cfg = test_config(&dir, move |c| {
+        c.database.url = url;
+        // Both servers on one database: refused unless told (the store's own decisions are
+        // what this tests; a server's per-process state is not shared).
+        c.database.shared = true;
+    });
     let running = fleetops::startup::start(cfg).await.unwrap();
     assert!(
         running.initial.is_none(),
@@ -94,4 +99,23 @@ async fn two_servers_racing_on_one_database_take_each_slug_once() {
         assert_eq!(slugs.len(), 40, "{r}");
     }
     running_b.stop().await;
+}
+
+#[tokio::test]
+async fn a_second_server_on_the_same_database_is_refused_at_start() {
+    let a = start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let url = postgres::database_for(a._dir.path());
+    let cfg = test_config(&dir, move |c| c.database.url = url);
+    let e = match fleetops::startup::start(cfg).await {
+        Ok(r) => {
+            r.stop().await;
+            panic!("a second server started on the database");
+        }
+        Err(e) => format!("{e:#}"),
+    };
+    assert!(e.contains("held by another fleetops server"), "{e}");
+    // The first one serves on.
+    let r = a.get("/api/v1/organizations", a.key()).await;
+    assert_eq!(r.status, 200);
 }

@@ -252,7 +252,8 @@ impl Db {
         }
     }
 
-    /// Bytes the engine keeps on the local disk.
+    /// Bytes the engine keeps: sled's files on the local disk, or the PostgreSQL tables' size
+    /// on the database server.
     pub(crate) fn size_on_disk(&self) -> Result<u64> {
         match self {
             Db::Sled(db) => Ok(db.size_on_disk()?),

@@ -20,7 +20,7 @@
 //! - **Unavailability**: a connection or server failure is [`StorageError::Unavailable`]
 //!   (503 to clients); the pool reconnects on its own when the server is back.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::future::Future;
 use std::ops::Bound;
 use std::sync::{Arc, Mutex};
@@ -52,6 +52,8 @@ struct Shared {
     pool: Pool,
     /// How long each commit took (`/metrics` and the benches).
     commits: Arc<crate::timings::Timings>,
+    /// The connection holding the one-server lock ([`Pg::hold_for_one_server`]).
+    server_lock: Mutex<Option<tokio_postgres::Client>>,
 }
 
 impl Drop for Shared {
@@ -77,9 +79,19 @@ fn db_error(e: tokio_postgres::Error) -> StorageError {
             if *c == SqlState::ADMIN_SHUTDOWN
                 || *c == SqlState::CRASH_SHUTDOWN
                 || *c == SqlState::CANNOT_CONNECT_NOW
-                || *c == SqlState::TOO_MANY_CONNECTIONS =>
+                || *c == SqlState::TOO_MANY_CONNECTIONS
+                || *c == SqlState::READ_ONLY_SQL_TRANSACTION
+                || *c == SqlState::QUERY_CANCELED
+                || *c == SqlState::LOCK_NOT_AVAILABLE
+                || *c == SqlState::T_R_SERIALIZATION_FAILURE
+                || *c == SqlState::T_R_DEADLOCK_DETECTED =>
         {
+            // A standby after a failover, a statement past its timeout, or a conflict that
+            // kept recurring: the request may be sent again.
             StorageError::Unavailable(e.to_string())
+        }
+        Some(c) if *c == SqlState::DISK_FULL => {
+            StorageError::Io(std::io::Error::from(std::io::ErrorKind::StorageFull))
         }
         _ => StorageError::Database(
             e.as_db_error()
@@ -110,9 +122,18 @@ impl Pg {
     /// Connects to `url` (a `postgres://` URL), checks that commits are synchronous, and
     /// applies the migrations this build has that the database lacks.
     pub(crate) fn open(url: &str, max_connections: usize) -> Result<Self> {
-        let config: tokio_postgres::Config = url
+        let mut config: tokio_postgres::Config = url
             .parse()
             .map_err(|e| StorageError::Config(format!("[database] url: {e}")))?;
+        // A database that stops answering (a black-holed network) is 503 within seconds,
+        // not a request held for TCP's two hours.
+        config
+            .connect_timeout(Duration::from_secs(5))
+            .keepalives_idle(Duration::from_secs(10))
+            .keepalives_interval(Duration::from_secs(5))
+            .keepalives_retries(3)
+            .tcp_user_timeout(Duration::from_secs(20))
+            .options("-c statement_timeout=30000 -c lock_timeout=10000");
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("fleetops-pg")
@@ -137,9 +158,39 @@ impl Pg {
             rt: Mutex::new(Some(rt)),
             pool,
             commits: Arc::default(),
+            server_lock: Mutex::new(None),
         }));
         pg.migrate()?;
         Ok(pg)
+    }
+
+    /// Takes the database for this server alone: a session advisory lock held on a
+    /// connection of its own (not the pool's) for as long as the engine is open, so a second
+    /// server on the same database is refused at start with [`StorageError::Locked`]
+    /// rather than corrupting what each keeps in memory. Released when the engine is
+    /// dropped or the process ends.
+    pub(crate) fn hold_for_one_server(&self, url: &str) -> Result<()> {
+        let config: tokio_postgres::Config = url
+            .parse()
+            .map_err(|e| StorageError::Config(format!("[database] url: {e}")))?;
+        let client = self.run(async move {
+            let (client, conn) = config.connect(NoTls).await.map_err(db_error)?;
+            tokio::spawn(conn);
+            let row = client
+                .query_one("SELECT pg_try_advisory_lock(7245118002)", &[])
+                .await
+                .map_err(db_error)?;
+            if !row.get::<_, bool>(0) {
+                return Err(StorageError::Locked(
+                    "the database, held by another fleetops server (several servers on one \
+                     database are not supported yet)"
+                        .into(),
+                ));
+            }
+            Ok(client)
+        })?;
+        *self.0.server_lock.lock().unwrap_or_else(|e| e.into_inner()) = Some(client);
+        Ok(())
     }
 
     pub(crate) fn commit_timings(&self) -> Arc<crate::timings::Timings> {
@@ -155,10 +206,16 @@ impl Pg {
         self.0.handle.spawn(async move {
             let _ = tx.send(fut.await);
         });
-        let wait = || {
-            rx.recv().unwrap_or_else(|_| {
+        // The statement's own timeouts end it well before this; a caller never waits
+        // longer for an answer.
+        let wait = || match rx.recv_timeout(Duration::from_secs(45)) {
+            Ok(out) => out,
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => Err(StorageError::Unavailable(
+                "the database did not answer in time".into(),
+            )),
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
                 Err(StorageError::Unavailable("the database task ended".into()))
-            })
+            }
         };
         match tokio::runtime::Handle::try_current() {
             Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
@@ -261,8 +318,9 @@ pub(crate) struct PgTree {
     table: Arc<str>,
 }
 
-/// A tree's writes: the last value of each key (`None`: removed).
-type Writes = HashMap<Vec<u8>, Option<Vec<u8>>>;
+/// A tree's writes: the last value of each key (`None`: removed), in key order, so that
+/// concurrent writers lock rows in one order and never deadlock on each other.
+type Writes = std::collections::BTreeMap<Vec<u8>, Option<Vec<u8>>>;
 
 /// Upserts and deletes, each as one statement over arrays.
 async fn write_all(
@@ -510,7 +568,7 @@ impl PgTree {
     }
 
     pub(crate) fn apply_batch(&self, batch: Batch) -> Result<()> {
-        let mut last: Writes = HashMap::with_capacity(batch.0.len());
+        let mut last: Writes = Writes::new();
         for (k, v) in batch.0 {
             last.insert(k.to_vec(), v.map(|v| v.to_vec()));
         }
@@ -733,7 +791,9 @@ impl PgTx {
                     Ok(true)
                 }
                 Err(e) if retryable(&e) => {
-                    let _ = c.batch_execute("ROLLBACK").await;
+                    if c.batch_execute("ROLLBACK").await.is_err() {
+                        drop(deadpool_postgres::Object::take(c));
+                    }
                     Ok(false)
                 }
                 Err(e) => {
