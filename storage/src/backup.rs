@@ -150,13 +150,7 @@ impl Store {
         let paused = std::time::Instant::now();
         {
             let _writes_wait = self.inner.gate.exclusive();
-            let trees = [
-                ("records", &self.inner.records),
-                ("logs", &self.inner.logs),
-                ("seq", &self.inner.seq),
-                ("meta", &self.inner.meta),
-            ];
-            for (name, from) in trees {
+            for (name, from) in self.named_trees() {
                 let to = copy.open_tree(name)?;
                 let mut batch = sled::Batch::default();
                 let mut in_batch = 0;

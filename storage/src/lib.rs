@@ -413,6 +413,17 @@ impl Store {
         }
     }
 
+    /// The store's trees with their names, for copies of the whole store (backups,
+    /// migrations).
+    fn named_trees(&self) -> [(&'static str, &gate::Tree); 4] {
+        [
+            ("records", &self.inner.records),
+            ("logs", &self.inner.logs),
+            ("seq", &self.inner.seq),
+            ("meta", &self.inner.meta),
+        ]
+    }
+
     /// Whether the records live in PostgreSQL.
     pub fn on_postgres(&self) -> bool {
         matches!(self.inner.db, engine::Db::Pg(_))

@@ -38,12 +38,7 @@ impl Store {
             ));
         }
         let pg = engine::pg::Pg::open(url, 4)?;
-        let trees = [
-            ("records", &self.inner.records),
-            ("logs", &self.inner.logs),
-            ("seq", &self.inner.seq),
-            ("meta", &self.inner.meta),
-        ];
+        let trees = self.named_trees();
         for (name, _) in trees {
             if pg.tree(name)?.scan_prefix(b"").next().is_some() {
                 return Err(StorageError::Config(

@@ -36,16 +36,11 @@ async fn test_send(s: &Srv, id: &Value) -> Value {
 
 /// Every file of the data directory, concatenated (to look for secrets in the clear).
 fn data_bytes(dir: &std::path::Path) -> Vec<u8> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir(dir).unwrap().flatten() {
-        let p = e.path();
-        if p.is_dir() {
-            out.extend(data_bytes(&p));
-        } else if let Ok(b) = std::fs::read(&p) {
-            out.extend(b);
-        }
-    }
-    out
+    files(dir)
+        .iter()
+        .filter_map(|p| std::fs::read(p).ok())
+        .flatten()
+        .collect()
 }
 
 #[tokio::test]

@@ -181,7 +181,8 @@ impl Cluster {
     }
 }
 
-fn psql(c: &Cluster, db: &str, sql: &str) -> String {
+/// `psql` running `sql` in database `db` of cluster `c`, stopping at the first error.
+fn psql_cmd(c: &Cluster, db: &str, sql: &str) -> Command {
     let mut p = Command::new(c.bin.join("psql"));
     p.args(["-X", "-q", "-t", "-A", "-v", "ON_ERROR_STOP=1", "-h"])
         .arg(&c.dir)
@@ -195,26 +196,20 @@ fn psql(c: &Cluster, db: &str, sql: &str) -> String {
             "-c",
             sql,
         ]);
-    run(p, sql)
+    p
+}
+
+fn psql(c: &Cluster, db: &str, sql: &str) -> String {
+    run(psql_cmd(c, db, sql), sql)
 }
 
 /// Every value of every table of the database at `url`, raw.
 pub fn values(url: &str) -> Vec<u8> {
     let c = cluster();
     let db = url.rsplit('/').next().unwrap();
-    let mut p = Command::new(c.bin.join("psql"));
-    p.args(["-X", "-q", "-h"]).arg(&c.dir).args([
-        "-p",
-        &c.port.to_string(),
-        "-U",
-        "postgres",
-        "-d",
-        db,
-        "-c",
-        "COPY (SELECT v FROM fleetops_records UNION ALL SELECT v FROM fleetops_logs \
-         UNION ALL SELECT v FROM fleetops_meta) TO STDOUT WITH (FORMAT binary)",
-    ]);
-    let out = p.output().unwrap();
+    let sql = "COPY (SELECT v FROM fleetops_records UNION ALL SELECT v FROM fleetops_logs \
+               UNION ALL SELECT v FROM fleetops_meta) TO STDOUT WITH (FORMAT binary)";
+    let out = psql_cmd(c, db, sql).output().unwrap();
     assert!(
         out.status.success(),
         "{}",
@@ -273,20 +268,7 @@ fn database() -> String {
     let sql = format!("CREATE DATABASE {name} TEMPLATE {tmpl}");
     // The template's last connections may take a moment to go.
     for _ in 0..100 {
-        let mut p = Command::new(c.bin.join("psql"));
-        p.args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-h"])
-            .arg(&c.dir)
-            .args([
-                "-p",
-                &c.port.to_string(),
-                "-U",
-                "postgres",
-                "-d",
-                "postgres",
-                "-c",
-                &sql,
-            ]);
-        let out = p.output().unwrap();
+        let out = psql_cmd(c, "postgres", &sql).output().unwrap();
         if out.status.success() {
             return url(c, &name);
         }
