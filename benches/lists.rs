@@ -116,7 +116,7 @@ fn main() {
                 (d, None)
             })
             .collect();
-        store.claim_deliveries(&mut batch).unwrap();
+        store.claim_deliveries(&mut batch, i64::MAX).unwrap();
         i += 1000;
     }
     let deliveries_s = t.elapsed().as_secs_f64();

@@ -113,7 +113,7 @@ fn store_only(size: usize, n: u64) -> (f64, f64) {
         );
         batch.push((d, Some(payload.clone())));
         if batch.len() == 32 || seq == n {
-            store.claim_deliveries(&mut batch).unwrap();
+            store.claim_deliveries(&mut batch, i64::MAX).unwrap();
             batch.clear();
         }
     }

@@ -12,11 +12,17 @@
 //! The actor keeps no state of its own (it counts from the store at each turn), so a restart
 //! loses nothing. Past the limit the answer is 413, before any byte moves.
 //!
+//! The turn orders reservations within this process; across processes on one database the
+//! store decides: each turn carries the organization's [`QuotaMark`], read before the count,
+//! and the record's write fails with `QUOTA_RACED` when another reservation was written since.
+//! The caller then asks for a turn again, counting what that one wrote (`pipeline`).
+//!
 //! Tested by the unit test below (a turn is exclusive, and what is written counts) and through
 //! the API (`tests/api/capsules.rs`: concurrent uploads across projects, and a reservation
 //! whose caller hung up, never pass the quota).
 
 use fleetops_storage::Store;
+use fleetops_storage::pipeline::QuotaMark;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tokio::sync::oneshot;
 
@@ -39,6 +45,8 @@ pub(crate) enum QuotaMsg {
 /// written or the message is dropped unapplied, whatever became of the caller.
 pub(crate) struct Turn {
     _release: oneshot::Sender<()>,
+    /// What the count was made under; the record's write reserves under it.
+    pub(crate) mark: Option<QuotaMark>,
 }
 
 #[cfg(test)]
@@ -47,6 +55,7 @@ impl Turn {
     pub(crate) fn detached() -> std::sync::Arc<Turn> {
         std::sync::Arc::new(Turn {
             _release: oneshot::channel().0,
+            mark: None,
         })
     }
 }
@@ -70,7 +79,8 @@ impl QuotaState {
     fn usage(&self) -> Result<u64> {
         let mut total = 0u64;
         for p in self.store.org_projects(self.org_id)? {
-            for c in self.store.project_capsules(p.id)?.iter() {
+            // As stored, not as this process cached it: another process may have written.
+            for c in self.store.stored_capsules(p.id)?.iter() {
                 total = total.saturating_add(c.file_size_bytes);
             }
             for c in self.store.project_configurations(p.id)? {
@@ -103,6 +113,14 @@ impl Actor for QuotaActor {
         let Some(QuotaMsg::Admit { limit, add, reply }) = msg.open() else {
             return Ok(());
         };
+        // Read before the count: a reservation written after it moves the mark.
+        let mark = match st.store.quota_mark(st.org_id) {
+            Ok(m) => m,
+            Err(e) => {
+                let _ = reply.send(Err(e.into()));
+                return Ok(());
+            }
+        };
         let used = match st.usage() {
             Ok(u) => u,
             Err(e) => {
@@ -118,7 +136,10 @@ impl Actor for QuotaActor {
         }
         let (tx, rx) = oneshot::channel();
         // A caller that is gone drops the turn with the unsent reply, which ends the wait.
-        let _ = reply.send(Ok(Turn { _release: tx }));
+        let _ = reply.send(Ok(Turn {
+            _release: tx,
+            mark: Some(mark),
+        }));
         let _ = rx.await;
         Ok(())
     }

@@ -33,6 +33,11 @@ pub(crate) fn user_prefix() -> Vec<u8> {
 pub(crate) fn org(id: u64) -> Vec<u8> {
     key(&[b"o", &be(id)])
 }
+/// How many reservations of the organization's storage were written: each bumps it, on
+/// the condition that it still holds what the reservation's count was made under.
+pub(crate) fn quota_epoch(org: u64) -> Vec<u8> {
+    key(&[b"o-quota", &be(org)])
+}
 pub(crate) fn org_by_slug(slug: &str) -> Vec<u8> {
     key(&[b"ix-oslug", slug.as_bytes()])
 }
@@ -287,6 +292,11 @@ pub(crate) fn delivery(seq: u64) -> Vec<u8> {
 }
 pub(crate) fn delivery_prefix() -> Vec<u8> {
     key(&[b"wd", b""])
+}
+/// A delivery's payload, on an engine other processes share (the embedded store keeps
+/// payloads in the data directory's payload log).
+pub(crate) fn delivery_payload(seq: u64) -> Vec<u8> {
+    key(&[b"wd-payload", &be(seq)])
 }
 /// The last seq of the intake's batches sled holds (written with each batch).
 pub(crate) fn journal_applied() -> Vec<u8> {

@@ -40,6 +40,11 @@ pub mod alerts;
 pub mod backup;
 pub mod blobs;
 mod cache;
+#[cfg(test)]
+mod testing;
+/// The test harness names this crate as its users do.
+#[cfg(test)]
+extern crate self as fleetops_storage;
 mod codec;
 pub mod devices;
 mod engine;
@@ -262,13 +267,14 @@ fn lock_dir(dir: &Path) -> Result<std::fs::File> {
 }
 
 impl Store {
-    /// Opens a store its test just dropped: sled's own flusher thread may hold the file lock a
-    /// moment after the last handle goes.
+    /// Opens a store its test just dropped, on the test's engine: sled's own flusher thread
+    /// (or PostgreSQL's closing session) may hold the lock a moment after the last handle goes.
     #[cfg(test)]
     pub(crate) fn reopen(dir: &Path) -> Self {
         let mut tries = 0;
         loop {
-            match Store::open(dir) {
+            let db = testing::database(dir);
+            match Store::open_on(dir, std::time::Duration::ZERO, &db) {
                 Err(StorageError::Locked(_)) if tries < 100 => {
                     tries += 1;
                     std::thread::sleep(std::time::Duration::from_millis(50));
@@ -512,31 +518,46 @@ impl Store {
     /// transaction with the write (run again from the start when another writer's commit
     /// conflicts), so concurrent writers neither both win a claim nor lose a count.
     fn apply_shared(&self, w: Writes) -> Result<()> {
-        use engine::{TxError, TxOutcome};
-        let Writes(ops, relist) = w;
-        let ops = ops.0;
+        self.apply_decided_shared(true, |_| Ok((w.clone(), ())))
+    }
+
+    /// Applies the writes `decide` makes from what it reads, atomically with those reads:
+    /// on the embedded store (its process is the only writer) the reads are plain; on a
+    /// shared engine they are made inside the write's serializable transaction, and
+    /// `decide` runs again with it when another writer's commit conflicts. For a decision
+    /// that must not fail a whole batch (which of several deliveries claims its id).
+    fn apply_decided<T>(
+        &self,
+        lists: bool,
+        decide: impl Fn(&Read) -> TxResult<(Writes, T)>,
+    ) -> Result<T> {
+        if !self.on_postgres() {
+            let read = |k: &[u8]| self.inner.records.get(k).map_err(engine::TxError::from);
+            let (w, t) = decide(&read).map_err(tx_error)?;
+            self.apply(w)?;
+            return Ok(t);
+        }
+        self.apply_decided_shared(lists, decide)
+    }
+
+    /// [`Store::apply_decided`] inside one serializable transaction. `lists`: whether the
+    /// writes may change lists (this process's list writers then take turns, as on the
+    /// embedded store, so only another process's commit makes the transaction run again).
+    fn apply_decided_shared<T>(
+        &self,
+        lists: bool,
+        decide: impl Fn(&Read) -> TxResult<(Writes, T)>,
+    ) -> Result<T> {
+        use engine::TxOutcome;
         let gate = self.inner.gate.shared();
-        // Writers of lists in this process take turns, as on the embedded store, so only
-        // another process's commit makes a transaction run again.
-        let _lists = (!relist.is_empty()).then(|| self.list_guard());
+        let _lists = lists.then(|| self.list_guard());
         let out = self.inner.records.transaction_held(
             &self.inner.logs,
             &gate,
-            |records, _| -> std::result::Result<(), TxError<StorageError>> {
-                let read = |k: &[u8]| records.get(k).map_err(TxError::from);
-                let copy = Ops(ops
-                    .iter()
-                    .map(|(k, op)| {
-                        let op = match op {
-                            Op::Set(v) => Op::Set(v.clone()),
-                            Op::Remove => Op::Remove,
-                            Op::RemoveIf(v) => Op::RemoveIf(v.clone()),
-                            Op::Claim(v, what) => Op::Claim(v.clone(), what),
-                        };
-                        (k.clone(), op)
-                    })
-                    .collect());
-                let mut writes = copy.resolve(read)?;
+            |records, _| -> TxResult<T> {
+                let read = |k: &[u8]| records.get(k).map_err(engine::TxError::from);
+                let (Writes(ops, relist), t) = decide(&read)?;
+                let mut writes = ops.resolve(read)?;
                 if !relist.is_empty() {
                     for (k, v) in lists::plan_by(&relist, read)? {
                         writes.push((k.into(), v.map(Into::into)));
@@ -548,11 +569,11 @@ impl Store {
                         None => records.remove(&k)?,
                     }
                 }
-                Ok(())
+                Ok(t)
             },
         );
         match out {
-            Ok(()) => Ok(()),
+            Ok(t) => Ok(t),
             Err(TxOutcome::Abort(e) | TxOutcome::Storage(e)) => Err(e),
         }
     }
@@ -583,15 +604,35 @@ impl Store {
     }
 }
 
+/// A read of the records tree made with a decided write ([`Store::apply_decided`]).
+type Read<'a> = dyn Fn(&[u8]) -> TxResult<Option<engine::Bytes>> + 'a;
+type TxResult<T> = std::result::Result<T, engine::TxError<StorageError>>;
+
+/// A decision's error outside a transaction (the embedded store's reads fail only with a
+/// storage error).
+fn tx_error(e: engine::TxError<StorageError>) -> StorageError {
+    match e {
+        engine::TxError::Abort(e) => e,
+        engine::TxError::Engine(_) => StorageError::Io(std::io::Error::other(
+            "an engine failure outside a transaction",
+        )),
+    }
+}
+
 /// Writes accumulated by a typed operation, applied atomically by [`Store::apply`], with the
 /// listed records whose list entries `apply` brings in step.
+#[derive(Clone)]
 struct Writes(Ops, Vec<lists::Relist>);
 
 /// A batch's inserts and removals in the order made (a later one of a key wins, as in
 /// `sled::Batch`), kept as a list so a caller can take back the ones made since a mark.
-#[derive(Default)]
+#[derive(Default, Clone)]
 struct Ops(Vec<(engine::Bytes, Op)>);
 
+/// A condition on what a key holds (`None`: nothing), decided with the write.
+type Check = std::sync::Arc<dyn Fn(Option<&[u8]>) -> bool + Send + Sync>;
+
+#[derive(Clone)]
 enum Op {
     Set(engine::Bytes),
     Remove,
@@ -602,6 +643,10 @@ enum Op {
     /// [`StorageError::Conflict`] saying what was taken. Decided by the engine, atomically
     /// with the write, so two processes never both claim one key.
     Claim(engine::Bytes, &'static str),
+    /// No write: the whole write fails with [`StorageError::Conflict`] unless what the key
+    /// holds (at this point of the batch) passes the check. A conditional update: the
+    /// record is still what its writer read.
+    Guard(Check, &'static str),
 }
 
 impl Ops {
@@ -626,7 +671,7 @@ impl Ops {
         let conditional = self
             .0
             .iter()
-            .any(|(_, op)| matches!(op, Op::RemoveIf(_) | Op::Claim(..)));
+            .any(|(_, op)| matches!(op, Op::RemoveIf(_) | Op::Claim(..) | Op::Guard(..)));
         for (k, op) in self.0 {
             let holds =
                 |k: &engine::Bytes,
@@ -650,6 +695,12 @@ impl Ops {
                         return Err(StorageError::Conflict(what.to_string()).into());
                     }
                     Some(v)
+                }
+                Op::Guard(check, what) => {
+                    if !check(holds(&k, &pending)?.as_deref()) {
+                        return Err(StorageError::Conflict(what.to_string()).into());
+                    }
+                    continue;
                 }
             };
             if conditional {
@@ -724,6 +775,29 @@ impl Writes {
     }
     fn claim_id(&mut self, key: Vec<u8>, id: u64, what: &'static str) {
         self.claim(key, id.to_be_bytes().to_vec(), what);
+    }
+    /// Fails the whole write with [`StorageError::Conflict`]`(what)` unless what `key` holds
+    /// when the write is applied passes `check`.
+    fn guard(
+        &mut self,
+        key: Vec<u8>,
+        what: &'static str,
+        check: impl Fn(Option<&[u8]>) -> bool + Send + Sync + 'static,
+    ) {
+        self.0
+            .0
+            .push((key.into(), Op::Guard(std::sync::Arc::new(check), what)));
+    }
+    /// Fails the whole write with [`StorageError::Conflict`]`(what)` unless the record at
+    /// `key` is still `read` (as decoded: an older encoding of the same value passes).
+    fn guard_record<T>(&mut self, key: Vec<u8>, read: &T, what: &'static str)
+    where
+        T: serde::de::DeserializeOwned + PartialEq + Clone + Send + Sync + 'static,
+    {
+        let read = read.clone();
+        self.guard(key, what, move |v| {
+            v.and_then(|v| codec::decode::<T>(v).ok()).as_ref() == Some(&read)
+        });
     }
     fn delete(&mut self, key: Vec<u8>) {
         self.0.remove(key);

@@ -737,7 +737,7 @@ pub struct RepoHold {
 }
 
 /// A test run dispatched for a commit.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TestRun {
     pub id: u64,
     pub project_id: u64,

@@ -45,7 +45,48 @@ impl Listed for Deployment {
     }
 }
 
+/// What a reservation of an organization's storage was counted under: a write that
+/// reserves bytes carries it, and fails with [`QUOTA_RACED`] when another reservation of
+/// the organization was written since (by any process), so two processes never both admit
+/// bytes that fit only once. The loser counts again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QuotaMark {
+    org: u64,
+    epoch: u64,
+}
+
+/// The conflict of a reservation whose count another one's write overtook.
+pub const QUOTA_RACED: &str =
+    "another reservation of the organization's storage was written meanwhile";
+
+impl Writes {
+    /// Makes the write a reservation under `mark` (nothing for `None`).
+    fn reserve(&mut self, mark: Option<QuotaMark>) {
+        let Some(QuotaMark { org, epoch }) = mark else {
+            return;
+        };
+        self.guard(keys::quota_epoch(org), QUOTA_RACED, move |v| {
+            epoch_of(v) == epoch
+        });
+        self.put_id(keys::quota_epoch(org), epoch.saturating_add(1));
+    }
+}
+
+fn epoch_of(v: Option<&[u8]>) -> u64 {
+    v.and_then(|v| <[u8; 8]>::try_from(v).ok())
+        .map_or(0, u64::from_be_bytes)
+}
+
 impl Store {
+    /// The mark a reservation of `org`'s storage is counted under: read before the count.
+    pub fn quota_mark(&self, org: u64) -> Result<QuotaMark> {
+        let v = self.inner.records.get(keys::quota_epoch(org))?;
+        Ok(QuotaMark {
+            org,
+            epoch: epoch_of(v.as_deref()),
+        })
+    }
+
     pub fn capsule(&self, project: u64, id: u64) -> Result<Option<Capsule>> {
         self.get(&keys::capsule(project, id))
     }
@@ -61,6 +102,12 @@ impl Store {
             Some(id) => self.capsule(project, id),
             None => Ok(None),
         }
+    }
+
+    /// A project's capsules as stored now, newest first, past the cache: for a count that
+    /// decides against other processes' writes (the organization's quota).
+    pub fn stored_capsules(&self, project: u64) -> Result<Vec<Capsule>> {
+        self.scan_rev(&keys::capsule_prefix(project))
     }
 
     /// A project's capsules, newest first (cached; every capsule write updates the cached
@@ -170,13 +217,16 @@ impl Store {
         self.write_capsules(project, w, capsules, None)
     }
 
-    /// A new capsule and where its code came from, in one batch.
+    /// A new capsule and where its code came from, in one batch, reserving its bytes under
+    /// `quota`.
     pub fn create_capsule(
         &self,
         c: &Capsule,
         source: Option<&crate::rollouts::CapsuleSource>,
+        quota: Option<QuotaMark>,
     ) -> Result<()> {
         let mut w = Writes::new();
+        w.reserve(quota);
         w.put(keys::capsule(c.project_id, c.id), c)?;
         w.claim_id(
             keys::capsule_by_version(c.project_id, &c.name, &c.version),
@@ -257,7 +307,17 @@ impl Store {
     }
 
     pub fn put_configuration(&self, c: &Configuration) -> Result<()> {
+        self.write_configuration(c, None)
+    }
+
+    /// A new configuration, reserving its bytes under `quota`.
+    pub fn create_configuration(&self, c: &Configuration, quota: Option<QuotaMark>) -> Result<()> {
+        self.write_configuration(c, quota)
+    }
+
+    fn write_configuration(&self, c: &Configuration, quota: Option<QuotaMark>) -> Result<()> {
         let mut w = Writes::new();
+        w.reserve(quota);
         w.put_listed(keys::config(c.project_id, c.id), c)?;
         w.claim_id(
             keys::config_by_version(c.project_id, &c.name, &c.version),

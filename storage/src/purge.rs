@@ -46,6 +46,7 @@ impl Store {
         let mut w = Writes::new();
         w.put(keys::org_deletion(org.id), org)?;
         w.delete(keys::org(org.id));
+        w.delete(keys::quota_epoch(org.id));
         w.delete(keys::org_by_slug(&org.slug));
         let members = self.org_members(org.id)?;
         for m in &members {

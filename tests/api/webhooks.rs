@@ -11,7 +11,7 @@ use crate::common::*;
 pub(crate) const SECRET: &str = "It's a Secret to Everybody";
 const SCM: &str = "/api/v1/scm";
 pub(crate) const REPO: &str = "Codertocat/Hello-World";
-const INST: u64 = 957387;
+pub(crate) const INST: u64 = 957387;
 
 pub(crate) fn payload(name: &str) -> Value {
     let path = format!("{}/tests/payloads/{name}.json", env!("CARGO_MANIFEST_DIR"));
@@ -115,7 +115,7 @@ pub(crate) fn pr(action: &str, number: u64, sha: &str, draft: bool) -> Value {
     p
 }
 
-fn push(git_ref: &str, sha: &str) -> Value {
+pub(crate) fn push(git_ref: &str, sha: &str) -> Value {
     let mut p = payload("push");
     p["ref"] = json!(git_ref);
     p["after"] = json!(sha);

@@ -1,17 +1,27 @@
 //! Two fleetops servers, each with a data directory of its own, on one PostgreSQL database:
-//! every name both try to take at the same moment is taken once, decided by the database
-//! (each server's own check passes; the write's claim on the name's key does not).
+//! everything both try to take at the same moment is taken once, decided by the database
+//! (each server's own check passes; the write's claim or condition does not): names and
+//! slugs, a webhook delivery's id, a test run's idempotency key, a runner's claim.
 
 use serde_json::{Value, json};
 
 use crate::common::*;
+use crate::webhooks::{INST, REPO, SECRET, link, payload, push, sign};
 
 /// A second server on the database of `first` (a start that finds the records in place, so
 /// no first-start credentials): its base URL and its running handle.
 async fn second(first: &Srv) -> (String, fleetops::startup::Running, tempfile::TempDir) {
+    second_with(first, |_| {}).await
+}
+
+async fn second_with(
+    first: &Srv,
+    f: impl FnOnce(&mut fleetops::config::Config) + Send + 'static,
+) -> (String, fleetops::startup::Running, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let url = postgres::database_for(first._dir.path());
     let cfg = test_config(&dir, move |c| {
+        f(c);
         c.database.url = url;
         // Both servers on one database: refused unless told (the store's own decisions are
         // what this tests; a server's per-process state is not shared).
@@ -118,4 +128,288 @@ async fn a_second_server_on_the_same_database_is_refused_at_start() {
     // The first one serves on.
     let r = a.get("/api/v1/organizations", a.key()).await;
     assert_eq!(r.status, 200);
+}
+
+/// Two webhook servers on one database, `REPO` linked to the default project and held by
+/// installation `INST`: the first, and the second's base URL and handle.
+async fn two_webhook_servers() -> (Srv, String, fleetops::startup::Running, tempfile::TempDir) {
+    let a = start_with(|c| c.scm.webhook_secret = SECRET.into()).await;
+    link(&a, REPO).await;
+    let (b, running_b, dir_b) = second_with(&a, |c| c.scm.webhook_secret = SECRET.into()).await;
+    let (id, r) =
+        crate::webhooks::deliver(&a, "installation", &payload("installation.created")).await;
+    assert_eq!(r.status, 202, "{}", r.body);
+    assert_eq!(
+        crate::webhooks::settled(&a, &id).await["outcome"],
+        "processed"
+    );
+    (a, b, running_b, dir_b)
+}
+
+/// A signed delivery of `body` with id `id` to the server at `base`: status and body.
+async fn deliver_to(
+    http: &reqwest::Client,
+    base: &str,
+    event: &str,
+    id: &str,
+    body: &Value,
+) -> (u16, Value) {
+    let bytes = serde_json::to_vec(body).unwrap();
+    let r = http
+        .post(format!("{base}/api/v1/scm/webhooks"))
+        .header("content-type", "application/json")
+        .header("X-Host-Event", event)
+        .header("X-Host-Delivery", id)
+        .header("X-Hub-Signature-256", sign(SECRET, &bytes))
+        .body(bytes)
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
+/// The project's test runs of commit `sha`, as any server lists them.
+async fn runs_of(s: &Srv, base: &str, sha: &str) -> Vec<Value> {
+    let r: Value = s
+        .http
+        .get(format!(
+            "{base}{DEV}/test-runs?commit_sha={sha}&page_size=100"
+        ))
+        .bearer_auth(s.key())
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    r["items"]
+        .as_array()
+        .cloned()
+        .unwrap_or_else(|| panic!("{r}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_delivery_id_posted_to_two_servers_at_once_is_accepted_once() {
+    let (a, b, running_b, _dir_b) = two_webhook_servers().await;
+    let sha = "1".repeat(40);
+    let body = push("refs/heads/main", &sha);
+    let id = uuid::Uuid::new_v4().to_string();
+    let mut tasks = Vec::new();
+    for i in 0..100 {
+        let base = if i % 2 == 0 {
+            a.base.clone()
+        } else {
+            b.clone()
+        };
+        let (http, id, body) = (a.http.clone(), id.clone(), body.clone());
+        tasks.push(tokio::spawn(async move {
+            deliver_to(&http, &base, "push", &id, &body).await
+        }));
+    }
+    let mut accepted = Vec::new();
+    let mut duplicates = 0;
+    for t in tasks {
+        match t.await.unwrap() {
+            (202, body) => accepted.push(body),
+            (401, body) => {
+                assert_eq!(body["detail"], "Duplicate delivery", "{body}");
+                duplicates += 1;
+            }
+            other => panic!("unexpected answer {other:?}"),
+        }
+    }
+    assert_eq!(
+        accepted,
+        vec![json!({"status": "queued", "delivery_id": id})]
+    );
+    assert_eq!(duplicates, 99);
+    // Worked once, whichever server's worker took it: one run.
+    let settled = crate::webhooks::settled(&a, &id).await;
+    assert_eq!(settled["outcome"], "dispatched", "{settled}");
+    assert!(
+        eventually(10, || async { runs_of(&a, &b, &sha).await.len() == 1 }).await,
+        "{:?}",
+        runs_of(&a, &b, &sha).await
+    );
+    running_b.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn deliveries_of_one_commit_sent_to_two_servers_make_one_run() {
+    let (a, b, running_b, _dir_b) = two_webhook_servers().await;
+    // Forty commits, each pushed in two deliveries (ids of their own, one idempotency key),
+    // one to each server, all at once: both servers' workers decide at the same moments.
+    let shas: Vec<String> = (0..40u64).map(|n| format!("{:040}", n + 500)).collect();
+    let mut tasks = Vec::new();
+    for sha in &shas {
+        for base in [a.base.clone(), b.clone()] {
+            let (http, body) = (a.http.clone(), push("refs/heads/main", sha));
+            tasks.push(tokio::spawn(async move {
+                let id = uuid::Uuid::new_v4().to_string();
+                let (status, r) = deliver_to(&http, &base, "push", &id, &body).await;
+                assert_eq!(status, 202, "{r}");
+                id
+            }));
+        }
+    }
+    let mut ids = Vec::new();
+    for t in tasks {
+        ids.push(t.await.unwrap());
+    }
+    for pair in ids.chunks(2) {
+        let mut outcomes = Vec::new();
+        for id in pair {
+            let d = crate::webhooks::settled(&a, id).await;
+            outcomes.push((
+                d["outcome"].clone(),
+                d["reason"].clone(),
+                d["test_run_id"].clone(),
+            ));
+        }
+        outcomes.sort_by_key(|o| o.0.to_string());
+        assert_eq!(
+            (&outcomes[0].0, &outcomes[1].0, &outcomes[1].1),
+            (
+                &json!("dispatched"),
+                &json!("skipped"),
+                &json!("duplicate_job")
+            ),
+            "{outcomes:?}"
+        );
+        assert_eq!(outcomes[0].2, outcomes[1].2, "both name the one run");
+    }
+    for sha in &shas {
+        let runs = runs_of(&a, &b, sha).await;
+        assert_eq!(runs.len(), 1, "{sha}: {runs:?}");
+        assert_eq!(runs[0]["idempotency_key"], format!("{REPO}@{sha}@main"));
+    }
+    running_b.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn runners_polling_two_servers_never_get_the_same_run() {
+    let (a, b, running_b, _dir_b) = two_webhook_servers().await;
+    // Thirty queued runs, one per commit.
+    for n in 0..30u64 {
+        let mut body = push("refs/heads/main", &format!("{:040}", n + 100));
+        body["installation"]["id"] = json!(INST);
+        let (id, r) = crate::webhooks::deliver(&a, "push", &body).await;
+        assert_eq!(r.status, 202, "{}", r.body);
+        assert_eq!(
+            crate::webhooks::settled(&a, &id).await["outcome"],
+            "dispatched"
+        );
+    }
+    // Forty runners, half polling each server, all at once.
+    let mut tasks = Vec::new();
+    for i in 0..40 {
+        let base = if i % 2 == 0 {
+            a.base.clone()
+        } else {
+            b.clone()
+        };
+        let (http, key) = (a.http.clone(), a.key().to_string());
+        tasks.push(tokio::spawn(async move {
+            let r = http
+                .post(format!("{base}{DEV}/test-runs/claim"))
+                .bearer_auth(key)
+                .json(&json!({}))
+                .send()
+                .await
+                .unwrap();
+            let status = r.status().as_u16();
+            let body: Value = r.json().await.unwrap_or(Value::Null);
+            (status, body["id"].as_u64())
+        }));
+    }
+    let mut claimed = Vec::new();
+    let mut empty = 0;
+    for t in tasks {
+        match t.await.unwrap() {
+            (200, Some(id)) => claimed.push(id),
+            (204, None) => empty += 1,
+            other => panic!("unexpected answer {other:?}"),
+        }
+    }
+    claimed.sort();
+    let all = claimed.clone();
+    let before = claimed.len();
+    claimed.dedup();
+    assert_eq!(
+        claimed.len(),
+        before,
+        "a run was handed to two runners: {all:?}"
+    );
+    assert_eq!((claimed.len(), empty), (30, 10));
+    // Each claimed run is running once, on either server.
+    for id in claimed {
+        let r = a.get(&format!("{DEV}/test-runs/{id}"), a.key()).await;
+        assert_eq!(r.body["status"], "running", "{}", r.body);
+        assert_eq!(r.body["attempt"], 1, "{}", r.body);
+    }
+    running_b.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn reservations_on_two_servers_never_exceed_the_organizations_quota() {
+    let limit = |c: &mut fleetops::config::Config| {
+        c.tiers.get_mut("free").unwrap().storage_bytes = Some(24_000);
+    };
+    let a = start_with(limit).await;
+    let mut secrets = Vec::new();
+    for i in 0..4 {
+        let r = a
+            .post(
+                "/api/v1/organizations/default/projects",
+                a.key(),
+                json!({"slug": format!("q{i}")}),
+            )
+            .await;
+        assert_eq!(r.status, 201, "{}", r.body);
+        secrets.push(r.body["project_secret"].as_str().unwrap().to_string());
+    }
+    let (b, running_b, _dir_b) = second_with(&a, limit).await;
+    // Thirty-two reservations of 1,500 bytes, across four projects and both servers, at
+    // once: sixteen fit.
+    let mut tasks = Vec::new();
+    for n in 0..32 {
+        let base = if n % 2 == 0 {
+            a.base.clone()
+        } else {
+            b.clone()
+        };
+        let (http, secret) = (a.http.clone(), secrets[n % 4].clone());
+        tasks.push(tokio::spawn(async move {
+            let r = http
+                .post(format!(
+                    "{base}/api/v1/projects/default/q{}/capsules/upload-url",
+                    n % 4
+                ))
+                .header("X-Project-Secret", secret)
+                .json(
+                    &json!({"name": "q", "version": format!("1.0.{n}"), "capsule_type": "OS",
+                    "file_format": ".tar", "file_size_bytes": 1_500}),
+                )
+                .send()
+                .await
+                .unwrap();
+            r.status().as_u16()
+        }));
+    }
+    let mut statuses = Vec::new();
+    for t in tasks {
+        statuses.push(t.await.unwrap());
+    }
+    statuses.sort();
+    assert_eq!(statuses, [[201; 16], [413; 16]].concat(), "{statuses:?}");
+    let mut held = 0;
+    for i in 0..4 {
+        let r = a
+            .get(&format!("/api/v1/projects/default/q{i}/capsules"), a.key())
+            .await;
+        held += r.body.as_array().map_or(0, |a| a.len()) * 1_500;
+    }
+    assert_eq!(held, 24_000);
+    running_b.stop().await;
 }

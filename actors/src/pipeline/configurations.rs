@@ -225,40 +225,46 @@ impl PipelineHandle {
                 format!("capsule {} does not exist in this project", req.capsule_id),
             ));
         }
-        let turn = std::sync::Arc::new(
-            self.reserve(
-                org_id,
-                tier,
-                req.file_size_bytes.unwrap_or(MAX_CONFIG_BYTES),
-            )
-            .await?,
-        );
         let now = now_ms();
-        let c = self
-            .projects
-            .write(pid, |reply| ProjectMsg::CreateConfiguration {
-                turn: turn.clone(),
-                config: Box::new(Configuration {
-                    id: 0,
-                    project_id: pid,
-                    capsule_id: req.capsule_id,
-                    name: req.name.clone(),
-                    description: req.description.clone(),
-                    environment: req.environment.clone(),
-                    version: v.to_string(),
-                    compatible_capsule_versions: req.compatible_capsule_versions.clone(),
-                    declared_size: req.file_size_bytes,
-                    parent_config_id: req.parent_config_id,
-                    override_fields_json: b"{}".to_vec(),
-                    config_data_json: b"{}".to_vec(),
-                    validation_schema_json: schema.clone(),
-                    upload: self.pending_upload(&req.file_format, now),
-                    created_at: now,
-                    updated_at: now,
-                }),
-                reply,
-            })
-            .await?;
+        let mut raced = 0;
+        let c = loop {
+            let turn = std::sync::Arc::new(
+                self.reserve(
+                    org_id,
+                    tier,
+                    req.file_size_bytes.unwrap_or(MAX_CONFIG_BYTES),
+                )
+                .await?,
+            );
+            let r = self
+                .projects
+                .write(pid, |reply| ProjectMsg::CreateConfiguration {
+                    turn: turn.clone(),
+                    config: Box::new(Configuration {
+                        id: 0,
+                        project_id: pid,
+                        capsule_id: req.capsule_id,
+                        name: req.name.clone(),
+                        description: req.description.clone(),
+                        environment: req.environment.clone(),
+                        version: v.to_string(),
+                        compatible_capsule_versions: req.compatible_capsule_versions.clone(),
+                        declared_size: req.file_size_bytes,
+                        parent_config_id: req.parent_config_id,
+                        override_fields_json: b"{}".to_vec(),
+                        config_data_json: b"{}".to_vec(),
+                        validation_schema_json: schema.clone(),
+                        upload: self.pending_upload(&req.file_format, now),
+                        created_at: now,
+                        updated_at: now,
+                    }),
+                    reply,
+                })
+                .await;
+            if !super::quota_raced(&r, &mut raced) {
+                break r?;
+            }
+        };
         Ok(ConfigUploadUrl {
             config_id: c.id,
             upload_url: self

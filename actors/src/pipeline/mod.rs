@@ -250,6 +250,18 @@ pub struct PipelineHandle {
     >,
 }
 
+/// Whether a reservation's write lost to another process's reservation of the same
+/// organization, so its count must be made again (a few times at most: each loss is the
+/// other's progress).
+pub(crate) fn quota_raced<T>(r: &Result<T>, raced: &mut u32) -> bool {
+    let lost = matches!(r, Err(Error::Conflict(m)) if m == fleetops_storage::pipeline::QUOTA_RACED);
+    if lost && *raced < 32 {
+        *raced += 1;
+        return true;
+    }
+    false
+}
+
 impl PipelineHandle {
     fn base(&self) -> String {
         self.public_url
@@ -309,34 +321,40 @@ impl PipelineHandle {
             Some((repo, sha)) => Some(crate::provenance::checked_source(repo, sha)?),
             None => None,
         };
-        let turn = Arc::new(self.reserve(org_id, tier, req.file_size_bytes).await?);
         let now = now_ms();
-        let c = self
-            .projects
-            .write(pid, |reply| ProjectMsg::CreateCapsule {
-                turn: turn.clone(),
-                source: source.clone(),
-                capsule: Box::new(Capsule {
-                    id: 0,
-                    project_id: pid,
-                    name: req.name.clone(),
-                    version: req.version.clone(),
-                    version_major: v.major,
-                    version_minor: v.minor,
-                    version_patch: v.patch,
-                    description: req.description.clone(),
-                    capsule_type: req.capsule_type.clone(),
-                    file_size_bytes: req.file_size_bytes,
-                    metadata_json: metadata.clone(),
-                    dependencies: req.dependencies.clone(),
-                    is_latest: false,
-                    upload: self.pending_upload(&req.file_format, now),
-                    created_at: now,
-                    updated_at: now,
-                }),
-                reply,
-            })
-            .await?;
+        let mut raced = 0;
+        let c = loop {
+            let turn = Arc::new(self.reserve(org_id, tier, req.file_size_bytes).await?);
+            let r = self
+                .projects
+                .write(pid, |reply| ProjectMsg::CreateCapsule {
+                    turn: turn.clone(),
+                    source: source.clone(),
+                    capsule: Box::new(Capsule {
+                        id: 0,
+                        project_id: pid,
+                        name: req.name.clone(),
+                        version: req.version.clone(),
+                        version_major: v.major,
+                        version_minor: v.minor,
+                        version_patch: v.patch,
+                        description: req.description.clone(),
+                        capsule_type: req.capsule_type.clone(),
+                        file_size_bytes: req.file_size_bytes,
+                        metadata_json: metadata.clone(),
+                        dependencies: req.dependencies.clone(),
+                        is_latest: false,
+                        upload: self.pending_upload(&req.file_format, now),
+                        created_at: now,
+                        updated_at: now,
+                    }),
+                    reply,
+                })
+                .await;
+            if !quota_raced(&r, &mut raced) {
+                break r?;
+            }
+        };
         Ok(UploadUrl {
             capsule_id: c.id,
             upload_url: self

@@ -21,6 +21,7 @@ impl ProjectState {
         &self,
         mut c: Capsule,
         source: Option<fleetops_storage::rollouts::CapsuleSource>,
+        quota: Option<fleetops_storage::pipeline::QuotaMark>,
     ) -> Result<Capsule> {
         if self
             .store
@@ -36,7 +37,7 @@ impl ProjectState {
         c.project_id = self.pid();
         c.upload.blob_key =
             crate::rules::blob_keys::upload(crate::rules::blob_keys::CAPSULES, self.pid(), c.id);
-        self.store.create_capsule(&c, source.as_ref())?;
+        self.store.create_capsule(&c, source.as_ref(), quota)?;
         Ok(c)
     }
 

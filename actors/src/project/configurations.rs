@@ -31,7 +31,11 @@ impl ProjectState {
             .ok_or_else(|| Error::not_found("Configuration"))
     }
 
-    pub(super) fn create_configuration(&self, mut c: Configuration) -> Result<Configuration> {
+    pub(super) fn create_configuration(
+        &self,
+        mut c: Configuration,
+        quota: Option<fleetops_storage::pipeline::QuotaMark>,
+    ) -> Result<Configuration> {
         if let Some(parent) = c.parent_config_id {
             // Another project's id is not found here: the same 422 as an unknown one.
             let Some(p) = self.store.configuration(self.pid(), parent)? else {
@@ -70,7 +74,7 @@ impl ProjectState {
         c.id = self.store.new_id(Seq::Configuration)?;
         c.project_id = self.pid();
         c.upload.blob_key = keys::upload(keys::CONFIGURATIONS, self.pid(), c.id);
-        self.store.put_configuration(&c)?;
+        self.store.create_configuration(&c, quota)?;
         Ok(c)
     }
 

@@ -473,7 +473,7 @@ impl Actor for ProjectActor {
                 turn,
                 reply,
             } => {
-                let _ = reply.send(st.create_capsule(*capsule, source));
+                let _ = reply.send(st.create_capsule(*capsule, source, turn.mark));
                 drop(turn);
             }
             ProjectMsg::Uploaded {
@@ -507,7 +507,7 @@ impl Actor for ProjectActor {
                 turn,
                 reply,
             } => {
-                let _ = reply.send(st.create_configuration(*config));
+                let _ = reply.send(st.create_configuration(*config, turn.mark));
                 drop(turn);
             }
             ProjectMsg::SettleConfiguration {

@@ -227,6 +227,9 @@ impl Actor for DispatcherActor {
     }
 }
 
+/// How long a run's read-decide-write is tried again against other processes' writes.
+const RACE_FOR: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Whether working a delivery wrote a run (made, cancelled): later deliveries of the same
 /// commit or pull request must then read it committed.
 type Wrote = bool;
@@ -336,15 +339,23 @@ impl DispatcherState {
     }
 
     /// Makes `run` (taking its id) and adds it with the delivery's outcome to `b`.
+    /// The run claims its idempotency key (the store fails the batch when a run of the
+    /// project holds it by then: the delivery is worked again and finds that run), unless
+    /// `moves_key`: a rerequest takes the key over.
     fn make(
         &self,
         b: &mut ScmBatch,
         mut d: Delivery,
         outcome: DeliveryOutcome,
         run: TestRun,
+        moves_key: bool,
     ) -> Result<Wrote> {
         let r = self.store.new_run(run)?;
-        b.put_new_run(&r)?;
+        if moves_key {
+            b.put_rerun(&r)?;
+        } else {
+            b.put_new_run(&r)?;
+        }
         d.test_run_id = Some(r.id);
         d.outcome = outcome;
         b.finish_delivery(&d)?;
@@ -361,7 +372,7 @@ impl DispatcherState {
             return Ok(false);
         }
         run.status = RunStatus::Queued;
-        self.make(b, d, DeliveryOutcome::Dispatched, run)
+        self.make(b, d, DeliveryOutcome::Dispatched, run, false)
     }
 
     /// Fails when a test injected a failure for this dispatch.
@@ -625,7 +636,7 @@ impl DispatcherState {
                         r.commit_sha = sha;
                         r.git_ref = branch;
                         r.attempt = previous.map_or(1, |a| a.saturating_add(1));
-                        self.make(b, d, DeliveryOutcome::Dispatched, r)
+                        self.make(b, d, DeliveryOutcome::Dispatched, r, true)
                     }
                     _ => skip_into(b, &d, "action_ignored"),
                 }
@@ -672,7 +683,7 @@ impl DispatcherState {
                     d.test_run_id = Some(existing.id);
                     return skip_into(b, &d, "duplicate_job");
                 }
-                self.make(b, d, DeliveryOutcome::Dispatched, r)
+                self.make(b, d, DeliveryOutcome::Dispatched, r, false)
             }
             _ => skip_into(b, &d, "event_ignored"),
         }
@@ -757,26 +768,61 @@ impl DispatcherState {
             .ok_or_else(|| Error::not_found("Test run"))
     }
 
-    fn save(&self, old: &TestRun, r: &TestRun) -> Result<()> {
+    /// Writes `r` over `old`; `false` when the store found the run changed since `old` was
+    /// read (another process wrote it): the caller decides again on what it holds now.
+    fn save(&self, old: &TestRun, r: &TestRun) -> Result<bool> {
         let mut b = ScmBatch::default();
         b.put_run(old, r)?;
-        Ok(b.commit(&self.store)?)
+        match b.commit(&self.store) {
+            Ok(()) => Ok(true),
+            Err(fleetops_storage::StorageError::Conflict(_)) => Ok(false),
+            Err(e) => Err(e.into()),
+        }
     }
 
+    /// Runs a read-decide-write of a run until its write finds the run as read. Each lost
+    /// race means another process's write landed, so this ends; bounded in time all the
+    /// same (503 past it).
+    fn decided<T>(&self, step: impl Fn() -> Result<Option<T>>) -> Result<T> {
+        let until = std::time::Instant::now() + RACE_FOR;
+        loop {
+            if let Some(t) = step()? {
+                return Ok(t);
+            }
+            if std::time::Instant::now() >= until {
+                return Err(Error::Unavailable {
+                    retry_after_secs: 1,
+                });
+            }
+        }
+    }
+
+    /// Takes the project's oldest queued run. Two runners (on two processes) never take
+    /// the same run: the store decides the write, and the loser takes the next one.
     fn claim(&self, project_id: u64) -> Result<Option<TestRun>> {
-        let Some(old) = self.store.first_queued(project_id)? else {
-            return Ok(None);
-        };
-        let now = self.clock.now_ms();
-        let mut r = old.clone();
-        r.status = RunStatus::Running;
-        r.lease_expires_at = Some(now + self.lease_ms);
-        r.updated_at = now;
-        self.save(&old, &r)?;
-        Ok(Some(r))
+        self.decided(|| {
+            let Some(old) = self.store.first_queued(project_id)? else {
+                return Ok(Some(None));
+            };
+            // The queue's entry was read before the run: another process may have taken
+            // it in between (its entry then leaves the queue; read again).
+            if old.status != RunStatus::Queued {
+                return Ok(None);
+            }
+            let now = self.clock.now_ms();
+            let mut r = old.clone();
+            r.status = RunStatus::Running;
+            r.lease_expires_at = Some(now + self.lease_ms);
+            r.updated_at = now;
+            Ok(self.save(&old, &r)?.then_some(Some(r)))
+        })
     }
 
     fn heartbeat(&self, project_id: u64, id: u64) -> Result<TestRun> {
+        self.decided(|| self.try_heartbeat(project_id, id))
+    }
+
+    fn try_heartbeat(&self, project_id: u64, id: u64) -> Result<Option<TestRun>> {
         let old = self.run(project_id, id)?;
         if old.status != RunStatus::Running {
             return Err(Error::Conflict(format!(
@@ -788,8 +834,7 @@ impl DispatcherState {
         let mut r = old.clone();
         r.lease_expires_at = Some(now + self.lease_ms);
         r.updated_at = now;
-        self.save(&old, &r)?;
-        Ok(r)
+        Ok(self.save(&old, &r)?.then_some(r))
     }
 
     fn complete(
@@ -799,8 +844,18 @@ impl DispatcherState {
         status: String,
         summary: Option<String>,
     ) -> Result<TestRun> {
+        self.decided(|| self.try_complete(project_id, id, &status, summary.clone()))
+    }
+
+    fn try_complete(
+        &self,
+        project_id: u64,
+        id: u64,
+        status: &str,
+        summary: Option<String>,
+    ) -> Result<Option<TestRun>> {
         let old = self.run(project_id, id)?;
-        let status = match RunStatus::parse(&status) {
+        let status = match RunStatus::parse(status) {
             Some(s @ (RunStatus::Passed | RunStatus::Failed)) => s,
             _ => return Err(Error::unprocessable("status", "must be passed or failed")),
         };
@@ -818,8 +873,7 @@ impl DispatcherState {
         r.summary = summary.or(r.summary);
         r.lease_expires_at = None;
         r.updated_at = self.clock.now_ms();
-        self.save(&old, &r)?;
-        Ok(r)
+        Ok(self.save(&old, &r)?.then_some(r))
     }
 
     /// Refuses a project whose organization was deleted after the request got past its
@@ -846,6 +900,7 @@ impl DispatcherState {
                 r.attempt = r.attempt.saturating_add(1);
                 r.lease_expires_at = None;
                 r.updated_at = now;
+                // Lost to a heartbeat or a completion meanwhile: that write stands.
                 self.save(&old, &r)?;
             }
         }

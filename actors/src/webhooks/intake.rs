@@ -342,6 +342,7 @@ impl IntakeState {
             }
         };
         let now = self.clock.now_ms();
+        let since = now - self.window_ms;
         let mut items: Vec<_> = batch
             .iter()
             .enumerate()
@@ -369,18 +370,23 @@ impl IntakeState {
             h.wait().await;
         }
         let written = tokio::task::spawn_blocking(move || {
-            store.claim_deliveries(&mut items)?;
-            Ok(items)
+            let taken = store.claim_deliveries(&mut items, since)?;
+            Ok((items, taken))
         })
         .await
         .unwrap_or_else(|e| Err(StorageError::Io(std::io::Error::other(e.to_string()))));
         match written {
-            Ok(items) => {
-                if batch.iter().any(|p| p.subscribed) {
+            Ok((items, taken)) => {
+                if batch.iter().zip(&taken).any(|(p, &t)| t && p.subscribed) {
                     self.queue.stored();
                 }
-                for (p, (d, _)) in batch.into_iter().zip(items) {
-                    let _ = p.reply.send(Ok(p.subscribed.then_some(d.seq)));
+                for ((p, (d, _)), t) in batch.into_iter().zip(items).zip(taken) {
+                    // Not taken: another process claimed the id meanwhile.
+                    let _ = p.reply.send(if t {
+                        Ok(p.subscribed.then_some(d.seq))
+                    } else {
+                        Err(Error::Rejected("Duplicate delivery".into()))
+                    });
                 }
             }
             Err(e) => {
