@@ -20,9 +20,12 @@
 //! - Uniqueness and state transitions are decided by the single-writer actors before they
 //!   write; a write here is one atomic batch. What two processes on one database could both
 //!   get past their actors' checks is decided here: a write's claims on unique keys
-//!   (`Writes::claim`) fail it whole with [`StorageError::Conflict`] (409), and on PostgreSQL
-//!   every write is one serializable transaction with its list counters. Any other storage
-//!   error is a 5xx (503 while the database is unreachable).
+//!   (`Writes::claim`) and its guards on what a key holds (`Writes::guard`: a delivery still
+//!   queued, a run as its writer read it, an idempotency key free, the organization's quota
+//!   mark unmoved) fail it whole with [`StorageError::Conflict`]; a delivery's id is claimed
+//!   per delivery ([`Store::claim_deliveries`]). On PostgreSQL every write is one
+//!   serializable transaction with its list counters. Any other storage error is a 5xx (503
+//!   while the database is unreachable).
 //! - A listed record's list entries and counters (`lists`) are written in the record's own
 //!   batch, under one lock, so a page reads only its entries and one counter.
 //! - Every write holds the backup gate (`gate`) shared, so a backup holding it exclusive
@@ -31,7 +34,9 @@
 //! - Opening a store builds, once and behind a marker in `meta`, what a store written by an
 //!   older version lacks (list indexes, the resolved alerts' expiry index).
 //!
-//! Tested by unit tests beside each module, and by the API tests in `tests/api/`, each of
+//! Tested by unit tests beside each module (those that open a store run on both engines:
+//! `testing`), and by the API tests in `tests/api/` (run again on PostgreSQL by
+//! `tests/postgres/`), each of
 //! which ends by checking every list index and counter against the records
 //! (`Store::verify_lists`), as the crash harness does after its last restart.
 
