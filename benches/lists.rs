@@ -7,7 +7,8 @@
 //! 1% of the devices are online; the rest were seen a day ago or never.
 //!
 //! Run: `cargo bench --bench lists` (needs `wrk`). Knobs: BENCH_RECORDS, BENCH_SECS
-//! (default 5), BENCH_CONNECTIONS (default 4).
+//! (default 5), BENCH_CONNECTIONS (default 4), BENCH_BACKEND (`postgres`: seeded on sled,
+//! copied into the bench's PostgreSQL cluster as `admin migrate` copies, then served there).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -38,7 +39,11 @@ fn main() {
     let base = wrk(&format!("http://{addr}/"), &[], conns, secs, None);
     task.abort();
 
-    let (running, key, url, _data) = rt.block_on(start_fleetops());
+    // Seeded on sled either way: a million listed writes one at a time would take hours on
+    // PostgreSQL. For BENCH_BACKEND=postgres the seeded store is then moved into the
+    // database with `admin migrate`'s copy, as an operator would move it, and served there.
+    let on_postgres = backend() == "postgres";
+    let (running, key, url, data) = rt.block_on(start_fleetops_with(|c| c.database.url.clear()));
     let proj = "/api/v1/organizations/default/projects/default";
     let store = running.runtime.store.clone();
     let org = store.org_by_slug("default").unwrap().unwrap();
@@ -124,6 +129,33 @@ fn main() {
         "seeded {n} devices in {devices_s:.0} s, {n} sessions in {sessions_s:.0} s, {n} deliveries in {deliveries_s:.0} s; sled on disk {:.0} MB",
         store.size_on_disk().unwrap() as f64 / 1e6
     );
+    let (running, url, store) = if on_postgres {
+        rt.block_on(running.stop());
+        drop(store);
+        let t = Instant::now();
+        let database = bench_cluster().database();
+        // sled's flusher may hold its lock a moment after the server stopped.
+        let sled = (0..100)
+            .find_map(|_| {
+                let s = fleetops_storage::Store::open(&data.path().join("data")).ok();
+                if s.is_none() {
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                }
+                s
+            })
+            .expect("the stopped server's store opens");
+        let report = sled.copy_to_postgres(&database).unwrap();
+        drop(sled);
+        println!(
+            "copied into PostgreSQL in {:.0} s: {report:?}",
+            t.elapsed().as_secs_f64()
+        );
+        let (running, url) = rt.block_on(restart_fleetops(&data, &database));
+        let store = running.runtime.store.clone();
+        (running, url, store)
+    } else {
+        (running, url, store)
+    };
 
     // The 1% that should be online beat now (seeding took longer than the offline window).
     let beat = std::time::SystemTime::now()

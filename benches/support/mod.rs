@@ -230,12 +230,7 @@ pub async fn start_fleetops_with(
     tempfile::TempDir,
 ) {
     let dir = tempfile::tempdir().unwrap();
-    let mut cfg = fleetops::config::Config {
-        listen: "127.0.0.1:0".into(),
-        data_dir: dir.path().join("data"),
-        log: "warn".into(),
-        ..fleetops::config::Config::default()
-    };
+    let mut cfg = bench_config(&dir);
     cfg.admin.password = "bench-password".into();
     cfg.admin.tier = "free".into();
     cfg.tiers.insert(
@@ -253,6 +248,37 @@ pub async fn start_fleetops_with(
     let key = running.initial.clone().unwrap().api_key;
     let url = format!("http://{}", running.addr);
     (running, key, url, dir)
+}
+
+/// The benches' server configuration on `dir` (the data directory is `dir/data`), on sled.
+fn bench_config(dir: &tempfile::TempDir) -> fleetops::config::Config {
+    fleetops::config::Config {
+        listen: "127.0.0.1:0".into(),
+        data_dir: dir.path().join("data"),
+        log: "warn".into(),
+        ..fleetops::config::Config::default()
+    }
+}
+
+/// fleetops started again on the data directory of a stopped one (its records on the
+/// PostgreSQL database `database`, or on sled when it is empty): (server, base URL).
+pub async fn restart_fleetops(
+    dir: &tempfile::TempDir,
+    database: &str,
+) -> (fleetops::startup::Running, String) {
+    let mut cfg = bench_config(dir);
+    cfg.admin.tier = "free".into();
+    cfg.tiers.insert(
+        "free".into(),
+        fleetops::config::TierFile {
+            requests_per_minute: Some(1_000_000_000),
+            storage_bytes: None,
+        },
+    );
+    cfg.database.url = database.to_string();
+    let running = fleetops::startup::start(cfg).await.unwrap();
+    let url = format!("http://{}", running.addr);
+    (running, url)
 }
 
 /// A device and `n` active sessions for it; returns the session ids.
