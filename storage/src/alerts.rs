@@ -127,7 +127,7 @@ impl Store {
                 && rule.is_none_or(|r| a.rule_id == r)
                 && device.is_none_or(|d| a.device_id == d)
         };
-        let get = |id| self.alert(project, id);
+        let key = |id| keys::alert(project, id);
         let mut candidates = Vec::new();
         if let Some(s) = state {
             candidates.push(alert_state_list(project, s));
@@ -142,7 +142,7 @@ impl Store {
             lo: 0,
             hi: None,
             keep: &keep,
-            get: &get,
+            key: &key,
         }
         .run(self, skip, take)
     }

@@ -213,13 +213,12 @@ impl Store {
         take: usize,
     ) -> Result<(Vec<Device>, u64)> {
         let (ids, total) = self.device_ids(project, q, skip.saturating_add(take))?;
-        let mut out = Vec::with_capacity(take);
-        for id in ids.into_iter().skip(skip) {
-            if let Some(d) = self.device(project, id)? {
-                out.push(d);
-            }
-        }
-        Ok((out, total))
+        let keys: Vec<Vec<u8>> = ids
+            .into_iter()
+            .skip(skip)
+            .map(|id| keys::device(project, id))
+            .collect();
+        Ok((self.get_many(&keys)?, total))
     }
 
     /// How many devices a project has (one read).

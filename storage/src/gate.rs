@@ -85,6 +85,10 @@ impl Tree {
         self.tree.get(key.as_ref())
     }
 
+    pub(crate) fn get_many(&self, keys: &[Vec<u8>]) -> crate::Result<Vec<Option<Bytes>>> {
+        self.tree.get_many(keys)
+    }
+
     pub(crate) fn contains_key(&self, key: impl AsRef<[u8]>) -> crate::Result<bool> {
         self.tree.contains_key(key.as_ref())
     }

@@ -487,6 +487,16 @@ impl Store {
         }
     }
 
+    /// The records at `keys` that exist, in order: one read (one round trip on a network
+    /// database) for a page of records.
+    fn get_many<T: serde::de::DeserializeOwned>(&self, keys: &[Vec<u8>]) -> Result<Vec<T>> {
+        let mut out = Vec::with_capacity(keys.len());
+        for v in self.inner.records.get_many(keys)?.into_iter().flatten() {
+            out.push(codec::decode(&v)?);
+        }
+        Ok(out)
+    }
+
     fn get_id(&self, key: &[u8]) -> Result<Option<u64>> {
         Ok(self
             .inner

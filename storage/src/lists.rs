@@ -401,10 +401,14 @@ pub(crate) struct Query<'a, T> {
     pub unlisted: bool,
     /// The whole filter, checked when the chosen list is not exact.
     pub keep: &'a dyn Fn(&T) -> bool,
-    pub get: &'a dyn Fn(u64) -> Result<Option<T>>,
+    /// The key of the record an entry names.
+    pub key: &'a dyn Fn(u64) -> Vec<u8>,
 }
 
-impl<T> Query<'_, T> {
+/// Records a walked list reads at once (one round trip on a network database).
+const WALK_CHUNK: usize = 64;
+
+impl<T: serde::de::DeserializeOwned> Query<'_, T> {
     /// The records `skip..skip + take` in list order, and how many there are in all.
     /// Costs: one exact list without a range reads the counter and the page; a range counts
     /// the entries inside it by key; combined filters decode the smallest list's records.
@@ -425,36 +429,43 @@ impl<T> Query<'_, T> {
             }
         };
         let hits = store.list_rev(&list, self.lo, self.hi);
-        let mut items = Vec::new();
         if exact && !ranged {
-            for h in page_ids(hits, skip, take)? {
-                if let Some(r) = (self.get)(h.id)? {
-                    items.push(r);
-                }
-            }
-            return Ok((items, store.list_len(&list)?));
+            let keys: Vec<Vec<u8>> = page_ids(hits, skip, take)?
+                .iter()
+                .map(|h| (self.key)(h.id))
+                .collect();
+            return Ok((store.get_many(&keys)?, store.list_len(&list)?));
         }
         let mut total = 0u64;
-        for h in hits {
-            let h = h?;
-            if exact {
-                if total as usize >= skip
-                    && items.len() < take
-                    && let Some(r) = (self.get)(h.id)?
-                {
+        if exact {
+            // Counted by key; only the page's records are read.
+            let mut page = Vec::new();
+            for h in hits {
+                let h = h?;
+                if total as usize >= skip && page.len() < take {
+                    page.push((self.key)(h.id));
+                }
+                total += 1;
+            }
+            return Ok((store.get_many(&page)?, total));
+        }
+        let mut items = Vec::new();
+        let mut chunk = Vec::with_capacity(WALK_CHUNK);
+        let mut hits = hits.peekable();
+        while hits.peek().is_some() {
+            chunk.clear();
+            for h in hits.by_ref().take(WALK_CHUNK) {
+                chunk.push((self.key)(h?.id));
+            }
+            for r in store.get_many::<T>(&chunk)? {
+                if !(self.keep)(&r) {
+                    continue;
+                }
+                if total as usize >= skip && items.len() < take {
                     items.push(r);
                 }
                 total += 1;
-                continue;
             }
-            let Some(r) = (self.get)(h.id)? else { continue };
-            if !(self.keep)(&r) {
-                continue;
-            }
-            if total as usize >= skip && items.len() < take {
-                items.push(r);
-            }
-            total += 1;
         }
         Ok((items, total))
     }

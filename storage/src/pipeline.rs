@@ -286,7 +286,7 @@ impl Store {
             capsule.is_none_or(|id| c.capsule_id == id)
                 && environment.is_none_or(|e| c.environment == e)
         };
-        let get = |id| self.configuration(project, id);
+        let key = |id| keys::config(project, id);
         let mut candidates = Vec::new();
         if let Some(c) = capsule {
             candidates.push(config_capsule_list(project, c));
@@ -301,7 +301,7 @@ impl Store {
             lo: 0,
             hi: None,
             keep: &keep,
-            get: &get,
+            key: &key,
         }
         .run(self, skip, take)
     }
@@ -352,7 +352,7 @@ impl Store {
         take: usize,
     ) -> Result<(Vec<Deployment>, u64)> {
         let keep = |_: &Deployment| true;
-        let get = |id| self.deployment(project, id);
+        let key = |id| keys::deployment(project, id);
         Query {
             unlisted: false,
             candidates: status
@@ -363,7 +363,7 @@ impl Store {
             lo: 0,
             hi: None,
             keep: &keep,
-            get: &get,
+            key: &key,
         }
         .run(self, skip, take)
     }

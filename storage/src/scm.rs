@@ -625,7 +625,7 @@ impl Store {
             outcome.is_none_or(|o| d.outcome == o)
                 && reason.is_none_or(|r| d.reason.as_deref() == Some(r))
         };
-        let get = |seq| self.delivery(seq);
+        let key = keys::delivery;
         let all = delivery_list(project, None);
         let mut candidates = Vec::new();
         if let Some(o) = outcome {
@@ -639,7 +639,7 @@ impl Store {
             lo: 0,
             hi: None,
             keep: &keep,
-            get: &get,
+            key: &key,
         }
         .run(self, skip, take)
     }
@@ -841,7 +841,7 @@ impl Store {
                 && q.commit_sha
                     .is_none_or(|x| r.commit_sha.eq_ignore_ascii_case(x))
         };
-        let get = |id| self.run(project, id);
+        let key = |id| keys::run(project, id);
         let mut candidates = Vec::new();
         if let Some(s) = q.status {
             candidates.push(run_status_list(project, s));
@@ -859,7 +859,7 @@ impl Store {
             lo: 0,
             hi: None,
             keep: &keep,
-            get: &get,
+            key: &key,
         }
         .run(self, skip, take)
     }

@@ -177,7 +177,7 @@ impl Store {
         take: usize,
     ) -> Result<(Vec<Session>, u64)> {
         let keep = |_: &Session| true;
-        let get = |id| self.session(project, id);
+        let key = |id| keys::session(project, id);
         Query {
             unlisted: false,
             candidates: vec![list(project, q.device, q.status)],
@@ -185,7 +185,7 @@ impl Store {
             lo: q.since.map(ord).unwrap_or(0),
             hi: q.until.map(ord),
             keep: &keep,
-            get: &get,
+            key: &key,
         }
         .run(self, skip, take)
     }

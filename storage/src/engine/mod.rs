@@ -138,6 +138,15 @@ impl Tree {
         }
     }
 
+    /// The values of `keys`, in their order (`None`: absent): one round trip on a network
+    /// database.
+    pub(crate) fn get_many(&self, keys: &[Vec<u8>]) -> Result<Vec<Option<Bytes>>> {
+        match self {
+            Tree::Sled(t) => keys.iter().map(|k| Ok(t.get(k)?)).collect(),
+            Tree::Pg(t) => t.get_many(keys),
+        }
+    }
+
     pub(crate) fn contains_key(&self, key: &[u8]) -> Result<bool> {
         match self {
             Tree::Sled(t) => Ok(t.contains_key(key)?),

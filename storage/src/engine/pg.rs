@@ -521,6 +521,32 @@ impl PgTree {
         })
     }
 
+    pub(crate) fn get_many(&self, keys: &[Vec<u8>]) -> Result<Vec<Option<Bytes>>> {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (pool, t, wanted) = (self.pg.0.pool.clone(), self.table.clone(), keys.to_vec());
+        let rows = self.pg.run(async move {
+            let c = pool.get().await.map_err(pool_error)?;
+            let rows = c
+                .query(
+                    &format!("SELECT k, v FROM {t} WHERE k = ANY($1)"),
+                    &[&wanted],
+                )
+                .await
+                .map_err(db_error)?;
+            Ok(rows
+                .into_iter()
+                .map(|r| (r.get::<_, Vec<u8>>(0), r.get::<_, Vec<u8>>(1)))
+                .collect::<std::collections::HashMap<_, _>>())
+        })?;
+        let mut rows = rows;
+        Ok(keys
+            .iter()
+            .map(|k| rows.remove(k).map(Bytes::from))
+            .collect())
+    }
+
     pub(crate) fn contains_key(&self, key: &[u8]) -> Result<bool> {
         let (pool, t, key) = (self.pg.0.pool.clone(), self.table.clone(), key.to_vec());
         self.pg.run(async move {
