@@ -825,9 +825,10 @@ async fn kill_9_at_random_moments_loses_and_duplicates_nothing() {
     );
     assert_eq!((lost, duplicated, half), (0, 0, 0));
     // The journal's replay ran: under a steady stream of deliveries, some kill lands
-    // between a batch's 202 and sled's next flush (every 500 ms).
+    // between a batch's 202 and sled's next flush (every 500 ms). On PostgreSQL a delivery
+    // and its payload are committed before the 202, and there is no journal to replay.
     assert!(
-        kills < 5 || replayed > 0,
+        kills < 5 || replayed > 0 || crate::ON_POSTGRES,
         "no kill exercised the journal's replay"
     );
     drop(l);
