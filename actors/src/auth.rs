@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dashmap::DashMap;
-use fleetops_storage::{Store, User};
+use fleetops_storage::{Device, Store, User};
 use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
 use serde::{Deserialize, Serialize};
 
@@ -224,29 +224,44 @@ impl Authenticator {
         self.decode(token).ok().map(|c| c.iat)
     }
 
+    /// [`AuthHandle::resolve`] for a request's handler: a device token's lookup (the one no
+    /// cache answers) is awaited, so on a network database no runtime thread waits for it.
+    pub async fn resolve_async(&self, value: &str) -> Result<Principal> {
+        if value.starts_with(DEVICE_TOKEN_PREFIX) {
+            let hash = secrets::sha256(value.as_bytes());
+            let d = self.store.device_by_token_async(&hash).await?;
+            return self.device_principal(d, &hash);
+        }
+        self.resolve(value)
+    }
+
+    /// The principal of the device a token's lookup found.
+    fn device_principal(&self, d: Option<Device>, hash: &[u8; 32]) -> Result<Principal> {
+        let d = d.ok_or(Error::Unauthorized)?;
+        // The index lookup already matched on the hash; compare once more in constant time
+        // so that equality is never decided by a variable-time path.
+        if !secrets::ct_eq(&d.token_hash, hash) {
+            return Err(Error::Unauthorized);
+        }
+        // A deleted organization's devices are refused at once, while its data is purged.
+        if self.store.project_retired(d.project_id) {
+            return Err(Error::Unauthorized);
+        }
+        Ok(Principal {
+            user: None,
+            credential: Credential::Device {
+                project_id: d.project_id,
+                device_id: d.id,
+            },
+        })
+    }
+
     /// Resolves a bearer value (JWT, API key or device token).
     pub fn resolve(&self, value: &str) -> Result<Principal> {
         if value.starts_with(DEVICE_TOKEN_PREFIX) {
-            let d = self
-                .store
-                .device_by_token(&secrets::sha256(value.as_bytes()))?
-                .ok_or(Error::Unauthorized)?;
-            // The index lookup already matched on the hash; compare once more in constant
-            // time so that equality is never decided by a variable-time path.
-            if !secrets::ct_eq(&d.token_hash, &secrets::sha256(value.as_bytes())) {
-                return Err(Error::Unauthorized);
-            }
-            // A deleted organization's devices are refused at once, while its data is purged.
-            if self.store.project_retired(d.project_id) {
-                return Err(Error::Unauthorized);
-            }
-            return Ok(Principal {
-                user: None,
-                credential: Credential::Device {
-                    project_id: d.project_id,
-                    device_id: d.id,
-                },
-            });
+            let hash = secrets::sha256(value.as_bytes());
+            let d = self.store.device_by_token(&hash)?;
+            return self.device_principal(d, &hash);
         }
         if value.starts_with(API_KEY_PREFIX) {
             let hash = secrets::sha256(value.as_bytes());

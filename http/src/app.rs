@@ -247,19 +247,19 @@ impl<'a> Cx<'a> {
     }
 
     /// 401 for bad or missing credentials, then 429 over the caller's tier.
-    pub fn authenticate(&mut self, req: &Req, org: Option<&str>) -> ApiResult<Principal> {
-        self.authenticate_with(req.credential(), org)
+    pub async fn authenticate(&mut self, req: &Req, org: Option<&str>) -> ApiResult<Principal> {
+        self.authenticate_with(req.credential(), org).await
     }
 
     /// As [`Cx::authenticate`], with the credential taken from elsewhere (a WebSocket's
     /// `?token=`).
-    pub fn authenticate_with(
+    pub async fn authenticate_with(
         &mut self,
         value: Option<&str>,
         org: Option<&str>,
     ) -> ApiResult<Principal> {
         let value = value.ok_or(ApiError::Domain(fleetops_actors::Error::Unauthorized))?;
-        let p = self.app.rt.auth.resolve(value)?;
+        let p = self.app.rt.auth.resolve_async(value).await?;
         let (tier, org_id) = self.app.rt.access.tier_for(&p, org)?;
         let bucket = Bucket {
             caller: p.caller(),
@@ -313,17 +313,17 @@ impl<'a> Cx<'a> {
     }
 
     /// Authenticated, rate-limited and at least `min` in the path's organization.
-    pub fn org(&mut self, req: &Req, min: Role) -> ApiResult<(Principal, OrgScope)> {
+    pub async fn org(&mut self, req: &Req, min: Role) -> ApiResult<(Principal, OrgScope)> {
         let org = req.param("org");
-        let p = self.authenticate(req, Some(org))?;
+        let p = self.authenticate(req, Some(org)).await?;
         let s = self.app.rt.access.org(&p, org, min)?;
         Ok((p, s))
     }
 
     /// As [`Cx::org`], then the path's project (404 when absent).
-    pub fn project(&mut self, req: &Req, min: Role) -> ApiResult<(Principal, ProjectScope)> {
+    pub async fn project(&mut self, req: &Req, min: Role) -> ApiResult<(Principal, ProjectScope)> {
         let org = req.param("org");
-        let p = self.authenticate(req, Some(org))?;
+        let p = self.authenticate(req, Some(org)).await?;
         let s = self
             .app
             .rt

@@ -36,7 +36,7 @@ pub async fn live_logs(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body
         .map(str::to_string);
     let cred = req.credential().map(str::to_string).or(token).or(cookie);
     let org = req.param("org").to_string();
-    let p = cx.authenticate_with(cred.as_deref(), Some(&org))?;
+    let p = cx.authenticate_with(cred.as_deref(), Some(&org)).await?;
     let s = cx
         .rt()
         .access

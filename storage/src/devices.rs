@@ -232,18 +232,37 @@ impl Store {
         self.get(&keys::device(project, id))
     }
 
+    /// [`Store::device`] for a request's handler: awaited, never blocking a runtime thread
+    /// on a network database.
+    pub async fn device_async(&self, project: u64, id: u64) -> Result<Option<Device>> {
+        self.get_async(&keys::device(project, id)).await
+    }
+
     /// The (project, device) a device token belongs to.
     pub fn device_by_token(&self, hash: &[u8; 32]) -> Result<Option<Device>> {
         let Some(v) = self.inner.records.get(keys::device_by_token(hash))? else {
             return Ok(None);
         };
-        let (Some(p), Some(d)) = (
-            v.get(..8).and_then(|b| <[u8; 8]>::try_from(b).ok()),
-            v.get(8..16).and_then(|b| <[u8; 8]>::try_from(b).ok()),
-        ) else {
+        match token_entry(&v) {
+            Some((p, d)) => self.device(p, d),
+            None => Ok(None),
+        }
+    }
+
+    /// [`Store::device_by_token`] for a request's authentication: awaited.
+    pub async fn device_by_token_async(&self, hash: &[u8; 32]) -> Result<Option<Device>> {
+        let Some(v) = self
+            .inner
+            .records
+            .get_async(&keys::device_by_token(hash))
+            .await?
+        else {
             return Ok(None);
         };
-        self.device(u64::from_be_bytes(p), u64::from_be_bytes(d))
+        match token_entry(&v) {
+            Some((p, d)) => self.device_async(p, d).await,
+            None => Ok(None),
+        }
     }
 
     pub fn insert_device(&self, d: &Device) -> Result<()> {
@@ -424,4 +443,11 @@ impl Store {
         c.put(generation, project, g.clone());
         Ok(g)
     }
+}
+
+/// A device token's index entry: (project, device).
+fn token_entry(v: &[u8]) -> Option<(u64, u64)> {
+    let p = v.get(..8).and_then(|b| <[u8; 8]>::try_from(b).ok())?;
+    let d = v.get(8..16).and_then(|b| <[u8; 8]>::try_from(b).ok())?;
+    Some((u64::from_be_bytes(p), u64::from_be_bytes(d)))
 }

@@ -85,6 +85,10 @@ impl Tree {
         self.tree.get(key.as_ref())
     }
 
+    pub(crate) async fn get_async(&self, key: &[u8]) -> crate::Result<Option<Bytes>> {
+        self.tree.get_async(key).await
+    }
+
     pub(crate) fn get_many(&self, keys: &[Vec<u8>]) -> crate::Result<Vec<Option<Bytes>>> {
         self.tree.get_many(keys)
     }

@@ -487,6 +487,15 @@ impl Store {
         }
     }
 
+    /// [`Store::get`] for a caller on an async task (a request's handler): on PostgreSQL the
+    /// round trip is awaited, so no runtime thread is held while the database answers.
+    async fn get_async<T: serde::de::DeserializeOwned>(&self, key: &[u8]) -> Result<Option<T>> {
+        match self.inner.records.get_async(key).await? {
+            Some(v) => codec::decode(&v).map(Some),
+            None => Ok(None),
+        }
+    }
+
     /// The records at `keys` that exist, in order: one read (one round trip on a network
     /// database) for a page of records.
     fn get_many<T: serde::de::DeserializeOwned>(&self, keys: &[Vec<u8>]) -> Result<Vec<T>> {

@@ -131,10 +131,11 @@ impl ProjectsHandle {
         DeviceView::new(d, self.status(d, now), ids)
     }
 
-    pub fn device(&self, pid: u64, id: u64) -> Result<DeviceView> {
+    pub async fn device(&self, pid: u64, id: u64) -> Result<DeviceView> {
         let d = self
             .store
-            .device(pid, id)?
+            .device_async(pid, id)
+            .await?
             .ok_or_else(|| Error::not_found("Device"))?;
         let groups = self.store.project_groups(pid)?;
         Ok(self.view(&d, &groups, self.clock.now_ms()))

@@ -462,7 +462,7 @@ async fn device(
     };
     let pid = scope.project.id;
     let id = parse_id(id, "Device")?;
-    let d = app.rt.projects.device(pid, id)?;
+    let d = app.rt.projects.device(pid, id).await?;
     let metrics = app
         .rt
         .projects

@@ -24,14 +24,14 @@ pub async fn login(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
     body::ok(&cx.rt().auth.login(&b.email, &b.password).await?)
 }
 
-pub fn refresh(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
-    let p = cx.authenticate(&req, None)?;
+pub async fn refresh(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    let p = cx.authenticate(&req, None).await?;
     cx.rt().access.require_jwt(&p)?;
     body::ok(&cx.rt().auth.refresh(&p)?)
 }
 
 pub async fn logout(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
-    let p = cx.authenticate(&req, None)?;
+    let p = cx.authenticate(&req, None).await?;
     cx.rt().access.require_jwt(&p)?;
     cx.rt().directory.sign_out(&p).await?;
     body::no_content()
@@ -45,22 +45,22 @@ pub(crate) struct NameBody {
 }
 
 pub async fn create_api_key(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
-    let p = cx.authenticate(&req, None)?;
+    let p = cx.authenticate(&req, None).await?;
     cx.rt().access.require_jwt(&p)?;
     let user = cx.rt().access.require_user(&p)?;
     let b: NameBody = cx.json(&mut req).await?;
     body::created(&cx.rt().directory.create_api_key(user.id, b.name).await?)
 }
 
-pub fn list_api_keys(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
-    let p = cx.authenticate(&req, None)?;
+pub async fn list_api_keys(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    let p = cx.authenticate(&req, None).await?;
     body::ok(&fleetops_actors::views::Items {
         items: cx.rt().access.api_keys(&p)?,
     })
 }
 
 pub async fn delete_api_key(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
-    let p = cx.authenticate(&req, None)?;
+    let p = cx.authenticate(&req, None).await?;
     cx.rt().access.require_jwt(&p)?;
     let user = cx.rt().access.require_user(&p)?;
     let id = req.id("key_id", "API key")?;
@@ -68,8 +68,8 @@ pub async fn delete_api_key(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Bod
     body::no_content()
 }
 
-pub fn me(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
-    let p = cx.authenticate(&req, None)?;
+pub async fn me(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    let p = cx.authenticate(&req, None).await?;
     body::ok(&cx.rt().access.me(&p)?)
 }
 
@@ -85,7 +85,7 @@ pub(crate) struct UserBody {
 }
 
 pub async fn create_user(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
-    let p = cx.authenticate(&req, None)?;
+    let p = cx.authenticate(&req, None).await?;
     cx.rt().access.require_superuser(&p)?;
     let b: UserBody = cx.json(&mut req).await?;
     body::created(
@@ -108,7 +108,7 @@ pub(crate) struct OrgBody {
 }
 
 pub async fn create_org(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
-    let p = cx.authenticate(&req, None)?;
+    let p = cx.authenticate(&req, None).await?;
     let user = cx.rt().access.require_user(&p)?;
     let b: OrgBody = cx.json(&mut req).await?;
     let tier = b.tier.unwrap_or_else(|| "free".into());
@@ -123,8 +123,8 @@ pub async fn create_org(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Bod
     )
 }
 
-pub fn get_org(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
-    let (_, s) = cx.org(&req, Role::Viewer)?;
+pub async fn get_org(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.org(&req, Role::Viewer).await?;
     body::ok(&fleetops_actors::views::OrgView::from(&*s.org))
 }
 
@@ -140,7 +140,7 @@ pub(crate) struct OrgPatchBody {
 
 /// A name is an admin's to change; a tier (what the organization may use) a superuser's.
 pub async fn patch_org(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
-    let (p, s) = cx.org(&req, Role::Admin)?;
+    let (p, s) = cx.org(&req, Role::Admin).await?;
     let b: OrgPatchBody = cx.json(&mut req).await?;
     // Repeating the current tier changes nothing, so it needs no superuser.
     let tier = b.tier.filter(|t| *t != s.org.tier);
@@ -151,13 +151,13 @@ pub async fn patch_org(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body
 }
 
 pub async fn delete_org(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
-    let (_, s) = cx.org(&req, Role::Owner)?;
+    let (_, s) = cx.org(&req, Role::Owner).await?;
     cx.rt().directory.delete_org(s.org.id).await?;
     body::no_content()
 }
 
-pub fn list_orgs(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
-    let p = cx.authenticate(&req, None)?;
+pub async fn list_orgs(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    let p = cx.authenticate(&req, None).await?;
     body::ok(&fleetops_actors::views::Items {
         items: cx.rt().access.orgs(&p)?,
     })
@@ -182,7 +182,7 @@ pub(crate) struct MemberBody {
 }
 
 pub async fn add_member(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
-    let (_, s) = cx.org(&req, Role::Admin)?;
+    let (_, s) = cx.org(&req, Role::Admin).await?;
     let b: MemberBody = cx.json(&mut req).await?;
     let role = match b.role {
         RoleBody::Owner => Role::Owner,
@@ -209,7 +209,7 @@ pub(crate) struct ProjectBody {
 }
 
 pub async fn create_project(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
-    let (_, s) = cx.org(&req, Role::Admin)?;
+    let (_, s) = cx.org(&req, Role::Admin).await?;
     let b: ProjectBody = cx.json(&mut req).await?;
     body::created(
         &cx.rt()
@@ -219,14 +219,14 @@ pub async fn create_project(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response
     )
 }
 
-pub fn list_projects(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
-    let (_, s) = cx.org(&req, Role::Viewer)?;
+pub async fn list_projects(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.org(&req, Role::Viewer).await?;
     body::ok(&fleetops_actors::views::Items {
         items: cx.rt().access.projects(s.org.id)?,
     })
 }
 
 pub async fn rotate_secret(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
-    let (_, s) = cx.project(&req, Role::Admin)?;
+    let (_, s) = cx.project(&req, Role::Admin).await?;
     body::ok(&cx.rt().directory.rotate_secret(s.project.id).await?)
 }

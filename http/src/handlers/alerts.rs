@@ -15,26 +15,26 @@ use crate::body::{self, Body};
 use crate::error::{ApiError, ApiResult};
 
 pub async fn create_integration(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
-    let (_, s) = cx.project(&req, Role::Admin)?;
+    let (_, s) = cx.project(&req, Role::Admin).await?;
     let b: IntegrationRequest = cx.json(&mut req).await?;
     body::created(&cx.rt().alerts.create_integration(s.project.id, b).await?)
 }
 
-pub fn integrations(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
-    let (_, s) = cx.project(&req, Role::Viewer)?;
+pub async fn integrations(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.project(&req, Role::Viewer).await?;
     body::ok(&Items {
         items: cx.rt().alerts.integrations(s.project.id)?,
     })
 }
 
-pub fn integration(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
-    let (_, s) = cx.project(&req, Role::Viewer)?;
+pub async fn integration(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.project(&req, Role::Viewer).await?;
     let id = req.id("integration_id", "Integration")?;
     body::ok(&cx.rt().alerts.integration(s.project.id, id)?)
 }
 
 pub async fn patch_integration(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
-    let (_, s) = cx.project(&req, Role::Admin)?;
+    let (_, s) = cx.project(&req, Role::Admin).await?;
     let id = req.id("integration_id", "Integration")?;
     cx.rt().alerts.integration(s.project.id, id)?;
     let b: IntegrationPatch = cx.json(&mut req).await?;
@@ -47,14 +47,14 @@ pub async fn patch_integration(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Respo
 }
 
 pub async fn delete_integration(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
-    let (_, s) = cx.project(&req, Role::Admin)?;
+    let (_, s) = cx.project(&req, Role::Admin).await?;
     let id = req.id("integration_id", "Integration")?;
     cx.rt().alerts.delete_integration(s.project.id, id).await?;
     body::no_content()
 }
 
 pub async fn test_integration(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
-    let (_, s) = cx.project(&req, Role::Admin)?;
+    let (_, s) = cx.project(&req, Role::Admin).await?;
     let id = req.id("integration_id", "Integration")?;
     body::ok(
         &cx.rt()
@@ -65,7 +65,7 @@ pub async fn test_integration(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<B
 }
 
 pub async fn create_rule(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
-    let (p, s) = cx.project(&req, Role::Admin)?;
+    let (p, s) = cx.project(&req, Role::Admin).await?;
     let b: RuleRequest = cx.json(&mut req).await?;
     if is_server_wide(&b.condition) {
         cx.rt().access.require_superuser(&p)?;
@@ -73,21 +73,21 @@ pub async fn create_rule(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Bo
     body::created(&cx.rt().alerts.create_rule(s.project.id, b).await?)
 }
 
-pub fn rules(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
-    let (_, s) = cx.project(&req, Role::Viewer)?;
+pub async fn rules(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.project(&req, Role::Viewer).await?;
     body::ok(&Items {
         items: cx.rt().alerts.rules(s.project.id)?,
     })
 }
 
-pub fn rule(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
-    let (_, s) = cx.project(&req, Role::Viewer)?;
+pub async fn rule(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.project(&req, Role::Viewer).await?;
     let id = req.id("rule_id", "Alert rule")?;
     body::ok(&cx.rt().alerts.rule(s.project.id, id)?)
 }
 
 pub async fn patch_rule(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
-    let (p, s) = cx.project(&req, Role::Admin)?;
+    let (p, s) = cx.project(&req, Role::Admin).await?;
     let id = req.id("rule_id", "Alert rule")?;
     cx.rt().alerts.rule(s.project.id, id)?;
     let b: RulePatchRequest = cx.json(&mut req).await?;
@@ -98,14 +98,14 @@ pub async fn patch_rule(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Bod
 }
 
 pub async fn delete_rule(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
-    let (_, s) = cx.project(&req, Role::Admin)?;
+    let (_, s) = cx.project(&req, Role::Admin).await?;
     let id = req.id("rule_id", "Alert rule")?;
     cx.rt().alerts.delete_rule(s.project.id, id).await?;
     body::no_content()
 }
 
 pub async fn list_alerts(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
-    let (_, s) = cx.project(&req, Role::Viewer)?;
+    let (_, s) = cx.project(&req, Role::Viewer).await?;
     let state = req
         .query
         .get("state")
@@ -139,15 +139,15 @@ pub async fn list_alerts(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>>
     )
 }
 
-pub fn alert(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
-    let (_, s) = cx.project(&req, Role::Viewer)?;
+pub async fn alert(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.project(&req, Role::Viewer).await?;
     let id = req.id("alert_id", "Alert")?;
     body::ok(&cx.rt().alerts.alert(s.project.id, id)?)
 }
 
 /// Reads only (nothing is sent), but scans history: members and above.
 pub async fn backtest(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
-    let (_, s) = cx.project(&req, Role::Member)?;
+    let (_, s) = cx.project(&req, Role::Member).await?;
     let b: BacktestRequest = cx.json(&mut req).await?;
     body::ok(&cx.rt().alerts.backtest(s.project.id, b).await?)
 }

@@ -20,7 +20,7 @@ fn file_path(req: &Req) -> String {
 }
 
 pub async fn put(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
-    let (_, s, id) = ingestion(cx, &req)?;
+    let (_, s, id) = ingestion(cx, &req).await?;
     let path = file_path(&req);
     let content_type = req.header("content-type").map(str::to_string);
     let stream = req.body_stream(cx.rt().upload_buffer_bytes());
@@ -32,8 +32,8 @@ pub async fn put(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
     )
 }
 
-pub fn list(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
-    let (_, s) = cx.project(&req, Role::Viewer)?;
+pub async fn list(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.project(&req, Role::Viewer).await?;
     body::ok(
         &cx.rt()
             .sessions
@@ -78,7 +78,7 @@ fn parse_range(header: Option<&str>, size: u64) -> Result<Option<Range<u64>>, ()
 }
 
 pub async fn get(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
-    let (_, s) = cx.project(&req, Role::Viewer)?;
+    let (_, s) = cx.project(&req, Role::Viewer).await?;
     let a = cx
         .rt()
         .sessions
@@ -123,8 +123,8 @@ pub async fn get(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
     Ok(r)
 }
 
-pub fn download(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
-    let (_, s) = cx.project(&req, Role::Viewer)?;
+pub async fn download(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.project(&req, Role::Viewer).await?;
     let id = session_id(&req)?;
     let rx = cx.rt().sessions.zip(s.project.id, id)?;
     let mut r = Response::new(body::channel(rx));

@@ -129,8 +129,8 @@ pub async fn confirm(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>>
     }
 }
 
-pub fn list(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
-    let (_, s) = cx.project(&req, Role::Viewer)?;
+pub async fn list(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.project(&req, Role::Viewer).await?;
     let capsule_type = match req.query.get("type") {
         None => None,
         Some(t @ ("SW" | "FW" | "OS")) => Some(t.to_string()),
@@ -155,13 +155,13 @@ pub fn list(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
 }
 
 pub async fn get(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
-    let (_, s) = cx.project(&req, Role::Viewer)?;
+    let (_, s) = cx.project(&req, Role::Viewer).await?;
     let id = req.id("capsule_id", "Capsule")?;
     body::ok(&cx.rt().pipeline.detail(s.project.id, id).await?)
 }
 
 pub async fn delete(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
-    let (_, s) = cx.project(&req, Role::Member)?;
+    let (_, s) = cx.project(&req, Role::Member).await?;
     let id = req.id("capsule_id", "Capsule")?;
     cx.rt().pipeline.delete(s.project.id, id).await?;
     body::no_content()

@@ -97,7 +97,7 @@ pub async fn confirm(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>>
 }
 
 pub async fn list(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
-    let (_, s) = cx.project(&req, Role::Viewer)?;
+    let (_, s) = cx.project(&req, Role::Viewer).await?;
     let f = ConfigFilter {
         capsule_id: req.query.u64("capsule_id")?,
         environment: match req.query.get("environment") {
@@ -115,7 +115,7 @@ pub async fn list(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
 }
 
 pub async fn get(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
-    let (_, s) = cx.project(&req, Role::Viewer)?;
+    let (_, s) = cx.project(&req, Role::Viewer).await?;
     let id = req.id("config_id", "Configuration")?;
     body::ok(
         &cx.rt()
@@ -125,14 +125,14 @@ pub async fn get(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
     )
 }
 
-pub fn explain(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
-    let (_, s) = cx.project(&req, Role::Viewer)?;
+pub async fn explain(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.project(&req, Role::Viewer).await?;
     let id = req.id("config_id", "Configuration")?;
     body::ok(&cx.rt().pipeline.explain(s.project.id, id)?)
 }
 
 pub async fn delete(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
-    let (_, s) = cx.project(&req, Role::Member)?;
+    let (_, s) = cx.project(&req, Role::Member).await?;
     let id = req.id("config_id", "Configuration")?;
     cx.rt()
         .pipeline

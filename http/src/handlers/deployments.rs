@@ -48,7 +48,7 @@ impl From<CreateBody> for DeploymentSpec {
 }
 
 pub async fn create(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
-    let (_, s) = cx.project(&req, Role::Member)?;
+    let (_, s) = cx.project(&req, Role::Member).await?;
     let b: CreateBody = cx.json(&mut req).await?;
     body::created(
         &cx.rt()
@@ -59,13 +59,13 @@ pub async fn create(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> 
 }
 
 pub async fn plan(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
-    let (_, s) = cx.project(&req, Role::Viewer)?;
+    let (_, s) = cx.project(&req, Role::Viewer).await?;
     let b: CreateBody = cx.json(&mut req).await?;
     body::ok(&cx.rt().pipeline.plan(s.project.id, &b.into())?)
 }
 
 pub async fn list(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
-    let (_, s) = cx.project(&req, Role::Viewer)?;
+    let (_, s) = cx.project(&req, Role::Viewer).await?;
     let status = match req.query.get("deployment_status") {
         None => None,
         Some(v) => Some(fleetops_actors::DeploymentStatus::parse(v).ok_or_else(|| {
@@ -81,8 +81,8 @@ pub async fn list(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
     )
 }
 
-pub fn get(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
-    let (_, s) = cx.project(&req, Role::Viewer)?;
+pub async fn get(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.project(&req, Role::Viewer).await?;
     let id = req.id("deployment_id", "Deployment")?;
     body::ok(&cx.rt().pipeline.deployment_detail(s.project.id, id)?)
 }
@@ -121,7 +121,7 @@ pub(crate) struct PatchBody {
 }
 
 pub async fn patch(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
-    let (_, s) = cx.project(&req, Role::Member)?;
+    let (_, s) = cx.project(&req, Role::Member).await?;
     let id = req.id("deployment_id", "Deployment")?;
     cx.rt().pipeline.exists("deployment", s.project.id, id)?;
     let b: PatchBody = cx.json(&mut req).await?;
@@ -143,14 +143,14 @@ pub async fn patch(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
 }
 
 pub async fn delete(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
-    let (_, s) = cx.project(&req, Role::Member)?;
+    let (_, s) = cx.project(&req, Role::Member).await?;
     let id = req.id("deployment_id", "Deployment")?;
     cx.rt().pipeline.delete_deployment(s.project.id, id).await?;
     body::no_content()
 }
 
 pub async fn transition(cx: &mut Cx<'_>, req: Req, to: Transition) -> ApiResult<Response<Body>> {
-    let (_, s) = cx.project(&req, Role::Member)?;
+    let (_, s) = cx.project(&req, Role::Member).await?;
     let id = req.id("deployment_id", "Deployment")?;
     body::ok(&cx.rt().pipeline.transition(s.project.id, id, to).await?)
 }
@@ -170,7 +170,7 @@ pub(crate) struct DeviceStatusBody {
 /// A member, or the device itself with its own token.
 pub async fn device_status(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
     let org = req.param("org").to_string();
-    let p = cx.authenticate(&req, Some(&org))?;
+    let p = cx.authenticate(&req, Some(&org)).await?;
     let s = cx
         .rt()
         .access
@@ -189,7 +189,7 @@ pub async fn device_status(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<
 
 /// `GET /deployments/{id}/rollout` (viewer): 404 for a package without a phase plan.
 pub async fn rollout(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
-    let (_, s) = cx.project(&req, Role::Viewer)?;
+    let (_, s) = cx.project(&req, Role::Viewer).await?;
     let id = req.id("deployment_id", "Deployment")?;
     body::ok(&cx.rt().pipeline.rollout(s.project.id, id).await?)
 }
@@ -201,7 +201,7 @@ pub async fn rollout_action(
     req: Req,
     action: fleetops_actors::pipeline::rollouts::RolloutAction,
 ) -> ApiResult<Response<Body>> {
-    let (_, s) = cx.project(&req, Role::Member)?;
+    let (_, s) = cx.project(&req, Role::Member).await?;
     let id = req.id("deployment_id", "Deployment")?;
     cx.rt().pipeline.exists("deployment", s.project.id, id)?;
     body::ok(
@@ -221,14 +221,14 @@ pub(crate) struct PolicyBody {
 }
 
 /// `GET /policy` (viewer).
-pub fn policy(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
-    let (_, s) = cx.project(&req, Role::Viewer)?;
+pub async fn policy(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.project(&req, Role::Viewer).await?;
     body::ok(&cx.rt().pipeline.policy(s.project.id)?)
 }
 
 /// `PATCH /policy` (admin).
 pub async fn set_policy(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
-    let (_, s) = cx.project(&req, Role::Admin)?;
+    let (_, s) = cx.project(&req, Role::Admin).await?;
     let b: PolicyBody = cx.json(&mut req).await?;
     body::ok(
         &cx.rt()

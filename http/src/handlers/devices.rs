@@ -28,7 +28,7 @@ fn filter(req: &Req) -> ApiResult<DeviceFilter> {
 }
 
 pub async fn org_devices(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
-    let (_, s) = cx.org(&req, Role::Viewer)?;
+    let (_, s) = cx.org(&req, Role::Viewer).await?;
     let (f, page) = (filter(&req)?, req.query.page()?);
     let projects: Vec<(u64, String)> = cx
         .rt()
@@ -51,7 +51,7 @@ pub(crate) struct CreateBody {
 }
 
 pub async fn create(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
-    let (_, s) = cx.project(&req, Role::Member)?;
+    let (_, s) = cx.project(&req, Role::Member).await?;
     let b: CreateBody = cx.json(&mut req).await?;
     body::created(
         &cx.rt()
@@ -62,15 +62,15 @@ pub async fn create(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> 
 }
 
 pub async fn list(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
-    let (_, s) = cx.project(&req, Role::Viewer)?;
+    let (_, s) = cx.project(&req, Role::Viewer).await?;
     let (f, page) = (filter(&req)?, req.query.page()?);
     body::ok(&cx.rt().projects.devices(s.project.id, &f, page).await?)
 }
 
-pub fn get(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
-    let (_, s) = cx.project(&req, Role::Viewer)?;
+pub async fn get(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.project(&req, Role::Viewer).await?;
     let id = req.id("device_id", "Device")?;
-    body::ok(&cx.rt().projects.device(s.project.id, id)?)
+    body::ok(&cx.rt().projects.device(s.project.id, id).await?)
 }
 
 #[derive(Deserialize, schemars::JsonSchema)]
@@ -85,7 +85,7 @@ pub(crate) struct PatchBody {
 }
 
 pub async fn patch(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
-    let (_, s) = cx.project(&req, Role::Member)?;
+    let (_, s) = cx.project(&req, Role::Member).await?;
     let id = req.id("device_id", "Device")?;
     cx.rt().projects.device_exists(s.project.id, id)?;
     let b: PatchBody = cx.json(&mut req).await?;
@@ -98,7 +98,7 @@ pub async fn patch(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
 }
 
 pub async fn delete(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
-    let (_, s) = cx.project(&req, Role::Member)?;
+    let (_, s) = cx.project(&req, Role::Member).await?;
     let id = req.id("device_id", "Device")?;
     cx.rt().projects.delete_device(s.project.id, id).await?;
     body::no_content()
@@ -114,7 +114,7 @@ pub(crate) struct HeartbeatBody {
 
 pub async fn heartbeat(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
     let org = req.param("org").to_string();
-    let p = cx.authenticate(&req, Some(&org))?;
+    let p = cx.authenticate(&req, Some(&org)).await?;
     let id = req.id("device_id", "Device")?;
     let s = cx
         .rt()
@@ -146,7 +146,7 @@ pub(crate) struct GroupBody {
 }
 
 pub async fn create_group(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
-    let (_, s) = cx.project(&req, Role::Member)?;
+    let (_, s) = cx.project(&req, Role::Member).await?;
     let b: GroupBody = cx.json(&mut req).await?;
     body::created(
         &cx.rt()
@@ -156,15 +156,15 @@ pub async fn create_group(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<B
     )
 }
 
-pub fn list_groups(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
-    let (_, s) = cx.project(&req, Role::Viewer)?;
+pub async fn list_groups(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.project(&req, Role::Viewer).await?;
     body::ok(&Items {
         items: cx.rt().projects.groups(s.project.id)?,
     })
 }
 
-pub fn get_group(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
-    let (_, s) = cx.project(&req, Role::Viewer)?;
+pub async fn get_group(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.project(&req, Role::Viewer).await?;
     let id = req.id("group_id", "Device group")?;
     body::ok(&cx.rt().projects.group(s.project.id, id)?)
 }
@@ -184,7 +184,7 @@ pub(crate) struct GroupPatch {
 }
 
 pub async fn patch_group(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
-    let (_, s) = cx.project(&req, Role::Member)?;
+    let (_, s) = cx.project(&req, Role::Member).await?;
     let id = req.id("group_id", "Device group")?;
     cx.rt().projects.group_exists(s.project.id, id)?;
     let b: GroupPatch = cx.json(&mut req).await?;
@@ -197,7 +197,7 @@ pub async fn patch_group(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Bo
 }
 
 pub async fn delete_group(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
-    let (_, s) = cx.project(&req, Role::Member)?;
+    let (_, s) = cx.project(&req, Role::Member).await?;
     let id = req.id("group_id", "Device group")?;
     cx.rt().projects.delete_group(s.project.id, id).await?;
     body::no_content()

@@ -144,15 +144,15 @@ pub(crate) struct BackupBody {
 }
 
 /// Superuser: every organization, and how many deleted ones are still being purged.
-pub fn admin_orgs(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
-    let p = cx.authenticate(&req, None)?;
+pub async fn admin_orgs(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    let p = cx.authenticate(&req, None).await?;
     cx.rt().access.require_superuser(&p)?;
     body::ok(&cx.rt().directory.all_orgs()?)
 }
 
 /// Superuser: a consistent copy of the data directory on the server's host.
 pub async fn backup(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
-    let p = cx.authenticate(&req, None)?;
+    let p = cx.authenticate(&req, None).await?;
     cx.rt().access.require_superuser(&p)?;
     let b: BackupBody = cx.json(&mut req).await?;
     body::created(&cx.rt().backups.take(&b.to).await?)

@@ -12,9 +12,12 @@ use crate::error::{ApiError, ApiResult};
 
 /// Authenticated on a session route a device may use: 401 → 429 → 403 (project) → 404
 /// (session) → 403 (another device's session). Returns the scope and the session id.
-pub(super) fn ingestion(cx: &mut Cx<'_>, req: &Req) -> ApiResult<(Principal, ProjectScope, u64)> {
+pub(super) async fn ingestion(
+    cx: &mut Cx<'_>,
+    req: &Req,
+) -> ApiResult<(Principal, ProjectScope, u64)> {
     let org = req.param("org");
-    let p = cx.authenticate(req, Some(org))?;
+    let p = cx.authenticate(req, Some(org)).await?;
     let s = cx
         .rt()
         .access
@@ -55,7 +58,7 @@ pub(crate) struct CreateBody {
 
 pub async fn create(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
     let org = req.param("org").to_string();
-    let p = cx.authenticate(&req, Some(&org))?;
+    let p = cx.authenticate(&req, Some(&org)).await?;
     let s = cx
         .rt()
         .access
@@ -71,7 +74,7 @@ pub async fn create(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> 
 }
 
 pub async fn list(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
-    let (_, s) = cx.project(&req, Role::Viewer)?;
+    let (_, s) = cx.project(&req, Role::Viewer).await?;
     let status = req
         .query
         .get("status")
@@ -95,13 +98,13 @@ pub async fn list(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
     )
 }
 
-pub fn get(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
-    let (_, s) = cx.project(&req, Role::Viewer)?;
+pub async fn get(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.project(&req, Role::Viewer).await?;
     body::ok(&cx.rt().sessions.detail(s.project.id, session_id(&req)?)?)
 }
 
 pub async fn delete(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
-    let (_, s) = cx.project(&req, Role::Member)?;
+    let (_, s) = cx.project(&req, Role::Member).await?;
     cx.rt()
         .sessions
         .delete(s.project.id, session_id(&req)?)
@@ -117,7 +120,7 @@ pub(crate) struct TagBody {
 }
 
 pub async fn add_tag(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
-    let (_, s) = cx.project(&req, Role::Member)?;
+    let (_, s) = cx.project(&req, Role::Member).await?;
     let id = session_id(&req)?;
     cx.rt().sessions.device_of(s.project.id, id)?;
     let b: TagBody = cx.json(&mut req).await?;
@@ -125,7 +128,7 @@ pub async fn add_tag(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>>
 }
 
 pub async fn remove_tag(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
-    let (_, s) = cx.project(&req, Role::Member)?;
+    let (_, s) = cx.project(&req, Role::Member).await?;
     let id = session_id(&req)?;
     let tag = req.param("tag").to_string();
     body::ok(&cx.rt().sessions.tag(s.project.id, id, tag, false).await?)
@@ -202,7 +205,7 @@ pub(crate) fn parse_batch(bytes: &[u8], ndjson: bool) -> ApiResult<Vec<RawEntry>
 }
 
 pub async fn append_logs(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
-    let (_, s, id) = ingestion(cx, &req)?;
+    let (_, s, id) = ingestion(cx, &req).await?;
     let ndjson = is_ndjson(&req);
     let bytes = req.body_bytes(MAX_BATCH_BYTES).await?;
     let parse = move || parse_batch(&bytes, ndjson);
@@ -248,7 +251,7 @@ pub(crate) fn log_filter_of(q: &crate::query::Query) -> ApiResult<LogFilter> {
 }
 
 pub async fn query_logs(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
-    let (_, s) = cx.project(&req, Role::Viewer)?;
+    let (_, s) = cx.project(&req, Role::Viewer).await?;
     let id = session_id(&req)?;
     let f = log_filter(&req)?;
     let limit = req.query.u64("limit")?.unwrap_or(100) as usize;
@@ -266,8 +269,8 @@ pub async fn query_logs(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> 
     )
 }
 
-pub fn export_logs(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
-    let (_, s) = cx.project(&req, Role::Viewer)?;
+pub async fn export_logs(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.project(&req, Role::Viewer).await?;
     let id = session_id(&req)?;
     export_response(cx.rt(), s.project.id, id, &req.query)
 }
@@ -315,14 +318,14 @@ pub(crate) struct RetentionBody {
 }
 
 /// `GET /log-retention` (viewer).
-pub fn log_retention(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
-    let (_, s) = cx.project(&req, Role::Viewer)?;
+pub async fn log_retention(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.project(&req, Role::Viewer).await?;
     body::ok(&cx.rt().sessions.log_retention(s.project.id)?)
 }
 
 /// `PATCH /log-retention` (admin).
 pub async fn set_log_retention(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
-    let (_, s) = cx.project(&req, Role::Admin)?;
+    let (_, s) = cx.project(&req, Role::Admin).await?;
     let b: RetentionBody = cx.json(&mut req).await?;
     body::ok(
         &cx.rt()
@@ -348,7 +351,7 @@ pub(crate) struct CompleteBody {
 }
 
 pub async fn complete(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
-    let (_, s, id) = ingestion(cx, &req)?;
+    let (_, s, id) = ingestion(cx, &req).await?;
     let b: CompleteBody = cx.json(&mut req).await?;
     let status = match b.status {
         SessionStatusBody::Completed => fleetops_actors::sessions::EndStatus::Completed,

@@ -13,7 +13,7 @@ use fleetops_actors::Role;
 /// 200 with the package and its `ETag`, 304 when `If-None-Match` names that ETag, 204 when
 /// nothing is assigned.
 pub async fn current(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
-    let p = cx.authenticate(&req, None)?;
+    let p = cx.authenticate(&req, None).await?;
     let (pid, device) = cx.rt().access.require_device(&p)?;
     let Some(answer) = cx.rt().pipeline.device_update(pid, device).await? else {
         return body::no_content();
@@ -61,7 +61,7 @@ pub(crate) struct ReportBody {
 /// 202 once durable: `downloading`, `installing`, `rebooting`, or a final `succeeded` /
 /// `failed` (the package's rollout result).
 pub async fn report(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
-    let p = cx.authenticate(&req, None)?;
+    let p = cx.authenticate(&req, None).await?;
     let (pid, device) = cx.rt().access.require_device(&p)?;
     let id = req.id("deployment_id", "Deployment")?;
     cx.rt().pipeline.exists("deployment", pid, id)?;
@@ -76,7 +76,7 @@ pub async fn report(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> 
 
 /// `GET .../devices/{device_id}/history` (viewer).
 pub async fn history(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
-    let (_, s) = cx.project(&req, Role::Viewer)?;
+    let (_, s) = cx.project(&req, Role::Viewer).await?;
     let id = req.id("device_id", "Device")?;
     body::ok(&cx.rt().pipeline.device_history(s.project.id, id).await?)
 }

@@ -33,24 +33,24 @@ pub async fn receive(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>>
     body::accepted(&webhooks.accept(id, event, bytes).await?)
 }
 
-fn superuser(cx: &mut Cx<'_>, req: &Req) -> ApiResult<()> {
-    let p = cx.authenticate(req, None)?;
+async fn superuser(cx: &mut Cx<'_>, req: &Req) -> ApiResult<()> {
+    let p = cx.authenticate(req, None).await?;
     cx.rt().access.require_superuser(&p)?;
     Ok(())
 }
 
 pub async fn rotate(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
-    superuser(cx, &req)?;
+    superuser(cx, &req).await?;
     body::ok(&cx.rt().webhooks.rotate().await?)
 }
 
-pub fn status(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
-    superuser(cx, &req)?;
+pub async fn status(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    superuser(cx, &req).await?;
     body::ok(&cx.rt().webhooks.status())
 }
 
-pub fn installations(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
-    superuser(cx, &req)?;
+pub async fn installations(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    superuser(cx, &req).await?;
     body::ok(&Items {
         items: cx.rt().webhooks.installations()?,
     })
@@ -65,7 +65,7 @@ pub(crate) struct BindBody {
 }
 
 pub async fn bind_installation(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
-    superuser(cx, &req)?;
+    superuser(cx, &req).await?;
     let id = req.id("installation_id", "Installation")?;
     let b: BindBody = cx.json(&mut req).await?;
     body::ok(
@@ -93,18 +93,18 @@ fn delivery_filter(req: &Req) -> ApiResult<DeliveryFilter> {
 }
 
 pub async fn deliveries(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
-    superuser(cx, &req)?;
+    superuser(cx, &req).await?;
     let (f, page) = (delivery_filter(&req)?, req.query.page()?);
     body::ok(&cx.rt().webhooks.deliveries(None, &f, page).await?)
 }
 
-pub fn delivery(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
-    superuser(cx, &req)?;
+pub async fn delivery(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    superuser(cx, &req).await?;
     body::ok(&cx.rt().webhooks.delivery(None, req.param("delivery_id"))?)
 }
 
 pub async fn project_deliveries(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
-    let (_, s) = cx.project(&req, Role::Viewer)?;
+    let (_, s) = cx.project(&req, Role::Viewer).await?;
     let (f, page) = (delivery_filter(&req)?, req.query.page()?);
     body::ok(
         &cx.rt()
@@ -114,8 +114,8 @@ pub async fn project_deliveries(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response
     )
 }
 
-pub fn project_delivery(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
-    let (_, s) = cx.project(&req, Role::Viewer)?;
+pub async fn project_delivery(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.project(&req, Role::Viewer).await?;
     body::ok(
         &cx.rt()
             .webhooks
@@ -135,7 +135,7 @@ pub(crate) struct RepoBody {
 }
 
 pub async fn create_repo(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
-    let (_, s) = cx.project(&req, Role::Member)?;
+    let (_, s) = cx.project(&req, Role::Member).await?;
     let b: RepoBody = cx.json(&mut req).await?;
     body::created(
         &cx.rt()
@@ -150,14 +150,14 @@ pub async fn create_repo(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Bo
     )
 }
 
-pub fn repos(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
-    let (_, s) = cx.project(&req, Role::Viewer)?;
+pub async fn repos(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.project(&req, Role::Viewer).await?;
     let page = req.query.page()?;
     body::ok(&cx.rt().webhooks.repos(s.project.id, page)?)
 }
 
-pub fn repo(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
-    let (_, s) = cx.project(&req, Role::Viewer)?;
+pub async fn repo(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.project(&req, Role::Viewer).await?;
     let id = req.id("repo_id", "Repository")?;
     body::ok(&cx.rt().webhooks.repo(s.project.id, id)?)
 }
@@ -172,7 +172,7 @@ pub(crate) struct RepoPatchBody {
 }
 
 pub async fn patch_repo(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
-    let (_, s) = cx.project(&req, Role::Member)?;
+    let (_, s) = cx.project(&req, Role::Member).await?;
     let id = req.id("repo_id", "Repository")?;
     let b: RepoPatchBody = cx.json(&mut req).await?;
     let p = RepoPatch {
@@ -183,14 +183,14 @@ pub async fn patch_repo(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Bod
 }
 
 pub async fn delete_repo(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
-    let (_, s) = cx.project(&req, Role::Member)?;
+    let (_, s) = cx.project(&req, Role::Member).await?;
     let id = req.id("repo_id", "Repository")?;
     cx.rt().webhooks.delete_repo(s.project.id, id).await?;
     body::no_content()
 }
 
 pub async fn runs(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
-    let (_, s) = cx.project(&req, Role::Viewer)?;
+    let (_, s) = cx.project(&req, Role::Viewer).await?;
     let status = match req.query.get("status") {
         None => None,
         Some(v) => Some(fleetops_actors::RunStatus::parse(v).ok_or_else(|| {
@@ -206,14 +206,14 @@ pub async fn runs(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
     body::ok(&cx.rt().webhooks.runs(s.project.id, &f, page).await?)
 }
 
-pub fn run(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
-    let (_, s) = cx.project(&req, Role::Viewer)?;
+pub async fn run(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.project(&req, Role::Viewer).await?;
     let id = req.id("run_id", "Test run")?;
     body::ok(&cx.rt().webhooks.run(s.project.id, id)?)
 }
 
 pub async fn claim(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
-    let (_, s) = cx.project(&req, Role::Member)?;
+    let (_, s) = cx.project(&req, Role::Member).await?;
     match cx.rt().webhooks.claim(s.project.id).await? {
         Some(r) => body::ok(&r),
         None => {
@@ -225,7 +225,7 @@ pub async fn claim(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
 }
 
 pub async fn heartbeat(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
-    let (_, s) = cx.project(&req, Role::Member)?;
+    let (_, s) = cx.project(&req, Role::Member).await?;
     let id = req.id("run_id", "Test run")?;
     body::ok(&cx.rt().webhooks.heartbeat(s.project.id, id).await?)
 }
@@ -241,7 +241,7 @@ pub(crate) struct CompleteBody {
 }
 
 pub async fn complete(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
-    let (_, s) = cx.project(&req, Role::Member)?;
+    let (_, s) = cx.project(&req, Role::Member).await?;
     let id = req.id("run_id", "Test run")?;
     let b: CompleteBody = cx.json(&mut req).await?;
     body::ok(

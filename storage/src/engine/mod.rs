@@ -138,6 +138,15 @@ impl Tree {
         }
     }
 
+    /// [`Tree::get`] for a caller on an async task: on a network database the caller waits
+    /// without holding a thread; sled answers at once.
+    pub(crate) async fn get_async(&self, key: &[u8]) -> Result<Option<Bytes>> {
+        match self {
+            Tree::Sled(t) => Ok(t.get(key)?),
+            Tree::Pg(t) => t.get_async(key).await,
+        }
+    }
+
     /// The values of `keys`, in their order (`None`: absent): one round trip on a network
     /// database.
     pub(crate) fn get_many(&self, keys: &[Vec<u8>]) -> Result<Vec<Option<Bytes>>> {

@@ -197,6 +197,20 @@ impl Pg {
         self.0.commits.clone()
     }
 
+    /// Runs `fut` to completion on the engine's runtime; the caller awaits its answer
+    /// without holding a thread. A caller that stops waiting does not cancel it.
+    fn run_async<T: Send + 'static>(
+        &self,
+        fut: impl Future<Output = Result<T>> + Send + 'static,
+    ) -> impl Future<Output = Result<T>> + Send + 'static {
+        let task = self.0.handle.spawn(fut);
+        async move {
+            task.await.unwrap_or_else(|_| {
+                Err(StorageError::Unavailable("the database task ended".into()))
+            })
+        }
+    }
+
     /// Runs `fut` to completion on the engine's runtime and waits for its answer.
     fn run<T: Send + 'static>(
         &self,
@@ -510,15 +524,30 @@ impl PgTree {
     }
 
     pub(crate) fn get(&self, key: &[u8]) -> Result<Option<Bytes>> {
+        self.pg.run(self.get_statement(key))
+    }
+
+    /// [`PgTree::get`] for a caller on an async task: it waits without holding a thread.
+    pub(crate) fn get_async(
+        &self,
+        key: &[u8],
+    ) -> impl Future<Output = Result<Option<Bytes>>> + Send + 'static {
+        self.pg.run_async(self.get_statement(key))
+    }
+
+    fn get_statement(
+        &self,
+        key: &[u8],
+    ) -> impl Future<Output = Result<Option<Bytes>>> + Send + 'static {
         let (pool, t, key) = (self.pg.0.pool.clone(), self.table.clone(), key.to_vec());
-        self.pg.run(async move {
+        async move {
             let c = pool.get().await.map_err(pool_error)?;
             let row = c
                 .query_opt(&format!("SELECT v FROM {t} WHERE k = $1"), &[&key])
                 .await
                 .map_err(db_error)?;
             Ok(row.map(|r| Bytes::from(r.get::<_, Vec<u8>>(0))))
-        })
+        }
     }
 
     pub(crate) fn get_many(&self, keys: &[Vec<u8>]) -> Result<Vec<Option<Bytes>>> {
