@@ -79,7 +79,7 @@ impl QuotaState {
     fn usage(&self) -> Result<u64> {
         let mut total = 0u64;
         for p in self.store.org_projects(self.org_id)? {
-            // As stored, not as this process cached it: another process may have written.
+            // As stored (past this process's cache where another process may write).
             for c in self.store.stored_capsules(p.id)?.iter() {
                 total = total.saturating_add(c.file_size_bytes);
             }

@@ -360,68 +360,66 @@ mod tests {
         }
     }
 
-    on_each_engine! {
-        /// Old resolved alerts go with their notifications; a firing one, a young one and one
-        /// still owing a notification stay; the owed one does not hold back the rest of the pass,
-        /// and goes once its notification has an outcome.
-        fn resolved_alerts_expire_after_their_notifications_are_settled() {
-            let dir = tempfile::tempdir().unwrap();
-            let store = crate::testing::open(dir.path());
-            let alerts = [
-                alert(1, Some(100)),
-                alert(2, Some(200)),
-                alert(3, None),
-                alert(4, Some(10_000)),
-                alert(5, Some(300)),
-            ];
-            let notes = [
-                note(1, 1, None),
-                note(2, 2, Some(true)),
-                note(3, 5, Some(false)),
-            ];
-            store.apply_evaluation(1, &[], &alerts, &notes).unwrap();
-            assert_eq!(store.prune_alerts(1_000, 1).unwrap(), 1);
-            assert_eq!(store.prune_alerts(1_000, 10).unwrap(), 1);
-            let left = ids(&store);
-            assert_eq!(left, vec![4, 3, 1]);
-            assert!(store.alert_notifications(2).unwrap().is_empty());
-            assert!(store.alert_notifications(5).unwrap().is_empty());
-            store.put_notification(&note(1, 1, Some(true))).unwrap();
-            assert_eq!(store.prune_alerts(1_000, 10).unwrap(), 1);
-            let left = ids(&store);
-            assert_eq!(left, vec![4, 3]);
-            assert_eq!(store.verify_lists().unwrap(), Vec::<String>::new());
-        }
+    /// Old resolved alerts go with their notifications; a firing one, a young one and one
+    /// still owing a notification stay; the owed one does not hold back the rest of the pass,
+    /// and goes once its notification has an outcome.
+    fn resolved_alerts_expire_after_their_notifications_are_settled() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::testing::open(dir.path());
+        let alerts = [
+            alert(1, Some(100)),
+            alert(2, Some(200)),
+            alert(3, None),
+            alert(4, Some(10_000)),
+            alert(5, Some(300)),
+        ];
+        let notes = [
+            note(1, 1, None),
+            note(2, 2, Some(true)),
+            note(3, 5, Some(false)),
+        ];
+        store.apply_evaluation(1, &[], &alerts, &notes).unwrap();
+        assert_eq!(store.prune_alerts(1_000, 1).unwrap(), 1);
+        assert_eq!(store.prune_alerts(1_000, 10).unwrap(), 1);
+        let left = ids(&store);
+        assert_eq!(left, vec![4, 3, 1]);
+        assert!(store.alert_notifications(2).unwrap().is_empty());
+        assert!(store.alert_notifications(5).unwrap().is_empty());
+        store.put_notification(&note(1, 1, Some(true))).unwrap();
+        assert_eq!(store.prune_alerts(1_000, 10).unwrap(), 1);
+        let left = ids(&store);
+        assert_eq!(left, vec![4, 3]);
+        assert_eq!(store.verify_lists().unwrap(), Vec::<String>::new());
     }
+    on_each_engine!(resolved_alerts_expire_after_their_notifications_are_settled);
 
-    on_each_engine! {
-        /// A store written before the index existed is indexed once when opened.
-        fn an_older_store_is_indexed_on_open() {
-            let dir = tempfile::tempdir().unwrap();
+    /// A store written before the index existed is indexed once when opened.
+    fn an_older_store_is_indexed_on_open() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let store = crate::testing::open(dir.path());
+            store
+                .apply_evaluation(1, &[], &[alert(1, Some(100)), alert(2, None)], &[])
+                .unwrap();
+            // As written before: no index, no marker.
+            let mut b = crate::engine::Batch::default();
+            for k in store
+                .inner
+                .records
+                .scan_prefix(crate::keys::alert_expiry_prefix())
+                .keys()
             {
-                let store = crate::testing::open(dir.path());
-                store
-                    .apply_evaluation(1, &[], &[alert(1, Some(100)), alert(2, None)], &[])
-                    .unwrap();
-                // As written before: no index, no marker.
-                let mut b = crate::engine::Batch::default();
-                for k in store
-                    .inner
-                    .records
-                    .scan_prefix(crate::keys::alert_expiry_prefix())
-                    .keys()
-                {
-                    b.remove(k.unwrap());
-                }
-                store.inner.records.apply_batch(b).unwrap();
-                store.inner.meta.remove("alert-expiry").unwrap();
-                assert_eq!(store.prune_alerts(1_000, 10).unwrap(), 0);
-                store.flush_blocking().unwrap();
+                b.remove(k.unwrap());
             }
-            let store = Store::reopen(dir.path());
-            assert_eq!(store.prune_alerts(1_000, 10).unwrap(), 1);
-            let left = ids(&store);
-            assert_eq!(left, vec![2]);
+            store.inner.records.apply_batch(b).unwrap();
+            store.inner.meta.remove("alert-expiry").unwrap();
+            assert_eq!(store.prune_alerts(1_000, 10).unwrap(), 0);
+            store.flush_blocking().unwrap();
         }
+        let store = Store::reopen(dir.path());
+        assert_eq!(store.prune_alerts(1_000, 10).unwrap(), 1);
+        let left = ids(&store);
+        assert_eq!(left, vec![2]);
     }
+    on_each_engine!(an_older_store_is_indexed_on_open);
 }

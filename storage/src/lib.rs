@@ -1,7 +1,7 @@
 //! Persistence for fleetops: typed records and indexes on a key-value engine (`engine`:
 //! sled, embedded, by default; PostgreSQL with `[database] url`), webhook payloads in
-//! append-only segment files beside it (`spool`), blobs through `object_store` (local files or
-//! S3).
+//! append-only segment files beside sled (`spool`; on PostgreSQL they are records), blobs
+//! through `object_store` (local files or S3).
 //!
 //! Owns every key layout (`keys`) and codec (`codec`); nothing outside this crate sees an
 //! engine's type. The rest of the code calls typed operations (`accounts`, `devices`,
@@ -14,9 +14,10 @@
 //! Invariants a change must keep:
 //! - Durability: sled fsyncs on its own only every ~500 ms, so every acknowledged write is
 //!   followed by [`Store::durable`], a group commit shared by all writers waiting at that
-//!   moment. Webhook deliveries are the exception: an intake batch is durable once its
-//!   payloads and its journal record are fsynced in the payload log, and [`Store::open`]
-//!   replays that journal for whatever sled lost.
+//!   moment. Webhook deliveries are the exception: on sled an intake batch is durable once
+//!   its payloads and its journal record are fsynced in the payload log, and [`Store::open`]
+//!   replays that journal for whatever sled lost. On PostgreSQL every write returns once its
+//!   transaction committed (payloads included), and `durable` has nothing left to wait for.
 //! - Uniqueness and state transitions are decided by the single-writer actors before they
 //!   write; a write here is one atomic batch. What two processes on one database could both
 //!   get past their actors' checks is decided here: a write's claims on unique keys
@@ -542,7 +543,8 @@ impl Store {
     /// transaction with the write (run again from the start when another writer's commit
     /// conflicts), so concurrent writers neither both win a claim nor lose a count.
     fn apply_shared(&self, w: Writes) -> Result<()> {
-        self.apply_decided_shared(true, |_| Ok((w.clone(), ())))
+        let lists = !w.1.is_empty();
+        self.apply_decided_shared(lists, |_| Ok((w.clone(), ())))
     }
 
     /// Applies the writes `decide` makes from what it reads, atomically with those reads:

@@ -678,93 +678,90 @@ mod tests {
         out
     }
 
-    on_each_engine! {
-        fn sealing_merges_small_chunks_keeping_every_entry_in_order() {
-            let dir = tempfile::tempdir().unwrap();
-            let store = crate::testing::open(dir.path());
-            session(&store, 3);
-            append(&store, 3, 35, 10);
-            let before = lines(&store, 3);
-            assert_eq!(store.sessions_owed_seal(i64::MAX, 10).unwrap(), vec![3]);
-            let done = store.seal_logs(3, PLAN).unwrap().unwrap();
-            assert_eq!(
-                done,
-                Sealed {
-                    sources: 35,
-                    chunks: 4,
-                    lines: 350,
-                    more: false,
-                    offloaded: false,
-                }
-            );
-            assert_eq!(lines(&store, 3), before);
-            let summaries = store.log_summaries(3).unwrap();
-            assert_eq!(
-                summaries
-                    .iter()
-                    .map(|(seq, s)| (*seq, s.len()))
-                    .collect::<Vec<_>>(),
-                vec![(0, 100), (10, 100), (20, 100), (30, 50)]
-            );
-            // The rebuilt filter rules out what the merged chunk lacks, and keeps what it holds.
-            assert_eq!(
-                store.log_chunks_without(3, "line 00349").unwrap(),
-                vec![0, 10, 20]
-            );
-            assert!(store.log_chunk_may_hold(3, 10, "line 00150").unwrap());
-            assert_eq!(store.log_seal_cursor(3).unwrap(), 35);
-            assert!(store.sessions_owed_seal(i64::MAX, 10).unwrap().is_empty());
-            // Later batches are sealed from the cursor on, never merged into sealed chunks.
-            append(&store, 3, 3, 10);
-            assert_eq!(store.sessions_owed_seal(i64::MAX, 10).unwrap(), vec![3]);
-            let done = store.seal_logs(3, PLAN).unwrap().unwrap();
-            assert_eq!((done.sources, done.chunks), (3, 1));
-            assert_eq!(store.log_summaries(3).unwrap().len(), 5);
-            assert_eq!(lines(&store, 3).len(), 380);
-        }
-    }
-
-    on_each_engine! {
-        fn a_seal_reads_at_most_its_source_budget_and_says_more_remain() {
-            let dir = tempfile::tempdir().unwrap();
-            let store = crate::testing::open(dir.path());
-            session(&store, 3);
-            append(&store, 3, 20, 10);
-            let one = store.log_chunks(3).next().unwrap().unwrap().1;
-            let size = codec::encode(&one).unwrap().len();
-            let plan = SealPlan {
-                max_source_bytes: size * 5,
-                ..PLAN
-            };
-            let first = store.seal_logs(3, plan).unwrap().unwrap();
-            assert_eq!((first.sources, first.more), (5, true));
-            assert_eq!(store.sessions_owed_seal(i64::MAX, 10).unwrap(), vec![3]);
-            let mut seals = 1;
-            loop {
-                seals += 1;
-                if !store.seal_logs(3, plan).unwrap().unwrap().more {
-                    break;
-                }
+    fn sealing_merges_small_chunks_keeping_every_entry_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::testing::open(dir.path());
+        session(&store, 3);
+        append(&store, 3, 35, 10);
+        let before = lines(&store, 3);
+        assert_eq!(store.sessions_owed_seal(i64::MAX, 10).unwrap(), vec![3]);
+        let done = store.seal_logs(3, PLAN).unwrap().unwrap();
+        assert_eq!(
+            done,
+            Sealed {
+                sources: 35,
+                chunks: 4,
+                lines: 350,
+                more: false,
+                offloaded: false,
             }
-            assert_eq!(seals, 4);
-            assert_eq!(lines(&store, 3).len(), 200);
-            assert!(store.sessions_owed_seal(i64::MAX, 10).unwrap().is_empty());
-        }
+        );
+        assert_eq!(lines(&store, 3), before);
+        let summaries = store.log_summaries(3).unwrap();
+        assert_eq!(
+            summaries
+                .iter()
+                .map(|(seq, s)| (*seq, s.len()))
+                .collect::<Vec<_>>(),
+            vec![(0, 100), (10, 100), (20, 100), (30, 50)]
+        );
+        // The rebuilt filter rules out what the merged chunk lacks, and keeps what it holds.
+        assert_eq!(
+            store.log_chunks_without(3, "line 00349").unwrap(),
+            vec![0, 10, 20]
+        );
+        assert!(store.log_chunk_may_hold(3, 10, "line 00150").unwrap());
+        assert_eq!(store.log_seal_cursor(3).unwrap(), 35);
+        assert!(store.sessions_owed_seal(i64::MAX, 10).unwrap().is_empty());
+        // Later batches are sealed from the cursor on, never merged into sealed chunks.
+        append(&store, 3, 3, 10);
+        assert_eq!(store.sessions_owed_seal(i64::MAX, 10).unwrap(), vec![3]);
+        let done = store.seal_logs(3, PLAN).unwrap().unwrap();
+        assert_eq!((done.sources, done.chunks), (3, 1));
+        assert_eq!(store.log_summaries(3).unwrap().len(), 5);
+        assert_eq!(lines(&store, 3).len(), 380);
     }
+    on_each_engine!(sealing_merges_small_chunks_keeping_every_entry_in_order);
 
-    on_each_engine! {
-        fn a_pinned_session_is_not_sealed_until_its_reader_lets_go() {
-            let dir = tempfile::tempdir().unwrap();
-            let store = crate::testing::open(dir.path());
-            session(&store, 3);
-            append(&store, 3, 4, 10);
-            let pin = store.log_pin(3);
-            assert_eq!(store.seal_logs(3, PLAN).unwrap(), Err(SealSkipped::Busy));
-            assert_eq!(store.log_summaries(3).unwrap().len(), 4);
-            drop(pin);
-            assert_eq!(store.seal_logs(3, PLAN).unwrap().unwrap().chunks, 1);
+    fn a_seal_reads_at_most_its_source_budget_and_says_more_remain() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::testing::open(dir.path());
+        session(&store, 3);
+        append(&store, 3, 20, 10);
+        let one = store.log_chunks(3).next().unwrap().unwrap().1;
+        let size = codec::encode(&one).unwrap().len();
+        let plan = SealPlan {
+            max_source_bytes: size * 5,
+            ..PLAN
+        };
+        let first = store.seal_logs(3, plan).unwrap().unwrap();
+        assert_eq!((first.sources, first.more), (5, true));
+        assert_eq!(store.sessions_owed_seal(i64::MAX, 10).unwrap(), vec![3]);
+        let mut seals = 1;
+        loop {
+            seals += 1;
+            if !store.seal_logs(3, plan).unwrap().unwrap().more {
+                break;
+            }
         }
+        assert_eq!(seals, 4);
+        assert_eq!(lines(&store, 3).len(), 200);
+        assert!(store.sessions_owed_seal(i64::MAX, 10).unwrap().is_empty());
     }
+    on_each_engine!(a_seal_reads_at_most_its_source_budget_and_says_more_remain);
+
+    fn a_pinned_session_is_not_sealed_until_its_reader_lets_go() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::testing::open(dir.path());
+        session(&store, 3);
+        append(&store, 3, 4, 10);
+        let pin = store.log_pin(3);
+        assert_eq!(store.seal_logs(3, PLAN).unwrap(), Err(SealSkipped::Busy));
+        assert_eq!(store.log_summaries(3).unwrap().len(), 4);
+        drop(pin);
+        assert_eq!(store.seal_logs(3, PLAN).unwrap().unwrap().chunks, 1);
+    }
+    on_each_engine!(a_pinned_session_is_not_sealed_until_its_reader_lets_go);
 
     /// A store whose seals write segments to a local blob store under `dir/blobs`.
     fn offloading(dir: &std::path::Path) -> (Store, tokio::runtime::Runtime) {
@@ -888,23 +885,22 @@ mod tests {
         assert!(left.is_empty(), "{left:?}");
     }
 
-    on_each_engine! {
-        fn a_deleted_session_leaves_no_seal_keys_and_is_not_sealed() {
-            let dir = tempfile::tempdir().unwrap();
-            let store = crate::testing::open(dir.path());
-            let before = store.key_snapshot().unwrap();
-            let s = session(&store, 3);
-            append(&store, 3, 4, 10);
-            store.seal_logs(3, PLAN).unwrap().unwrap();
-            append(&store, 3, 2, 10);
-            store.delete_session(&s).unwrap();
-            let after = store.key_snapshot().unwrap();
-            let left: Vec<_> = after
-                .difference(&before)
-                .map(|k| crate::purge::key_family(k))
-                .collect();
-            assert!(left.is_empty(), "{left:?}");
-            assert_eq!(store.seal_logs(3, PLAN).unwrap(), Err(SealSkipped::Gone));
-        }
+    fn a_deleted_session_leaves_no_seal_keys_and_is_not_sealed() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::testing::open(dir.path());
+        let before = store.key_snapshot().unwrap();
+        let s = session(&store, 3);
+        append(&store, 3, 4, 10);
+        store.seal_logs(3, PLAN).unwrap().unwrap();
+        append(&store, 3, 2, 10);
+        store.delete_session(&s).unwrap();
+        let after = store.key_snapshot().unwrap();
+        let left: Vec<_> = after
+            .difference(&before)
+            .map(|k| crate::purge::key_family(k))
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
+        assert_eq!(store.seal_logs(3, PLAN).unwrap(), Err(SealSkipped::Gone));
     }
+    on_each_engine!(a_deleted_session_leaves_no_seal_keys_and_is_not_sealed);
 }

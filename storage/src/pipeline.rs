@@ -104,10 +104,15 @@ impl Store {
         }
     }
 
-    /// A project's capsules as stored now, newest first, past the cache: for a count that
-    /// decides against other processes' writes (the organization's quota).
-    pub fn stored_capsules(&self, project: u64) -> Result<Vec<Capsule>> {
-        self.scan_rev(&keys::capsule_prefix(project))
+    /// A project's capsules as stored now, newest first: for a count that decides against
+    /// other processes' writes (the organization's quota). The cached list where this
+    /// process is the store's only writer; read past the cache on a shared engine.
+    pub fn stored_capsules(&self, project: u64) -> Result<Arc<Vec<Arc<Capsule>>>> {
+        if !self.on_postgres() {
+            return self.project_capsules(project);
+        }
+        let v: Vec<Capsule> = self.scan_rev(&keys::capsule_prefix(project))?;
+        Ok(Arc::new(v.into_iter().map(Arc::new).collect()))
     }
 
     /// A project's capsules, newest first (cached; every capsule write updates the cached
@@ -410,4 +415,60 @@ impl Store {
     pub fn device_result(&self, deployment: u64, device: u64) -> Result<Option<DeviceResult>> {
         self.get(&keys::device_result(deployment, device))
     }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use crate::testing::on_each_engine;
+
+    fn capsule(id: u64, version: &str) -> Capsule {
+        Capsule {
+            id,
+            project_id: 1,
+            name: "app".into(),
+            version: version.into(),
+            version_major: 1,
+            version_minor: 0,
+            version_patch: id,
+            description: None,
+            capsule_type: "SW".into(),
+            file_size_bytes: 1_000,
+            metadata_json: b"{}".to_vec(),
+            dependencies: Vec::new(),
+            is_latest: false,
+            upload: crate::UploadState::pending(".tar".into(), 0),
+            created_at: 0,
+            updated_at: 0,
+        }
+    }
+
+    /// A reservation counted under a mark another reservation has since moved is refused
+    /// with `QUOTA_RACED` (nothing of it written); counted again under the new mark, it is
+    /// written.
+    fn a_reservation_counted_before_another_was_written_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::testing::open(dir.path());
+        let mark = store.quota_mark(9).unwrap();
+        store
+            .create_capsule(&capsule(1, "1.0.1"), None, Some(mark))
+            .unwrap();
+        let late = store.create_capsule(&capsule(2, "1.0.2"), None, Some(mark));
+        assert!(
+            matches!(&late, Err(crate::StorageError::Conflict(m)) if m == QUOTA_RACED),
+            "{late:?}"
+        );
+        assert!(
+            store.capsule(1, 2).unwrap().is_none(),
+            "nothing of it was written"
+        );
+        let mark = store.quota_mark(9).unwrap();
+        store
+            .create_capsule(&capsule(2, "1.0.2"), None, Some(mark))
+            .unwrap();
+        assert_eq!(store.stored_capsules(1).unwrap().len(), 2);
+    }
+    on_each_engine!(a_reservation_counted_before_another_was_written_is_refused);
 }

@@ -383,69 +383,68 @@ mod tests {
             .collect()
     }
 
-    on_each_engine! {
-        /// The time index holds each result's latest report once, only its own project's, only
-        /// while its package exists, and is built at the first open after an upgrade for
-        /// results stored before it.
-        fn recent_results_come_from_the_time_index() {
-            let dir = tempfile::tempdir().unwrap();
-            let store = crate::testing::open(dir.path());
-            // What every start does (on an empty store: nothing to index, the marker set).
-            store.backfill_results_by_time().unwrap();
-            let (a, b) = (package(&store, 1, 10), package(&store, 1, 11));
-            package(&store, 2, 20);
-            report(&store, 1, a.id, 100, 1_000, false);
-            report(&store, 1, a.id, 101, 5_000, true);
-            report(&store, 1, b.id, 100, 6_000, true);
-            report(&store, 2, 20, 200, 7_000, false);
-            // A later report replaces the device's result: its old time entry goes.
-            report(&store, 1, a.id, 100, 8_000, true);
-            use RolloutStatus::*;
-            assert_eq!(
-                recent(&store, 1, 0),
-                [
-                    (a.id, 101, 5_000, Succeeded),
-                    (b.id, 100, 6_000, Succeeded),
-                    (a.id, 100, 8_000, Succeeded)
-                ]
-            );
-            assert_eq!(
-                recent(&store, 1, 6_000),
-                [(b.id, 100, 6_000, Succeeded), (a.id, 100, 8_000, Succeeded)]
-            );
-            assert_eq!(recent(&store, 1, 8_001), []);
-            assert_eq!(recent(&store, 2, 0), [(20, 200, 7_000, Failed)]);
-            // Deleting a package takes its results' entries (counted as keys: a read skips an
-            // entry whose result is gone).
-            store.delete_deployment(&a).unwrap();
-            let entries = |p| {
-                store
-                    .inner
-                    .records
-                    .scan_prefix(keys::result_by_time_prefix(p))
-                    .count()
-            };
-            assert_eq!((entries(1), entries(2)), (1, 1));
-            assert_eq!(recent(&store, 1, 0), [(b.id, 100, 6_000, Succeeded)]);
-
-            // A store written before the index: the entries are built once, at the backfill.
-            let mut gone = crate::engine::Batch::default();
-            for k in store
+    /// The time index holds each result's latest report once, only its own project's, only
+    /// while its package exists, and is built at the first open after an upgrade for
+    /// results stored before it.
+    fn recent_results_come_from_the_time_index() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::testing::open(dir.path());
+        // What every start does (on an empty store: nothing to index, the marker set).
+        store.backfill_results_by_time().unwrap();
+        let (a, b) = (package(&store, 1, 10), package(&store, 1, 11));
+        package(&store, 2, 20);
+        report(&store, 1, a.id, 100, 1_000, false);
+        report(&store, 1, a.id, 101, 5_000, true);
+        report(&store, 1, b.id, 100, 6_000, true);
+        report(&store, 2, 20, 200, 7_000, false);
+        // A later report replaces the device's result: its old time entry goes.
+        report(&store, 1, a.id, 100, 8_000, true);
+        use RolloutStatus::*;
+        assert_eq!(
+            recent(&store, 1, 0),
+            [
+                (a.id, 101, 5_000, Succeeded),
+                (b.id, 100, 6_000, Succeeded),
+                (a.id, 100, 8_000, Succeeded)
+            ]
+        );
+        assert_eq!(
+            recent(&store, 1, 6_000),
+            [(b.id, 100, 6_000, Succeeded), (a.id, 100, 8_000, Succeeded)]
+        );
+        assert_eq!(recent(&store, 1, 8_001), []);
+        assert_eq!(recent(&store, 2, 0), [(20, 200, 7_000, Failed)]);
+        // Deleting a package takes its results' entries (counted as keys: a read skips an
+        // entry whose result is gone).
+        store.delete_deployment(&a).unwrap();
+        let entries = |p| {
+            store
                 .inner
                 .records
-                .scan_prefix(keys::result_by_time_prefix(1))
-                .keys()
-            {
-                gone.remove(k.unwrap());
-            }
-            store.inner.records.apply_batch(gone).unwrap();
-            assert_eq!(recent(&store, 1, 0), []);
-            store.backfill_results_by_time().unwrap();
-            assert_eq!(recent(&store, 1, 0), [], "once per data directory");
-            store.meta_remove("ix_results_by_time_v1").unwrap();
-            store.backfill_results_by_time().unwrap();
-            assert_eq!(recent(&store, 1, 0), [(b.id, 100, 6_000, Succeeded)]);
-            assert_eq!(recent(&store, 2, 0), [(20, 200, 7_000, Failed)]);
+                .scan_prefix(keys::result_by_time_prefix(p))
+                .count()
+        };
+        assert_eq!((entries(1), entries(2)), (1, 1));
+        assert_eq!(recent(&store, 1, 0), [(b.id, 100, 6_000, Succeeded)]);
+
+        // A store written before the index: the entries are built once, at the backfill.
+        let mut gone = crate::engine::Batch::default();
+        for k in store
+            .inner
+            .records
+            .scan_prefix(keys::result_by_time_prefix(1))
+            .keys()
+        {
+            gone.remove(k.unwrap());
         }
+        store.inner.records.apply_batch(gone).unwrap();
+        assert_eq!(recent(&store, 1, 0), []);
+        store.backfill_results_by_time().unwrap();
+        assert_eq!(recent(&store, 1, 0), [], "once per data directory");
+        store.meta_remove("ix_results_by_time_v1").unwrap();
+        store.backfill_results_by_time().unwrap();
+        assert_eq!(recent(&store, 1, 0), [(b.id, 100, 6_000, Succeeded)]);
+        assert_eq!(recent(&store, 2, 0), [(20, 200, 7_000, Failed)]);
     }
+    on_each_engine!(recent_results_come_from_the_time_index);
 }

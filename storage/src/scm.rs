@@ -331,9 +331,9 @@ impl Store {
         items: &mut [(Delivery, Option<bytes::Bytes>)],
         since: i64,
     ) -> Result<Vec<bool>> {
-        let Some(first) = items.first().map(|(d, _)| d.seq) else {
+        if items.is_empty() {
             return Ok(Vec::new());
-        };
+        }
         if self.on_postgres() {
             return self.apply_decided(true, |read| {
                 let mut w = Writes::new();
@@ -351,18 +351,34 @@ impl Store {
                 Ok((w, taken))
             });
         }
-        let payloads: Vec<(u64, &[u8])> = items
-            .iter()
+        // The embedded store's process is its only writer, and its intake decides one batch
+        // at a time: the ids are decided before the journal, so only taken deliveries are
+        // journaled (a restart never brings back a duplicate).
+        let mut taken = Vec::with_capacity(items.len());
+        for (d, _) in items.iter() {
+            taken.push(!self.is_claimed(&d.delivery_id, since)?);
+        }
+        let chosen = || {
+            items
+                .iter()
+                .zip(&taken)
+                .filter(|(_, t)| **t)
+                .map(|(i, _)| i)
+        };
+        let (Some(first), Some(last)) = (chosen().next(), chosen().last()) else {
+            return Ok(taken);
+        };
+        let (first, last) = (first.0.seq, last.0.seq);
+        let payloads: Vec<(u64, &[u8])> = chosen()
             .filter_map(|(d, p)| p.as_ref().map(|p| (d.seq, p.as_ref())))
             .collect();
         let mut journaled = Vec::new();
-        let last = items.last().map_or(first, |(d, _)| d.seq);
         let (_, mark) = self
             .inner
             .spool
             .append_journaled(first, &payloads, |places| {
                 let mut at = places.iter().copied();
-                for (d, p) in items.iter() {
+                for (d, p) in chosen() {
                     let mut d = d.clone();
                     if p.is_some() {
                         d.payload_at = at.next();
@@ -371,32 +387,23 @@ impl Store {
                 }
                 journal_record(last, &journaled).map(Some)
             })?;
-        for ((d, _), j) in items.iter_mut().zip(journaled) {
-            d.payload_at = j.payload_at;
-        }
-        // A duplicate's payload stays in the log unreferenced, and its journal record is at
-        // or below the applied seq, so a restart does not bring it back.
-        let items = &*items;
-        let written = self.apply_decided(true, |read| {
-            let mut w = Writes::new();
-            let mut taken = Vec::with_capacity(items.len());
-            for (d, _) in items {
-                let t = !id_held(read, &d.delivery_id, since)?;
-                if t {
-                    claim_writes(&mut w, d)?;
-                }
-                taken.push(t);
+        let mut w = Writes::new();
+        let mut journaled = journaled.into_iter();
+        for ((d, _), t) in items.iter_mut().zip(&taken) {
+            if *t && let Some(j) = journaled.next() {
+                d.payload_at = j.payload_at;
+                claim_writes(&mut w, d)?;
             }
-            w.put_id(keys::journal_applied(), last);
-            Ok((w, taken))
-        });
-        if written.is_err() {
+        }
+        w.put_id(keys::journal_applied(), last);
+        if let Err(e) = self.apply(w) {
             // Answered 503 (not taken): the journal must not bring the batch back.
             if let Err(cut) = self.inner.spool.cut_back(mark) {
                 tracing::error!(error = %cut, "a batch answered 503 stays in the payload log's journal and comes back at the next start");
             }
+            return Err(e);
         }
-        written
+        Ok(taken)
     }
 
     /// How many deliveries this open wrote again from the intake's journal.
@@ -664,10 +671,11 @@ impl Store {
             if self.on_postgres() {
                 w.delete(keys::delivery_payload(d.seq));
             }
-            // A later delivery may have reclaimed the id: its entry stays.
-            if self.id_entry(&d.delivery_id)?.map(|(s, _)| s) == Some(d.seq) {
-                w.delete(keys::delivery_by_id(&d.delivery_id));
-            }
+            // A later delivery may have reclaimed the id (on a shared engine, even while
+            // this pass runs): its entry stays.
+            let mut entry = d.seq.to_be_bytes().to_vec();
+            entry.extend_from_slice(&d.received_at.to_be_bytes());
+            w.0.remove_if(keys::delivery_by_id(&d.delivery_id), entry);
         }
         self.apply(w)?;
         // The deletions are on disk before any payload goes, so a crash cannot bring back a
@@ -864,23 +872,26 @@ impl Store {
         .run(self, skip, take)
     }
 
-    /// The oldest queued run of a project.
+    /// The oldest queued run of a project. A queue entry whose run is no longer queued
+    /// (read as another process's claim of it committed) is passed over.
     pub fn first_queued(&self, project: u64) -> Result<Option<TestRun>> {
-        match self
+        for kv in self
             .inner
             .records
             .scan_prefix(keys::run_queue_prefix(project))
-            .next()
+            .take(64)
         {
-            Some(kv) => {
-                let (k, _) = kv?;
-                match keys::trailing_id(&k) {
-                    Some(id) => self.run(project, id),
-                    None => Ok(None),
-                }
+            let (k, _) = kv?;
+            if let Some(r) = keys::trailing_id(&k)
+                .map(|id| self.run(project, id))
+                .transpose()?
+                .flatten()
+                .filter(|r| r.status == RunStatus::Queued)
+            {
+                return Ok(Some(r));
             }
-            None => Ok(None),
         }
+        Ok(None)
     }
 
     /// Every running run, as (project, id).
@@ -1089,95 +1100,161 @@ mod tests {
         store.expire_deliveries(5_000).unwrap();
     }
 
-    on_each_engine! {
-        /// A delivery id is taken once within its window, decided by the store with the
-        /// write (a second claim of it stores nothing), and again once the window passed; on
-        /// each engine the taken delivery's payload reads back.
-        fn a_delivery_id_is_claimed_once_within_its_window() {
-            let dir = tempfile::tempdir().unwrap();
-            let store = crate::testing::open(dir.path());
-            // Three bytes: the length `delivery` records.
-            let body = bytes::Bytes::from_static(b"{ }");
-            let first = delivery(1, 1_000);
-            let mut items = vec![(first.clone(), Some(body.clone()))];
-            assert_eq!(store.claim_deliveries(&mut items, 0).unwrap(), [true]);
-            let stored = store.delivery(1).unwrap().unwrap();
-            assert_eq!(store.payload(&stored).unwrap().as_deref(), Some(&b"{ }"[..]));
-            // The same id again, received later, within the window (since 500): refused.
-            let mut again = delivery(2, 2_000);
-            again.delivery_id = first.delivery_id.clone();
-            let mut items = vec![(again.clone(), Some(body.clone()))];
-            assert_eq!(store.claim_deliveries(&mut items, 500).unwrap(), [false]);
-            assert!(store.delivery(2).unwrap().is_none(), "a duplicate stores nothing");
-            assert_eq!(store.delivery_by_id(&first.delivery_id).unwrap().unwrap().seq, 1);
-            // Past the window (since 1,500): taken again, by the new seq.
-            let mut items = vec![(again, Some(body))];
-            assert_eq!(store.claim_deliveries(&mut items, 1_500).unwrap(), [true]);
-            assert_eq!(store.delivery_by_id(&first.delivery_id).unwrap().unwrap().seq, 2);
-        }
+    /// A delivery id is taken once within its window, decided by the store with the
+    /// write (a second claim of it stores nothing), and again once the window passed; on
+    /// each engine the taken delivery's payload reads back.
+    fn a_delivery_id_is_claimed_once_within_its_window() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::testing::open(dir.path());
+        // Three bytes: the length `delivery` records.
+        let body = bytes::Bytes::from_static(b"{ }");
+        let first = delivery(1, 1_000);
+        let mut items = vec![(first.clone(), Some(body.clone()))];
+        assert_eq!(store.claim_deliveries(&mut items, 0).unwrap(), [true]);
+        let stored = store.delivery(1).unwrap().unwrap();
+        assert_eq!(
+            store.payload(&stored).unwrap().as_deref(),
+            Some(&b"{ }"[..])
+        );
+        // The same id again, received later, within the window (since 500): refused.
+        let mut again = delivery(2, 2_000);
+        again.delivery_id = first.delivery_id.clone();
+        let mut items = vec![(again.clone(), Some(body.clone()))];
+        assert_eq!(store.claim_deliveries(&mut items, 500).unwrap(), [false]);
+        assert!(
+            store.delivery(2).unwrap().is_none(),
+            "a duplicate stores nothing"
+        );
+        assert_eq!(
+            store
+                .delivery_by_id(&first.delivery_id)
+                .unwrap()
+                .unwrap()
+                .seq,
+            1
+        );
+        // Past the window (since 1,500): taken again, by the new seq.
+        let mut items = vec![(again, Some(body))];
+        assert_eq!(store.claim_deliveries(&mut items, 1_500).unwrap(), [true]);
+        assert_eq!(
+            store
+                .delivery_by_id(&first.delivery_id)
+                .unwrap()
+                .unwrap()
+                .seq,
+            2
+        );
     }
+    on_each_engine!(a_delivery_id_is_claimed_once_within_its_window);
 
-    on_each_engine! {
-        /// A delivery's outcome is written once: a second writer that read it queued (as
-        /// the first did) gets a conflict, and the first outcome stands.
-        fn a_delivery_is_worked_once() {
-            let dir = tempfile::tempdir().unwrap();
-            let store = crate::testing::open(dir.path());
-            let d = delivery(1, 1_000);
-            store.claim_deliveries(&mut [(d.clone(), None)], 0).unwrap();
-            let finish = |outcome| {
-                let mut done = d.clone();
-                done.outcome = outcome;
-                let mut b = ScmBatch::default();
-                b.finish_delivery(&done).unwrap();
-                b.commit(&store)
-            };
-            finish(DeliveryOutcome::Dispatched).unwrap();
-            assert!(matches!(
-                finish(DeliveryOutcome::Skipped),
-                Err(crate::StorageError::Conflict(_))
-            ));
-            assert_eq!(store.delivery(1).unwrap().unwrap().outcome, DeliveryOutcome::Dispatched);
-        }
+    /// Retention takes a processed delivery with its payload (on a shared engine, the
+    /// payload's record), and leaves the id's entry to a later delivery that claimed it.
+    fn retention_takes_a_delivery_with_its_payload_and_leaves_a_reclaimed_id() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::testing::open(dir.path());
+        let old = delivery(1, 1_000);
+        let body = bytes::Bytes::from_static(b"{ }");
+        store
+            .claim_deliveries(&mut [(old.clone(), Some(body.clone()))], 0)
+            .unwrap();
+        // The same id again past its window (since 5,500), received at 6,000.
+        let mut again = delivery(2, 6_000);
+        again.delivery_id = old.delivery_id.clone();
+        let taken = store
+            .claim_deliveries(&mut [(again.clone(), Some(body))], 5_500)
+            .unwrap();
+        assert_eq!(taken, [true]);
+        process_and_expire(&store, &old);
+        assert!(store.delivery(1).unwrap().is_none());
+        assert!(
+            store
+                .inner
+                .records
+                .get(keys::delivery_payload(1))
+                .unwrap()
+                .is_none()
+        );
+        assert!(store.is_claimed(&old.delivery_id, 5_500).unwrap());
+        assert_eq!(
+            store.delivery_by_id(&old.delivery_id).unwrap().unwrap().seq,
+            2
+        );
+        let kept = store.delivery(2).unwrap().unwrap();
+        assert_eq!(store.payload(&kept).unwrap().as_deref(), Some(&b"{ }"[..]));
     }
+    on_each_engine!(retention_takes_a_delivery_with_its_payload_and_leaves_a_reclaimed_id);
 
-    on_each_engine! {
-        /// A run changed since its writer read it is not overwritten (two runners claiming
-        /// one run: the second gets a conflict), and a new run cannot take an idempotency
-        /// key a run of its project holds, while a rerun takes it over.
-        fn run_writes_are_conditional_on_what_their_writer_read() {
-            let dir = tempfile::tempdir().unwrap();
-            let store = crate::testing::open(dir.path());
-            let r = store.new_run(run_fields("k")).unwrap();
+    /// A delivery's outcome is written once: a second writer that read it queued (as
+    /// the first did) gets a conflict, and the first outcome stands.
+    fn a_delivery_is_worked_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::testing::open(dir.path());
+        let d = delivery(1, 1_000);
+        store.claim_deliveries(&mut [(d.clone(), None)], 0).unwrap();
+        let finish = |outcome| {
+            let mut done = d.clone();
+            done.outcome = outcome;
             let mut b = ScmBatch::default();
-            b.put_new_run(&r).unwrap();
-            b.commit(&store).unwrap();
-            let read = store.run(1, r.id).unwrap().unwrap();
-            let claim = |lease| {
-                let mut c = read.clone();
-                c.status = RunStatus::Running;
-                c.lease_expires_at = Some(lease);
-                let mut b = ScmBatch::default();
-                b.put_run(&read, &c).unwrap();
-                b.commit(&store)
-            };
-            claim(1).unwrap();
-            assert!(matches!(claim(2), Err(crate::StorageError::Conflict(_))));
-            assert_eq!(store.run(1, r.id).unwrap().unwrap().lease_expires_at, Some(1));
-
-            let twin = store.new_run(run_fields("k")).unwrap();
-            let mut b = ScmBatch::default();
-            b.put_new_run(&twin).unwrap();
-            assert!(matches!(b.commit(&store), Err(crate::StorageError::Conflict(_))));
-            assert!(store.run(1, twin.id).unwrap().is_none(), "nothing of it was written");
-            assert_eq!(store.run_by_key("k").unwrap().map(|r| r.id), Some(r.id));
-            let rerun = store.new_run(run_fields("k")).unwrap();
-            let mut b = ScmBatch::default();
-            b.put_rerun(&rerun).unwrap();
-            b.commit(&store).unwrap();
-            assert_eq!(store.run_by_key("k").unwrap().map(|r| r.id), Some(rerun.id));
-        }
+            b.finish_delivery(&done).unwrap();
+            b.commit(&store)
+        };
+        finish(DeliveryOutcome::Dispatched).unwrap();
+        assert!(matches!(
+            finish(DeliveryOutcome::Skipped),
+            Err(crate::StorageError::Conflict(_))
+        ));
+        assert_eq!(
+            store.delivery(1).unwrap().unwrap().outcome,
+            DeliveryOutcome::Dispatched
+        );
     }
+    on_each_engine!(a_delivery_is_worked_once);
+
+    /// A run changed since its writer read it is not overwritten (two runners claiming
+    /// one run: the second gets a conflict), and a new run cannot take an idempotency
+    /// key a run of its project holds, while a rerun takes it over.
+    fn run_writes_are_conditional_on_what_their_writer_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::testing::open(dir.path());
+        let r = store.new_run(run_fields("k")).unwrap();
+        let mut b = ScmBatch::default();
+        b.put_new_run(&r).unwrap();
+        b.commit(&store).unwrap();
+        let read = store.run(1, r.id).unwrap().unwrap();
+        let claim = |lease| {
+            let mut c = read.clone();
+            c.status = RunStatus::Running;
+            c.lease_expires_at = Some(lease);
+            let mut b = ScmBatch::default();
+            b.put_run(&read, &c).unwrap();
+            b.commit(&store)
+        };
+        claim(1).unwrap();
+        assert!(matches!(claim(2), Err(crate::StorageError::Conflict(_))));
+        assert_eq!(
+            store.run(1, r.id).unwrap().unwrap().lease_expires_at,
+            Some(1)
+        );
+
+        let twin = store.new_run(run_fields("k")).unwrap();
+        let mut b = ScmBatch::default();
+        b.put_new_run(&twin).unwrap();
+        assert!(matches!(
+            b.commit(&store),
+            Err(crate::StorageError::Conflict(_))
+        ));
+        assert!(
+            store.run(1, twin.id).unwrap().is_none(),
+            "nothing of it was written"
+        );
+        assert_eq!(store.run_by_key("k").unwrap().map(|r| r.id), Some(r.id));
+        let rerun = store.new_run(run_fields("k")).unwrap();
+        let mut b = ScmBatch::default();
+        b.put_rerun(&rerun).unwrap();
+        b.commit(&store).unwrap();
+        assert_eq!(store.run_by_key("k").unwrap().map(|r| r.id), Some(rerun.id));
+    }
+    on_each_engine!(run_writes_are_conditional_on_what_their_writer_read);
 
     fn run_fields(key: &str) -> TestRun {
         TestRun {
@@ -1200,293 +1277,289 @@ mod tests {
         }
     }
 
-    on_each_engine! {
-        /// Run ids come a block at a time: one by one within an open, and a reopen starts past
-        /// the block, so an id handed out before is never handed out again.
-        fn new_runs_take_rising_ids_and_a_reopen_never_reuses_one() {
-            let dir = tempfile::tempdir().unwrap();
-            let store = crate::testing::open(dir.path());
-            let ids: Vec<u64> = (0..3)
-                .map(|i| store.new_run(run_fields(&format!("k{i}"))).unwrap().id)
-                .collect();
-            assert_eq!(ids, vec![1, 2, 3]);
-            let kept = store.new_run(run_fields("kept")).unwrap();
+    /// Run ids come a block at a time: one by one within an open, and a reopen starts past
+    /// the block, so an id handed out before is never handed out again.
+    fn new_runs_take_rising_ids_and_a_reopen_never_reuses_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::testing::open(dir.path());
+        let ids: Vec<u64> = (0..3)
+            .map(|i| store.new_run(run_fields(&format!("k{i}"))).unwrap().id)
+            .collect();
+        assert_eq!(ids, vec![1, 2, 3]);
+        let kept = store.new_run(run_fields("kept")).unwrap();
+        let mut b = ScmBatch::default();
+        b.put_new_run(&kept).unwrap();
+        b.commit(&store).unwrap();
+        store.flush_blocking().unwrap();
+        drop(store);
+
+        let store = Store::reopen(dir.path());
+        assert_eq!(
+            store.run(1, kept.id).unwrap().unwrap().idempotency_key,
+            "kept"
+        );
+        let next = store.new_run(run_fields("next")).unwrap().id;
+        assert_eq!(next, RUN_ID_BLOCK + 1, "past the whole block taken before");
+        assert_eq!(store.new_run(run_fields("then")).unwrap().id, next + 1);
+    }
+    on_each_engine!(new_runs_take_rising_ids_and_a_reopen_never_reuses_one);
+
+    /// A cancelled run takes its key's index entry with it only while the entry points at
+    /// it: a newer run given the key (stored, or earlier in the same batch) keeps it.
+    fn a_cancelled_run_removes_only_its_own_key_entry() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::testing::open(dir.path());
+        // Each new run takes the key over, as a rerequest does.
+        let make = |b: &mut ScmBatch, key: &str| {
+            let r = store.new_run(run_fields(key)).unwrap();
+            b.put_rerun(&r).unwrap();
+            store.run(1, r.id).unwrap().unwrap_or_else(|| (*r).clone())
+        };
+        let cancel = |b: &mut ScmBatch, r: &TestRun| {
+            let mut c = store.run(1, r.id).unwrap().unwrap();
+            let old = c.clone();
+            c.status = RunStatus::Cancelled;
+            b.put_run(&old, &c).unwrap();
+        };
+        let by_key = |k: &str| store.run_by_key(k).unwrap().map(|r| r.id);
+        let commit = |b: ScmBatch| b.commit(&store).unwrap();
+
+        // The key moved to a newer run before: cancelling the older leaves it there.
+        let mut b = ScmBatch::default();
+        let older = make(&mut b, "k");
+        commit(b);
+        let mut b = ScmBatch::default();
+        let newer = make(&mut b, "k");
+        commit(b);
+        assert_eq!(by_key("k"), Some(newer.id));
+        let mut b = ScmBatch::default();
+        cancel(&mut b, &older);
+        commit(b);
+        assert_eq!(by_key("k"), Some(newer.id), "the newer run keeps its key");
+
+        // The same within one batch: the newer run is made, then the older cancelled.
+        let mut b = ScmBatch::default();
+        let first = make(&mut b, "j");
+        commit(b);
+        let mut b = ScmBatch::default();
+        let second = make(&mut b, "j");
+        cancel(&mut b, &first);
+        commit(b);
+        assert_eq!(by_key("j"), Some(second.id));
+
+        // The holder cancelled: its entry goes.
+        let mut b = ScmBatch::default();
+        cancel(&mut b, &newer);
+        commit(b);
+        assert_eq!(by_key("k"), None);
+    }
+    on_each_engine!(a_cancelled_run_removes_only_its_own_key_entry);
+
+    /// Runs stored with an upper-case commit are lower-cased once, with every index that
+    /// names the commit; where two keys fold into one, the newer run keeps the key.
+    fn runs_stored_with_upper_case_commits_are_lower_cased_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::testing::open(dir.path());
+        let upper = "ABCDEF0123".repeat(4);
+        let lower = upper.to_ascii_lowercase();
+        let make = |sha: &str, key: &str, status: RunStatus| {
+            let mut r = run_fields(key);
+            r.commit_sha = sha.into();
+            r.status = status;
+            let r = store.new_run(r).unwrap();
             let mut b = ScmBatch::default();
-            b.put_new_run(&kept).unwrap();
+            b.put_new_run(&r).unwrap();
             b.commit(&store).unwrap();
-            store.flush_blocking().unwrap();
-            drop(store);
-
-            let store = Store::reopen(dir.path());
-            assert_eq!(
-                store.run(1, kept.id).unwrap().unwrap().idempotency_key,
-                "kept"
-            );
-            let next = store.new_run(run_fields("next")).unwrap().id;
-            assert_eq!(next, RUN_ID_BLOCK + 1, "past the whole block taken before");
-            assert_eq!(store.new_run(run_fields("then")).unwrap().id, next + 1);
-        }
-    }
-
-    on_each_engine! {
-        /// A cancelled run takes its key's index entry with it only while the entry points at
-        /// it: a newer run given the key (stored, or earlier in the same batch) keeps it.
-        fn a_cancelled_run_removes_only_its_own_key_entry() {
-            let dir = tempfile::tempdir().unwrap();
-            let store = crate::testing::open(dir.path());
-            // Each new run takes the key over, as a rerequest does.
-            let make = |b: &mut ScmBatch, key: &str| {
-                let r = store.new_run(run_fields(key)).unwrap();
-                b.put_rerun(&r).unwrap();
-                store.run(1, r.id).unwrap().unwrap_or_else(|| (*r).clone())
-            };
-            let cancel = |b: &mut ScmBatch, r: &TestRun| {
-                let mut c = store.run(1, r.id).unwrap().unwrap();
-                let old = c.clone();
-                c.status = RunStatus::Cancelled;
-                b.put_run(&old, &c).unwrap();
-            };
-            let by_key = |k: &str| store.run_by_key(k).unwrap().map(|r| r.id);
-            let commit = |b: ScmBatch| b.commit(&store).unwrap();
-
-            // The key moved to a newer run before: cancelling the older leaves it there.
-            let mut b = ScmBatch::default();
-            let older = make(&mut b, "k");
-            commit(b);
-            let mut b = ScmBatch::default();
-            let newer = make(&mut b, "k");
-            commit(b);
-            assert_eq!(by_key("k"), Some(newer.id));
-            let mut b = ScmBatch::default();
-            cancel(&mut b, &older);
-            commit(b);
-            assert_eq!(by_key("k"), Some(newer.id), "the newer run keeps its key");
-
-            // The same within one batch: the newer run is made, then the older cancelled.
-            let mut b = ScmBatch::default();
-            let first = make(&mut b, "j");
-            commit(b);
-            let mut b = ScmBatch::default();
-            let second = make(&mut b, "j");
-            cancel(&mut b, &first);
-            commit(b);
-            assert_eq!(by_key("j"), Some(second.id));
-
-            // The holder cancelled: its entry goes.
-            let mut b = ScmBatch::default();
-            cancel(&mut b, &newer);
-            commit(b);
-            assert_eq!(by_key("k"), None);
-        }
-    }
-
-    on_each_engine! {
-        /// Runs stored with an upper-case commit are lower-cased once, with every index that
-        /// names the commit; where two keys fold into one, the newer run keeps the key.
-        fn runs_stored_with_upper_case_commits_are_lower_cased_once() {
-            let dir = tempfile::tempdir().unwrap();
-            let store = crate::testing::open(dir.path());
-            let upper = "ABCDEF0123".repeat(4);
-            let lower = upper.to_ascii_lowercase();
-            let make = |sha: &str, key: &str, status: RunStatus| {
-                let mut r = run_fields(key);
-                r.commit_sha = sha.into();
-                r.status = status;
-                let r = store.new_run(r).unwrap();
-                let mut b = ScmBatch::default();
-                b.put_new_run(&r).unwrap();
-                b.commit(&store).unwrap();
-                r.id
-            };
-            // An old run, its key held; an older one of another commit whose lower-case key a
-            // newer run already holds; and a cancelled one, holding no key.
-            let held = make(
-                &upper,
-                &format!("acme/robot@{upper}@main"),
-                RunStatus::Queued,
-            );
-            let other = "FEDCBA9876".repeat(4);
-            let folded = make(
-                &other,
-                &format!("acme/robot@{other}#pr7"),
-                RunStatus::Passed,
-            );
-            let newer = make(
-                &other.to_ascii_lowercase(),
-                &format!("acme/robot@{}#pr7", other.to_ascii_lowercase()),
-                RunStatus::Queued,
-            );
-            let cancelled = make(
-                &upper,
-                &format!("acme/robot@{upper}#pr9"),
-                RunStatus::Cancelled,
-            );
-            let by_commit = |sha: &str| {
-                store
-                    .runs_page(
-                        1,
-                        RunQuery {
-                            commit_sha: Some(sha),
-                            ..Default::default()
-                        },
-                        0,
-                        10,
-                    )
-                    .unwrap()
-                    .1
-            };
-            assert_eq!(
-                by_commit(&lower),
-                0,
-                "not yet found by its lower-case commit"
-            );
-
-            assert_eq!(store.lowercase_run_commits().unwrap(), 3);
-            let r = store.run(1, held).unwrap().unwrap();
-            assert_eq!(r.commit_sha, lower);
-            assert_eq!(r.idempotency_key, format!("acme/robot@{lower}@main"));
-            let by_key = |k: &str| store.run_by_key(k).unwrap().map(|r| r.id);
-            assert_eq!(by_key(&format!("acme/robot@{lower}@main")), Some(held));
-            assert_eq!(by_key(&format!("acme/robot@{upper}@main")), None);
-            let o = other.to_ascii_lowercase();
-            assert_eq!(
-                by_key(&format!("acme/robot@{o}#pr7")),
-                Some(newer),
-                "the newer run keeps the key"
-            );
-            assert_eq!(by_key(&format!("acme/robot@{other}#pr7")), None);
-            assert_eq!(store.run(1, folded).unwrap().unwrap().commit_sha, o);
-            assert_eq!(
-                by_key(&format!("acme/robot@{lower}#pr9")),
-                None,
-                "a cancelled run holds none"
-            );
-            assert_eq!(by_commit(&lower), 2);
-            assert_eq!(by_commit(&upper), 0, "the upper-case list is left empty");
-            let ids: Vec<u64> = store
-                .commit_runs(1, "acme/robot", &lower, 10)
+            r.id
+        };
+        // An old run, its key held; an older one of another commit whose lower-case key a
+        // newer run already holds; and a cancelled one, holding no key.
+        let held = make(
+            &upper,
+            &format!("acme/robot@{upper}@main"),
+            RunStatus::Queued,
+        );
+        let other = "FEDCBA9876".repeat(4);
+        let folded = make(
+            &other,
+            &format!("acme/robot@{other}#pr7"),
+            RunStatus::Passed,
+        );
+        let newer = make(
+            &other.to_ascii_lowercase(),
+            &format!("acme/robot@{}#pr7", other.to_ascii_lowercase()),
+            RunStatus::Queued,
+        );
+        let cancelled = make(
+            &upper,
+            &format!("acme/robot@{upper}#pr9"),
+            RunStatus::Cancelled,
+        );
+        let by_commit = |sha: &str| {
+            store
+                .runs_page(
+                    1,
+                    RunQuery {
+                        commit_sha: Some(sha),
+                        ..Default::default()
+                    },
+                    0,
+                    10,
+                )
                 .unwrap()
-                .iter()
-                .map(|r| r.id)
-                .collect();
-            assert_eq!(ids, vec![cancelled, held]);
-            assert_eq!(
-                store.max_commit_attempt(1, "acme/robot", &o).unwrap(),
-                Some(1)
-            );
+                .1
+        };
+        assert_eq!(
+            by_commit(&lower),
+            0,
+            "not yet found by its lower-case commit"
+        );
 
-            // Once per data directory, across a reopen.
-            make(&upper, "acme/robot@later", RunStatus::Queued);
-            drop(store);
-            let store = Store::reopen(dir.path());
-            assert_eq!(store.lowercase_run_commits().unwrap(), 0);
-        }
+        assert_eq!(store.lowercase_run_commits().unwrap(), 3);
+        let r = store.run(1, held).unwrap().unwrap();
+        assert_eq!(r.commit_sha, lower);
+        assert_eq!(r.idempotency_key, format!("acme/robot@{lower}@main"));
+        let by_key = |k: &str| store.run_by_key(k).unwrap().map(|r| r.id);
+        assert_eq!(by_key(&format!("acme/robot@{lower}@main")), Some(held));
+        assert_eq!(by_key(&format!("acme/robot@{upper}@main")), None);
+        let o = other.to_ascii_lowercase();
+        assert_eq!(
+            by_key(&format!("acme/robot@{o}#pr7")),
+            Some(newer),
+            "the newer run keeps the key"
+        );
+        assert_eq!(by_key(&format!("acme/robot@{other}#pr7")), None);
+        assert_eq!(store.run(1, folded).unwrap().unwrap().commit_sha, o);
+        assert_eq!(
+            by_key(&format!("acme/robot@{lower}#pr9")),
+            None,
+            "a cancelled run holds none"
+        );
+        assert_eq!(by_commit(&lower), 2);
+        assert_eq!(by_commit(&upper), 0, "the upper-case list is left empty");
+        let ids: Vec<u64> = store
+            .commit_runs(1, "acme/robot", &lower, 10)
+            .unwrap()
+            .iter()
+            .map(|r| r.id)
+            .collect();
+        assert_eq!(ids, vec![cancelled, held]);
+        assert_eq!(
+            store.max_commit_attempt(1, "acme/robot", &o).unwrap(),
+            Some(1)
+        );
+
+        // Once per data directory, across a reopen.
+        make(&upper, "acme/robot@later", RunStatus::Queued);
+        drop(store);
+        let store = Store::reopen(dir.path());
+        assert_eq!(store.lowercase_run_commits().unwrap(), 0);
     }
+    on_each_engine!(runs_stored_with_upper_case_commits_are_lower_cased_once);
 
-    on_each_engine! {
-        /// Organizations 1 and 2 with projects 10 and 20, links written under the index by name
-        /// alone (as before links were per organization), and three installations.
-        fn installations_stored_before_organizations_are_bound_once_by_their_links() {
-            use crate::{Membership, Organization, Project, Role};
-            let dir = tempfile::tempdir().unwrap();
-            let store = crate::testing::open(dir.path());
-            for (org, project) in [(1u64, 10u64), (2, 20)] {
-                let o = Organization {
-                    id: org,
-                    slug: format!("o{org}"),
-                    name: String::new(),
-                    tier: "free".into(),
-                    created_at: 0,
-                };
-                let m = Membership {
-                    org_id: org,
-                    user_id: 1,
-                    role: Role::Owner,
-                    created_at: 0,
-                };
-                store.insert_org(&o, &m).unwrap();
-                store
-                    .insert_project(&Project {
-                        id: project,
-                        org_id: org,
-                        slug: "p".into(),
-                        name: String::new(),
-                        secret_hash: [0; 32],
-                        created_at: 0,
-                    })
-                    .unwrap();
-            }
-            let mut w = Writes::new();
-            let mut link = |project: u64, id: u64, name: &str| {
-                let r = RepoLink {
-                    id,
-                    project_id: project,
-                    full_name: name.into(),
-                    branch_patterns: vec!["main".into()],
-                    include_drafts: false,
-                    created_at: 0,
-                    updated_at: 0,
-                };
-                w.put(keys::repo(project, id), &r).unwrap();
-                let mut k = keys::legacy_repo_by_name_prefix();
-                k.extend_from_slice(name.to_ascii_lowercase().as_bytes());
-                w.0.insert(k, pair_bytes(&r));
+    /// Organizations 1 and 2 with projects 10 and 20, links written under the index by name
+    /// alone (as before links were per organization), and three installations.
+    fn installations_stored_before_organizations_are_bound_once_by_their_links() {
+        use crate::{Membership, Organization, Project, Role};
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::testing::open(dir.path());
+        for (org, project) in [(1u64, 10u64), (2, 20)] {
+            let o = Organization {
+                id: org,
+                slug: format!("o{org}"),
+                name: String::new(),
+                tier: "free".into(),
+                created_at: 0,
             };
-            link(10, 1, "Acme/One");
-            link(10, 2, "acme/both");
-            link(20, 3, "acme/both-too");
-            link(20, 4, "acme/removed");
-            store.apply(w).unwrap();
-            let mut b = ScmBatch::default();
-            let inst = |id: u64, held: &[&str], removed: &[&str]| Installation {
+            let m = Membership {
+                org_id: org,
+                user_id: 1,
+                role: Role::Owner,
+                created_at: 0,
+            };
+            store.insert_org(&o, &m).unwrap();
+            store
+                .insert_project(&Project {
+                    id: project,
+                    org_id: org,
+                    slug: "p".into(),
+                    name: String::new(),
+                    secret_hash: [0; 32],
+                    created_at: 0,
+                })
+                .unwrap();
+        }
+        let mut w = Writes::new();
+        let mut link = |project: u64, id: u64, name: &str| {
+            let r = RepoLink {
                 id,
-                account_login: "acme".into(),
-                account_type: "Organization".into(),
-                repository_selection: "selected".into(),
-                state: crate::InstallationState::Active,
-                repositories: held.iter().map(|s| s.to_string()).collect(),
-                removed: removed.iter().map(|s| s.to_string()).collect(),
-                created_at: id as i64,
+                project_id: project,
+                full_name: name.into(),
+                branch_patterns: vec!["main".into()],
+                include_drafts: false,
+                created_at: 0,
                 updated_at: 0,
             };
-            // One organization's links (names compared case-blind); both; none.
-            b.put_installation(&inst(100, &["acme/one"], &[])).unwrap();
-            b.put_installation(&inst(200, &["acme/both"], &["acme/both-too"]))
-                .unwrap();
-            b.put_installation(&inst(300, &["acme/unlinked"], &[]))
-                .unwrap();
-            b.put_installation(&inst(400, &[], &["acme/removed"]))
-                .unwrap();
-            b.commit(&store).unwrap();
+            w.put(keys::repo(project, id), &r).unwrap();
+            let mut k = keys::legacy_repo_by_name_prefix();
+            k.extend_from_slice(name.to_ascii_lowercase().as_bytes());
+            w.0.insert(k, pair_bytes(&r));
+        };
+        link(10, 1, "Acme/One");
+        link(10, 2, "acme/both");
+        link(20, 3, "acme/both-too");
+        link(20, 4, "acme/removed");
+        store.apply(w).unwrap();
+        let mut b = ScmBatch::default();
+        let inst = |id: u64, held: &[&str], removed: &[&str]| Installation {
+            id,
+            account_login: "acme".into(),
+            account_type: "Organization".into(),
+            repository_selection: "selected".into(),
+            state: crate::InstallationState::Active,
+            repositories: held.iter().map(|s| s.to_string()).collect(),
+            removed: removed.iter().map(|s| s.to_string()).collect(),
+            created_at: id as i64,
+            updated_at: 0,
+        };
+        // One organization's links (names compared case-blind); both; none.
+        b.put_installation(&inst(100, &["acme/one"], &[])).unwrap();
+        b.put_installation(&inst(200, &["acme/both"], &["acme/both-too"]))
+            .unwrap();
+        b.put_installation(&inst(300, &["acme/unlinked"], &[]))
+            .unwrap();
+        b.put_installation(&inst(400, &[], &["acme/removed"]))
+            .unwrap();
+        b.commit(&store).unwrap();
 
-            assert_eq!(store.bind_installations().unwrap(), 2);
-            let org = |id| store.installation_binding(id).unwrap().organization_id;
-            assert_eq!(
-                [org(100), org(200), org(300), org(400)],
-                [Some(1), None, None, Some(2)]
-            );
-            // Those left unbound are recorded as seen, so they are not bound later by the rule for
-            // an installation first seen by a single-organization service.
-            for id in [200, 300] {
-                assert!(store.installation_binding_if_seen(id).unwrap().is_some());
-            }
-            // The index now answers per organization only.
-            assert_eq!(store.repo_by_name(1, "acme/ONE").unwrap().unwrap().id, 1);
-            assert!(store.repo_by_name(2, "acme/one").unwrap().is_none());
-            assert_eq!(
-                store.repo_by_name(2, "acme/both-too").unwrap().unwrap().id,
-                3
-            );
-            let legacy = store
-                .inner
-                .records
-                .scan_prefix(keys::legacy_repo_by_name_prefix())
-                .count();
-            assert_eq!(legacy, 0);
-            // Once per data directory.
-            assert_eq!(store.bind_installations().unwrap(), 0);
+        assert_eq!(store.bind_installations().unwrap(), 2);
+        let org = |id| store.installation_binding(id).unwrap().organization_id;
+        assert_eq!(
+            [org(100), org(200), org(300), org(400)],
+            [Some(1), None, None, Some(2)]
+        );
+        // Those left unbound are recorded as seen, so they are not bound later by the rule for
+        // an installation first seen by a single-organization service.
+        for id in [200, 300] {
+            assert!(store.installation_binding_if_seen(id).unwrap().is_some());
         }
+        // The index now answers per organization only.
+        assert_eq!(store.repo_by_name(1, "acme/ONE").unwrap().unwrap().id, 1);
+        assert!(store.repo_by_name(2, "acme/one").unwrap().is_none());
+        assert_eq!(
+            store.repo_by_name(2, "acme/both-too").unwrap().unwrap().id,
+            3
+        );
+        let legacy = store
+            .inner
+            .records
+            .scan_prefix(keys::legacy_repo_by_name_prefix())
+            .count();
+        assert_eq!(legacy, 0);
+        // Once per data directory.
+        assert_eq!(store.bind_installations().unwrap(), 0);
     }
+    on_each_engine!(installations_stored_before_organizations_are_bound_once_by_their_links);
 
     fn segments(dir: &std::path::Path) -> usize {
         std::fs::read_dir(dir.join("webhook-payloads"))
@@ -1530,154 +1603,152 @@ mod tests {
         assert_eq!(store.payload(&stored[2]).unwrap().unwrap(), b"abc");
     }
 
-    on_each_engine! {
-        /// A store written when the queue was one key per delivery: the keys go at open, and
-        /// the queue (the list of queued deliveries) still holds the deliveries, in order, until
-        /// each is worked.
-        fn a_legacy_queue_is_dropped_at_open_and_the_list_is_the_queue() {
-            let dir = tempfile::tempdir().unwrap();
-            let store = crate::testing::open(dir.path());
-            let first = store.new_ids(Seq::Delivery, 3).unwrap();
-            let mut items: Vec<_> = (first..first + 3)
-                .map(|s| (delivery(s, 100), Some(bytes::Bytes::from_static(b"p"))))
-                .collect();
-            store.claim_deliveries(&mut items, i64::MAX).unwrap();
-            let legacy = keys::legacy_queued_prefix();
-            for s in first..first + 3 {
-                let mut k = legacy.clone();
-                k.extend_from_slice(&s.to_be_bytes());
-                store.inner.records.insert(k, Vec::new()).unwrap();
-            }
-            store.flush_blocking().unwrap();
-            drop(store);
-
-            let store = Store::reopen(dir.path());
-            assert_eq!(store.inner.records.scan_prefix(&legacy).count(), 0);
-            assert_eq!(
-                store.queued_after(0, 10).unwrap(),
-                (first..first + 3).collect::<Vec<_>>()
-            );
-            assert_eq!(store.queued_after(first, 1).unwrap(), vec![first + 1]);
-            let mut d = store.delivery(first + 1).unwrap().unwrap();
-            d.outcome = DeliveryOutcome::Processed;
-            let mut b = ScmBatch::default();
-            b.finish_delivery(&d).unwrap();
-            b.commit(&store).unwrap();
-            assert_eq!(store.queued_deliveries().unwrap(), vec![first, first + 2]);
-            assert_eq!(store.deliveries_queued().unwrap(), 2);
+    /// A store written when the queue was one key per delivery: the keys go at open, and
+    /// the queue (the list of queued deliveries) still holds the deliveries, in order, until
+    /// each is worked.
+    #[test]
+    fn a_legacy_queue_is_dropped_at_open_and_the_list_is_the_queue() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::testing::open(dir.path());
+        let first = store.new_ids(Seq::Delivery, 3).unwrap();
+        let mut items: Vec<_> = (first..first + 3)
+            .map(|s| (delivery(s, 100), Some(bytes::Bytes::from_static(b"p"))))
+            .collect();
+        store.claim_deliveries(&mut items, i64::MAX).unwrap();
+        let legacy = keys::legacy_queued_prefix();
+        for s in first..first + 3 {
+            let mut k = legacy.clone();
+            k.extend_from_slice(&s.to_be_bytes());
+            store.inner.records.insert(k, Vec::new()).unwrap();
         }
+        store.flush_blocking().unwrap();
+        drop(store);
+
+        let store = Store::reopen(dir.path());
+        assert_eq!(store.inner.records.scan_prefix(&legacy).count(), 0);
+        assert_eq!(
+            store.queued_after(0, 10).unwrap(),
+            (first..first + 3).collect::<Vec<_>>()
+        );
+        assert_eq!(store.queued_after(first, 1).unwrap(), vec![first + 1]);
+        let mut d = store.delivery(first + 1).unwrap().unwrap();
+        d.outcome = DeliveryOutcome::Processed;
+        let mut b = ScmBatch::default();
+        b.finish_delivery(&d).unwrap();
+        b.commit(&store).unwrap();
+        assert_eq!(store.queued_deliveries().unwrap(), vec![first, first + 2]);
+        assert_eq!(store.deliveries_queued().unwrap(), 2);
     }
 
-    on_each_engine! {
-        /// A batch the intake journaled and answered for, which sled lost in a crash, is written
-        /// again at open: claimed, queued, its payload readable, its seq never handed out again.
-        /// An id claimed before by an earlier delivery (past its window) is claimed again; of two
-        /// lost deliveries of one id the later is kept; a torn tail sends the next batch to a new
-        /// segment, where the next open still finds its journal.
-        fn journaled_batches_sled_lost_are_recovered_at_open() {
-            let dir = tempfile::tempdir().unwrap();
-            let store = crate::testing::open(dir.path());
-            let first = store.new_ids(Seq::Delivery, 1).unwrap();
-            let mut item = [(
-                delivery(first, 100),
-                Some(bytes::Bytes::from_static(b"one")),
-            )];
-            store.claim_deliveries(&mut item, i64::MAX).unwrap();
+    /// A batch the intake journaled and answered for, which sled lost in a crash, is written
+    /// again at open: claimed, queued, its payload readable, its seq never handed out again.
+    /// An id claimed before by an earlier delivery (past its window) is claimed again; of two
+    /// lost deliveries of one id the later is kept; a torn tail sends the next batch to a new
+    /// segment, where the next open still finds its journal.
+    #[test]
+    fn journaled_batches_sled_lost_are_recovered_at_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::testing::open(dir.path());
+        let first = store.new_ids(Seq::Delivery, 1).unwrap();
+        let mut item = [(
+            delivery(first, 100),
+            Some(bytes::Bytes::from_static(b"one")),
+        )];
+        store.claim_deliveries(&mut item, i64::MAX).unwrap();
 
-            // The crash: seqs s..s+4 reach the journal, never sled: s with a payload, s+1 an
-            // ignored event, s+2 seq 1's id again, s+3 and s+4 one id twice.
-            let s = store.new_ids(Seq::Delivery, 5).unwrap();
-            let mut lost = vec![
-                delivery(s, 200),
-                Delivery::received(s + 1, "star-id".into(), "star".into(), 200, false, 0),
-                delivery(s + 2, 200),
-                delivery(s + 3, 200),
-                delivery(s + 4, 200),
-            ];
-            lost[2].delivery_id = item[0].0.delivery_id.clone();
-            lost[4].delivery_id = lost[3].delivery_id.clone();
+        // The crash: seqs s..s+4 reach the journal, never sled: s with a payload, s+1 an
+        // ignored event, s+2 seq 1's id again, s+3 and s+4 one id twice.
+        let s = store.new_ids(Seq::Delivery, 5).unwrap();
+        let mut lost = vec![
+            delivery(s, 200),
+            Delivery::received(s + 1, "star-id".into(), "star".into(), 200, false, 0),
+            delivery(s + 2, 200),
+            delivery(s + 3, 200),
+            delivery(s + 4, 200),
+        ];
+        lost[2].delivery_id = item[0].0.delivery_id.clone();
+        lost[4].delivery_id = lost[3].delivery_id.clone();
+        store
+            .inner
+            .spool
+            .append_journaled(s, &[(s, b"two")], |at| {
+                lost[0].payload_at = at.first().copied();
+                journal_record(s + 4, &lost).map(Some)
+            })
+            .unwrap();
+        // A counter rolled back with sled's lost tail.
+        store
+            .inner
+            .seq
+            .insert(Seq::Delivery.name().as_bytes(), &first.to_be_bytes()[..])
+            .unwrap();
+        store.flush_blocking().unwrap();
+        drop(store);
+
+        let store = Store::reopen(dir.path());
+        assert_eq!(store.deliveries_recovered(), 4);
+        let two = store.delivery(s).unwrap().expect("recovered");
+        assert_eq!(two.outcome, DeliveryOutcome::Queued);
+        assert_eq!(store.payload(&two).unwrap().unwrap(), b"two");
+        assert!(store.is_claimed(&two.delivery_id, 0).unwrap());
+        let star = store.delivery_by_id("star-id").unwrap().expect("recovered");
+        assert_eq!(star.outcome, DeliveryOutcome::Ignored);
+        assert_eq!(
             store
-                .inner
-                .spool
-                .append_journaled(s, &[(s, b"two")], |at| {
-                    lost[0].payload_at = at.first().copied();
-                    journal_record(s + 4, &lost).map(Some)
-                })
-                .unwrap();
-            // A counter rolled back with sled's lost tail.
-            store
-                .inner
-                .seq
-                .insert(Seq::Delivery.name().as_bytes(), &first.to_be_bytes()[..])
-                .unwrap();
-            store.flush_blocking().unwrap();
-            drop(store);
-
-            let store = Store::reopen(dir.path());
-            assert_eq!(store.deliveries_recovered(), 4);
-            let two = store.delivery(s).unwrap().expect("recovered");
-            assert_eq!(two.outcome, DeliveryOutcome::Queued);
-            assert_eq!(store.payload(&two).unwrap().unwrap(), b"two");
-            assert!(store.is_claimed(&two.delivery_id, 0).unwrap());
-            let star = store.delivery_by_id("star-id").unwrap().expect("recovered");
-            assert_eq!(star.outcome, DeliveryOutcome::Ignored);
-            assert_eq!(
-                store
-                    .delivery_by_id(&item[0].0.delivery_id)
-                    .unwrap()
-                    .unwrap()
-                    .seq,
-                s + 2,
-                "claimed again, as the intake did"
-            );
-            assert!(
-                store.delivery(s + 3).unwrap().is_none(),
-                "the later one is kept"
-            );
-            assert_eq!(
-                store
-                    .delivery_by_id(&lost[3].delivery_id)
-                    .unwrap()
-                    .unwrap()
-                    .seq,
-                s + 4
-            );
-            assert_eq!(
-                store.queued_after(0, 10).unwrap(),
-                vec![first, s, s + 2, s + 4]
-            );
-            assert!(store.new_ids(Seq::Delivery, 1).unwrap() > s + 4);
-
-            // A torn tail: the next batch goes to a new segment, and its journal is found.
-            let seg = dir.path().join("webhook-payloads");
-            let count = std::fs::read_dir(&seg).unwrap().count();
-            let path = std::fs::read_dir(&seg)
+                .delivery_by_id(&item[0].0.delivery_id)
                 .unwrap()
-                .map(|e| e.unwrap().path())
-                .max()
-                .unwrap();
-            let mut f = std::fs::OpenOptions::new()
-                .append(true)
-                .open(&path)
-                .unwrap();
-            std::io::Write::write_all(&mut f, &[0xff; 5]).unwrap();
-            drop(f);
-            drop(store);
-            let store = Store::reopen(dir.path());
-            let next = store.new_ids(Seq::Delivery, 1).unwrap();
+                .unwrap()
+                .seq,
+            s + 2,
+            "claimed again, as the intake did"
+        );
+        assert!(
+            store.delivery(s + 3).unwrap().is_none(),
+            "the later one is kept"
+        );
+        assert_eq!(
             store
-                .inner
-                .spool
-                .append_journaled(next, &[], |_| {
-                    journal_record(next, &[delivery(next, 300)]).map(Some)
-                })
-                .unwrap();
-            assert_eq!(std::fs::read_dir(&seg).unwrap().count(), count + 1);
-            store.flush_blocking().unwrap();
-            drop(store);
-            let store = Store::reopen(dir.path());
-            assert!(store.delivery(next).unwrap().is_some());
-        }
+                .delivery_by_id(&lost[3].delivery_id)
+                .unwrap()
+                .unwrap()
+                .seq,
+            s + 4
+        );
+        assert_eq!(
+            store.queued_after(0, 10).unwrap(),
+            vec![first, s, s + 2, s + 4]
+        );
+        assert!(store.new_ids(Seq::Delivery, 1).unwrap() > s + 4);
+
+        // A torn tail: the next batch goes to a new segment, and its journal is found.
+        let seg = dir.path().join("webhook-payloads");
+        let count = std::fs::read_dir(&seg).unwrap().count();
+        let path = std::fs::read_dir(&seg)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .max()
+            .unwrap();
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap();
+        std::io::Write::write_all(&mut f, &[0xff; 5]).unwrap();
+        drop(f);
+        drop(store);
+        let store = Store::reopen(dir.path());
+        let next = store.new_ids(Seq::Delivery, 1).unwrap();
+        store
+            .inner
+            .spool
+            .append_journaled(next, &[], |_| {
+                journal_record(next, &[delivery(next, 300)]).map(Some)
+            })
+            .unwrap();
+        assert_eq!(std::fs::read_dir(&seg).unwrap().count(), count + 1);
+        store.flush_blocking().unwrap();
+        drop(store);
+        let store = Store::reopen(dir.path());
+        assert!(store.delivery(next).unwrap().is_some());
     }
 
     /// The journal `claim_deliveries` writes brings back what it stored: here sled's copy is

@@ -1,5 +1,5 @@
-//! This crate's store tests on each engine. A test that opens a store is written once inside
-//! [`on_each_engine!`] and runs twice, on sled and on PostgreSQL: a private cluster the test
+//! This crate's store tests on each engine. A test that opens a store is written once as a
+//! plain function, named to [`on_each_engine!`] beside it, and runs twice, on sled and on PostgreSQL: a private cluster the test
 //! process starts (Debian's `postgresql`; the harness the integration tests use), with a
 //! database per data directory cloned from a migrated template, so a test that reopens its
 //! directory finds its records again.
@@ -54,24 +54,19 @@ pub(crate) fn open(dir: &Path) -> Store {
     Store::open_on(dir, std::time::Duration::ZERO, &database(dir)).unwrap()
 }
 
-/// A test that runs once on each engine: `mod name { fn sled(); fn postgres() }`.
+/// Runs the test function `name` (beside it, `fn name()`) once on each engine, as
+/// `name::sled` and `name::postgres`.
 macro_rules! on_each_engine {
-    ($(#[doc = $doc:literal])* fn $name:ident() $body:block) => {
-        $(#[doc = $doc])*
+    ($name:ident) => {
         mod $name {
-            #[allow(unused_imports)]
-            use super::*;
-
-            fn body() $body
-
             #[test]
             fn sled() {
-                $crate::testing::on($crate::testing::Engine::Sled, body)
+                $crate::testing::on($crate::testing::Engine::Sled, super::$name)
             }
 
             #[test]
             fn postgres() {
-                $crate::testing::on($crate::testing::Engine::Postgres, body)
+                $crate::testing::on($crate::testing::Engine::Postgres, super::$name)
             }
         }
     };

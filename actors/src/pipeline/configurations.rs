@@ -261,7 +261,7 @@ impl PipelineHandle {
                     reply,
                 })
                 .await;
-            if !super::quota_raced(&r, &mut raced) {
+            if let Some(r) = super::reservation_written(r, &mut raced) {
                 break r?;
             }
         };

@@ -250,16 +250,19 @@ pub struct PipelineHandle {
     >,
 }
 
-/// Whether a reservation's write lost to another process's reservation of the same
-/// organization, so its count must be made again (a few times at most: each loss is the
-/// other's progress).
-pub(crate) fn quota_raced<T>(r: &Result<T>, raced: &mut u32) -> bool {
-    let lost = matches!(r, Err(Error::Conflict(m)) if m == fleetops_storage::pipeline::QUOTA_RACED);
-    if lost && *raced < 32 {
-        *raced += 1;
-        return true;
+/// A reservation's write as the caller answers it; `None` when it lost to another process's
+/// reservation of the same organization, so its count must be made again. Each loss is the
+/// other's progress; past 32 in a row the caller is answered 503 to try again.
+pub(crate) fn reservation_written<T>(r: Result<T>, raced: &mut u32) -> Option<Result<T>> {
+    match r {
+        Err(Error::Conflict(m)) if m == fleetops_storage::pipeline::QUOTA_RACED => {
+            *raced += 1;
+            (*raced >= 32).then_some(Err(Error::Unavailable {
+                retry_after_secs: 1,
+            }))
+        }
+        r => Some(r),
     }
-    false
 }
 
 impl PipelineHandle {
@@ -351,7 +354,7 @@ impl PipelineHandle {
                     reply,
                 })
                 .await;
-            if !quota_raced(&r, &mut raced) {
+            if let Some(r) = reservation_written(r, &mut raced) {
                 break r?;
             }
         };

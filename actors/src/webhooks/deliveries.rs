@@ -86,16 +86,24 @@ impl WebhooksHandle {
     }
 
     /// Works one queued delivery. Errors of an unavailable actor are retried (the delivery
-    /// stays queued); anything else records the delivery as skipped so the queue moves on.
+    /// stays queued), and so is a write the store refused because another writer changed
+    /// what it read (it is read and decided again; each such loss is another's progress);
+    /// anything else records the delivery as skipped so the queue moves on.
     pub(crate) async fn process(&self, seq: u64) {
         let mut delay = std::time::Duration::from_millis(50);
         let mut attempts = 0u32;
+        let mut raced = 0u32;
         loop {
             match self.process_once(seq).await {
                 Ok(()) => return,
                 Err(Error::Unavailable { .. }) => {
                     tokio::time::sleep(delay).await;
                     delay = (delay * 2).min(std::time::Duration::from_secs(5));
+                }
+                Err(Error::Conflict(_)) if raced < 50 => {
+                    raced += 1;
+                    tokio::time::sleep(std::time::Duration::from_millis(5 * u64::from(raced)))
+                        .await;
                 }
                 Err(e) if attempts < 5 => {
                     attempts += 1;

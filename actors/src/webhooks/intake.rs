@@ -1,8 +1,11 @@
-//! IntakeActor: the single writer of delivery ids. It claims an id and stores the delivery
-//! (and, for subscribed events, its payload and a place in the worker's queue) in one atomic
-//! write, so concurrent deliveries of one id are accepted exactly once; callers are answered
-//! 202 once their batch is in the payload log's journal (one `fdatasync`), which the store
-//! replays after a crash. It also owns the webhook secret's rotation.
+//! IntakeActor: this process's writer of delivery ids. It claims an id and stores the
+//! delivery (and, for subscribed events, its payload and a place in the worker's queue) in
+//! one atomic write, so concurrent deliveries of one id are accepted exactly once. The store
+//! decides each claim with the write, so another process on the same database cannot take
+//! the id too (that delivery is answered as a duplicate). Callers are answered 202 once their
+//! batch is durable: on sled, in the payload log's journal (one `fdatasync`), which the store
+//! replays after a crash; on PostgreSQL, committed. It also owns the webhook secret's
+//! rotation.
 
 use std::collections::HashSet;
 
@@ -295,16 +298,18 @@ const MAX_BATCH: usize = 512;
 
 impl IntakeState {
     /// Writes the batch (ids claimed, deliveries, payloads) and answers every
-    /// caller: an answer means durable. The store makes the batch durable in the payload
-    /// log (payloads and a journal of the deliveries, one `fdatasync`) and then applies it to
-    /// sled without waiting for sled's flush: after a crash the store replays the journal
-    /// (`Store::recover_deliveries`). When the write fails every caller gets 503; if only
-    /// sled's part failed, the journaled batch is replayed at the next start unless its ids
-    /// were claimed again meanwhile (a 503 means its durability is unknown).
+    /// caller: an answer means durable. On sled the store makes the batch durable in the
+    /// payload log (payloads and a journal of the deliveries, one `fdatasync`) and then
+    /// applies it without waiting for sled's flush: after a crash the store replays the
+    /// journal (`Store::recover_deliveries`). On PostgreSQL the batch is one committed
+    /// transaction. When the write fails every caller gets 503; if only sled's part failed,
+    /// the journaled batch is replayed at the next start unless its ids were claimed again
+    /// meanwhile (a 503 means its durability is unknown). A delivery whose id the store
+    /// found taken (by another process on the same database) is answered as a duplicate.
     ///
     /// The write runs on a blocking thread, so the runtime's threads keep serving requests;
     /// meanwhile the mailbox fills with the next batch (the actor handles one message at a
-    /// time, so no id can be claimed twice across batches).
+    /// time, so this process never claims one id twice across batches).
     async fn flush(&mut self) {
         // A caller that gave up (its deadline passed: it answered 503, or it hung up) claims
         // nothing; the others are taken on here, so from now on their callers wait for the

@@ -205,9 +205,14 @@ impl Pg {
     ) -> impl Future<Output = Result<T>> + Send + 'static {
         let task = self.0.handle.spawn(fut);
         async move {
-            task.await.unwrap_or_else(|_| {
-                Err(StorageError::Unavailable("the database task ended".into()))
-            })
+            // The statement's own timeouts end it well before this, as for `run`.
+            match tokio::time::timeout(Duration::from_secs(45), task).await {
+                Ok(Ok(out)) => out,
+                Ok(Err(_)) => Err(StorageError::Unavailable("the database task ended".into())),
+                Err(_) => Err(StorageError::Unavailable(
+                    "the database did not answer in time".into(),
+                )),
+            }
         }
     }
 
