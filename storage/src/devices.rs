@@ -232,6 +232,16 @@ impl Store {
         self.get(&keys::device(project, id))
     }
 
+    /// The devices at `(project, id)` each, in order (`None`: absent), in one read.
+    pub fn devices_at(&self, at: &[(u64, u64)]) -> Result<Vec<Option<Device>>> {
+        let keys: Vec<Vec<u8>> = at.iter().map(|(p, id)| keys::device(*p, *id)).collect();
+        let mut out = Vec::with_capacity(at.len());
+        for v in self.inner.records.get_many(&keys)? {
+            out.push(v.map(|v| codec::decode(&v)).transpose()?);
+        }
+        Ok(out)
+    }
+
     /// [`Store::device`] for a request's handler: awaited, never blocking a runtime thread
     /// on a network database.
     pub async fn device_async(&self, project: u64, id: u64) -> Result<Option<Device>> {

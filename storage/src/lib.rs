@@ -555,11 +555,16 @@ impl Store {
     fn apply_decided<T>(
         &self,
         lists: bool,
-        decide: impl Fn(&Read) -> TxResult<(Writes, T)>,
+        decide: impl Fn(&Reads) -> TxResult<(Writes, T)>,
     ) -> Result<T> {
         if !self.on_postgres() {
-            let read = |k: &[u8]| self.inner.records.get(k).map_err(engine::TxError::from);
-            let (w, t) = decide(&read).map_err(tx_error)?;
+            let many = |ks: &[Vec<u8>]| {
+                self.inner
+                    .records
+                    .get_many(ks)
+                    .map_err(engine::TxError::from)
+            };
+            let (w, t) = decide(&Reads { many: &many }).map_err(tx_error)?;
             self.apply(w)?;
             return Ok(t);
         }
@@ -572,7 +577,7 @@ impl Store {
     fn apply_decided_shared<T>(
         &self,
         lists: bool,
-        decide: impl Fn(&Read) -> TxResult<(Writes, T)>,
+        decide: impl Fn(&Reads) -> TxResult<(Writes, T)>,
     ) -> Result<T> {
         use engine::TxOutcome;
         let gate = self.inner.gate.shared();
@@ -582,7 +587,8 @@ impl Store {
             &gate,
             |records, _| -> TxResult<T> {
                 let read = |k: &[u8]| records.get(k).map_err(engine::TxError::from);
-                let (Writes(ops, relist), t) = decide(&read)?;
+                let many = |ks: &[Vec<u8>]| records.get_many(ks).map_err(engine::TxError::from);
+                let (Writes(ops, relist), t) = decide(&Reads { many: &many })?;
                 let mut writes = ops.resolve(read)?;
                 if !relist.is_empty() {
                     for (k, v) in lists::plan_by(&relist, read)? {
@@ -630,8 +636,20 @@ impl Store {
     }
 }
 
-/// A read of the records tree made with a decided write ([`Store::apply_decided`]).
-type Read<'a> = dyn Fn(&[u8]) -> TxResult<Option<engine::Bytes>> + 'a;
+/// Reads of the records tree made with a decided write ([`Store::apply_decided`]).
+struct Reads<'a> {
+    many: &'a ReadMany<'a>,
+}
+
+type ReadMany<'a> = dyn Fn(&[Vec<u8>]) -> TxResult<Vec<Option<engine::Bytes>>> + 'a;
+
+impl Reads<'_> {
+    /// The values of `keys` in their order, in one read (one round trip on a network
+    /// database).
+    fn get_many(&self, keys: &[Vec<u8>]) -> TxResult<Vec<Option<engine::Bytes>>> {
+        (self.many)(keys)
+    }
+}
 type TxResult<T> = std::result::Result<T, engine::TxError<StorageError>>;
 
 /// A decision's error outside a transaction (the embedded store's reads fail only with a

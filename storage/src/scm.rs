@@ -271,11 +271,12 @@ fn claim_writes(w: &mut Writes, d: &Delivery) -> Result<()> {
     w.put_listed(keys::delivery(d.seq), d)
 }
 
-/// Whether a delivery received at or after `since` holds `delivery_id`, read with the write.
-fn id_held(read: &crate::Read, delivery_id: &str, since: i64) -> crate::TxResult<bool> {
-    Ok(read(&keys::delivery_by_id(delivery_id))?
-        .and_then(|v| pair(&v))
-        .is_some_and(|(_, at)| at as i64 >= since))
+/// Whether an id's entry (read with the write) says a delivery received at or after
+/// `since` holds the id.
+fn held_since(entry: Option<&[u8]>, since: i64) -> bool {
+    entry
+        .and_then(pair)
+        .is_some_and(|(_, at)| at as i64 >= since)
 }
 
 /// A link's index value: its project and id.
@@ -335,11 +336,16 @@ impl Store {
             return Ok(Vec::new());
         }
         if self.on_postgres() {
-            return self.apply_decided(true, |read| {
+            let ids: Vec<Vec<u8>> = items
+                .iter()
+                .map(|(d, _)| keys::delivery_by_id(&d.delivery_id))
+                .collect();
+            return self.apply_decided(true, |reads| {
                 let mut w = Writes::new();
                 let mut taken = Vec::with_capacity(items.len());
-                for (d, p) in items.iter() {
-                    let t = !id_held(read, &d.delivery_id, since)?;
+                let entries = reads.get_many(&ids)?;
+                for ((d, p), entry) in items.iter().zip(entries) {
+                    let t = !held_since(entry.as_deref(), since);
                     if t {
                         claim_writes(&mut w, d)?;
                         if let Some(p) = p {

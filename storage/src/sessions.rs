@@ -248,6 +248,19 @@ impl Store {
         Ok(self.get(&keys::session_counters(id))?.unwrap_or_default())
     }
 
+    /// The counters of each of `ids`, in order, in one read (a list page's).
+    pub fn sessions_counters(&self, ids: &[u64]) -> Result<Vec<SessionCounters>> {
+        let keys: Vec<Vec<u8>> = ids.iter().map(|id| keys::session_counters(*id)).collect();
+        let mut out = Vec::with_capacity(ids.len());
+        for v in self.inner.records.get_many(&keys)? {
+            out.push(match v {
+                Some(v) => codec::decode(&v)?,
+                None => SessionCounters::default(),
+            });
+        }
+        Ok(out)
+    }
+
     /// Stores one chunk and the counters that account for it, atomically, with its index.
     pub fn append_chunk(
         &self,

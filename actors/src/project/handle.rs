@@ -281,12 +281,22 @@ impl ProjectsHandle {
             ids.extend(found.into_iter().map(|id| (id, i)));
         }
         ids.sort_unstable_by_key(|x| std::cmp::Reverse(x.0));
+        let page_ids: Vec<(u64, usize)> = ids
+            .into_iter()
+            .skip(page.skip())
+            .take(page.page_size)
+            .collect();
+        let at: Vec<(u64, u64)> = page_ids
+            .iter()
+            .filter_map(|(id, i)| projects.get(*i).map(|(pid, _)| (*pid, *id)))
+            .collect();
+        let mut found = self.store.devices_at(&at)?.into_iter();
         let mut items = Vec::with_capacity(page.page_size);
-        for (id, i) in ids.into_iter().skip(page.skip()).take(page.page_size) {
+        for (_, i) in page_ids {
             let Some((pid, slug)) = projects.get(i) else {
                 continue;
             };
-            if let Some(d) = self.store.device(*pid, id)? {
+            if let Some(d) = found.next().flatten() {
                 let groups = self.store.project_groups(*pid)?;
                 let mut v = self.view(&d, &groups, now);
                 v.project = Some(slug.clone());

@@ -152,14 +152,13 @@ impl SessionsHandle {
         let (sessions, total) = self
             .store
             .sessions_page(pid, q, page.skip(), page.page_size)?;
-        let mut out = Vec::with_capacity(sessions.len());
-        for s in &sessions {
-            out.push(SessionItem::new(
-                s,
-                &self.store.session_counters(s.id)?,
-                now,
-            ));
-        }
+        let ids: Vec<u64> = sessions.iter().map(|s| s.id).collect();
+        let counters = self.store.sessions_counters(&ids)?;
+        let out: Vec<SessionItem> = sessions
+            .iter()
+            .zip(&counters)
+            .map(|(s, c)| SessionItem::new(s, c, now))
+            .collect();
         Ok(page.of(out, total))
     }
 

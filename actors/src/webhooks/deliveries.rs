@@ -312,8 +312,24 @@ impl WebhooksHandle {
     }
 
     fn view(&self, d: &Delivery) -> Result<DeliveryView> {
+        self.view_with(d, &mut std::collections::HashMap::new())
+    }
+
+    /// The view of `d`, its project's slug read once per page (`slugs`).
+    fn view_with(
+        &self,
+        d: &Delivery,
+        slugs: &mut std::collections::HashMap<u64, Option<String>>,
+    ) -> Result<DeliveryView> {
         let project = match d.project_id {
-            Some(p) => self.store.project(p)?.map(|p| p.slug.clone()),
+            Some(p) => match slugs.get(&p) {
+                Some(s) => s.clone(),
+                None => {
+                    let s = self.store.project(p)?.map(|p| p.slug.clone());
+                    slugs.insert(p, s.clone());
+                    s
+                }
+            },
             None => None,
         };
         Ok(DeliveryView {
@@ -415,13 +431,15 @@ impl WebhooksHandle {
             );
             all.sort_by_key(|(t, _)| std::cmp::Reverse(*t));
         }
-        // Views (which look up the project) are built for the page only.
+        // Views (which look up the project, once per project of the page) are built for
+        // the page only.
+        let mut slugs = std::collections::HashMap::new();
         let items = all
             .into_iter()
             .skip(skip.saturating_sub(start))
             .take(take)
             .map(|(_, e)| match e {
-                Entry::Stored(d) => self.view(&d),
+                Entry::Stored(d) => self.view_with(&d, &mut slugs),
                 Entry::Rejected(v) => Ok(v),
             })
             .collect::<Result<Vec<_>>>()?;

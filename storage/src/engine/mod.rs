@@ -100,6 +100,10 @@ pub(crate) enum TxOutcome<E> {
 /// One tree inside a transaction, as an engine gives it.
 pub(crate) trait TxTree {
     fn get(&self, key: &[u8]) -> Result<Option<Bytes>, TxFailure>;
+    /// The values of `keys`, in their order: one round trip on a network database.
+    fn get_many(&self, keys: &[Vec<u8>]) -> Result<Vec<Option<Bytes>>, TxFailure> {
+        keys.iter().map(|k| self.get(k)).collect()
+    }
     fn insert(&self, key: &[u8], value: &[u8]) -> Result<(), TxFailure>;
     fn remove(&self, key: &[u8]) -> Result<(), TxFailure>;
 }
@@ -110,6 +114,9 @@ pub(crate) struct Tx<'a>(pub(crate) &'a dyn TxTree);
 impl Tx<'_> {
     pub(crate) fn get(&self, key: impl AsRef<[u8]>) -> Result<Option<Bytes>, TxFailure> {
         self.0.get(key.as_ref())
+    }
+    pub(crate) fn get_many(&self, keys: &[Vec<u8>]) -> Result<Vec<Option<Bytes>>, TxFailure> {
+        self.0.get_many(keys)
     }
     pub(crate) fn insert(
         &self,

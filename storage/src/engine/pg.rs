@@ -828,6 +828,39 @@ impl PgTx {
         }
     }
 
+    /// The rows of `keys` that exist, read inside the transaction in one statement.
+    fn get_many(
+        &self,
+        table: &str,
+        keys: Vec<Vec<u8>>,
+    ) -> Result<std::collections::HashMap<Vec<u8>, Bytes>, TxFailure> {
+        if keys.is_empty() {
+            return Ok(Default::default());
+        }
+        let Some(c) = self.take() else {
+            return Err(TxFailure(TxFailureKind::Storage(
+                StorageError::Unavailable("the transaction's connection is gone".into()),
+            )));
+        };
+        let sql = format!("SELECT k, v FROM {table} WHERE k = ANY($1)");
+        let (c, out) = self
+            .pg
+            .run(async move {
+                let r = c.query(&sql, &[&keys]).await;
+                Ok((c, r))
+            })
+            .map_err(|e| TxFailure(TxFailureKind::Storage(e)))?;
+        self.put_back(c);
+        match out {
+            Ok(rows) => Ok(rows
+                .into_iter()
+                .map(|r| (r.get::<_, Vec<u8>>(0), Bytes::from(r.get::<_, Vec<u8>>(1))))
+                .collect()),
+            Err(e) if retryable(&e) => Err(TxFailure(TxFailureKind::Retry)),
+            Err(e) => Err(TxFailure(TxFailureKind::Storage(db_error(e)))),
+        }
+    }
+
     /// Writes everything and commits: `Ok(false)` when it must be run again.
     fn commit(&self, writes: Vec<(Arc<str>, Writes)>) -> Result<bool> {
         let Some(c) = self.take() else {
@@ -910,6 +943,27 @@ impl TxTree for Side<'_> {
             return Ok(v.clone().map(Bytes::from));
         }
         self.conn.get(&self.table, key)
+    }
+    fn get_many(&self, keys: &[Vec<u8>]) -> Result<Vec<Option<Bytes>>, TxFailure> {
+        let mut out: Vec<Option<Option<Bytes>>> = {
+            let writes = self.writes.lock().unwrap_or_else(|e| e.into_inner());
+            keys.iter()
+                .map(|k| writes.get(k).map(|v| v.clone().map(Bytes::from)))
+                .collect()
+        };
+        let missing: Vec<Vec<u8>> = keys
+            .iter()
+            .zip(&out)
+            .filter(|(_, o)| o.is_none())
+            .map(|(k, _)| k.clone())
+            .collect();
+        let mut found = self.conn.get_many(&self.table, missing)?;
+        for (k, o) in keys.iter().zip(out.iter_mut()) {
+            if o.is_none() {
+                *o = Some(found.remove(k));
+            }
+        }
+        Ok(out.into_iter().map(Option::flatten).collect())
     }
     fn insert(&self, key: &[u8], value: &[u8]) -> Result<(), TxFailure> {
         self.writes
