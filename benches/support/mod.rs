@@ -232,14 +232,6 @@ pub async fn start_fleetops_with(
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = bench_config(&dir);
     cfg.admin.password = "bench-password".into();
-    cfg.admin.tier = "free".into();
-    cfg.tiers.insert(
-        "free".into(),
-        fleetops::config::TierFile {
-            requests_per_minute: Some(1_000_000_000),
-            storage_bytes: None,
-        },
-    );
     if backend() == "postgres" {
         cfg.database.url = bench_cluster().database();
     }
@@ -250,14 +242,24 @@ pub async fn start_fleetops_with(
     (running, key, url, dir)
 }
 
-/// The benches' server configuration on `dir` (the data directory is `dir/data`), on sled.
+/// The benches' server configuration on `dir` (the data directory is `dir/data`), on sled,
+/// with the free tier's rate limit raised out of the way.
 fn bench_config(dir: &tempfile::TempDir) -> fleetops::config::Config {
-    fleetops::config::Config {
+    let mut cfg = fleetops::config::Config {
         listen: "127.0.0.1:0".into(),
         data_dir: dir.path().join("data"),
         log: "warn".into(),
         ..fleetops::config::Config::default()
-    }
+    };
+    cfg.admin.tier = "free".into();
+    cfg.tiers.insert(
+        "free".into(),
+        fleetops::config::TierFile {
+            requests_per_minute: Some(1_000_000_000),
+            storage_bytes: None,
+        },
+    );
+    cfg
 }
 
 /// fleetops started again on the data directory of a stopped one (its records on the
@@ -267,14 +269,6 @@ pub async fn restart_fleetops(
     database: &str,
 ) -> (fleetops::startup::Running, String) {
     let mut cfg = bench_config(dir);
-    cfg.admin.tier = "free".into();
-    cfg.tiers.insert(
-        "free".into(),
-        fleetops::config::TierFile {
-            requests_per_minute: Some(1_000_000_000),
-            storage_bytes: None,
-        },
-    );
     cfg.database.url = database.to_string();
     let running = fleetops::startup::start(cfg).await.unwrap();
     let url = format!("http://{}", running.addr);
