@@ -544,37 +544,16 @@ impl Store {
     /// conflicts), so concurrent writers neither both win a claim nor lose a count.
     fn apply_shared(&self, w: Writes) -> Result<()> {
         let lists = !w.1.is_empty();
-        self.apply_decided_shared(lists, |_| Ok((w.clone(), ())))
+        self.apply_decided(lists, |_| Ok((w.clone(), ())))
     }
 
-    /// Applies the writes `decide` makes from what it reads, atomically with those reads:
-    /// on the embedded store (its process is the only writer) the reads are plain; on a
-    /// shared engine they are made inside the write's serializable transaction, and
-    /// `decide` runs again with it when another writer's commit conflicts. For a decision
-    /// that must not fail a whole batch (which of several deliveries claims its id).
+    /// On a shared engine: applies the writes `decide` makes from what it reads, inside one
+    /// serializable transaction with those reads; `decide` runs again when another writer's
+    /// commit conflicts. For a decision that must not fail a whole batch (which of several
+    /// deliveries claims its id). `lists`: whether the writes may change lists (this
+    /// process's list writers then take turns, as on the embedded store, so only another
+    /// process's commit makes the transaction run again).
     fn apply_decided<T>(
-        &self,
-        lists: bool,
-        decide: impl Fn(&Reads) -> TxResult<(Writes, T)>,
-    ) -> Result<T> {
-        if !self.on_postgres() {
-            let many = |ks: &[Vec<u8>]| {
-                self.inner
-                    .records
-                    .get_many(ks)
-                    .map_err(engine::TxError::from)
-            };
-            let (w, t) = decide(&Reads { many: &many }).map_err(tx_error)?;
-            self.apply(w)?;
-            return Ok(t);
-        }
-        self.apply_decided_shared(lists, decide)
-    }
-
-    /// [`Store::apply_decided`] inside one serializable transaction. `lists`: whether the
-    /// writes may change lists (this process's list writers then take turns, as on the
-    /// embedded store, so only another process's commit makes the transaction run again).
-    fn apply_decided_shared<T>(
         &self,
         lists: bool,
         decide: impl Fn(&Reads) -> TxResult<(Writes, T)>,
@@ -651,17 +630,6 @@ impl Reads<'_> {
     }
 }
 type TxResult<T> = std::result::Result<T, engine::TxError<StorageError>>;
-
-/// A decision's error outside a transaction (the embedded store's reads fail only with a
-/// storage error).
-fn tx_error(e: engine::TxError<StorageError>) -> StorageError {
-    match e {
-        engine::TxError::Abort(e) => e,
-        engine::TxError::Engine(_) => StorageError::Io(std::io::Error::other(
-            "an engine failure outside a transaction",
-        )),
-    }
-}
 
 /// Writes accumulated by a typed operation, applied atomically by [`Store::apply`], with the
 /// listed records whose list entries `apply` brings in step.

@@ -46,6 +46,19 @@ async fn post(http: &reqwest::Client, url: String, key: &str, body: Value) -> u1
         .as_u16()
 }
 
+/// `GET {base}{path}` with the first server's key (either server reads the same records).
+async fn get_json(s: &Srv, base: &str, path: &str) -> Value {
+    let r = s
+        .http
+        .get(format!("{base}{path}"))
+        .bearer_auth(s.key())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "{path}");
+    r.json().await.unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_servers_racing_on_one_database_take_each_slug_once() {
     let a = start().await;
@@ -89,16 +102,7 @@ async fn two_servers_racing_on_one_database_take_each_slug_once() {
     }
     // Each server reads the one record of each.
     for base in [a.base.clone(), b.clone()] {
-        let r: Value = a
-            .http
-            .get(format!("{base}/api/v1/organizations/default/projects"))
-            .bearer_auth(&key)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let r = get_json(&a, &base, "/api/v1/organizations/default/projects").await;
         let slugs: Vec<&str> = r["items"]
             .as_array()
             .unwrap()
@@ -183,18 +187,12 @@ async fn settled(s: &Srv, id: &str) -> Value {
 
 /// The project's test runs of commit `sha`, as any server lists them.
 async fn runs_of(s: &Srv, base: &str, sha: &str) -> Vec<Value> {
-    let r: Value = s
-        .http
-        .get(format!(
-            "{base}{DEV}/test-runs?commit_sha={sha}&page_size=100"
-        ))
-        .bearer_auth(s.key())
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let r = get_json(
+        s,
+        base,
+        &format!("{DEV}/test-runs?commit_sha={sha}&page_size=100"),
+    )
+    .await;
     r["items"]
         .as_array()
         .cloned()

@@ -159,6 +159,8 @@ pub(crate) struct IntakeState {
     /// `Flush` the first of them sent to itself runs after every message already queued.
     pending: Vec<Pending>,
     pending_ids: HashSet<String>,
+    /// Payload bytes of `pending`.
+    pending_bytes: usize,
     /// The dedup window.
     window_ms: i64,
     /// Injected delay of the next batch write (tests).
@@ -185,6 +187,7 @@ impl Actor for IntakeActor {
             window_ms: window_seconds * 1000,
             pending: Vec::new(),
             pending_ids: HashSet::new(),
+            pending_bytes: 0,
             #[cfg(feature = "fault-injection")]
             stall: None,
             #[cfg(feature = "fault-injection")]
@@ -234,6 +237,7 @@ impl Actor for IntakeActor {
                     let _ = myself.cast(Envelope::cast(IntakeMsg::Flush));
                 }
                 st.pending_ids.insert(delivery_id.clone());
+                st.pending_bytes = st.pending_bytes.saturating_add(body.len());
                 st.pending.push(Pending {
                     call,
                     _slot: slot,
@@ -243,7 +247,7 @@ impl Actor for IntakeActor {
                     body,
                     reply,
                 });
-                if st.pending.len() >= MAX_BATCH {
+                if st.pending.len() >= MAX_BATCH || st.pending_bytes >= MAX_BATCH_BYTES {
                     st.flush().await;
                 }
             }
@@ -295,6 +299,9 @@ impl Actor for IntakeActor {
 
 /// At most this many deliveries in one write.
 const MAX_BATCH: usize = 512;
+/// Payload bytes past which a batch is written at once: a batch is one write (on PostgreSQL,
+/// one transaction holding its payloads), so its size is bounded in bytes too.
+const MAX_BATCH_BYTES: usize = 16 * 1024 * 1024;
 
 impl IntakeState {
     /// Writes the batch (ids claimed, deliveries, payloads) and answers every
@@ -331,6 +338,7 @@ impl IntakeState {
             batch.push(p);
         }
         self.pending_ids.clear();
+        self.pending_bytes = 0;
         if batch.is_empty() {
             return;
         }
