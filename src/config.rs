@@ -58,6 +58,8 @@ pub struct Config {
     pub storage: fleetops_storage::blobs::StorageConfig,
     /// `[database]`: where the metadata lives (empty `url`: sled in the data directory).
     pub database: fleetops_storage::DatabaseConfig,
+    /// `[bus]`: the NATS server several nodes share (empty: one node, in-process).
+    pub bus: fleetops_actors::bus::BusConfig,
     /// `[tiers.<name>]`; a table given here replaces only the keys it sets.
     pub tiers: BTreeMap<String, TierFile>,
     pub admin: AdminConfig,
@@ -117,6 +119,7 @@ impl Default for Config {
             secrets: fleetops_actors::config::SecretsConfig::default(),
             storage: fleetops_storage::blobs::StorageConfig::default(),
             database: fleetops_storage::DatabaseConfig::default(),
+            bus: Default::default(),
             tiers: BTreeMap::new(),
             admin: AdminConfig::default(),
         }
@@ -159,6 +162,9 @@ impl Config {
         }
         if let Some(v) = get("FLEETOPS_DATABASE_URL") {
             self.database.url = v;
+        }
+        if let Some(v) = get("FLEETOPS_BUS_URL") {
+            self.bus.url = v;
         }
         if let Some(v) = get("FLEETOPS_PUBLIC_URL") {
             self.public_url = v;
@@ -231,6 +237,20 @@ impl Config {
                 "[admin] tier {:?} is not a tier ([tiers.<name>] or free, personal, team, enterprise)",
                 self.admin.tier
             );
+        }
+        if !self.bus.url.is_empty() {
+            if !self.database.is_postgres() {
+                anyhow::bail!(
+                    "[bus] url joins several nodes, which share their records through \
+                     PostgreSQL: set [database] url too"
+                );
+            }
+            if self.storage.backend != "s3" {
+                anyhow::bail!(
+                    "[bus] url joins several nodes, which share blobs and log segments through \
+                     an S3-compatible store: set [storage] backend = \"s3\" too"
+                );
+            }
         }
         if self.sessions.max_result_window < 10_000 {
             anyhow::bail!(
@@ -317,6 +337,7 @@ impl Config {
             alerts: self.alerts.clone(),
             smtp: self.smtp.clone(),
             secrets: self.secrets.clone(),
+            bus: self.bus.clone(),
             uploads: (
                 self.http.max_streamed_uploads,
                 self.http.max_streamed_uploads_per_org,

@@ -30,7 +30,9 @@ pub async fn open_store(cfg: &Config) -> anyhow::Result<Store> {
     let dir = cfg.data_dir.clone();
     let delay = std::time::Duration::from_micros(cfg.storage.commit_delay_us);
     let allow = cfg.storage.allow_shared_data_dir;
-    let database = cfg.database.clone();
+    let mut database = cfg.database.clone();
+    // A bus means several nodes: each opens the database shared.
+    database.shared = !cfg.bus.url.is_empty();
     tokio::task::spawn_blocking(move || {
         fleetops_storage::perms::check_private(&dir, allow)?;
         Store::open_on(&dir, delay, &database)
@@ -81,7 +83,8 @@ pub async fn start(cfg: Config) -> anyhow::Result<Running> {
 }
 
 /// On a data directory without users: organization `default`, project `default`, a
-/// superuser, a project secret and an API key.
+/// superuser, a project secret and an API key. Of several nodes starting at once on one empty
+/// database, one makes them (the others find the e-mail or slug taken and print nothing).
 async fn first_start(rt: &Runtime, cfg: &Config) -> anyhow::Result<Option<Bootstrapped>> {
     if rt.store.any_user_exists()? {
         return Ok(None);
@@ -91,7 +94,7 @@ async fn first_start(rt: &Runtime, cfg: &Config) -> anyhow::Result<Option<Bootst
     } else {
         (cfg.admin.password.clone(), false)
     };
-    let mut b = rt
+    let made = rt
         .directory
         .bootstrap(BootstrapReq {
             email: cfg.admin.email.trim().to_string(),
@@ -100,8 +103,12 @@ async fn first_start(rt: &Runtime, cfg: &Config) -> anyhow::Result<Option<Bootst
             project: "default".into(),
             tier: cfg.admin.tier.clone(),
         })
-        .await
-        .context("creating the initial administrator")?;
+        .await;
+    let mut b = match made {
+        // Another node on the same database made them first (several nodes starting at once).
+        Err(fleetops_actors::Error::Conflict(_)) if rt.store.any_user_exists()? => return Ok(None),
+        other => other.context("creating the initial administrator")?,
+    };
     if generated {
         b.generated_password = Some(password);
     }

@@ -405,6 +405,7 @@ pub struct RuntimeConfig {
     pub alerts: AlertsConfig,
     pub smtp: SmtpConfig,
     pub secrets: SecretsConfig,
+    pub bus: crate::bus::BusConfig,
     /// Streamed uploads at once, and at most how many for one organization (from `[http]`).
     pub uploads: (usize, usize),
     /// Base of the links handed out; empty until the server knows its address.

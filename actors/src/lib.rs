@@ -86,6 +86,7 @@ pub mod archives;
 mod assignments;
 pub mod auth;
 pub mod backup;
+pub mod bus;
 pub mod clock;
 pub mod config;
 pub mod counters;
@@ -163,6 +164,10 @@ pub struct Runtime {
     pub backups: backup::BackupsHandle,
     /// Lines ingested and notification outcomes, for `/metrics`.
     pub counters: Arc<counters::Counters>,
+    /// What travels to the other nodes sharing the database (in-process on one node).
+    pub bus: bus::Bus,
+    /// Where blobs and sealed log segments live (readiness asks it).
+    blobs: BlobStore,
     /// The data directory's free space and the floor below which writes are refused.
     pub disk: Arc<disk::DiskSpace>,
     /// The webhook worker and the housekeeper, supervised by the root (killed first at
@@ -183,6 +188,28 @@ pub struct Runtime {
     live_skipped: Arc<AtomicU64>,
 }
 
+/// The bus subject on which a node announces that it wrote a cached record.
+const CACHES_SUBJECT: &str = "fleetops.caches";
+
+/// What `/readyz` reports: whether this node reaches each engine it needs.
+#[derive(Debug, Clone, serde::Serialize, schemars::JsonSchema)]
+pub struct Readiness {
+    /// `ready`, or `not_ready` when one of the checks failed.
+    pub status: &'static str,
+    /// `ok` or what failed, for the metadata database (sled or PostgreSQL).
+    pub database: String,
+    /// `ok` or what failed, for the blob store (local directory or S3).
+    pub object_store: String,
+    /// `ok`, `in-process` (no bus configured) or what failed.
+    pub bus: String,
+}
+
+impl Readiness {
+    pub fn is_ready(&self) -> bool {
+        self.status == "ready"
+    }
+}
+
 /// The meta key of the generated JWT secret.
 const JWT_SECRET_META: &str = "jwt_secret";
 /// The meta key of the key that signs upload and download links.
@@ -197,6 +224,19 @@ impl Runtime {
             tokio::runtime::Handle::current(),
             cfg.logs.cache_bytes,
         );
+        let bus = bus::Bus::connect(&cfg.bus).await?;
+        if bus.is_shared() {
+            // Another node's write of a cached record clears this node's caches.
+            let b = bus.clone();
+            store.on_cache_forget(Box::new(move || b.publish(CACHES_SUBJECT.into(), &[])));
+            let mut forgets = bus.subscribe(CACHES_SUBJECT).await?;
+            let s = store.clone();
+            tokio::spawn(async move {
+                while forgets.next().await.is_some() {
+                    s.forget_cached();
+                }
+            });
+        }
         let secret = if cfg.auth.jwt_secret.is_empty() {
             // Drawn before the call so that a failing random source fails the start, not
             // stores an empty key.
@@ -634,6 +674,8 @@ impl Runtime {
         );
         Ok(Self {
             disk,
+            bus,
+            blobs: sessions.blobs.clone(),
             store,
             backups,
             counters,
@@ -656,6 +698,39 @@ impl Runtime {
             restarts,
             live_skipped,
         })
+    }
+
+    /// Whether this node reaches its engines now: a read from the database, a lookup in the
+    /// blob store and a round trip to the bus, each given `wait` (concurrently).
+    pub async fn readiness(&self, wait: Duration) -> Readiness {
+        fn verdict<E: std::fmt::Display>(
+            r: std::result::Result<std::result::Result<(), E>, tokio::time::error::Elapsed>,
+        ) -> String {
+            match r {
+                Ok(Ok(())) => "ok".into(),
+                Ok(Err(e)) => format!("unreachable: {e}"),
+                Err(_) => "unreachable: no answer in time".into(),
+            }
+        }
+        let (database, object_store, bus) = tokio::join!(
+            tokio::time::timeout(wait, self.store.reachable()),
+            tokio::time::timeout(wait, self.blobs.reachable()),
+            self.bus.reachable(wait),
+        );
+        let database = verdict(database);
+        let object_store = verdict(object_store);
+        let bus = match (self.bus.is_shared(), bus) {
+            (false, _) => "in-process".to_string(),
+            (true, true) => "ok".to_string(),
+            (true, false) => "unreachable".to_string(),
+        };
+        let ready = database == "ok" && object_store == "ok" && bus != "unreachable";
+        Readiness {
+            status: if ready { "ready" } else { "not_ready" },
+            database,
+            object_store,
+            bus,
+        }
     }
 
     /// Sets the base of handed-out links once the listening address is known (when

@@ -45,6 +45,9 @@ pub struct RuntimeFigures {
     pub large_body_waits: u64,
     pub paced_waits: u64,
     pub live_batches_skipped: u64,
+    pub bus_published: u64,
+    pub bus_received: u64,
+    pub bus_dropped: u64,
     pub session_actors: u64,
     pub per_address_refusals: u64,
     pub connection_refusals: u64,
@@ -70,7 +73,7 @@ pub struct RuntimeFigures {
 
 /// The plain gauges: names and values are arrays of this length, so one added to one list
 /// and not the other does not compile (a zip would drop the last one silently).
-const EDGE: usize = 30;
+const EDGE: usize = 33;
 
 pub struct Metrics {
     registry: Registry,
@@ -162,7 +165,7 @@ impl Metrics {
             "Seconds the rule evaluators spent evaluating since start-up (writes left out)",
             evaluator_busy.clone(),
         );
-        let edge: [Gauge; EDGE] = Default::default();
+        let edge: [Gauge; EDGE] = std::array::from_fn(|_| Gauge::default());
         let names: [(&str, &str); EDGE] = [
             ("http_connections_open", "Connections being served now"),
             (
@@ -204,6 +207,18 @@ impl Metrics {
             (
                 "live_batches_skipped",
                 "Live log batches not queued for a subscriber over its [sessions] queue bound",
+            ),
+            (
+                "bus_published",
+                "Messages sent to the other nodes over [bus] since start-up",
+            ),
+            (
+                "bus_received",
+                "Messages received from the other nodes over [bus] since start-up",
+            ),
+            (
+                "bus_dropped",
+                "Messages for the other nodes dropped over [bus] max_queued_bytes or refused by the bus (each user of the bus catches up from the database)",
             ),
             (
                 "session_actors_running",
@@ -345,6 +360,9 @@ impl Metrics {
             rt.large_body_waits as i64,
             rt.paced_waits as i64,
             rt.live_batches_skipped as i64,
+            rt.bus_published as i64,
+            rt.bus_received as i64,
+            rt.bus_dropped as i64,
             rt.session_actors as i64,
             rt.per_address_refusals as i64,
             rt.connection_refusals as i64,

@@ -87,6 +87,7 @@ fn types(op: Op) -> (Option<SchemaFn>, Option<SchemaFn>) {
     let none: Option<SchemaFn> = None;
     match op {
         Healthz => (none, Some(ty::<ops::Health>)),
+        Readyz => (none, Some(ty::<ops::Ready>)),
         Metrics | OpenApi => (none, none),
         Login => (Some(ty::<accounts::LoginBody>), Some(ty::<auth::Token>)),
         Refresh => (none, Some(ty::<auth::Token>)),
@@ -256,6 +257,8 @@ fn doc(op: Op) -> Doc {
     match op {
         // 503 naming the parts of the supervision tree that are down.
         Healthz => answers(&[503]),
+        // 503 naming the engines this node cannot reach.
+        Readyz => answers(&[503]),
         OpenApi => PLAIN,
         Metrics => Doc {
             media: &[

@@ -8,6 +8,7 @@ use http::Method;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Op {
     Healthz,
+    Readyz,
     Metrics,
     OpenApi,
     Login,
@@ -182,6 +183,7 @@ macro_rules! route {
 pub fn routes() -> Vec<RouteDef> {
     vec![
         route!(GET "/healthz", Healthz, "operations", None, 200, false, "Liveness: 200 once the server accepts requests"),
+        route!(GET "/readyz", Readyz, "operations", None, 200, false, "Readiness: 200 while this node reaches its database, blob store and bus; 503 naming what it cannot reach"),
         route!(GET "/metrics", Metrics, "operations", None, 200, false, "Prometheus metrics"),
         route!(GET "/api/v1/openapi.json", OpenApi, "operations", None, 200, false, "This document"),
         route!(POST "/api/v1/auth/login", Login, "auth", None, 200, true, "Log in with e-mail and password"),

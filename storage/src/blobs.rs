@@ -166,6 +166,11 @@ impl BlobStore {
         self.signer.is_some()
     }
 
+    /// Whether the store answers now (the size of a key that does not exist), for readiness.
+    pub async fn reachable(&self) -> Result<()> {
+        self.size("readyz/probe").await.map(|_| ())
+    }
+
     /// The size of a stored object, `None` when absent.
     pub async fn size(&self, key: &str) -> Result<Option<u64>> {
         match self.inner.head(&ObjPath::from(key)).await {

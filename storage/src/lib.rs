@@ -139,10 +139,10 @@ pub struct DatabaseConfig {
     pub url: String,
     /// Connections the pool may open.
     pub max_connections: usize,
-    /// Lets several stores open one PostgreSQL database at once. Not settable from the
-    /// configuration: a server keeps per-process state (caches, session counters, the
-    /// webhook queue's payloads) that several servers on one database would corrupt, so a
-    /// server takes the database alone. Tests of what the store itself decides set it.
+    /// Lets several servers open one PostgreSQL database at once. Not a key of its own: the
+    /// binary sets it when `[bus] url` names a bus (several nodes); without one a server takes
+    /// the database alone, and a second one is refused at start. On a shared database the
+    /// read-through caches serve an entry at most [`SHARED_CACHE_MAX_AGE`].
     #[serde(skip)]
     pub shared: bool,
 }
@@ -163,6 +163,11 @@ impl DatabaseConfig {
         !self.url.is_empty()
     }
 }
+
+/// How long a server sharing its database with others serves a cached record after reading
+/// it: the bound on how late a revocation made on another server is seen here when the bus
+/// lost its announcement.
+pub const SHARED_CACHE_MAX_AGE: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// One open data directory. Cheap to clone; all clones share the same sled instance and
 /// group-commit flusher.
@@ -329,6 +334,9 @@ impl Store {
             }
             let store = Self::assemble(dir, engine::Db::Pg(pg), None)?;
             let _ = store.inner.dir_lock.set(lock);
+            if database.shared {
+                store.inner.cache.set_max_age(SHARED_CACHE_MAX_AGE);
+            }
             return Ok(store);
         }
         engine_marker(dir, "sled")?;
@@ -404,6 +412,24 @@ impl Store {
             tracing::info!(records = n, "list indexes built");
         }
         Ok(())
+    }
+
+    /// Calls `tell` after every write that changed a cached record (users, API keys,
+    /// organizations, projects, memberships, groups, capsules), from the writing thread; it
+    /// must not block. Another server that hears of it calls [`Store::forget_cached`]. Set
+    /// once.
+    pub fn on_cache_forget(&self, tell: Box<dyn Fn() + Send + Sync>) {
+        self.inner.cache.on_forget(tell);
+    }
+
+    /// Forgets every cached record: another server sharing the database wrote one.
+    pub fn forget_cached(&self) {
+        self.inner.cache.clear();
+    }
+
+    /// Whether the database answers now (a read of one key), for readiness.
+    pub async fn reachable(&self) -> Result<()> {
+        self.inner.meta.get_async(b"readyz").await.map(|_| ())
     }
 
     /// Waits until everything written before this call is on disk. Concurrent callers share

@@ -39,6 +39,7 @@ use fleetops_actors::pipeline::rollouts::RolloutAction;
 pub async fn dispatch(op: Op, cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
     match op {
         Op::Healthz => ops::healthz(cx),
+        Op::Readyz => ops::readyz(cx).await,
         Op::Metrics => ops::metrics(cx, &req),
         Op::Backup => ops::backup(cx, req).await,
         Op::AdminOrgs => ops::admin_orgs(cx, req).await,

@@ -59,6 +59,56 @@ pub fn healthz(cx: &Cx<'_>) -> ApiResult<Response<Body>> {
     Ok(r)
 }
 
+/// The readiness answer: `ready` with each engine `ok` (the bus `in-process` on one node), or
+/// 503 `not_ready` with what could not be reached, plus the error envelope's `detail` and
+/// `status_code`.
+#[derive(serde::Serialize, schemars::JsonSchema)]
+pub(crate) struct Ready {
+    #[serde(flatten)]
+    checks: fleetops_actors::Readiness,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    detail: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    status_code: Option<u16>,
+}
+
+/// How long `/readyz` waits for each engine.
+const READY_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// 200 while this node reaches its database, blob store and bus (each asked at once, given 2
+/// s); otherwise 503 with `Retry-After`, so a load balancer stops sending here. `/healthz`
+/// stays liveness: a node that cannot reach PostgreSQL is alive and not ready.
+pub async fn readyz(cx: &Cx<'_>) -> ApiResult<Response<Body>> {
+    let checks = cx.rt().readiness(READY_WAIT).await;
+    if checks.is_ready() {
+        return body::ok(&Ready {
+            checks,
+            detail: None,
+            status_code: None,
+        });
+    }
+    let failed: Vec<&str> = [
+        ("database", &checks.database),
+        ("object_store", &checks.object_store),
+        ("bus", &checks.bus),
+    ]
+    .into_iter()
+    .filter(|(_, v)| v.starts_with("unreachable"))
+    .map(|(k, _)| k)
+    .collect();
+    let detail = Some(format!("Not reachable: {}", failed.join(", ")));
+    let bytes = serde_json::to_vec(&Ready {
+        checks,
+        detail,
+        status_code: Some(503),
+    })
+    .unwrap_or_default();
+    let mut r = json_bytes(StatusCode::SERVICE_UNAVAILABLE, bytes.into());
+    r.headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    Ok(r)
+}
+
 fn is_zero(n: &usize) -> bool {
     *n == 0
 }
@@ -102,6 +152,9 @@ pub fn metrics(cx: &Cx<'_>, req: &Req) -> ApiResult<Response<Body>> {
         large_body_waits: n(&edge.large_body_waits),
         paced_waits: n(&edge.paced_waits),
         live_batches_skipped: cx.rt().live_batches_skipped(),
+        bus_published: cx.rt().bus.stats().published,
+        bus_received: cx.rt().bus.stats().received,
+        bus_dropped: cx.rt().bus.stats().dropped,
         session_actors: cx.rt().sessions.running_actors() as u64,
         per_address_refusals: n(&edge.per_address_refusals),
         connection_refusals: n(&edge.connection_refusals),

@@ -1,0 +1,284 @@
+//! The engines several nodes share, started here on loopback: a private PostgreSQL cluster
+//! (one database per test), moto (one bucket per test) and `nats-server` (one per test, so a
+//! test may stop it); and fleetops nodes, each its own process on port 0 with its own data
+//! directory, spoken to over HTTP.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_fleetops");
+
+/// A child process killed and reaped when dropped.
+pub struct Guard(pub Child);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Waits until something accepts connections on `port`.
+fn wait_for_port(port: u16, what: &str) {
+    let until = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < until {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("{what} did not listen on port {port}");
+}
+
+/// moto's S3 server, one for the test process.
+fn moto() -> &'static str {
+    static MOTO: std::sync::OnceLock<(Guard, String)> = std::sync::OnceLock::new();
+    &MOTO
+        .get_or_init(|| {
+            let port = free_port();
+            let child = Command::new("python3")
+                .args([
+                    "-m",
+                    "moto.server",
+                    "-H",
+                    "127.0.0.1",
+                    "-p",
+                    &port.to_string(),
+                ])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("python3 with moto[server] is needed: pip install 'moto[server]'");
+            let guard = Guard(child);
+            wait_for_port(port, "moto");
+            (guard, format!("http://127.0.0.1:{port}"))
+        })
+        .1
+}
+
+fn nats_binary() -> PathBuf {
+    for dir in std::env::var("PATH").unwrap_or_default().split(':') {
+        let p = Path::new(dir).join("nats-server");
+        if p.exists() {
+            return p;
+        }
+    }
+    let debian = PathBuf::from("/usr/sbin/nats-server");
+    assert!(
+        debian.exists(),
+        "nats-server is needed (Debian's nats-server, installed by the README's test command)"
+    );
+    debian
+}
+
+/// One `nats-server` on loopback.
+pub struct Nats {
+    child: Option<Guard>,
+    port: u16,
+}
+
+impl Nats {
+    pub fn start() -> Nats {
+        let port = free_port();
+        let mut n = Nats { child: None, port };
+        n.restart();
+        n
+    }
+
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// Stops the server (kill -9).
+    pub fn stop(&mut self) {
+        self.child = None;
+    }
+
+    /// Starts it again on the same port.
+    pub fn restart(&mut self) {
+        let child = Command::new(nats_binary())
+            .args(["-a", "127.0.0.1", "-p", &self.port.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("nats-server");
+        self.child = Some(Guard(child));
+        wait_for_port(self.port, "nats-server");
+    }
+}
+
+/// The engines of one test: a database, a bucket and a bus of its own.
+pub struct Engines {
+    pub database: String,
+    pub bucket: String,
+    pub nats: Nats,
+    /// Holds the nodes' data directories.
+    pub dir: tempfile::TempDir,
+}
+
+impl Engines {
+    pub async fn start() -> Engines {
+        let dir = tempfile::tempdir().unwrap();
+        let database = crate::postgres::database_for(dir.path());
+        let bucket = format!("b{}", uuid::Uuid::new_v4().simple());
+        let r = reqwest::Client::new()
+            .put(format!("{}/{bucket}", moto()))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "creating the bucket");
+        Engines {
+            database,
+            bucket,
+            nats: Nats::start(),
+            dir,
+        }
+    }
+
+    fn config(&self, data_dir: &Path) -> String {
+        format!(
+            r#"listen = "127.0.0.1:0"
+data_dir = "{data}"
+log = "warn"
+
+[database]
+url = "{db}"
+
+[bus]
+url = "{bus}"
+
+[storage]
+backend = "s3"
+bucket = "{bucket}"
+endpoint = "{s3}"
+region = "us-east-1"
+access_key_id = "testing"
+secret_access_key = "testing"
+allow_http = true
+
+[tiers.free]
+requests_per_minute = 1000000
+"#,
+            data = data_dir.display(),
+            db = self.database,
+            bus = self.nats.url(),
+            bucket = self.bucket,
+            s3 = moto(),
+        )
+    }
+
+    /// Starts node `name` (its data directory kept across restarts), waiting for it to
+    /// listen. The first node started on the engines prints the first credentials.
+    pub fn node(&self, name: &str) -> Node {
+        let data = self.dir.path().join(name);
+        std::fs::create_dir_all(&data).unwrap();
+        let file = self.dir.path().join(format!("{name}.toml"));
+        std::fs::write(&file, self.config(&data.join("data"))).unwrap();
+        let stderr = match std::env::var_os("FLEETOPS_TEST_STDERR") {
+            Some(p) => Stdio::from(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(p)
+                    .unwrap(),
+            ),
+            None => Stdio::null(),
+        };
+        let mut cmd = Command::new(BIN);
+        cmd.arg("--config")
+            .arg(&file)
+            .arg("serve")
+            .current_dir(&data)
+            .env_remove("FLEETOPS_DATABASE_URL")
+            .stdout(Stdio::piped())
+            .stderr(stderr);
+        let mut child = cmd.spawn().unwrap();
+        let mut reader = BufReader::new(child.stdout.take().unwrap());
+        let mut stdout = Vec::new();
+        let mut base = String::new();
+        for _ in 0..50 {
+            let mut line = String::new();
+            if reader.read_line(&mut line).unwrap() == 0 {
+                break;
+            }
+            let line = line.trim_end().to_string();
+            if let Some(addr) = line.strip_prefix("fleetops: listening on ") {
+                base = addr.to_string();
+                break;
+            }
+            stdout.push(line);
+        }
+        assert!(!base.is_empty(), "node {name} did not start: {stdout:?}");
+        std::thread::spawn(move || for _ in reader.lines() {});
+        Node {
+            name: name.to_string(),
+            _proc: Guard(child),
+            base,
+            stdout,
+        }
+    }
+}
+
+/// One fleetops process.
+pub struct Node {
+    pub name: String,
+    /// Dropping it kills the node.
+    _proc: Guard,
+    pub base: String,
+    /// What it printed before listening (the first credentials, on the first node).
+    pub stdout: Vec<String>,
+}
+
+impl Node {
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    /// A value the first start printed (`API key:`, `project secret:`).
+    pub fn printed(&self, label: &str) -> String {
+        self.stdout
+            .iter()
+            .find_map(|l| l.trim_start().strip_prefix(label).map(str::trim))
+            .unwrap_or_else(|| panic!("{label} not printed by {}: {:?}", self.name, self.stdout))
+            .to_string()
+    }
+}
+
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap()
+}
+
+/// A request's status and JSON body (Null when not JSON).
+pub async fn call(
+    c: &reqwest::Client,
+    method: reqwest::Method,
+    url: String,
+    bearer: &str,
+    body: Option<Value>,
+) -> (u16, Value) {
+    let mut r = c.request(method, url);
+    if !bearer.is_empty() {
+        r = r.bearer_auth(bearer);
+    }
+    if let Some(b) = body {
+        r = r.json(&b);
+    }
+    let r = r.send().await.unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or(Value::Null))
+}

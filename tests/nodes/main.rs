@@ -1,0 +1,11 @@
+//! Several fleetops nodes on shared engines: PostgreSQL for records, an S3-compatible server
+//! (moto) for blobs and log segments, and `nats-server` for what travels between nodes as it
+//! happens. Each node is its own process on port 0; every test speaks to both over HTTP.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+#[path = "../support/postgres.rs"]
+mod postgres;
+
+mod harness;
+mod nodes;

@@ -1,0 +1,187 @@
+//! What two nodes on one set of engines agree on: credentials, readiness.
+
+use std::time::{Duration, Instant};
+
+use reqwest::Method;
+use serde_json::json;
+
+use crate::harness::{Engines, call, client};
+
+/// Signs in as the first administrator on `base`: an access token.
+async fn sign_in(c: &reqwest::Client, base: &str, email: &str, password: &str) -> String {
+    let (s, b) = call(
+        c,
+        Method::POST,
+        format!("{base}/api/v1/auth/login"),
+        "",
+        Some(json!({"email": email, "password": password})),
+    )
+    .await;
+    assert_eq!(s, 200, "{b}");
+    b["access_token"].as_str().unwrap().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_api_key_made_on_one_node_works_on_the_other_and_its_revocation_is_refused_there_within_a_second()
+ {
+    let engines = Engines::start().await;
+    let a = engines.node("a");
+    let b = engines.node("b");
+    let c = client();
+    let token = sign_in(
+        &c,
+        &a.base,
+        &a.printed("admin email:"),
+        &a.printed("admin password:"),
+    )
+    .await;
+    let (s, made) = call(
+        &c,
+        Method::POST,
+        a.url("/api/v1/auth/api-keys"),
+        &token,
+        Some(json!({"name": "ci"})),
+    )
+    .await;
+    assert_eq!(s, 201, "{made}");
+    let key = made["key"].as_str().unwrap().to_string();
+    // B has read (and cached) the key before it is revoked on A.
+    for _ in 0..3 {
+        let (s, me) = call(&c, Method::GET, b.url("/api/v1/users/me"), &key, None).await;
+        assert_eq!(s, 200, "{me}");
+    }
+    let (s, _) = call(
+        &c,
+        Method::DELETE,
+        a.url(&format!("/api/v1/auth/api-keys/{}", made["id"])),
+        &token,
+        None,
+    )
+    .await;
+    assert_eq!(s, 204);
+    let revoked = Instant::now();
+    loop {
+        let (s, _) = call(&c, Method::GET, b.url("/api/v1/users/me"), &key, None).await;
+        if s == 401 {
+            break;
+        }
+        assert_eq!(s, 200);
+        assert!(
+            revoked.elapsed() < Duration::from_secs(1),
+            "B still took the revoked key after {:?}",
+            revoked.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revocation_reaches_the_other_node_within_a_second_while_the_bus_is_down() {
+    let mut engines = Engines::start().await;
+    let a = engines.node("a");
+    let b = engines.node("b");
+    let c = client();
+    let key = a.printed("API key:");
+    let token = sign_in(
+        &c,
+        &a.base,
+        &a.printed("admin email:"),
+        &a.printed("admin password:"),
+    )
+    .await;
+    let (s, made) = call(
+        &c,
+        Method::POST,
+        a.url("/api/v1/auth/api-keys"),
+        &token,
+        Some(json!({"name": "robot"})),
+    )
+    .await;
+    assert_eq!(s, 201);
+    let robot = made["key"].as_str().unwrap().to_string();
+    assert_eq!(
+        call(&c, Method::GET, b.url("/api/v1/users/me"), &robot, None)
+            .await
+            .0,
+        200
+    );
+    engines.nats.stop();
+    let (s, _) = call(
+        &c,
+        Method::DELETE,
+        a.url(&format!("/api/v1/auth/api-keys/{}", made["id"])),
+        &token,
+        None,
+    )
+    .await;
+    assert_eq!(s, 204);
+    let revoked = Instant::now();
+    while call(&c, Method::GET, b.url("/api/v1/users/me"), &robot, None)
+        .await
+        .0
+        == 200
+    {
+        assert!(revoked.elapsed() < Duration::from_secs(1));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        call(&c, Method::GET, b.url("/api/v1/users/me"), &robot, None)
+            .await
+            .0,
+        401
+    );
+    // The first key still works on both.
+    assert_eq!(
+        call(&c, Method::GET, b.url("/api/v1/users/me"), &key, None)
+            .await
+            .0,
+        200
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_names_the_bus_while_it_is_down_and_healthz_stays_alive() {
+    let mut engines = Engines::start().await;
+    let a = engines.node("a");
+    let c = client();
+    let (s, r) = call(&c, Method::GET, a.url("/readyz"), "", None).await;
+    assert_eq!(s, 200, "{r}");
+    assert_eq!(
+        r,
+        json!({"status": "ready", "database": "ok", "object_store": "ok", "bus": "ok"})
+    );
+    engines.nats.stop();
+    let until = Instant::now() + Duration::from_secs(10);
+    let r = loop {
+        let r = c.get(a.url("/readyz")).send().await.unwrap();
+        if r.status() == 503 || Instant::now() > until {
+            break r;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(r.status(), 503);
+    assert_eq!(r.headers()["retry-after"], "1");
+    let body: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(body["status"], "not_ready");
+    assert_eq!(body["bus"], "unreachable");
+    assert_eq!(body["database"], "ok");
+    assert_eq!(body["detail"], "Not reachable: bus");
+    assert_eq!(body["status_code"], 503);
+    assert_eq!(
+        call(&c, Method::GET, a.url("/healthz"), "", None).await.0,
+        200
+    );
+    engines.nats.restart();
+    let until = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (s, _) = call(&c, Method::GET, a.url("/readyz"), "", None).await;
+        if s == 200 {
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "the bus came back but /readyz did not"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
