@@ -316,6 +316,7 @@ impl Runtime {
                 cfg.sessions.clone(),
                 live_skipped.clone(),
                 log_sealer.clone(),
+                bus.clone(),
             ),
             cfg: cfg.supervision.clone(),
             registry: Arc::new(DashMap::new()),
@@ -505,6 +506,7 @@ impl Runtime {
             uploads: uploads.clone(),
             sealer: log_sealer,
             logs: cfg.logs.clone(),
+            bus: bus.clone(),
         };
         let fresh = secrets::random_bytes(32)?;
         let signing_key = store.meta_get_or_init(LINK_KEY_META, || fresh)?;

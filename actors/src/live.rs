@@ -14,6 +14,9 @@
 //! restarts, each feed ends and the edge picks it up again from the next arrival index
 //! (`SessionsHandle::resume`), so a subscriber misses nothing the replay buffer still holds.
 //!
+//! With several nodes, a session's actor on each node also fans out the batches the other
+//! nodes stored (`session::remote`), in arrival order, filling a gap from the store.
+//!
 //! Tested through the WebSocket (`tests/api/live.rs`: replay, order and filters, a stalled
 //! subscriber bounded in batches and in bytes while others go on, a resume after the actor
 //! restarts).

@@ -16,7 +16,8 @@
 //! local bytes; local disk keeps the summaries, filters and locations. Without one, merged
 //! chunks stay in sled. Either way the rewrite (new chunks or locations, their indexes, the
 //! removal of the old ones, the new cursor) is one transaction, refused if the session was
-//! deleted meanwhile (and its segment then deleted).
+//! deleted meanwhile, or if another server sealed from the same cursor first (its segment is
+//! then deleted).
 //!
 //! Readers that look at a session's chunks in more than one read (a query reads summaries,
 //! then chunks by sequence number; an export scans) hold a [`LogPin`] for the session. A seal
@@ -550,6 +551,15 @@ impl Store {
                 };
                 let counters: SessionCounters =
                     codec::decode(&c).map_err(|_| TxError::Abort(()))?;
+                // Another server sealed from the same cursor meanwhile: its chunks are the
+                // session's now, and this seal's are dropped.
+                let stored_cursor = match logs.get(cursor_key.as_slice())? {
+                    Some(v) => codec::decode::<u64>(&v).map_err(|_| TxError::Abort(()))?,
+                    None => 0,
+                };
+                if stored_cursor != cursor {
+                    return Err(TxError::Abort(()));
+                }
                 for (w, location) in writes.iter().zip(&encoded) {
                     for &s in &w.sources {
                         logs.remove(keys::log_chunk(session, s))?;
@@ -722,6 +732,42 @@ mod tests {
         assert_eq!(lines(&store, 3).len(), 380);
     }
     on_each_engine!(sealing_merges_small_chunks_keeping_every_entry_in_order);
+
+    fn an_append_decided_on_stale_counters_is_refused_and_writes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::testing::open(dir.path());
+        session(&store, 3);
+        let stale = store.session_counters(3).unwrap();
+        // Another server appends first.
+        append(&store, 3, 1, 10);
+        let mut c = LogChunk {
+            modules: vec!["nav".into()],
+            ..LogChunk::default()
+        };
+        c.push(1, 1, 0, "late", b"{}").unwrap();
+        let next = SessionCounters {
+            log_count: stale.log_count + 1,
+            next_chunk: stale.next_chunk + 1,
+            ..stale
+        };
+        let index = crate::sessions::ChunkIndex::of(&c).unwrap();
+        let r = store.append_indexed_chunk(3, &c, &index, &stale, &next, stale.next_chunk);
+        assert!(matches!(r, Err(StorageError::Conflict(_))), "{r:?}");
+        assert_eq!(lines(&store, 3).len(), 10);
+        assert_eq!(store.session_counters(3).unwrap().log_count, 10);
+        // Decided on what is stored now, it goes in after the other's batch.
+        let now = store.session_counters(3).unwrap();
+        let next = SessionCounters {
+            log_count: now.log_count + 1,
+            next_chunk: now.next_chunk + 1,
+            ..now
+        };
+        store
+            .append_indexed_chunk(3, &c, &index, &now, &next, now.next_chunk)
+            .unwrap();
+        assert_eq!(lines(&store, 3).last().unwrap().0, "late");
+    }
+    on_each_engine!(an_append_decided_on_stale_counters_is_refused_and_writes_nothing);
 
     fn a_seal_reads_at_most_its_source_budget_and_says_more_remain() {
         let dir = tempfile::tempdir().unwrap();

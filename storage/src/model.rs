@@ -138,7 +138,7 @@ pub struct Session {
 }
 
 /// What a session holds, kept by its actor.
-#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SessionCounters {
     pub log_count: u64,
     /// Sequence number of the next log chunk.
@@ -439,6 +439,17 @@ impl Columns for LogChunkView<'_> {
 }
 
 impl LogChunk {
+    /// The chunk as bytes, as the store keeps it (to send it to another server).
+    pub fn to_bytes(&self) -> crate::Result<Vec<u8>> {
+        crate::codec::encode(self)
+    }
+
+    /// A chunk from [`LogChunk::to_bytes`]; bytes from elsewhere are checked as any stored
+    /// chunk is.
+    pub fn from_bytes(bytes: &[u8]) -> crate::Result<Self> {
+        crate::codec::decode(bytes)
+    }
+
     /// Appends one entry's columns (texts already validated by the caller).
     pub fn push(
         &mut self,

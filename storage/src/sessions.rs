@@ -269,16 +269,32 @@ impl Store {
         counters: &SessionCounters,
         seq: u64,
     ) -> Result<()> {
-        self.append_indexed_chunk(session, chunk, &ChunkIndex::of(chunk)?, counters, seq)
+        self.append_checked(session, chunk, &ChunkIndex::of(chunk)?, None, counters, seq)
     }
 
     /// As [`Store::append_chunk`], with the index built beforehand ([`ChunkIndex::of`]), so
-    /// that the caller can build it off the thread that writes.
+    /// that the caller can build it off the thread that writes; and only while the stored
+    /// counters are still `prev` (decided inside the write's transaction): otherwise
+    /// [`StorageError::Conflict`], since another server appended to the session or stored an
+    /// artifact in it meanwhile, and the caller reads the counters again.
     pub fn append_indexed_chunk(
         &self,
         session: u64,
         chunk: &LogChunk,
         index: &ChunkIndex,
+        prev: &SessionCounters,
+        counters: &SessionCounters,
+        seq: u64,
+    ) -> Result<()> {
+        self.append_checked(session, chunk, index, Some(prev), counters, seq)
+    }
+
+    fn append_checked(
+        &self,
+        session: u64,
+        chunk: &LogChunk,
+        index: &ChunkIndex,
+        prev: Option<&SessionCounters>,
         counters: &SessionCounters,
         seq: u64,
     ) -> Result<()> {
@@ -296,6 +312,17 @@ impl Store {
         self.inner
             .logs
             .transaction_held(&self.inner.records, &gate, |logs, records| {
+                if let Some(prev) = prev {
+                    let stored = match records.get(counters_key.as_slice())? {
+                        Some(v) => codec::decode::<SessionCounters>(&v).ok(),
+                        None => Some(SessionCounters::default()),
+                    };
+                    if stored.as_ref() != Some(prev) {
+                        return Err(TxError::Abort(StorageError::Conflict(
+                            "session counters".into(),
+                        )));
+                    }
+                }
                 // The first unsealed chunk marks the session as owed a seal.
                 if logs.get(pending_key.as_slice())?.is_none() {
                     logs.insert(pending_key.as_slice(), now.as_slice())?;
@@ -308,9 +335,8 @@ impl Store {
                 records.insert(counters_key.as_slice(), counter_bytes.as_slice())?;
                 Ok(())
             })
-            .map_err(|e: TxOutcome<()>| match e {
-                TxOutcome::Storage(s) => s,
-                TxOutcome::Abort(()) => StorageError::Corrupt("log append aborted".into()),
+            .map_err(|e: TxOutcome<StorageError>| match e {
+                TxOutcome::Storage(s) | TxOutcome::Abort(s) => s,
             })
     }
 
@@ -620,8 +646,24 @@ impl Store {
     }
 
     /// Records an artifact (replacing one at the same path) with the session's new counters.
-    pub fn put_artifact(&self, a: &Artifact, counters: &SessionCounters) -> Result<()> {
+    /// Stores an artifact record with the counters that account for it, while the stored
+    /// counters are still `prev` ([`StorageError::Conflict`] otherwise, as for appends).
+    pub fn put_artifact(
+        &self,
+        a: &Artifact,
+        prev: &SessionCounters,
+        counters: &SessionCounters,
+    ) -> Result<()> {
         let mut w = Writes::new();
+        let key = keys::session_counters(a.session_id);
+        let prev = *prev;
+        w.guard(key, "session counters", move |v| {
+            let stored = match v {
+                Some(v) => codec::decode::<SessionCounters>(v).ok(),
+                None => Some(SessionCounters::default()),
+            };
+            stored == Some(prev)
+        });
         w.put(keys::artifact(a.session_id, &a.path), a)?;
         w.put(keys::session_counters(a.session_id), counters)?;
         self.apply(w)

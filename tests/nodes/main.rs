@@ -8,4 +8,5 @@
 mod postgres;
 
 mod harness;
+mod live;
 mod nodes;

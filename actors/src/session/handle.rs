@@ -76,6 +76,8 @@ pub struct SessionsHandle {
     pub(crate) sealer: super::sealer::LogSealer,
     /// `[logs]`: the default retention of ended sessions.
     pub(crate) logs: crate::config::LogsConfig,
+    /// Tells the other nodes' actors of a session's end.
+    pub(crate) bus: crate::bus::Bus,
 }
 
 /// Longest retention a project may set (100 years); 0 keeps sessions for good.
@@ -238,6 +240,10 @@ impl SessionsHandle {
 
     /// Tells the session's subscribers how it ended (`None`: deleted) and stops its actor.
     fn end_actor(&self, id: u64, status: Option<&'static str>) {
+        if self.bus.is_shared() {
+            self.bus
+                .publish(super::remote::subject(id), &super::remote::end(status));
+        }
         if let Some(a) = self.actors.running(id) {
             let _ = a.cast(crate::mailbox::Envelope::cast(SessionMsg::End(status)));
         }

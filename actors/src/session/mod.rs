@@ -34,6 +34,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 mod artifacts;
 mod exports;
 pub mod handle;
+mod remote;
 pub(crate) mod sealer;
 
 use crate::config::SessionsConfig;
@@ -65,6 +66,8 @@ pub(crate) enum SessionMsg {
     },
     /// The session ended with this status (`None`: deleted): tell subscribers and stop.
     End(Option<&'static str>),
+    /// A message from the same session's actor on another node (`remote`).
+    Remote(bytes::Bytes),
     /// Stops the actor if nothing happened for `[sessions] idle_seconds` and nobody
     /// listens (passivation; the next append or subscriber starts it again from storage).
     IdleCheck,
@@ -90,7 +93,13 @@ impl crate::keyed::KeyedChild for SessionActor {
     type Req = SessionMsg;
     /// The store, the settings, the count of live batches skipped for slow subscribers, and
     /// the sealer its batches are handed to.
-    type Ctx = (Store, SessionsConfig, Arc<AtomicU64>, sealer::LogSealer);
+    type Ctx = (
+        Store,
+        SessionsConfig,
+        Arc<AtomicU64>,
+        sealer::LogSealer,
+        crate::bus::Bus,
+    );
     const KIND: &'static str = "session";
 }
 
@@ -126,20 +135,46 @@ pub(crate) struct SessionState {
     sealer: sealer::LogSealer,
     /// Lines and bytes appended since the last seal this actor asked for.
     unsealed: (usize, usize),
+    /// Arrival index just past the last entry fanned out (kept for replay and sent to
+    /// subscribers), this node's batches and the other nodes' alike.
+    seen: u64,
+    /// Where this node tells the others of its batches.
+    bus: crate::bus::Bus,
+    /// Forwards the other nodes' messages about this session here, while the actor runs.
+    _listening: Option<AbortOnDrop>,
 }
+
+/// A task that ends with the actor's state.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// How many times a write decided against stale counters is tried again (another node
+/// wrote the session meanwhile) before it is answered 409.
+const STALE_TRIES: u32 = 100;
 
 impl Actor for SessionActor {
     type Msg = Envelope<SessionMsg>;
     type State = SessionState;
     type Arguments = (
-        (Store, SessionsConfig, Arc<AtomicU64>, sealer::LogSealer),
+        (
+            Store,
+            SessionsConfig,
+            Arc<AtomicU64>,
+            sealer::LogSealer,
+            crate::bus::Bus,
+        ),
         u64,
     );
 
     async fn pre_start(
         &self,
         myself: ActorRef<Self::Msg>,
-        ((store, cfg, skipped, sealer), id): Self::Arguments,
+        ((store, cfg, skipped, sealer, bus), id): Self::Arguments,
     ) -> Result<Self::State, ActorProcessingErr> {
         let session = store.session_by_id(id)?;
         let counters = store.session_counters(id)?;
@@ -171,16 +206,44 @@ impl Actor for SessionActor {
         } else {
             (VecDeque::new(), 0, 0)
         };
+        let active = session
+            .as_ref()
+            .is_some_and(|s| s.status == SessionStatus::Active);
+        // The same session's batches stored by the other nodes, and its end there.
+        let listening = if bus.is_shared() && active {
+            match bus.subscribe(&remote::subject(id)).await {
+                Err(e) => {
+                    // Appends still work; subscribers here see only this node's batches
+                    // (and the others' as gaps filled from the store) until a restart.
+                    tracing::warn!(session = id, error = %e, "not listening to the other nodes");
+                    None
+                }
+                Ok(mut sub) => {
+                    let me = myself.clone();
+                    Some(AbortOnDrop(tokio::spawn(async move {
+                        while let Some(m) = sub.next().await {
+                            if me
+                                .cast(Envelope::cast(SessionMsg::Remote(m.payload)))
+                                .is_err()
+                            {
+                                break;
+                            }
+                        }
+                    })))
+                }
+            }
+        } else {
+            None
+        };
         let live = live::Fanout::new(cfg.subscriber_queue, cfg.subscriber_queue_bytes, skipped);
         let idle = Duration::from_secs(cfg.idle_seconds.max(1));
         myself.send_after(idle, || Envelope::cast(SessionMsg::IdleCheck));
         Ok(SessionState {
             id,
             project_id: session.as_ref().map_or(0, |s| s.project_id),
+            seen: counters.log_count,
             counters,
-            open: session
-                .as_ref()
-                .is_some_and(|s| s.status == SessionStatus::Active),
+            open: active,
             seals: 0,
             gone: session.is_none(),
             ended: session
@@ -198,6 +261,8 @@ impl Actor for SessionActor {
             last_active: std::time::Instant::now(),
             sealer,
             unsealed: (0, 0),
+            bus,
+            _listening: listening,
         })
     }
 
@@ -214,7 +279,7 @@ impl Actor for SessionActor {
         match msg {
             SessionMsg::Append(chunk, index, reply) => {
                 match st.append(&chunk, &index) {
-                    Ok(first_seq) => {
+                    Ok((first_seq, chunk_seq)) => {
                         // Only an accepted append keeps the actor in memory: one sealed by a
                         // completion whose caller went away mid-write (no unseal came) idles
                         // out, and its next start reads the stored status.
@@ -223,7 +288,13 @@ impl Actor for SessionActor {
                         // the fan-out: a panic in those cannot leave the caller without the truth,
                         // so a request lost to a panic never wrote anything.
                         let _ = reply.send(Ok(chunk.len()));
-                        st.fan_out(first_seq, chunk);
+                        if st.bus.is_shared() {
+                            st.bus.publish(
+                                remote::subject(st.id),
+                                &remote::batch(first_seq, chunk_seq, &chunk),
+                            );
+                        }
+                        st.deliver(first_seq, chunk_seq, chunk);
                     }
                     Err(e) => {
                         let _ = reply.send(Err(e));
@@ -263,6 +334,19 @@ impl Actor for SessionActor {
                 st.live.end(status);
                 myself.stop(None);
             }
+            SessionMsg::Remote(m) => match remote::parse(&m) {
+                Some(remote::Remote::Batch(first_seq, chunk_seq, chunk)) => {
+                    st.deliver(first_seq, chunk_seq, Arc::new(*chunk));
+                }
+                Some(remote::Remote::Notice(first_seq, n, chunk_seq)) => {
+                    st.catch_up(first_seq + n, chunk_seq + 1);
+                }
+                Some(remote::Remote::End(status)) => {
+                    st.live.end(status.as_deref().map(ended_status));
+                    myself.stop(None);
+                }
+                None => {}
+            },
             SessionMsg::IdleCheck => {
                 let idle = Duration::from_secs(st.cfg.idle_seconds.max(1));
                 let quiet = st.last_active.elapsed();
@@ -297,6 +381,25 @@ impl SessionState {
 
     fn put_artifact(&mut self, a: Artifact) -> Result<Option<String>> {
         self.check_open()?;
+        let mut tries = 0;
+        loop {
+            match self.try_put_artifact(&a) {
+                Err(Error::Conflict(_)) if tries < STALE_TRIES => {
+                    tries += 1;
+                    self.reload_counters()?;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Reads the counters again: another server wrote the session's logs or artifacts.
+    fn reload_counters(&mut self) -> Result<()> {
+        self.counters = self.store.session_counters(self.id)?;
+        Ok(())
+    }
+
+    fn try_put_artifact(&mut self, a: &Artifact) -> Result<Option<String>> {
         let old = self.store.artifact(self.id, &a.path)?;
         let mut next = self.counters;
         match &old {
@@ -310,23 +413,44 @@ impl SessionState {
                 next.artifact_size_bytes += a.size_bytes;
             }
         }
-        self.store.put_artifact(&a, &next)?;
+        self.store.put_artifact(a, &self.counters, &next)?;
         self.counters = next;
         Ok(old.map(|o| o.blob_key))
     }
 
     /// Writes the batch with its counters; returns the arrival index of its first entry.
-    fn append(&mut self, chunk: &LogChunk, index: &ChunkIndex) -> Result<u64> {
+    /// Returns the arrival index of the batch's first entry and the chunk's sequence number.
+    /// The write is decided against the stored counters, so two servers appending to one
+    /// session never take the same chunk number or arrival index: the one that lost reads the
+    /// counters again and appends after the other's batch.
+    fn append(&mut self, chunk: &LogChunk, index: &ChunkIndex) -> Result<(u64, u64)> {
         self.check_open()?;
         let n = chunk.len();
-        let seq = self.counters.next_chunk;
+        let mut tries = 0;
+        let seq = loop {
+            let seq = self.counters.next_chunk;
+            let next = SessionCounters {
+                log_count: self.counters.log_count + n as u64,
+                next_chunk: seq + 1,
+                ..self.counters
+            };
+            match self
+                .store
+                .append_indexed_chunk(self.id, chunk, index, &self.counters, &next, seq)
+            {
+                Ok(()) => break seq,
+                Err(fleetops_storage::StorageError::Conflict(_)) if tries < STALE_TRIES => {
+                    tries += 1;
+                    self.reload_counters()?;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        };
         let next = SessionCounters {
             log_count: self.counters.log_count + n as u64,
             next_chunk: seq + 1,
             ..self.counters
         };
-        self.store
-            .append_indexed_chunk(self.id, chunk, index, &next, seq)?;
         let first_seq = self.counters.log_count;
         self.counters = next;
         self.unsealed.0 += n;
@@ -334,7 +458,63 @@ impl SessionState {
         if self.sealer.due(self.unsealed.0, self.unsealed.1) && self.sealer.request(self.id) {
             self.unsealed = (0, 0);
         }
-        Ok(first_seq)
+        Ok((first_seq, seq))
+    }
+
+    /// A stored batch, this node's or another's, in arrival order: one already fanned out is
+    /// passed over; one past a gap (the bus lost a batch, or this node's append came after
+    /// another node's) first brings the missing batches back from the store.
+    fn deliver(&mut self, first_seq: u64, chunk_seq: u64, chunk: Arc<LogChunk>) {
+        let end = first_seq + chunk.len() as u64;
+        if end <= self.seen {
+            return;
+        }
+        if first_seq > self.seen {
+            self.catch_up(first_seq, chunk_seq);
+        }
+        self.fan_out(first_seq, chunk);
+        self.seen = self.seen.max(end);
+        // Another node's batch right after what this actor last wrote or read: the next
+        // append here starts after it without a lost race.
+        if self.counters.log_count == first_seq && self.counters.next_chunk <= chunk_seq {
+            self.counters.log_count = end;
+            self.counters.next_chunk = chunk_seq + 1;
+        }
+    }
+
+    /// Fans out the stored batches from `seen` up to arrival index `to`, which ends with the
+    /// chunk before `below` (at most `buffer_entries` entries, the newest: a subscriber told
+    /// of a larger gap sees it as lagged).
+    fn catch_up(&mut self, to: u64, below: u64) {
+        if to <= self.seen {
+            return;
+        }
+        let mut missing = Vec::new();
+        let mut entries = 0;
+        let mut end = to;
+        let _pin = self.store.log_pin(self.id);
+        for item in self.store.log_chunks_rev(self.id) {
+            let Ok((seq, c)) = item else { break };
+            if seq >= below {
+                continue;
+            }
+            if end <= self.seen || entries >= self.cfg.buffer_entries {
+                break;
+            }
+            let first = end.saturating_sub(c.len() as u64);
+            entries += c.len();
+            missing.push((first, Arc::new(c)));
+            end = first;
+        }
+        drop(_pin);
+        for (first, c) in missing.into_iter().rev() {
+            let n = c.len() as u64;
+            if first >= self.seen {
+                self.fan_out(first, c);
+            }
+            self.seen = self.seen.max(first + n);
+        }
+        self.seen = self.seen.max(to);
     }
 
     /// After a written batch: keep it for replay and send it to live subscribers.
@@ -397,7 +577,7 @@ impl SessionState {
         };
         Subscription {
             replay: frames,
-            next_seq: self.counters.log_count,
+            next_seq: self.seen,
             feed: if self.open {
                 Some(self.live.subscribe())
             } else {
@@ -409,6 +589,14 @@ impl SessionState {
                 self.ended.or(Some("completed"))
             },
         }
+    }
+}
+
+/// A status named by another node, as this build names it.
+fn ended_status(s: &str) -> &'static str {
+    match s {
+        "failed" => SessionStatus::Failed.as_str(),
+        _ => SessionStatus::Completed.as_str(),
     }
 }
 
@@ -489,6 +677,7 @@ mod tests {
             SessionsConfig::default(),
             Arc::default(),
             sealer,
+            crate::bus::Bus::local(),
         );
         Actor::spawn(None, SessionActor, (ctx, SID))
             .await
@@ -560,7 +749,10 @@ mod tests {
                 Actor::spawn(
                     None,
                     SessionActor,
-                    ((store, cfg, Arc::default(), sealer), SID),
+                    (
+                        (store, cfg, Arc::default(), sealer, crate::bus::Bus::local()),
+                        SID,
+                    ),
                 )
                 .await
                 .unwrap()
