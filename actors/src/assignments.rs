@@ -53,6 +53,11 @@ pub(crate) struct Assignments {
     phases: DashMap<u64, (u64, Arc<HashMap<u64, u32>>)>,
     /// At most this many devices' entries are kept (then the cache starts over).
     max_entries: usize,
+    /// Added to every project's generation: bumped to make every answer computed again
+    /// (several nodes, a change announcement the bus may have lost).
+    epoch: AtomicU64,
+    /// Told of every change made here (the other nodes bump their generation of it).
+    on_change: std::sync::OnceLock<Box<dyn Fn(u64) + Send + Sync>>,
 }
 
 impl Assignments {
@@ -63,7 +68,24 @@ impl Assignments {
             bodies: DashMap::new(),
             phases: DashMap::new(),
             max_entries: max_entries.max(1),
+            epoch: AtomicU64::new(0),
+            on_change: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Calls `tell` with the project of every change made on this node (set once).
+    pub(crate) fn on_change(&self, tell: Box<dyn Fn(u64) + Send + Sync>) {
+        let _ = self.on_change.set(tell);
+    }
+
+    /// Another node changed something of `project` that may change a device's package.
+    pub(crate) fn changed_elsewhere(&self, project: u64) {
+        self.counter(project).fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Makes every answer be computed again at its next poll.
+    pub(crate) fn refresh_all(&self) {
+        self.epoch.fetch_add(1, Ordering::AcqRel);
     }
 
     fn counter(&self, project: u64) -> Arc<AtomicU64> {
@@ -76,14 +98,18 @@ impl Assignments {
     /// Called after every applied write of `project` that may change a device's package.
     pub(crate) fn changed(&self, project: u64) {
         self.counter(project).fetch_add(1, Ordering::AcqRel);
+        if let Some(tell) = self.on_change.get() {
+            tell(project);
+        }
     }
 
     pub(crate) fn generation(&self, project: u64) -> u64 {
         // Every poll reads this: a shared read of the shard, a write only the first time.
+        let epoch = self.epoch.load(Ordering::Acquire);
         if let Some(c) = self.generations.get(&project) {
-            return c.load(Ordering::Acquire);
+            return c.load(Ordering::Acquire) + epoch;
         }
-        self.counter(project).load(Ordering::Acquire)
+        self.counter(project).load(Ordering::Acquire) + epoch
     }
 
     /// The cached package of `device` when computed under `generation`: `Some(None)` is a

@@ -36,6 +36,10 @@ pub struct BusConfig {
     pub max_queued_bytes: usize,
     /// Messages a subscription holds before the client drops its newer ones.
     pub subscription_capacity: usize,
+    /// How long a lease (a rollout's controller) lasts without being renewed: how soon
+    /// another node takes over after its holder died. Renewed at every controller tick, so
+    /// keep it a few ticks long.
+    pub lease_ttl_ms: u64,
 }
 
 impl Default for BusConfig {
@@ -44,6 +48,7 @@ impl Default for BusConfig {
             url: String::new(),
             max_queued_bytes: 64 << 20,
             subscription_capacity: 8192,
+            lease_ttl_ms: 5_000,
         }
     }
 }
@@ -163,6 +168,11 @@ impl Bus {
             inner: Some(nats),
             node: node_id(),
         })
+    }
+
+    /// This process's id among the nodes (fresh at every start): who holds a lease.
+    pub fn node_id(&self) -> [u8; ORIGIN] {
+        self.node
     }
 
     /// Whether messages travel to other nodes.

@@ -188,6 +188,60 @@ pub struct Runtime {
     live_skipped: Arc<AtomicU64>,
 }
 
+/// The bus subject on which a node announces a change that may change which package a
+/// device of a project should run (the project's id, 8 bytes big-endian).
+const ASSIGNMENTS_SUBJECT: &str = "fleetops.assignments";
+
+/// How often a node computes every device's package again, when the bus may have lost a
+/// change announcement.
+const ASSIGNMENTS_REFRESH: Duration = Duration::from_secs(2);
+
+/// Several nodes: starts the controllers the other nodes start (so one stands by to take over
+/// each rollout's lease), and computes the packages of a project's devices again when another
+/// node changed the project; tells the others of this node's changes.
+async fn listen_to_other_nodes(
+    bus: &bus::Bus,
+    controllers: &keyed::Keyed<rollout::RolloutActor>,
+    assignments: &Arc<assignments::Assignments>,
+) -> anyhow::Result<()> {
+    fn id_of(m: &bus::Message) -> Option<u64> {
+        Some(u64::from_be_bytes(m.payload.get(..8)?.try_into().ok()?))
+    }
+    let b = bus.clone();
+    assignments.on_change(Box::new(move |project| {
+        b.publish(ASSIGNMENTS_SUBJECT.into(), &project.to_be_bytes());
+    }));
+    let mut changes = bus.subscribe(ASSIGNMENTS_SUBJECT).await?;
+    let a = Arc::downgrade(assignments);
+    tokio::spawn(async move {
+        while let Some(m) = changes.next().await {
+            let (Some(a), Some(p)) = (a.upgrade(), id_of(&m)) else {
+                break;
+            };
+            a.changed_elsewhere(p);
+        }
+    });
+    let a = Arc::downgrade(assignments);
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(ASSIGNMENTS_REFRESH);
+        loop {
+            every.tick().await;
+            let Some(a) = a.upgrade() else { break };
+            a.refresh_all();
+        }
+    });
+    let mut starts = bus.subscribe(rollout::SUBJECT).await?;
+    let controllers = controllers.clone();
+    tokio::spawn(async move {
+        while let Some(m) = starts.next().await {
+            if let Some(id) = id_of(&m) {
+                rollout::start(&controllers, id).await;
+            }
+        }
+    });
+    Ok(())
+}
+
 /// The bus subject on which a node announces that it wrote a cached record.
 const CACHES_SUBJECT: &str = "fleetops.caches";
 
@@ -483,6 +537,8 @@ impl Runtime {
                 clock: clock.clone(),
                 tick: Duration::from_millis(cfg.pipeline.rollout_tick_ms.clamp(10, 60_000)),
                 controllers: controllers.clone(),
+                bus: bus.clone(),
+                lease_ttl_ms: cfg.bus.lease_ttl_ms.max(100) as i64,
                 #[cfg(feature = "fault-injection")]
                 stop_holds: stop_holds.clone(),
             },
@@ -514,6 +570,7 @@ impl Runtime {
             anyhow::bail!("could not generate the link signing key");
         }
         let pipeline = pipeline::PipelineHandle {
+            bus: bus.clone(),
             projects: projects.clone(),
             store: store.clone(),
             blobs: sessions.blobs.clone(),
@@ -674,6 +731,9 @@ impl Runtime {
                 .map(std::path::Path::to_path_buf),
             clock.clone(),
         );
+        if bus.is_shared() {
+            listen_to_other_nodes(&bus, &pipeline.controllers, &assignments).await?;
+        }
         Ok(Self {
             disk,
             bus,

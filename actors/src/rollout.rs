@@ -66,9 +66,16 @@ pub(crate) struct RolloutCtx {
     /// The controllers' own supervisor: a stopping controller leaves its registry, and starts
     /// a fresh one when a resume came meanwhile.
     pub controllers: crate::keyed::Keyed<RolloutActor>,
+    /// Several nodes: a controller decides only while it holds its rollout's lease.
+    pub bus: crate::bus::Bus,
+    pub lease_ttl_ms: i64,
     #[cfg(feature = "fault-injection")]
     pub stop_holds: StopHolds,
 }
+
+/// The bus subject on which a node asks the others to start a rollout's controller (its id,
+/// 8 bytes big-endian).
+pub(crate) const SUBJECT: &str = "fleetops.rollouts";
 
 #[derive(Default)]
 pub(crate) struct RolloutActor;
@@ -90,6 +97,8 @@ pub(crate) struct ControllerState {
     /// The integrations that took the owed notice (so a retry goes only to the others), and
     /// the time of the decision that owes it.
     notice_sent_to: (i64, HashSet<u64>),
+    /// The rollout's lease as taken at this tick (several nodes), which its writes check.
+    fence: Option<fleetops_storage::leases::Fence>,
 }
 
 /// The owed notice is retried after 1 s, doubling up to 5 minutes, until every integration
@@ -116,6 +125,7 @@ impl Actor for RolloutActor {
             notice_attempts: 0,
             notice_not_before: 0,
             notice_sent_to: (i64::MIN, HashSet::new()),
+            fence: None,
         })
     }
 
@@ -178,6 +188,27 @@ impl ControllerState {
         let Some(r) = store.rollout(id)? else {
             return Ok(false);
         };
+        // Several nodes: only the holder of the rollout's lease judges and notifies; the
+        // others keep ticking, to take over once it lapses (its holder died or stalled).
+        self.fence = None;
+        if self.ctx.bus.is_shared() {
+            let ctx = self.ctx.clone();
+            let taken = crate::off_thread(move || {
+                ctx.store
+                    .take_lease(
+                        &format!("rollout/{id}"),
+                        ctx.bus.node_id(),
+                        ctx.clock.now_ms(),
+                        ctx.lease_ttl_ms,
+                    )
+                    .map_err(Error::from)
+            })
+            .await?;
+            match taken {
+                Some(f) => self.fence = Some(f),
+                None => return Ok(true),
+            }
+        }
         let pid = r.project_id;
         // A deleted organization's rollout: no notice, no step; the purge removes it.
         if store.project_retired(pid) {
@@ -239,6 +270,7 @@ impl ControllerState {
                         since,
                         step: step.clone(),
                     },
+                    fence: self.fence.clone(),
                     reply,
                 })
                 .await?;
@@ -357,6 +389,7 @@ impl ControllerState {
             .write(pid, |reply| ProjectMsg::Rollout {
                 id,
                 action: RolloutAction::NoticeSent,
+                fence: self.fence.clone(),
                 reply,
             })
             .await?;

@@ -523,6 +523,11 @@ pub(crate) fn owed_notification_prefix() -> Vec<u8> {
     key(&[b"ntq", b""])
 }
 
+/// A lease ([`crate::leases`]), by name.
+pub(crate) fn lease(name: &str) -> Vec<u8> {
+    key(&[b"lease", name.as_bytes()])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -58,6 +58,7 @@ pub mod failpoints;
 mod flush;
 mod gate;
 mod keys;
+pub mod leases;
 mod lists;
 pub mod log_seal;
 pub mod meta;

@@ -32,7 +32,7 @@ pub struct HistoryEntry {
 pub const MAX_HISTORY: usize = 500;
 
 /// One decision of a rollout's controller (or of a member): durable, in order.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Decision {
     pub at: i64,
     /// The phase it concerns (0-based).
@@ -46,7 +46,7 @@ pub struct Decision {
 pub const MAX_DECISIONS: usize = 200;
 
 /// A phased rollout of a package. The plan is kept as the JSON the package was created with.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Rollout {
     pub deployment_id: u64,
     pub project_id: u64,
@@ -269,8 +269,21 @@ impl Store {
         self.get(&keys::rollout(deployment))
     }
 
-    pub fn put_rollout(&self, r: &Rollout) -> Result<()> {
+    /// Writes a rollout changed from `read`, while the stored one is still `read` (another
+    /// server changed it meanwhile: [`StorageError::Conflict`]`("rollout")`, and the caller
+    /// reads it again), and, for a controller's decision, while its lease is still its own
+    /// (`fence`; [`StorageError::Conflict`]`("lease")` otherwise).
+    pub fn put_rollout(
+        &self,
+        r: &Rollout,
+        read: &Rollout,
+        fence: Option<&crate::leases::Fence>,
+    ) -> Result<()> {
         let mut w = Writes::new();
+        w.guard_record(keys::rollout(r.deployment_id), read, "rollout");
+        if let Some(f) = fence {
+            w.fence(f);
+        }
         w.put(keys::rollout(r.deployment_id), r)?;
         self.apply(w)
     }

@@ -12,6 +12,9 @@ use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_fleetops");
 
+/// `[bus] lease_ttl_ms` of every node.
+pub const LEASE_TTL_MS: u64 = 2_000;
+
 /// A child process killed and reaped when dropped.
 pub struct Guard(pub Child);
 
@@ -158,6 +161,7 @@ url = "{db}"
 
 [bus]
 url = "{bus}"
+lease_ttl_ms = {lease}
 
 [storage]
 backend = "s3"
@@ -170,10 +174,14 @@ allow_http = true
 
 [tiers.free]
 requests_per_minute = 1000000
+
+[pipeline]
+rollout_tick_ms = 100
 "#,
             data = data_dir.display(),
             db = self.database,
             bus = self.nats.url(),
+            lease = LEASE_TTL_MS,
             bucket = self.bucket,
             s3 = moto(),
         )
@@ -242,6 +250,11 @@ pub struct Node {
 }
 
 impl Node {
+    /// kill -9, waiting until it is gone.
+    pub fn kill(self) {
+        drop(self);
+    }
+
     pub fn url(&self, path: &str) -> String {
         format!("{}{path}", self.base)
     }

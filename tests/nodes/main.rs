@@ -10,3 +10,4 @@ mod postgres;
 mod harness;
 mod live;
 mod nodes;
+mod rollouts;

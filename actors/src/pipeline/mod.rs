@@ -238,6 +238,9 @@ pub struct PipelineHandle {
     pub(crate) assignments: Arc<crate::assignments::Assignments>,
     /// One controller per phased rollout under way.
     pub(crate) controllers: crate::keyed::Keyed<crate::rollout::RolloutActor>,
+    /// Tells the other nodes to start a rollout's controller too (the one holding its lease
+    /// decides; the others stand by to take over).
+    pub(crate) bus: crate::bus::Bus,
     #[cfg(feature = "fault-injection")]
     pub(crate) rollout_stop_holds: crate::rollout::StopHolds,
     /// Serialized lists: (project, name, type, latest_only) -> (list identity, JSON, list).

@@ -97,6 +97,10 @@ impl PipelineHandle {
 
     /// Starts the package's controller if it is not running, and has it judge now.
     pub(crate) async fn start_controller(&self, id: u64) {
+        if self.bus.is_shared() {
+            self.bus
+                .publish(crate::rollout::SUBJECT.into(), &id.to_be_bytes());
+        }
         crate::rollout::start(&self.controllers, id).await;
     }
 
@@ -275,6 +279,7 @@ impl PipelineHandle {
             .write(pid, |reply| ProjectMsg::Rollout {
                 id,
                 action: action.clone(),
+                fence: None,
                 reply,
             })
             .await?;

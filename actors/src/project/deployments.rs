@@ -238,7 +238,30 @@ impl ProjectState {
 
     /// A rollout's step or a member's action on it; replies with the rollout and whether it
     /// changed. A step for a package no longer active changes nothing.
-    pub(super) fn rollout_action(&self, id: u64, action: RolloutAction) -> Result<(Rollout, bool)> {
+    /// Applies `action` to the stored rollout. Decided against the rollout as read: when
+    /// another node changed it meanwhile, it is read and decided again; a controller's step
+    /// whose lease moved to another node (`fence`) is refused with 409.
+    pub(super) fn rollout_action(
+        &self,
+        id: u64,
+        action: RolloutAction,
+        fence: Option<&fleetops_storage::leases::Fence>,
+    ) -> Result<(Rollout, bool)> {
+        let mut tries = 0;
+        loop {
+            match self.try_rollout_action(id, action.clone(), fence) {
+                Err(Error::Conflict(what)) if what == "rollout" && tries < 32 => tries += 1,
+                other => return other,
+            }
+        }
+    }
+
+    fn try_rollout_action(
+        &self,
+        id: u64,
+        action: RolloutAction,
+        fence: Option<&fleetops_storage::leases::Fence>,
+    ) -> Result<(Rollout, bool)> {
         let d = self.deployment(id)?;
         let mut r = self
             .store
@@ -266,9 +289,10 @@ impl ProjectState {
             .into_iter()
             .find(|p| p.id != id && (p.deployed_at.unwrap_or(0), p.id) < mine)
             .map(|p| p.id);
+        let read = r.clone();
         let changed = rollouts::apply(&mut r, &plan, action, now_ms(), previous)?;
         if changed {
-            self.store.put_rollout(&r)?;
+            self.store.put_rollout(&r, &read, fence)?;
         }
         Ok((r, changed))
     }

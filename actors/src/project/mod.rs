@@ -245,6 +245,8 @@ pub(crate) enum ProjectMsg {
     Rollout {
         id: u64,
         action: crate::rules::rollouts::RolloutAction,
+        /// A controller's lease, which the write checks (several nodes); `None` for a member.
+        fence: Option<fleetops_storage::leases::Fence>,
         reply: Reply<(fleetops_storage::rollouts::Rollout, bool)>,
     },
     /// Fault injection for supervision tests.
@@ -614,8 +616,13 @@ impl Actor for ProjectActor {
             ProjectMsg::SetLogRetention { retention, reply } => {
                 let _ = reply.send(st.set_log_retention(retention));
             }
-            ProjectMsg::Rollout { id, action, reply } => {
-                let r = st.rollout_action(id, action);
+            ProjectMsg::Rollout {
+                id,
+                action,
+                fence,
+                reply,
+            } => {
+                let r = st.rollout_action(id, action, fence.as_ref());
                 if r.as_ref().is_ok_and(|(_, changed)| *changed) {
                     st.reassigned();
                 }
