@@ -32,7 +32,7 @@ pub async fn open_store(cfg: &Config) -> anyhow::Result<Store> {
     let allow = cfg.storage.allow_shared_data_dir;
     let mut database = cfg.database.clone();
     // A bus means several nodes: each opens the database shared.
-    database.shared = !cfg.bus.url.is_empty();
+    database.shared |= !cfg.bus.url.is_empty();
     tokio::task::spawn_blocking(move || {
         fleetops_storage::perms::check_private(&dir, allow)?;
         Store::open_on(&dir, delay, &database)

@@ -393,7 +393,10 @@ impl Runtime {
                 "lower-cased the commits of runs stored before commits were lower-cased at parse"
             );
         }
-        let feed = webhooks::worker::WorkerFeed::default();
+        let feed = webhooks::worker::WorkerFeed {
+            bus: bus.is_shared().then(|| bus.clone()),
+            ..Default::default()
+        };
         let installation_args = KeyedArgs::<webhooks::installation::InstallationActor> {
             ctx: (store.clone(), dispatcher_slot.clone()),
             cfg: cfg.supervision.clone(),
@@ -671,6 +674,13 @@ impl Runtime {
                 worker_args: webhooks::worker::WorkerArgs {
                     webhooks: webhooks.clone(),
                     feed: feed.clone(),
+                    lease: bus.is_shared().then(|| {
+                        (
+                            bus.clone(),
+                            clock.clone(),
+                            cfg.bus.lease_ttl_ms.max(100) as i64,
+                        )
+                    }),
                 },
                 housekeeper: housekeeper_slot.clone(),
                 housekeeper_args: housekeeper::HousekeeperArgs {
@@ -733,6 +743,13 @@ impl Runtime {
         );
         if bus.is_shared() {
             listen_to_other_nodes(&bus, &pipeline.controllers, &assignments).await?;
+            let mut wakes = bus.subscribe(webhooks::worker::WAKE_SUBJECT).await?;
+            let wake = feed.wake.clone();
+            tokio::spawn(async move {
+                while wakes.next().await.is_some() {
+                    wake.notify_one();
+                }
+            });
         }
         Ok(Self {
             disk,

@@ -12,6 +12,9 @@ use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_fleetops");
 
+/// `[scm] webhook_secret` of every node.
+pub const WEBHOOK_SECRET: &str = "It's a Secret to Everybody";
+
 /// `[bus] lease_ttl_ms` of every node.
 pub const LEASE_TTL_MS: u64 = 2_000;
 
@@ -177,11 +180,15 @@ requests_per_minute = 1000000
 
 [pipeline]
 rollout_tick_ms = 100
+
+[scm]
+webhook_secret = "{webhook_secret}"
 "#,
             data = data_dir.display(),
             db = self.database,
             bus = self.nats.url(),
             lease = LEASE_TTL_MS,
+            webhook_secret = WEBHOOK_SECRET,
             bucket = self.bucket,
             s3 = moto(),
         )

@@ -11,3 +11,4 @@ mod harness;
 mod live;
 mod nodes;
 mod rollouts;
+mod webhooks;

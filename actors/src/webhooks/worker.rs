@@ -9,6 +9,14 @@
 //! it panicked. Working a delivery
 //! twice is harmless: the installation actor and the dispatcher act on a delivery only while
 //! it is still queued.
+//!
+//! Several nodes: the queue is worked in arrival order (one installation's events must apply
+//! in the order the host sent them), so one node works it at a time, under the lease
+//! `webhook-worker`, renewed before each batch. The others' workers stand by and take it once
+//! it lapses (its node died or stalled), reading the queue from its start, so a dead node's
+//! deliveries are worked within `[bus] lease_ttl_ms`. Every node's intake wakes every node's
+//! worker over the bus; a standing-by or idle worker also looks every second, in case the bus
+//! lost a wake.
 
 use std::sync::Arc;
 #[cfg(feature = "fault-injection")]
@@ -34,6 +42,8 @@ pub(crate) struct WorkerActor;
 pub(crate) struct WorkerFeed {
     /// Stored deliveries are waiting (a permit is kept when the worker is not waiting).
     pub wake: Arc<Notify>,
+    /// Several nodes: wakes the other nodes' workers too.
+    pub bus: Option<crate::bus::Bus>,
     /// Fault injection for tests: the worker panics when it next wakes.
     #[cfg(feature = "fault-injection")]
     pub panic_next: Arc<AtomicBool>,
@@ -42,13 +52,26 @@ pub(crate) struct WorkerFeed {
 impl WorkerFeed {
     pub(crate) fn stored(&self) {
         self.wake.notify_one();
+        if let Some(b) = &self.bus {
+            b.publish(WAKE_SUBJECT.into(), &[]);
+        }
     }
 }
+
+/// The bus subject on which a node's intake wakes every node's worker.
+pub(crate) const WAKE_SUBJECT: &str = "fleetops.webhooks";
+/// The worker's lease (several nodes).
+const LEASE: &str = "webhook-worker";
+/// How long a worker without the lease, or with an empty queue, waits for a wake before it
+/// looks again (several nodes).
+const STAND_BY: std::time::Duration = std::time::Duration::from_secs(1);
 
 #[derive(Clone)]
 pub(crate) struct WorkerArgs {
     pub webhooks: WebhooksHandle,
     pub feed: WorkerFeed,
+    /// Several nodes: the lease every batch is worked under, and its length.
+    pub lease: Option<(crate::bus::Bus, crate::clock::Clock, i64)>,
 }
 
 pub(crate) struct WorkerState {
@@ -60,6 +83,9 @@ pub(crate) struct WorkerState {
     after: u64,
     /// The next batch of the page, read while the current one is worked.
     ahead: Option<ReadAhead>,
+    lease: Option<(crate::bus::Bus, crate::clock::Clock, i64)>,
+    /// Whether this worker held the lease at its last look.
+    holding: bool,
 }
 
 impl Actor for WorkerActor {
@@ -79,6 +105,8 @@ impl Actor for WorkerActor {
             page: std::collections::VecDeque::new(),
             after: 0,
             ahead: None,
+            lease: args.lease,
+            holding: false,
         })
     }
 
@@ -96,6 +124,28 @@ impl Actor for WorkerActor {
             if st.feed.panic_next.swap(false, Ordering::SeqCst) {
                 panic!("injected fault in the webhook worker");
             }
+            if let Some((bus, clock, ttl)) = st.lease.clone() {
+                let store = st.webhooks.store.clone();
+                let held = tokio::task::spawn_blocking(move || {
+                    store.take_lease(LEASE, bus.node_id(), clock.now_ms(), ttl)
+                })
+                .await??
+                .is_some();
+                if !held {
+                    st.holding = false;
+                    let _ = tokio::time::timeout(STAND_BY, st.feed.wake.notified()).await;
+                    continue;
+                }
+                if !st.holding {
+                    // Newly taken: whatever the last holder left queued, from the start.
+                    st.holding = true;
+                    st.page.clear();
+                    if let Some(r) = st.ahead.take() {
+                        r.discard().await;
+                    }
+                    st.after = 0;
+                }
+            }
             if !st.page.is_empty() {
                 break;
             }
@@ -111,7 +161,11 @@ impl Actor for WorkerActor {
                 // wake the queue is read from its start again (worked entries have left it),
                 // so one a failed outcome write left behind is retried, once per wake rather
                 // than in a loop.
-                st.feed.wake.notified().await;
+                if st.lease.is_some() {
+                    let _ = tokio::time::timeout(STAND_BY, st.feed.wake.notified()).await;
+                } else {
+                    st.feed.wake.notified().await;
+                }
                 st.after = 0;
                 continue;
             }

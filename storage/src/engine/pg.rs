@@ -183,7 +183,7 @@ impl Pg {
             if !row.get::<_, bool>(0) {
                 return Err(StorageError::Locked(
                     "the database, held by another fleetops server (several servers on one \
-                     database are not supported yet)"
+                     database are nodes: give each [bus] url, see docs/scaling.md)"
                         .into(),
                 ));
             }
