@@ -238,6 +238,9 @@ impl Config {
                 self.admin.tier
             );
         }
+        if self.bus.nodes == 0 {
+            anyhow::bail!("[bus] nodes must be at least 1");
+        }
         if !self.bus.url.is_empty() {
             if !self.database.is_postgres() {
                 anyhow::bail!(
@@ -317,6 +320,29 @@ impl Config {
         out
     }
 
+    /// The tiers as this node enforces them: each rate limit divided by `[bus] nodes`,
+    /// rounded up (every node counts its own requests).
+    pub fn node_tiers(&self) -> Vec<Tier> {
+        let nodes = self.bus.nodes.max(1);
+        self.tiers()
+            .into_iter()
+            .map(|t| Tier {
+                requests_per_minute: t.requests_per_minute.div_ceil(nodes),
+                ..t
+            })
+            .collect()
+    }
+
+    /// `[http]` as this node enforces it: the login limits divided by `[bus] nodes`, rounded
+    /// up.
+    pub fn node_http(&self) -> HttpConfig {
+        let nodes = self.bus.nodes.max(1);
+        let mut h = self.http.clone();
+        h.login_per_minute = h.login_per_minute.div_ceil(nodes);
+        h.login_per_account_per_minute = h.login_per_account_per_minute.div_ceil(nodes);
+        h
+    }
+
     pub fn runtime(&self) -> RuntimeConfig {
         RuntimeConfig {
             supervision: self.supervision.clone(),
@@ -351,6 +377,24 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_node_enforces_its_share_of_every_rate_limit_rounded_up() {
+        let mut c: Config = toml::from_str(
+            "[bus]\nnodes = 3\n[tiers.free]\nrequests_per_minute = 100\n[http]\nlogin_per_minute = 10\n",
+        )
+        .unwrap();
+        let free = c
+            .node_tiers()
+            .into_iter()
+            .find(|t| t.name == "free")
+            .unwrap();
+        assert_eq!(free.requests_per_minute, 34);
+        assert_eq!(c.node_http().login_per_minute, 4);
+        assert_eq!(c.node_http().login_per_account_per_minute, 7);
+        c.bus.nodes = 0;
+        assert!(c.validate().is_err());
+    }
 
     #[test]
     fn partial_tier_keeps_other_defaults_and_env_wins() {

@@ -58,8 +58,8 @@ pub async fn start(cfg: Config) -> anyhow::Result<Running> {
     runtime.set_public_url(&format!("http://{addr}"));
     let app = Arc::new(fleetops_http::App::new(
         runtime.clone(),
-        cfg.http.clone(),
-        cfg.tiers(),
+        cfg.node_http(),
+        cfg.node_tiers(),
     )?);
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
     let serving = tokio::spawn(fleetops_http::serve(listener, app.clone(), async {

@@ -40,6 +40,11 @@ pub struct BusConfig {
     /// another node takes over after its holder died. Renewed at every controller tick, so
     /// keep it a few ticks long.
     pub lease_ttl_ms: u64,
+    /// How many nodes share the load behind the load balancer. Rate limits are counted by
+    /// each node alone, so each enforces this share of every limit (a tier's requests per
+    /// minute, the login limits), rounded up: a client spread evenly over the nodes gets its
+    /// limit in all.
+    pub nodes: u32,
 }
 
 impl Default for BusConfig {
@@ -49,6 +54,7 @@ impl Default for BusConfig {
             max_queued_bytes: 64 << 20,
             subscription_capacity: 8192,
             lease_ttl_ms: 5_000,
+            nodes: 1,
         }
     }
 }

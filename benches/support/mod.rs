@@ -308,7 +308,12 @@ pub async fn sessions(c: &reqwest::Client, url: &str, key: &str, n: usize) -> Ve
 /// CPU seconds this process (the in-process server, all its threads) has used so far, from
 /// `/proc/self/stat` (utime + stime, at the usual 100 ticks per second).
 pub fn cpu_seconds() -> f64 {
-    std::fs::read_to_string("/proc/self/stat")
+    cpu_seconds_of("self")
+}
+
+/// CPU seconds process `pid` (or `self`) has used so far.
+pub fn cpu_seconds_of(pid: &str) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .ok()
         .and_then(|s| {
             let rest = s.rsplit_once(')')?.1;

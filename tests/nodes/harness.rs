@@ -165,6 +165,7 @@ url = "{db}"
 [bus]
 url = "{bus}"
 lease_ttl_ms = {lease}
+nodes = 2
 
 [storage]
 backend = "s3"
@@ -174,6 +175,9 @@ region = "us-east-1"
 access_key_id = "testing"
 secret_access_key = "testing"
 allow_http = true
+
+[admin]
+tier = "free"
 
 [tiers.free]
 requests_per_minute = 1000000
@@ -264,6 +268,12 @@ impl Node {
 
     pub fn url(&self, path: &str) -> String {
         format!("{}{path}", self.base)
+    }
+
+    /// Its process id (the bench reads its CPU time).
+    #[allow(dead_code)]
+    pub fn pid(&self) -> u32 {
+        self._proc.0.id()
     }
 
     /// A value the first start printed (`API key:`, `project secret:`).

@@ -45,6 +45,17 @@ async fn an_api_key_made_on_one_node_works_on_the_other_and_its_revocation_is_re
     .await;
     assert_eq!(s, 201, "{made}");
     let key = made["key"].as_str().unwrap().to_string();
+    // Each node enforces half of the tier's 1,000,000 requests a minute ([bus] nodes = 2).
+    for n in [&a, &b] {
+        let r = c
+            .get(n.url("/api/v1/users/me"))
+            .bearer_auth(&key)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        assert_eq!(r.headers()["x-ratelimit-limit"], "500000");
+    }
     // B has read (and cached) the key before it is revoked on A.
     for _ in 0..3 {
         let (s, me) = call(&c, Method::GET, b.url("/api/v1/users/me"), &key, None).await;
