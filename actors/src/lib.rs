@@ -610,6 +610,8 @@ impl Runtime {
             rejected: Arc::new(std::sync::Mutex::new(std::collections::VecDeque::new())),
             failures: Arc::new(std::sync::Mutex::new(std::collections::VecDeque::new())),
             clock: clock.clone(),
+            bus: bus.clone(),
+            secret_read_at: Arc::default(),
         };
         let alerts = alerts::AlertsHandle {
             projects: projects.clone(),
@@ -743,6 +745,15 @@ impl Runtime {
         );
         if bus.is_shared() {
             listen_to_other_nodes(&bus, &pipeline.controllers, &assignments).await?;
+            let mut rotations = bus.subscribe(webhooks::SECRET_SUBJECT).await?;
+            let hooks = webhooks.clone();
+            tokio::spawn(async move {
+                while rotations.next().await.is_some() {
+                    if let Err(e) = hooks.reload_secret() {
+                        tracing::warn!(error = %e, "could not read the rotated webhook secret");
+                    }
+                }
+            });
             let mut wakes = bus.subscribe(webhooks::worker::WAKE_SUBJECT).await?;
             let wake = feed.wake.clone();
             tokio::spawn(async move {

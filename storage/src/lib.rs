@@ -423,9 +423,14 @@ impl Store {
         self.inner.cache.on_forget(tell);
     }
 
-    /// Forgets every cached record: another server sharing the database wrote one.
+    /// Forgets every cached record: another server sharing the database wrote one. Reads
+    /// the organizations being deleted again too, so the projects of one deleted on another
+    /// server are refused here as well ([`Store::project_retired`]).
     pub fn forget_cached(&self) {
         self.inner.cache.clear();
+        if let Err(e) = self.load_retired() {
+            tracing::warn!(error = %e, "could not read the organizations being deleted");
+        }
     }
 
     /// Whether the database answers now (a read of one key), for readiness.

@@ -267,3 +267,41 @@ async fn deliveries_are_worked_by_the_other_node_once_the_workers_node_is_killed
         "worked {took:?} after the kill"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_webhook_secret_rotated_on_one_node_verifies_deliveries_on_the_other_at_once() {
+    let engines = Engines::start().await;
+    let (a, b, key) = linked(&engines).await;
+    let c = client();
+    let (s, r) = call(
+        &c,
+        Method::POST,
+        a.url("/api/v1/scm/webhook-secret/rotate"),
+        &key,
+        None,
+    )
+    .await;
+    assert_eq!(s, 200, "{r}");
+    let fresh = r["webhook_secret"].as_str().unwrap().to_string();
+    let body = serde_json::to_vec(&push(&"3".repeat(40))).unwrap();
+    let mut m = hmac::Hmac::<sha2::Sha256>::new_from_slice(fresh.as_bytes()).unwrap();
+    m.update(&body);
+    let r = c
+        .post(b.url("/api/v1/scm/webhooks"))
+        .header("content-type", "application/json")
+        .header("X-Host-Event", "push")
+        .header("X-Host-Delivery", uuid::Uuid::new_v4().to_string())
+        .header(
+            "X-Hub-Signature-256",
+            format!("sha256={}", hex::encode(m.finalize().into_bytes())),
+        )
+        .body(body.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 202, "{:?}", r.text().await);
+    // The previous secret still verifies on both during its grace period.
+    let id = uuid::Uuid::new_v4().to_string();
+    let (s, r) = deliver(&c, &b.base, "push", &id, &push(&"4".repeat(40))).await;
+    assert_eq!(s, 202, "{r}");
+}

@@ -44,7 +44,7 @@ pub(crate) mod worker;
 
 pub use intake::SecretState;
 pub use repositories::RepoPatch;
-pub(crate) use secret::load_secret;
+pub(crate) use secret::{SECRET_SUBJECT, load_secret};
 pub use views::*;
 
 use std::collections::VecDeque;
@@ -80,6 +80,12 @@ pub struct WebhooksHandle {
     pub(crate) rejected: Arc<Mutex<VecDeque<DeliveryView>>>,
     pub(crate) failures: Arc<Mutex<VecDeque<i64>>>,
     pub(crate) clock: crate::clock::Clock,
+    /// Several nodes: a rotation here is announced to the others, which read the secret
+    /// again; a signature that fails reads it again too, at most once a second
+    /// (`secret_read_at`, Unix ms, that read's time), in case the announcement was lost or is
+    /// still on its way.
+    pub(crate) bus: crate::bus::Bus,
+    pub(crate) secret_read_at: Arc<std::sync::atomic::AtomicI64>,
 }
 
 impl WebhooksHandle {

@@ -71,6 +71,9 @@ pub(crate) fn load_secret(store: &Store, cfg: &ScmConfig) -> Result<SecretState>
     Ok(s)
 }
 
+/// The bus subject on which a node announces a rotation of the webhook secret.
+pub(crate) const SECRET_SUBJECT: &str = "fleetops.webhook-secret";
+
 /// Present while a generated webhook secret has not yet been printed by `serve`.
 const UNSHOWN_SECRET_META: &str = "scm_webhook_secret_unshown";
 
@@ -141,6 +144,29 @@ impl WebhooksHandle {
         }
     }
 
+    /// Takes `next` as the secret state unless it is older than the one held: of two
+    /// rotations, the later stored names the other's secret among its earlier ones, so an
+    /// answer that comes second never rolls the state back.
+    fn adopt(&self, next: SecretState) {
+        if let Ok(mut s) = self.secret.write()
+            && (s.current.is_empty()
+                || s.current == next.current
+                || next.earlier.iter().any(|e| e.secret == s.current))
+        {
+            *s = next;
+        }
+    }
+
+    /// Reads the secret state again from the store (another node rotated it).
+    pub(crate) fn reload_secret(&self) -> Result<()> {
+        if let Some(v) = self.store.meta_get(intake::SECRET_META)? {
+            let s: SecretState =
+                serde_json::from_slice(&v).map_err(|e| Error::Internal(e.to_string()))?;
+            self.adopt(s);
+        }
+        Ok(())
+    }
+
     /// Checks the signature; a failure is counted and noted. A large body is hashed on the
     /// blocking pool (25 MiB of HMAC-SHA256 is tens of milliseconds of CPU).
     pub async fn verify(
@@ -159,6 +185,21 @@ impl WebhooksHandle {
         };
         if ok {
             return Ok(());
+        }
+        // Several nodes: another may have rotated the secret and its announcement been lost.
+        let now = self.clock.now_ms();
+        let read_at = self
+            .secret_read_at
+            .load(std::sync::atomic::Ordering::Relaxed);
+        if signed && self.bus.is_shared() && now - read_at >= 1_000 {
+            self.secret_read_at
+                .store(now, std::sync::atomic::Ordering::Relaxed);
+            let me = self.clone();
+            crate::off_thread(move || me.reload_secret()).await?;
+            let (me, header, body) = (self.clone(), header.map(str::to_string), body.clone());
+            if crate::off_thread(move || Ok(me.signature_ok(header.as_deref(), &body))).await? {
+                return Ok(());
+            }
         }
         if let Ok(mut f) = self.failures.lock() {
             let now = self.clock.now_ms();
@@ -194,12 +235,9 @@ impl WebhooksHandle {
             })
             .await?;
         self.store.durable().await?;
-        if let Ok(mut s) = self.secret.write() {
-            // Of two rotations at once, the later stored names the other's secret among
-            // its earlier ones: an answer that comes second never rolls the state back.
-            if s.current.is_empty() || next.earlier.iter().any(|e| e.secret == s.current) {
-                *s = next.clone();
-            }
+        self.adopt(next.clone());
+        if self.bus.is_shared() {
+            self.bus.publish(SECRET_SUBJECT.into(), &[]);
         }
         Ok(Rotated {
             webhook_secret: fresh,
