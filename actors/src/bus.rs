@@ -256,6 +256,22 @@ impl Bus {
     }
 }
 
+/// A task forwarding what a subscription brings to an actor, ended with the actor's state
+/// (dropping it aborts the task).
+pub struct Listener(tokio::task::JoinHandle<()>);
+
+impl Listener {
+    pub fn spawn(task: impl std::future::Future<Output = ()> + Send + 'static) -> Self {
+        Self(tokio::spawn(task))
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 fn node_id() -> [u8; ORIGIN] {
     *uuid::Uuid::new_v4().as_bytes()
 }

@@ -70,7 +70,8 @@
 //! Leaf modules shared by writers and handles: `assignments` (which package each device should
 //! run, cached), [`provenance`] (package → capsule → commit → test runs), `shares` (pools with
 //! a bounded share per organization) and `signals` (what device and log handles tell the alert
-//! evaluators). Beside them: [`config`] (settings), [`clock`], [`error`], [`events`] (the
+//! evaluators). Beside them: [`bus`] (what travels between nodes sharing a database, and
+//! the leases that let one of them decide), [`config`] (settings), [`clock`], [`error`], [`events`] (the
 //! outbox events leave their writer through), [`auth`] and [`access`] (who may do what),
 //! [`links`] (signed upload and download links), [`live`] (the live log stream), [`views`]
 //! (response shapes), [`health`] (what `/healthz` reports), [`backup`], [`archives`],
@@ -427,6 +428,7 @@ impl Runtime {
                     cfg.alerts.max_in_flight,
                     cfg.alerts.max_in_flight_per_org,
                 ),
+                bus: bus.clone(),
             },
             cfg: cfg.supervision.clone(),
             registry: Arc::new(DashMap::new()),
@@ -454,6 +456,8 @@ impl Runtime {
                 notifiers: notifier_actors.clone(),
                 rule_health: rule_health.clone(),
                 disk: disk.clone(),
+                bus: bus.clone(),
+                lease_ttl_ms: cfg.bus.lease_ttl_ms.max(100) as i64,
                 #[cfg(feature = "fault-injection")]
                 fail_log_sets: fail_log_sets.clone(),
             },
@@ -474,6 +478,7 @@ impl Runtime {
             max_log_bytes: cfg.alerts.max_log_bytes_in_flight.max(1),
             dropped: Arc::new(AtomicU64::new(0)),
             rule_health: rule_health.clone(),
+            bus: bus.clone(),
             #[cfg(feature = "fault-injection")]
             fail_log_sets,
         };

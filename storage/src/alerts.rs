@@ -158,15 +158,20 @@ impl Store {
     }
 
     /// One evaluator step, atomically: condition states set (`Some`) or cleared (`None`),
-    /// alerts written, and new notifications recorded as owed.
+    /// alerts written, and new notifications recorded as owed; with several servers, only
+    /// while the evaluator's lease is still its own (`fence`).
     pub fn apply_evaluation(
         &self,
         project: u64,
         states: &[(u64, u64, Option<ConditionState>)],
         alerts: &[Alert],
         notifications: &[Notification],
+        fence: Option<&crate::leases::Fence>,
     ) -> Result<()> {
         let mut w = Writes::new();
+        if let Some(f) = fence {
+            w.fence(f);
+        }
         for (rule, device, st) in states {
             match st {
                 Some(st) => w.put(keys::condition(project, *rule, *device), st)?,
@@ -378,7 +383,9 @@ mod tests {
             note(2, 2, Some(true)),
             note(3, 5, Some(false)),
         ];
-        store.apply_evaluation(1, &[], &alerts, &notes).unwrap();
+        store
+            .apply_evaluation(1, &[], &alerts, &notes, None)
+            .unwrap();
         assert_eq!(store.prune_alerts(1_000, 1).unwrap(), 1);
         assert_eq!(store.prune_alerts(1_000, 10).unwrap(), 1);
         let left = ids(&store);
@@ -399,7 +406,7 @@ mod tests {
         {
             let store = crate::testing::open(dir.path());
             store
-                .apply_evaluation(1, &[], &[alert(1, Some(100)), alert(2, None)], &[])
+                .apply_evaluation(1, &[], &[alert(1, Some(100)), alert(2, None)], &[], None)
                 .unwrap();
             // As written before: no index, no marker.
             let mut b = crate::engine::Batch::default();

@@ -187,6 +187,10 @@ rollout_tick_ms = 100
 
 [scm]
 webhook_secret = "{webhook_secret}"
+
+[alerts]
+allow_private_targets = true
+tick_ms = 100
 "#,
             data = data_dir.display(),
             db = self.database,

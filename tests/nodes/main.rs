@@ -7,6 +7,7 @@
 #[path = "../support/postgres.rs"]
 mod postgres;
 
+mod alerts;
 mod crash;
 mod harness;
 mod live;

@@ -11,6 +11,12 @@
 //! same batch as the alert and its owed notifications, and the notifier is told only once that
 //! batch is on disk. On a restart the states, the devices' last heartbeats and metrics are read
 //! back, so a firing alert is neither lost nor fired again.
+//!
+//! Several nodes: each node with the project's rules runs its evaluator, but only the one
+//! holding the lease `alerts/{project}` judges and writes (every write fenced by the lease);
+//! the others stand by, dropping what they are sent, and try the lease at every tick. The
+//! holder renews it once half of it has run; one that takes it over loads everything from
+//! storage, as a restart does. Signals reach every node's evaluator (`alerts::remote`).
 
 use fleetops_storage::Columns;
 use std::cmp::Reverse;
@@ -85,6 +91,10 @@ pub(crate) struct EvaluatorCtx {
     pub rule_health: RuleHealthMap,
     /// The data directory's free space, for `disk_space` rules.
     pub disk: Arc<crate::disk::DiskSpace>,
+    /// Several nodes: one node's evaluator of a project judges, under the project's lease;
+    /// the others stand by.
+    pub bus: crate::bus::Bus,
+    pub lease_ttl_ms: i64,
     /// Makes every combined pattern set fail to build (tests of the per-rule fallback).
     #[cfg(feature = "fault-injection")]
     pub fail_log_sets: Arc<std::sync::atomic::AtomicBool>,
@@ -140,6 +150,9 @@ pub(crate) struct AlertFeed {
     pub dropped: Arc<AtomicU64>,
     /// What the evaluators record of rules not evaluated as written.
     pub rule_health: RuleHealthMap,
+    /// Several nodes: every signal also goes to the other nodes, whose evaluator of the
+    /// project may be the one judging it (`alerts::remote`).
+    pub bus: crate::bus::Bus,
     /// See [`EvaluatorCtx::fail_log_sets`].
     #[cfg(feature = "fault-injection")]
     pub fail_log_sets: Arc<std::sync::atomic::AtomicBool>,
@@ -209,6 +222,36 @@ impl AlertFeed {
         if !self.active.contains_key(&pid) {
             return;
         }
+        if self.bus.is_shared() {
+            let remote = match &msg {
+                EvaluatorMsg::Heartbeat {
+                    device_id,
+                    at,
+                    metrics,
+                } => Some(super::remote::Signal::Heartbeat {
+                    device_id: *device_id,
+                    at: *at,
+                    metrics: metrics.clone(),
+                }),
+                EvaluatorMsg::Logs {
+                    device_id, chunk, ..
+                } => Some(super::remote::Signal::Logs {
+                    device_id: *device_id,
+                    chunk: chunk.clone(),
+                }),
+                EvaluatorMsg::Rollout { device_id, status } => {
+                    Some(super::remote::Signal::Rollout {
+                        device_id: *device_id,
+                        status: *status,
+                    })
+                }
+                EvaluatorMsg::DevicesChanged => Some(super::remote::Signal::DevicesChanged),
+                _ => None,
+            };
+            if let Some(m) = remote.as_ref().and_then(super::remote::encode) {
+                self.bus.publish(super::remote::subject(pid), &m);
+            }
+        }
         match self.evaluators.actor(pid).await {
             Ok(a) => {
                 let _ = a.cast(Envelope::cast(msg));
@@ -232,9 +275,18 @@ impl AlertFeed {
         }
     }
 
+    /// As [`AlertFeed::rules_changed_here`], and tells the other nodes (several nodes).
+    pub(crate) async fn rules_changed(&self, store: &Store, pid: u64) {
+        if self.bus.is_shared() {
+            self.bus
+                .publish(super::remote::RULES_SUBJECT.into(), &pid.to_be_bytes());
+        }
+        self.rules_changed_here(store, pid).await;
+    }
+
     /// Marks the project as having enabled rules (or not), from storage, and tells its
     /// evaluator to reload.
-    pub(crate) async fn rules_changed(&self, store: &Store, pid: u64) {
+    pub(crate) async fn rules_changed_here(&self, store: &Store, pid: u64) {
         if store.project_retired(pid) {
             self.stop_project(pid);
             return;
@@ -393,6 +445,11 @@ pub(crate) struct EvaluatorState {
     windows: HashMap<(u64, u64), VecDeque<i64>>,
     heap: BinaryHeap<Reverse<(i64, Due)>>,
     scheduled: HashMap<Due, i64>,
+    /// Several nodes: the project's lease while this evaluator holds it (every write checks
+    /// it), and when to renew it; `None`: standing by (signals are dropped, nothing written).
+    lease: Option<(fleetops_storage::leases::Fence, i64)>,
+    /// Forwards the other nodes' signals of the project here, while the actor runs.
+    _listening: Option<crate::bus::Listener>,
 }
 
 /// The writes of one step, applied in one batch.
@@ -449,6 +506,121 @@ fn load_rules(store: &Store, pid: u64) -> Result<(Vec<Loaded>, Unhealthy)> {
     Ok((out, bad))
 }
 
+/// The project's lease for an evaluator of `ctx` (several nodes): taken or renewed, `None`
+/// while another node's evaluator holds it; always `None` on one node.
+async fn take_lease(
+    ctx: &EvaluatorCtx,
+    pid: u64,
+) -> Result<Option<(fleetops_storage::leases::Fence, i64)>> {
+    if !ctx.bus.is_shared() {
+        return Ok(None);
+    }
+    let (store, node, now, ttl) = (
+        ctx.store.clone(),
+        ctx.bus.node_id(),
+        ctx.clock.now_ms(),
+        ctx.lease_ttl_ms,
+    );
+    let taken = crate::off_thread(move || {
+        Ok(store.take_lease(&super::remote::lease_name(pid), node, now, ttl)?)
+    })
+    .await?;
+    // Renewed once half of it has run.
+    Ok(taken.map(|f| (f, now + ttl / 2)))
+}
+
+/// Forwards the other nodes' signals of project `pid` to its evaluator here.
+async fn listen(
+    bus: &crate::bus::Bus,
+    pid: u64,
+    me: ActorRef<Envelope<EvaluatorMsg>>,
+) -> Result<crate::bus::Listener> {
+    let mut sub = bus
+        .subscribe(&super::remote::subject(pid))
+        .await
+        .map_err(|e| crate::error::Error::Internal(e.to_string()))?;
+    Ok(crate::bus::Listener::spawn(async move {
+        while let Some(m) = sub.next().await {
+            let msg = match super::remote::decode(&m.payload) {
+                Some(super::remote::Signal::Heartbeat {
+                    device_id,
+                    at,
+                    metrics,
+                }) => EvaluatorMsg::Heartbeat {
+                    device_id,
+                    at,
+                    metrics,
+                },
+                Some(super::remote::Signal::Logs { device_id, chunk }) => EvaluatorMsg::Logs {
+                    device_id,
+                    chunk,
+                    _budget: Budget {
+                        bytes: 0,
+                        used: Arc::default(),
+                    },
+                },
+                Some(super::remote::Signal::Rollout { device_id, status }) => {
+                    EvaluatorMsg::Rollout { device_id, status }
+                }
+                Some(super::remote::Signal::DevicesChanged) => EvaluatorMsg::DevicesChanged,
+                None => continue,
+            };
+            if me.cast(Envelope::cast(msg)).is_err() {
+                break;
+            }
+        }
+    }))
+}
+
+/// The evaluator's state read from storage; `judge`: devices and states brought up to date
+/// and written (not while standing by, when nothing is written).
+async fn load(
+    ctx: EvaluatorCtx,
+    pid: u64,
+    lease: Option<(fleetops_storage::leases::Fence, i64)>,
+    judge: bool,
+) -> std::result::Result<EvaluatorState, ActorProcessingErr> {
+    let store = ctx.store.clone();
+    let slug = store
+        .project(pid)?
+        .map(|p| p.slug.clone())
+        .ok_or_else(|| format!("project {pid} does not exist"))?;
+    let mut st = EvaluatorState {
+        pid,
+        pending: Pending::Nothing,
+        slug,
+        rules: Vec::new(),
+        log_rules: Vec::new(),
+        log_set: None,
+        states: store
+            .condition_states(pid)?
+            .into_iter()
+            .map(|s| ((s.rule_id, s.device_id), s))
+            .collect(),
+        last_seen: HashMap::new(),
+        // Rollout results reach the evaluator as events, which a restart loses.
+        reconcile_due: true,
+        online_since: HashMap::new(),
+        metrics: HashMap::new(),
+        windows: HashMap::new(),
+        heap: BinaryHeap::new(),
+        scheduled: HashMap::new(),
+        lease,
+        _listening: None,
+        ctx,
+    };
+    st.rules = st.load()?;
+    if judge {
+        let now = st.ctx.clock.now_ms();
+        let mut ch = Changes::default();
+        // Devices and states from storage (online since: unknown after a restart, so counted
+        // from the last heartbeat at the latest).
+        st.refresh_devices(now, &mut ch)?;
+        st.commit(ch).await?;
+    }
+    Ok(st)
+}
+
 impl Actor for EvaluatorActor {
     type Msg = Envelope<EvaluatorMsg>;
     type State = EvaluatorState;
@@ -459,41 +631,16 @@ impl Actor for EvaluatorActor {
         myself: ActorRef<Self::Msg>,
         (ctx, pid): Self::Arguments,
     ) -> Result<Self::State, ActorProcessingErr> {
-        let store = ctx.store.clone();
-        let slug = store
-            .project(pid)?
-            .map(|p| p.slug.clone())
-            .ok_or_else(|| format!("project {pid} does not exist"))?;
-        let mut st = EvaluatorState {
-            pid,
-            pending: Pending::Nothing,
-            slug,
-            rules: Vec::new(),
-            log_rules: Vec::new(),
-            log_set: None,
-            states: store
-                .condition_states(pid)?
-                .into_iter()
-                .map(|s| ((s.rule_id, s.device_id), s))
-                .collect(),
-            last_seen: HashMap::new(),
-            // Rollout results reach the evaluator as events, which a restart loses.
-            reconcile_due: true,
-            online_since: HashMap::new(),
-            metrics: HashMap::new(),
-            windows: HashMap::new(),
-            heap: BinaryHeap::new(),
-            scheduled: HashMap::new(),
-            ctx,
+        myself.send_interval(ctx.tick, || Envelope::cast(EvaluatorMsg::Tick));
+        let listening = if ctx.bus.is_shared() {
+            Some(listen(&ctx.bus, pid, myself.clone()).await?)
+        } else {
+            None
         };
-        st.rules = st.load()?;
-        myself.send_interval(st.ctx.tick, || Envelope::cast(EvaluatorMsg::Tick));
-        let now = st.ctx.clock.now_ms();
-        let mut ch = Changes::default();
-        // Devices and states from storage (online since: unknown after a restart, so counted
-        // from the last heartbeat at the latest).
-        st.refresh_devices(now, &mut ch)?;
-        st.commit(ch).await?;
+        let lease = take_lease(&ctx, pid).await?;
+        let standby = ctx.bus.is_shared() && lease.is_none();
+        let mut st = load(ctx, pid, lease, !standby).await?;
+        st._listening = listening;
         Ok(st)
     }
 
@@ -512,6 +659,28 @@ impl Actor for EvaluatorActor {
             return Ok(());
         }
         let now = st.ctx.clock.now_ms();
+        if st.ctx.bus.is_shared() {
+            let due = st
+                .lease
+                .as_ref()
+                .is_none_or(|(_, renew_at)| now >= *renew_at);
+            if matches!(msg, EvaluatorMsg::Tick) && due {
+                match take_lease(&st.ctx, st.pid).await? {
+                    Some(lease) if st.lease.is_none() => {
+                        // Taken over: judge from what is stored now.
+                        let listening = st._listening.take();
+                        *st = load(st.ctx.clone(), st.pid, Some(lease), true).await?;
+                        st._listening = listening;
+                    }
+                    Some(lease) => st.lease = Some(lease),
+                    None => st.lease = None,
+                }
+            }
+            if st.lease.is_none() {
+                // Standing by: another node's evaluator judges the project.
+                return Ok(());
+            }
+        }
         let started = std::time::Instant::now();
         let mut ch = Changes::default();
         match msg {
@@ -1335,9 +1504,13 @@ impl EvaluatorState {
         if ch.states.is_empty() && ch.alerts.is_empty() && ch.notifications.is_empty() {
             return Ok(());
         }
-        self.ctx
-            .store
-            .apply_evaluation(self.pid, &ch.states, &ch.alerts, &ch.notifications)?;
+        self.ctx.store.apply_evaluation(
+            self.pid,
+            &ch.states,
+            &ch.alerts,
+            &ch.notifications,
+            self.lease.as_ref().map(|(f, _)| f),
+        )?;
         self.ctx.store.durable().await?;
         if !ch.notifications.is_empty() {
             match self.ctx.notifiers.actor(self.pid).await {

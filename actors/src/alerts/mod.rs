@@ -43,6 +43,7 @@ pub(crate) mod evaluator;
 pub mod history;
 pub mod integrations;
 pub(crate) mod notifier;
+pub(crate) mod remote;
 pub mod rules;
 pub mod sender;
 
@@ -170,7 +171,29 @@ impl AlertsHandle {
         rollouts: tokio::sync::broadcast::Receiver<crate::events::RolloutEvent>,
     ) -> crate::error::Result<()> {
         for pid in self.store.projects_with_alert_rules()? {
-            self.feed.rules_changed(&self.store, pid).await;
+            self.feed.rules_changed_here(&self.store, pid).await;
+        }
+        if self.feed.bus.is_shared() {
+            // Another node's change of a project's rules: this node signals its evaluator too.
+            let mut changes = self
+                .feed
+                .bus
+                .subscribe(remote::RULES_SUBJECT)
+                .await
+                .map_err(|e| crate::error::Error::Internal(e.to_string()))?;
+            let (feed, store) = (self.feed.clone(), self.store.clone());
+            tokio::spawn(async move {
+                while let Some(m) = changes.next().await {
+                    if let Some(pid) = m
+                        .payload
+                        .get(..8)
+                        .and_then(|b| b.try_into().ok())
+                        .map(u64::from_be_bytes)
+                    {
+                        feed.rules_changed_here(&store, pid).await;
+                    }
+                }
+            });
         }
         for pid in self.owed_projects()? {
             // One notifier that cannot start must not keep the server down; its

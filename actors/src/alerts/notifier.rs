@@ -7,6 +7,10 @@
 //! records every attempt, and retries 5xx,
 //! 429 (`Retry-After`, capped), timeouts and connection errors with exponential backoff up to
 //! `[alerts] max_attempts`. Owed notifications are stored, so a restart resumes them.
+//!
+//! Several nodes: only the notifier on the node whose evaluator holds the project's lease
+//! (`alerts/{project}`) sends; the others hold their owed notifications and send nothing, and
+//! one that comes to hold the lease reads what is owed from storage first.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeSet, BinaryHeap, HashMap, HashSet};
@@ -52,6 +56,8 @@ pub(crate) struct NotifierCtx {
     /// The sending slots, shared by every project's notifier, with each organization's
     /// share.
     pub slots: crate::shares::Shares,
+    /// Several nodes: this node's id, to know whether it holds the project's lease.
+    pub bus: crate::bus::Bus,
 }
 
 #[derive(Default)]
@@ -82,6 +88,9 @@ pub(crate) struct NotifierState {
     /// The owed notifications of each (alert, integration), in order: only the first may be
     /// sent, so a resolve never overtakes its firing.
     order: HashMap<(u64, u64), BTreeSet<u64>>,
+    /// Several nodes: whether this node held the project's lease when last looked at, and
+    /// when that was (Unix ms).
+    holds: (bool, i64),
 }
 
 impl Actor for NotifierActor {
@@ -106,6 +115,7 @@ impl Actor for NotifierActor {
             heap: BinaryHeap::new(),
             sending: HashSet::new(),
             order: HashMap::new(),
+            holds: (false, i64::MIN),
             ctx,
         };
         for n in st.ctx.store.owed_notifications()? {
@@ -195,9 +205,44 @@ impl NotifierState {
         self.owed.insert(n.id, n);
     }
 
+    /// Whether this notifier sends: always on one node; with several, while this node's
+    /// evaluator holds the project's lease (looked at most twice a second). Coming to hold it,
+    /// what is owed is read from storage first.
+    fn may_send(&mut self) -> bool {
+        if !self.ctx.bus.is_shared() {
+            return true;
+        }
+        let now = self.ctx.clock.now_ms();
+        if now.saturating_sub(self.holds.1) < 500 {
+            return self.holds.0;
+        }
+        let me = self.ctx.bus.node_id();
+        let holds = matches!(
+            self.ctx.store.lease(&crate::alerts::remote::lease_name(self.pid)),
+            Ok(Some(l)) if l.holder == me && l.until > now
+        );
+        if holds && !self.holds.0 {
+            match self.ctx.store.owed_notifications() {
+                Ok(owed) => {
+                    for n in owed {
+                        if n.project_id == self.pid {
+                            self.take(n);
+                        }
+                    }
+                }
+                Err(_) => return false,
+            }
+        }
+        self.holds = (holds, now);
+        holds
+    }
+
     /// Starts every due attempt a slot is free for (within the project's and its
     /// organization's shares); the rest wait for a slot of theirs or the next tick.
     fn start_due(&mut self, myself: &ActorRef<Envelope<NotifierMsg>>) {
+        if !self.may_send() {
+            return;
+        }
         let now = self.ctx.clock.now_ms();
         while let Some(Reverse((at, id))) = self.heap.peek().copied() {
             if at > now {

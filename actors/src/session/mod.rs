@@ -141,16 +141,7 @@ pub(crate) struct SessionState {
     /// Where this node tells the others of its batches.
     bus: crate::bus::Bus,
     /// Forwards the other nodes' messages about this session here, while the actor runs.
-    _listening: Option<AbortOnDrop>,
-}
-
-/// A task that ends with the actor's state.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
+    _listening: Option<crate::bus::Listener>,
 }
 
 /// How many times a write decided against stale counters is tried again (another node
@@ -220,7 +211,7 @@ impl Actor for SessionActor {
                 }
                 Ok(mut sub) => {
                     let me = myself.clone();
-                    Some(AbortOnDrop(tokio::spawn(async move {
+                    Some(crate::bus::Listener::spawn(async move {
                         while let Some(m) = sub.next().await {
                             if me
                                 .cast(Envelope::cast(SessionMsg::Remote(m.payload)))
@@ -229,7 +220,7 @@ impl Actor for SessionActor {
                                 break;
                             }
                         }
-                    })))
+                    }))
                 }
             }
         } else {
