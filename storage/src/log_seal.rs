@@ -733,7 +733,7 @@ mod tests {
     }
     on_each_engine!(sealing_merges_small_chunks_keeping_every_entry_in_order);
 
-    fn an_append_decided_on_stale_counters_is_refused_and_writes_nothing() {
+    fn an_append_decided_on_stale_counters_or_after_completion_is_refused_and_writes_nothing() {
         let dir = tempfile::tempdir().unwrap();
         let store = crate::testing::open(dir.path());
         session(&store, 3);
@@ -751,7 +751,7 @@ mod tests {
             ..stale
         };
         let index = crate::sessions::ChunkIndex::of(&c).unwrap();
-        let r = store.append_indexed_chunk(3, &c, &index, &stale, &next, stale.next_chunk);
+        let r = store.append_indexed_chunk(7, 3, &c, &index, &stale, &next, stale.next_chunk);
         assert!(matches!(r, Err(StorageError::Conflict(_))), "{r:?}");
         assert_eq!(lines(&store, 3).len(), 10);
         assert_eq!(store.session_counters(3).unwrap().log_count, 10);
@@ -763,11 +763,29 @@ mod tests {
             ..now
         };
         store
-            .append_indexed_chunk(3, &c, &index, &now, &next, now.next_chunk)
+            .append_indexed_chunk(7, 3, &c, &index, &now, &next, now.next_chunk)
             .unwrap();
         assert_eq!(lines(&store, 3).last().unwrap().0, "late");
+        // Completed by another server: refused, nothing written.
+        let mut done = session(&store, 3);
+        done.status = SessionStatus::Completed;
+        store.put_session(&done).unwrap();
+        let now = store.session_counters(3).unwrap();
+        let next = SessionCounters {
+            log_count: now.log_count + 1,
+            next_chunk: now.next_chunk + 1,
+            ..now
+        };
+        let r = store.append_indexed_chunk(7, 3, &c, &index, &now, &next, now.next_chunk);
+        assert!(
+            matches!(&r, Err(StorageError::Conflict(w)) if w == crate::sessions::SESSION_NOT_ACTIVE),
+            "{r:?}"
+        );
+        assert_eq!(lines(&store, 3).len(), 11);
     }
-    on_each_engine!(an_append_decided_on_stale_counters_is_refused_and_writes_nothing);
+    on_each_engine!(
+        an_append_decided_on_stale_counters_or_after_completion_is_refused_and_writes_nothing
+    );
 
     fn a_seal_reads_at_most_its_source_budget_and_says_more_remain() {
         let dir = tempfile::tempdir().unwrap();

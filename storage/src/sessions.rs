@@ -154,6 +154,9 @@ impl Iterator for Places {
     }
 }
 
+/// What an append or an artifact to a session no longer active conflicts with.
+pub const SESSION_NOT_ACTIVE: &str = "session not active";
+
 impl Store {
     pub fn session(&self, project: u64, id: u64) -> Result<Option<Session>> {
         self.get(&keys::session(project, id))
@@ -273,12 +276,15 @@ impl Store {
     }
 
     /// As [`Store::append_chunk`], with the index built beforehand ([`ChunkIndex::of`]), so
-    /// that the caller can build it off the thread that writes; and only while the stored
-    /// counters are still `prev` (decided inside the write's transaction): otherwise
-    /// [`StorageError::Conflict`], since another server appended to the session or stored an
-    /// artifact in it meanwhile, and the caller reads the counters again.
+    /// that the caller can build it off the thread that writes; and only while the session
+    /// (of `project`) is still active and its stored counters are still `prev`, both decided
+    /// inside the write's transaction. Otherwise [`StorageError::Conflict`]: `session not
+    /// active` (another server completed or deleted it), or `session counters` (another
+    /// server appended to it or stored an artifact in it meanwhile, and the caller reads the
+    /// counters again).
     pub fn append_indexed_chunk(
         &self,
+        project: u64,
         session: u64,
         chunk: &LogChunk,
         index: &ChunkIndex,
@@ -286,7 +292,7 @@ impl Store {
         counters: &SessionCounters,
         seq: u64,
     ) -> Result<()> {
-        self.append_checked(session, chunk, index, Some(prev), counters, seq)
+        self.append_checked(session, chunk, index, Some((project, prev)), counters, seq)
     }
 
     fn append_checked(
@@ -294,7 +300,7 @@ impl Store {
         session: u64,
         chunk: &LogChunk,
         index: &ChunkIndex,
-        prev: Option<&SessionCounters>,
+        check: Option<(u64, &SessionCounters)>,
         counters: &SessionCounters,
         seq: u64,
     ) -> Result<()> {
@@ -312,9 +318,20 @@ impl Store {
         self.inner
             .logs
             .transaction_held(&self.inner.records, &gate, |logs, records| {
-                if let Some(prev) = prev {
-                    let stored = match records.get(counters_key.as_slice())? {
-                        Some(v) => codec::decode::<SessionCounters>(&v).ok(),
+                if let Some((project, prev)) = check {
+                    let read = records
+                        .get_many(&[counters_key.clone(), keys::session(project, session)])?;
+                    let active = read[1]
+                        .as_ref()
+                        .and_then(|v| codec::decode::<crate::Session>(v).ok())
+                        .is_some_and(|s| s.status == SessionStatus::Active);
+                    if !active {
+                        return Err(TxError::Abort(StorageError::Conflict(
+                            SESSION_NOT_ACTIVE.into(),
+                        )));
+                    }
+                    let stored = match &read[0] {
+                        Some(v) => codec::decode::<SessionCounters>(v).ok(),
                         None => Some(SessionCounters::default()),
                     };
                     if stored.as_ref() != Some(prev) {
@@ -646,15 +663,25 @@ impl Store {
     }
 
     /// Records an artifact (replacing one at the same path) with the session's new counters.
-    /// Stores an artifact record with the counters that account for it, while the stored
-    /// counters are still `prev` ([`StorageError::Conflict`] otherwise, as for appends).
+    /// Stores an artifact record with the counters that account for it, while the session
+    /// (of `project`) is still active and its stored counters are still `prev`
+    /// ([`StorageError::Conflict`] otherwise, as for appends).
     pub fn put_artifact(
         &self,
+        project: u64,
         a: &Artifact,
         prev: &SessionCounters,
         counters: &SessionCounters,
     ) -> Result<()> {
         let mut w = Writes::new();
+        w.guard(
+            keys::session(project, a.session_id),
+            SESSION_NOT_ACTIVE,
+            |v| {
+                v.and_then(|v| codec::decode::<crate::Session>(v).ok())
+                    .is_some_and(|s| s.status == SessionStatus::Active)
+            },
+        );
         let key = keys::session_counters(a.session_id);
         let prev = *prev;
         w.guard(key, "session counters", move |v| {

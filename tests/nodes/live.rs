@@ -183,3 +183,57 @@ async fn appends_to_one_session_on_both_nodes_keep_every_line_once_and_a_subscri
     assert_eq!(seen[0], stored, "node A's subscriber");
     assert_eq!(seen[1], stored, "node B's subscriber");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_bus_down_a_subscriber_on_one_node_still_gets_the_other_nodes_lines_from_the_store()
+ {
+    let mut engines = Engines::start().await;
+    let a = engines.node("a");
+    let b = engines.node("b");
+    let c = client();
+    let key = a.printed("API key:");
+    let (sid, token) = session(&c, &a, &key).await;
+    let mut ws = tail(&b, sid, &key).await;
+    post_lines(&c, &a, sid, &token, &["before".to_string()]).await;
+    assert_eq!(next_json(&mut ws).await["message"], "before");
+    // Every batch from now on is lost to the bus: B reads them back from the store.
+    engines.nats.stop();
+    for i in 0..5 {
+        post_lines(&c, &a, sid, &token, &[format!("dark {i}")]).await;
+    }
+    for i in 0..5 {
+        assert_eq!(next_json(&mut ws).await["message"], format!("dark {i}"));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_completed_on_one_node_refuses_appends_on_the_other_even_with_the_bus_down() {
+    let mut engines = Engines::start().await;
+    let a = engines.node("a");
+    let b = engines.node("b");
+    let c = client();
+    let key = a.printed("API key:");
+    let (sid, token) = session(&c, &a, &key).await;
+    // B's session actor is up and open.
+    post_lines(&c, &b, sid, &token, &["on b".to_string()]).await;
+    engines.nats.stop();
+    let (s, _) = call(
+        &c,
+        Method::POST,
+        a.url(&format!("{DEV}/sessions/{sid}/complete")),
+        &token,
+        Some(json!({"status": "completed"})),
+    )
+    .await;
+    assert_eq!(s, 200);
+    let (s, body) = call(
+        &c,
+        Method::POST,
+        b.url(&format!("{DEV}/sessions/{sid}/logs")),
+        &token,
+        Some(json!([{"level": "info", "message": "too late"}])),
+    )
+    .await;
+    assert_eq!(s, 409, "{body}");
+    assert_eq!(body["detail"], "Session is not active");
+}

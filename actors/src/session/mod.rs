@@ -68,6 +68,8 @@ pub(crate) enum SessionMsg {
     End(Option<&'static str>),
     /// A message from the same session's actor on another node (`remote`).
     Remote(bytes::Bytes),
+    /// Fan out what other nodes stored that the bus did not bring (several nodes).
+    CatchUp,
     /// Stops the actor if nothing happened for `[sessions] idle_seconds` and nobody
     /// listens (passivation; the next append or subscriber starts it again from storage).
     IdleCheck,
@@ -140,9 +142,19 @@ pub(crate) struct SessionState {
     seen: u64,
     /// Where this node tells the others of its batches.
     bus: crate::bus::Bus,
-    /// Forwards the other nodes' messages about this session here, while the actor runs.
-    _listening: Option<crate::bus::Listener>,
+    /// Forwards the other nodes' messages about this session here, while it has live
+    /// subscribers (several nodes).
+    listening: Option<crate::bus::Listener>,
+    /// Bytes of those messages waiting in the mailbox; past [`MAX_REMOTE_BYTES`] the
+    /// forwarder drops them, and the gap is read back from the store.
+    remote_bytes: Arc<std::sync::atomic::AtomicUsize>,
 }
+
+/// How often a session with live subscribers looks in the store for batches of other nodes
+/// that the bus did not bring (several nodes).
+const CATCH_UP_EVERY: Duration = Duration::from_secs(1);
+/// Bytes of other nodes' messages one session's mailbox holds at most.
+const MAX_REMOTE_BYTES: usize = 8 << 20;
 
 /// How many times a write decided against stale counters is tried again (another node
 /// wrote the session meanwhile) before it is answered 409.
@@ -200,32 +212,11 @@ impl Actor for SessionActor {
         let active = session
             .as_ref()
             .is_some_and(|s| s.status == SessionStatus::Active);
-        // The same session's batches stored by the other nodes, and its end there.
-        let listening = if bus.is_shared() && active {
-            match bus.subscribe(&remote::subject(id)).await {
-                Err(e) => {
-                    // Appends still work; subscribers here see only this node's batches
-                    // (and the others' as gaps filled from the store) until a restart.
-                    tracing::warn!(session = id, error = %e, "not listening to the other nodes");
-                    None
-                }
-                Ok(mut sub) => {
-                    let me = myself.clone();
-                    Some(crate::bus::Listener::spawn(async move {
-                        while let Some(m) = sub.next().await {
-                            if me
-                                .cast(Envelope::cast(SessionMsg::Remote(m.payload)))
-                                .is_err()
-                            {
-                                break;
-                            }
-                        }
-                    }))
-                }
-            }
-        } else {
-            None
-        };
+        if bus.is_shared() && active {
+            // While it has subscribers, what the other nodes stored and the bus lost is read
+            // back from the store every second.
+            myself.send_interval(CATCH_UP_EVERY, || Envelope::cast(SessionMsg::CatchUp));
+        }
         let live = live::Fanout::new(cfg.subscriber_queue, cfg.subscriber_queue_bytes, skipped);
         let idle = Duration::from_secs(cfg.idle_seconds.max(1));
         myself.send_after(idle, || Envelope::cast(SessionMsg::IdleCheck));
@@ -253,7 +244,8 @@ impl Actor for SessionActor {
             sealer,
             unsealed: (0, 0),
             bus,
-            _listening: listening,
+            listening: None,
+            remote_bytes: Arc::default(),
         })
     }
 
@@ -315,6 +307,9 @@ impl Actor for SessionActor {
                 reply,
             } => {
                 st.last_active = std::time::Instant::now();
+                if st.open && st.bus.is_shared() && st.listening.is_none() {
+                    st.listen(&myself).await;
+                }
                 let _ = reply.send(Ok(st.subscribe(replay, &filter)));
                 if !st.open {
                     // Started only to answer a late subscriber: nothing more to do.
@@ -322,25 +317,29 @@ impl Actor for SessionActor {
                 }
             }
             SessionMsg::End(status) => {
+                // Lines other nodes stored before the end reach subscribers first.
+                st.catch_up_stored();
                 st.live.end(status);
                 myself.stop(None);
             }
-            SessionMsg::Remote(m) => match remote::parse(&m) {
-                Some(remote::Remote::Batch(first_seq, chunk_seq, chunk)) => {
-                    st.deliver(first_seq, chunk_seq, Arc::new(*chunk));
+            SessionMsg::CatchUp => {
+                if st.live.listening() {
+                    st.catch_up_stored();
                 }
-                Some(remote::Remote::Notice(first_seq, n, chunk_seq)) => {
-                    st.catch_up(first_seq + n, chunk_seq + 1);
-                }
-                Some(remote::Remote::End(status)) => {
-                    st.live.end(status.as_deref().map(ended_status));
-                    myself.stop(None);
-                }
-                None => {}
-            },
+            }
+            SessionMsg::Remote(m) => {
+                st.remote_bytes
+                    .fetch_sub(m.len(), std::sync::atomic::Ordering::Relaxed);
+                st.remote(&myself, &m);
+            }
+
             SessionMsg::IdleCheck => {
                 let idle = Duration::from_secs(st.cfg.idle_seconds.max(1));
                 let quiet = st.last_active.elapsed();
+                if !st.live.listening() {
+                    // Nobody listens here: the other nodes' batches are not needed.
+                    st.listening = None;
+                }
                 if quiet >= idle && !st.live.listening() {
                     // Its state is all in storage; the ring and the actor go.
                     myself.stop(Some("idle".into()));
@@ -370,11 +369,20 @@ impl SessionState {
         Ok(())
     }
 
+    /// Another server completed or deleted the session: appends are refused from now on.
+    fn ended_elsewhere(&mut self) -> Error {
+        self.open = false;
+        Error::Conflict("Session is not active".into())
+    }
+
     fn put_artifact(&mut self, a: Artifact) -> Result<Option<String>> {
         self.check_open()?;
         let mut tries = 0;
         loop {
             match self.try_put_artifact(&a) {
+                Err(Error::Conflict(w)) if w == fleetops_storage::sessions::SESSION_NOT_ACTIVE => {
+                    return Err(self.ended_elsewhere());
+                }
                 Err(Error::Conflict(_)) if tries < STALE_TRIES => {
                     tries += 1;
                     self.reload_counters()?;
@@ -404,7 +412,8 @@ impl SessionState {
                 next.artifact_size_bytes += a.size_bytes;
             }
         }
-        self.store.put_artifact(a, &self.counters, &next)?;
+        self.store
+            .put_artifact(self.project_id, a, &self.counters, &next)?;
         self.counters = next;
         Ok(old.map(|o| o.blob_key))
     }
@@ -425,11 +434,21 @@ impl SessionState {
                 next_chunk: seq + 1,
                 ..self.counters
             };
-            match self
-                .store
-                .append_indexed_chunk(self.id, chunk, index, &self.counters, &next, seq)
-            {
+            match self.store.append_indexed_chunk(
+                self.project_id,
+                self.id,
+                chunk,
+                index,
+                &self.counters,
+                &next,
+                seq,
+            ) {
                 Ok(()) => break seq,
+                Err(fleetops_storage::StorageError::Conflict(w))
+                    if w == fleetops_storage::sessions::SESSION_NOT_ACTIVE =>
+                {
+                    return Err(self.ended_elsewhere());
+                }
                 Err(fleetops_storage::StorageError::Conflict(_)) if tries < STALE_TRIES => {
                     tries += 1;
                     self.reload_counters()?;
@@ -450,6 +469,66 @@ impl SessionState {
             self.unsealed = (0, 0);
         }
         Ok((first_seq, seq))
+    }
+
+    /// Starts taking the other nodes' messages about this session (a first live subscriber
+    /// here), and fans out what they stored before.
+    async fn listen(&mut self, myself: &ActorRef<Envelope<SessionMsg>>) {
+        match self.bus.subscribe(&remote::subject(self.id)).await {
+            Err(e) => {
+                // Subscribers here get the other nodes' batches from the store, every second.
+                tracing::warn!(session = self.id, error = %e, "not listening to the other nodes");
+            }
+            Ok(mut sub) => {
+                let (me, queued) = (myself.clone(), self.remote_bytes.clone());
+                self.listening = Some(crate::bus::Listener::spawn(async move {
+                    use std::sync::atomic::Ordering::Relaxed;
+                    while let Some(m) = sub.next().await {
+                        let len = m.payload.len();
+                        if queued.fetch_add(len, Relaxed) + len > MAX_REMOTE_BYTES {
+                            // Dropped: the gap is read back from the store.
+                            queued.fetch_sub(len, Relaxed);
+                            continue;
+                        }
+                        if me
+                            .cast(Envelope::cast(SessionMsg::Remote(m.payload)))
+                            .is_err()
+                        {
+                            break;
+                        }
+                    }
+                }));
+            }
+        }
+        self.catch_up_stored();
+    }
+
+    /// A message from the same session's actor on another node.
+    fn remote(&mut self, myself: &ActorRef<Envelope<SessionMsg>>, m: &bytes::Bytes) {
+        match remote::parse(m) {
+            Some(remote::Remote::Batch(first_seq, chunk_seq, chunk)) => {
+                self.deliver(first_seq, chunk_seq, Arc::new(*chunk));
+            }
+            Some(remote::Remote::Notice(first_seq, n, chunk_seq)) => {
+                self.catch_up(first_seq + n, chunk_seq + 1);
+            }
+            Some(remote::Remote::End(status)) => {
+                self.catch_up_stored();
+                self.live.end(status.as_deref().map(ended_status));
+                myself.stop(None);
+            }
+            None => {}
+        }
+    }
+
+    /// Fans out every stored batch past `seen` (several nodes: what the bus did not bring).
+    fn catch_up_stored(&mut self) {
+        if !self.bus.is_shared() {
+            return;
+        }
+        if let Ok(c) = self.store.session_counters(self.id) {
+            self.catch_up(c.log_count, u64::MAX);
+        }
     }
 
     /// A stored batch, this node's or another's, in arrival order: one already fanned out is
@@ -484,10 +563,16 @@ impl SessionState {
         let mut entries = 0;
         let mut end = to;
         let _pin = self.store.log_pin(self.id);
+        // Sealed chunks may be merged, so their entries no longer count back from `to`: a gap
+        // reaching them is left for the subscriber to see as lagged.
+        let sealed_below = self.store.log_seal_cursor(self.id).unwrap_or(u64::MAX);
         for item in self.store.log_chunks_rev(self.id) {
             let Ok((seq, c)) = item else { break };
             if seq >= below {
                 continue;
+            }
+            if seq < sealed_below {
+                break;
             }
             if end <= self.seen || entries >= self.cfg.buffer_entries {
                 break;
