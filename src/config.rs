@@ -241,6 +241,19 @@ impl Config {
         if self.bus.nodes == 0 {
             anyhow::bail!("[bus] nodes must be at least 1");
         }
+        if self.bus.nodes > 1 && self.bus.url.is_empty() {
+            anyhow::bail!(
+                "[bus] nodes is more than 1 but [bus] url is empty: several nodes share a bus"
+            );
+        }
+        let tick = self.pipeline.rollout_tick_ms.max(self.alerts.tick_ms);
+        if self.bus.lease_ttl_ms > 3_600_000 || self.bus.lease_ttl_ms < 2 * tick.max(50) {
+            anyhow::bail!(
+                "[bus] lease_ttl_ms must be at least twice [pipeline] rollout_tick_ms and \
+                 [alerts] tick_ms ({} ms here) and at most an hour",
+                2 * tick.max(50)
+            );
+        }
         if !self.bus.url.is_empty() {
             if !self.database.is_postgres() {
                 anyhow::bail!(
@@ -394,6 +407,12 @@ mod tests {
         assert_eq!(c.node_http().login_per_account_per_minute, 7);
         c.bus.nodes = 0;
         assert!(c.validate().is_err());
+        // Several nodes without a bus are not several nodes.
+        c.bus.nodes = 2;
+        assert!(c.validate().is_err());
+        c.bus.nodes = 1;
+        c.bus.lease_ttl_ms = 600;
+        assert!(c.validate().is_err(), "shorter than two rollout ticks");
     }
 
     #[test]

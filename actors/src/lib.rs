@@ -169,6 +169,8 @@ pub struct Runtime {
     pub bus: bus::Bus,
     /// Where blobs and sealed log segments live (readiness asks it).
     blobs: BlobStore,
+    /// The last readiness answer and when it was made: asked at most once a second.
+    ready: Arc<std::sync::Mutex<Option<(std::time::Instant, Readiness)>>>,
     /// The data directory's free space and the floor below which writes are refused.
     pub disk: Arc<disk::DiskSpace>,
     /// The webhook worker and the housekeeper, supervised by the root (killed first at
@@ -201,6 +203,7 @@ const ASSIGNMENTS_REFRESH: Duration = Duration::from_secs(2);
 /// each rollout's lease), and computes the packages of a project's devices again when another
 /// node changed the project; tells the others of this node's changes.
 async fn listen_to_other_nodes(
+    store: &Store,
     bus: &bus::Bus,
     controllers: &keyed::Keyed<rollout::RolloutActor>,
     assignments: &Arc<assignments::Assignments>,
@@ -231,6 +234,17 @@ async fn listen_to_other_nodes(
             a.refresh_all();
         }
     });
+    // An organization deleted on another node: its projects refused here within a second
+    // even if the announcement was lost.
+    let s = store.clone();
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            every.tick().await;
+            let s = s.clone();
+            let _ = tokio::task::spawn_blocking(move || s.refresh_retired()).await;
+        }
+    });
     let mut starts = bus.subscribe(rollout::SUBJECT).await?;
     let controllers = controllers.clone();
     tokio::spawn(async move {
@@ -249,7 +263,8 @@ const CACHES_SUBJECT: &str = "fleetops.caches";
 /// What `/readyz` reports: whether this node reaches each engine it needs.
 #[derive(Debug, Clone, serde::Serialize, schemars::JsonSchema)]
 pub struct Readiness {
-    /// `ready`, or `not_ready` when one of the checks failed.
+    /// `ready`; `degraded` when only the bus is out of reach (still serving); `not_ready`
+    /// when the database or the blob store is.
     pub status: &'static str,
     /// `ok` or what failed, for the metadata database (sled or PostgreSQL).
     pub database: String,
@@ -260,8 +275,9 @@ pub struct Readiness {
 }
 
 impl Readiness {
+    /// Whether a load balancer should send requests here.
     pub fn is_ready(&self) -> bool {
-        self.status == "ready"
+        self.status != "not_ready"
     }
 }
 
@@ -749,7 +765,7 @@ impl Runtime {
             clock.clone(),
         );
         if bus.is_shared() {
-            listen_to_other_nodes(&bus, &pipeline.controllers, &assignments).await?;
+            listen_to_other_nodes(&store, &bus, &pipeline.controllers, &assignments).await?;
             let mut rotations = bus.subscribe(webhooks::SECRET_SUBJECT).await?;
             let hooks = webhooks.clone();
             tokio::spawn(async move {
@@ -771,6 +787,7 @@ impl Runtime {
             disk,
             bus,
             blobs: sessions.blobs.clone(),
+            ready: Arc::default(),
             store,
             backups,
             counters,
@@ -795,9 +812,24 @@ impl Runtime {
         })
     }
 
-    /// Whether this node reaches its engines now: a read from the database, a lookup in the
-    /// blob store and a round trip to the bus, each given `wait` (concurrently).
+    /// Whether this node reaches its engines: a read from the database, a lookup in the blob
+    /// store and a round trip to the bus, each given `wait` (concurrently); the answer is kept
+    /// for a second, so a flood of health checks costs the engines nothing more.
     pub async fn readiness(&self, wait: Duration) -> Readiness {
+        if let Ok(r) = self.ready.lock()
+            && let Some((at, answer)) = r.as_ref()
+            && at.elapsed() < Duration::from_secs(1)
+        {
+            return answer.clone();
+        }
+        let answer = self.check_readiness(wait).await;
+        if let Ok(mut r) = self.ready.lock() {
+            *r = Some((std::time::Instant::now(), answer.clone()));
+        }
+        answer
+    }
+
+    async fn check_readiness(&self, wait: Duration) -> Readiness {
         fn verdict<E: std::fmt::Display>(
             r: std::result::Result<std::result::Result<(), E>, tokio::time::error::Elapsed>,
         ) -> String {
@@ -819,9 +851,18 @@ impl Runtime {
             (true, true) => "ok".to_string(),
             (true, false) => "unreachable".to_string(),
         };
-        let ready = database == "ok" && object_store == "ok" && bus != "unreachable";
+        // The bus down degrades every node alike (caches fall back to their bound, live feeds
+        // and alert signals to the store and what each node sees): taking every node out of
+        // the load balancer would be worse, so it does not make a node not ready.
+        let status = if database != "ok" || object_store != "ok" {
+            "not_ready"
+        } else if bus == "unreachable" {
+            "degraded"
+        } else {
+            "ready"
+        };
         Readiness {
-            status: if ready { "ready" } else { "not_ready" },
+            status,
             database,
             object_store,
             bus,

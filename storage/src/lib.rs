@@ -433,6 +433,11 @@ impl Store {
         }
     }
 
+    /// Reads the organizations being deleted again (another server may have deleted one).
+    pub fn refresh_retired(&self) -> Result<()> {
+        self.load_retired()
+    }
+
     /// Whether the database answers now (a read of one key), for readiness.
     pub async fn reachable(&self) -> Result<()> {
         self.inner.meta.get_async(b"readyz").await.map(|_| ())

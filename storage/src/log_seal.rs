@@ -751,7 +751,7 @@ mod tests {
             ..stale
         };
         let index = crate::sessions::ChunkIndex::of(&c).unwrap();
-        let r = store.append_indexed_chunk(7, 3, &c, &index, &stale, &next, stale.next_chunk);
+        let r = store.append_indexed_chunk(7, 3, &c, &index, (&stale, &next), stale.next_chunk);
         assert!(matches!(r, Err(StorageError::Conflict(_))), "{r:?}");
         assert_eq!(lines(&store, 3).len(), 10);
         assert_eq!(store.session_counters(3).unwrap().log_count, 10);
@@ -763,7 +763,7 @@ mod tests {
             ..now
         };
         store
-            .append_indexed_chunk(7, 3, &c, &index, &now, &next, now.next_chunk)
+            .append_indexed_chunk(7, 3, &c, &index, (&now, &next), now.next_chunk)
             .unwrap();
         assert_eq!(lines(&store, 3).last().unwrap().0, "late");
         // Completed by another server: refused, nothing written.
@@ -776,7 +776,7 @@ mod tests {
             next_chunk: now.next_chunk + 1,
             ..now
         };
-        let r = store.append_indexed_chunk(7, 3, &c, &index, &now, &next, now.next_chunk);
+        let r = store.append_indexed_chunk(7, 3, &c, &index, (&now, &next), now.next_chunk);
         assert!(
             matches!(&r, Err(StorageError::Conflict(w)) if w == crate::sessions::SESSION_NOT_ACTIVE),
             "{r:?}"

@@ -282,14 +282,14 @@ impl Store {
     /// active` (another server completed or deleted it), or `session counters` (another
     /// server appended to it or stored an artifact in it meanwhile, and the caller reads the
     /// counters again).
+    /// `counters`: as read (`prev`) and after this batch.
     pub fn append_indexed_chunk(
         &self,
         project: u64,
         session: u64,
         chunk: &LogChunk,
         index: &ChunkIndex,
-        prev: &SessionCounters,
-        counters: &SessionCounters,
+        (prev, counters): (&SessionCounters, &SessionCounters),
         seq: u64,
     ) -> Result<()> {
         self.append_checked(session, chunk, index, Some((project, prev)), counters, seq)

@@ -124,8 +124,9 @@ async fn a_rule_fed_by_both_nodes_fires_once_and_is_notified_once() {
     .await;
     assert_eq!(s, 201, "{sess}");
     let sid = sess["id"].as_u64().unwrap();
-    // Both nodes' evaluators are up (a rule change reaches every node) before the lines.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // A rule change reaches the other node over the bus within milliseconds; a second is
+    // ample on a loaded machine.
+    tokio::time::sleep(Duration::from_secs(1)).await;
     post_line(&c, &a, sid, &token, "overheat at joint 1").await;
     post_line(&c, &b, sid, &token, "overheat at joint 2").await;
     let t = Instant::now();

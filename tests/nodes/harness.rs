@@ -153,7 +153,7 @@ impl Engines {
         }
     }
 
-    fn config(&self, data_dir: &Path) -> String {
+    fn config(&self, data_dir: &Path, s3: &str) -> String {
         format!(
             r#"listen = "127.0.0.1:0"
 data_dir = "{data}"
@@ -198,17 +198,22 @@ tick_ms = 100
             lease = LEASE_TTL_MS,
             webhook_secret = WEBHOOK_SECRET,
             bucket = self.bucket,
-            s3 = moto(),
+            s3 = s3,
         )
     }
 
     /// Starts node `name` (its data directory kept across restarts), waiting for it to
     /// listen. The first node started on the engines prints the first credentials.
     pub fn node(&self, name: &str) -> Node {
+        self.node_with_s3(name, moto())
+    }
+
+    /// As [`Engines::node`], its blob store at `s3` (an endpoint that may not answer).
+    pub fn node_with_s3(&self, name: &str, s3: &str) -> Node {
         let data = self.dir.path().join(name);
         std::fs::create_dir_all(&data).unwrap();
         let file = self.dir.path().join(format!("{name}.toml"));
-        std::fs::write(&file, self.config(&data.join("data"))).unwrap();
+        std::fs::write(&file, self.config(&data.join("data"), s3)).unwrap();
         let stderr = match std::env::var_os("FLEETOPS_TEST_STDERR") {
             Some(p) => Stdio::from(
                 std::fs::OpenOptions::new()

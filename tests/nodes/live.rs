@@ -163,6 +163,21 @@ async fn appends_to_one_session_on_both_nodes_keep_every_line_once_and_a_subscri
         }
         seen.push(lines);
     }
+    // Each writer's lines in the order it sent them.
+    for name in ["a", "b"] {
+        let mine: Vec<&String> = seen[0]
+            .iter()
+            .filter(|l| l.starts_with(&format!("{name} ")))
+            .collect();
+        let want: Vec<String> = (0..40)
+            .flat_map(|b| (0..5).map(move |i| format!("{name} {b} {i}")))
+            .collect();
+        assert_eq!(mine.len(), 200);
+        assert!(
+            mine.iter().zip(&want).all(|(x, y)| *x == y),
+            "{name}'s lines out of order"
+        );
+    }
     // A node started afterwards replays them from the store in arrival order: the order
     // both subscribers saw.
     let late = engines.node("c");

@@ -151,7 +151,7 @@ async fn a_revocation_reaches_the_other_node_within_a_second_while_the_bus_is_do
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn readyz_names_the_bus_while_it_is_down_and_healthz_stays_alive() {
+async fn readyz_stays_ready_but_degraded_while_the_bus_is_down_and_healthz_stays_alive() {
     let mut engines = Engines::start().await;
     let a = engines.node("a");
     let c = client();
@@ -164,20 +164,18 @@ async fn readyz_names_the_bus_while_it_is_down_and_healthz_stays_alive() {
     engines.nats.stop();
     let until = Instant::now() + Duration::from_secs(10);
     let r = loop {
-        let r = c.get(a.url("/readyz")).send().await.unwrap();
-        if r.status() == 503 || Instant::now() > until {
+        let (s, r) = call(&c, Method::GET, a.url("/readyz"), "", None).await;
+        assert_eq!(s, 200, "{r}");
+        if r["status"] != "ready" || Instant::now() > until {
             break r;
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
     };
-    assert_eq!(r.status(), 503);
-    assert_eq!(r.headers()["retry-after"], "1");
-    let body: serde_json::Value = r.json().await.unwrap();
-    assert_eq!(body["status"], "not_ready");
-    assert_eq!(body["bus"], "unreachable");
-    assert_eq!(body["database"], "ok");
-    assert_eq!(body["detail"], "Not reachable: bus");
-    assert_eq!(body["status_code"], 503);
+    assert_eq!(
+        r,
+        json!({"status": "degraded", "database": "ok", "object_store": "ok",
+            "bus": "unreachable", "detail": "Not reachable: bus"})
+    );
     assert_eq!(
         call(&c, Method::GET, a.url("/healthz"), "", None).await.0,
         200
@@ -185,14 +183,46 @@ async fn readyz_names_the_bus_while_it_is_down_and_healthz_stays_alive() {
     engines.nats.restart();
     let until = Instant::now() + Duration::from_secs(20);
     loop {
-        let (s, _) = call(&c, Method::GET, a.url("/readyz"), "", None).await;
-        if s == 200 {
+        let (_, r) = call(&c, Method::GET, a.url("/readyz"), "", None).await;
+        if r["status"] == "ready" {
             break;
         }
         assert!(
             Instant::now() < until,
-            "the bus came back but /readyz did not"
+            "the bus came back but /readyz did not: {r}"
         );
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_cannot_reach_its_object_store_is_not_ready() {
+    let engines = Engines::start().await;
+    // A server that takes connections and never answers (held until the test ends, so no
+    // other test gets its port).
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let endpoint = format!("http://{}", silent.local_addr().unwrap());
+    let a = engines.node_with_s3("a", &endpoint);
+    let c = client();
+    let r = c.get(a.url("/readyz")).send().await.unwrap();
+    assert_eq!(r.status(), 503);
+    assert_eq!(r.headers()["retry-after"], "1");
+    let body: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(body["status"], "not_ready");
+    assert_eq!(body["database"], "ok");
+    assert_eq!(body["bus"], "ok");
+    assert!(
+        body["object_store"]
+            .as_str()
+            .unwrap()
+            .starts_with("unreachable"),
+        "{body}"
+    );
+    assert_eq!(body["detail"], "Not reachable: object_store");
+    assert_eq!(body["status_code"], 503);
+    assert_eq!(
+        call(&c, Method::GET, a.url("/healthz"), "", None).await.0,
+        200
+    );
+    drop(silent);
 }

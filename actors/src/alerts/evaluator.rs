@@ -248,8 +248,14 @@ impl AlertFeed {
                 EvaluatorMsg::DevicesChanged => Some(super::remote::Signal::DevicesChanged),
                 _ => None,
             };
-            if let Some(m) = remote.as_ref().and_then(super::remote::encode) {
-                self.bus.publish(super::remote::subject(pid), &m);
+            match remote.as_ref().and_then(super::remote::encode) {
+                // Larger than a bus message may be: the other nodes' evaluators do not see it,
+                // as when the byte budget is full.
+                Some(m) if m.len() > super::remote::MAX_MESSAGE => {
+                    self.dropped.fetch_add(1, Ordering::Relaxed);
+                }
+                Some(m) => self.bus.publish(super::remote::subject(pid), &m),
+                None => {}
             }
         }
         match self.evaluators.actor(pid).await {
@@ -448,7 +454,9 @@ pub(crate) struct EvaluatorState {
     /// Several nodes: the project's lease while this evaluator holds it (every write checks
     /// it), and when to renew it; `None`: standing by (signals are dropped, nothing written).
     lease: Option<(fleetops_storage::leases::Fence, i64)>,
-    /// Forwards the other nodes' signals of the project here, while the actor runs.
+    /// Standing by: when to look at the lease again (Unix ms).
+    next_try: i64,
+    /// Forwards the other nodes' signals of the project here, while it holds the lease.
     _listening: Option<crate::bus::Listener>,
 }
 
@@ -524,10 +532,23 @@ async fn take_lease(
     let taken = crate::off_thread(move || {
         Ok(store.take_lease(&super::remote::lease_name(pid), node, now, ttl)?)
     })
-    .await?;
-    // Renewed once half of it has run.
-    Ok(taken.map(|f| (f, now + ttl / 2)))
+    .await;
+    match taken {
+        // Renewed once half of it has run.
+        Ok(t) => Ok(t.map(|f| (f, now + ttl / 2))),
+        // The database out of reach: stand by, and look again later.
+        Err(e) => {
+            tracing::warn!(project = pid, error = %e, "could not take the alerting lease");
+            Ok(None)
+        }
+    }
 }
+
+/// Bytes of other nodes' log batches one evaluator's mailbox holds at most.
+const MAX_REMOTE_LOG_BYTES: usize = 32 << 20;
+
+/// How often a standing-by evaluator looks whether the lease is free.
+const STAND_BY_MS: i64 = 1_000;
 
 /// Forwards the other nodes' signals of project `pid` to its evaluator here.
 async fn listen(
@@ -539,6 +560,7 @@ async fn listen(
         .subscribe(&super::remote::subject(pid))
         .await
         .map_err(|e| crate::error::Error::Internal(e.to_string()))?;
+    let queued = Arc::new(AtomicUsize::new(0));
     Ok(crate::bus::Listener::spawn(async move {
         while let Some(m) = sub.next().await {
             let msg = match super::remote::decode(&m.payload) {
@@ -551,14 +573,22 @@ async fn listen(
                     at,
                     metrics,
                 },
-                Some(super::remote::Signal::Logs { device_id, chunk }) => EvaluatorMsg::Logs {
-                    device_id,
-                    chunk,
-                    _budget: Budget {
-                        bytes: 0,
-                        used: Arc::default(),
-                    },
-                },
+                Some(super::remote::Signal::Logs { device_id, chunk }) => {
+                    // Bounded as the local batches are: past the bound it is not seen.
+                    let bytes = m.payload.len();
+                    if queued.fetch_add(bytes, Ordering::Relaxed) + bytes > MAX_REMOTE_LOG_BYTES {
+                        queued.fetch_sub(bytes, Ordering::Relaxed);
+                        continue;
+                    }
+                    EvaluatorMsg::Logs {
+                        device_id,
+                        chunk,
+                        _budget: Budget {
+                            bytes,
+                            used: queued.clone(),
+                        },
+                    }
+                }
                 Some(super::remote::Signal::Rollout { device_id, status }) => {
                     EvaluatorMsg::Rollout { device_id, status }
                 }
@@ -606,6 +636,7 @@ async fn load(
         heap: BinaryHeap::new(),
         scheduled: HashMap::new(),
         lease,
+        next_try: 0,
         _listening: None,
         ctx,
     };
@@ -632,13 +663,14 @@ impl Actor for EvaluatorActor {
         (ctx, pid): Self::Arguments,
     ) -> Result<Self::State, ActorProcessingErr> {
         myself.send_interval(ctx.tick, || Envelope::cast(EvaluatorMsg::Tick));
-        let listening = if ctx.bus.is_shared() {
+        let lease = take_lease(&ctx, pid).await?;
+        let standby = ctx.bus.is_shared() && lease.is_none();
+        // Judging: the other nodes' signals come here.
+        let listening = if lease.is_some() {
             Some(listen(&ctx.bus, pid, myself.clone()).await?)
         } else {
             None
         };
-        let lease = take_lease(&ctx, pid).await?;
-        let standby = ctx.bus.is_shared() && lease.is_none();
         let mut st = load(ctx, pid, lease, !standby).await?;
         st._listening = listening;
         Ok(st)
@@ -660,20 +692,24 @@ impl Actor for EvaluatorActor {
         }
         let now = st.ctx.clock.now_ms();
         if st.ctx.bus.is_shared() {
-            let due = st
-                .lease
-                .as_ref()
-                .is_none_or(|(_, renew_at)| now >= *renew_at);
+            let due = match &st.lease {
+                Some((_, renew_at)) => now >= *renew_at,
+                None => now >= st.next_try,
+            };
             if matches!(msg, EvaluatorMsg::Tick) && due {
                 match take_lease(&st.ctx, st.pid).await? {
                     Some(lease) if st.lease.is_none() => {
-                        // Taken over: judge from what is stored now.
-                        let listening = st._listening.take();
+                        // Taken over: judge from what is stored now, with every node's signals.
+                        let listening = listen(&st.ctx.bus, st.pid, myself.clone()).await?;
                         *st = load(st.ctx.clone(), st.pid, Some(lease), true).await?;
-                        st._listening = listening;
+                        st._listening = Some(listening);
                     }
                     Some(lease) => st.lease = Some(lease),
-                    None => st.lease = None,
+                    None => {
+                        st.lease = None;
+                        st._listening = None;
+                        st.next_try = now + STAND_BY_MS;
+                    }
                 }
             }
             if st.lease.is_none() {
@@ -726,8 +762,17 @@ impl Actor for EvaluatorActor {
         st.ctx
             .busy_ns
             .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        st.commit(ch).await?;
-        Ok(())
+        match st.commit(ch).await {
+            // Another node took the lease (this one stalled past it): nothing was written;
+            // stand by.
+            Err(crate::error::Error::Conflict(w)) if w == "lease" => {
+                st.lease = None;
+                st._listening = None;
+                st.next_try = now + STAND_BY_MS;
+                Ok(())
+            }
+            other => Ok(other?),
+        }
     }
 }
 

@@ -25,6 +25,10 @@ pub(crate) fn subject(pid: u64) -> String {
     format!("fleetops.signals.{pid}")
 }
 
+/// The largest signal sent (NATS's default largest message is 1 MiB): a larger log batch is
+/// not seen by the other nodes' evaluators.
+pub(crate) const MAX_MESSAGE: usize = 512 << 10;
+
 /// Where a change of a project's rules is told (its id, 8 bytes big-endian).
 pub(crate) const RULES_SUBJECT: &str = "fleetops.rules";
 

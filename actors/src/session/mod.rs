@@ -325,6 +325,13 @@ impl Actor for SessionActor {
             SessionMsg::CatchUp => {
                 if st.live.listening() {
                     st.catch_up_stored();
+                    // Ended on another node, and the bus lost the word: end here too.
+                    if let Ok(Some(s)) = st.store.session_by_id(st.id)
+                        && s.status != SessionStatus::Active
+                    {
+                        st.live.end(Some(s.status.as_str()));
+                        myself.stop(None);
+                    }
                 }
             }
             SessionMsg::Remote(m) => {
@@ -439,8 +446,7 @@ impl SessionState {
                 self.id,
                 chunk,
                 index,
-                &self.counters,
-                &next,
+                (&self.counters, &next),
                 seq,
             ) {
                 Ok(()) => break seq,

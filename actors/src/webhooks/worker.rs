@@ -12,11 +12,15 @@
 //!
 //! Several nodes: the queue is worked in arrival order (one installation's events must apply
 //! in the order the host sent them), so one node works it at a time, under the lease
-//! `webhook-worker`, renewed before each batch. The others' workers stand by and take it once
-//! it lapses (its node died or stalled), reading the queue from its start, so a dead node's
-//! deliveries are worked within `[bus] lease_ttl_ms`. Every node's intake wakes every node's
-//! worker over the bus; a standing-by or idle worker also looks every second, in case the bus
-//! lost a wake.
+//! `webhook-worker`, renewed before each batch and every third of its time while one is
+//! worked. The others' workers stand by, looking every second, and take it once it lapses
+//! (its node died or stalled), reading the queue from its start, so a dead node's deliveries
+//! are worked within `[bus] lease_ttl_ms`. Every node's intake wakes every node's worker over
+//! the bus; an idle holder also looks every second, in case the bus lost a wake. The worker's
+//! writes are not fenced: a node that stalled past its lease (a frozen VM) and then resumes
+//! may finish the batch it was working while the new holder works the same deliveries; each
+//! outcome is still written once, but one installation's events may then apply out of
+//! order.
 
 use std::sync::Arc;
 #[cfg(feature = "fault-injection")]
@@ -56,6 +60,21 @@ impl WorkerFeed {
             b.publish(WAKE_SUBJECT.into(), &[]);
         }
     }
+}
+
+/// Takes or renews the worker's lease: whether this node holds it (a database out of reach
+/// counts as not).
+async fn renew(
+    store: &fleetops_storage::Store,
+    bus: &crate::bus::Bus,
+    clock: &crate::clock::Clock,
+    ttl: i64,
+) -> bool {
+    let (store, node, now) = (store.clone(), bus.node_id(), clock.now_ms());
+    matches!(
+        tokio::task::spawn_blocking(move || store.take_lease(LEASE, node, now, ttl)).await,
+        Ok(Ok(Some(_)))
+    )
 }
 
 /// The bus subject on which a node's intake wakes every node's worker.
@@ -125,15 +144,11 @@ impl Actor for WorkerActor {
                 panic!("injected fault in the webhook worker");
             }
             if let Some((bus, clock, ttl)) = st.lease.clone() {
-                let store = st.webhooks.store.clone();
-                let held = tokio::task::spawn_blocking(move || {
-                    store.take_lease(LEASE, bus.node_id(), clock.now_ms(), ttl)
-                })
-                .await??
-                .is_some();
-                if !held {
+                if !renew(&st.webhooks.store, &bus, &clock, ttl).await {
+                    // Another node works the queue (or the database is out of reach): look
+                    // again in a second.
                     st.holding = false;
-                    let _ = tokio::time::timeout(STAND_BY, st.feed.wake.notified()).await;
+                    tokio::time::sleep(STAND_BY).await;
                     continue;
                 }
                 if !st.holding {
@@ -173,6 +188,17 @@ impl Actor for WorkerActor {
             st.page = page.into();
         }
         let page: Vec<u64> = st.page.iter().copied().collect();
+        // The lease is renewed while the batch is worked, however long it takes.
+        let _renewing = st.lease.clone().map(|(bus, clock, ttl)| {
+            let store = st.webhooks.store.clone();
+            crate::bus::Listener::spawn(async move {
+                loop {
+                    tokio::time::sleep(std::time::Duration::from_millis((ttl / 3).max(1) as u64))
+                        .await;
+                    renew(&store, &bus, &clock, ttl).await;
+                }
+            })
+        });
         let taken = st.webhooks.process_batch(&page, &mut st.ahead).await;
         st.page.drain(..taken.min(st.page.len()));
         let _ = myself.cast(Envelope::cast(WorkerMsg::Next));

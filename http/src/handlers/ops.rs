@@ -59,9 +59,10 @@ pub fn healthz(cx: &Cx<'_>) -> ApiResult<Response<Body>> {
     Ok(r)
 }
 
-/// The readiness answer: `ready` with each engine `ok` (the bus `in-process` on one node), or
-/// 503 `not_ready` with what could not be reached, plus the error envelope's `detail` and
-/// `status_code`.
+/// The readiness answer: `ready` with each engine `ok` (the bus `in-process` on one node);
+/// `degraded` with a `detail` while only the bus is out of reach (still 200: every node is
+/// alike then, and still serves); or 503 `not_ready` while the database or the blob store is,
+/// with the error envelope's `detail` and `status_code`.
 #[derive(serde::Serialize, schemars::JsonSchema)]
 pub(crate) struct Ready {
     #[serde(flatten)]
@@ -75,15 +76,17 @@ pub(crate) struct Ready {
 /// How long `/readyz` waits for each engine.
 const READY_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// 200 while this node reaches its database, blob store and bus (each asked at once, given 2
-/// s); otherwise 503 with `Retry-After`, so a load balancer stops sending here. `/healthz`
-/// stays liveness: a node that cannot reach PostgreSQL is alive and not ready.
+/// 200 while this node reaches its database and blob store (each asked at once, given 2 s,
+/// the answer kept for a second); otherwise 503 with `Retry-After`, so a load balancer stops
+/// sending here. `/healthz` stays liveness: a node that cannot reach PostgreSQL is alive and
+/// not ready.
 pub async fn readyz(cx: &Cx<'_>) -> ApiResult<Response<Body>> {
     let checks = cx.rt().readiness(READY_WAIT).await;
     if checks.is_ready() {
+        let detail = (checks.bus == "unreachable").then(|| "Not reachable: bus".to_string());
         return body::ok(&Ready {
             checks,
-            detail: None,
+            detail,
             status_code: None,
         });
     }
