@@ -20,6 +20,12 @@
 //!   at; an artifact blob only once it is 24 h old, as its upload may still be streaming, and a
 //!   log segment only once it is an hour old, as its seal may still be committing.
 //!
+//! Several nodes: what keeps this node's own state (the pruners, the controllers, evaluators
+//! and notifiers it runs) is done on every node; the chores on shared records (sign-outs,
+//! purges, expired uploads, the delivery log, seals, retention, segments, validations,
+//! orphaned blobs) only by the node holding the lease `housekeeping`, which lasts two passes
+//! and is renewed at each, so a dead holder's chores are taken over within two passes.
+//!
 //! It keeps nothing that matters across a restart: the next incarnation starts its own timer.
 //! It writes no live record itself: each chore that changes one goes through the actor that
 //! owns its keys; only final records (samples, resolved alerts) are deleted directly, since no
@@ -84,6 +90,26 @@ pub(crate) struct HousekeeperArgs {
     pub directory: crate::directory::DirectoryHandle,
     pub pruners: Pruners,
     pub every: Duration,
+    /// Several nodes: the shared chores run under a lease (this node's bus id).
+    pub bus: crate::bus::Bus,
+}
+
+impl HousekeeperArgs {
+    /// Whether this node does the chores on shared records this pass: always on one node;
+    /// with several, while it holds the lease `housekeeping` (two passes long).
+    async fn holds_shared_chores(&self) -> bool {
+        if !self.bus.is_shared() {
+            return true;
+        }
+        let store = self.pipeline.store.clone();
+        let (node, now) = (self.bus.node_id(), self.clock.now_ms());
+        let ttl = i64::try_from(self.every.as_millis().saturating_mul(2)).unwrap_or(i64::MAX);
+        matches!(
+            tokio::task::spawn_blocking(move || store.take_lease("housekeeping", node, now, ttl))
+                .await,
+            Ok(Ok(Some(_)))
+        )
+    }
 }
 
 impl Actor for Housekeeper {
@@ -119,6 +145,16 @@ impl Actor for Housekeeper {
             }
         }
         st.auth.prune();
+        // What this node runs itself, however the shared chores go.
+        if let Err(e) = st.pipeline.resume_rollouts().await {
+            tracing::warn!(error = %e, "restarting rollout controllers failed");
+        }
+        if let Err(e) = st.alerts.revive().await {
+            tracing::warn!(error = %e, "reviving alert evaluators and notifiers failed");
+        }
+        if !st.holds_shared_chores().await {
+            return Ok(());
+        }
         if let Err(e) = st.directory.prune_sign_outs(st.clock.now_ms()).await {
             tracing::warn!(error = %e, "forgetting expired sign-outs failed");
         }
@@ -142,11 +178,6 @@ impl Actor for Housekeeper {
             Ok(n) => tracing::info!(sessions = n, "deleted sessions past their retention"),
             Err(e) => tracing::warn!(error = %e, "deleting sessions past their retention failed"),
         }
-        // A rollout whose controller is gone (its budget spent, its supervisor restarted, a
-        // start that failed) gets one again: none waits longer than one pass.
-        if let Err(e) = st.pipeline.resume_rollouts().await {
-            tracing::warn!(error = %e, "restarting rollout controllers failed");
-        }
         // The same for confirms answered 202 whose background validation failed (a storage
         // or S3 error), every few minutes (each hashes up to a capsule's size again): one
         // running now holds its capsule's lock and is left alone.
@@ -158,9 +189,6 @@ impl Actor for Housekeeper {
             if let Err(e) = st.pipeline.resume_validations() {
                 tracing::warn!(error = %e, "resuming capsule validations failed");
             }
-        }
-        if let Err(e) = st.alerts.revive().await {
-            tracing::warn!(error = %e, "reviving alert evaluators and notifiers failed");
         }
         if st
             .last_sweep

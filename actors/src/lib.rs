@@ -719,6 +719,7 @@ impl Runtime {
                     directory: directory.clone(),
                     pruners: pruners.clone(),
                     every: Duration::from_secs(cfg.supervision.housekeeping_seconds.max(1)),
+                    bus: bus.clone(),
                 },
                 quotas: quotas_slot.clone(),
                 quota_args,
