@@ -160,7 +160,7 @@ impl Bus {
         let weak = Arc::downgrade(&nats);
         tokio::spawn(async move {
             while let Some((subject, payload)) = rx.recv().await {
-                let len = payload.len();
+                let len = payload.len() + subject.len() + 64;
                 let sent = client.publish(subject, payload).await;
                 let Some(n) = weak.upgrade() else { break };
                 n.queued.fetch_sub(len, Ordering::Relaxed);
@@ -190,13 +190,15 @@ impl Bus {
     /// when the queue holds `max_queued_bytes` already.
     pub fn publish(&self, subject: String, payload: &[u8]) {
         let Some(n) = &self.inner else { return };
-        let len = ORIGIN + payload.len();
+        // Counted with the subject and the queue entry, so a flood of empty messages is
+        // bounded too.
+        let len = ORIGIN + payload.len() + subject.len() + 64;
         if n.queued.fetch_add(len, Ordering::Relaxed) + len > n.max_queued {
             n.queued.fetch_sub(len, Ordering::Relaxed);
             n.dropped.fetch_add(1, Ordering::Relaxed);
             return;
         }
-        let mut b = BytesMut::with_capacity(len);
+        let mut b = BytesMut::with_capacity(ORIGIN + payload.len());
         b.put_slice(&self.node);
         b.put_slice(payload);
         if n.out.send((subject, b.freeze())).is_err() {

@@ -21,6 +21,28 @@ async fn sign_in(c: &reqwest::Client, base: &str, email: &str, password: &str) -
     b["access_token"].as_str().unwrap().to_string()
 }
 
+/// A new API key of the first administrator, made on `n`: the access token it was made with,
+/// and the key as made.
+async fn new_key(c: &reqwest::Client, n: &crate::harness::Node) -> (String, serde_json::Value) {
+    let token = sign_in(
+        c,
+        &n.base,
+        &n.printed("admin email:"),
+        &n.printed("admin password:"),
+    )
+    .await;
+    let (s, made) = call(
+        c,
+        Method::POST,
+        n.url("/api/v1/auth/api-keys"),
+        &token,
+        Some(json!({"name": "robot"})),
+    )
+    .await;
+    assert_eq!(s, 201, "{made}");
+    (token, made)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_api_key_made_on_one_node_works_on_the_other_and_its_revocation_is_refused_there_within_a_second()
  {
@@ -28,22 +50,7 @@ async fn an_api_key_made_on_one_node_works_on_the_other_and_its_revocation_is_re
     let a = engines.node("a");
     let b = engines.node("b");
     let c = client();
-    let token = sign_in(
-        &c,
-        &a.base,
-        &a.printed("admin email:"),
-        &a.printed("admin password:"),
-    )
-    .await;
-    let (s, made) = call(
-        &c,
-        Method::POST,
-        a.url("/api/v1/auth/api-keys"),
-        &token,
-        Some(json!({"name": "ci"})),
-    )
-    .await;
-    assert_eq!(s, 201, "{made}");
+    let (token, made) = new_key(&c, &a).await;
     let key = made["key"].as_str().unwrap().to_string();
     // Each node enforces half of the tier's 1,000,000 requests a minute ([bus] nodes = 2).
     for n in [&a, &b] {
@@ -93,22 +100,7 @@ async fn a_revocation_reaches_the_other_node_within_a_second_while_the_bus_is_do
     let b = engines.node("b");
     let c = client();
     let key = a.printed("API key:");
-    let token = sign_in(
-        &c,
-        &a.base,
-        &a.printed("admin email:"),
-        &a.printed("admin password:"),
-    )
-    .await;
-    let (s, made) = call(
-        &c,
-        Method::POST,
-        a.url("/api/v1/auth/api-keys"),
-        &token,
-        Some(json!({"name": "robot"})),
-    )
-    .await;
-    assert_eq!(s, 201);
+    let (token, made) = new_key(&c, &a).await;
     let robot = made["key"].as_str().unwrap().to_string();
     assert_eq!(
         call(&c, Method::GET, b.url("/api/v1/users/me"), &robot, None)

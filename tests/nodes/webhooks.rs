@@ -73,32 +73,37 @@ async fn settled(c: &reqwest::Client, n: &Node, key: &str, id: &str) -> Value {
     panic!("delivery {id} never settled");
 }
 
-/// Two nodes, the repository linked to the default project and its installation known.
-async fn linked(engines: &Engines) -> (Node, Node, String) {
-    let a = engines.node("a");
-    let b = engines.node("b");
-    let c = client();
-    let key = a.printed("API key:");
+/// Links the repository to the default project on `a` and delivers its installation through
+/// `via`, waiting until it is worked.
+async fn link(c: &reqwest::Client, a: &Node, via: &Node, key: &str) {
     let (s, r) = call(
-        &c,
+        c,
         Method::POST,
         a.url(&format!("{DEV}/repositories")),
-        &key,
+        key,
         Some(json!({"full_name": REPO})),
     )
     .await;
     assert_eq!(s, 201, "{r}");
     let id = uuid::Uuid::new_v4().to_string();
     let (s, r) = deliver(
-        &c,
-        &b.base,
+        c,
+        &via.base,
         "installation",
         &id,
         &payload("installation.created"),
     )
     .await;
     assert_eq!(s, 202, "{r}");
-    assert_eq!(settled(&c, &a, &key, &id).await["outcome"], "processed");
+    assert_eq!(settled(c, a, key, &id).await["outcome"], "processed");
+}
+
+/// Two nodes, the repository linked to the default project and its installation known.
+async fn linked(engines: &Engines) -> (Node, Node, String) {
+    let a = engines.node("a");
+    let b = engines.node("b");
+    let key = a.printed("API key:");
+    link(&client(), &a, &b, &key).await;
     (a, b, key)
 }
 
@@ -232,26 +237,7 @@ async fn deliveries_are_worked_by_the_other_node_once_the_workers_node_is_killed
     let a = engines.node("a");
     let c = client();
     let key = a.printed("API key:");
-    let (s, r) = call(
-        &c,
-        Method::POST,
-        a.url(&format!("{DEV}/repositories")),
-        &key,
-        Some(json!({"full_name": REPO})),
-    )
-    .await;
-    assert_eq!(s, 201, "{r}");
-    let id = uuid::Uuid::new_v4().to_string();
-    let (s, _) = deliver(
-        &c,
-        &a.base,
-        "installation",
-        &id,
-        &payload("installation.created"),
-    )
-    .await;
-    assert_eq!(s, 202);
-    assert_eq!(settled(&c, &a, &key, &id).await["outcome"], "processed");
+    link(&c, &a, &a, &key).await;
     let b = engines.node("b");
     a.kill();
     let killed = std::time::Instant::now();
