@@ -253,7 +253,7 @@ impl Store {
         let Some(v) = self.inner.records.get(keys::device_by_token(hash))? else {
             return Ok(None);
         };
-        match token_entry(&v) {
+        match crate::scm::pair(&v) {
             Some((p, d)) => self.device(p, d),
             None => Ok(None),
         }
@@ -269,7 +269,7 @@ impl Store {
         else {
             return Ok(None);
         };
-        match token_entry(&v) {
+        match crate::scm::pair(&v) {
             Some((p, d)) => self.device_async(p, d).await,
             None => Ok(None),
         }
@@ -453,11 +453,4 @@ impl Store {
         c.put(generation, project, g.clone());
         Ok(g)
     }
-}
-
-/// A device token's index entry: (project, device).
-fn token_entry(v: &[u8]) -> Option<(u64, u64)> {
-    let p = v.get(..8).and_then(|b| <[u8; 8]>::try_from(b).ok())?;
-    let d = v.get(8..16).and_then(|b| <[u8; 8]>::try_from(b).ok())?;
-    Some((u64::from_be_bytes(p), u64::from_be_bytes(d)))
 }

@@ -264,11 +264,16 @@ fn bad_journal(applied: u64) -> crate::StorageError {
 /// The writes that claim a delivery's id and store it. A delivery stored `Queued` is in the
 /// worker's queue: the list of queued deliveries, ordered by seq, is the queue.
 fn claim_writes(w: &mut Writes, d: &Delivery) -> Result<()> {
-    // The id's entry carries the receipt time, so the dedup window is one read.
+    w.0.insert(keys::delivery_by_id(&d.delivery_id), id_entry(d));
+    w.put_listed(keys::delivery(d.seq), d)
+}
+
+/// What a delivery's id maps to: its seq and its receipt time (big-endian), so the dedup
+/// window is one read. Retention removes the entry only while it is still these bytes.
+fn id_entry(d: &Delivery) -> Vec<u8> {
     let mut entry = d.seq.to_be_bytes().to_vec();
     entry.extend_from_slice(&d.received_at.to_be_bytes());
-    w.0.insert(keys::delivery_by_id(&d.delivery_id), entry);
-    w.put_listed(keys::delivery(d.seq), d)
+    entry
 }
 
 /// Whether an id's entry (read with the write) says a delivery received at or after
@@ -286,7 +291,8 @@ fn pair_bytes(r: &RepoLink) -> Vec<u8> {
     v
 }
 
-fn pair(v: &[u8]) -> Option<(u64, u64)> {
+/// Two big-endian ids (a repository link's, a device token's index entry).
+pub(crate) fn pair(v: &[u8]) -> Option<(u64, u64)> {
     let a = v.get(..8).and_then(|b| <[u8; 8]>::try_from(b).ok())?;
     let b = v.get(8..16).and_then(|b| <[u8; 8]>::try_from(b).ok())?;
     Some((u64::from_be_bytes(a), u64::from_be_bytes(b)))
@@ -395,14 +401,16 @@ impl Store {
             })?;
         let mut w = Writes::new();
         let mut journaled = journaled.into_iter();
+        let mut built = Ok(());
         for ((d, _), t) in items.iter_mut().zip(&taken) {
             if *t && let Some(j) = journaled.next() {
                 d.payload_at = j.payload_at;
-                claim_writes(&mut w, d)?;
+                built = built.and_then(|()| claim_writes(&mut w, d));
             }
         }
         w.put_id(keys::journal_applied(), last);
-        if let Err(e) = self.apply(w) {
+        // A write that could not be built fails as one that could not be applied.
+        if let Err(e) = built.and_then(|()| self.apply(w)) {
             // Answered 503 (not taken): the journal must not bring the batch back.
             if let Err(cut) = self.inner.spool.cut_back(mark) {
                 tracing::error!(error = %cut, "a batch answered 503 stays in the payload log's journal and comes back at the next start");
@@ -679,9 +687,7 @@ impl Store {
             }
             // A later delivery may have reclaimed the id (on a shared engine, even while
             // this pass runs): its entry stays.
-            let mut entry = d.seq.to_be_bytes().to_vec();
-            entry.extend_from_slice(&d.received_at.to_be_bytes());
-            w.0.remove_if(keys::delivery_by_id(&d.delivery_id), entry);
+            w.0.remove_if(keys::delivery_by_id(&d.delivery_id), id_entry(&d));
         }
         self.apply(w)?;
         // The deletions are on disk before any payload goes, so a crash cannot bring back a

@@ -39,12 +39,18 @@ async fn session(c: &reqwest::Client, n: &Node, key: &str) -> (u64, String) {
 type Ws =
     tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
 
-async fn tail(n: &Node, sid: u64, key: &str) -> Ws {
+/// A live subscriber on `n`, replaying the last `replay` entries first.
+async fn tail_from(n: &Node, sid: u64, key: &str, replay: usize) -> Ws {
     let url = format!(
-        "{}/api/v1/ws/organizations/default/projects/default/sessions/{sid}/logs?token={key}&replay=0",
+        "{}/api/v1/ws/organizations/default/projects/default/sessions/{sid}/logs?token={key}&replay={replay}",
         n.base.replace("http://", "ws://")
     );
     tokio_tungstenite::connect_async(url).await.unwrap().0
+}
+
+/// A live subscriber on `n` to what comes from now on.
+async fn tail(n: &Node, sid: u64, key: &str) -> Ws {
+    tail_from(n, sid, key, 0).await
 }
 
 /// The next text frame as JSON (pings skipped), within 10 s.
@@ -181,11 +187,7 @@ async fn appends_to_one_session_on_both_nodes_keep_every_line_once_and_a_subscri
     // A node started afterwards replays them from the store in arrival order: the order
     // both subscribers saw.
     let late = engines.node("c");
-    let url = format!(
-        "{}/api/v1/ws/organizations/default/projects/default/sessions/{sid}/logs?token={key}&replay=400",
-        late.base.replace("http://", "ws://")
-    );
-    let mut ws_c = tokio_tungstenite::connect_async(url).await.unwrap().0;
+    let mut ws_c = tail_from(&late, sid, &key, 400).await;
     let mut stored = Vec::new();
     for _ in 0..400 {
         stored.push(

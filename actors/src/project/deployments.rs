@@ -239,8 +239,9 @@ impl ProjectState {
     /// A rollout's step or a member's action on it; replies with the rollout and whether it
     /// changed. A step for a package no longer active changes nothing.
     /// Applies `action` to the stored rollout. Decided against the rollout as read: when
-    /// another node changed it meanwhile, it is read and decided again; a controller's step
-    /// whose lease moved to another node (`fence`) is refused with 409.
+    /// another node changed it meanwhile, it is read and decided again (32 times at most,
+    /// then 503, nothing written); a controller's step whose lease moved to another node
+    /// (`fence`) is refused with 409.
     pub(super) fn rollout_action(
         &self,
         id: u64,
@@ -250,7 +251,15 @@ impl ProjectState {
         let mut tries = 0;
         loop {
             match self.try_rollout_action(id, action.clone(), fence) {
-                Err(Error::Conflict(what)) if what == "rollout" && tries < 32 => tries += 1,
+                Err(Error::Conflict(what)) if what == "rollout" => {
+                    if tries == 32 {
+                        // Nothing written: the caller may try again.
+                        return Err(Error::Unavailable {
+                            retry_after_secs: 1,
+                        });
+                    }
+                    tries += 1;
+                }
                 other => return other,
             }
         }

@@ -157,7 +157,8 @@ const CATCH_UP_EVERY: Duration = Duration::from_secs(1);
 const MAX_REMOTE_BYTES: usize = 8 << 20;
 
 /// How many times a write decided against stale counters is tried again (another node
-/// wrote the session meanwhile) before it is answered 409.
+/// wrote the session meanwhile) before it is answered 503 with `Retry-After` (nothing
+/// written, so the sender tries again).
 const STALE_TRIES: u32 = 100;
 
 impl Actor for SessionActor {
@@ -394,6 +395,11 @@ impl SessionState {
                     tries += 1;
                     self.reload_counters()?;
                 }
+                Err(Error::Conflict(_)) => {
+                    return Err(Error::Unavailable {
+                        retry_after_secs: 1,
+                    });
+                }
                 other => return other,
             }
         }
@@ -458,6 +464,11 @@ impl SessionState {
                 Err(fleetops_storage::StorageError::Conflict(_)) if tries < STALE_TRIES => {
                     tries += 1;
                     self.reload_counters()?;
+                }
+                Err(fleetops_storage::StorageError::Conflict(_)) => {
+                    return Err(Error::Unavailable {
+                        retry_after_secs: 1,
+                    });
                 }
                 Err(e) => return Err(e.into()),
             }

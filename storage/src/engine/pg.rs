@@ -574,10 +574,9 @@ impl PgTree {
                 .map(|r| (r.get::<_, Vec<u8>>(0), r.get::<_, Vec<u8>>(1)))
                 .collect::<std::collections::HashMap<_, _>>())
         })?;
-        let mut rows = rows;
         Ok(keys
             .iter()
-            .map(|k| rows.remove(k).map(Bytes::from))
+            .map(|k| rows.get(k).cloned().map(Bytes::from))
             .collect())
     }
 
@@ -957,10 +956,10 @@ impl TxTree for Side<'_> {
             .filter(|(_, o)| o.is_none())
             .map(|(k, _)| k.clone())
             .collect();
-        let mut found = self.conn.get_many(&self.table, missing)?;
+        let found = self.conn.get_many(&self.table, missing)?;
         for (k, o) in keys.iter().zip(out.iter_mut()) {
             if o.is_none() {
-                *o = Some(found.remove(k));
+                *o = Some(found.get(k).cloned());
             }
         }
         Ok(out.into_iter().map(Option::flatten).collect())
