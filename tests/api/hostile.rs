@@ -588,6 +588,47 @@ fn upload_head(sid: u64, token: &str, path: &str) -> String {
     )
 }
 
+/// An upload of `a.bin` that has sent one byte and waits.
+async fn hold_upload(s: &Srv, sid: u64, tok: &str) -> TcpStream {
+    let mut held = TcpStream::connect(addr(s)).await.unwrap();
+    held.write_all(upload_head(sid, tok, "a.bin").as_bytes())
+        .await
+        .unwrap();
+    held.write_all(b"1\r\nx\r\n").await.unwrap();
+    held
+}
+
+/// Holds an upload open and tries `second` until it is refused while the held upload is
+/// still waiting; the held connection comes back. The two race for a place, so when the server
+/// answered the held upload (the second took the place first), it is opened again.
+async fn refused_beside_a_held_upload<F, Fut>(
+    s: &Srv,
+    sid: u64,
+    tok: &str,
+    mut second: F,
+) -> Option<TcpStream>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    // A loaded machine (the whole suite at once) can take seconds to read the held request.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut held = hold_upload(s, sid, tok).await;
+    while Instant::now() < deadline {
+        if second().await {
+            return Some(held);
+        }
+        if status_of(&mut held, Duration::from_millis(20))
+            .await
+            .is_some()
+        {
+            held = hold_upload(s, sid, tok).await;
+        }
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    None
+}
+
 /// The status line of the answer on `c`.
 async fn status_of(c: &mut TcpStream, within: Duration) -> Option<String> {
     let mut buf = vec![0u8; 4096];
@@ -650,31 +691,12 @@ async fn streamed_uploads_are_counted_in_the_body_budget() {
     let s = start_with(|c| c.http.body_budget_bytes = 5 << 20).await;
     let (d, tok) = crate::sessions::device(&s, "r1").await;
     let sid = crate::sessions::session(&s, d, &tok).await;
-    let mut first = TcpStream::connect(addr(&s)).await.unwrap();
-    first
-        .write_all(upload_head(sid, &tok, "a.bin").as_bytes())
-        .await
-        .unwrap();
-    first.write_all(b"1\r\nx\r\n").await.unwrap();
     // The first holds its share: a second chunked upload is refused.
-    let mut refused = None;
-    for _ in 0..50 {
-        let mut second = TcpStream::connect(addr(&s)).await.unwrap();
-        second
-            .write_all(upload_head(sid, &tok, "b.bin").as_bytes())
-            .await
-            .unwrap();
-        second.write_all(b"1\r\ny\r\n0\r\n\r\n").await.unwrap();
-        let line = status_of(&mut second, Duration::from_secs(5))
-            .await
-            .unwrap();
-        if line.contains("503") {
-            refused = Some(line);
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert!(refused.is_some(), "a second upload past the budget is 503");
+    let mut first = refused_beside_a_held_upload(&s, sid, &tok, || async {
+        chunked_upload(&s, sid, &tok, "b.bin").await.contains("503")
+    })
+    .await
+    .expect("a second upload past the budget is 503");
     // An ordinary JSON request still fits beside it.
     let r = s.get(&format!("{DEV}/devices"), s.key()).await;
     assert_eq!(r.status, 200);
@@ -705,21 +727,11 @@ async fn streamed_uploads_hold_at_most_half_the_body_budget() {
     let s = start_with(|c| c.http.body_budget_bytes = 8 << 20).await;
     let (d, tok) = crate::sessions::device(&s, "r1").await;
     let sid = crate::sessions::session(&s, d, &tok).await;
-    let mut first = TcpStream::connect(addr(&s)).await.unwrap();
-    first
-        .write_all(upload_head(sid, &tok, "a.bin").as_bytes())
-        .await
-        .unwrap();
-    first.write_all(b"1\r\nx\r\n").await.unwrap();
-    let mut refused = false;
-    for _ in 0..50 {
-        if chunked_upload(&s, sid, &tok, "b.bin").await.contains("503") {
-            refused = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert!(refused, "a second upload past the streams' half is 503");
+    let mut first = refused_beside_a_held_upload(&s, sid, &tok, || async {
+        chunked_upload(&s, sid, &tok, "b.bin").await.contains("503")
+    })
+    .await
+    .expect("a second upload past the streams' half is 503");
     let r = s
         .post(
             &format!("{DEV}/sessions/{sid}/logs"),
@@ -745,11 +757,6 @@ async fn one_organizations_uploads_hold_only_its_share() {
     .await;
     let (d, tok) = crate::sessions::device(&s, "r1").await;
     let sid = crate::sessions::session(&s, d, &tok).await;
-    let mut held = TcpStream::connect(addr(&s)).await.unwrap();
-    held.write_all(upload_head(sid, &tok, "a.bin").as_bytes())
-        .await
-        .unwrap();
-    held.write_all(b"1\r\nx\r\n").await.unwrap();
     let put = |sid: u64, tok: String, base: String| {
         let s = &s;
         async move {
@@ -762,15 +769,11 @@ async fn one_organizations_uploads_hold_only_its_share() {
             .await
         }
     };
-    // The held upload takes its share once its request is read, which a loaded machine
-    // (the whole suite at once) can take a few seconds to get to.
-    assert!(
-        eventually(20, || async {
-            put(sid, tok.clone(), DEV.to_string()).await.status == 503
-        })
-        .await,
-        "the organization's second upload waits for its share"
-    );
+    let held = refused_beside_a_held_upload(&s, sid, &tok, || async {
+        put(sid, tok.clone(), DEV.to_string()).await.status == 503
+    })
+    .await
+    .expect("the organization's second upload waits for its share");
     // Another organization's device uploads meanwhile.
     s.post(
         "/api/v1/organizations",
