@@ -528,6 +528,11 @@ pub(crate) fn lease(name: &str) -> Vec<u8> {
     key(&[b"lease", name.as_bytes()])
 }
 
+/// A section's counter ([`crate::sections`]), by name.
+pub(crate) fn section(name: &str) -> Vec<u8> {
+    key(&[b"section", name.as_bytes()])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -69,6 +69,7 @@ pub mod pipeline;
 pub mod purge;
 pub mod rollouts;
 pub mod scm;
+pub mod sections;
 pub mod segments;
 pub mod sessions;
 mod spool;
@@ -210,6 +211,10 @@ struct Inner {
     retired: dashmap::DashSet<u64>,
     /// Readers and seals of sessions' log chunks ([`log_seal`]).
     log_pins: log_seal::LogPins,
+    /// Whether other servers write the same database ([`DatabaseConfig::shared`]).
+    shared: bool,
+    /// Each section's counter as this server last wrote or read it ([`sections`]).
+    sections: dashmap::DashMap<String, Option<engine::Bytes>>,
     /// Where sealed log chunks go, once the binary has attached a blob store.
     segments: std::sync::OnceLock<segments::Segments>,
     /// The data directory's lock file, held while open, where the engine does not lock it
@@ -333,7 +338,7 @@ impl Store {
             if !database.shared {
                 pg.hold_for_one_server(&database.url)?;
             }
-            let store = Self::assemble(dir, engine::Db::Pg(pg), None)?;
+            let store = Self::assemble(dir, engine::Db::Pg(pg), None, database.shared)?;
             let _ = store.inner.dir_lock.set(lock);
             if database.shared {
                 store.inner.cache.set_max_age(SHARED_CACHE_MAX_AGE);
@@ -355,10 +360,15 @@ impl Store {
                 other => StorageError::Sled(other),
             })?;
         let flusher = flush::GroupCommit::start(db.clone(), commit_delay);
-        Self::assemble(dir, engine::Db::Sled(db), Some(flusher))
+        Self::assemble(dir, engine::Db::Sled(db), Some(flusher), false)
     }
 
-    fn assemble(dir: &Path, db: engine::Db, flusher: Option<flush::GroupCommit>) -> Result<Self> {
+    fn assemble(
+        dir: &Path,
+        db: engine::Db,
+        flusher: Option<flush::GroupCommit>,
+        shared: bool,
+    ) -> Result<Self> {
         let gate = gate::Gate::default();
         let records = gate::Tree::new(db.open_tree("records")?, gate.clone());
         let logs = gate::Tree::new(db.open_tree("logs")?, gate.clone());
@@ -382,6 +392,8 @@ impl Store {
                 run_ids: std::sync::Mutex::new(0..0),
                 retired: dashmap::DashSet::new(),
                 log_pins: log_seal::LogPins::default(),
+                shared,
+                sections: dashmap::DashMap::new(),
                 segments: std::sync::OnceLock::new(),
                 dir_lock: std::sync::OnceLock::new(),
             }),
@@ -598,13 +610,21 @@ impl Store {
         use engine::TxOutcome;
         let gate = self.inner.gate.shared();
         let _lists = lists.then(|| self.list_guard());
+        // Inside a section's `run` (on this thread): fenced by its counter.
+        let section = sections::current();
+        let next = std::sync::Mutex::new(None);
         let out = self.inner.records.transaction_held(
             &self.inner.logs,
             &gate,
             |records, _| -> TxResult<T> {
                 let read = |k: &[u8]| records.get(k).map_err(engine::TxError::from);
                 let many = |ks: &[Vec<u8>]| records.get_many(ks).map_err(engine::TxError::from);
-                let (Writes(ops, relist), t) = decide(&Reads { many: &many })?;
+                let (mut w, t) = decide(&Reads { many: &many })?;
+                if let Some(section) = &section {
+                    let n = sections::fence(&mut w, section)?;
+                    *next.lock().unwrap_or_else(|e| e.into_inner()) = Some(n);
+                }
+                let Writes(ops, relist) = w;
                 let mut writes = ops.resolve(read)?;
                 if !relist.is_empty() {
                     for (k, v) in lists::plan_by(&relist, read)? {
@@ -621,7 +641,17 @@ impl Store {
             },
         );
         match out {
-            Ok(t) => Ok(t),
+            Ok(t) => {
+                if let Some(n) = next.into_inner().unwrap_or_else(|e| e.into_inner()) {
+                    sections::moved(n);
+                }
+                Ok(t)
+            }
+            Err(TxOutcome::Abort(StorageError::Conflict(what))) if what == sections::FENCED => {
+                Err(StorageError::Unavailable(
+                    "another server wrote these records meanwhile; nothing was written".into(),
+                ))
+            }
             Err(TxOutcome::Abort(e) | TxOutcome::Storage(e)) => Err(e),
         }
     }

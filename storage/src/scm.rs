@@ -90,6 +90,9 @@ impl std::ops::Deref for NewRun {
     }
 }
 
+/// The conflict a repository link meets when another link holds its name.
+pub const REPO_NAME_TAKEN: &str = "repository name";
+
 /// Changes applied together by [`ScmBatch::commit`].
 pub struct ScmBatch(Writes);
 
@@ -214,12 +217,16 @@ impl ScmBatch {
         Ok(())
     }
 
-    /// Writes a link of a project of organization `org`, indexed by its name in `org`.
+    /// Writes a link of a project of organization `org`, indexed by its name in `org`. The
+    /// name is claimed inside the write: when another link holds it (another server linked
+    /// it first), the commit fails with [`crate::StorageError::Conflict`]`(`[`REPO_NAME_TAKEN`]`)`.
     pub fn put_repo(&mut self, org: u64, r: &RepoLink) -> Result<()> {
         self.0.put(keys::repo(r.project_id, r.id), r)?;
-        self.0
-            .0
-            .insert(keys::repo_by_name(org, &r.full_name), pair_bytes(r));
+        self.0.claim(
+            keys::repo_by_name(org, &r.full_name),
+            pair_bytes(r),
+            REPO_NAME_TAKEN,
+        );
         Ok(())
     }
 

@@ -54,6 +54,19 @@ pub(crate) fn open(dir: &Path) -> Store {
     Store::open_on(dir, std::time::Duration::ZERO, &database(dir)).unwrap()
 }
 
+/// Two stores on one PostgreSQL database, as two servers sharing it see it.
+pub(crate) fn two_servers(dir: &Path) -> (Store, Store) {
+    let db = DatabaseConfig {
+        url: cluster::database_for(dir),
+        shared: true,
+        ..DatabaseConfig::default()
+    };
+    let second = dir.join("second");
+    let a = Store::open_on(dir, std::time::Duration::ZERO, &db).unwrap();
+    let b = Store::open_on(&second, std::time::Duration::ZERO, &db).unwrap();
+    (a, b)
+}
+
 /// Runs the test function `name` (beside it, `fn name()`) once on each engine, as
 /// `name::sled` and `name::postgres`.
 macro_rules! on_each_engine {

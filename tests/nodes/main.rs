@@ -12,5 +12,6 @@ mod crash;
 mod harness;
 mod live;
 mod nodes;
+mod projects;
 mod rollouts;
 mod webhooks;

@@ -3,6 +3,9 @@
 //! added once and a user holds at most `[auth] max_api_keys_per_user` keys under concurrent
 //! requests.
 //!
+//! With several servers on one database, each message is applied inside the section
+//! `directory` (`fleetops_storage::sections`), so these guarantees hold across servers too.
+//!
 //! It holds no state beyond the store and its settings (tier names, the key cap): a restart
 //! loses nothing. Reads do not pass through it; they go to the store directly, through its
 //! read-through caches (see `access` and `auth`). Its handle is in `handle.rs`, and hashes a
@@ -121,6 +124,45 @@ pub(crate) enum DirectoryMsg {
     Panic,
 }
 
+impl DirectoryMsg {
+    /// Answers the request 503, unapplied (the directory's section could not be entered).
+    fn refuse(self) {
+        fn busy<T>() -> Result<T> {
+            Err(Error::Unavailable {
+                retry_after_secs: 1,
+            })
+        }
+        macro_rules! refuse {
+            ($($v:ident),*) => {
+                match self {
+                    DirectoryMsg::Bootstrap(_, _, reply) => {
+                        let _ = reply.send(busy());
+                    }
+                    $(DirectoryMsg::$v { reply, .. } => {
+                        let _ = reply.send(busy());
+                    })*
+                    DirectoryMsg::TouchKey { .. } => {}
+                    #[cfg(feature = "fault-injection")]
+                    DirectoryMsg::Panic => {}
+                }
+            };
+        }
+        refuse!(
+            CreateUser,
+            CreateOrg,
+            AddMember,
+            CreateProject,
+            RotateSecret,
+            CreateApiKey,
+            DeleteApiKey,
+            UpdateOrg,
+            DeleteOrg,
+            SignOut,
+            PruneSignOuts
+        );
+    }
+}
+
 pub(crate) struct DirectoryActor;
 
 pub(crate) struct DirectoryState {
@@ -158,6 +200,26 @@ impl Actor for DirectoryActor {
             // Its caller gave up before it got here: never applied.
             return Ok(());
         };
+        // The one writer of these records across servers too (several nodes on one
+        // database): a key touched on one node is never written back after its deletion on
+        // another, and a member or key count is decided on what is stored.
+        let mut section = match st.store.section("directory").await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "could not enter the directory's section");
+                msg.refuse();
+                return Ok(());
+            }
+        };
+        section.run(|| st.apply(msg));
+        Ok(())
+    }
+}
+
+impl DirectoryState {
+    /// Applies one message and answers it.
+    fn apply(&mut self, msg: DirectoryMsg) {
+        let st = self;
         match msg {
             DirectoryMsg::Bootstrap(req, hash, reply) => {
                 let _ = reply.send(st.bootstrap(req, hash));
@@ -261,7 +323,6 @@ impl Actor for DirectoryActor {
             #[cfg(feature = "fault-injection")]
             DirectoryMsg::Panic => panic!("injected fault in DirectoryActor"),
         }
-        Ok(())
     }
 }
 

@@ -8,6 +8,10 @@
 //! the state changes of each family are in their own file (`devices`, `sessions`, `capsules`,
 //! `configurations`, `deployments`, `alerting`), and the handle in `handle.rs`.
 //!
+//! With several servers on one database, each message is applied inside the project's
+//! section (`fleetops_storage::sections`): one server's actor at a time, every write fenced
+//! by the section's counter, so the one-writer guarantees hold across servers too.
+//!
 //! Invariants a change must keep:
 //! - Each message is one atomic write, answered as soon as it is applied; the handles answer
 //!   their callers once it is durable. Reads do not pass through the actor (see
@@ -392,6 +396,40 @@ impl Actor for ProjectActor {
             msg.refuse(|| crate::Error::not_found("Project"));
             return Ok(());
         }
+        #[cfg(feature = "fault-injection")]
+        let msg = match msg {
+            ProjectMsg::Panic => panic!("injected fault in ProjectActor {}", st.project.id),
+            ProjectMsg::Stall(d) => {
+                tokio::time::sleep(d).await;
+                return Ok(());
+            }
+            msg => msg,
+        };
+        // The project's one writer across servers too (several nodes on one database).
+        let mut section = match st.store.section(&format!("project/{}", st.pid())).await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(project = st.pid(), error = %e, "could not enter the project's section");
+                msg.refuse(|| crate::Error::Unavailable {
+                    retry_after_secs: 1,
+                });
+                return Ok(());
+            }
+        };
+        let event = section.run(|| st.apply(msg));
+        drop(section);
+        if let Some(event) = event {
+            st.rollouts.publish(event).await;
+        }
+        Ok(())
+    }
+}
+
+impl ProjectState {
+    /// Applies one message and answers it; a device's rollout result comes back, to be
+    /// published once the section is left.
+    fn apply(&mut self, msg: ProjectMsg) -> Option<RolloutEvent> {
+        let st = self;
         match msg {
             ProjectMsg::CreateDevice {
                 name,
@@ -601,9 +639,7 @@ impl Actor for ProjectActor {
                         // Answered as soon as the write is applied; then the event leaves
                         // from the writer, whatever became of the caller, once on disk.
                         let _ = reply.send(Ok(res));
-                        if let Some(event) = event {
-                            st.rollouts.publish(event).await;
-                        }
+                        return event;
                     }
                     Err(e) => {
                         let _ = reply.send(Err(e));
@@ -629,15 +665,11 @@ impl Actor for ProjectActor {
                 let _ = reply.send(r);
             }
             #[cfg(feature = "fault-injection")]
-            ProjectMsg::Panic => panic!("injected fault in ProjectActor {}", st.project.id),
-            #[cfg(feature = "fault-injection")]
-            ProjectMsg::Stall(d) => tokio::time::sleep(d).await,
+            ProjectMsg::Panic | ProjectMsg::Stall(_) => {}
         }
-        Ok(())
+        None
     }
-}
 
-impl ProjectState {
     fn pid(&self) -> u64 {
         self.project.id
     }

@@ -8,7 +8,9 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use fleetops_storage::{Delivery, RepoLink, Store, TestRun, accounts::Seq, scm::ScmBatch};
+use fleetops_storage::{
+    Delivery, RepoLink, StorageError, Store, TestRun, accounts::Seq, scm, scm::ScmBatch,
+};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
 use super::RepoPatch;
@@ -701,12 +703,21 @@ impl DispatcherState {
         let org = self.org_of(project_id)?;
         // One project per repository within an organization; other organizations' links
         // neither conflict nor show.
-        if let Some(l) = self.store.repo_by_name(org, &full_name)? {
-            return Err(Error::Conflict(if l.project_id == project_id {
-                format!("Repository {full_name} is already linked to this project")
+        let taken = |l: RepoLink| {
+            Error::Conflict(if l.project_id == project_id {
+                format!(
+                    "Repository {} is already linked to this project",
+                    l.full_name
+                )
             } else {
-                format!("Repository {full_name} is already linked to another project")
-            }));
+                format!(
+                    "Repository {} is already linked to another project",
+                    l.full_name
+                )
+            })
+        };
+        if let Some(l) = self.store.repo_by_name(org, &full_name)? {
+            return Err(taken(l));
         }
         let now = self.clock.now_ms();
         let r = RepoLink {
@@ -720,8 +731,19 @@ impl DispatcherState {
         };
         let mut b = ScmBatch::default();
         b.put_repo(org, &r)?;
-        b.commit(&self.store)?;
-        Ok(r)
+        match b.commit(&self.store) {
+            Ok(()) => Ok(r),
+            // Another server linked it since the read above.
+            Err(StorageError::Conflict(w)) if w == scm::REPO_NAME_TAKEN => {
+                match self.store.repo_by_name(org, &r.full_name)? {
+                    Some(l) => Err(taken(l)),
+                    None => Err(Error::Unavailable {
+                        retry_after_secs: 1,
+                    }),
+                }
+            }
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// The organization of `project_id`.

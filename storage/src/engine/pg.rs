@@ -54,6 +54,11 @@ struct Shared {
     commits: Arc<crate::timings::Timings>,
     /// The connection holding the one-server lock ([`Pg::hold_for_one_server`]).
     server_lock: Mutex<Option<tokio_postgres::Client>>,
+    /// Where the sections' advisory locks are taken ([`Pg::advisory`]).
+    config: tokio_postgres::Config,
+    /// The connection holding this server's sections' advisory locks: one for them all
+    /// (a try-lock never waits on it), opened again when it breaks.
+    sections: tokio::sync::Mutex<Option<Arc<tokio_postgres::Client>>>,
 }
 
 impl Drop for Shared {
@@ -140,7 +145,7 @@ impl Pg {
             .enable_all()
             .build()?;
         let mgr = Manager::from_config(
-            config,
+            config.clone(),
             NoTls,
             ManagerConfig {
                 recycling_method: RecyclingMethod::Fast,
@@ -159,6 +164,8 @@ impl Pg {
             pool,
             commits: Arc::default(),
             server_lock: Mutex::new(None),
+            config,
+            sections: tokio::sync::Mutex::new(None),
         }));
         pg.migrate()?;
         Ok(pg)
@@ -191,6 +198,42 @@ impl Pg {
         })?;
         *self.0.server_lock.lock().unwrap_or_else(|e| e.into_inner()) = Some(client);
         Ok(())
+    }
+
+    /// Tries to take advisory lock `key` (`take`), or gives it back, on the sections'
+    /// connection: whether it was taken (given back). Never waits for the lock. A session
+    /// lock stacks, so every take that answered `true` is given back once. When the
+    /// connection breaks, every lock on it is released by PostgreSQL; what was written under
+    /// one is still fenced by its section's counter ([`crate::sections`]).
+    pub(crate) fn advisory(
+        &self,
+        key: i64,
+        take: bool,
+    ) -> impl Future<Output = Result<bool>> + Send + 'static {
+        let shared = self.0.clone();
+        self.run_async(async move {
+            let client = {
+                let mut slot = shared.sections.lock().await;
+                match slot.as_ref() {
+                    Some(c) if !c.is_closed() => c.clone(),
+                    _ => {
+                        let (client, conn) =
+                            shared.config.connect(NoTls).await.map_err(db_error)?;
+                        tokio::spawn(conn);
+                        let client = Arc::new(client);
+                        *slot = Some(client.clone());
+                        client
+                    }
+                }
+            };
+            let sql = if take {
+                "SELECT pg_try_advisory_lock($1)"
+            } else {
+                "SELECT pg_advisory_unlock($1)"
+            };
+            let row = client.query_one(sql, &[&key]).await.map_err(db_error)?;
+            Ok(row.get::<_, bool>(0))
+        })
     }
 
     pub(crate) fn commit_timings(&self) -> Arc<crate::timings::Timings> {
