@@ -978,6 +978,20 @@ impl Runtime {
         }
         self.root.stop_children_and_wait(None, t).await;
         let _ = self.root.stop_and_wait(None, t).await;
+        // Nothing here decides any more: what this node held (rollouts, the webhook queue,
+        // projects' alerting, housekeeping) goes to the other nodes at once, not when it
+        // runs out.
+        if self.bus.is_shared() {
+            let (store, node) = (self.store.clone(), self.bus.node_id());
+            let released =
+                tokio::task::spawn_blocking(move || store.release_leases(node, clock::now_ms()))
+                    .await;
+            match released {
+                Ok(Ok(n)) => tracing::info!(leases = n, "leases given back"),
+                Ok(Err(e)) => tracing::warn!(error = %e, "could not give the leases back"),
+                Err(e) => tracing::warn!(error = %e, "could not give the leases back"),
+            }
+        }
         if let Err(e) = self.store.flush_blocking() {
             tracing::error!(error = %e, "final flush failed");
         }

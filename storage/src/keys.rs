@@ -528,6 +528,11 @@ pub(crate) fn lease(name: &str) -> Vec<u8> {
     key(&[b"lease", name.as_bytes()])
 }
 
+/// Every lease's key starts with this.
+pub(crate) fn lease_prefix() -> Vec<u8> {
+    key(&[b"lease", b""])
+}
+
 /// A section's counter ([`crate::sections`]), by name.
 pub(crate) fn section(name: &str) -> Vec<u8> {
     key(&[b"section", name.as_bytes()])

@@ -88,6 +88,31 @@ impl Store {
         }
     }
 
+    /// Gives back every lease `holder` holds, so other servers take them at once rather
+    /// than when they run out (a server stopping): how many. Each is ended by a write
+    /// guarded on the lease as read; one taken meanwhile by another is left alone.
+    pub fn release_leases(&self, holder: [u8; 16], now: i64) -> Result<usize> {
+        let mut released = 0;
+        for kv in self.inner.records.scan_prefix(keys::lease_prefix()) {
+            let (k, v) = kv?;
+            let Ok(l) = codec::decode::<Lease>(&v) else {
+                continue;
+            };
+            if l.holder != holder || l.until <= now {
+                continue;
+            }
+            let mut w = Writes::new();
+            w.guard(k.to_vec(), "lease", move |cur| cur == Some(&v[..]));
+            w.put(k.to_vec(), &Lease { until: now, ..l })?;
+            match self.apply(w) {
+                Ok(()) => released += 1,
+                Err(StorageError::Conflict(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(released)
+    }
+
     /// The lease `name` as stored.
     pub fn lease(&self, name: &str) -> Result<Option<Lease>> {
         self.get(&keys::lease(name))
@@ -141,4 +166,20 @@ mod tests {
         assert_eq!(store.get::<u64>(b"x").unwrap(), Some(1));
     }
     on_each_engine!(a_write_fenced_by_a_lease_that_moved_on_is_refused);
+
+    fn released_leases_go_to_the_next_taker_at_once_with_a_new_epoch() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::testing::open(dir.path());
+        store.take_lease("r/1", A, 1_000, 500).unwrap().unwrap();
+        store.take_lease("r/2", A, 1_000, 500).unwrap().unwrap();
+        store.take_lease("r/3", B, 1_000, 500).unwrap().unwrap();
+        assert_eq!(store.release_leases(A, 1_100).unwrap(), 2);
+        // Well before A's leases would have run out.
+        let b = store.take_lease("r/1", B, 1_101, 500).unwrap().unwrap();
+        assert_eq!(b.epoch, 2);
+        assert!(store.take_lease("r/2", B, 1_101, 500).unwrap().is_some());
+        // B's own lease stays B's.
+        assert_eq!(store.take_lease("r/3", A, 1_101, 500).unwrap(), None);
+    }
+    on_each_engine!(released_leases_go_to_the_next_taker_at_once_with_a_new_epoch);
 }

@@ -15,7 +15,7 @@ const BIN: &str = env!("CARGO_BIN_EXE_fleetops");
 /// `[scm] webhook_secret` of every node.
 pub const WEBHOOK_SECRET: &str = "It's a Secret to Everybody";
 
-/// `[bus] lease_ttl_ms` of every node.
+/// `[bus] lease_ttl_ms` of every node (unless [`Engines::with_leases_of`] says otherwise).
 pub const LEASE_TTL_MS: u64 = 2_000;
 
 /// A child process killed and reaped when dropped.
@@ -132,6 +132,8 @@ pub struct Engines {
     pub nats: Nats,
     /// Holds the nodes' data directories.
     pub dir: tempfile::TempDir,
+    /// `[bus] lease_ttl_ms` of the nodes started from here on.
+    lease_ttl_ms: u64,
 }
 
 impl Engines {
@@ -150,7 +152,14 @@ impl Engines {
             bucket,
             nats: Nats::start(),
             dir,
+            lease_ttl_ms: LEASE_TTL_MS,
         }
+    }
+
+    /// The nodes started from here on hold their leases for `ms`.
+    pub fn with_leases_of(mut self, ms: u64) -> Engines {
+        self.lease_ttl_ms = ms;
+        self
     }
 
     fn config(&self, data_dir: &Path, s3: &str) -> String {
@@ -195,7 +204,7 @@ tick_ms = 100
             data = data_dir.display(),
             db = self.database,
             bus = self.nats.url(),
-            lease = LEASE_TTL_MS,
+            lease = self.lease_ttl_ms,
             webhook_secret = WEBHOOK_SECRET,
             bucket = self.bucket,
             s3 = s3,
@@ -273,6 +282,19 @@ impl Node {
     /// kill -9, waiting until it is gone.
     pub fn kill(self) {
         drop(self);
+    }
+
+    /// Stops it as an operator does (SIGTERM), waiting until it has exited.
+    #[allow(dead_code)]
+    pub fn stop(mut self) {
+        let pid = self._proc.0.id().to_string();
+        let sent = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+        assert!(sent.success(), "kill -TERM {pid}");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while self._proc.0.try_wait().unwrap().is_none() {
+            assert!(Instant::now() < deadline, "node {} did not stop", self.name);
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     pub fn url(&self, path: &str) -> String {

@@ -255,6 +255,29 @@ async fn deliveries_are_worked_by_the_other_node_once_the_workers_node_is_killed
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_stopped_by_its_operator_hands_the_webhook_queue_over_at_once() {
+    // Leases of a minute: only a lease given back is taken within seconds.
+    let engines = Engines::start().await.with_leases_of(60_000);
+    let a = engines.node("a");
+    let c = client();
+    let key = a.printed("API key:");
+    link(&c, &a, &a, &key).await;
+    let b = engines.node("b");
+    a.stop();
+    let stopped = std::time::Instant::now();
+    let id = uuid::Uuid::new_v4().to_string();
+    let (s, r) = deliver(&c, &b.base, "push", &id, &push(&"3".repeat(40))).await;
+    assert_eq!(s, 202, "{r}");
+    let d = settled(&c, &b, &key, &id).await;
+    assert_eq!(d["outcome"], "dispatched", "{d}");
+    let took = stopped.elapsed();
+    assert!(
+        took < Duration::from_secs(10),
+        "worked {took:?} after the stop"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_webhook_secret_rotated_on_one_node_verifies_deliveries_on_the_other_at_once() {
     let engines = Engines::start().await;
     let (a, b, key) = linked(&engines).await;
