@@ -23,7 +23,10 @@
 //! then chunks by sequence number; an export scans) hold a [`LogPin`] for the session. A seal
 //! reads, merges and writes its segment without stopping them; only its transaction waits
 //! until no pin is held (new pins wait for it meanwhile), at most `commit_wait`, past which
-//! the seal gives up and leaves the chunks as they were.
+//! the seal gives up and leaves the chunks as they were. On a database several servers share,
+//! a pin also holds the session's advisory lock shared, and a seal's transaction takes it
+//! exclusive (trying for `commit_wait` too), so readers on one server hold off the seals of
+//! the others.
 //!
 //! Which sessions have unsealed chunks is kept in the `logs` tree (`v1/lp/{session}`, the
 //! time its oldest unsealed batch arrived), written by the append that finds none, and removed
@@ -33,6 +36,7 @@ use std::collections::HashMap;
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::engine::pg::Advisory;
 use crate::engine::{TxError, TxOutcome};
 use crate::segments::{ChunkLocation, segment_key};
 use crate::sessions::ChunkIndex;
@@ -115,10 +119,17 @@ pub(crate) struct LogPins {
 pub struct LogPin {
     store: Store,
     session: u64,
+    /// The session's advisory lock, held shared against other servers' seals (shared
+    /// databases only).
+    across: Option<(crate::engine::pg::Pg, i64)>,
 }
 
 impl Drop for LogPin {
     fn drop(&mut self) {
+        if let Some((pg, key)) = self.across.take() {
+            // Given back by a task of the engine's own, whether or not it is awaited.
+            drop(pg.advisory(key, Advisory::GiveShared));
+        }
         let pins = &self.store.inner.log_pins;
         let mut st = pins.state.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(p) = st.get_mut(&self.session) {
@@ -132,6 +143,40 @@ impl Drop for LogPin {
                 pins.changed.notify_all();
             }
         }
+    }
+}
+
+/// How long a reader waits for another server's seal to commit.
+const ACROSS_WAIT: Duration = Duration::from_secs(30);
+
+/// A seal's exclusive hold of a session's advisory lock against other servers' readers;
+/// given back when dropped. Empty on a store of one server.
+struct SealAcross(Option<(crate::engine::pg::Pg, i64)>);
+
+impl Drop for SealAcross {
+    fn drop(&mut self) {
+        if let Some((pg, key)) = self.0.take() {
+            drop(pg.advisory(key, Advisory::Give));
+        }
+    }
+}
+
+impl Store {
+    /// Takes `session`'s advisory lock exclusive (shared databases), trying for up to
+    /// `wait`: `None` while other servers' readers keep it.
+    fn seal_across(&self, session: u64, wait: Duration) -> Result<Option<SealAcross>> {
+        let (crate::engine::Db::Pg(pg), true) = (&self.inner.db, self.inner.shared) else {
+            return Ok(Some(SealAcross(None)));
+        };
+        let key = crate::sections::lock_key(&format!("logs/{session}"));
+        let deadline = Instant::now() + wait;
+        while !pg.advisory_blocking(key, Advisory::Take)? {
+            if Instant::now() >= deadline {
+                return Ok(None);
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        Ok(Some(SealAcross(Some((pg.clone(), key)))))
     }
 }
 
@@ -323,10 +368,36 @@ impl Store {
             }
             st = pins.changed.wait(st).unwrap_or_else(|e| e.into_inner());
         }
-        LogPin {
+        drop(st);
+        let mut pin = LogPin {
             store: self.clone(),
             session,
+            across: None,
+        };
+        // Other servers' seals: held off by the session's advisory lock, taken shared. A
+        // seal holds it exclusive only while its transaction commits.
+        if let (crate::engine::Db::Pg(pg), true) = (&self.inner.db, self.inner.shared) {
+            let key = crate::sections::lock_key(&format!("logs/{session}"));
+            let deadline = Instant::now() + ACROSS_WAIT;
+            loop {
+                match pg.advisory_blocking(key, Advisory::TakeShared) {
+                    Ok(true) => {
+                        pin.across = Some((pg.clone(), key));
+                        break;
+                    }
+                    Ok(false) if Instant::now() < deadline => {
+                        std::thread::sleep(Duration::from_millis(2));
+                    }
+                    // Never past a seal's commit, which its statements' timeouts bound; or
+                    // the database is out of reach, and so are the reads that follow.
+                    other => {
+                        tracing::warn!(session, answer = ?other, "log read not held against other servers' seals");
+                        break;
+                    }
+                }
+            }
         }
+        pin
     }
 
     /// Sessions owed a seal whose oldest unsealed batch arrived at or before `before` (Unix
@@ -538,6 +609,11 @@ impl Store {
             }
         };
         let Some(_commit) = self.inner.log_pins.commit(session, plan.commit_wait) else {
+            gone(&segment);
+            return Ok(Err(SealSkipped::Busy));
+        };
+        // Other servers' readers of the session hold its advisory lock shared.
+        let Some(_across) = self.seal_across(session, plan.commit_wait)? else {
             gone(&segment);
             return Ok(Err(SealSkipped::Busy));
         };
@@ -826,6 +902,38 @@ mod tests {
         assert_eq!(store.seal_logs(3, PLAN).unwrap().unwrap().chunks, 1);
     }
     on_each_engine!(a_pinned_session_is_not_sealed_until_its_reader_lets_go);
+
+    /// Servers sharing a database: a reader on one holds off the seals of the others.
+    #[test]
+    fn a_session_read_on_one_server_is_not_sealed_by_another_until_the_reader_lets_go() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = crate::testing::two_servers(dir.path());
+        let wait = Duration::from_millis(200);
+        let pin = a.log_pin(7);
+        assert!(b.seal_across(7, wait).unwrap().is_none());
+        // Another session is not held.
+        assert!(b.seal_across(8, wait).unwrap().is_some());
+        drop(pin);
+        let t = Instant::now();
+        let sealing = loop {
+            if let Some(s) = b.seal_across(7, wait).unwrap() {
+                break s;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(5),
+                "the pin was never let go"
+            );
+        };
+        // A reader waits for the seal's commit to end.
+        let reading = std::thread::spawn(move || {
+            let _pin = a.log_pin(7);
+            Instant::now()
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        let committed = Instant::now();
+        drop(sealing);
+        assert!(reading.join().unwrap() >= committed);
+    }
 
     /// A store whose seals write segments to a local blob store under `dir/blobs`.
     fn offloading(dir: &std::path::Path) -> (Store, tokio::runtime::Runtime) {

@@ -26,6 +26,7 @@ use std::cell::RefCell;
 use std::time::{Duration, Instant};
 
 use crate::engine::Bytes;
+use crate::engine::pg::Advisory;
 use crate::{Result, StorageError, Store, Writes, codec, keys};
 
 /// How long entering a section may wait for another server to leave it.
@@ -65,7 +66,7 @@ impl Store {
         let key = lock_key(name);
         let deadline = Instant::now() + ENTER_WITHIN;
         let mut pause = Duration::from_millis(1);
-        while !pg.advisory(key, true).await? {
+        while !pg.advisory(key, Advisory::Take).await? {
             if Instant::now() >= deadline {
                 return Err(StorageError::Unavailable(format!(
                     "another server has been writing in {name} for {}s",
@@ -124,12 +125,12 @@ impl Drop for Section {
         // is awaited. A later take of the same key by this server stacks on the lock
         // meanwhile, so the order of the two does not matter. Should the give-back fail, the
         // lock goes with the connection, which a failed statement usually means is gone.
-        drop(pg.advisory(key, false));
+        drop(pg.advisory(key, Advisory::Give));
     }
 }
 
 /// The advisory lock's key of section `name`: the same on every server (64-bit FNV-1a).
-fn lock_key(name: &str) -> i64 {
+pub(crate) fn lock_key(name: &str) -> i64 {
     let h = name.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
     });

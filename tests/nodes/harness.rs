@@ -284,6 +284,17 @@ impl Node {
         drop(self);
     }
 
+    /// Sends it `SIG{name}` (`STOP`, `CONT`).
+    #[allow(dead_code)]
+    pub fn signal(&self, name: &str) {
+        let pid = self._proc.0.id().to_string();
+        let sent = Command::new("kill")
+            .args([&format!("-{name}"), &pid])
+            .status()
+            .unwrap();
+        assert!(sent.success(), "kill -{name} {pid}");
+    }
+
     /// Stops it as an operator does (SIGTERM), waiting until it has exited.
     #[allow(dead_code)]
     pub fn stop(mut self) {

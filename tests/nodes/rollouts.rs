@@ -113,9 +113,18 @@ async fn view(c: &reqwest::Client, n: &Node, key: &str, dep: u64) -> Value {
     r
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kill_9_of_the_node_holding_a_rollouts_lease_hands_it_to_the_other_without_a_phase_decided_twice()
- {
+/// What becomes of the node holding the rollout's lease mid-rollout.
+enum Holder {
+    /// kill -9.
+    Killed,
+    /// SIGSTOP past its lease, then SIGCONT once the other node decided the next phase.
+    Paused,
+}
+
+/// A three-phase rollout started on A with B standing by; at its second phase A is killed
+/// or paused. B must decide the third phase within the lease's time, and the rollout ends
+/// with every phase decided once (`rest` twice: started, then completed).
+async fn holder_lost_mid_rollout(holder: Holder) {
     let engines = Engines::start().await;
     // A alone first: its controller takes the rollout's lease.
     let a = engines.node("a");
@@ -180,8 +189,17 @@ async fn kill_9_of_the_node_holding_a_rollouts_lease_hands_it_to_the_other_witho
         assert!(t.elapsed() < Duration::from_secs(30), "mid never started");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    a.kill();
-    let killed = Instant::now();
+    let paused = match holder {
+        Holder::Killed => {
+            a.kill();
+            None
+        }
+        Holder::Paused => {
+            a.signal("STOP");
+            Some(a)
+        }
+    };
+    let lost = Instant::now();
     let r = loop {
         for r in fleet.iter_mut() {
             r.cycle(&c, &b.base).await;
@@ -197,25 +215,38 @@ async fn kill_9_of_the_node_holding_a_rollouts_lease_hands_it_to_the_other_witho
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     // B decided once A's lease lapsed: within its time, plus the phase's own wait and a tick.
-    let took = killed.elapsed();
+    let took = lost.elapsed();
     assert!(
         took < Duration::from_millis(LEASE_TTL_MS) + Duration::from_secs(3),
         "B took {took:?} to start the next phase: {r}"
     );
-    let r = loop {
-        for r in fleet.iter_mut() {
-            r.cycle(&c, &b.base).await;
+    // A paused wakes up believing it still judges the rollout; the robots poll it too.
+    if let Some(a) = &paused {
+        a.signal("CONT");
+    }
+    loop {
+        for (i, r) in fleet.iter_mut().enumerate() {
+            let base = match &paused {
+                Some(a) if i % 2 == 0 => &a.base,
+                _ => &b.base,
+            };
+            r.cycle(&c, base).await;
         }
         let r = view(&c, &b, &key, dep).await;
         if r["state"] == "completed" {
-            break r;
+            break;
         }
         assert!(
             t.elapsed() < Duration::from_secs(60),
             "never completed: {r}"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    }
+    // Give a resumed A its ticks: nothing more may be decided.
+    if paused.is_some() {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let r = view(&c, &b, &key, dep).await;
     let phases: Vec<&str> = r["decisions"]
         .as_array()
         .unwrap()
@@ -223,4 +254,15 @@ async fn kill_9_of_the_node_holding_a_rollouts_lease_hands_it_to_the_other_witho
         .map(|d| d["phase"].as_str().unwrap())
         .collect();
     assert_eq!(phases, ["canary", "mid", "rest", "rest"], "{r}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_of_the_node_holding_a_rollouts_lease_hands_it_to_the_other_without_a_phase_decided_twice()
+ {
+    holder_lost_mid_rollout(Holder::Killed).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_holder_paused_past_its_lease_and_resumed_decides_no_phase_twice() {
+    holder_lost_mid_rollout(Holder::Paused).await;
 }

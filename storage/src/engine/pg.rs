@@ -71,6 +71,16 @@ impl Drop for Shared {
     }
 }
 
+/// What [`Pg::advisory`] does with an advisory lock: take or give back, exclusive or
+/// shared (shared holders exclude only an exclusive one).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Advisory {
+    Take,
+    Give,
+    TakeShared,
+    GiveShared,
+}
+
 /// A PostgreSQL database holding a store.
 #[derive(Clone)]
 pub(crate) struct Pg(Arc<Shared>);
@@ -200,18 +210,31 @@ impl Pg {
         Ok(())
     }
 
-    /// Tries to take advisory lock `key` (`take`), or gives it back, on the sections'
-    /// connection: whether it was taken (given back). Never waits for the lock. A session
-    /// lock stacks, so every take that answered `true` is given back once. When the
-    /// connection breaks, every lock on it is released by PostgreSQL; what was written under
-    /// one is still fenced by its section's counter ([`crate::sections`]).
+    /// Tries `op` on advisory lock `key` on the sections' connection: whether it was taken
+    /// (given back). Never waits for the lock. A session lock stacks, so every take that
+    /// answered `true` is given back once. When the connection breaks, every lock on it is
+    /// released by PostgreSQL; what was written under one is still fenced by its section's
+    /// counter ([`crate::sections`]).
     pub(crate) fn advisory(
         &self,
         key: i64,
-        take: bool,
+        op: Advisory,
+    ) -> impl Future<Output = Result<bool>> + Send + 'static {
+        self.run_async(self.advisory_statement(key, op))
+    }
+
+    /// [`Pg::advisory`] for a synchronous caller.
+    pub(crate) fn advisory_blocking(&self, key: i64, op: Advisory) -> Result<bool> {
+        self.run(self.advisory_statement(key, op))
+    }
+
+    fn advisory_statement(
+        &self,
+        key: i64,
+        op: Advisory,
     ) -> impl Future<Output = Result<bool>> + Send + 'static {
         let shared = self.0.clone();
-        self.run_async(async move {
+        async move {
             let client = {
                 let mut slot = shared.sections.lock().await;
                 match slot.as_ref() {
@@ -226,14 +249,15 @@ impl Pg {
                     }
                 }
             };
-            let sql = if take {
-                "SELECT pg_try_advisory_lock($1)"
-            } else {
-                "SELECT pg_advisory_unlock($1)"
+            let sql = match op {
+                Advisory::Take => "SELECT pg_try_advisory_lock($1)",
+                Advisory::Give => "SELECT pg_advisory_unlock($1)",
+                Advisory::TakeShared => "SELECT pg_try_advisory_lock_shared($1)",
+                Advisory::GiveShared => "SELECT pg_advisory_unlock_shared($1)",
             };
             let row = client.query_one(sql, &[&key]).await.map_err(db_error)?;
             Ok(row.get::<_, bool>(0))
-        })
+        }
     }
 
     pub(crate) fn commit_timings(&self) -> Arc<crate::timings::Timings> {
