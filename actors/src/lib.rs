@@ -633,6 +633,7 @@ impl Runtime {
             clock: clock.clone(),
             bus: bus.clone(),
             secret_read_at: Arc::default(),
+            worker_fence: Arc::default(),
         };
         let alerts = alerts::AlertsHandle {
             projects: projects.clone(),

@@ -239,6 +239,12 @@ impl ScmBatch {
         store.apply(self.0)
     }
 
+    /// Makes the whole batch fail with [`crate::StorageError::Conflict`]`("lease")` unless
+    /// `fence`'s lease is still held as it was taken (the webhook worker's, several nodes).
+    pub fn fence(&mut self, fence: &crate::leases::Fence) {
+        self.0.fence(fence);
+    }
+
     /// How far the batch has got, to take back one delivery's writes when it fails halfway.
     pub fn mark(&self) -> crate::WritesMark {
         self.0.mark()

@@ -100,6 +100,9 @@ impl WebhooksHandle {
                     tokio::time::sleep(delay).await;
                     delay = (delay * 2).min(std::time::Duration::from_secs(5));
                 }
+                // The worker's lease moved to another node (this one stalled past it): the
+                // delivery is that node's to work now.
+                Err(Error::Conflict(w)) if w == "lease" => return,
                 Err(Error::Conflict(_)) if raced < 50 => {
                     raced += 1;
                     tokio::time::sleep(std::time::Duration::from_millis(5 * u64::from(raced)))
@@ -122,6 +125,7 @@ impl WebhooksHandle {
                             .call(|reply| DispatcherMsg::Skip {
                                 delivery: d.clone(),
                                 reason: "processing_failed",
+                                fence: self.worker_fence(),
                                 reply,
                             })
                             .await;
@@ -144,6 +148,7 @@ impl WebhooksHandle {
                     .call(|reply| DispatcherMsg::Skip {
                         delivery: delivery.clone(),
                         reason: "invalid_payload",
+                        fence: self.worker_fence(),
                         reply,
                     })
                     .await
@@ -186,6 +191,7 @@ impl WebhooksHandle {
             Arc::new(Work {
                 delivery: d,
                 payload,
+                fence: self.worker_fence(),
             }),
         ))
     }

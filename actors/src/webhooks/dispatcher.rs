@@ -39,6 +39,8 @@ pub(crate) enum DispatcherMsg {
     Skip {
         delivery: Box<Delivery>,
         reason: &'static str,
+        /// The worker's lease (several nodes).
+        fence: Option<fleetops_storage::leases::Fence>,
         reply: Reply<()>,
     },
     CreateRepo {
@@ -154,10 +156,11 @@ impl Actor for DispatcherActor {
             DispatcherMsg::Skip {
                 delivery,
                 reason,
+                fence,
                 reply,
             } => {
                 let r = match still_queued(&st.store, delivery.seq) {
-                    Ok(true) => skip(&st.store, &delivery, reason),
+                    Ok(true) => skip(&st.store, &delivery, reason, fence.as_ref()),
                     other => other.map(|_| ()),
                 };
                 let _ = reply.send(r);
@@ -405,7 +408,7 @@ impl DispatcherState {
     /// Works one delivery and writes its outcome in a batch of its own.
     fn dispatch_one(&mut self, work: &Work) -> Result<()> {
         self.injected_failure()?;
-        let mut b = ScmBatch::default();
+        let mut b = work.batch();
         self.dispatch_into(work, &mut b)?;
         if b.is_empty() {
             return Ok(());
@@ -422,13 +425,15 @@ impl DispatcherState {
     /// delivery in it (they stay queued).
     fn dispatch_batch(&mut self, works: &[Arc<Work>]) -> Vec<Result<()>> {
         let mut done: Vec<Result<()>> = Vec::with_capacity(works.len());
+        // Read together by one worker under one lease: one fence for them all.
+        let fence = works.first().and_then(|w| w.fence.clone());
         let mut b = ScmBatch::default();
         let mut pending = 0;
         let mut written: HashSet<String> = HashSet::new();
         for w in works {
             let tags = conflict_tags(w);
             if tags.iter().any(|t| written.contains(t)) {
-                if !self.commit_pending(&mut b, &mut done, pending) {
+                if !self.commit_pending(&mut b, &mut done, pending, fence.as_ref()) {
                     return done;
                 }
                 pending = 0;
@@ -451,14 +456,14 @@ impl DispatcherState {
                 Err(e) => {
                     // Its own writes are taken back; the ones before it are kept.
                     b.rollback(mark);
-                    if self.commit_pending(&mut b, &mut done, pending) {
+                    if self.commit_pending(&mut b, &mut done, pending, fence.as_ref()) {
                         done.push(Err(e));
                     }
                     return done;
                 }
             }
         }
-        self.commit_pending(&mut b, &mut done, pending);
+        self.commit_pending(&mut b, &mut done, pending, fence.as_ref());
         done
     }
 
@@ -473,10 +478,14 @@ impl DispatcherState {
         b: &mut ScmBatch,
         done: &mut [Result<()>],
         pending: usize,
+        fence: Option<&fleetops_storage::leases::Fence>,
     ) -> bool {
-        let batch = std::mem::take(b);
+        let mut batch = std::mem::take(b);
         if pending == 0 || batch.is_empty() {
             return true;
+        }
+        if let Some(f) = fence {
+            batch.fence(f);
         }
         match self
             .injected_commit_failure()

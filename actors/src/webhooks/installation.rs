@@ -130,11 +130,21 @@ impl InstallationActorState {
         match work.delivery.event.as_str() {
             "installation" => match action {
                 "created" | "deleted" | "suspend" | "unsuspend" => self.lifecycle(work, action),
-                _ => skip(&self.store, &work.delivery, "action_ignored"),
+                _ => skip(
+                    &self.store,
+                    &work.delivery,
+                    "action_ignored",
+                    work.fence.as_ref(),
+                ),
             }?,
             "installation_repositories" => match action {
                 "added" | "removed" => self.sync(work, action == "added"),
-                _ => skip(&self.store, &work.delivery, "action_ignored"),
+                _ => skip(
+                    &self.store,
+                    &work.delivery,
+                    "action_ignored",
+                    work.fence.as_ref(),
+                ),
             }?,
             _ => {
                 if self.id != 0
@@ -149,12 +159,17 @@ impl InstallationActorState {
                         // Resolved far enough to appear in the project's log.
                         let mut d = work.delivery.clone();
                         d.project_id = self.linked_project(org, work.payload.repo_name())?;
-                        skip(&self.store, &d, reason)?;
+                        skip(&self.store, &d, reason, work.fence.as_ref())?;
                         return Ok(Route::Done);
                     }
                 }
                 if self.id != 0 && org.is_none() {
-                    skip(&self.store, &work.delivery, "installation_unbound")?;
+                    skip(
+                        &self.store,
+                        &work.delivery,
+                        "installation_unbound",
+                        work.fence.as_ref(),
+                    )?;
                     return Ok(Route::Done);
                 }
                 self.hold_if_unheld(work)?;
@@ -288,10 +303,15 @@ impl InstallationActorState {
 
     fn lifecycle(&self, work: &Work, action: &str) -> Result<()> {
         if self.id == 0 {
-            return skip(&self.store, &work.delivery, "invalid_payload");
+            return skip(
+                &self.store,
+                &work.delivery,
+                "invalid_payload",
+                work.fence.as_ref(),
+            );
         }
         let mut i = self.record(&work.payload)?;
-        let mut b = ScmBatch::default();
+        let mut b = work.batch();
         match action {
             "created" => {
                 i.state = InstallationState::Active;
@@ -322,10 +342,15 @@ impl InstallationActorState {
 
     fn sync(&self, work: &Work, added: bool) -> Result<()> {
         if self.id == 0 {
-            return skip(&self.store, &work.delivery, "invalid_payload");
+            return skip(
+                &self.store,
+                &work.delivery,
+                "invalid_payload",
+                work.fence.as_ref(),
+            );
         }
         let mut i = self.record(&work.payload)?;
-        let mut b = ScmBatch::default();
+        let mut b = work.batch();
         let list = if added {
             names(&work.payload.repositories_added)
         } else {
@@ -428,7 +453,7 @@ impl InstallationActorState {
         if !contains(&i.repositories, name) {
             i.repositories.push(name.to_string());
         }
-        let mut b = ScmBatch::default();
+        let mut b = work.batch();
         b.put_hold(name, &self.hold(true))?;
         b.put_installation(&i)?;
         Ok(b.commit(&self.store)?)

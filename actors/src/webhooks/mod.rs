@@ -86,6 +86,20 @@ pub struct WebhooksHandle {
     /// still on its way.
     pub(crate) bus: crate::bus::Bus,
     pub(crate) secret_read_at: Arc<std::sync::atomic::AtomicI64>,
+    /// Several nodes: the webhook worker's lease as this node last took or renewed it
+    /// (`None` while another node holds it). Every write a delivery's working makes is
+    /// fenced by it, so a node that stalled past its lease and resumed writes nothing.
+    pub(crate) worker_fence: Arc<std::sync::Mutex<Option<fleetops_storage::leases::Fence>>>,
+}
+
+impl WebhooksHandle {
+    /// The worker's lease as last taken (several nodes), for the deliveries read now.
+    pub(crate) fn worker_fence(&self) -> Option<fleetops_storage::leases::Fence> {
+        self.worker_fence
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
 }
 
 impl WebhooksHandle {

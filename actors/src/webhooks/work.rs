@@ -31,6 +31,19 @@ pub(crate) mod limits {
 pub(crate) struct Work {
     pub delivery: Delivery,
     pub payload: Payload,
+    /// The worker's lease when it was read (several nodes): its writes check it.
+    pub fence: Option<fleetops_storage::leases::Fence>,
+}
+
+impl Work {
+    /// A batch for this delivery's writes, fenced by the worker's lease (several nodes).
+    pub(crate) fn batch(&self) -> ScmBatch {
+        let mut b = ScmBatch::default();
+        if let Some(f) = &self.fence {
+            b.fence(f);
+        }
+        b
+    }
 }
 
 /// A queued delivery read for working.
@@ -83,8 +96,16 @@ pub(crate) fn delivery_org(store: &Store, id: u64) -> Result<Option<u64>> {
 }
 
 /// Records a delivery as skipped with a reason.
-pub(crate) fn skip(store: &Store, d: &Delivery, reason: &str) -> Result<()> {
+pub(crate) fn skip(
+    store: &Store,
+    d: &Delivery,
+    reason: &str,
+    fence: Option<&fleetops_storage::leases::Fence>,
+) -> Result<()> {
     let mut b = ScmBatch::default();
+    if let Some(f) = fence {
+        b.fence(f);
+    }
     skip_into(&mut b, d, reason)?;
     Ok(b.commit(store)?)
 }

@@ -16,11 +16,11 @@
 //! worked. The others' workers stand by, looking every second, and take it once it lapses
 //! (its node died or stalled), reading the queue from its start, so a dead node's deliveries
 //! are worked within `[bus] lease_ttl_ms`. Every node's intake wakes every node's worker over
-//! the bus; an idle holder also looks every second, in case the bus lost a wake. The worker's
-//! writes are not fenced: a node that stalled past its lease (a frozen VM) and then resumes
-//! may finish the batch it was working while the new holder works the same deliveries; each
-//! outcome is still written once, but one installation's events may then apply out of
-//! order.
+//! the bus; an idle holder also looks every second, in case the bus lost a wake. Every write
+//! a delivery's working makes (its outcome, its runs, an installation's changes) carries the
+//! lease's fence, as taken when the delivery was read: a node that stalled past its lease (a
+//! frozen VM) and then resumes has the rest of its batch refused by the store, and leaves
+//! those deliveries to the new holder, so one installation's events apply in order.
 
 use std::sync::Arc;
 #[cfg(feature = "fault-injection")]
@@ -63,18 +63,26 @@ impl WorkerFeed {
 }
 
 /// Takes or renews the worker's lease: whether this node holds it (a database out of reach
-/// counts as not).
+/// counts as not). Held, its fence becomes the one the deliveries read from now on carry;
+/// lost, the last one stays, so what this node still works is refused by the store rather
+/// than written unfenced.
 async fn renew(
-    store: &fleetops_storage::Store,
+    webhooks: &WebhooksHandle,
     bus: &crate::bus::Bus,
     clock: &crate::clock::Clock,
     ttl: i64,
 ) -> bool {
-    let (store, node, now) = (store.clone(), bus.node_id(), clock.now_ms());
-    matches!(
-        tokio::task::spawn_blocking(move || store.take_lease(LEASE, node, now, ttl)).await,
-        Ok(Ok(Some(_)))
-    )
+    let (store, node, now) = (webhooks.store.clone(), bus.node_id(), clock.now_ms());
+    match tokio::task::spawn_blocking(move || store.take_lease(LEASE, node, now, ttl)).await {
+        Ok(Ok(Some(fence))) => {
+            *webhooks
+                .worker_fence
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()) = Some(fence);
+            true
+        }
+        _ => false,
+    }
 }
 
 /// The bus subject on which a node's intake wakes every node's worker.
@@ -144,7 +152,7 @@ impl Actor for WorkerActor {
                 panic!("injected fault in the webhook worker");
             }
             if let Some((bus, clock, ttl)) = st.lease.clone() {
-                if !renew(&st.webhooks.store, &bus, &clock, ttl).await {
+                if !renew(&st.webhooks, &bus, &clock, ttl).await {
                     // Another node works the queue (or the database is out of reach): look
                     // again in a second.
                     st.holding = false;
@@ -190,12 +198,12 @@ impl Actor for WorkerActor {
         let page: Vec<u64> = st.page.iter().copied().collect();
         // The lease is renewed while the batch is worked, however long it takes.
         let _renewing = st.lease.clone().map(|(bus, clock, ttl)| {
-            let store = st.webhooks.store.clone();
+            let webhooks = st.webhooks.clone();
             crate::bus::Listener::spawn(async move {
                 loop {
                     tokio::time::sleep(std::time::Duration::from_millis((ttl / 3).max(1) as u64))
                         .await;
-                    renew(&store, &bus, &clock, ttl).await;
+                    renew(&webhooks, &bus, &clock, ttl).await;
                 }
             })
         });
