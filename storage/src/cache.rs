@@ -108,6 +108,12 @@ impl<K: Hash + Eq, V: Clone> Cached<K, V> {
         self.generation.fetch_add(1, Ordering::SeqCst);
         self.map.clear();
     }
+
+    /// Forgets one entry another server may have written, telling no one.
+    fn forget_quietly(&self, k: &K) {
+        self.generation.fetch_add(1, Ordering::SeqCst);
+        self.map.remove(k);
+    }
 }
 
 pub(crate) struct Caches {
@@ -163,6 +169,13 @@ impl Caches {
         self.members.clear();
         self.groups.clear();
         self.capsules.clear();
+    }
+
+    /// Forgets what is cached of project `pid`'s own records (its groups and capsules):
+    /// another server wrote in the project.
+    pub fn clear_project(&self, pid: u64) {
+        self.groups.forget_quietly(&pid);
+        self.capsules.forget_quietly(&pid);
     }
 }
 

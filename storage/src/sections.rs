@@ -16,8 +16,9 @@
 //!   server whose lock was lost (its connection broke) cannot write over what another wrote
 //!   meanwhile: its write fails whole, as 503 (`Unavailable`), nothing written.
 //! - **Caches**: when the counter moved since this server last wrote or read it, another
-//!   server wrote in the section, and this server forgets its cached records before the
-//!   closure reads them (announcements over the bus may still be on their way).
+//!   server wrote in the section, and this server forgets what it caches of the section's
+//!   records ([`Cached`]) before the closure reads them (announcements over the bus may still
+//!   be on their way).
 //!
 //! Writes made outside [`Store::apply`] (a session's log chunks and counters) are excluded
 //! by the lock but not fenced by the counter.
@@ -47,10 +48,21 @@ pub struct Section {
     counter: Option<(Vec<u8>, Option<Bytes>)>,
 }
 
+/// What a server may hold cached of the records written in a section, forgotten when
+/// another server wrote in it.
+#[derive(Debug, Clone, Copy)]
+pub enum Cached {
+    /// A project's own records (its groups and capsules).
+    Project(u64),
+    /// Anything (accounts, organizations, projects).
+    Everything,
+}
+
 impl Store {
-    /// Enters section `name`: at once on a store of one server; on a shared database once
-    /// no other server is in it (503 after [`ENTER_WITHIN`]).
-    pub async fn section(&self, name: &str) -> Result<Section> {
+    /// Enters section `name`, whose writes may change what `cached` says: at once on a store
+    /// of one server; on a shared database once no other server is in it (503 after
+    /// [`ENTER_WITHIN`]).
+    pub async fn section(&self, name: &str, cached: Cached) -> Result<Section> {
         let mut section = Section {
             store: self.clone(),
             name: name.to_string(),
@@ -82,7 +94,10 @@ impl Store {
         let read = self.inner.records.get_async(&counter_key).await?;
         let seen = self.inner.sections.get(name).map(|v| v.clone());
         if seen.as_ref() != Some(&read) {
-            self.inner.cache.clear();
+            match cached {
+                Cached::Project(pid) => self.inner.cache.clear_project(pid),
+                Cached::Everything => self.inner.cache.clear(),
+            }
             self.inner.sections.insert(name.to_string(), read.clone());
         }
         section.counter = Some((counter_key, read));
@@ -187,8 +202,15 @@ mod tests {
     async fn one_server_at_a_time_is_in_a_section() {
         let dir = tempfile::tempdir().unwrap();
         let (a, b) = crate::testing::two_servers(dir.path());
-        let held = a.section("project/1").await.unwrap();
-        let entering = tokio::spawn(async move { b.section("project/1").await.map(|_| ()) });
+        let held = a
+            .section("project/1", super::Cached::Project(1))
+            .await
+            .unwrap();
+        let entering = tokio::spawn(async move {
+            b.section("project/1", super::Cached::Project(1))
+                .await
+                .map(|_| ())
+        });
         tokio::time::sleep(Duration::from_millis(300)).await;
         assert!(
             !entering.is_finished(),
@@ -206,7 +228,10 @@ mod tests {
     async fn a_write_in_a_section_another_server_wrote_in_meanwhile_is_refused_whole() {
         let dir = tempfile::tempdir().unwrap();
         let (a, b) = crate::testing::two_servers(dir.path());
-        let mut s = a.section("project/1").await.unwrap();
+        let mut s = a
+            .section("project/1", super::Cached::Project(1))
+            .await
+            .unwrap();
         s.run(|| write(&a, 1)).unwrap();
         s.run(|| write(&a, 2)).unwrap();
         // B writes in the section without A's lock (A's connection broke, say).
@@ -225,8 +250,14 @@ mod tests {
     async fn a_section_of_an_embedded_store_is_entered_at_once_and_fences_nothing() {
         let dir = tempfile::tempdir().unwrap();
         let store = crate::Store::open(dir.path()).unwrap();
-        let mut s1 = store.section("project/1").await.unwrap();
-        let mut s2 = store.section("project/1").await.unwrap();
+        let mut s1 = store
+            .section("project/1", super::Cached::Project(1))
+            .await
+            .unwrap();
+        let mut s2 = store
+            .section("project/1", super::Cached::Project(1))
+            .await
+            .unwrap();
         s1.run(|| write(&store, 1)).unwrap();
         s2.run(|| write(&store, 2)).unwrap();
         assert_eq!(store.get::<u64>(b"x").unwrap(), Some(2));

@@ -203,7 +203,11 @@ impl Actor for DirectoryActor {
         // The one writer of these records across servers too (several nodes on one
         // database): a key touched on one node is never written back after its deletion on
         // another, and a member or key count is decided on what is stored.
-        let mut section = match st.store.section("directory").await {
+        let mut section = match st
+            .store
+            .section("directory", fleetops_storage::sections::Cached::Everything)
+            .await
+        {
             Ok(s) => s,
             Err(e) => {
                 tracing::warn!(error = %e, "could not enter the directory's section");

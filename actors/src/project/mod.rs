@@ -406,7 +406,14 @@ impl Actor for ProjectActor {
             msg => msg,
         };
         // The project's one writer across servers too (several nodes on one database).
-        let mut section = match st.store.section(&format!("project/{}", st.pid())).await {
+        let mut section = match st
+            .store
+            .section(
+                &format!("project/{}", st.pid()),
+                fleetops_storage::sections::Cached::Project(st.pid()),
+            )
+            .await
+        {
             Ok(s) => s,
             Err(e) => {
                 tracing::warn!(project = st.pid(), error = %e, "could not enter the project's section");
