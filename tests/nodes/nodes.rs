@@ -218,3 +218,47 @@ async fn a_node_that_cannot_reach_its_object_store_is_not_ready() {
     );
     drop(silent);
 }
+
+/// A capsule confirm with project secret `secret` on `n`: 404 (no such capsule) once the
+/// secret is accepted, 401 when it is not.
+async fn confirm_with(c: &reqwest::Client, n: &crate::harness::Node, secret: &str) -> u16 {
+    c.post(n.url("/api/v1/projects/default/default/capsules/999999/confirm"))
+        .header("X-Project-Secret", secret)
+        .json(&json!({"checksum_sha256": "0".repeat(64)}))
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_project_secret_rotated_on_one_node_is_refused_on_the_other_within_a_second() {
+    let engines = Engines::start().await;
+    let a = engines.node("a");
+    let b = engines.node("b");
+    let c = client();
+    let key = a.printed("API key:");
+    let old = a.printed("project secret:");
+    assert_eq!(confirm_with(&c, &b, &old).await, 404);
+    let (s, r) = call(
+        &c,
+        Method::POST,
+        a.url("/api/v1/organizations/default/projects/default/rotate-secret"),
+        &key,
+        None,
+    )
+    .await;
+    assert_eq!(s, 200, "{r}");
+    let new = r["project_secret"].as_str().unwrap().to_string();
+    let rotated = Instant::now();
+    while confirm_with(&c, &b, &old).await == 404 {
+        assert!(
+            rotated.elapsed() < Duration::from_secs(1),
+            "the old secret still works on B"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(confirm_with(&c, &b, &old).await, 401);
+    assert_eq!(confirm_with(&c, &b, &new).await, 404);
+}
