@@ -37,6 +37,12 @@ pub fn new_device_token() -> Result<String> {
     Ok(format!("{DEVICE_TOKEN_PREFIX}{}", random_token(32)?))
 }
 
+pub const ENROLLMENT_TOKEN_PREFIX: &str = "fopse_";
+
+pub fn new_enrollment_token() -> Result<String> {
+    Ok(format!("{ENROLLMENT_TOKEN_PREFIX}{}", random_token(32)?))
+}
+
 pub fn new_project_secret() -> Result<String> {
     random_token(32)
 }

@@ -208,6 +208,48 @@ impl From<&ApiKey> for ApiKeyView {
     }
 }
 
+/// An enrollment token; `token` only in the creation response (stored as its hash).
+#[derive(Debug, Serialize, schemars::JsonSchema)]
+pub struct EnrollmentTokenView {
+    pub id: u64,
+    pub name: String,
+    pub single_use: bool,
+    pub expires_at: Option<String>,
+    pub labels: BTreeMap<String, String>,
+    pub uses: u64,
+    pub last_used_at: Option<String>,
+    pub created_at: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
+}
+
+impl From<&fleetops_storage::enrollment::EnrollmentToken> for EnrollmentTokenView {
+    fn from(t: &fleetops_storage::enrollment::EnrollmentToken) -> Self {
+        Self {
+            id: t.id,
+            name: t.name.clone(),
+            single_use: t.single_use,
+            expires_at: t.expires_at.map(fmt_ms),
+            labels: t.labels.clone(),
+            uses: t.uses,
+            last_used_at: t.last_used_at.map(fmt_ms),
+            created_at: fmt_ms(t.created_at),
+            token: None,
+        }
+    }
+}
+
+/// A robot enrolled: its device (with its token, shown once) and where it lives.
+#[derive(Debug, Serialize, schemars::JsonSchema)]
+pub struct EnrolledView {
+    #[serde(flatten)]
+    pub device: DeviceView,
+    /// The organization's slug.
+    pub organization: String,
+    /// The project's slug.
+    pub project_slug: String,
+}
+
 #[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct DeviceView {
     pub id: u64,

@@ -64,7 +64,12 @@ impl App {
             edge: Arc::new(crate::edge::Edge::new(&cfg)),
             unauthenticated: defs
                 .iter()
-                .filter(|d| d.security == crate::router::Security::None)
+                .filter(|d| {
+                    matches!(
+                        d.security,
+                        crate::router::Security::None | crate::router::Security::Enrollment
+                    )
+                })
                 .map(|d| d.op)
                 .collect(),
             cfg,

@@ -109,6 +109,16 @@ fn types(op: Op) -> (Option<SchemaFn>, Option<SchemaFn>) {
         OrgDevices | ListDevices => (none, Some(ty::<Page<DeviceView>>)),
         CreateDevice => (Some(ty::<devices::CreateBody>), Some(ty::<DeviceView>)),
         GetDevice => (none, Some(ty::<DeviceView>)),
+        CreateEnrollmentToken => (
+            Some(ty::<devices::EnrollmentTokenBody>),
+            Some(ty::<views::EnrollmentTokenView>),
+        ),
+        ListEnrollmentTokens => (none, Some(ty::<Items<views::EnrollmentTokenView>>)),
+        DeleteEnrollmentToken => (none, none),
+        Enroll => (
+            Some(ty::<devices::EnrollBody>),
+            Some(ty::<views::EnrolledView>),
+        ),
         PatchDevice => (Some(ty::<devices::PatchBody>), Some(ty::<DeviceView>)),
         DeleteDevice | DeleteGroup | DeleteSession | DeleteCapsule | DeleteConfig
         | DeleteDeployment | DeleteRepo | DeleteIntegration | DeleteAlertRule => (none, none),
@@ -286,6 +296,9 @@ fn doc(op: Op) -> Doc {
         OrgDevices | ListDevices | ListSessions | QueryLogs | ListCapsules | ListConfigs
         | ListDeployments | ScmDeliveries | ListRepos | ListRuns | ProjectDeliveries
         | ListAlerts => QUERY,
+        CreateEnrollmentToken => WRITE_409,
+        DeleteEnrollmentToken | Enroll => WRITE,
+        ListEnrollmentTokens => PLAIN,
         CreateApiKey | DeleteApiKey | Logout | PatchOrg | DeleteOrg | RotateSecret
         | CreateDevice | PatchDevice | DeleteDevice | CreateGroup | PatchGroup | DeleteGroup
         | CreateSession | DeleteSession | AddTag | RemoveTag | ScmRotate | BindInstallation
@@ -466,7 +479,7 @@ fn statuses(r: &RouteDef, d: &Doc, body: ReqBody) -> (BTreeSet<u16>, BTreeSet<u1
     );
     match r.security {
         Security::Bearer | Security::Jwt | Security::Device => err.extend([401, 403, 429]),
-        Security::ProjectSecret => err.extend([401, 429]),
+        Security::ProjectSecret | Security::Enrollment => err.extend([401, 429]),
         Security::None => {}
     }
     let params = param_names(r.path);
@@ -1013,6 +1026,7 @@ pub fn document(routes: &[RouteDef], tiers: &[String]) -> Value {
             Security::ProjectSecret => json!([{"projectSecret": []}]),
             Security::Jwt => json!([{"bearer": []}]),
             Security::Device => json!([{"deviceToken": []}]),
+            Security::Enrollment => json!([{"enrollmentToken": []}]),
         };
         op.insert("security".into(), security);
         let (ok, err) = statuses(r, &d, body);
@@ -1118,6 +1132,7 @@ pub fn document(routes: &[RouteDef], tiers: &[String]) -> Value {
                 "bearer": {"type": "http", "scheme": "bearer", "description": "JWT, API key (fops_...) or device token (fopsd_...)"},
                 "apiKey": {"type": "apiKey", "in": "header", "name": "X-API-Key"},
                 "projectSecret": {"type": "apiKey", "in": "header", "name": "X-Project-Secret"},
+                "enrollmentToken": {"type": "http", "scheme": "bearer", "description": "A project's enrollment token (fopse_...), made by an admin; a robot registers itself with it"},
                 "deviceToken": {"type": "http", "scheme": "bearer", "description": "The device's own token (fopsd_...), also taken in X-API-Key; a user's JWT or API key is 403"},
                 "metricsToken": {"type": "http", "scheme": "bearer", "description": "`[http] metrics_token`, when configured"}
             },

@@ -35,6 +35,10 @@ pub enum Op {
     PatchDevice,
     DeleteDevice,
     Heartbeat,
+    CreateEnrollmentToken,
+    ListEnrollmentTokens,
+    DeleteEnrollmentToken,
+    Enroll,
     CreateGroup,
     ListGroups,
     GetGroup,
@@ -137,6 +141,8 @@ pub enum Security {
     ProjectSecret,
     /// The device's own token only (the device update API).
     Device,
+    /// A project's enrollment token (a robot registering itself).
+    Enrollment,
 }
 
 /// Whether a request to `op` with `method` writes to the data directory (refused with 507
@@ -210,6 +216,10 @@ pub fn routes() -> Vec<RouteDef> {
         route!(PATCH "/api/v1/organizations/{org}/projects/{project}/devices/{device_id}", PatchDevice, "devices", Bearer, 200, true, "Rename or relabel a device"),
         route!(DELETE "/api/v1/organizations/{org}/projects/{project}/devices/{device_id}", DeleteDevice, "devices", Bearer, 204, false, "Delete a device (its sessions are kept)"),
         route!(POST "/api/v1/organizations/{org}/projects/{project}/devices/{device_id}/heartbeat", Heartbeat, "devices", Bearer, 202, true, "Heartbeat with metrics (device token or member)"),
+        route!(POST "/api/v1/organizations/{org}/projects/{project}/enrollment-tokens", CreateEnrollmentToken, "devices", Bearer, 201, true, "Create an enrollment token (admin); the token is shown once"),
+        route!(GET "/api/v1/organizations/{org}/projects/{project}/enrollment-tokens", ListEnrollmentTokens, "devices", Bearer, 200, false, "List the project's enrollment tokens (admin)"),
+        route!(DELETE "/api/v1/organizations/{org}/projects/{project}/enrollment-tokens/{token_id}", DeleteEnrollmentToken, "devices", Bearer, 204, false, "Revoke an enrollment token (admin)"),
+        route!(POST "/api/v1/device/enroll", Enroll, "devices", Enrollment, 201, true, "A robot registers itself with an enrollment token: its device, with its device token shown once"),
         route!(POST "/api/v1/organizations/{org}/projects/{project}/device-groups", CreateGroup, "devices", Bearer, 201, true, "Create a device group"),
         route!(GET "/api/v1/organizations/{org}/projects/{project}/device-groups", ListGroups, "devices", Bearer, 200, false, "List device groups"),
         route!(GET "/api/v1/organizations/{org}/projects/{project}/device-groups/{group_id}", GetGroup, "devices", Bearer, 200, false, "A device group"),

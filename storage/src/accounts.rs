@@ -27,12 +27,14 @@ pub enum Seq {
     AlertRule,
     Alert,
     Notification,
+    EnrollmentToken,
 }
 
 impl Seq {
     pub(crate) fn name(self) -> &'static str {
         match self {
             Seq::User => "user",
+            Seq::EnrollmentToken => "enrollment_token",
             Seq::Org => "org",
             Seq::Project => "project",
             Seq::ApiKey => "api_key",

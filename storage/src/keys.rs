@@ -533,6 +533,18 @@ pub(crate) fn lease_prefix() -> Vec<u8> {
     key(&[b"lease", b""])
 }
 
+/// An enrollment token of a project ([`crate::enrollment`]).
+pub(crate) fn enrollment(project: u64, id: u64) -> Vec<u8> {
+    key(&[b"enr", &be(project), &be(id)])
+}
+pub(crate) fn enrollment_prefix(project: u64) -> Vec<u8> {
+    key(&[b"enr", &be(project), b""])
+}
+/// Its index entry by the token's SHA-256: the project and id, 16 bytes.
+pub(crate) fn enrollment_by_hash(hash: &[u8; 32]) -> Vec<u8> {
+    key(&[b"ix-enr", hash])
+}
+
 /// A section's counter ([`crate::sections`]), by name.
 pub(crate) fn section(name: &str) -> Vec<u8> {
     key(&[b"section", name.as_bytes()])

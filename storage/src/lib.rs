@@ -54,6 +54,7 @@ extern crate self as fleetops_storage;
 mod codec;
 pub mod devices;
 mod engine;
+pub mod enrollment;
 pub mod failpoints;
 mod flush;
 mod gate;

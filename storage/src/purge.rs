@@ -230,6 +230,12 @@ impl Store {
             )?;
         }
         if b.left > 0 {
+            for t in self.enrollment_tokens(pid, b.left)? {
+                self.delete_enrollment_token(&t)?;
+                b.spend(1);
+            }
+        }
+        if b.left > 0 {
             self.purge_devices(pid, &mut b)?;
         }
         if b.left > 0 {
@@ -413,6 +419,7 @@ impl Store {
             ("project", keys::project(pid)),
             ("sessions", keys::session_prefix(pid)),
             ("devices", keys::device_prefix(pid)),
+            ("enrollment tokens", keys::enrollment_prefix(pid)),
             ("groups", keys::group_prefix(pid)),
             ("capsules", keys::capsule_prefix(pid)),
             ("configurations", keys::config_prefix(pid)),

@@ -24,6 +24,7 @@ mod crash;
 mod deployments;
 mod devices;
 mod disk;
+mod enrollment;
 mod evaluation;
 mod hostile;
 mod live;

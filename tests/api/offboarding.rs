@@ -304,6 +304,14 @@ async fn a_deleted_organizations_data_is_purged_and_no_other_is_touched() {
         )
         .await;
     assert_eq!(r.status, 201, "{}", r.body);
+    let r = s
+        .post(
+            &format!("{PROJECT}/enrollment-tokens"),
+            &d.admin,
+            json!({"name": "line"}),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.body);
     // A capsule, and a deployment of it the device reports on.
     let caps = "/api/v1/projects/doomed/p/capsules";
     let bytes = archive(".tar", b"x");

@@ -35,6 +35,8 @@ mod deployments;
 mod devices;
 #[path = "../api/disk.rs"]
 mod disk;
+#[path = "../api/enrollment.rs"]
+mod enrollment;
 #[path = "../api/evaluation.rs"]
 mod evaluation;
 #[path = "../api/hostile.rs"]

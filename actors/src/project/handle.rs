@@ -2,6 +2,7 @@
 //! project's actor (under its keyed supervisor) and are answered once durable; reads go to the
 //! store directly, since sled reads are safe concurrently and need no single writer.
 
+pub use super::enrollment::TokenSpec;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -344,6 +345,78 @@ impl ProjectsHandle {
         let mut v = self.view(&d, &[], self.clock.now_ms());
         v.device_token = Some(token);
         Ok(v)
+    }
+
+    pub async fn create_enrollment_token(
+        &self,
+        pid: u64,
+        spec: super::enrollment::TokenSpec,
+    ) -> Result<crate::views::EnrollmentTokenView> {
+        let (t, token) = self
+            .write(pid, |reply| ProjectMsg::CreateEnrollmentToken {
+                spec: Box::new(spec.clone()),
+                reply,
+            })
+            .await?;
+        let mut v = crate::views::EnrollmentTokenView::from(&t);
+        v.token = Some(token);
+        Ok(v)
+    }
+
+    pub fn enrollment_tokens(
+        &self,
+        pid: u64,
+    ) -> Result<crate::views::Items<crate::views::EnrollmentTokenView>> {
+        let items = self
+            .store
+            .enrollment_tokens(pid, super::enrollment::MAX_ENROLLMENT_TOKENS)?
+            .iter()
+            .map(crate::views::EnrollmentTokenView::from)
+            .collect();
+        Ok(crate::views::Items { items })
+    }
+
+    pub async fn delete_enrollment_token(&self, pid: u64, id: u64) -> Result<()> {
+        self.write(pid, |reply| ProjectMsg::DeleteEnrollmentToken { id, reply })
+            .await
+    }
+
+    /// A robot registers itself with enrollment token `token`: its device and device
+    /// token, and the organization and project it joined. 401 for a token that is unknown,
+    /// revoked, used up or expired.
+    pub async fn enroll(
+        &self,
+        token: &str,
+        name: String,
+        labels: BTreeMap<String, String>,
+    ) -> Result<crate::views::EnrolledView> {
+        let hash = crate::secrets::sha256(token.as_bytes());
+        let t = self
+            .store
+            .enrollment_token_by_hash(&hash)?
+            .ok_or(Error::Unauthorized)?;
+        let pid = t.project_id;
+        let project = self.store.project(pid)?.ok_or(Error::Unauthorized)?;
+        let org = self.store.org(project.org_id)?.ok_or(Error::Unauthorized)?;
+        let (d, device_token) = self
+            .write(pid, |reply| ProjectMsg::Enroll {
+                hash,
+                name: name.clone(),
+                labels: labels.clone(),
+                reply,
+            })
+            .await
+            .map_err(|e| match e {
+                Error::NotFound(_) => Error::Unauthorized,
+                e => e,
+            })?;
+        let mut device = self.view(&d, &[], self.clock.now_ms());
+        device.device_token = Some(device_token);
+        Ok(crate::views::EnrolledView {
+            device,
+            organization: org.slug,
+            project_slug: project.slug,
+        })
     }
 
     pub async fn update_device(

@@ -36,6 +36,7 @@ mod capsules;
 mod configurations;
 mod deployments;
 mod devices;
+pub mod enrollment;
 pub mod handle;
 mod sessions;
 
@@ -77,6 +78,21 @@ pub(crate) enum ProjectMsg {
         id: u64,
         metrics: BTreeMap<String, f64>,
         reply: Reply<i64>,
+    },
+    CreateEnrollmentToken {
+        spec: Box<enrollment::TokenSpec>,
+        reply: Reply<(fleetops_storage::enrollment::EnrollmentToken, String)>,
+    },
+    DeleteEnrollmentToken {
+        id: u64,
+        reply: Reply<()>,
+    },
+    /// A robot registers itself with the enrollment token whose SHA-256 is `hash`.
+    Enroll {
+        hash: [u8; 32],
+        name: String,
+        labels: BTreeMap<String, String>,
+        reply: Reply<(Device, String)>,
     },
     CreateGroup {
         name: String,
@@ -281,6 +297,9 @@ impl ProjectMsg {
             UpdateDevice,
             DeleteDevice,
             Heartbeat,
+            CreateEnrollmentToken,
+            DeleteEnrollmentToken,
+            Enroll,
             CreateGroup,
             UpdateGroup,
             DeleteGroup,
@@ -467,6 +486,25 @@ impl ProjectState {
             }
             ProjectMsg::Heartbeat { id, metrics, reply } => {
                 let _ = reply.send(st.heartbeat(id, metrics));
+            }
+            ProjectMsg::CreateEnrollmentToken { spec, reply } => {
+                let _ = reply.send(st.create_enrollment_token(*spec));
+            }
+            ProjectMsg::DeleteEnrollmentToken { id, reply } => {
+                let _ = reply.send(st.delete_enrollment_token(id));
+            }
+            ProjectMsg::Enroll {
+                hash,
+                name,
+                labels,
+                reply,
+            } => {
+                // A new device may be a target (labels), as one created by a member.
+                let r = st.enroll(hash, name, labels);
+                if r.is_ok() {
+                    st.reassigned();
+                }
+                let _ = reply.send(r);
             }
             ProjectMsg::CreateGroup {
                 name,

@@ -61,6 +61,80 @@ pub async fn create(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> 
     )
 }
 
+#[derive(Deserialize, schemars::JsonSchema)]
+#[schemars(rename = "CreateEnrollmentToken")]
+pub(crate) struct EnrollmentTokenBody {
+    #[schemars(schema_with = "fleetops_actors::rules::schemas::name")]
+    name: String,
+    /// Enrolls one robot, then is gone.
+    #[serde(default)]
+    single_use: bool,
+    /// Seconds until it enrolls nothing; absent: until revoked.
+    #[serde(default)]
+    #[schemars(range(min = 1, max = 31_622_400))]
+    expires_in_seconds: Option<u64>,
+    /// Labels every robot enrolled with it starts with.
+    #[serde(default)]
+    #[schemars(schema_with = "fleetops_actors::rules::schemas::labels")]
+    labels: BTreeMap<String, String>,
+}
+
+pub async fn create_enrollment_token(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.project(&req, Role::Admin).await?;
+    let b: EnrollmentTokenBody = cx.json(&mut req).await?;
+    let spec = fleetops_actors::projects::TokenSpec {
+        name: b.name,
+        single_use: b.single_use,
+        expires_in_seconds: b.expires_in_seconds,
+        labels: b.labels,
+    };
+    body::created(
+        &cx.rt()
+            .projects
+            .create_enrollment_token(s.project.id, spec)
+            .await?,
+    )
+}
+
+pub async fn enrollment_tokens(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.project(&req, Role::Admin).await?;
+    body::ok(&cx.rt().projects.enrollment_tokens(s.project.id)?)
+}
+
+pub async fn delete_enrollment_token(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    let (_, s) = cx.project(&req, Role::Admin).await?;
+    let id = req.id("token_id", "Enrollment token")?;
+    cx.rt()
+        .projects
+        .delete_enrollment_token(s.project.id, id)
+        .await?;
+    body::no_content()
+}
+
+#[derive(Deserialize, schemars::JsonSchema)]
+#[schemars(rename = "Enroll")]
+pub(crate) struct EnrollBody {
+    #[schemars(schema_with = "fleetops_actors::rules::schemas::name")]
+    name: String,
+    #[serde(default)]
+    #[schemars(schema_with = "fleetops_actors::rules::schemas::labels")]
+    labels: BTreeMap<String, String>,
+}
+
+/// A robot registers itself: its enrollment token is the bearer credential. Attempts count
+/// against the client address's sign-in limit (a token guessed is a credential guessed).
+pub async fn enroll(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
+    cx.app
+        .limits
+        .check_login(req.client_ip(&cx.app.cfg.trusted_proxies))?;
+    let token = req
+        .credential()
+        .ok_or(ApiError::Domain(fleetops_actors::Error::Unauthorized))?
+        .to_string();
+    let b: EnrollBody = cx.json(&mut req).await?;
+    body::created(&cx.rt().projects.enroll(&token, b.name, b.labels).await?)
+}
+
 pub async fn list(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
     let (_, s) = cx.project(&req, Role::Viewer).await?;
     let (f, page) = (filter(&req)?, req.query.page()?);

@@ -1,0 +1,190 @@
+//! Enrollment tokens: what lets a new robot register itself in a project and get its own
+//! device token, with no user credential on the robot. A token is stored as its SHA-256 only,
+//! under its project (`enr/{project}/{id}`) and indexed by that hash (`ix-enr/{hash}`: the
+//! project and id). Revoking one deletes both. A device enrolled with one is written in the
+//! same write as the token's use: a single-use token is deleted by it, another has its use
+//! counted, and the write is guarded on the token still being what was read, so one
+//! single-use token never enrolls two robots.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::{Device, Result, Store, Writes, keys};
+
+/// An enrollment token as stored.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EnrollmentToken {
+    pub id: u64,
+    pub project_id: u64,
+    pub name: String,
+    pub token_hash: [u8; 32],
+    /// Enrolls one robot, then is gone.
+    pub single_use: bool,
+    /// Unix ms after which it enrolls nothing; `None`: until revoked.
+    pub expires_at: Option<i64>,
+    /// Labels every device enrolled with it starts with (its own labels win).
+    pub labels: BTreeMap<String, String>,
+    /// Devices enrolled with it.
+    pub uses: u64,
+    pub last_used_at: Option<i64>,
+    pub created_at: i64,
+}
+
+impl Store {
+    /// Stores a new token with its index entry.
+    pub fn insert_enrollment_token(&self, t: &EnrollmentToken) -> Result<()> {
+        let mut w = Writes::new();
+        w.put(keys::enrollment(t.project_id, t.id), t)?;
+        w.claim(
+            keys::enrollment_by_hash(&t.token_hash),
+            pair(t.project_id, t.id),
+            "enrollment token",
+        );
+        self.apply(w)
+    }
+
+    /// A project's tokens, oldest first, at most `limit`.
+    pub fn enrollment_tokens(&self, project: u64, limit: usize) -> Result<Vec<EnrollmentToken>> {
+        let mut out = Vec::new();
+        for kv in self
+            .inner
+            .records
+            .scan_prefix(keys::enrollment_prefix(project))
+            .take(limit)
+        {
+            let (_, v) = kv?;
+            out.push(crate::codec::decode(&v)?);
+        }
+        Ok(out)
+    }
+
+    pub fn enrollment_token(&self, project: u64, id: u64) -> Result<Option<EnrollmentToken>> {
+        self.get(&keys::enrollment(project, id))
+    }
+
+    /// The token whose SHA-256 is `hash`, wherever it is.
+    pub fn enrollment_token_by_hash(&self, hash: &[u8; 32]) -> Result<Option<EnrollmentToken>> {
+        let Some(v) = self.inner.records.get(keys::enrollment_by_hash(hash))? else {
+            return Ok(None);
+        };
+        match crate::scm::pair(&v) {
+            Some((p, id)) => self.enrollment_token(p, id),
+            None => Ok(None),
+        }
+    }
+
+    /// Revokes a token: it and its index entry go.
+    pub fn delete_enrollment_token(&self, t: &EnrollmentToken) -> Result<()> {
+        let mut w = Writes::new();
+        w.delete(keys::enrollment(t.project_id, t.id));
+        w.delete(keys::enrollment_by_hash(&t.token_hash));
+        self.apply(w)
+    }
+
+    /// Stores device `d`, enrolled with `used` (as read), in one write with the token's use:
+    /// a single-use token goes, another counts the use. Fails with
+    /// [`crate::StorageError::Conflict`] when the token changed since it was read.
+    pub fn enroll_device(&self, d: &Device, used: &EnrollmentToken, at: i64) -> Result<()> {
+        let mut w = Writes::new();
+        w.guard_record(
+            keys::enrollment(used.project_id, used.id),
+            used,
+            "enrollment token",
+        );
+        if used.single_use {
+            w.delete(keys::enrollment(used.project_id, used.id));
+            w.delete(keys::enrollment_by_hash(&used.token_hash));
+        } else {
+            let next = EnrollmentToken {
+                uses: used.uses + 1,
+                last_used_at: Some(at),
+                ..used.clone()
+            };
+            w.put(keys::enrollment(used.project_id, used.id), &next)?;
+        }
+        w.put_listed(keys::device(d.project_id, d.id), d)?;
+        w.0.insert(
+            keys::device_by_token(&d.token_hash),
+            pair(d.project_id, d.id),
+        );
+        self.apply(w)
+    }
+}
+
+fn pair(a: u64, b: u64) -> Vec<u8> {
+    let mut v = a.to_be_bytes().to_vec();
+    v.extend_from_slice(&b.to_be_bytes());
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use crate::testing::on_each_engine;
+
+    fn token(id: u64, single_use: bool) -> EnrollmentToken {
+        EnrollmentToken {
+            id,
+            project_id: 1,
+            name: "line".into(),
+            token_hash: [id as u8; 32],
+            single_use,
+            expires_at: None,
+            labels: BTreeMap::new(),
+            uses: 0,
+            last_used_at: None,
+            created_at: 0,
+        }
+    }
+
+    fn device(id: u64) -> Device {
+        Device {
+            id,
+            project_id: 1,
+            name: format!("r{id}"),
+            labels: BTreeMap::new(),
+            token_hash: [100 + id as u8; 32],
+            created_at: 0,
+            last_seen_at: None,
+            metrics: BTreeMap::new(),
+        }
+    }
+
+    fn a_single_use_token_enrolls_one_device_and_goes() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::testing::open(dir.path());
+        let t = token(1, true);
+        store.insert_enrollment_token(&t).unwrap();
+        assert_eq!(
+            store.enrollment_token_by_hash(&t.token_hash).unwrap(),
+            Some(t.clone())
+        );
+        store.enroll_device(&device(1), &t, 5).unwrap();
+        assert_eq!(store.enrollment_token_by_hash(&t.token_hash).unwrap(), None);
+        // A second enrollment on the token as first read is refused, writing nothing.
+        let r = store.enroll_device(&device(2), &t, 6);
+        assert!(matches!(r, Err(crate::StorageError::Conflict(_))), "{r:?}");
+        assert!(store.device(1, 2).unwrap().is_none());
+        assert!(store.device(1, 1).unwrap().is_some());
+    }
+    on_each_engine!(a_single_use_token_enrolls_one_device_and_goes);
+
+    fn a_reusable_token_counts_its_uses_until_revoked() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::testing::open(dir.path());
+        let t = token(2, false);
+        store.insert_enrollment_token(&t).unwrap();
+        store.enroll_device(&device(1), &t, 5).unwrap();
+        let t = store.enrollment_token(1, 2).unwrap().unwrap();
+        assert_eq!((t.uses, t.last_used_at), (1, Some(5)));
+        store.enroll_device(&device(2), &t, 6).unwrap();
+        assert_eq!(store.enrollment_tokens(1, 10).unwrap()[0].uses, 2);
+        store.delete_enrollment_token(&t).unwrap();
+        assert_eq!(store.enrollment_token_by_hash(&t.token_hash).unwrap(), None);
+        assert!(store.enrollment_tokens(1, 10).unwrap().is_empty());
+    }
+    on_each_engine!(a_reusable_token_counts_its_uses_until_revoked);
+}

@@ -1,0 +1,183 @@
+//! Enrollment tokens: an admin makes one; a robot registers itself with it and gets its own
+//! device token, with no user credential on the robot.
+
+use serde_json::json;
+
+use crate::common::*;
+
+const TOKENS: &str = "/api/v1/organizations/default/projects/default/enrollment-tokens";
+const ENROLL: &str = "/api/v1/device/enroll";
+
+async fn make_token(s: &Srv, body: serde_json::Value) -> (u64, String) {
+    let r = s.post(TOKENS, s.key(), body).await;
+    assert_eq!(r.status, 201, "{}", r.body);
+    (
+        r.body["id"].as_u64().unwrap(),
+        r.body["token"].as_str().unwrap().to_string(),
+    )
+}
+
+#[tokio::test]
+async fn a_robot_enrolls_with_a_token_and_works_with_its_own_device_token() {
+    let s = start().await;
+    let (_, token) = make_token(
+        &s,
+        json!({"name": "assembly line", "labels": {"fleet": "amr", "site": "lyon"}}),
+    )
+    .await;
+    assert!(token.starts_with("fopse_"), "{token}");
+    let r = s
+        .post(
+            ENROLL,
+            &token,
+            json!({"name": "amr-7", "labels": {"site": "paris"}}),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.body);
+    assert_eq!(r.body["name"], "amr-7");
+    // The token's labels, the robot's own winning.
+    assert_eq!(r.body["labels"], json!({"fleet": "amr", "site": "paris"}));
+    assert_eq!(r.body["organization"], "default");
+    assert_eq!(r.body["project_slug"], "default");
+    let id = r.body["id"].as_u64().unwrap();
+    let device_token = r.body["device_token"].as_str().unwrap().to_string();
+    assert!(device_token.starts_with("fopsd_"));
+    let r = s
+        .post(
+            &format!("{DEV}/devices/{id}/heartbeat"),
+            &device_token,
+            json!({"metrics": {"cpu": 0.5}}),
+        )
+        .await;
+    assert_eq!(r.status, 202, "{}", r.body);
+    let r = s.get(&format!("{DEV}/devices/{id}"), s.key()).await;
+    assert_eq!(r.body["status"], "online", "{}", r.body);
+    // The list shows the use, never the token.
+    let r = s.get(TOKENS, s.key()).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body["items"][0]["uses"], 1);
+    assert!(r.body["items"][0].get("token").is_none(), "{}", r.body);
+}
+
+#[tokio::test]
+async fn a_single_use_token_enrolls_one_robot() {
+    let s = start().await;
+    let (_, token) = make_token(&s, json!({"name": "one", "single_use": true})).await;
+    let first = s.post(ENROLL, &token, json!({"name": "r1"})).await;
+    assert_eq!(first.status, 201, "{}", first.body);
+    s.post(ENROLL, &token, json!({"name": "r2"}))
+        .await
+        .assert_error(401);
+    let r = s.get(TOKENS, s.key()).await;
+    assert_eq!(r.body["items"], json!([]));
+}
+
+#[tokio::test]
+async fn concurrent_enrollments_with_a_single_use_token_enroll_exactly_one_robot() {
+    let s = start().await;
+    let (_, token) = make_token(&s, json!({"name": "one", "single_use": true})).await;
+    // Enrollment attempts count against the address's sign-in limit (10 a minute here).
+    let tries = (0..8).map(|i| {
+        let (s, token) = (&s, token.clone());
+        async move {
+            s.post(ENROLL, &token, json!({"name": format!("r{i}")}))
+                .await
+                .status
+        }
+    });
+    let statuses = futures::future::join_all(tries).await;
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 201).count(),
+        1,
+        "{statuses:?}"
+    );
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 401).count(),
+        7,
+        "{statuses:?}"
+    );
+    let r = s.get(&format!("{DEV}/devices"), s.key()).await;
+    assert_eq!(r.body["total"], 1, "{}", r.body);
+}
+
+#[tokio::test]
+async fn a_revoked_or_expired_token_enrolls_nothing() {
+    let s = start().await;
+    let (id, revoked) = make_token(&s, json!({"name": "gone"})).await;
+    let r = s.delete(&format!("{TOKENS}/{id}"), s.key()).await;
+    assert_eq!(r.status, 204);
+    s.post(ENROLL, &revoked, json!({"name": "r"}))
+        .await
+        .assert_error(401);
+    let (_, expiring) = make_token(&s, json!({"name": "soon", "expires_in_seconds": 60})).await;
+    assert_eq!(
+        s.post(ENROLL, &expiring, json!({"name": "r1"}))
+            .await
+            .status,
+        201
+    );
+    s.rt().clock.advance(std::time::Duration::from_secs(61));
+    s.post(ENROLL, &expiring, json!({"name": "r2"}))
+        .await
+        .assert_error(401);
+    // Neither a made-up token nor none at all.
+    s.post(ENROLL, "fopse_made-up", json!({"name": "r"}))
+        .await
+        .assert_error(401);
+    s.post(ENROLL, "", json!({"name": "r"}))
+        .await
+        .assert_error(401);
+    let r = s.get(&format!("{DEV}/devices"), s.key()).await;
+    assert_eq!(r.body["total"], 1, "{}", r.body);
+}
+
+#[tokio::test]
+async fn enrollment_attempts_count_against_the_addresss_sign_in_limit() {
+    let s = start().await;
+    let mut statuses = Vec::new();
+    for _ in 0..12 {
+        statuses.push(
+            s.post(ENROLL, "fopse_guess", json!({"name": "r"}))
+                .await
+                .status,
+        );
+    }
+    assert_eq!(&statuses[..10], &[401; 10]);
+    assert_eq!(&statuses[10..], &[429; 2]);
+}
+
+#[tokio::test]
+async fn enrollment_tokens_are_for_admins_and_checked_as_they_are_made() {
+    let s = start().await;
+    let member = s.user("m@x.io").await;
+    let r = s
+        .post(
+            "/api/v1/organizations/default/members",
+            s.key(),
+            json!({"email": "m@x.io", "role": "member"}),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.body);
+    s.post(TOKENS, &member, json!({"name": "x"}))
+        .await
+        .assert_error(403);
+    s.get(TOKENS, &member).await.assert_error(403);
+    s.post(
+        TOKENS,
+        s.key(),
+        json!({"name": "x", "expires_in_seconds": 0}),
+    )
+    .await
+    .assert_error(422);
+    s.post(TOKENS, s.key(), json!({"name": ""}))
+        .await
+        .assert_error(422);
+    s.delete(&format!("{TOKENS}/999"), s.key())
+        .await
+        .assert_error(404);
+    // A device token is no enrollment token, nor the other way round.
+    let (_, token) = make_token(&s, json!({"name": "line"})).await;
+    s.get(&format!("{DEV}/devices"), &token)
+        .await
+        .assert_error(401);
+}
