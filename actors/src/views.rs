@@ -431,6 +431,9 @@ impl From<&fleetops_storage::Artifact> for ArtifactView {
 #[schemars(rename = "LogsAccepted")]
 pub struct Accepted {
     pub accepted: usize,
+    /// A numbered batch the session had already stored: nothing was stored again.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub duplicate: bool,
 }
 
 #[derive(Debug, Serialize, schemars::JsonSchema)]

@@ -1009,6 +1009,11 @@ pub fn document(routes: &[RouteDef], tiers: &[String]) -> Value {
         if r.op == Op::LiveLogs {
             params.extend(handshake_headers());
         }
+        if r.op == Op::AppendLogs {
+            params.push(json!({"name": "X-Batch-Sequence", "in": "header", "required": false,
+                "description": "The sender's number for this batch, rising within the session: a number the session already stored is answered 202 with `duplicate: true`, and nothing is stored again",
+                "schema": {"type": "integer", "minimum": 1, "maximum": 9_007_199_254_740_991_u64}}));
+        }
         let mut op = Map::new();
         op.insert("operationId".into(), json!(id));
         op.insert("summary".into(), json!(r.summary));

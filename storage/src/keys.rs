@@ -127,6 +127,10 @@ pub(crate) fn session_project(id: u64) -> Vec<u8> {
 pub(crate) fn session_counters(id: u64) -> Vec<u8> {
     key(&[b"sc", &be(id)])
 }
+/// The last batch sequence number a session's sender had stored ([`crate::Store::append_batch`]).
+pub(crate) fn session_batch_seq(id: u64) -> Vec<u8> {
+    key(&[b"sbs", &be(id)])
+}
 pub(crate) fn log_chunk(session: u64, seq: u64) -> Vec<u8> {
     key(&[b"l", &be(session), &be(seq)])
 }

@@ -156,6 +156,8 @@ impl Iterator for Places {
 
 /// What an append or an artifact to a session no longer active conflicts with.
 pub const SESSION_NOT_ACTIVE: &str = "session not active";
+/// The conflict of a batch whose sequence number the session has already stored.
+pub const DUPLICATE_BATCH: &str = "duplicate batch";
 
 impl Store {
     pub fn session(&self, project: u64, id: u64) -> Result<Option<Session>> {
@@ -272,7 +274,15 @@ impl Store {
         counters: &SessionCounters,
         seq: u64,
     ) -> Result<()> {
-        self.append_checked(session, chunk, &ChunkIndex::of(chunk)?, None, counters, seq)
+        self.append_checked(
+            session,
+            chunk,
+            &ChunkIndex::of(chunk)?,
+            None,
+            counters,
+            seq,
+            None,
+        )
     }
 
     /// As [`Store::append_chunk`], with the index built beforehand ([`ChunkIndex::of`]), so
@@ -292,9 +302,55 @@ impl Store {
         (prev, counters): (&SessionCounters, &SessionCounters),
         seq: u64,
     ) -> Result<()> {
-        self.append_checked(session, chunk, index, Some((project, prev)), counters, seq)
+        self.append_checked(
+            session,
+            chunk,
+            index,
+            Some((project, prev)),
+            counters,
+            seq,
+            None,
+        )
     }
 
+    /// As [`Store::append_indexed_chunk`], for a batch its sender numbered `batch` (each
+    /// sender's numbers rising within the session): stored only when `batch` is above the
+    /// last the session stored, else [`StorageError::Conflict`]`(`[`DUPLICATE_BATCH`]`)`
+    /// and nothing is written, decided inside the write, so a batch sent again after a lost
+    /// answer is never stored twice.
+    #[allow(clippy::too_many_arguments)]
+    pub fn append_batch(
+        &self,
+        project: u64,
+        session: u64,
+        chunk: &LogChunk,
+        index: &ChunkIndex,
+        (prev, counters): (&SessionCounters, &SessionCounters),
+        seq: u64,
+        batch: Option<u64>,
+    ) -> Result<()> {
+        self.append_checked(
+            session,
+            chunk,
+            index,
+            Some((project, prev)),
+            counters,
+            seq,
+            batch,
+        )
+    }
+
+    /// The last batch number session `id` stored (0 before any numbered batch).
+    pub fn session_batch_seq(&self, id: u64) -> Result<u64> {
+        Ok(self
+            .inner
+            .records
+            .get(keys::session_batch_seq(id))?
+            .and_then(|v| <[u8; 8]>::try_from(v.as_ref()).ok())
+            .map_or(0, u64::from_be_bytes))
+    }
+
+    #[allow(clippy::too_many_arguments)]
     fn append_checked(
         &self,
         session: u64,
@@ -303,7 +359,9 @@ impl Store {
         check: Option<(u64, &SessionCounters)>,
         counters: &SessionCounters,
         seq: u64,
+        batch: Option<u64>,
     ) -> Result<()> {
+        let batch_key = keys::session_batch_seq(session);
         let chunk_bytes = codec::encode(chunk)?;
         let summary_bytes = &index.summary;
         let filter = &index.filter;
@@ -339,6 +397,18 @@ impl Store {
                             "session counters".into(),
                         )));
                     }
+                }
+                if let Some(b) = batch {
+                    let stored = records
+                        .get(batch_key.as_slice())?
+                        .and_then(|v| <[u8; 8]>::try_from(v.as_ref()).ok())
+                        .map_or(0, u64::from_be_bytes);
+                    if b <= stored {
+                        return Err(TxError::Abort(StorageError::Conflict(
+                            DUPLICATE_BATCH.into(),
+                        )));
+                    }
+                    records.insert(batch_key.as_slice(), &b.to_be_bytes()[..])?;
                 }
                 // The first unsealed chunk marks the session as owed a seal.
                 if logs.get(pending_key.as_slice())?.is_none() {
@@ -754,6 +824,7 @@ impl Store {
         let rec = keys::session(s.project_id, s.id);
         let counters = keys::session_counters(s.id);
         let owner = keys::session_project(s.id);
+        let batch_seq = keys::session_batch_seq(s.id);
         let gate = self.inner.gate.shared();
         let _g = self.list_guard();
         let relist = crate::lists::plan(
@@ -791,6 +862,7 @@ impl Store {
                 }
                 records.remove(rec.as_slice())?;
                 records.remove(counters.as_slice())?;
+                records.remove(batch_seq.as_slice())?;
                 records.remove(owner.as_slice())?;
                 for k in &artifact_keys {
                     records.remove(k.as_slice())?;

@@ -485,7 +485,7 @@ async fn a_write_already_past_the_lookup_is_refused_once_the_organization_is_del
         vec![serde_json::from_value(json!({"level": "info", "message": "late"})).unwrap()]
     };
     // Both accepted while the organization exists (the session's actor is running).
-    rt.sessions.append(pid, sid, entry()).await.unwrap();
+    rt.sessions.append(pid, sid, entry(), None).await.unwrap();
     rt.projects
         .heartbeat(pid, dev, Default::default())
         .await
@@ -515,7 +515,7 @@ async fn a_write_already_past_the_lookup_is_refused_once_the_organization_is_del
         matches!(late, Err(fleetops_actors::Error::NotFound(_))),
         "{late:?}"
     );
-    let late = rt.sessions.append(pid, sid, entry()).await;
+    let late = rt.sessions.append(pid, sid, entry(), None).await;
     assert!(
         matches!(late, Err(fleetops_actors::Error::NotFound(_))),
         "{late:?}"

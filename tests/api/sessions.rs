@@ -1073,3 +1073,43 @@ async fn one_organizations_slow_exports_hold_only_its_share_of_the_places() {
     assert_eq!(r.text().await.unwrap().lines().count(), 2);
     drop(held);
 }
+
+/// A numbered batch (`X-Batch-Sequence`) sent again after its answer was lost is answered as
+/// accepted and stored once; a number below the last stored is a duplicate too, and a number
+/// that is not a whole number from 1 is 422.
+#[tokio::test]
+async fn a_numbered_batch_sent_again_is_stored_once() {
+    let s = start().await;
+    let (d, tok) = device(&s, "r1").await;
+    let sid = session(&s, d, &tok).await;
+    let logs = format!("{DEV}/sessions/{sid}/logs");
+    let send = |n: &'static str, msg: &'static str| {
+        let (s, logs, tok) = (&s, logs.clone(), tok.clone());
+        async move {
+            s.raw(
+                s.http
+                    .post(s.url(&logs))
+                    .bearer_auth(&tok)
+                    .header("X-Batch-Sequence", n)
+                    .json(&json!([{"level": "info", "message": msg}, {"level": "warn", "message": msg}])),
+            )
+            .await
+        }
+    };
+    let r = send("1", "first").await;
+    assert_eq!(r.status, 202);
+    assert_eq!(r.body, json!({"accepted": 2}));
+    let r = send("1", "first").await;
+    assert_eq!(r.status, 202);
+    assert_eq!(r.body, json!({"accepted": 2, "duplicate": true}));
+    assert_eq!(send("2", "second").await.status, 202);
+    let r = send("1", "late").await;
+    assert_eq!(r.body["duplicate"], true, "{}", r.body);
+    for bad in ["0", "-1", "x", "18446744073709551616"] {
+        send(bad, "bad").await.assert_error(422);
+    }
+    let r = s.get(&logs, s.key()).await;
+    assert_eq!(r.body["total"], 4, "{}", r.body);
+    let m = messages(&r.body);
+    assert_eq!(m, ["first", "first", "second", "second"], "{}", r.body);
+}

@@ -184,7 +184,15 @@ impl SessionsHandle {
     }
 
     /// Appends one batch (all or nothing), answered once durable.
-    pub async fn append(&self, pid: u64, id: u64, entries: Vec<RawEntry>) -> Result<Accepted> {
+    /// `batch`: the sender's number for it, rising within the session; a number the session
+    /// already stored is answered as accepted again (`duplicate`), and stores nothing.
+    pub async fn append(
+        &self,
+        pid: u64,
+        id: u64,
+        entries: Vec<RawEntry>,
+        batch: Option<u64>,
+    ) -> Result<Accepted> {
         let s = self.record(pid, id)?;
         if s.status != SessionStatus::Active {
             return Err(Error::Conflict("Session is not active".into()));
@@ -203,18 +211,31 @@ impl SessionsHandle {
         };
         let (chunk, index) = (Arc::new(chunk), Arc::new(index));
         if chunk.is_empty() {
-            return Ok(Accepted { accepted: 0 });
+            return Ok(Accepted {
+                accepted: 0,
+                duplicate: false,
+            });
         }
-        let accepted = self
+        let stored = self
             .actors
             .call(id, |reply| {
-                SessionMsg::Append(chunk.clone(), index.clone(), reply)
+                SessionMsg::Append(chunk.clone(), index.clone(), batch, reply)
             })
             .await?;
+        // A duplicate too: its first write may still be on its way to disk.
         self.store.durable().await?;
+        let Some(accepted) = stored else {
+            return Ok(Accepted {
+                accepted: chunk.len(),
+                duplicate: true,
+            });
+        };
         crate::counters::Counters::add(&self.counters.log_lines, chunk.levels.len() as u64);
         self.projects.alerts.logs(pid, s.device_id, chunk).await;
-        Ok(Accepted { accepted })
+        Ok(Accepted {
+            accepted,
+            duplicate: false,
+        })
     }
 
     /// Session actors running now (active sessions not passivated), for `/metrics`.

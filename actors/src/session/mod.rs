@@ -49,7 +49,14 @@ pub(crate) enum SessionMsg {
     /// Store a validated batch; replies with the number of entries accepted.
     /// A batch with its index, built before it reaches the actor (off the runtime's threads
     /// for a large one).
-    Append(Arc<LogChunk>, Arc<ChunkIndex>, Reply<usize>),
+    /// With its sender's batch number, if it gave one; answered `None` for a number the
+    /// session already stored (nothing is written).
+    Append(
+        Arc<LogChunk>,
+        Arc<ChunkIndex>,
+        Option<u64>,
+        Reply<Option<usize>>,
+    ),
     /// Record an uploaded artifact; replies with the blob key it replaced, if any.
     PutArtifact(Artifact, Reply<Option<String>>),
     /// Refuse every later append (completion or deletion is under way).
@@ -261,9 +268,13 @@ impl Actor for SessionActor {
             return Ok(());
         };
         match msg {
-            SessionMsg::Append(chunk, index, reply) => {
-                match st.append(&chunk, &index) {
-                    Ok((first_seq, chunk_seq)) => {
+            SessionMsg::Append(chunk, index, batch, reply) => {
+                match st.append(&chunk, &index, batch) {
+                    Ok(None) => {
+                        st.last_active = std::time::Instant::now();
+                        let _ = reply.send(Ok(None));
+                    }
+                    Ok(Some((first_seq, chunk_seq))) => {
                         // Only an accepted append keeps the actor in memory: one sealed by a
                         // completion whose caller went away mid-write (no unseal came) idles
                         // out, and its next start reads the stored status.
@@ -271,7 +282,7 @@ impl Actor for SessionActor {
                         // Answered as soon as the write is applied, before the replay buffer and
                         // the fan-out: a panic in those cannot leave the caller without the truth,
                         // so a request lost to a panic never wrote anything.
-                        let _ = reply.send(Ok(chunk.len()));
+                        let _ = reply.send(Ok(Some(chunk.len())));
                         if st.bus.is_shared() {
                             st.bus.publish(
                                 remote::subject(st.id),
@@ -436,7 +447,13 @@ impl SessionState {
     /// The write is decided against the stored counters, so two servers appending to one
     /// session never take the same chunk number or arrival index: the one that lost reads the
     /// counters again and appends after the other's batch.
-    fn append(&mut self, chunk: &LogChunk, index: &ChunkIndex) -> Result<(u64, u64)> {
+    /// `None` for a batch number the session already stored.
+    fn append(
+        &mut self,
+        chunk: &LogChunk,
+        index: &ChunkIndex,
+        batch: Option<u64>,
+    ) -> Result<Option<(u64, u64)>> {
         self.check_open()?;
         let n = chunk.len();
         let mut tries = 0;
@@ -447,15 +464,21 @@ impl SessionState {
                 next_chunk: seq + 1,
                 ..self.counters
             };
-            match self.store.append_indexed_chunk(
+            match self.store.append_batch(
                 self.project_id,
                 self.id,
                 chunk,
                 index,
                 (&self.counters, &next),
                 seq,
+                batch,
             ) {
                 Ok(()) => break seq,
+                Err(fleetops_storage::StorageError::Conflict(w))
+                    if w == fleetops_storage::sessions::DUPLICATE_BATCH =>
+                {
+                    return Ok(None);
+                }
                 Err(fleetops_storage::StorageError::Conflict(w))
                     if w == fleetops_storage::sessions::SESSION_NOT_ACTIVE =>
                 {
@@ -485,7 +508,7 @@ impl SessionState {
         if self.sealer.due(self.unsealed.0, self.unsealed.1) && self.sealer.request(self.id) {
             self.unsealed = (0, 0);
         }
-        Ok((first_seq, seq))
+        Ok(Some((first_seq, seq)))
     }
 
     /// Starts taking the other nodes' messages about this session (a first live subscriber
@@ -856,9 +879,11 @@ mod tests {
         for tag in ["a", "b", "c"] {
             let chunk = big(tag);
             let idx = Arc::new(ChunkIndex::of(&chunk).unwrap());
-            ask(&a, |r| SessionMsg::Append(chunk.clone(), idx.clone(), r))
-                .await
-                .unwrap();
+            ask(&a, |r| {
+                SessionMsg::Append(chunk.clone(), idx.clone(), None, r)
+            })
+            .await
+            .unwrap();
         }
         // Each batch holds about 8 KB: only the newest fits in 10,000 bytes.
         let live = replayed(a).await;
@@ -881,16 +906,26 @@ mod tests {
         let (_dir, store) = active_session();
         let a = spawn(&store).await;
         assert_eq!(
-            ask(&a, |r| SessionMsg::Append(batch("a", 3), index("a", 3), r))
-                .await
-                .unwrap(),
-            3
+            ask(&a, |r| SessionMsg::Append(
+                batch("a", 3),
+                index("a", 3),
+                None,
+                r
+            ))
+            .await
+            .unwrap(),
+            Some(3)
         );
         assert_eq!(
-            ask(&a, |r| SessionMsg::Append(batch("b", 2), index("b", 2), r))
-                .await
-                .unwrap(),
-            2
+            ask(&a, |r| SessionMsg::Append(
+                batch("b", 2),
+                index("b", 2),
+                None,
+                r
+            ))
+            .await
+            .unwrap(),
+            Some(2)
         );
         assert_eq!(store.session_counters(SID).unwrap().log_count, 5);
 
@@ -912,19 +947,40 @@ mod tests {
 
         // Sealed (completion under way): appends are refused, nothing more is counted.
         ask(&a, SessionMsg::Seal).await.unwrap();
-        let r = ask(&a, |r| SessionMsg::Append(batch("c", 1), index("c", 1), r)).await;
+        let r = ask(&a, |r| {
+            SessionMsg::Append(batch("c", 1), index("c", 1), None, r)
+        })
+        .await;
         assert!(matches!(r, Err(Error::Conflict(_))));
         assert_eq!(store.session_counters(SID).unwrap().log_count, 5);
         // Two completions under way; one fails: still sealed, the other may yet write.
         ask(&a, SessionMsg::Seal).await.unwrap();
         a.cast(Envelope::cast(SessionMsg::Unseal)).unwrap();
-        let r = ask(&a, |r| SessionMsg::Append(batch("c", 1), index("c", 1), r)).await;
+        let r = ask(&a, |r| {
+            SessionMsg::Append(batch("c", 1), index("c", 1), None, r)
+        })
+        .await;
         assert!(matches!(r, Err(Error::Conflict(_))));
         // The other fails too (the session is still active as stored): appends again.
         a.cast(Envelope::cast(SessionMsg::Unseal)).unwrap();
-        let r = ask(&a, |r| SessionMsg::Append(batch("c", 1), index("c", 1), r)).await;
-        assert_eq!(r.unwrap(), 1);
+        let r = ask(&a, |r| {
+            SessionMsg::Append(batch("c", 1), index("c", 1), None, r)
+        })
+        .await;
+        assert_eq!(r.unwrap(), Some(1));
         assert_eq!(store.session_counters(SID).unwrap().log_count, 6);
+        // A numbered batch is stored once: sent again, it is answered as a duplicate.
+        let r = ask(&a, |r| {
+            SessionMsg::Append(batch("d", 2), index("d", 2), Some(7), r)
+        })
+        .await;
+        assert_eq!(r.unwrap(), Some(2));
+        let r = ask(&a, |r| {
+            SessionMsg::Append(batch("d", 2), index("d", 2), Some(7), r)
+        })
+        .await;
+        assert_eq!(r.unwrap(), None);
+        assert_eq!(store.session_counters(SID).unwrap().log_count, 8);
         a.stop(None);
     }
 }

@@ -206,6 +206,7 @@ pub(crate) fn parse_batch(bytes: &[u8], ndjson: bool) -> ApiResult<Vec<RawEntry>
 
 pub async fn append_logs(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
     let (_, s, id) = ingestion(cx, &req).await?;
+    let batch = batch_sequence(&req)?;
     let ndjson = is_ndjson(&req);
     let bytes = req.body_bytes(MAX_BATCH_BYTES).await?;
     let parse = move || parse_batch(&bytes, ndjson);
@@ -220,8 +221,32 @@ pub async fn append_logs(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Bo
     } else {
         parse()?
     };
-    body::accepted(&cx.rt().sessions.append(s.project.id, id, entries).await?)
+    body::accepted(
+        &cx.rt()
+            .sessions
+            .append(s.project.id, id, entries, batch)
+            .await?,
+    )
 }
+
+/// `X-Batch-Sequence`: the sender's number for a batch, rising within the session, so a batch
+/// sent again after a lost answer is stored once.
+fn batch_sequence(req: &Req) -> ApiResult<Option<u64>> {
+    req.header(BATCH_SEQUENCE)
+        .map(|v| {
+            v.trim()
+                .parse::<u64>()
+                .ok()
+                .filter(|n| *n > 0)
+                .ok_or_else(|| {
+                    ApiError::unprocessable("X-Batch-Sequence: must be a whole number from 1")
+                })
+        })
+        .transpose()
+}
+
+/// The header a sender numbers its batches in.
+pub(crate) const BATCH_SEQUENCE: &str = "x-batch-sequence";
 
 /// The filters shared by the query and the export.
 pub(crate) fn log_filter(req: &Req) -> ApiResult<LogFilter> {
