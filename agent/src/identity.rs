@@ -1,0 +1,136 @@
+//! Who this robot is to the service: `state_dir/device.json` (its id, device token,
+//! organization and project), written once at enrollment, readable only by the agent's user
+//! (0600 in a 0700 directory). With none, the agent enrolls with the enrollment token first.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::client::{self, CallError};
+use crate::config::Config;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Identity {
+    pub server: String,
+    pub device_id: u64,
+    pub device_token: String,
+    pub organization: String,
+    pub project: String,
+}
+
+impl Identity {
+    /// The URL of a project-scoped route (`path` starts with `/`).
+    pub fn project_url(&self, path: &str) -> String {
+        format!(
+            "{}/api/v1/organizations/{}/projects/{}{path}",
+            self.server, self.organization, self.project
+        )
+    }
+}
+
+fn file(cfg: &Config) -> PathBuf {
+    cfg.state_dir.join("device.json")
+}
+
+/// Makes `dir` (and its parents) with mode 0700.
+pub fn private_dir(dir: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+}
+
+/// Writes `bytes` to `path` whole (a temporary file, synced, renamed), mode 0600.
+pub fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let tmp = path.with_extension("tmp");
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path)?;
+    if let Some(parent) = path.parent() {
+        std::fs::File::open(parent)?.sync_all()?;
+    }
+    Ok(())
+}
+
+/// The identity on disk, or a new one from enrolling.
+pub async fn load_or_enroll(cfg: &Config, http: &reqwest::Client) -> Result<Identity, String> {
+    let path = file(cfg);
+    match std::fs::read(&path) {
+        Ok(bytes) => {
+            return serde_json::from_slice(&bytes)
+                .map_err(|e| format!("{}: {e} (delete it to enroll again)", path.display()));
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(format!("{}: {e}", path.display())),
+    }
+    let token = std::env::var("FLEETOPS_ENROLLMENT_TOKEN")
+        .ok()
+        .or_else(|| cfg.enrollment_token.clone())
+        .filter(|t| !t.trim().is_empty())
+        .ok_or_else(|| {
+            format!(
+                "not enrolled yet ({} is missing) and no enrollment token: set enrollment_token \
+                 or FLEETOPS_ENROLLMENT_TOKEN",
+                path.display()
+            )
+        })?;
+    let name = cfg.name.clone().unwrap_or_else(hostname);
+    let body = serde_json::json!({"name": name, "labels": cfg.labels});
+    let url = format!("{}/api/v1/device/enroll", cfg.server());
+    let r = client::call(
+        || Ok(http.post(&url).bearer_auth(token.trim()).json(&body)),
+        None,
+    )
+    .await
+    .map_err(|e| match e {
+        CallError::Status(s, _) if s == reqwest::StatusCode::UNAUTHORIZED => {
+            "the enrollment token was refused (unknown, revoked, used up or expired)".to_string()
+        }
+        e => format!("enrolling: {e}"),
+    })?;
+    let v: serde_json::Value = r
+        .json()
+        .await
+        .map_err(|e| format!("enrolling: unreadable answer: {e}"))?;
+    let id = Identity {
+        server: cfg.server().to_string(),
+        device_id: v["id"]
+            .as_u64()
+            .ok_or("enrolling: no device id in the answer")?,
+        device_token: v["device_token"]
+            .as_str()
+            .ok_or("enrolling: no device token in the answer")?
+            .to_string(),
+        organization: v["organization"]
+            .as_str()
+            .ok_or("enrolling: no organization in the answer")?
+            .to_string(),
+        project: v["project_slug"]
+            .as_str()
+            .ok_or("enrolling: no project in the answer")?
+            .to_string(),
+    };
+    private_dir(&cfg.state_dir).map_err(|e| format!("{}: {e}", cfg.state_dir.display()))?;
+    let bytes = serde_json::to_vec_pretty(&id).map_err(|e| e.to_string())?;
+    write_private(&path, &bytes).map_err(|e| format!("{}: {e}", path.display()))?;
+    eprintln!(
+        "fleetops-agent: enrolled as device {} in {}/{}",
+        id.device_id, id.organization, id.project
+    );
+    Ok(id)
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "robot".to_string())
+}

@@ -1,0 +1,407 @@
+//! `fleetops-agent run [--tag T]... -- CMD ARGS`: a session around one run of a command.
+//!
+//! The command's stdout and stderr are passed through to the agent's own, and each line is
+//! also a log entry of the session (module: the program's name; level read from the line,
+//! else `info` for stdout and `error` for stderr). Lines are batched (`[logs] batch_lines`, or
+//! `flush_ms` after a batch's first line), kept in the spool on disk, and shipped in order,
+//! each batch numbered, so every line is stored once even when the service is out of reach
+//! for a while or answers are lost. The session is created when the service is first
+//! reachable; the command never waits for the service.
+//!
+//! When the command ends, the agent ships what is left, uploads the files matching
+//! `[run] artifacts` as the session's artifacts, completes the session as `completed` (exit
+//! status 0) or `failed`, and exits with the command's status (128 + the signal when a
+//! signal ended it).
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWriteExt, BufReader};
+use tokio::sync::{Notify, mpsc};
+
+use crate::client::{self, CallError};
+use crate::config::Config;
+use crate::identity::Identity;
+use crate::lines::{self, Entry};
+use crate::spool::Spool;
+
+/// Runs `cmd` inside a session; the exit status.
+pub async fn run(cfg: &Config, tags: Vec<String>, cmd: Vec<String>) -> Result<i32, String> {
+    let http = client::http_client(cfg)?;
+    let id = crate::identity::load_or_enroll(cfg, &http).await?;
+    let (program, args) = cmd.split_first().ok_or("run: no command given after --")?;
+    let module = Path::new(program)
+        .file_name()
+        .map_or_else(|| program.clone(), |n| n.to_string_lossy().into_owned());
+    let spool_dir =
+        cfg.state_dir
+            .join("spool")
+            .join(format!("run-{}-{}", lines::now_ms(), std::process::id()));
+    let spool = Arc::new(Mutex::new(
+        Spool::open(&spool_dir, cfg.logs.max_buffer_bytes)
+            .map_err(|e| format!("{}: {e}", spool_dir.display()))?,
+    ));
+    let mut child = tokio::process::Command::new(program)
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot start {program}: {e}"))?;
+    let (tx, rx) = mpsc::channel::<Entry>(4096);
+    let max_line = cfg.logs.max_line_bytes;
+    let readers = [
+        child.stdout.take().map(|out| {
+            tokio::spawn(read_lines(
+                out,
+                tokio::io::stdout(),
+                module.clone(),
+                "info",
+                max_line,
+                tx.clone(),
+            ))
+        }),
+        child.stderr.take().map(|err| {
+            tokio::spawn(read_lines(
+                err,
+                tokio::io::stderr(),
+                module.clone(),
+                "error",
+                max_line,
+                tx.clone(),
+            ))
+        }),
+    ];
+    drop(tx);
+    let offered = Arc::new(Notify::new());
+    let batcher = tokio::spawn(batch(
+        rx,
+        spool.clone(),
+        offered.clone(),
+        cfg.logs.batch_lines,
+        Duration::from_millis(cfg.logs.flush_ms),
+    ));
+    let shipping = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let shipper = {
+        let (http, id, spool, offered, shipping) = (
+            http.clone(),
+            id.clone(),
+            spool.clone(),
+            offered.clone(),
+            shipping.clone(),
+        );
+        tokio::spawn(async move { ship(&http, &id, tags, spool, offered, shipping).await })
+    };
+    let status = child
+        .wait()
+        .await
+        .map_err(|e| format!("waiting for {program}: {e}"))?;
+    for r in readers.into_iter().flatten() {
+        let _ = r.await;
+    }
+    let _ = batcher.await;
+    shipping.store(false, std::sync::atomic::Ordering::SeqCst);
+    offered.notify_one();
+    let session = shipper
+        .await
+        .map_err(|e| format!("log shipping stopped: {e}"))??;
+    let code = exit_code(&status);
+    for file in matching(&cfg.run.artifacts) {
+        upload(&http, &id, session, &file).await;
+    }
+    let done = if code == 0 { "completed" } else { "failed" };
+    let url = id.project_url(&format!("/sessions/{session}/complete"));
+    let body = serde_json::json!({"status": done});
+    if let Err(e) = client::call(
+        || Ok(http.post(&url).bearer_auth(&id.device_token).json(&body)),
+        None,
+    )
+    .await
+    {
+        eprintln!("fleetops-agent: could not complete session {session}: {e}");
+    }
+    let _ = std::fs::remove_dir_all(&spool_dir);
+    Ok(code)
+}
+
+fn exit_code(s: &std::process::ExitStatus) -> i32 {
+    use std::os::unix::process::ExitStatusExt;
+    s.code().unwrap_or_else(|| 128 + s.signal().unwrap_or(0))
+}
+
+/// Copies `from` to `echo` and sends each line on as an entry.
+async fn read_lines(
+    from: impl AsyncRead + Unpin,
+    mut echo: impl tokio::io::AsyncWrite + Unpin,
+    module: String,
+    otherwise: &'static str,
+    max_line: usize,
+    tx: mpsc::Sender<Entry>,
+) {
+    let mut r = BufReader::new(from);
+    let mut buf = Vec::new();
+    loop {
+        buf.clear();
+        match r.read_until(b'\n', &mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+        let _ = echo.write_all(&buf).await;
+        let _ = echo.flush().await;
+        let line = buf.strip_suffix(b"\n").unwrap_or(&buf);
+        if tx
+            .send(lines::entry(line, &module, otherwise, max_line))
+            .await
+            .is_err()
+        {
+            return;
+        }
+    }
+}
+
+/// Cuts entries into batches in the spool: at `max_lines`, or `flush` after a batch's first
+/// entry, and when the readers are done.
+async fn batch(
+    mut rx: mpsc::Receiver<Entry>,
+    spool: Arc<Mutex<Spool>>,
+    offered: Arc<Notify>,
+    max_lines: usize,
+    flush: Duration,
+) {
+    let mut body = Vec::new();
+    let mut n = 0u64;
+    let mut deadline: Option<tokio::time::Instant> = None;
+    loop {
+        let next = match deadline {
+            Some(d) => tokio::select! {
+                e = rx.recv() => e,
+                () = tokio::time::sleep_until(d) => {
+                    keep(&spool, &offered, &mut body, &mut n);
+                    deadline = None;
+                    continue;
+                }
+            },
+            None => rx.recv().await,
+        };
+        let Some(e) = next else {
+            keep(&spool, &offered, &mut body, &mut n);
+            return;
+        };
+        if serde_json::to_writer(&mut body, &e).is_ok() {
+            body.push(b'\n');
+            n += 1;
+        }
+        deadline.get_or_insert_with(|| tokio::time::Instant::now() + flush);
+        if n as usize >= max_lines {
+            keep(&spool, &offered, &mut body, &mut n);
+            deadline = None;
+        }
+    }
+}
+
+fn keep(spool: &Mutex<Spool>, offered: &Notify, body: &mut Vec<u8>, n: &mut u64) {
+    if *n == 0 {
+        return;
+    }
+    let mut s = spool.lock().unwrap_or_else(|e| e.into_inner());
+    if let Err(e) = s.push(body, *n) {
+        eprintln!("fleetops-agent: could not keep a log batch on disk ({e}): {n} lines lost");
+    }
+    drop(s);
+    body.clear();
+    *n = 0;
+    offered.notify_one();
+}
+
+/// Creates the session once the service is reachable, then ships the spool's batches in
+/// order until the batcher is done and the spool is empty: the session's id.
+async fn ship(
+    http: &reqwest::Client,
+    id: &Identity,
+    tags: Vec<String>,
+    spool: Arc<Mutex<Spool>>,
+    offered: Arc<Notify>,
+    shipping: Arc<std::sync::atomic::AtomicBool>,
+) -> Result<u64, String> {
+    let url = id.project_url("/sessions");
+    let body = serde_json::json!({"device_id": id.device_id, "tags": tags});
+    let r = client::call(
+        || Ok(http.post(&url).bearer_auth(&id.device_token).json(&body)),
+        None,
+    )
+    .await
+    .map_err(|e| format!("creating the session: {e}"))?;
+    let session = r
+        .json::<serde_json::Value>()
+        .await
+        .ok()
+        .and_then(|v| v["id"].as_u64())
+        .ok_or("creating the session: no id in the answer")?;
+    let logs = id.project_url(&format!("/sessions/{session}/logs"));
+    loop {
+        let next = spool
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .oldest()
+            .map_err(|e| format!("reading the log spool: {e}"))?;
+        let Some((n, body)) = next else {
+            if !shipping.load(std::sync::atomic::Ordering::SeqCst) {
+                return Ok(session);
+            }
+            let _ = tokio::time::timeout(Duration::from_secs(1), offered.notified()).await;
+            continue;
+        };
+        let sent = client::call(
+            || {
+                Ok(http
+                    .post(&logs)
+                    .bearer_auth(&id.device_token)
+                    .header("Content-Type", "application/x-ndjson")
+                    .header("X-Batch-Sequence", n)
+                    .body(body.clone()))
+            },
+            None,
+        )
+        .await;
+        match sent {
+            Ok(_) => {}
+            Err(CallError::Status(s, why))
+                if s == StatusCode::CONFLICT || s == StatusCode::NOT_FOUND =>
+            {
+                return Err(format!("the session was ended or deleted elsewhere: {why}"));
+            }
+            Err(e) => eprintln!("fleetops-agent: a log batch was refused and dropped: {e}"),
+        }
+        let mut s = spool.lock().unwrap_or_else(|e| e.into_inner());
+        s.done(n);
+        if s.dropped > 0 {
+            let e = Entry {
+                timestamp: lines::rfc3339(lines::now_ms()),
+                level: "warn",
+                module: "fleetops-agent".into(),
+                message: format!(
+                    "{} lines were dropped while the service was out of reach (the log buffer was full)",
+                    s.dropped
+                ),
+            };
+            let mut line = serde_json::to_vec(&e).map_err(|e| e.to_string())?;
+            line.push(b'\n');
+            s.dropped = 0;
+            let _ = s.push(&line, 1);
+        }
+    }
+}
+
+/// The files `patterns` match (`*` and `?` in the file name), each once, in order.
+pub fn matching(patterns: &[String]) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = Vec::new();
+    for p in patterns {
+        let path = Path::new(p);
+        let (dir, pat) = match (path.parent(), path.file_name()) {
+            (Some(d), Some(f)) if !d.as_os_str().is_empty() => (d.to_path_buf(), f),
+            (_, Some(f)) => (PathBuf::from("."), f),
+            _ => continue,
+        };
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        let mut found: Vec<PathBuf> = entries
+            .flatten()
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+            .filter(|e| wildcard(&pat.to_string_lossy(), &e.file_name().to_string_lossy()))
+            .map(|e| e.path())
+            .collect();
+        found.sort();
+        for f in found {
+            if !out.contains(&f) {
+                out.push(f);
+            }
+        }
+    }
+    out
+}
+
+/// Whether `name` matches `pat`, where `*` is any run of characters and `?` one.
+pub fn wildcard(pat: &str, name: &str) -> bool {
+    let (p, n): (Vec<char>, Vec<char>) = (pat.chars().collect(), name.chars().collect());
+    let (mut i, mut j, mut star, mut mark) = (0, 0, None, 0);
+    while j < n.len() {
+        if i < p.len() && (p[i] == '?' || p[i] == n[j]) {
+            i += 1;
+            j += 1;
+        } else if i < p.len() && p[i] == '*' {
+            star = Some(i);
+            mark = j;
+            i += 1;
+        } else if let Some(s) = star {
+            i = s + 1;
+            mark += 1;
+            j = mark;
+        } else {
+            return false;
+        }
+    }
+    while i < p.len() && p[i] == '*' {
+        i += 1;
+    }
+    i == p.len()
+}
+
+/// Uploads `file` as an artifact of `session`, streamed, tried again while the service is out
+/// of reach; a refusal (too large, say) is said and skipped.
+async fn upload(http: &reqwest::Client, id: &Identity, session: u64, file: &Path) {
+    let Some(name) = file.file_name().map(|n| n.to_string_lossy().into_owned()) else {
+        return;
+    };
+    let url = id.project_url(&format!("/sessions/{session}/files/{}", percent(&name)));
+    let sent = client::call(
+        || {
+            let f = std::fs::File::open(file).map_err(|e| format!("{}: {e}", file.display()))?;
+            let stream = tokio_util::io::ReaderStream::new(tokio::fs::File::from_std(f));
+            Ok(http
+                .put(&url)
+                .bearer_auth(&id.device_token)
+                .body(reqwest::Body::wrap_stream(stream)))
+        },
+        Some(20),
+    )
+    .await;
+    if let Err(e) = sent {
+        eprintln!("fleetops-agent: {} was not uploaded: {e}", file.display());
+    }
+}
+
+/// `name` with every byte outside the unreserved set percent-encoded.
+fn percent(name: &str) -> String {
+    let mut out = String::new();
+    for b in name.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wildcards_match_file_names() {
+        assert!(wildcard("*.mcap", "run-1.mcap"));
+        assert!(wildcard("core*", "core"));
+        assert!(wildcard("core.*", "core.1234"));
+        assert!(wildcard("a?c", "abc"));
+        assert!(!wildcard("*.mcap", "run.mcap.tmp"));
+        assert!(!wildcard("core.*", "core"));
+        assert!(wildcard("*", ""));
+    }
+
+    #[test]
+    fn names_are_percent_encoded_for_the_path() {
+        assert_eq!(percent("a b/c.mcap"), "a%20b%2Fc.mcap");
+    }
+}

@@ -1,0 +1,206 @@
+//! A fleetops server as a process on a port of its own (so it can be stopped and started
+//! again where the agent expects it), and the agent binary run against it.
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const SERVER: &str = env!("CARGO_BIN_EXE_fleetops");
+pub const AGENT: &str = env!("CARGO_BIN_EXE_fleetops-agent");
+
+pub const DEV: &str = "/api/v1/organizations/default/projects/default";
+
+/// A child process killed and reaped when dropped.
+pub struct Guard(pub Child);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// One server: its data directory and port outlive its process.
+pub struct Server {
+    pub dir: tempfile::TempDir,
+    pub port: u16,
+    pub base: String,
+    proc: Option<Guard>,
+    /// What the first start printed (the first credentials).
+    printed: Vec<String>,
+}
+
+impl Server {
+    pub fn start() -> Server {
+        let dir = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let mut s = Server {
+            base: format!("http://127.0.0.1:{port}"),
+            dir,
+            port,
+            proc: None,
+            printed: Vec::new(),
+        };
+        s.printed = s.run();
+        s
+    }
+
+    fn run(&mut self) -> Vec<String> {
+        let data = self.dir.path().join("data");
+        let file = self.dir.path().join("fleetops.toml");
+        std::fs::write(
+            &file,
+            format!(
+                "listen = \"127.0.0.1:{}\"\ndata_dir = \"{}\"\nlog = \"warn\"\n\n[admin]\ntier = \"free\"\n\n[tiers.free]\nrequests_per_minute = 1000000\n",
+                self.port,
+                data.display()
+            ),
+        )
+        .unwrap();
+        let mut child = Command::new(SERVER)
+            .arg("--config")
+            .arg(&file)
+            .arg("serve")
+            .current_dir(self.dir.path())
+            .env_remove("FLEETOPS_DATABASE_URL")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut reader = BufReader::new(child.stdout.take().unwrap());
+        let mut printed = Vec::new();
+        let mut up = false;
+        for _ in 0..50 {
+            let mut line = String::new();
+            if reader.read_line(&mut line).unwrap() == 0 {
+                break;
+            }
+            if line.starts_with("fleetops: listening on ") {
+                up = true;
+                break;
+            }
+            printed.push(line.trim_end().to_string());
+        }
+        assert!(up, "the server did not start: {printed:?}");
+        std::thread::spawn(move || for _ in reader.lines() {});
+        self.proc = Some(Guard(child));
+        printed
+    }
+
+    /// SIGTERM, waiting until it has exited.
+    pub fn stop(&mut self) {
+        if let Some(mut g) = self.proc.take() {
+            let pid = g.0.id().to_string();
+            Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+            let until = Instant::now() + Duration::from_secs(20);
+            while g.0.try_wait().unwrap().is_none() {
+                assert!(Instant::now() < until, "the server did not stop");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+
+    /// Starts it again on the same port and data.
+    pub fn restart(&mut self) {
+        self.run();
+    }
+
+    /// A value the first start printed (`API key:`).
+    pub fn printed(&self, label: &str) -> String {
+        self.printed
+            .iter()
+            .find_map(|l| l.trim_start().strip_prefix(label).map(str::trim))
+            .unwrap_or_else(|| panic!("{label} not printed: {:?}", self.printed))
+            .to_string()
+    }
+
+    pub fn key(&self) -> String {
+        self.printed("API key:")
+    }
+
+    pub async fn call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> (u16, Value) {
+        let mut r = reqwest::Client::new()
+            .request(method, format!("{}{path}", self.base))
+            .bearer_auth(self.key());
+        if let Some(b) = body {
+            r = r.json(&b);
+        }
+        let r = r.send().await.unwrap();
+        let status = r.status().as_u16();
+        (status, r.json().await.unwrap_or(Value::Null))
+    }
+
+    pub async fn get(&self, path: &str) -> Value {
+        let (s, b) = self.call(reqwest::Method::GET, path, None).await;
+        assert_eq!(s, 200, "GET {path}: {b}");
+        b
+    }
+
+    /// A new enrollment token of the default project.
+    pub async fn enrollment_token(&self, body: Value) -> String {
+        let (s, b) = self
+            .call(
+                reqwest::Method::POST,
+                &format!("{DEV}/enrollment-tokens"),
+                Some(body),
+            )
+            .await;
+        assert_eq!(s, 201, "{b}");
+        b["token"].as_str().unwrap().to_string()
+    }
+}
+
+/// An agent's configuration and state directory, for `server`.
+pub struct Agent {
+    pub dir: tempfile::TempDir,
+    pub config: PathBuf,
+}
+
+impl Agent {
+    /// `extra`: more TOML, appended.
+    pub fn new(server: &Server, token: &str, extra: &str) -> Agent {
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("agent.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "server = \"{}\"\nstate_dir = \"{}\"\nname = \"amr-1\"\nenrollment_token = \"{token}\"\n{extra}",
+                server.base,
+                dir.path().join("state").display()
+            ),
+        )
+        .unwrap();
+        Agent { dir, config }
+    }
+
+    pub fn command(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(AGENT);
+        c.arg("--config").arg(&self.config).args(args);
+        c.current_dir(self.dir.path());
+        c
+    }
+
+    pub fn state(&self) -> PathBuf {
+        self.dir.path().join("state")
+    }
+
+    pub fn identity(&self) -> Value {
+        serde_json::from_slice(&std::fs::read(self.state().join("device.json")).unwrap()).unwrap()
+    }
+}

@@ -1,0 +1,135 @@
+//! Sessions around a run: the command's output as logs, its recordings as files, its exit
+//! status as the session's end, and every line stored once across an outage of the server.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::harness::{Agent, DEV, Guard, Server};
+
+/// The device's only session.
+async fn only_session(server: &Server) -> Value {
+    let list = server.get(&format!("{DEV}/sessions")).await;
+    assert_eq!(list["total"], 1, "{list}");
+    let id = list["items"][0]["id"].as_u64().unwrap();
+    server.get(&format!("{DEV}/sessions/{id}")).await
+}
+
+#[tokio::test]
+async fn a_wrapped_commands_output_becomes_the_sessions_logs_and_its_recordings_its_files() {
+    let server = Server::start();
+    let token = server.enrollment_token(json!({"name": "line"})).await;
+    let agent = Agent::new(&server, &token, "[logs]\nflush_ms = 200\n");
+    let script = "echo 'INFO starting'; echo '[ERROR] motor stalled' >&2; echo plain; \
+                  printf mcapdata > run.mcap; exit 3";
+    let out = agent
+        .command(&["run", "--tag", "nightly", "--", "sh", "-c", script])
+        .output()
+        .unwrap();
+    // The command's status, and its output passed through.
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("INFO starting"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("motor stalled"));
+    let s = only_session(&server).await;
+    assert_eq!(s["status"], "failed", "{s}");
+    assert_eq!(s["tags"], json!(["nightly"]));
+    let logs = server
+        .get(&format!("{DEV}/sessions/{}/logs", s["id"]))
+        .await;
+    let mut got: Vec<(String, String, String)> = logs["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["message"].as_str().unwrap().to_string(),
+                e["level"].as_str().unwrap().to_string(),
+                e["module"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    got.sort();
+    assert_eq!(
+        got,
+        [
+            ("INFO starting".into(), "INFO".into(), "sh".into()),
+            ("[ERROR] motor stalled".into(), "ERROR".into(), "sh".into()),
+            ("plain".into(), "INFO".into(), "sh".into()),
+        ]
+    );
+    let files = server
+        .get(&format!("{DEV}/sessions/{}/files", s["id"]))
+        .await;
+    assert_eq!(files["items"][0]["path"], "run.mcap", "{files}");
+    assert_eq!(files["items"][0]["size_bytes"], 8);
+    // What was kept on disk for shipping is gone once shipped.
+    let spool = agent.state().join("spool");
+    assert_eq!(std::fs::read_dir(spool).unwrap().count(), 0);
+}
+
+#[tokio::test]
+async fn a_command_that_exits_zero_completes_its_session() {
+    let server = Server::start();
+    let token = server.enrollment_token(json!({"name": "line"})).await;
+    let agent = Agent::new(&server, &token, "");
+    let out = agent.command(&["run", "--", "true"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(only_session(&server).await["status"], "completed");
+}
+
+#[tokio::test]
+async fn lines_logged_while_the_server_is_down_for_30_seconds_are_stored_exactly_once() {
+    let mut server = Server::start();
+    let token = server.enrollment_token(json!({"name": "line"})).await;
+    let agent = Agent::new(
+        &server,
+        &token,
+        "[logs]\nflush_ms = 100\nbatch_lines = 50\n",
+    );
+    // Enrolled first; the run then needs no server to start.
+    assert!(agent.command(&["enroll"]).status().unwrap().success());
+    let script = "i=1; while [ $i -le 800 ]; do echo \"line $i\"; i=$((i+1)); sleep 0.05; done";
+    let mut run = Guard(
+        agent
+            .command(&["run", "--", "sh", "-c", script])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    server.stop();
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    server.restart();
+    let until = std::time::Instant::now() + Duration::from_secs(120);
+    let status = loop {
+        if let Some(s) = run.0.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            std::time::Instant::now() < until,
+            "the agent did not finish"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(status.success(), "{status}");
+    let s = only_session(&server).await;
+    assert_eq!(s["status"], "completed", "{s}");
+    let logs = server
+        .get(&format!("{DEV}/sessions/{}/logs?limit=10000", s["id"]))
+        .await;
+    assert_eq!(logs["total"], 800, "{}", logs["total"]);
+    let got: Vec<&str> = logs["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["message"].as_str().unwrap())
+        .collect();
+    let want: Vec<String> = (1..=800).map(|i| format!("line {i}")).collect();
+    assert_eq!(got, want);
+}
