@@ -362,9 +362,11 @@ fn doc(op: Op) -> Doc {
             body: Some(ReqBody::Raw("application/octet-stream")),
             ..answers(&[401, 403, 409])
         },
+        // A single `Range` resumes a download (206, or 416 past the end).
         Download => Doc {
+            also: &[206],
             media: &["*/*"],
-            ..answers(&[401, 403])
+            ..answers(&[401, 403, 416])
         },
         // The signature is the credential: 401 invalid or a repeated delivery; 400 for a
         // delivery id that is not a UUID or a missing event.

@@ -760,3 +760,42 @@ async fn a_decompression_bomb_fails_validation_with_a_note() {
     );
     assert!(t.elapsed() < std::time::Duration::from_secs(20));
 }
+
+/// A download link serves one `Range` of the file (206 with `Content-Range`), so a device
+/// resumes an interrupted download; a range past the end is 416.
+#[tokio::test]
+async fn a_download_link_resumes_from_a_range() {
+    let s = start().await;
+    let bytes = archive(".tar", &vec![7u8; 5000]);
+    let r = publish(&s, "big", "1.0.0", ".tar", &bytes, json!([])).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let id = r.body["id"].as_u64().unwrap();
+    let url = s.get(&format!("{CAPS}/{id}"), s.key()).await.body["download_url"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let got = s
+        .http
+        .get(&url)
+        .header("Range", "bytes=1000-")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(got.status(), 206);
+    assert_eq!(
+        got.headers()["content-range"],
+        format!("bytes 1000-{}/{}", bytes.len() - 1, bytes.len()).as_str()
+    );
+    assert_eq!(got.bytes().await.unwrap().to_vec(), bytes[1000..].to_vec());
+    let whole = s.http.get(&url).send().await.unwrap();
+    assert_eq!(whole.status(), 200);
+    assert_eq!(whole.headers()["accept-ranges"], "bytes");
+    let past = s
+        .http
+        .get(&url)
+        .header("Range", format!("bytes={}-", bytes.len()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(past.status(), 416);
+}

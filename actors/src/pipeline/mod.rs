@@ -186,7 +186,8 @@ pub struct Download {
     pub filename: String,
     pub content_type: &'static str,
     pub size: u64,
-    pub stream: BoxStream<'static, std::io::Result<bytes::Bytes>>,
+    /// Where its bytes are.
+    blob: String,
 }
 
 pub(crate) use crate::views::raw_json;

@@ -167,8 +167,8 @@ impl PipelineHandle {
         Ok(size)
     }
 
-    /// `GET /downloads/{token}`: what to call the file, and its bytes.
-    pub async fn download(&self, token: &str) -> Result<Download> {
+    /// `GET /downloads/{token}`: the file a link names (404 once it is gone).
+    pub fn linked_file(&self, token: &str) -> Result<Download> {
         let link = self
             .signer
             .verify(token, Purpose::Download, now_ms() / 1000)?;
@@ -206,8 +206,17 @@ impl PipelineHandle {
             filename,
             content_type,
             size,
-            stream: self.blobs.stream(&blob, None).await?,
+            blob,
         })
+    }
+
+    /// The bytes of a linked file, or of `range` of them (a download resumed).
+    pub async fn download_bytes(
+        &self,
+        d: &Download,
+        range: Option<std::ops::Range<u64>>,
+    ) -> Result<BoxStream<'static, std::io::Result<bytes::Bytes>>> {
+        Ok(self.blobs.stream(&d.blob, range).await?)
     }
 
     /// Removes capsules and configurations never confirmed whose upload link has expired (the

@@ -83,29 +83,45 @@ pub async fn get(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
         .rt()
         .sessions
         .artifact(s.project.id, session_id(&req)?, &file_path(&req))?;
-    let size = a.size_bytes;
-    let range = match parse_range(req.header("range"), size) {
+    let range = match requested_range(&req, a.size_bytes) {
         Ok(r) => r,
-        Err(()) => {
-            let body = serde_json::json!({"detail": "Range not satisfiable", "status_code": 416});
-            let mut r = json_bytes(
-                StatusCode::RANGE_NOT_SATISFIABLE,
-                serde_json::to_vec(&body).unwrap_or_default().into(),
-            );
-            if let Ok(v) = HeaderValue::from_str(&format!("bytes */{size}")) {
-                r.headers_mut().insert(header::CONTENT_RANGE, v);
-            }
-            return Ok(r);
-        }
+        Err(unsatisfiable) => return Ok(*unsatisfiable),
     };
     let stream = cx.rt().sessions.artifact_bytes(&a, range.clone()).await?;
-    let mut r = Response::new(body::stream(stream));
+    let mut r = ranged(body::stream(stream), a.size_bytes, range);
     let h = r.headers_mut();
     if let Ok(v) = HeaderValue::from_str(&a.content_type) {
         h.insert(header::CONTENT_TYPE, v);
     }
     body::attachment(h, &a.path);
-    h.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
+    Ok(r)
+}
+
+/// The single range `req` asks of a file of `size` bytes (`None`: all of it), or the 416
+/// answer to send.
+pub(crate) fn requested_range(
+    req: &Req,
+    size: u64,
+) -> Result<Option<Range<u64>>, Box<Response<Body>>> {
+    parse_range(req.header("range"), size).map_err(|()| {
+        let body = serde_json::json!({"detail": "Range not satisfiable", "status_code": 416});
+        let mut r = json_bytes(
+            StatusCode::RANGE_NOT_SATISFIABLE,
+            serde_json::to_vec(&body).unwrap_or_default().into(),
+        );
+        if let Ok(v) = HeaderValue::from_str(&format!("bytes */{size}")) {
+            r.headers_mut().insert(header::CONTENT_RANGE, v);
+        }
+        Box::new(r)
+    })
+}
+
+/// A file's answer: 200 with all `size` bytes, or 206 with `range` of them and its
+/// `Content-Range`; `Accept-Ranges` either way.
+pub(crate) fn ranged(body: Body, size: u64, range: Option<Range<u64>>) -> Response<Body> {
+    let mut r = Response::new(body);
+    r.headers_mut()
+        .insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
     let len = match &range {
         Some(rg) => {
             *r.status_mut() = StatusCode::PARTIAL_CONTENT;
@@ -120,7 +136,7 @@ pub async fn get(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
     };
     r.headers_mut()
         .insert(header::CONTENT_LENGTH, HeaderValue::from(len));
-    Ok(r)
+    r
 }
 
 pub async fn download(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {

@@ -1,7 +1,7 @@
 //! The local backend's presigned links, for capsules and configurations alike: `PUT` streams
 //! the bytes to the blob store, `GET` streams them back. The signed token is the credential.
 
-use http::{HeaderValue, Response, StatusCode, header};
+use http::{HeaderValue, Response, header};
 
 use crate::app::{Cx, Req};
 use crate::body::{self, Body};
@@ -24,16 +24,20 @@ pub async fn upload(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> 
     })
 }
 
+/// A linked file, whole or a single `Range` of it (206), so a device resumes a download.
 pub async fn download(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
-    let d = cx.rt().pipeline.download(req.param("token")).await?;
-    let mut r = Response::new(body::stream(d.stream));
-    *r.status_mut() = StatusCode::OK;
+    let d = cx.rt().pipeline.linked_file(req.param("token"))?;
+    let range = match super::artifacts::requested_range(&req, d.size) {
+        Ok(r) => r,
+        Err(unsatisfiable) => return Ok(*unsatisfiable),
+    };
+    let stream = cx.rt().pipeline.download_bytes(&d, range.clone()).await?;
+    let mut r = super::artifacts::ranged(body::stream(stream), d.size, range);
     let h = r.headers_mut();
     h.insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static(d.content_type),
     );
-    h.insert(header::CONTENT_LENGTH, HeaderValue::from(d.size));
     if let Ok(v) = HeaderValue::from_str(&format!("attachment; filename=\"{}\"", d.filename)) {
         h.insert(header::CONTENT_DISPOSITION, v);
     }
