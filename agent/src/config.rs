@@ -34,6 +34,36 @@ pub struct Config {
     pub logs: Logs,
     #[serde(default)]
     pub run: Run,
+    #[serde(default)]
+    pub update: Update,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Update {
+    /// How often `daemon` asks which package to run.
+    pub poll_seconds: u64,
+    /// Installs a verified capsule (`sh -c`, with `FLEETOPS_CAPSULE_PATH` and the others in
+    /// docs/agent.md). Exit 0: installed; exit 100: installed, rebooting (reported
+    /// `succeeded` once the agent starts again); anything else: failed. Empty: the agent
+    /// does not update the robot.
+    pub install_hook: String,
+    /// Run after a failed install, with the same environment.
+    pub rollback_hook: String,
+    /// Where the package's effective configuration is written (JSON); default
+    /// `state_dir/configuration.json`.
+    pub config_path: Option<PathBuf>,
+}
+
+impl Default for Update {
+    fn default() -> Self {
+        Self {
+            poll_seconds: 30,
+            install_hook: String::new(),
+            rollback_hook: String::new(),
+            config_path: None,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]

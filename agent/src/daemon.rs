@@ -1,6 +1,7 @@
 //! `fleetops-agent daemon`: the robot's standing link to the service. It enrolls when it has
 //! no identity yet, then sends a heartbeat with the configured metrics every
-//! `[heartbeat] interval_seconds`. A heartbeat that finds the service out of reach is skipped
+//! `[heartbeat] interval_seconds`, and, with an install hook configured, keeps the robot on
+//! the package the service assigns it (`update`). A heartbeat that finds the service out of reach is skipped
 //! (the next one carries fresh values); a revoked device token (401) stops the agent, since
 //! nothing it sends would be taken.
 
@@ -12,6 +13,13 @@ use crate::config::Config;
 pub async fn daemon(cfg: &Config) -> Result<i32, String> {
     let http = client::http_client(cfg)?;
     let id = crate::identity::load_or_enroll(cfg, &http).await?;
+    if !cfg.update.install_hook.trim().is_empty() {
+        tokio::spawn(crate::update::run_forever(
+            cfg.clone(),
+            http.clone(),
+            id.clone(),
+        ));
+    }
     let url = id.project_url(&format!("/devices/{}/heartbeat", id.device_id));
     let every = Duration::from_secs(cfg.heartbeat.interval_seconds);
     let mut tick = tokio::time::interval(every);

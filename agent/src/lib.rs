@@ -2,7 +2,8 @@
 //!
 //! - `fleetops-agent [--config FILE] enroll`: registers this robot with its project's
 //!   enrollment token and keeps the device token it gets (`identity`).
-//! - `fleetops-agent [--config FILE] daemon`: heartbeats with metrics (`daemon`, `metrics`).
+//! - `fleetops-agent [--config FILE] daemon`: heartbeats with metrics (`daemon`, `metrics`),
+//!   and the robot's updates when an install hook is configured (`update`).
 //! - `fleetops-agent [--config FILE] run [--tag T]... -- CMD ARGS`: a session around one run
 //!   of a command, its output shipped as logs, its recordings uploaded (`run`, `spool`).
 //!
@@ -18,6 +19,7 @@ pub mod lines;
 pub mod metrics;
 pub mod run;
 pub mod spool;
+pub mod update;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

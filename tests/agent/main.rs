@@ -7,3 +7,4 @@
 mod harness;
 mod identity;
 mod runs;
+mod updates;

@@ -1,0 +1,447 @@
+//! The update loop of `daemon`: which package the robot should run, and installing it.
+//!
+//! Every `[update] poll_seconds` the agent asks `GET /api/v1/device/deployment`, naming the
+//! ETag of the last package it finished, so an unchanged answer is a 304. A new package is
+//! worked through these stages, each reported once:
+//!
+//! 1. `downloading`: the capsule is downloaded to `state_dir/updates/{id}.part`, resumed
+//!    with a `Range` from where an interrupted download stopped, then its size and SHA-256
+//!    are checked against the package (a mismatch is reported `failed`).
+//! 2. The package's effective configuration is written to `[update] config_path` (JSON).
+//! 3. `installing`: `[update] install_hook` runs. Exit 0 is `succeeded`; exit 100 is
+//!    `rebooting` (the hook reboots the robot; `succeeded` is reported when the agent starts
+//!    again); anything else is `failed` with the hook's last output as the message, and
+//!    `[update] rollback_hook` runs.
+//!
+//! The stage and what was reported are kept in `state_dir/update.json` (written whole and
+//! synced before each report), so an agent killed mid-update, or a robot that lost power,
+//! resumes where it was on its next start: a download goes on from its last byte, an install
+//! the agent did not see end runs again (install hooks must be safe to run twice), and no
+//! stage is reported twice.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use sha2::Digest;
+use tokio::io::AsyncWriteExt;
+
+use crate::client::{self, CallError};
+use crate::config::Config;
+use crate::identity::{Identity, write_private};
+
+/// Where an update stands, as kept on disk.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct State {
+    /// The package being installed, or the last one finished.
+    pub deployment_id: Option<u64>,
+    /// Its answer's ETag.
+    pub etag: Option<String>,
+    /// `downloading`, `installing`, `rebooting`, `succeeded` or `failed`.
+    pub stage: String,
+    /// Stages reported for it.
+    pub reported: Vec<String>,
+}
+
+impl State {
+    fn finished(&self) -> bool {
+        matches!(self.stage.as_str(), "succeeded" | "failed")
+    }
+}
+
+fn state_file(cfg: &Config) -> PathBuf {
+    cfg.state_dir.join("update.json")
+}
+
+fn load(cfg: &Config) -> State {
+    std::fs::read(state_file(cfg))
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default()
+}
+
+fn save(cfg: &Config, s: &State) -> Result<(), String> {
+    let bytes = serde_json::to_vec_pretty(s).map_err(|e| e.to_string())?;
+    write_private(&state_file(cfg), &bytes).map_err(|e| format!("update.json: {e}"))
+}
+
+/// Polls and installs for as long as the daemon runs.
+pub async fn run_forever(cfg: Config, http: reqwest::Client, id: Identity) {
+    let mut tick = tokio::time::interval(Duration::from_secs(cfg.update.poll_seconds.max(1)));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        if let Err(e) = poll_once(&cfg, &http, &id).await {
+            eprintln!("fleetops-agent: update: {e}");
+        }
+    }
+}
+
+/// One look at which package to run, and the work it asks for.
+pub async fn poll_once(cfg: &Config, http: &reqwest::Client, id: &Identity) -> Result<(), String> {
+    let mut st = load(cfg);
+    if st.stage == "rebooting" {
+        // The install asked for a reboot and the agent has started again.
+        finish(cfg, http, id, &mut st, "succeeded", None).await?;
+        return Ok(());
+    }
+    let url = format!("{}/api/v1/device/deployment", id.server);
+    let etag = st.etag.clone().filter(|_| st.finished());
+    let r = client::call(
+        || {
+            let mut r = http.get(&url).bearer_auth(&id.device_token);
+            if let Some(e) = &etag {
+                r = r.header("If-None-Match", e);
+            }
+            Ok(r)
+        },
+        Some(3),
+    )
+    .await
+    .map_err(|e| e.to_string())?;
+    if r.status() == reqwest::StatusCode::NOT_MODIFIED
+        || r.status() == reqwest::StatusCode::NO_CONTENT
+    {
+        return Ok(());
+    }
+    let new_etag = r
+        .headers()
+        .get(reqwest::header::ETAG)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let pkg: serde_json::Value = r
+        .json()
+        .await
+        .map_err(|e| format!("unreadable package: {e}"))?;
+    let dep = pkg["deployment_id"]
+        .as_u64()
+        .ok_or("the package names no deployment_id")?;
+    if st.deployment_id == Some(dep) && st.finished() {
+        st.etag = new_etag;
+        return save(cfg, &st);
+    }
+    if st.deployment_id != Some(dep) {
+        st = State {
+            deployment_id: Some(dep),
+            etag: new_etag,
+            stage: "downloading".into(),
+            reported: Vec::new(),
+        };
+        save(cfg, &st)?;
+    }
+    if cfg.update.install_hook.trim().is_empty() {
+        return Ok(());
+    }
+    install(cfg, http, id, &mut st, &pkg).await
+}
+
+/// Reports `stage` of the current package once (`message`: why it failed).
+async fn report(
+    cfg: &Config,
+    http: &reqwest::Client,
+    id: &Identity,
+    st: &mut State,
+    stage: &str,
+    message: Option<&str>,
+) -> Result<(), String> {
+    if st.reported.iter().any(|r| r == stage) {
+        return Ok(());
+    }
+    let dep = st.deployment_id.ok_or("no package")?;
+    let url = format!("{}/api/v1/device/deployment/{dep}/status", id.server);
+    let mut body = serde_json::json!({"status": stage});
+    if let Some(m) = message {
+        let m: String = m
+            .chars()
+            .rev()
+            .take(2000)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect();
+        body["message"] = serde_json::Value::String(m);
+    }
+    match client::call(
+        || Ok(http.post(&url).bearer_auth(&id.device_token).json(&body)),
+        None,
+    )
+    .await
+    {
+        Ok(_) => {}
+        // The package was deleted meanwhile: nothing to report on.
+        Err(CallError::Status(s, _)) if s == reqwest::StatusCode::NOT_FOUND => {}
+        Err(e) => return Err(format!("reporting {stage}: {e}")),
+    }
+    st.reported.push(stage.to_string());
+    save(cfg, st)
+}
+
+/// Records the end of the current package and reports it.
+async fn finish(
+    cfg: &Config,
+    http: &reqwest::Client,
+    id: &Identity,
+    st: &mut State,
+    stage: &str,
+    message: Option<&str>,
+) -> Result<(), String> {
+    st.stage = stage.to_string();
+    save(cfg, st)?;
+    report(cfg, http, id, st, stage, message).await
+}
+
+async fn install(
+    cfg: &Config,
+    http: &reqwest::Client,
+    id: &Identity,
+    st: &mut State,
+    pkg: &serde_json::Value,
+) -> Result<(), String> {
+    let dep = st.deployment_id.ok_or("no package")?;
+    let dir = cfg.state_dir.join("updates");
+    crate::identity::private_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let capsule = dir.join(format!("{dep}.capsule"));
+    if st.stage == "downloading" {
+        report(cfg, http, id, st, "downloading", None).await?;
+        let c = &pkg["capsule"];
+        let (Some(url), Some(sha), Some(size)) = (
+            c["download_url"].as_str(),
+            c["sha256"].as_str(),
+            c["size_bytes"].as_u64(),
+        ) else {
+            return finish(
+                cfg,
+                http,
+                id,
+                st,
+                "failed",
+                Some("the package names no capsule to download"),
+            )
+            .await;
+        };
+        let part = dir.join(format!("{dep}.part"));
+        download(http, url, &part).await?;
+        let got = digest(&part)?;
+        if got.1 != size || got.0 != sha.to_ascii_lowercase() {
+            let _ = std::fs::remove_file(&part);
+            let why = format!(
+                "the capsule does not match its package: {} bytes with SHA-256 {}, expected {size} bytes with {sha}",
+                got.1, got.0
+            );
+            return finish(cfg, http, id, st, "failed", Some(&why)).await;
+        }
+        std::fs::rename(&part, &capsule).map_err(|e| format!("{}: {e}", capsule.display()))?;
+        write_configuration(cfg, http, pkg).await?;
+        st.stage = "installing".into();
+        save(cfg, st)?;
+    }
+    if st.stage != "installing" {
+        return Ok(());
+    }
+    report(cfg, http, id, st, "installing", None).await?;
+    let env = hook_env(cfg, pkg, &capsule);
+    let (code, output) = hook(&cfg.update.install_hook, &env).await;
+    match code {
+        Some(0) => {
+            let _ = std::fs::remove_file(&capsule);
+            finish(cfg, http, id, st, "succeeded", None).await
+        }
+        Some(100) => {
+            st.stage = "rebooting".into();
+            save(cfg, st)?;
+            report(cfg, http, id, st, "rebooting", None).await
+        }
+        _ => {
+            let why = format!("the install hook ended with {}: {output}", describe(code));
+            if !cfg.update.rollback_hook.trim().is_empty() {
+                let (rc, out) = hook(&cfg.update.rollback_hook, &env).await;
+                if rc != Some(0) {
+                    eprintln!(
+                        "fleetops-agent: the rollback hook ended with {}: {out}",
+                        describe(rc)
+                    );
+                }
+            }
+            let _ = std::fs::remove_file(&capsule);
+            finish(cfg, http, id, st, "failed", Some(&why)).await
+        }
+    }
+}
+
+fn describe(code: Option<i32>) -> String {
+    code.map_or_else(|| "a signal".to_string(), |c| format!("status {c}"))
+}
+
+/// Downloads `url` into `part`, going on from the bytes already there.
+async fn download(http: &reqwest::Client, url: &str, part: &Path) -> Result<(), String> {
+    for attempt in 0u32.. {
+        let have = std::fs::metadata(part).map_or(0, |m| m.len());
+        let mut req = http.get(url);
+        if have > 0 {
+            req = req.header(reqwest::header::RANGE, format!("bytes={have}-"));
+        }
+        let resp = match req.send().await {
+            Ok(r) => r,
+            Err(_) => {
+                tokio::time::sleep(client::backoff(attempt)).await;
+                continue;
+            }
+        };
+        let status = resp.status();
+        let append = match status {
+            reqwest::StatusCode::PARTIAL_CONTENT => true,
+            reqwest::StatusCode::OK => false,
+            // Nothing past what is here (or the file shrank): start again.
+            reqwest::StatusCode::RANGE_NOT_SATISFIABLE => {
+                let _ = std::fs::remove_file(part);
+                continue;
+            }
+            s if s.is_server_error() || s == reqwest::StatusCode::TOO_MANY_REQUESTS => {
+                tokio::time::sleep(client::backoff(attempt)).await;
+                continue;
+            }
+            s => return Err(format!("downloading the capsule: the link answered {s}")),
+        };
+        let mut f = tokio::fs::OpenOptions::new()
+            .create(true)
+            .write(true)
+            .append(append)
+            .truncate(!append)
+            .open(part)
+            .await
+            .map_err(|e| format!("{}: {e}", part.display()))?;
+        let mut resp = resp;
+        let mut broken = false;
+        loop {
+            match resp.chunk().await {
+                Ok(Some(bytes)) => {
+                    f.write_all(&bytes)
+                        .await
+                        .map_err(|e| format!("{}: {e}", part.display()))?;
+                }
+                Ok(None) => break,
+                Err(_) => {
+                    broken = true;
+                    break;
+                }
+            }
+        }
+        f.sync_all()
+            .await
+            .map_err(|e| format!("{}: {e}", part.display()))?;
+        if !broken {
+            return Ok(());
+        }
+        tokio::time::sleep(client::backoff(attempt)).await;
+    }
+    Ok(())
+}
+
+/// A file's SHA-256 (hex) and size.
+fn digest(path: &Path) -> Result<(String, u64), String> {
+    use std::io::Read;
+    let mut f = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut h = sha2::Sha256::new();
+    let mut buf = vec![0u8; 64 << 10];
+    let mut n = 0u64;
+    loop {
+        let k = f
+            .read(&mut buf)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        if k == 0 {
+            break;
+        }
+        h.update(&buf[..k]);
+        n += k as u64;
+    }
+    Ok((hex::encode(h.finalize()), n))
+}
+
+fn config_path(cfg: &Config) -> PathBuf {
+    cfg.update
+        .config_path
+        .clone()
+        .unwrap_or_else(|| cfg.state_dir.join("configuration.json"))
+}
+
+/// Writes the package's effective configuration (inline, or from its link), or `{}`.
+async fn write_configuration(
+    cfg: &Config,
+    http: &reqwest::Client,
+    pkg: &serde_json::Value,
+) -> Result<(), String> {
+    let c = &pkg["configuration"];
+    let data = if c.is_null() {
+        serde_json::json!({})
+    } else if !c["config_data"].is_null() {
+        c["config_data"].clone()
+    } else if let Some(url) = c["download_url"].as_str() {
+        let r = client::call(|| Ok(http.get(url)), Some(10))
+            .await
+            .map_err(|e| format!("downloading the configuration: {e}"))?;
+        let bytes = r.bytes().await.map_err(|e| e.to_string())?;
+        serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null)
+    } else {
+        serde_json::json!({})
+    };
+    let path = config_path(cfg);
+    let bytes = serde_json::to_vec_pretty(&data).map_err(|e| e.to_string())?;
+    write_private(&path, &bytes).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+fn hook_env(cfg: &Config, pkg: &serde_json::Value, capsule: &Path) -> Vec<(String, String)> {
+    let s = |v: &serde_json::Value| match v {
+        serde_json::Value::String(s) => s.clone(),
+        serde_json::Value::Null => String::new(),
+        other => other.to_string(),
+    };
+    vec![
+        (
+            "FLEETOPS_CAPSULE_PATH".into(),
+            capsule.display().to_string(),
+        ),
+        (
+            "FLEETOPS_CONFIG_PATH".into(),
+            config_path(cfg).display().to_string(),
+        ),
+        ("FLEETOPS_DEPLOYMENT_ID".into(), s(&pkg["deployment_id"])),
+        ("FLEETOPS_DEPLOYMENT_NAME".into(), s(&pkg["name"])),
+        (
+            "FLEETOPS_COMPOSITION_TAG".into(),
+            s(&pkg["composition_tag"]),
+        ),
+        ("FLEETOPS_CAPSULE_NAME".into(), s(&pkg["capsule"]["name"])),
+        (
+            "FLEETOPS_CAPSULE_VERSION".into(),
+            s(&pkg["capsule"]["version"]),
+        ),
+    ]
+}
+
+/// Runs `cmd` with `sh -c`: its exit code (`None`: a signal) and the end of its output.
+async fn hook(cmd: &str, env: &[(String, String)]) -> (Option<i32>, String) {
+    let out = tokio::process::Command::new("sh")
+        .arg("-c")
+        .arg(cmd)
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .stdin(std::process::Stdio::null())
+        .output()
+        .await;
+    match out {
+        Ok(o) => {
+            let mut text = String::from_utf8_lossy(&o.stdout).into_owned();
+            text.push_str(&String::from_utf8_lossy(&o.stderr));
+            let tail: String = text
+                .trim()
+                .chars()
+                .rev()
+                .take(1000)
+                .collect::<Vec<_>>()
+                .into_iter()
+                .rev()
+                .collect();
+            (o.status.code(), tail)
+        }
+        Err(e) => (Some(127), format!("cannot run the hook: {e}")),
+    }
+}
