@@ -109,6 +109,8 @@ pub struct Logs {
     pub max_buffer_bytes: u64,
     /// A line longer than this is cut (bytes).
     pub max_line_bytes: usize,
+    /// Batches go gzip-compressed (a tenth of the bytes on a robot's link, for typical logs).
+    pub compress: bool,
 }
 
 impl Default for Logs {
@@ -118,6 +120,7 @@ impl Default for Logs {
             flush_ms: 1000,
             max_buffer_bytes: 64 << 20,
             max_line_bytes: 16 << 10,
+            compress: true,
         }
     }
 }

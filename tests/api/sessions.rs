@@ -1113,3 +1113,46 @@ async fn a_numbered_batch_sent_again_is_stored_once() {
     let m = messages(&r.body);
     assert_eq!(m, ["first", "first", "second", "second"], "{}", r.body);
 }
+
+/// A gzip-compressed batch (`Content-Encoding: gzip`) is stored as if sent plain; one that is
+/// not gzip is 400, another coding 400, and one past the batch bound once decompressed 413.
+#[tokio::test]
+async fn a_gzip_compressed_batch_is_taken_and_bounded_once_decompressed() {
+    use std::io::Write;
+    let gz = |b: &[u8]| {
+        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        e.write_all(b).unwrap();
+        e.finish().unwrap()
+    };
+    let s = start().await;
+    let (d, tok) = device(&s, "r1").await;
+    let sid = session(&s, d, &tok).await;
+    let logs = format!("{DEV}/sessions/{sid}/logs");
+    let send = |body: Vec<u8>, coding: &'static str| {
+        let (s, logs, tok) = (&s, logs.clone(), tok.clone());
+        async move {
+            s.raw(
+                s.http
+                    .post(s.url(&logs))
+                    .bearer_auth(&tok)
+                    .header("Content-Type", "application/x-ndjson")
+                    .header("Content-Encoding", coding)
+                    .body(body),
+            )
+            .await
+        }
+    };
+    let plain =
+        b"{\"level\":\"info\",\"message\":\"one\"}\n{\"level\":\"warn\",\"message\":\"two\"}\n";
+    let r = send(gz(plain), "gzip").await;
+    assert_eq!(r.status, 202, "{}", r.body);
+    assert_eq!(r.body, json!({"accepted": 2}));
+    send(plain.to_vec(), "gzip").await.assert_error(400);
+    send(gz(plain), "br").await.assert_error(400);
+    // 9 MiB of spaces compress to a few KiB, and are still past the 8 MiB bound.
+    send(gz(&vec![b' '; 9 << 20]), "gzip")
+        .await
+        .assert_error(413);
+    let r = s.get(&logs, s.key()).await;
+    assert_eq!(messages(&r.body), ["one", "two"]);
+}
