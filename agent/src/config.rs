@@ -111,6 +111,10 @@ pub struct Logs {
     pub max_line_bytes: usize,
     /// Batches go gzip-compressed (a tenth of the bytes on a robot's link, for typical logs).
     pub compress: bool,
+    /// Files `daemon` follows (`*` and `?` in the file name), rotation handled.
+    pub files: Vec<String>,
+    /// `daemon` follows the systemd journal too.
+    pub journal: bool,
 }
 
 impl Default for Logs {
@@ -121,6 +125,8 @@ impl Default for Logs {
             max_buffer_bytes: 64 << 20,
             max_line_bytes: 16 << 10,
             compress: true,
+            files: Vec::new(),
+            journal: false,
         }
     }
 }

@@ -1,7 +1,10 @@
 //! `fleetops-agent daemon`: the robot's standing link to the service. It enrolls when it has
 //! no identity yet, then sends a heartbeat with the configured metrics every
 //! `[heartbeat] interval_seconds`, and, with an install hook configured, keeps the robot on
-//! the package the service assigns it (`update`). A heartbeat that finds the service out of reach is skipped
+//! the package the service assigns it (`update`). With `[logs] files` or `[logs] journal`,
+//! it ships those logs too (`follow`), through the same on-disk spool as `run`, into one
+//! session of the device tagged `agent` (kept in `state_dir/daemon-session` across restarts;
+//! a new one once an operator completes or deletes it). A heartbeat that finds the service out of reach is skipped
 //! (the next one carries fresh values); a revoked device token (401) stops the agent, since
 //! nothing it sends would be taken.
 
@@ -9,6 +12,9 @@ use std::time::Duration;
 
 use crate::client::{self, CallError};
 use crate::config::Config;
+use crate::identity::{Identity, write_private};
+use crate::run::ShipEnd;
+use crate::spool::Spool;
 
 pub async fn daemon(cfg: &Config) -> Result<i32, String> {
     let http = client::http_client(cfg)?;
@@ -19,6 +25,9 @@ pub async fn daemon(cfg: &Config) -> Result<i32, String> {
             http.clone(),
             id.clone(),
         ));
+    }
+    if !cfg.logs.files.is_empty() || cfg.logs.journal {
+        start_log_shipping(cfg, &http, &id)?;
     }
     let url = id.project_url(&format!("/devices/{}/heartbeat", id.device_id));
     let every = Duration::from_secs(cfg.heartbeat.interval_seconds);
@@ -45,4 +54,83 @@ pub async fn daemon(cfg: &Config) -> Result<i32, String> {
             Err(e) => eprintln!("fleetops-agent: heartbeat not sent: {e}"),
         }
     }
+}
+
+/// Starts following the configured logs into the daemon's session.
+fn start_log_shipping(cfg: &Config, http: &reqwest::Client, id: &Identity) -> Result<(), String> {
+    use std::sync::{Arc, Mutex};
+    let dir = cfg.state_dir.join("spool").join("daemon");
+    let spool = Arc::new(Mutex::new(
+        Spool::open(&dir, cfg.logs.max_buffer_bytes)
+            .map_err(|e| format!("{}: {e}", dir.display()))?,
+    ));
+    let (tx, rx) = tokio::sync::mpsc::channel(4096);
+    let offered = Arc::new(tokio::sync::Notify::new());
+    let kept = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    tokio::spawn(crate::run::batch(
+        rx,
+        spool.clone(),
+        offered.clone(),
+        cfg.logs.batch_lines,
+        Duration::from_millis(cfg.logs.flush_ms),
+        kept.clone(),
+    ));
+    if !cfg.logs.files.is_empty() {
+        tokio::spawn(crate::follow::files(cfg.clone(), tx.clone(), kept));
+    }
+    if cfg.logs.journal {
+        tokio::spawn(crate::follow::journal(cfg.clone(), tx));
+    }
+    let (http, id, session_file, compress) = (
+        http.clone(),
+        id.clone(),
+        cfg.state_dir.join("daemon-session"),
+        cfg.logs.compress,
+    );
+    tokio::spawn(async move {
+        let shipping = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        loop {
+            let known = std::fs::read_to_string(&session_file)
+                .ok()
+                .and_then(|t| t.trim().parse::<u64>().ok());
+            let session = match known {
+                Some(s) => s,
+                None => {
+                    match crate::run::create_session(&http, &id, &["agent".to_string()]).await {
+                        Ok(s) => {
+                            let _ = write_private(&session_file, s.to_string().as_bytes());
+                            s
+                        }
+                        Err(e) => {
+                            eprintln!("fleetops-agent: {e}");
+                            tokio::time::sleep(Duration::from_secs(5)).await;
+                            continue;
+                        }
+                    }
+                }
+            };
+            match crate::run::ship(
+                &http,
+                &id,
+                session,
+                spool.clone(),
+                offered.clone(),
+                shipping.clone(),
+                compress,
+            )
+            .await
+            {
+                Err(ShipEnd::SessionGone(_)) => {
+                    // Ended or deleted by an operator: the next batches go to a new one.
+                    let _ = std::fs::remove_file(&session_file);
+                }
+                Err(e) => {
+                    eprintln!("fleetops-agent: {e}");
+                    tokio::time::sleep(Duration::from_secs(5)).await;
+                }
+                Ok(()) => return,
+            }
+        }
+    });
+    Ok(())
 }

@@ -81,6 +81,7 @@ pub async fn run(cfg: &Config, tags: Vec<String>, cmd: Vec<String>) -> Result<i3
         offered.clone(),
         cfg.logs.batch_lines,
         Duration::from_millis(cfg.logs.flush_ms),
+        Arc::default(),
     ));
     let shipping = Arc::new(std::sync::atomic::AtomicBool::new(true));
     let shipper = {
@@ -92,9 +93,13 @@ pub async fn run(cfg: &Config, tags: Vec<String>, cmd: Vec<String>) -> Result<i3
             shipping.clone(),
         );
         let compress = cfg.logs.compress;
-        tokio::spawn(
-            async move { ship(&http, &id, tags, spool, offered, shipping, compress).await },
-        )
+        tokio::spawn(async move {
+            let session = create_session(&http, &id, &tags).await?;
+            ship(&http, &id, session, spool, offered, shipping, compress)
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok::<u64, String>(session)
+        })
     };
     let status = child
         .wait()
@@ -165,12 +170,14 @@ async fn read_lines(
 
 /// Cuts entries into batches in the spool: at `max_lines`, or `flush` after a batch's first
 /// entry, and when the readers are done.
-async fn batch(
+/// `kept` counts the entries put in the spool.
+pub async fn batch(
     mut rx: mpsc::Receiver<Entry>,
     spool: Arc<Mutex<Spool>>,
     offered: Arc<Notify>,
     max_lines: usize,
     flush: Duration,
+    kept: Arc<std::sync::atomic::AtomicU64>,
 ) {
     let mut body = Vec::new();
     let mut n = 0u64;
@@ -180,7 +187,7 @@ async fn batch(
             Some(d) => tokio::select! {
                 e = rx.recv() => e,
                 () = tokio::time::sleep_until(d) => {
-                    keep(&spool, &offered, &mut body, &mut n);
+                    keep(&spool, &offered, &mut body, &mut n, &kept);
                     deadline = None;
                     continue;
                 }
@@ -188,7 +195,7 @@ async fn batch(
             None => rx.recv().await,
         };
         let Some(e) = next else {
-            keep(&spool, &offered, &mut body, &mut n);
+            keep(&spool, &offered, &mut body, &mut n, &kept);
             return;
         };
         if serde_json::to_writer(&mut body, &e).is_ok() {
@@ -197,13 +204,19 @@ async fn batch(
         }
         deadline.get_or_insert_with(|| tokio::time::Instant::now() + flush);
         if n as usize >= max_lines {
-            keep(&spool, &offered, &mut body, &mut n);
+            keep(&spool, &offered, &mut body, &mut n, &kept);
             deadline = None;
         }
     }
 }
 
-fn keep(spool: &Mutex<Spool>, offered: &Notify, body: &mut Vec<u8>, n: &mut u64) {
+fn keep(
+    spool: &Mutex<Spool>,
+    offered: &Notify,
+    body: &mut Vec<u8>,
+    n: &mut u64,
+    kept: &std::sync::atomic::AtomicU64,
+) {
     if *n == 0 {
         return;
     }
@@ -211,22 +224,18 @@ fn keep(spool: &Mutex<Spool>, offered: &Notify, body: &mut Vec<u8>, n: &mut u64)
     if let Err(e) = s.push(body, *n) {
         eprintln!("fleetops-agent: could not keep a log batch on disk ({e}): {n} lines lost");
     }
+    kept.fetch_add(*n, std::sync::atomic::Ordering::SeqCst);
     drop(s);
     body.clear();
     *n = 0;
     offered.notify_one();
 }
 
-/// Creates the session once the service is reachable, then ships the spool's batches in
-/// order until the batcher is done and the spool is empty: the session's id.
-async fn ship(
+/// Creates a session of this device with `tags`, once the service is reachable: its id.
+pub async fn create_session(
     http: &reqwest::Client,
     id: &Identity,
-    tags: Vec<String>,
-    spool: Arc<Mutex<Spool>>,
-    offered: Arc<Notify>,
-    shipping: Arc<std::sync::atomic::AtomicBool>,
-    compress: bool,
+    tags: &[String],
 ) -> Result<u64, String> {
     let url = id.project_url("/sessions");
     let body = serde_json::json!({"device_id": id.device_id, "tags": tags});
@@ -236,22 +245,54 @@ async fn ship(
     )
     .await
     .map_err(|e| format!("creating the session: {e}"))?;
-    let session = r
-        .json::<serde_json::Value>()
+    r.json::<serde_json::Value>()
         .await
         .ok()
         .and_then(|v| v["id"].as_u64())
-        .ok_or("creating the session: no id in the answer")?;
+        .ok_or_else(|| "creating the session: no id in the answer".to_string())
+}
+
+/// Why shipping stopped before the spool was empty.
+#[derive(Debug)]
+pub enum ShipEnd {
+    /// The session was completed or deleted elsewhere (409, 404); the batches stay.
+    SessionGone(String),
+    /// The spool could not be read.
+    Spool(String),
+}
+
+impl std::fmt::Display for ShipEnd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ShipEnd::SessionGone(why) => {
+                write!(f, "the session was ended or deleted elsewhere: {why}")
+            }
+            ShipEnd::Spool(why) => write!(f, "reading the log spool: {why}"),
+        }
+    }
+}
+
+/// Ships the spool's batches to `session` in order, until `shipping` is off and the spool is
+/// empty.
+pub async fn ship(
+    http: &reqwest::Client,
+    id: &Identity,
+    session: u64,
+    spool: Arc<Mutex<Spool>>,
+    offered: Arc<Notify>,
+    shipping: Arc<std::sync::atomic::AtomicBool>,
+    compress: bool,
+) -> Result<(), ShipEnd> {
     let logs = id.project_url(&format!("/sessions/{session}/logs"));
     loop {
         let next = spool
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .oldest()
-            .map_err(|e| format!("reading the log spool: {e}"))?;
+            .map_err(|e| ShipEnd::Spool(e.to_string()))?;
         let Some((n, body)) = next else {
             if !shipping.load(std::sync::atomic::Ordering::SeqCst) {
-                return Ok(session);
+                return Ok(());
             }
             let _ = tokio::time::timeout(Duration::from_secs(1), offered.notified()).await;
             continue;
@@ -279,7 +320,7 @@ async fn ship(
             Err(CallError::Status(s, why))
                 if s == StatusCode::CONFLICT || s == StatusCode::NOT_FOUND =>
             {
-                return Err(format!("the session was ended or deleted elsewhere: {why}"));
+                return Err(ShipEnd::SessionGone(why));
             }
             Err(e) => eprintln!("fleetops-agent: a log batch was refused and dropped: {e}"),
         }
@@ -295,7 +336,7 @@ async fn ship(
                     s.dropped
                 ),
             };
-            let mut line = serde_json::to_vec(&e).map_err(|e| e.to_string())?;
+            let mut line = serde_json::to_vec(&e).unwrap_or_default();
             line.push(b'\n');
             s.dropped = 0;
             let _ = s.push(&line, 1);

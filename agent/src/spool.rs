@@ -24,6 +24,9 @@ pub struct Spool {
     pub dropped: u64,
 }
 
+/// The file keeping the next batch's number.
+const NEXT: &str = "next";
+
 fn name(n: u64) -> String {
     format!("{n:020}.ndjson")
 }
@@ -33,9 +36,17 @@ impl Spool {
     pub fn open(dir: &Path, max_bytes: u64) -> std::io::Result<Self> {
         crate::identity::private_dir(dir)?;
         let mut queued = Vec::new();
+        // The next number as last written: numbers never go back, even once every batch left.
+        let counted: u64 = std::fs::read_to_string(dir.join(NEXT))
+            .ok()
+            .and_then(|t| t.trim().parse().ok())
+            .unwrap_or(1);
         for e in std::fs::read_dir(dir)? {
             let e = e?;
             let file = e.file_name();
+            if file == NEXT {
+                continue;
+            }
             let Some(n) = file
                 .to_str()
                 .and_then(|f| f.strip_suffix(".ndjson"))
@@ -53,7 +64,7 @@ impl Spool {
             queued.push((n, bytes, lines));
         }
         queued.sort_unstable();
-        let next = queued.last().map_or(1, |q| q.0 + 1);
+        let next = queued.last().map_or(1, |q| q.0 + 1).max(counted);
         let bytes = queued.iter().map(|q| q.1).sum();
         Ok(Self {
             dir: dir.to_path_buf(),
@@ -78,6 +89,7 @@ impl Spool {
         let n = self.next;
         self.next += 1;
         write_private(&self.dir.join(name(n)), body)?;
+        write_private(&self.dir.join(NEXT), self.next.to_string().as_bytes())?;
         self.queued.push_back((n, size, lines));
         self.bytes += size;
         Ok(n)
@@ -130,8 +142,14 @@ mod tests {
         drop(s);
         let mut s = Spool::open(&d, 1 << 20).unwrap();
         assert_eq!(s.oldest().unwrap(), Some((2, b"b\n".to_vec())));
-        // Numbers go on rising past what was left.
+        // Numbers go on rising past what was left, and past what was sent.
         assert_eq!(s.push(b"c\n", 1).unwrap(), 3);
+        s.done(2);
+        s.done(3);
+        drop(s);
+        let mut s = Spool::open(&d, 1 << 20).unwrap();
+        assert!(s.is_empty());
+        assert_eq!(s.push(b"d\n", 1).unwrap(), 4);
         let _ = std::fs::remove_dir_all(d);
     }
 

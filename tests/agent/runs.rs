@@ -133,3 +133,69 @@ async fn lines_logged_while_the_server_is_down_for_30_seconds_are_stored_exactly
     let want: Vec<String> = (1..=800).map(|i| format!("line {i}")).collect();
     assert_eq!(got, want);
 }
+
+#[tokio::test]
+async fn the_daemon_ships_the_lines_appended_to_a_followed_file_across_its_rotation() {
+    use std::io::Write;
+    let server = Server::start();
+    let token = server.enrollment_token(json!({"name": "line"})).await;
+    let logs = tempfile::tempdir().unwrap();
+    let path = logs.path().join("nav.log");
+    // What the file held before the agent first saw it is not shipped (as tail -F).
+    std::fs::write(&path, "before the agent\n").unwrap();
+    let agent = Agent::new(
+        &server,
+        &token,
+        &format!(
+            "[heartbeat]\ninterval_seconds = 1\n[logs]\nflush_ms = 200\nfiles = [\"{}/*.log\"]\n",
+            logs.path().display()
+        ),
+    );
+    let _daemon = Guard(
+        agent
+            .command(&["daemon"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let append = |p: &std::path::Path, lines: &[&str]| {
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(p)
+            .unwrap();
+        for l in lines {
+            writeln!(f, "{l}").unwrap();
+        }
+    };
+    append(&path, &["a1", "WARN a2"]);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Rotated: a last line, moved away, a new file in its place.
+    append(&path, &["a3"]);
+    std::fs::rename(&path, logs.path().join("nav.log.1")).unwrap();
+    append(&path, &["b1", "b2"]);
+    let want = ["a1", "WARN a2", "a3", "b1", "b2"];
+    let until = std::time::Instant::now() + Duration::from_secs(20);
+    let got = loop {
+        let list = server.get(&format!("{DEV}/sessions")).await;
+        let got: Vec<String> = match list["items"][0]["id"].as_u64() {
+            Some(id) => server.get(&format!("{DEV}/sessions/{id}/logs")).await["items"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|e| e["message"].as_str().unwrap().to_string())
+                .collect(),
+            None => Vec::new(),
+        };
+        if got.len() >= want.len() || std::time::Instant::now() > until {
+            break got;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(got, want);
+    let s = only_session(&server).await;
+    assert_eq!(s["tags"], json!(["agent"]));
+    assert_eq!(s["status"], "active");
+}
