@@ -26,6 +26,7 @@ pub async fn daemon(cfg: &Config) -> Result<i32, String> {
             id.clone(),
         ));
     }
+    tokio::spawn(crate::run::recover(cfg.clone(), http.clone(), id.clone()));
     if !cfg.logs.files.is_empty() || cfg.logs.journal {
         start_log_shipping(cfg, &http, &id)?;
     }

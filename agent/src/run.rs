@@ -43,6 +43,12 @@ pub async fn run(cfg: &Config, tags: Vec<String>, cmd: Vec<String>) -> Result<i3
         Spool::open(&spool_dir, cfg.logs.max_buffer_bytes)
             .map_err(|e| format!("{}: {e}", spool_dir.display()))?,
     ));
+    // Held while this run lives: another agent never takes its spool for a dead run's.
+    let _held = hold(&spool_dir)
+        .map_err(|e| format!("{}: {e}", spool_dir.display()))?
+        .ok_or("run: a new spool is held by another process")?;
+    // What earlier runs left behind (the agent was killed), shipped meanwhile.
+    let recovering = tokio::spawn(recover(cfg.clone(), http.clone(), id.clone()));
     let mut child = tokio::process::Command::new(program)
         .args(args)
         .stdout(std::process::Stdio::piped())
@@ -93,8 +99,11 @@ pub async fn run(cfg: &Config, tags: Vec<String>, cmd: Vec<String>) -> Result<i3
             shipping.clone(),
         );
         let compress = cfg.logs.compress;
+        let session_file = spool_dir.join(SESSION);
         tokio::spawn(async move {
             let session = create_session(&http, &id, &tags).await?;
+            crate::identity::write_private(&session_file, session.to_string().as_bytes())
+                .map_err(|e| format!("{}: {e}", session_file.display()))?;
             ship(&http, &id, session, spool, offered, shipping, compress)
                 .await
                 .map_err(|e| e.to_string())?;
@@ -130,7 +139,88 @@ pub async fn run(cfg: &Config, tags: Vec<String>, cmd: Vec<String>) -> Result<i3
         eprintln!("fleetops-agent: could not complete session {session}: {e}");
     }
     let _ = std::fs::remove_dir_all(&spool_dir);
+    let _ = recovering.await;
     Ok(code)
+}
+
+/// The file of a run's spool naming its session, once created.
+const SESSION: &str = "session";
+/// The file a run's spool is locked with while the run lives.
+const LOCK: &str = "lock";
+
+/// Takes the exclusive lock of spool `dir` without waiting: `None` while another process
+/// holds it. Released when the returned file is dropped or the process ends, however.
+fn hold(dir: &Path) -> std::io::Result<Option<std::fs::File>> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .mode(0o600)
+        .open(dir.join(LOCK))?;
+    match rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => Ok(Some(f)),
+        Err(rustix::io::Errno::WOULDBLOCK) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Ships what runs killed before they finished left in their spools, each to its session
+/// (one tagged `interrupted` when it never got one), and completes those sessions as
+/// `failed`. A spool another live run holds is left alone.
+pub async fn recover(cfg: Config, http: reqwest::Client, id: Identity) {
+    let Ok(entries) = std::fs::read_dir(cfg.state_dir.join("spool")) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let dir = e.path();
+        if !e.file_name().to_string_lossy().starts_with("run-") || !dir.is_dir() {
+            continue;
+        }
+        let Ok(Some(_held)) = hold(&dir) else {
+            continue;
+        };
+        let Ok(spool) = Spool::open(&dir, cfg.logs.max_buffer_bytes) else {
+            continue;
+        };
+        let known = std::fs::read_to_string(dir.join(SESSION))
+            .ok()
+            .and_then(|t| t.trim().parse::<u64>().ok());
+        if known.is_none() && spool.is_empty() {
+            let _ = std::fs::remove_dir_all(&dir);
+            continue;
+        }
+        let session = match known {
+            Some(s) => s,
+            None => match create_session(&http, &id, &["interrupted".to_string()]).await {
+                Ok(s) => s,
+                Err(_) => continue,
+            },
+        };
+        let shipped = ship(
+            &http,
+            &id,
+            session,
+            Arc::new(Mutex::new(spool)),
+            Arc::new(Notify::new()),
+            Arc::new(std::sync::atomic::AtomicBool::new(false)),
+            cfg.logs.compress,
+        )
+        .await;
+        if let Err(ShipEnd::Spool(e)) = shipped {
+            eprintln!("fleetops-agent: an interrupted run's logs: {e}");
+            continue;
+        }
+        let url = id.project_url(&format!("/sessions/{session}/complete"));
+        let body = serde_json::json!({"status": "failed"});
+        // Already ended (409) or gone (404): nothing more to do either way.
+        let _ = client::call(
+            || Ok(http.post(&url).bearer_auth(&id.device_token).json(&body)),
+            Some(10),
+        )
+        .await;
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
 
 fn exit_code(s: &std::process::ExitStatus) -> i32 {

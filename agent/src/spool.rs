@@ -44,16 +44,16 @@ impl Spool {
         for e in std::fs::read_dir(dir)? {
             let e = e?;
             let file = e.file_name();
-            if file == NEXT {
-                continue;
-            }
-            let Some(n) = file
-                .to_str()
-                .and_then(|f| f.strip_suffix(".ndjson"))
+            let name = file.to_string_lossy();
+            let Some(n) = name
+                .strip_suffix(".ndjson")
                 .and_then(|f| f.parse::<u64>().ok())
             else {
-                // A batch that was being written when the agent died: never offered.
-                let _ = std::fs::remove_file(e.path());
+                if name.ends_with(".tmp") {
+                    // A batch that was being written when the agent died: never offered.
+                    let _ = std::fs::remove_file(e.path());
+                }
+                // Anything else is its owner's (a run's lock and session).
                 continue;
             };
             let bytes = e.metadata()?.len();

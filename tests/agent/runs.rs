@@ -199,3 +199,67 @@ async fn the_daemon_ships_the_lines_appended_to_a_followed_file_across_its_rotat
     assert_eq!(s["tags"], json!(["agent"]));
     assert_eq!(s["status"], "active");
 }
+
+#[tokio::test]
+async fn a_killed_runs_spooled_lines_reach_its_session_with_the_next_run() {
+    let mut server = Server::start();
+    let token = server.enrollment_token(json!({"name": "line"})).await;
+    let agent = Agent::new(&server, &token, "[logs]\nflush_ms = 100\n");
+    let script = "sleep 2; i=1; while [ $i -le 20 ]; do echo \"x$i\"; i=$((i+1)); done; sleep 60";
+    let run = Guard(
+        agent
+            .command(&["run", "--", "sh", "-c", script])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    // Its session exists; then the service goes away while the command prints.
+    let until = std::time::Instant::now() + Duration::from_secs(20);
+    while server.get(&format!("{DEV}/sessions")).await["total"] != 1 {
+        assert!(std::time::Instant::now() < until, "no session");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    server.stop();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    drop(run); // kill -9, its lines in the spool
+    server.restart();
+    let out = agent.command(&["run", "--", "true"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let list = server.get(&format!("{DEV}/sessions")).await;
+    assert_eq!(list["total"], 2, "{list}");
+    let killed = list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .min_by_key(|s| s["id"].as_u64())
+        .unwrap()["id"]
+        .as_u64()
+        .unwrap();
+    let until = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let s = server.get(&format!("{DEV}/sessions/{killed}")).await;
+        if s["status"] == "failed" {
+            break;
+        }
+        assert!(std::time::Instant::now() < until, "{s}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let logs = server
+        .get(&format!("{DEV}/sessions/{killed}/logs?limit=100"))
+        .await;
+    let got: Vec<&str> = logs["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["message"].as_str().unwrap())
+        .collect();
+    let want: Vec<String> = (1..=20).map(|i| format!("x{i}")).collect();
+    assert_eq!(got, want);
+    assert_eq!(
+        std::fs::read_dir(agent.state().join("spool"))
+            .unwrap()
+            .count(),
+        0
+    );
+}
