@@ -63,9 +63,20 @@ pub fn now_ms() -> i64 {
         .map_or(0, |d| d.as_millis() as i64)
 }
 
-/// An entry for `raw` (a line without its newline), cut at `max_bytes` on a character
-/// boundary.
+/// An entry for `raw` (a line without its newline) read now, cut at `max_bytes` on a
+/// character boundary.
 pub fn entry(raw: &[u8], module: &str, otherwise: &'static str, max_bytes: usize) -> Entry {
+    entry_at(raw, module, otherwise, max_bytes, rfc3339(now_ms()))
+}
+
+/// As [`entry`], stamped `timestamp` (the lines of one read share it).
+pub fn entry_at(
+    raw: &[u8],
+    module: &str,
+    otherwise: &'static str,
+    max_bytes: usize,
+    timestamp: String,
+) -> Entry {
     let text = String::from_utf8_lossy(raw);
     let mut message = text.trim_end_matches('\r').to_string();
     if message.len() > max_bytes {
@@ -76,7 +87,7 @@ pub fn entry(raw: &[u8], module: &str, otherwise: &'static str, max_bytes: usize
         message.truncate(cut);
     }
     Entry {
-        timestamp: rfc3339(now_ms()),
+        timestamp,
         level: level_of(&message, otherwise),
         module: module.to_string(),
         message,

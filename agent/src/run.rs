@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use reqwest::StatusCode;
-use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::sync::{Notify, mpsc};
 
 use crate::client::{self, CallError};
@@ -61,7 +61,7 @@ pub async fn run(cfg: &Config, tags: Vec<String>, cmd: Vec<String>) -> Result<i3
         child.stdout.take().map(|out| {
             tokio::spawn(read_lines(
                 out,
-                tokio::io::stdout(),
+                Echo::Stdout,
                 module.clone(),
                 "info",
                 max_line,
@@ -71,7 +71,7 @@ pub async fn run(cfg: &Config, tags: Vec<String>, cmd: Vec<String>) -> Result<i3
         child.stderr.take().map(|err| {
             tokio::spawn(read_lines(
                 err,
-                tokio::io::stderr(),
+                Echo::Stderr,
                 module.clone(),
                 "error",
                 max_line,
@@ -228,33 +228,82 @@ fn exit_code(s: &std::process::ExitStatus) -> i32 {
     s.code().unwrap_or_else(|| 128 + s.signal().unwrap_or(0))
 }
 
-/// Copies `from` to `echo` and sends each line on as an entry.
+/// Where the command's output is passed through to.
+#[derive(Clone, Copy)]
+enum Echo {
+    Stdout,
+    Stderr,
+}
+
+impl Echo {
+    /// Writes `bytes` at once (one write for what one read brought, not one a line).
+    fn write(self, bytes: &[u8]) {
+        use std::io::Write;
+        let _ = match self {
+            Echo::Stdout => {
+                let mut o = std::io::stdout().lock();
+                o.write_all(bytes).and_then(|()| o.flush())
+            }
+            Echo::Stderr => std::io::stderr().lock().write_all(bytes),
+        };
+    }
+}
+
+/// Copies `from` to `echo` and sends each line on as an entry; a line longer than
+/// `max_line` is sent cut, and a last line without its newline is sent at the end.
 async fn read_lines(
-    from: impl AsyncRead + Unpin,
-    mut echo: impl tokio::io::AsyncWrite + Unpin,
+    mut from: impl AsyncRead + Unpin,
+    echo: Echo,
     module: String,
     otherwise: &'static str,
     max_line: usize,
     tx: mpsc::Sender<Entry>,
 ) {
-    let mut r = BufReader::new(from);
-    let mut buf = Vec::new();
+    let mut buf = vec![0u8; 64 << 10];
+    let mut pending: Vec<u8> = Vec::new();
     loop {
-        buf.clear();
-        match r.read_until(b'\n', &mut buf).await {
-            Ok(0) | Err(_) => return,
-            Ok(_) => {}
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        let read = &buf[..n];
+        echo.write(read);
+        pending.extend_from_slice(read);
+        let at = lines::rfc3339(lines::now_ms());
+        let mut start = 0;
+        while let Some(i) = pending[start..].iter().position(|b| *b == b'\n') {
+            let line = &pending[start..start + i];
+            start += i + 1;
+            if tx
+                .send(lines::entry_at(
+                    line,
+                    &module,
+                    otherwise,
+                    max_line,
+                    at.clone(),
+                ))
+                .await
+                .is_err()
+            {
+                return;
+            }
         }
-        let _ = echo.write_all(&buf).await;
-        let _ = echo.flush().await;
-        let line = buf.strip_suffix(b"\n").unwrap_or(&buf);
-        if tx
-            .send(lines::entry(line, &module, otherwise, max_line))
-            .await
-            .is_err()
-        {
-            return;
+        pending.drain(..start);
+        if pending.len() > max_line {
+            let line = std::mem::take(&mut pending);
+            if tx
+                .send(lines::entry(&line, &module, otherwise, max_line))
+                .await
+                .is_err()
+            {
+                return;
+            }
         }
+    }
+    if !pending.is_empty() {
+        let _ = tx
+            .send(lines::entry(&pending, &module, otherwise, max_line))
+            .await;
     }
 }
 

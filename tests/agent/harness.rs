@@ -62,7 +62,7 @@ impl Server {
         std::fs::write(
             &file,
             format!(
-                "listen = \"127.0.0.1:{}\"\ndata_dir = \"{}\"\nlog = \"warn\"\n\n[admin]\ntier = \"free\"\n\n[tiers.free]\nrequests_per_minute = 1000000\n",
+                "listen = \"127.0.0.1:{}\"\ndata_dir = \"{}\"\nlog = \"warn\"\n\n[http]\nlogin_per_minute = 100000\n\n[admin]\ntier = \"free\"\n\n[tiers.free]\nrequests_per_minute = 1000000\n",
                 self.port,
                 data.display()
             ),
