@@ -305,3 +305,76 @@ async fn a_three_phase_rollout_is_followed_to_its_end_by_ten_agents() {
         assert_eq!(r, ["downloading", "installing", "succeeded"]);
     }
 }
+
+#[tokio::test]
+async fn an_interrupted_download_is_resumed_from_its_last_byte() {
+    let server = Server::start();
+    let token = server
+        .enrollment_token(json!({"name": "line", "labels": {"fleet": "k"}}))
+        .await;
+    let agent = fleet_agent(
+        &server,
+        &token,
+        "cp \"$FLEETOPS_CAPSULE_PATH\" installed.bin && cp \"$FLEETOPS_CONFIG_PATH\" config.json",
+    )
+    .await;
+    let (cap, bytes) = publish(&server, "1.0.0").await;
+    let dep = deploy(&server, cap, None).await;
+    // As a power cut leaves it: half the capsule downloaded, the report of it made.
+    let updates = agent.state().join("updates");
+    std::fs::create_dir_all(&updates).unwrap();
+    let half = bytes.len() / 2;
+    std::fs::write(updates.join(format!("{dep}.part")), &bytes[..half]).unwrap();
+    std::fs::write(
+        agent.state().join("update.json"),
+        serde_json::to_vec(&json!({"deployment_id": dep, "etag": null,
+            "stage": "downloading", "reported": ["downloading"]}))
+        .unwrap(),
+    )
+    .unwrap();
+    let _d = daemon(&agent);
+    let device = agent.identity()["device_id"].as_u64().unwrap();
+    let r = until_reported(&server, device, &["succeeded", "failed"], 30).await;
+    // `downloading` was reported before the cut, and is not again.
+    assert_eq!(r, ["installing", "succeeded"]);
+    assert_eq!(
+        std::fs::read(agent.dir.path().join("installed.bin")).unwrap(),
+        bytes
+    );
+    // The package has no configuration: its effective one is empty.
+    let config: Value =
+        serde_json::from_slice(&std::fs::read(agent.dir.path().join("config.json")).unwrap())
+            .unwrap();
+    assert_eq!(config, json!({}));
+}
+
+#[tokio::test]
+async fn a_failed_install_runs_the_rollback_hook_and_reports_the_hooks_words() {
+    let server = Server::start();
+    let token = server
+        .enrollment_token(json!({"name": "line", "labels": {"fleet": "k"}}))
+        .await;
+    let agent = Agent::new(
+        &server,
+        &token,
+        "[heartbeat]\ninterval_seconds = 1\n[update]\npoll_seconds = 1\n\
+         install_hook = \"echo 'disk full on /opt'; exit 3\"\n\
+         rollback_hook = \"touch rolled-back\"\n",
+    );
+    assert!(agent.command(&["enroll"]).status().unwrap().success());
+    let (cap, _) = publish(&server, "1.0.0").await;
+    deploy(&server, cap, None).await;
+    let _d = daemon(&agent);
+    let device = agent.identity()["device_id"].as_u64().unwrap();
+    let r = until_reported(&server, device, &["succeeded", "failed"], 30).await;
+    assert_eq!(r, ["downloading", "installing", "failed"]);
+    let h = server.get(&format!("{DEV}/devices/{device}/history")).await;
+    let msg = h["items"][0]["reports"][2]["message"]
+        .as_str()
+        .unwrap_or("");
+    assert!(
+        msg.contains("status 3") && msg.contains("disk full on /opt"),
+        "{h}"
+    );
+    assert!(agent.dir.path().join("rolled-back").exists());
+}
