@@ -124,7 +124,7 @@ impl InstallationActorState {
         if !still_queued(&self.store, work.delivery.seq)? {
             return Ok(Route::Done);
         }
-        let org = self.first_sight()?;
+        let org = self.first_sight(work)?;
         let p = &work.payload;
         let action = p.action.as_deref().unwrap_or("");
         match work.delivery.event.as_str() {
@@ -389,7 +389,7 @@ impl InstallationActorState {
     /// service needs no step; first seen with several, it is recorded unbound, and stays so
     /// (however many organizations there are later) until a superuser binds it, as does one
     /// whose organization was deleted. Seen while there is none, it is not recorded.
-    fn first_sight(&self) -> Result<Option<u64>> {
+    fn first_sight(&self, work: &Work) -> Result<Option<u64>> {
         if self.id == 0 {
             return Ok(None);
         }
@@ -408,7 +408,7 @@ impl InstallationActorState {
         if let Some(org) = org {
             b.bind(org);
         }
-        let mut batch = ScmBatch::default();
+        let mut batch = work.batch();
         batch.put_binding(self.id, &b)?;
         batch.commit(&self.store)?;
         Ok(org)

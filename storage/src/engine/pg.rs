@@ -58,7 +58,7 @@ struct Shared {
     config: tokio_postgres::Config,
     /// The connection holding this server's sections' advisory locks: one for them all
     /// (a try-lock never waits on it), opened again when it breaks.
-    sections: tokio::sync::Mutex<Option<Arc<tokio_postgres::Client>>>,
+    sections: tokio::sync::Mutex<Option<(Arc<tokio_postgres::Client>, i32)>>,
 }
 
 impl Drop for Shared {
@@ -141,14 +141,18 @@ impl Pg {
             .parse()
             .map_err(|e| StorageError::Config(format!("[database] url: {e}")))?;
         // A database that stops answering (a black-holed network) is 503 within seconds,
-        // not a request held for TCP's two hours.
+        // not a request held for TCP's two hours; and the server ends a session whose client
+        // vanished within about 25 s, with the advisory locks it held.
         config
             .connect_timeout(Duration::from_secs(5))
             .keepalives_idle(Duration::from_secs(10))
             .keepalives_interval(Duration::from_secs(5))
             .keepalives_retries(3)
             .tcp_user_timeout(Duration::from_secs(20))
-            .options("-c statement_timeout=30000 -c lock_timeout=10000");
+            .options(
+                "-c statement_timeout=30000 -c lock_timeout=10000 \
+                 -c tcp_keepalives_idle=10 -c tcp_keepalives_interval=5 -c tcp_keepalives_count=3",
+            );
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("fleetops-pg")
@@ -215,17 +219,66 @@ impl Pg {
     /// answered `true` is given back once. When the connection breaks, every lock on it is
     /// released by PostgreSQL; what was written under one is still fenced by its section's
     /// counter ([`crate::sections`]).
+    ///
+    /// The statement runs to its end whatever becomes of its caller; a lock taken for a
+    /// caller that stopped waiting is given back at once, so no lock outlives its taker.
     pub(crate) fn advisory(
         &self,
         key: i64,
         op: Advisory,
     ) -> impl Future<Output = Result<bool>> + Send + 'static {
-        self.run_async(self.advisory_statement(key, op))
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.advisory_task(key, op, move |r| tx.send(r));
+        async move {
+            match tokio::time::timeout(Duration::from_secs(45), rx).await {
+                Ok(Ok(r)) => r,
+                _ => Err(StorageError::Unavailable(
+                    "the database did not answer in time".into(),
+                )),
+            }
+        }
     }
 
     /// [`Pg::advisory`] for a synchronous caller.
     pub(crate) fn advisory_blocking(&self, key: i64, op: Advisory) -> Result<bool> {
-        self.run(self.advisory_statement(key, op))
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        self.advisory_task(key, op, move |r| tx.send(r).map_err(|e| e.0));
+        let wait = || match rx.recv_timeout(Duration::from_secs(45)) {
+            Ok(r) => r,
+            Err(_) => Err(StorageError::Unavailable(
+                "the database did not answer in time".into(),
+            )),
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+                tokio::task::block_in_place(wait)
+            }
+            _ => wait(),
+        }
+    }
+
+    /// Runs `op` on the engine's runtime and hands its answer to `answer`, which gives it
+    /// back when the caller is gone: then a lock it took is given back.
+    fn advisory_task(
+        &self,
+        key: i64,
+        op: Advisory,
+        answer: impl FnOnce(Result<bool>) -> std::result::Result<(), Result<bool>> + Send + 'static,
+    ) {
+        let statement = self.advisory_statement(key, op);
+        let give_back = match op {
+            Advisory::Take => Some(self.advisory_statement(key, Advisory::Give)),
+            Advisory::TakeShared => Some(self.advisory_statement(key, Advisory::GiveShared)),
+            Advisory::Give | Advisory::GiveShared => None,
+        };
+        self.0.handle.spawn(async move {
+            let r = statement.await;
+            if let Err(Ok(true)) = answer(r)
+                && let Some(g) = give_back
+            {
+                let _ = g.await;
+            }
+        });
     }
 
     fn advisory_statement(
@@ -238,13 +291,26 @@ impl Pg {
             let client = {
                 let mut slot = shared.sections.lock().await;
                 match slot.as_ref() {
-                    Some(c) if !c.is_closed() => c.clone(),
-                    _ => {
+                    Some((c, _)) if !c.is_closed() => c.clone(),
+                    old => {
+                        let old_pid = old.map(|(_, pid)| *pid);
                         let (client, conn) =
                             shared.config.connect(NoTls).await.map_err(db_error)?;
                         tokio::spawn(conn);
+                        let pid: i32 = client
+                            .query_one("SELECT pg_backend_pid()", &[])
+                            .await
+                            .map_err(db_error)?
+                            .get(0);
+                        // The broken connection's session may still be alive on the server
+                        // (a half-open TCP connection) holding this server's locks: ended.
+                        if let Some(old) = old_pid {
+                            let _ = client
+                                .query_one("SELECT pg_terminate_backend($1)", &[&old])
+                                .await;
+                        }
                         let client = Arc::new(client);
-                        *slot = Some(client.clone());
+                        *slot = Some((client.clone(), pid));
                         client
                     }
                 }
