@@ -1,7 +1,7 @@
 //! Talking to the service: one HTTP client (TLS with the system's roots, plus a configured
 //! CA), and a retry loop every call goes through. A connection failure, a timeout, 429 and
 //! 5xx are tried again after `Retry-After` when the service says, else after an exponential
-//! backoff with full jitter (0.5 s doubling up to 30 s); any other answer is the caller's.
+//! backoff with jitter (0.5 s doubling up to 30 s, each pause picked between half and all of it); any other answer is the caller's.
 //! No answer of the service panics the agent: a body that does not parse is an error.
 
 use std::time::Duration;
@@ -50,7 +50,7 @@ pub fn backoff(n: u32) -> Duration {
     Duration::from_millis(jitter(cap_ms))
 }
 
-/// A uniform pick in `[cap/2, cap]` milliseconds.
+/// A uniform pick in `[cap/2, cap]` milliseconds (half jitter: never a pause near zero).
 fn jitter(cap_ms: u64) -> u64 {
     let mut b = [0u8; 8];
     let r = match getrandom::fill(&mut b) {
@@ -92,7 +92,9 @@ pub async fn call(
             Ok(r) if r.status().is_success() || r.status() == StatusCode::NOT_MODIFIED => {
                 return Ok(r);
             }
-            Ok(r) if transient(r.status()) => retry_after(&r).unwrap_or_else(|| backoff(n)),
+            Ok(r) if transient(r.status()) => retry_after(&r)
+                .unwrap_or_else(|| backoff(n))
+                .max(Duration::from_millis(200)),
             Ok(r) => {
                 let status = r.status();
                 let body = r.text().await.unwrap_or_default();

@@ -167,9 +167,10 @@ impl Config {
                 path.display()
             ));
         }
-        if c.heartbeat.interval_seconds == 0 || c.logs.batch_lines == 0 {
+        if c.heartbeat.interval_seconds == 0 || !(1..=10_000).contains(&c.logs.batch_lines) {
             return Err(format!(
-                "{}: heartbeat.interval_seconds and logs.batch_lines must be above 0",
+                "{}: heartbeat.interval_seconds must be above 0 and logs.batch_lines 1 to 10000 \
+                 (the service takes at most 10,000 entries a batch)",
                 path.display()
             ));
         }

@@ -65,30 +65,43 @@ fn start_log_shipping(cfg: &Config, http: &reqwest::Client, id: &Identity) -> Re
         Spool::open(&dir, cfg.logs.max_buffer_bytes)
             .map_err(|e| format!("{}: {e}", dir.display()))?,
     ));
-    let (tx, rx) = tokio::sync::mpsc::channel(4096);
+    // One daemon a state directory: two would number the same batches.
+    let held = crate::run::hold(&dir)
+        .map_err(|e| format!("{}: {e}", dir.display()))?
+        .ok_or("another fleetops-agent daemon uses this state_dir")?;
     let offered = Arc::new(tokio::sync::Notify::new());
-    let kept = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    tokio::spawn(crate::run::batch(
-        rx,
-        spool.clone(),
-        offered.clone(),
-        cfg.logs.batch_lines,
-        Duration::from_millis(cfg.logs.flush_ms),
-        kept.clone(),
-    ));
+    // Each source has its own batcher, so each knows when its own lines are in the spool
+    // (what it may then mark read).
+    let source = || {
+        let (tx, rx) = tokio::sync::mpsc::channel(4096);
+        let kept = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        tokio::spawn(crate::run::batch(
+            rx,
+            spool.clone(),
+            offered.clone(),
+            cfg.logs.batch_lines,
+            Duration::from_millis(cfg.logs.flush_ms),
+            kept.clone(),
+        ));
+        (tx, kept)
+    };
     if !cfg.logs.files.is_empty() {
-        tokio::spawn(crate::follow::files(cfg.clone(), tx.clone(), kept));
+        let (tx, kept) = source();
+        tokio::spawn(crate::follow::files(cfg.clone(), tx, kept));
     }
     if cfg.logs.journal {
-        tokio::spawn(crate::follow::journal(cfg.clone(), tx));
+        let (tx, kept) = source();
+        tokio::spawn(crate::follow::journal(cfg.clone(), tx, kept));
     }
+    // The session's id lives with the batches numbered for it.
     let (http, id, session_file, compress) = (
         http.clone(),
         id.clone(),
-        cfg.state_dir.join("daemon-session"),
+        dir.join("session"),
         cfg.logs.compress,
     );
     tokio::spawn(async move {
+        let _held = held;
         let shipping = Arc::new(std::sync::atomic::AtomicBool::new(true));
         loop {
             let known = std::fs::read_to_string(&session_file)

@@ -60,9 +60,13 @@ pub async fn files(
     let mut sent = 0u64;
     let mut pending: std::collections::VecDeque<(u64, Offsets)> = Default::default();
     let mut tick = tokio::time::interval(Duration::from_millis(500));
+    let mut first_scan = true;
     loop {
         tick.tick().await;
-        for path in crate::run::matching(&cfg.logs.files) {
+        let matched = crate::run::matching(&cfg.logs.files);
+        // A file gone or no longer matched is let go (its handle, its offset).
+        open.retain(|p, _| matched.contains(p));
+        for path in matched {
             let Ok(meta) = std::fs::metadata(&path) else {
                 continue;
             };
@@ -79,9 +83,10 @@ pub async fn files(
                 };
                 let offset = match saved.0.get(&path) {
                     Some(&(inode, off)) if inode == meta.ino() && off <= meta.len() => off,
-                    // Rotated while the agent was away, or new since it last looked: all of
-                    // a file that replaced a known one, the end of one never seen.
-                    _ if rotated || saved.0.contains_key(&path) => 0,
+                    // Rotated (while the agent looked, or while it was away), or created
+                    // since the agent started: all of it. What a file held before the agent
+                    // ever saw it: its end, as `tail -F` does.
+                    _ if rotated || saved.0.contains_key(&path) || !first_scan => 0,
                     _ => meta.len(),
                 };
                 if file.seek(SeekFrom::Start(offset)).is_err() {
@@ -107,6 +112,7 @@ pub async fn files(
                 sent += drain(f, &path, &cfg, &tx).await;
             }
         }
+        first_scan = false;
         let now: Offsets = Offsets(
             open.iter()
                 .map(|(p, f)| (p.clone(), (f.inode, f.offset - f.partial.len() as u64)))
@@ -182,8 +188,8 @@ async fn drain(
     }
 }
 
-/// An entry of `journalctl -o json`.
-pub fn journal_entry(line: &str) -> Option<(Entry, Option<String>)> {
+/// An entry of `journalctl -o json`, its message cut at `max_bytes`.
+pub fn journal_entry(line: &str, max_bytes: usize) -> Option<(Entry, Option<String>)> {
     let v: serde_json::Value = serde_json::from_str(line).ok()?;
     let text = |k: &str| match &v[k] {
         serde_json::Value::String(s) => Some(s.clone()),
@@ -198,7 +204,14 @@ pub fn journal_entry(line: &str) -> Option<(Entry, Option<String>)> {
         ),
         _ => None,
     };
-    let message = text("MESSAGE")?;
+    let mut message = text("MESSAGE")?;
+    if message.len() > max_bytes {
+        let mut cut = max_bytes;
+        while !message.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        message.truncate(cut);
+    }
     let level = match text("PRIORITY").and_then(|p| p.parse::<u8>().ok()) {
         Some(0..=3) => "error",
         Some(4) => "warn",
@@ -220,7 +233,15 @@ pub fn journal_entry(line: &str) -> Option<(Entry, Option<String>)> {
 }
 
 /// Follows the journal for as long as the daemon runs (restarting `journalctl` if it ends).
-pub async fn journal(cfg: Config, tx: mpsc::Sender<Entry>) {
+/// `kept`: how many of its entries the batcher has put in the spool so far; the cursor is
+/// kept only once the entries before it are in the spool.
+pub async fn journal(
+    cfg: Config,
+    tx: mpsc::Sender<Entry>,
+    kept: std::sync::Arc<std::sync::atomic::AtomicU64>,
+) {
+    let mut sent = 0u64;
+    let mut pending: std::collections::VecDeque<(u64, String)> = Default::default();
     let cursor_file = cfg.state_dir.join("journal.cursor");
     loop {
         let cursor = std::fs::read_to_string(&cursor_file).ok();
@@ -243,16 +264,29 @@ pub async fn journal(cfg: Config, tx: mpsc::Sender<Entry>) {
             let mut lines_in = tokio::io::BufReader::new(out).lines();
             let mut last_saved = std::time::Instant::now();
             while let Ok(Some(line)) = lines_in.next_line().await {
-                let Some((e, cursor)) = journal_entry(&line) else {
+                let Some((e, cursor)) = journal_entry(&line, cfg.logs.max_line_bytes) else {
                     continue;
                 };
                 if tx.send(e).await.is_err() {
                     return;
                 }
-                if let Some(c) = cursor
-                    && last_saved.elapsed() >= Duration::from_secs(1)
-                {
-                    let _ = crate::identity::write_private(&cursor_file, c.as_bytes());
+                sent += 1;
+                if let Some(c) = cursor {
+                    pending.push_back((sent, c));
+                }
+                if last_saved.elapsed() >= Duration::from_secs(1) {
+                    let in_spool = kept.load(std::sync::atomic::Ordering::SeqCst);
+                    let mut ready = None;
+                    while pending.front().is_some_and(|(n, _)| *n <= in_spool) {
+                        ready = pending.pop_front().map(|(_, c)| c);
+                    }
+                    if let Some(c) = ready {
+                        let _ = crate::identity::write_private(&cursor_file, c.as_bytes());
+                    }
+                    // Bounded: past this many, the oldest cursors are not needed.
+                    while pending.len() > 100_000 {
+                        pending.pop_front();
+                    }
                     last_saved = std::time::Instant::now();
                 }
             }
@@ -270,6 +304,7 @@ mod tests {
     fn journal_entries_carry_their_level_module_time_and_cursor() {
         let (e, c) = journal_entry(
             r#"{"MESSAGE":"motor hot","PRIORITY":"4","SYSLOG_IDENTIFIER":"drive","__REALTIME_TIMESTAMP":"1795863541839000","__CURSOR":"s=abc"}"#,
+            1000,
         )
         .unwrap();
         assert_eq!(
@@ -278,9 +313,11 @@ mod tests {
         );
         assert_eq!(e.timestamp, "2026-11-28T10:59:01.839Z");
         assert_eq!(c.as_deref(), Some("s=abc"));
-        let (e, _) = journal_entry(r#"{"MESSAGE":[104,105],"PRIORITY":"2"}"#).unwrap();
+        let (e, _) = journal_entry(r#"{"MESSAGE":[104,105],"PRIORITY":"2"}"#, 1000).unwrap();
         assert_eq!((e.level, e.message.as_str()), ("error", "hi"));
-        assert!(journal_entry("not json").is_none());
-        assert!(journal_entry(r#"{"PRIORITY":"6"}"#).is_none());
+        assert!(journal_entry("not json", 1000).is_none());
+        assert!(journal_entry(r#"{"PRIORITY":"6"}"#, 1000).is_none());
+        let (e, _) = journal_entry(r#"{"MESSAGE":"abcdef"}"#, 3).unwrap();
+        assert_eq!(e.message, "abc");
     }
 }

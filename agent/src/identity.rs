@@ -70,6 +70,21 @@ pub async fn load_or_enroll(cfg: &Config, http: &reqwest::Client) -> Result<Iden
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(format!("{}: {e}", path.display())),
     }
+    // One enrollment at a time on this robot (a daemon and a run starting together): the
+    // second finds the first's identity.
+    private_dir(&cfg.state_dir).map_err(|e| format!("{}: {e}", cfg.state_dir.display()))?;
+    let lock = cfg.state_dir.join("enroll.lock");
+    let _enrolling = loop {
+        match crate::run::hold_file(&lock) {
+            Ok(Some(f)) => break f,
+            Ok(None) => tokio::time::sleep(std::time::Duration::from_millis(100)).await,
+            Err(e) => return Err(format!("{}: {e}", lock.display())),
+        }
+    };
+    if let Ok(bytes) = std::fs::read(&path) {
+        return serde_json::from_slice(&bytes)
+            .map_err(|e| format!("{}: {e} (delete it to enroll again)", path.display()));
+    }
     let token = std::env::var("FLEETOPS_ENROLLMENT_TOKEN")
         .ok()
         .or_else(|| cfg.enrollment_token.clone())

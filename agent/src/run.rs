@@ -35,18 +35,21 @@ pub async fn run(cfg: &Config, tags: Vec<String>, cmd: Vec<String>) -> Result<i3
     let module = Path::new(program)
         .file_name()
         .map_or_else(|| program.clone(), |n| n.to_string_lossy().into_owned());
-    let spool_dir =
-        cfg.state_dir
-            .join("spool")
-            .join(format!("run-{}-{}", lines::now_ms(), std::process::id()));
+    // The spool is made under a hidden name, locked, then given its name: an agent
+    // recovering what dead runs left never sees it unlocked.
+    let name = format!("run-{}-{}", lines::now_ms(), std::process::id());
+    let spools = cfg.state_dir.join("spool");
+    let (hidden, spool_dir) = (spools.join(format!(".{name}")), spools.join(&name));
+    crate::identity::private_dir(&hidden).map_err(|e| format!("{}: {e}", hidden.display()))?;
+    // Held while this run lives: another agent never takes its spool for a dead run's.
+    let _held = hold(&hidden)
+        .map_err(|e| format!("{}: {e}", hidden.display()))?
+        .ok_or("run: a new spool is held by another process")?;
+    std::fs::rename(&hidden, &spool_dir).map_err(|e| format!("{}: {e}", spool_dir.display()))?;
     let spool = Arc::new(Mutex::new(
         Spool::open(&spool_dir, cfg.logs.max_buffer_bytes)
             .map_err(|e| format!("{}: {e}", spool_dir.display()))?,
     ));
-    // Held while this run lives: another agent never takes its spool for a dead run's.
-    let _held = hold(&spool_dir)
-        .map_err(|e| format!("{}: {e}", spool_dir.display()))?
-        .ok_or("run: a new spool is held by another process")?;
     // What earlier runs left behind (the agent was killed), shipped meanwhile.
     let recovering = tokio::spawn(recover(cfg.clone(), http.clone(), id.clone()));
     let mut child = tokio::process::Command::new(program)
@@ -55,6 +58,15 @@ pub async fn run(cfg: &Config, tags: Vec<String>, cmd: Vec<String>) -> Result<i3
         .stderr(std::process::Stdio::piped())
         .spawn()
         .map_err(|e| format!("cannot start {program}: {e}"))?;
+    // Ctrl-C and SIGTERM are the command's to act on, so the agent lives on to ship its last
+    // lines and end its session: Ctrl-C reaches the command from the terminal already (one
+    // process group); SIGTERM is passed on to it.
+    if let Some(pid) = child
+        .id()
+        .and_then(|p| rustix::process::Pid::from_raw(p as i32))
+    {
+        tokio::spawn(pass_signals(pid));
+    }
     let (tx, rx) = mpsc::channel::<Entry>(4096);
     let max_line = cfg.logs.max_line_bytes;
     let readers = [
@@ -114,16 +126,32 @@ pub async fn run(cfg: &Config, tags: Vec<String>, cmd: Vec<String>) -> Result<i3
         .wait()
         .await
         .map_err(|e| format!("waiting for {program}: {e}"))?;
-    for r in readers.into_iter().flatten() {
-        let _ = r.await;
+    // What the command wrote is read to its end; a process it left behind that still holds
+    // its output is not waited for past a moment.
+    let until = tokio::time::Instant::now() + Duration::from_secs(2);
+    for mut r in readers.into_iter().flatten() {
+        if tokio::time::timeout_at(until, &mut r).await.is_err() {
+            r.abort();
+        }
     }
     let _ = batcher.await;
     shipping.store(false, std::sync::atomic::Ordering::SeqCst);
     offered.notify_one();
-    let session = shipper
-        .await
-        .map_err(|e| format!("log shipping stopped: {e}"))??;
     let code = exit_code(&status);
+    // Whatever became of the session, the agent answers with the command's status.
+    let session = match shipper.await {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => {
+            eprintln!("fleetops-agent: {e}");
+            let _ = recovering.await;
+            return Ok(code);
+        }
+        Err(e) => {
+            eprintln!("fleetops-agent: log shipping stopped: {e}");
+            let _ = recovering.await;
+            return Ok(code);
+        }
+    };
     for file in matching(&cfg.run.artifacts) {
         upload(&http, &id, session, &file).await;
     }
@@ -150,14 +178,19 @@ const LOCK: &str = "lock";
 
 /// Takes the exclusive lock of spool `dir` without waiting: `None` while another process
 /// holds it. Released when the returned file is dropped or the process ends, however.
-fn hold(dir: &Path) -> std::io::Result<Option<std::fs::File>> {
+pub fn hold(dir: &Path) -> std::io::Result<Option<std::fs::File>> {
+    hold_file(&dir.join(LOCK))
+}
+
+/// Takes the exclusive lock of file `path` (made if missing) without waiting.
+pub fn hold_file(path: &Path) -> std::io::Result<Option<std::fs::File>> {
     use std::os::unix::fs::OpenOptionsExt;
     let f = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
         .write(true)
         .mode(0o600)
-        .open(dir.join(LOCK))?;
+        .open(path)?;
     match rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
         Ok(()) => Ok(Some(f)),
         Err(rustix::io::Errno::WOULDBLOCK) => Ok(None),
@@ -207,9 +240,13 @@ pub async fn recover(cfg: Config, http: reqwest::Client, id: Identity) {
             cfg.logs.compress,
         )
         .await;
-        if let Err(ShipEnd::Spool(e)) = shipped {
-            eprintln!("fleetops-agent: an interrupted run's logs: {e}");
-            continue;
+        match shipped {
+            // Shipped, or its session was ended elsewhere (nothing takes its lines now).
+            Ok(()) | Err(ShipEnd::SessionGone(_)) => {}
+            Err(e) => {
+                eprintln!("fleetops-agent: an interrupted run's logs: {e}");
+                continue;
+            }
         }
         let url = id.project_url(&format!("/sessions/{session}/complete"));
         let body = serde_json::json!({"status": "failed"});
@@ -220,6 +257,26 @@ pub async fn recover(cfg: Config, http: reqwest::Client, id: Identity) {
         )
         .await;
         let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+/// For as long as the run lasts: SIGINT does not end the agent, and SIGTERM is passed on to
+/// the command `pid`.
+async fn pass_signals(pid: rustix::process::Pid) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut int), Ok(mut term)) = (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) else {
+        return;
+    };
+    loop {
+        tokio::select! {
+            _ = int.recv() => {}
+            _ = term.recv() => {
+                let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+            }
+        }
     }
 }
 
@@ -307,6 +364,9 @@ async fn read_lines(
     }
 }
 
+/// A batch is cut once its body reaches this many bytes.
+const MAX_BATCH_BODY: usize = 4 << 20;
+
 /// Cuts entries into batches in the spool: at `max_lines`, or `flush` after a batch's first
 /// entry, and when the readers are done.
 /// `kept` counts the entries put in the spool.
@@ -342,7 +402,8 @@ pub async fn batch(
             n += 1;
         }
         deadline.get_or_insert_with(|| tokio::time::Instant::now() + flush);
-        if n as usize >= max_lines {
+        // Well inside the service's 8 MiB a batch, whatever the lines' length.
+        if n as usize >= max_lines || body.len() >= MAX_BATCH_BODY {
             keep(&spool, &offered, &mut body, &mut n, &kept);
             deadline = None;
         }
@@ -398,6 +459,8 @@ pub enum ShipEnd {
     SessionGone(String),
     /// The spool could not be read.
     Spool(String),
+    /// The device's token was refused (401, 403); the batches stay.
+    Refused(String),
 }
 
 impl std::fmt::Display for ShipEnd {
@@ -407,6 +470,7 @@ impl std::fmt::Display for ShipEnd {
                 write!(f, "the session was ended or deleted elsewhere: {why}")
             }
             ShipEnd::Spool(why) => write!(f, "reading the log spool: {why}"),
+            ShipEnd::Refused(why) => write!(f, "the device's token was refused: {why}"),
         }
     }
 }
@@ -460,6 +524,12 @@ pub async fn ship(
                 if s == StatusCode::CONFLICT || s == StatusCode::NOT_FOUND =>
             {
                 return Err(ShipEnd::SessionGone(why));
+            }
+            // The device's token is refused: nothing will be taken; the batches stay.
+            Err(CallError::Status(s, why))
+                if s == StatusCode::UNAUTHORIZED || s == StatusCode::FORBIDDEN =>
+            {
+                return Err(ShipEnd::Refused(format!("{s}: {why}")));
             }
             Err(e) => eprintln!("fleetops-agent: a log batch was refused and dropped: {e}"),
         }

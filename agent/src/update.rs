@@ -41,6 +41,9 @@ pub struct State {
     pub stage: String,
     /// Stages reported for it.
     pub reported: Vec<String>,
+    /// Why it failed, until that is reported.
+    #[serde(default)]
+    pub message: Option<String>,
 }
 
 impl State {
@@ -80,6 +83,11 @@ pub async fn run_forever(cfg: Config, http: reqwest::Client, id: Identity) {
 /// One look at which package to run, and the work it asks for.
 pub async fn poll_once(cfg: &Config, http: &reqwest::Client, id: &Identity) -> Result<(), String> {
     let mut st = load(cfg);
+    if st.finished() && !st.reported.contains(&st.stage) {
+        // Finished while the service was out of reach (or just before a restart).
+        let (stage, message) = (st.stage.clone(), st.message.clone());
+        return report(cfg, http, id, &mut st, &stage, message.as_deref()).await;
+    }
     if st.stage == "rebooting" {
         // The install asked for a reboot and the agent has started again.
         finish(cfg, http, id, &mut st, "succeeded", None).await?;
@@ -126,6 +134,7 @@ pub async fn poll_once(cfg: &Config, http: &reqwest::Client, id: &Identity) -> R
             etag: new_etag,
             stage: "downloading".into(),
             reported: Vec::new(),
+            message: None,
         };
         save(cfg, &st)?;
     }
@@ -186,6 +195,7 @@ async fn finish(
     message: Option<&str>,
 ) -> Result<(), String> {
     st.stage = stage.to_string();
+    st.message = message.map(str::to_string);
     save(cfg, st)?;
     report(cfg, http, id, st, stage, message).await
 }
@@ -220,7 +230,7 @@ async fn install(
             .await;
         };
         let part = dir.join(format!("{dep}.part"));
-        download(http, url, &part).await?;
+        download(http, url, &part, size).await?;
         let got = digest(&part)?;
         if got.1 != size || got.0 != sha.to_ascii_lowercase() {
             let _ = std::fs::remove_file(&part);
@@ -272,24 +282,42 @@ fn describe(code: Option<i32>) -> String {
     code.map_or_else(|| "a signal".to_string(), |c| format!("status {c}"))
 }
 
-/// Downloads `url` into `part`, going on from the bytes already there.
-async fn download(http: &reqwest::Client, url: &str, part: &Path) -> Result<(), String> {
+/// Downloads `url` into `part`, going on from the bytes already there, at most `size`
+/// bytes in all (what the checksum then judges).
+async fn download(http: &reqwest::Client, url: &str, part: &Path, size: u64) -> Result<(), String> {
     for attempt in 0u32.. {
         let have = std::fs::metadata(part).map_or(0, |m| m.len());
+        if have >= size {
+            return Ok(());
+        }
         let mut req = http.get(url);
         if have > 0 {
             req = req.header(reqwest::header::RANGE, format!("bytes={have}-"));
         }
         let resp = match req.send().await {
             Ok(r) => r,
+            Err(e) if e.is_builder() => return Err(format!("the capsule's link: {e}")),
             Err(_) => {
                 tokio::time::sleep(client::backoff(attempt)).await;
                 continue;
             }
         };
         let status = resp.status();
+        // A part that does not start where this file ends is not the rest of it.
+        let starts_here = resp
+            .headers()
+            .get(reqwest::header::CONTENT_RANGE)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("bytes "))
+            .and_then(|v| v.split('-').next())
+            .and_then(|v| v.parse::<u64>().ok())
+            == Some(have);
         let append = match status {
-            reqwest::StatusCode::PARTIAL_CONTENT => true,
+            reqwest::StatusCode::PARTIAL_CONTENT if starts_here => true,
+            reqwest::StatusCode::PARTIAL_CONTENT => {
+                let _ = std::fs::remove_file(part);
+                continue;
+            }
             reqwest::StatusCode::OK => false,
             // Nothing past what is here (or the file shrank): start again.
             reqwest::StatusCode::RANGE_NOT_SATISFIABLE => {
@@ -312,12 +340,20 @@ async fn download(http: &reqwest::Client, url: &str, part: &Path) -> Result<(), 
             .map_err(|e| format!("{}: {e}", part.display()))?;
         let mut resp = resp;
         let mut broken = false;
+        let mut written = if append { have } else { 0 };
         loop {
             match resp.chunk().await {
                 Ok(Some(bytes)) => {
-                    f.write_all(&bytes)
+                    // Never past the package's size, whatever the link sends.
+                    let room = size.saturating_sub(written);
+                    let take = bytes.len().min(usize::try_from(room).unwrap_or(usize::MAX));
+                    f.write_all(&bytes[..take])
                         .await
                         .map_err(|e| format!("{}: {e}", part.display()))?;
+                    written += take as u64;
+                    if written >= size {
+                        break;
+                    }
                 }
                 Ok(None) => break,
                 Err(_) => {

@@ -263,3 +263,46 @@ async fn a_killed_runs_spooled_lines_reach_its_session_with_the_next_run() {
         0
     );
 }
+
+#[tokio::test]
+async fn sigterm_to_the_agent_reaches_the_command_and_the_run_still_ends_its_session() {
+    let server = Server::start();
+    let token = server.enrollment_token(json!({"name": "line"})).await;
+    let agent = Agent::new(&server, &token, "[logs]\nflush_ms = 100\n");
+    let script = "trap 'echo stopping; exit 7' TERM; echo ready; sleep 30 & wait";
+    let mut run = Guard(
+        agent
+            .command(&["run", "--", "sh", "-c", script])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let pid = run.0.id().to_string();
+    std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
+    let until = std::time::Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(s) = run.0.try_wait().unwrap() {
+            break s;
+        }
+        assert!(std::time::Instant::now() < until, "the agent did not end");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(status.code(), Some(7));
+    let s = only_session(&server).await;
+    assert_eq!(s["status"], "failed", "{s}");
+    let logs = server
+        .get(&format!("{DEV}/sessions/{}/logs", s["id"]))
+        .await;
+    let got: Vec<&str> = logs["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["message"].as_str().unwrap())
+        .collect();
+    assert_eq!(got, ["ready", "stopping"]);
+}
