@@ -39,10 +39,17 @@ pub struct Server {
     proc: Option<Guard>,
     /// What the first start printed (the first credentials).
     printed: Vec<String>,
+    /// The free tier's requests a minute (devices count against their organization's).
+    rpm: u32,
 }
 
 impl Server {
     pub fn start() -> Server {
+        Server::start_with_rpm(1_000_000)
+    }
+
+    /// A server whose organizations may make `rpm` requests a minute.
+    pub fn start_with_rpm(rpm: u32) -> Server {
         let dir = tempfile::tempdir().unwrap();
         let port = free_port();
         let mut s = Server {
@@ -51,6 +58,7 @@ impl Server {
             port,
             proc: None,
             printed: Vec::new(),
+            rpm,
         };
         s.printed = s.run();
         s
@@ -62,9 +70,10 @@ impl Server {
         std::fs::write(
             &file,
             format!(
-                "listen = \"127.0.0.1:{}\"\ndata_dir = \"{}\"\nlog = \"warn\"\n\n[http]\nlogin_per_minute = 100000\n\n[admin]\ntier = \"free\"\n\n[tiers.free]\nrequests_per_minute = 1000000\n",
+                "listen = \"127.0.0.1:{}\"\ndata_dir = \"{}\"\nlog = \"warn\"\n\n[http]\nlogin_per_minute = 100000\n\n[admin]\ntier = \"free\"\n\n[tiers.free]\nrequests_per_minute = {}\n",
                 self.port,
-                data.display()
+                data.display(),
+                self.rpm
             ),
         )
         .unwrap();

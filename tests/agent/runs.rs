@@ -306,3 +306,53 @@ async fn sigterm_to_the_agent_reaches_the_command_and_the_run_still_ends_its_ses
         .collect();
     assert_eq!(got, ["ready", "stopping"]);
 }
+
+#[tokio::test]
+async fn rate_limited_by_the_service_the_agent_waits_and_stores_every_line_once() {
+    // 30 requests a minute for the device's token: a burst of 30, then one every 2 s.
+    let server = Server::start_with_rpm(30);
+    let token = server.enrollment_token(json!({"name": "line"})).await;
+    let agent = Agent::new(&server, &token, "[logs]\nflush_ms = 10\n");
+    // A batch a line: 36 batches, past the burst.
+    let script = "i=1; while [ $i -le 36 ]; do echo \"r$i\"; i=$((i+1)); sleep 0.05; done";
+    let out = agent
+        .command(&["run", "--", "sh", "-c", script])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let s = only_session(&server).await;
+    assert_eq!(s["status"], "completed", "{s}");
+    let logs = server
+        .get(&format!("{DEV}/sessions/{}/logs?limit=100", s["id"]))
+        .await;
+    let got: Vec<&str> = logs["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["message"].as_str().unwrap())
+        .collect();
+    let want: Vec<String> = (1..=36).map(|i| format!("r{i}")).collect();
+    assert_eq!(got, want);
+    // The service did refuse some (429 with Retry-After), and the agent came back for them.
+    let metrics = reqwest::get(format!("{}/metrics", server.base))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let refused: f64 = metrics
+        .lines()
+        .filter(|l| {
+            l.starts_with("fleetops_http_requests_total{")
+                && l.contains("/logs\"")
+                && l.contains("status=\"429\"")
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert!(refused >= 1.0, "no 429 on the logs route:\n{metrics}");
+}
