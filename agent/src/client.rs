@@ -35,11 +35,9 @@ pub fn http_client(cfg: &Config) -> Result<reqwest::Client, String> {
         .user_agent(concat!("fleetops-agent/", env!("CARGO_PKG_VERSION")));
     if let Some(ca) = &cfg.ca_file {
         let pem = std::fs::read(ca).map_err(|e| format!("ca_file {}: {e}", ca.display()))?;
-        for cert in reqwest::Certificate::from_pem_bundle(&pem)
-            .map_err(|e| format!("ca_file {}: {e}", ca.display()))?
-        {
-            b = b.add_root_certificate(cert);
-        }
+        let certs = reqwest::Certificate::from_pem_bundle(&pem)
+            .map_err(|e| format!("ca_file {}: {e}", ca.display()))?;
+        b = b.tls_certs_merge(certs);
     }
     b.build().map_err(|e| format!("HTTP client: {e}"))
 }

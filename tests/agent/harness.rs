@@ -184,13 +184,18 @@ pub struct Agent {
 impl Agent {
     /// `extra`: more TOML, appended.
     pub fn new(server: &Server, token: &str, extra: &str) -> Agent {
+        Agent::at(&server.base, token, extra)
+    }
+
+    /// An agent speaking to the service at `base`.
+    pub fn at(base: &str, token: &str, extra: &str) -> Agent {
         let dir = tempfile::tempdir().unwrap();
         let config = dir.path().join("agent.toml");
         std::fs::write(
             &config,
             format!(
                 "server = \"{}\"\nstate_dir = \"{}\"\nname = \"amr-1\"\nenrollment_token = \"{token}\"\n{extra}",
-                server.base,
+                base,
                 dir.path().join("state").display()
             ),
         )

@@ -1,6 +1,7 @@
 //! Enrollment and heartbeats.
 
 use std::os::unix::fs::PermissionsExt;
+use std::path::PathBuf;
 
 use serde_json::json;
 
@@ -96,4 +97,166 @@ async fn the_daemon_sends_heartbeats_with_built_in_and_configured_metrics() {
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     };
     assert!(online, "{seen}");
+}
+
+/// A CA and a certificate it signed for 127.0.0.1, made with openssl in `dir`: the CA's PEM,
+/// the leaf's and its key's.
+fn certificates(dir: &std::path::Path) -> (PathBuf, PathBuf, PathBuf) {
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .expect("openssl is installed by README's test command");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
+    let mut ca = vec!["req", "-x509"];
+    ca.extend(ec);
+    ca.extend([
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=fleetops test CA",
+        "-addext",
+        "basicConstraints=critical,CA:TRUE",
+        "-addext",
+        "keyUsage=critical,keyCertSign",
+    ]);
+    run(&ca);
+    let mut leaf = vec!["req"];
+    leaf.extend(ec);
+    leaf.extend([
+        "-keyout",
+        "leaf.key",
+        "-out",
+        "leaf.csr",
+        "-subj",
+        "/CN=127.0.0.1",
+    ]);
+    run(&leaf);
+    std::fs::write(
+        dir.join("leaf.ext"),
+        "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n",
+    )
+    .unwrap();
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        "leaf.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "leaf.pem",
+        "-days",
+        "2",
+        "-extfile",
+        "leaf.ext",
+    ]);
+    (
+        dir.join("ca.pem"),
+        dir.join("leaf.pem"),
+        dir.join("leaf.key"),
+    )
+}
+
+/// A TLS front for the server on `to` (as an operator's proxy is): its port.
+async fn tls_front(cert: &std::path::Path, key: &std::path::Path, to: u16) -> u16 {
+    use tokio_rustls::rustls;
+    use tokio_rustls::rustls::pki_types::pem::PemObject;
+    use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    let key = PrivateKeyDer::from_pem_file(key).unwrap();
+    let config = rustls::ServerConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::aws_lc_rs::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(certs, key)
+    .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((s, _)) = listener.accept().await {
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                if let Ok(mut tls) = acceptor.accept(s).await
+                    && let Ok(mut up) = tokio::net::TcpStream::connect(("127.0.0.1", to)).await
+                {
+                    let _ = tokio::io::copy_bidirectional(&mut tls, &mut up).await;
+                }
+            });
+        }
+    });
+    port
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agent_speaks_tls_to_a_service_whose_ca_it_is_given_and_refuses_one_it_is_not() {
+    let server = Server::start();
+    let token = server.enrollment_token(json!({"name": "line"})).await;
+    let certs = tempfile::tempdir().unwrap();
+    let (ca, leaf, key) = certificates(certs.path());
+    let port = tls_front(&leaf, &key, server.port).await;
+    let base = format!("https://127.0.0.1:{port}");
+    // Without the CA, the service's certificate is not trusted: nothing is sent.
+    let stranger = Agent::at(&base, &token, "");
+    let mut trying = Guard(
+        stranger
+            .command(&["enroll"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    // The agent tries again on a failed connection: given a moment, it has sent nothing.
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    assert!(
+        trying.0.try_wait().unwrap().is_none(),
+        "the stranger gave up or got through"
+    );
+    assert_eq!(server.get(&format!("{DEV}/devices")).await["total"], 0);
+    assert!(!stranger.state().join("device.json").exists());
+    drop(trying);
+    let trusting = Agent::at(&base, &token, &format!("ca_file = \"{}\"\n", ca.display()));
+    let out = tokio::task::spawn_blocking(move || {
+        let out = trusting.command(&["enroll"]).output().unwrap();
+        (out, trusting)
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.0.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.0.stderr)
+    );
+    let id = out.1.identity();
+    assert_eq!(id["server"], base);
+    let d = server
+        .get(&format!("{DEV}/devices/{}", id["device_id"]))
+        .await;
+    assert_eq!(d["name"], "amr-1");
 }
