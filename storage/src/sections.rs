@@ -8,9 +8,11 @@
 //! nothing: the actor alone is the one writer.
 //!
 //! On a shared database:
-//! - **Exclusion**: a PostgreSQL advisory lock named by the section, tried (never waited
-//!   on) on one connection per server, again every few milliseconds for up to
-//!   [`ENTER_WITHIN`]; past it the caller is answered 503 (`Unavailable`).
+//! - **Exclusion**: a PostgreSQL advisory lock named by the section, tried once on one
+//!   connection per server (the common case: nobody holds it); when another server holds
+//!   it, waited for in PostgreSQL's queue on a connection of its own (closed, giving the
+//!   lock back, when the section is left), so servers take turns however busy one of them
+//!   keeps the section; after [`ENTER_WITHIN`] the caller is answered 503 (`Unavailable`).
 //! - **Fencing**: the section's counter (a record) is read once the lock is held, and every
 //!   write made inside `run` is guarded on it still holding that value and moves it on. A
 //!   server whose lock was lost (its connection broke) cannot write over what another wrote
@@ -24,7 +26,7 @@
 //! by the lock but not fenced by the counter.
 
 use std::cell::RefCell;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::engine::Bytes;
 use crate::engine::pg::Advisory;
@@ -42,8 +44,8 @@ thread_local! {
 pub struct Section {
     store: Store,
     name: String,
-    /// The lock's key, and whether this holds it (shared databases only).
-    lock: Option<i64>,
+    /// The lock this holds (shared databases only).
+    lock: Option<Lock>,
     /// The counter's key and value as read (shared databases only).
     counter: Option<(Vec<u8>, Option<Bytes>)>,
 }
@@ -76,20 +78,23 @@ impl Store {
             return Ok(section);
         }
         let key = lock_key(name);
-        let deadline = Instant::now() + ENTER_WITHIN;
-        let mut pause = Duration::from_millis(1);
-        while !pg.advisory(key, Advisory::Take).await? {
-            if Instant::now() >= deadline {
-                return Err(StorageError::Unavailable(format!(
-                    "another server has been writing in {name} for {}s",
-                    ENTER_WITHIN.as_secs()
-                )));
+        // A try on the server's lock connection, the common case; else a turn in
+        // PostgreSQL's queue on a connection of its own (a server whose tries kept missing
+        // would otherwise wait on another that takes the lock again and again).
+        if pg.advisory(key, Advisory::Take).await? {
+            // From here the drop gives the lock back, whatever happens next.
+            section.lock = Some(Lock::Shared(key));
+        } else {
+            match pg.advisory_wait(key, ENTER_WITHIN).await? {
+                Some(held) => section.lock = Some(Lock::Own(held)),
+                None => {
+                    return Err(StorageError::Unavailable(format!(
+                        "another server has been writing in {name} for {}s",
+                        ENTER_WITHIN.as_secs()
+                    )));
+                }
             }
-            tokio::time::sleep(pause).await;
-            pause = (pause * 2).min(Duration::from_millis(20));
         }
-        // From here the drop gives the lock back, whatever happens next.
-        section.lock = Some(key);
         let counter_key = keys::section(name);
         let read = self.inner.records.get_async(&counter_key).await?;
         let seen = self.inner.sections.get(name).map(|v| v.clone());
@@ -131,9 +136,20 @@ impl Section {
     }
 }
 
+/// How a section holds its lock.
+enum Lock {
+    /// On the server's lock connection, by key.
+    Shared(i64),
+    /// On a connection of its own, closed when dropped.
+    Own(#[allow(dead_code)] crate::engine::pg::HeldLock),
+}
+
 impl Drop for Section {
     fn drop(&mut self) {
-        let (Some(key), crate::engine::Db::Pg(pg)) = (self.lock, &self.store.inner.db) else {
+        let (Some(Lock::Shared(key)), crate::engine::Db::Pg(pg)) =
+            (self.lock.take(), &self.store.inner.db)
+        else {
+            // An own connection's lock goes with it.
             return;
         };
         // Given back by a task on the engine's runtime, which runs whether or not its answer

@@ -81,6 +81,19 @@ pub(crate) enum Advisory {
     GiveShared,
 }
 
+/// An advisory lock held by a connection of its own ([`Pg::advisory_wait`]); dropping it
+/// closes the connection, which gives the lock back.
+pub(crate) struct HeldLock {
+    _client: tokio_postgres::Client,
+    conn: tokio::task::JoinHandle<std::result::Result<(), tokio_postgres::Error>>,
+}
+
+impl Drop for HeldLock {
+    fn drop(&mut self) {
+        self.conn.abort();
+    }
+}
+
 /// A PostgreSQL database holding a store.
 #[derive(Clone)]
 pub(crate) struct Pg(Arc<Shared>);
@@ -236,6 +249,51 @@ impl Pg {
                     "the database did not answer in time".into(),
                 )),
             }
+        }
+    }
+
+    /// Waits in PostgreSQL's queue for advisory lock `key`, on a connection of its own, for
+    /// at most `within`: the connection, whose session holds the lock until it is dropped
+    /// (closing it gives the lock back). Waiters are served in turn, so a server whose tries
+    /// keep missing (another server takes the lock again and again) still gets it.
+    pub(crate) async fn advisory_wait(
+        &self,
+        key: i64,
+        within: Duration,
+    ) -> Result<Option<HeldLock>> {
+        let config = self.0.config.clone();
+        let task = self.0.handle.spawn(async move {
+            let (client, conn) = config.connect(NoTls).await.map_err(db_error)?;
+            let conn = tokio::spawn(conn);
+            let ms = within.as_millis().max(1).to_string();
+            client
+                .batch_execute(&format!("SET statement_timeout = {ms}"))
+                .await
+                .map_err(db_error)?;
+            match client
+                .query_one("SELECT pg_advisory_lock($1)", &[&key])
+                .await
+            {
+                Ok(_) => Ok(Some(HeldLock {
+                    _client: client,
+                    conn,
+                })),
+                // Not granted in time.
+                Err(e) if e.code() == Some(&SqlState::QUERY_CANCELED) => {
+                    conn.abort();
+                    Ok(None)
+                }
+                Err(e) => {
+                    conn.abort();
+                    Err(db_error(e))
+                }
+            }
+        });
+        match tokio::time::timeout(within + Duration::from_secs(10), task).await {
+            Ok(Ok(r)) => r,
+            _ => Err(StorageError::Unavailable(
+                "the database did not answer in time".into(),
+            )),
         }
     }
 
