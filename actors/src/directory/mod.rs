@@ -196,18 +196,20 @@ impl Actor for DirectoryActor {
         msg: Self::Msg,
         st: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
+        // The one writer of these records across servers too (several nodes on one
+        // database): a key touched on one node is never written back after its deletion on
+        // another, and a member or key count is decided on what is stored. Entered before the
+        // request is taken on, so a caller answered 503 at its deadline meanwhile is never
+        // applied.
+        let section = st
+            .store
+            .section("directory", fleetops_storage::sections::Cached::Everything)
+            .await;
         let Some(msg) = msg.open() else {
             // Its caller gave up before it got here: never applied.
             return Ok(());
         };
-        // The one writer of these records across servers too (several nodes on one
-        // database): a key touched on one node is never written back after its deletion on
-        // another, and a member or key count is decided on what is stored.
-        let mut section = match st
-            .store
-            .section("directory", fleetops_storage::sections::Cached::Everything)
-            .await
-        {
+        let mut section = match section {
             Ok(s) => s,
             Err(e) => {
                 tracing::warn!(error = %e, "could not enter the directory's section");

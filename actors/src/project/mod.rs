@@ -405,6 +405,16 @@ impl Actor for ProjectActor {
         msg: Self::Msg,
         st: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
+        // The project's one writer across servers too (several nodes on one database). Entered
+        // before the request is taken on: a caller whose deadline passes while another node
+        // holds the section has been answered 503, and its request is then never applied.
+        let section = st
+            .store
+            .section(
+                &format!("project/{}", st.pid()),
+                fleetops_storage::sections::Cached::Project(st.pid()),
+            )
+            .await;
         let Some(msg) = msg.open() else {
             // Its caller gave up before it got here: never applied.
             return Ok(());
@@ -424,15 +434,7 @@ impl Actor for ProjectActor {
             }
             msg => msg,
         };
-        // The project's one writer across servers too (several nodes on one database).
-        let mut section = match st
-            .store
-            .section(
-                &format!("project/{}", st.pid()),
-                fleetops_storage::sections::Cached::Project(st.pid()),
-            )
-            .await
-        {
+        let mut section = match section {
             Ok(s) => s,
             Err(e) => {
                 tracing::warn!(project = st.pid(), error = %e, "could not enter the project's section");
