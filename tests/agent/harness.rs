@@ -161,6 +161,17 @@ impl Server {
         b
     }
 
+    /// The messages of session `id`'s log lines, in order.
+    pub async fn messages(&self, id: u64) -> Vec<String> {
+        self.get(&format!("{DEV}/sessions/{id}/logs?limit=10000"))
+            .await["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["message"].as_str().unwrap().to_string())
+            .collect()
+    }
+
     /// A new enrollment token of the default project.
     pub async fn enrollment_token(&self, body: Value) -> String {
         let (s, b) = self
@@ -208,6 +219,17 @@ impl Agent {
         c.arg("--config").arg(&self.config).args(args);
         c.current_dir(self.dir.path());
         c
+    }
+
+    /// Starts `args` in the background, its output discarded; killed when dropped.
+    pub fn spawn(&self, args: &[&str]) -> Guard {
+        Guard(
+            self.command(args)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap(),
+        )
     }
 
     pub fn state(&self) -> PathBuf {

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use serde_json::json;
 
-use crate::harness::{Agent, DEV, Guard, Server};
+use crate::harness::{Agent, DEV, Server};
 
 #[tokio::test]
 async fn an_agent_enrolls_with_a_token_and_keeps_its_device_token_readable_only_by_its_user() {
@@ -72,14 +72,7 @@ async fn the_daemon_sends_heartbeats_with_built_in_and_configured_metrics() {
             battery.display()
         ),
     );
-    let _daemon = Guard(
-        agent
-            .command(&["daemon"])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
+    let _daemon = agent.spawn(&["daemon"]);
     let until = std::time::Instant::now() + std::time::Duration::from_secs(20);
     let mut seen;
     let online = loop {
@@ -224,14 +217,7 @@ async fn the_agent_speaks_tls_to_a_service_whose_ca_it_is_given_and_refuses_one_
     let base = format!("https://127.0.0.1:{port}");
     // Without the CA, the service's certificate is not trusted: nothing is sent.
     let stranger = Agent::at(&base, &token, "");
-    let mut trying = Guard(
-        stranger
-            .command(&["enroll"])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
+    let mut trying = stranger.spawn(&["enroll"]);
     // The agent tries again on a failed connection: given a moment, it has sent nothing.
     tokio::time::sleep(std::time::Duration::from_secs(3)).await;
     assert!(

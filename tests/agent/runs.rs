@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::harness::{Agent, DEV, Guard, Server};
+use crate::harness::{Agent, DEV, Server};
 
 /// The device's only session.
 async fn only_session(server: &Server) -> Value {
@@ -94,14 +94,7 @@ async fn lines_logged_while_the_server_is_down_for_30_seconds_are_stored_exactly
     // Enrolled first; the run then needs no server to start.
     assert!(agent.command(&["enroll"]).status().unwrap().success());
     let script = "i=1; while [ $i -le 800 ]; do echo \"line $i\"; i=$((i+1)); sleep 0.05; done";
-    let mut run = Guard(
-        agent
-            .command(&["run", "--", "sh", "-c", script])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
+    let mut run = agent.spawn(&["run", "--", "sh", "-c", script]);
     tokio::time::sleep(Duration::from_secs(3)).await;
     server.stop();
     tokio::time::sleep(Duration::from_secs(30)).await;
@@ -151,14 +144,7 @@ async fn the_daemon_ships_the_lines_appended_to_a_followed_file_across_its_rotat
             logs.path().display()
         ),
     );
-    let _daemon = Guard(
-        agent
-            .command(&["daemon"])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
+    let _daemon = agent.spawn(&["daemon"]);
     tokio::time::sleep(Duration::from_secs(2)).await;
     let append = |p: &std::path::Path, lines: &[&str]| {
         let mut f = std::fs::OpenOptions::new()
@@ -206,14 +192,7 @@ async fn a_killed_runs_spooled_lines_reach_its_session_with_the_next_run() {
     let token = server.enrollment_token(json!({"name": "line"})).await;
     let agent = Agent::new(&server, &token, "[logs]\nflush_ms = 100\n");
     let script = "sleep 2; i=1; while [ $i -le 20 ]; do echo \"x$i\"; i=$((i+1)); done; sleep 60";
-    let run = Guard(
-        agent
-            .command(&["run", "--", "sh", "-c", script])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
+    let run = agent.spawn(&["run", "--", "sh", "-c", script]);
     // Its session exists; then the service goes away while the command prints.
     let until = std::time::Instant::now() + Duration::from_secs(20);
     while server.get(&format!("{DEV}/sessions")).await["total"] != 1 {
@@ -245,15 +224,7 @@ async fn a_killed_runs_spooled_lines_reach_its_session_with_the_next_run() {
         assert!(std::time::Instant::now() < until, "{s}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let logs = server
-        .get(&format!("{DEV}/sessions/{killed}/logs?limit=100"))
-        .await;
-    let got: Vec<&str> = logs["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| e["message"].as_str().unwrap())
-        .collect();
+    let got = server.messages(killed).await;
     let want: Vec<String> = (1..=20).map(|i| format!("x{i}")).collect();
     assert_eq!(got, want);
     assert_eq!(
@@ -270,14 +241,7 @@ async fn sigterm_to_the_agent_reaches_the_command_and_the_run_still_ends_its_ses
     let token = server.enrollment_token(json!({"name": "line"})).await;
     let agent = Agent::new(&server, &token, "[logs]\nflush_ms = 100\n");
     let script = "trap 'echo stopping; exit 7' TERM; echo ready; sleep 30 & wait";
-    let mut run = Guard(
-        agent
-            .command(&["run", "--", "sh", "-c", script])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
+    let mut run = agent.spawn(&["run", "--", "sh", "-c", script]);
     tokio::time::sleep(Duration::from_secs(2)).await;
     let pid = run.0.id().to_string();
     std::process::Command::new("kill")

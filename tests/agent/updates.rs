@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use sha2::Digest;
 
-use crate::harness::{Agent, DEV, Guard, Server};
+use crate::harness::{Agent, DEV, Server};
 
 const PROJECT: &str = "/api/v1/projects/default/default";
 
@@ -108,17 +108,6 @@ fn toml_string(s: &str) -> String {
     serde_json::to_string(s).unwrap()
 }
 
-fn daemon(agent: &Agent) -> Guard {
-    Guard(
-        agent
-            .command(&["daemon"])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap(),
-    )
-}
-
 /// The states `device` reported for its newest package, oldest first.
 async fn reports(server: &Server, device: u64) -> Vec<String> {
     let h = server.get(&format!("{DEV}/devices/{device}/history")).await;
@@ -162,7 +151,7 @@ async fn an_agent_installs_its_package_and_reports_each_stage_once() {
     .await;
     let (cap, bytes) = publish(&server, "1.0.0").await;
     deploy(&server, cap, None).await;
-    let _d = daemon(&agent);
+    let _d = agent.spawn(&["daemon"]);
     let device = agent.identity()["device_id"].as_u64().unwrap();
     let r = until_reported(&server, device, &["succeeded", "failed"], 30).await;
     assert_eq!(r, ["downloading", "installing", "succeeded"]);
@@ -196,11 +185,11 @@ async fn an_agent_killed_mid_install_resumes_and_reports_each_stage_once() {
     let (cap, bytes) = publish(&server, "1.0.0").await;
     deploy(&server, cap, None).await;
     let device = agent.identity()["device_id"].as_u64().unwrap();
-    let first = daemon(&agent);
+    let first = agent.spawn(&["daemon"]);
     let r = until_reported(&server, device, &["installing"], 30).await;
     assert_eq!(r, ["downloading", "installing"]);
     drop(first); // kill -9, mid-install
-    let _second = daemon(&agent);
+    let _second = agent.spawn(&["daemon"]);
     let r = until_reported(&server, device, &["succeeded", "failed"], 30).await;
     assert_eq!(r, ["downloading", "installing", "succeeded"]);
     assert_eq!(
@@ -223,7 +212,7 @@ async fn a_capsule_that_does_not_match_its_package_is_reported_failed() {
     bad[600] ^= 0xff;
     std::fs::write(&blob, &bad).unwrap();
     deploy(&server, cap, None).await;
-    let _d = daemon(&agent);
+    let _d = agent.spawn(&["daemon"]);
     let device = agent.identity()["device_id"].as_u64().unwrap();
     let r = until_reported(&server, device, &["succeeded", "failed"], 30).await;
     assert_eq!(r, ["downloading", "failed"]);
@@ -266,7 +255,7 @@ async fn a_three_phase_rollout_is_followed_to_its_end_by_ten_agents() {
             "cp \"$FLEETOPS_CAPSULE_PATH\" installed.bin",
         )
         .await;
-        let d = daemon(&a);
+        let d = a.spawn(&["daemon"]);
         fleet.push((a, d));
     }
     let (cap, _) = publish(&server, "2.0.0").await;
@@ -332,7 +321,7 @@ async fn an_interrupted_download_is_resumed_from_its_last_byte() {
         .unwrap(),
     )
     .unwrap();
-    let _d = daemon(&agent);
+    let _d = agent.spawn(&["daemon"]);
     let device = agent.identity()["device_id"].as_u64().unwrap();
     let r = until_reported(&server, device, &["succeeded", "failed"], 30).await;
     // `downloading` was reported before the cut, and is not again.
@@ -364,7 +353,7 @@ async fn a_failed_install_runs_the_rollback_hook_and_reports_the_hooks_words() {
     assert!(agent.command(&["enroll"]).status().unwrap().success());
     let (cap, _) = publish(&server, "1.0.0").await;
     deploy(&server, cap, None).await;
-    let _d = daemon(&agent);
+    let _d = agent.spawn(&["daemon"]);
     let device = agent.identity()["device_id"].as_u64().unwrap();
     let r = until_reported(&server, device, &["succeeded", "failed"], 30).await;
     assert_eq!(r, ["downloading", "installing", "failed"]);
