@@ -13,6 +13,9 @@
 //!    again); anything else is `failed` with the hook's last output as the message, and
 //!    `[update] rollback_hook` runs.
 //!
+//! A failed package answered with a new ETag (a member retried it for this device) is
+//! installed again from its start; a succeeded one never is.
+//!
 //! The stage and what was reported are kept in `state_dir/update.json` (written whole and
 //! synced before each report), so an agent killed mid-update, or a robot that lost power,
 //! resumes where it was on its next start: a download goes on from its last byte, an install
@@ -50,6 +53,32 @@ impl State {
     fn finished(&self) -> bool {
         matches!(self.stage.as_str(), "succeeded" | "failed")
     }
+}
+
+/// What an answer naming package `deployment_id` asks of the agent where it stands.
+#[derive(Debug, PartialEq)]
+enum Step {
+    /// Install it from the start: a package new to the agent, or a failed one a member
+    /// retried (the service answers it with a new ETag).
+    Start,
+    /// Go on with the package being installed.
+    Resume,
+    /// Nothing to install: only its ETag is kept (a succeeded package is never installed
+    /// again).
+    Keep,
+}
+
+fn next_step(st: &State, deployment_id: u64, etag: Option<&str>) -> Step {
+    if st.deployment_id != Some(deployment_id) {
+        return Step::Start;
+    }
+    if !st.finished() {
+        return Step::Resume;
+    }
+    if st.stage == "failed" && etag.is_some() && etag != st.etag.as_deref() {
+        return Step::Start;
+    }
+    Step::Keep
 }
 
 fn state_file(cfg: &Config) -> PathBuf {
@@ -124,19 +153,22 @@ pub async fn poll_once(cfg: &Config, http: &reqwest::Client, id: &Identity) -> R
     let dep = pkg["deployment_id"]
         .as_u64()
         .ok_or("the package names no deployment_id")?;
-    if st.deployment_id == Some(dep) && st.finished() {
-        st.etag = new_etag;
-        return save(cfg, &st);
-    }
-    if st.deployment_id != Some(dep) {
-        st = State {
-            deployment_id: Some(dep),
-            etag: new_etag,
-            stage: "downloading".into(),
-            reported: Vec::new(),
-            message: None,
-        };
-        save(cfg, &st)?;
+    match next_step(&st, dep, new_etag.as_deref()) {
+        Step::Keep => {
+            st.etag = new_etag;
+            return save(cfg, &st);
+        }
+        Step::Start => {
+            st = State {
+                deployment_id: Some(dep),
+                etag: new_etag,
+                stage: "downloading".into(),
+                reported: Vec::new(),
+                message: None,
+            };
+            save(cfg, &st)?;
+        }
+        Step::Resume => {}
     }
     if cfg.update.install_hook.trim().is_empty() {
         return Ok(());
@@ -479,5 +511,60 @@ async fn hook(cmd: &str, env: &[(String, String)]) -> (Option<i32>, String) {
             (o.status.code(), tail)
         }
         Err(e) => (Some(127), format!("cannot run the hook: {e}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(stage: &str, etag: Option<&str>) -> State {
+        State {
+            deployment_id: Some(4),
+            etag: etag.map(str::to_string),
+            stage: stage.into(),
+            reported: vec![stage.into()],
+            message: None,
+        }
+    }
+
+    #[test]
+    fn a_failed_package_answered_with_a_new_etag_is_installed_again() {
+        assert_eq!(
+            next_step(&at("failed", Some("\"a\"")), 4, Some("\"b\"")),
+            Step::Start
+        );
+        assert_eq!(
+            next_step(&at("failed", None), 4, Some("\"b\"")),
+            Step::Start
+        );
+        // The same answer again is no retry.
+        assert_eq!(
+            next_step(&at("failed", Some("\"a\"")), 4, Some("\"a\"")),
+            Step::Keep
+        );
+        assert_eq!(next_step(&at("failed", Some("\"a\"")), 4, None), Step::Keep);
+    }
+
+    #[test]
+    fn a_succeeded_package_is_not_installed_again_whatever_its_etag() {
+        assert_eq!(
+            next_step(&at("succeeded", Some("\"a\"")), 4, Some("\"b\"")),
+            Step::Keep
+        );
+    }
+
+    #[test]
+    fn a_new_package_starts_and_an_unfinished_one_goes_on() {
+        assert_eq!(next_step(&State::default(), 4, Some("\"a\"")), Step::Start);
+        assert_eq!(
+            next_step(&at("succeeded", Some("\"a\"")), 5, Some("\"a\"")),
+            Step::Start
+        );
+        assert_eq!(
+            next_step(&at("installing", Some("\"a\"")), 4, Some("\"b\"")),
+            Step::Resume
+        );
+        assert_eq!(next_step(&at("downloading", None), 4, None), Step::Resume);
     }
 }
