@@ -166,6 +166,15 @@ impl Config {
         if let Some(v) = get("FLEETOPS_BUS_URL") {
             self.bus.url = v;
         }
+        if let Some(v) = get("FLEETOPS_BUS_PASSWORD") {
+            self.bus.password = v;
+        }
+        if let Some(v) = get("FLEETOPS_BUS_TOKEN") {
+            self.bus.token = v;
+        }
+        if let Some(v) = get("FLEETOPS_BUS_NKEY_SEED") {
+            self.bus.nkey_seed = v;
+        }
         if let Some(v) = get("FLEETOPS_PUBLIC_URL") {
             self.public_url = v;
         }
@@ -241,6 +250,7 @@ impl Config {
         if self.bus.nodes == 0 {
             anyhow::bail!("[bus] nodes must be at least 1");
         }
+        self.bus.validate()?;
         if self.bus.nodes > 1 && self.bus.url.is_empty() {
             anyhow::bail!(
                 "[bus] nodes is more than 1 but [bus] url is empty: several nodes share a bus"

@@ -283,6 +283,8 @@ impl Readiness {
 
 /// The meta key of the generated JWT secret.
 const JWT_SECRET_META: &str = "jwt_secret";
+/// The meta key of the key that seals what travels on the bus between nodes.
+const BUS_KEY_META: &str = "bus_key";
 /// The meta key of the key that signs upload and download links.
 const LINK_KEY_META: &str = "link_signing_key";
 
@@ -295,7 +297,14 @@ impl Runtime {
             tokio::runtime::Handle::current(),
             cfg.logs.cache_bytes,
         );
-        let bus = bus::Bus::connect(&cfg.bus).await?;
+        let bus = if cfg.bus.url.is_empty() {
+            bus::Bus::local()
+        } else {
+            // Kept beside the JWT secret, so every node sharing the database finds it.
+            let fresh = secrets::random_bytes(bus::KEY_LEN)?;
+            let key = store.meta_get_or_init(BUS_KEY_META, || fresh)?;
+            bus::Bus::connect(&cfg.bus, &key).await?
+        };
         if bus.is_shared() {
             // Another node's write of a cached record clears this node's caches.
             let b = bus.clone();

@@ -48,6 +48,7 @@ pub struct RuntimeFigures {
     pub bus_published: u64,
     pub bus_received: u64,
     pub bus_dropped: u64,
+    pub bus_rejected: u64,
     pub session_actors: u64,
     pub per_address_refusals: u64,
     pub connection_refusals: u64,
@@ -73,7 +74,7 @@ pub struct RuntimeFigures {
 
 /// The plain gauges: names and values are arrays of this length, so one added to one list
 /// and not the other does not compile (a zip would drop the last one silently).
-const EDGE: usize = 33;
+const EDGE: usize = 34;
 
 pub struct Metrics {
     registry: Registry,
@@ -221,6 +222,10 @@ impl Metrics {
                 "Messages for the other nodes dropped over [bus] max_queued_bytes or refused by the bus (each user of the bus catches up from the database)",
             ),
             (
+                "bus_rejected",
+                "Messages received over [bus] and dropped because they did not open with the nodes' bus key (forged, altered, moved to another subject or replayed)",
+            ),
+            (
                 "session_actors_running",
                 "Session actors running (idle ones stop after [sessions] idle_seconds)",
             ),
@@ -363,6 +368,7 @@ impl Metrics {
             rt.bus_published as i64,
             rt.bus_received as i64,
             rt.bus_dropped as i64,
+            rt.bus_rejected as i64,
             rt.session_actors as i64,
             rt.per_address_refusals as i64,
             rt.connection_refusals as i64,

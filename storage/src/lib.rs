@@ -144,8 +144,9 @@ pub struct DatabaseConfig {
     pub max_connections: usize,
     /// Lets several servers open one PostgreSQL database at once. Not a key of its own: the
     /// binary sets it when `[bus] url` names a bus (several nodes); without one a server takes
-    /// the database alone, and a second one is refused at start. On a shared database the
-    /// read-through caches serve an entry at most [`SHARED_CACHE_MAX_AGE`].
+    /// the database alone, and a second one is refused at start, as is a server without a
+    /// bus on a database nodes share and a node on one a lone server holds. On a shared
+    /// database the read-through caches serve an entry at most [`SHARED_CACHE_MAX_AGE`].
     #[serde(skip)]
     pub shared: bool,
 }
@@ -336,9 +337,7 @@ impl Store {
             let lock = lock_dir(dir)?;
             engine_marker(dir, "postgres")?;
             let pg = engine::pg::Pg::open(&database.url, database.max_connections)?;
-            if !database.shared {
-                pg.hold_for_one_server(&database.url)?;
-            }
+            pg.hold_for_one_server(&database.url, database.shared)?;
             let store = Self::assemble(dir, engine::Db::Pg(pg), None, database.shared)?;
             let _ = store.inner.dir_lock.set(lock);
             if database.shared {

@@ -93,12 +93,23 @@ fn nats_binary() -> PathBuf {
 pub struct Nats {
     child: Option<Guard>,
     port: u16,
+    /// Its arguments past the address and port (`--user`, `--pass`, ...).
+    args: Vec<String>,
 }
 
 impl Nats {
     pub fn start() -> Nats {
+        Nats::start_with(&[])
+    }
+
+    /// A server started with `args` too (credentials it asks of its clients).
+    pub fn start_with(args: &[&str]) -> Nats {
         let port = free_port();
-        let mut n = Nats { child: None, port };
+        let mut n = Nats {
+            child: None,
+            port,
+            args: args.iter().map(|a| a.to_string()).collect(),
+        };
         n.restart();
         n
     }
@@ -116,6 +127,7 @@ impl Nats {
     pub fn restart(&mut self) {
         let child = Command::new(nats_binary())
             .args(["-a", "127.0.0.1", "-p", &self.port.to_string()])
+            .args(&self.args)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -138,6 +150,11 @@ pub struct Engines {
 
 impl Engines {
     pub async fn start() -> Engines {
+        Engines::start_on(Nats::start()).await
+    }
+
+    /// As [`Engines::start`], the bus being `nats`.
+    pub async fn start_on(nats: Nats) -> Engines {
         let dir = tempfile::tempdir().unwrap();
         let database = crate::postgres::database_for(dir.path());
         let bucket = format!("b{}", uuid::Uuid::new_v4().simple());
@@ -150,7 +167,7 @@ impl Engines {
         Engines {
             database,
             bucket,
-            nats: Nats::start(),
+            nats,
             dir,
             lease_ttl_ms: LEASE_TTL_MS,
         }
@@ -219,11 +236,40 @@ tick_ms = 100
 
     /// As [`Engines::node`], its blob store at `s3` (an endpoint that may not answer).
     pub fn node_with_s3(&self, name: &str, s3: &str) -> Node {
+        self.spawn(name, s3, |c| c, false)
+            .unwrap_or_else(|e| panic!("node {name} did not start: {e}"))
+    }
+
+    /// As [`Engines::node`], its configuration file's text changed by `edit` first.
+    pub fn node_with(&self, name: &str, edit: impl FnOnce(String) -> String) -> Node {
+        self.spawn(name, moto(), edit, false)
+            .unwrap_or_else(|e| panic!("node {name} did not start: {e}"))
+    }
+
+    /// As [`Engines::node_with`], for a node that may not start: what it wrote (stderr,
+    /// then stdout) when it exits before listening.
+    pub fn try_node_with(
+        &self,
+        name: &str,
+        edit: impl FnOnce(String) -> String,
+    ) -> Result<Node, String> {
+        self.spawn(name, moto(), edit, true)
+    }
+
+    fn spawn(
+        &self,
+        name: &str,
+        s3: &str,
+        edit: impl FnOnce(String) -> String,
+        keep_stderr: bool,
+    ) -> Result<Node, String> {
         let data = self.dir.path().join(name);
         std::fs::create_dir_all(&data).unwrap();
         let file = self.dir.path().join(format!("{name}.toml"));
-        std::fs::write(&file, self.config(&data.join("data"), s3)).unwrap();
+        std::fs::write(&file, edit(self.config(&data.join("data"), s3))).unwrap();
+        let err_file = self.dir.path().join(format!("{name}.stderr"));
         let stderr = match std::env::var_os("FLEETOPS_TEST_STDERR") {
+            _ if keep_stderr => Stdio::from(std::fs::File::create(&err_file).unwrap()),
             Some(p) => Stdio::from(
                 std::fs::OpenOptions::new()
                     .create(true)
@@ -239,6 +285,7 @@ tick_ms = 100
             .arg("serve")
             .current_dir(&data)
             .env_remove("FLEETOPS_DATABASE_URL")
+            .env_remove("FLEETOPS_BUS_URL")
             .stdout(Stdio::piped())
             .stderr(stderr);
         let mut child = cmd.spawn().unwrap();
@@ -257,14 +304,19 @@ tick_ms = 100
             }
             stdout.push(line);
         }
-        assert!(!base.is_empty(), "node {name} did not start: {stdout:?}");
+        if base.is_empty() {
+            let _ = child.kill();
+            let _ = child.wait();
+            let err = std::fs::read_to_string(&err_file).unwrap_or_default();
+            return Err(format!("{err}{}", stdout.join("\n")));
+        }
         std::thread::spawn(move || for _ in reader.lines() {});
-        Node {
+        Ok(Node {
             name: name.to_string(),
             _proc: Guard(child),
             base,
             stdout,
-        }
+        })
     }
 }
 

@@ -10,10 +10,10 @@ use tokio_tungstenite::tungstenite::Message;
 
 use crate::harness::{Engines, Node, call, client};
 
-const DEV: &str = "/api/v1/organizations/default/projects/default";
+pub(crate) const DEV: &str = "/api/v1/organizations/default/projects/default";
 
 /// A device and an active session on `n`: (session id, device token).
-async fn session(c: &reqwest::Client, n: &Node, key: &str) -> (u64, String) {
+pub(crate) async fn session(c: &reqwest::Client, n: &Node, key: &str) -> (u64, String) {
     let (s, d) = call(
         c,
         Method::POST,
@@ -36,7 +36,7 @@ async fn session(c: &reqwest::Client, n: &Node, key: &str) -> (u64, String) {
     (b["id"].as_u64().unwrap(), token)
 }
 
-type Ws =
+pub(crate) type Ws =
     tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
 
 /// A live subscriber on `n`, replaying the last `replay` entries first.
@@ -49,12 +49,12 @@ async fn tail_from(n: &Node, sid: u64, key: &str, replay: usize) -> Ws {
 }
 
 /// A live subscriber on `n` to what comes from now on.
-async fn tail(n: &Node, sid: u64, key: &str) -> Ws {
+pub(crate) async fn tail(n: &Node, sid: u64, key: &str) -> Ws {
     tail_from(n, sid, key, 0).await
 }
 
 /// The next text frame as JSON (pings skipped), within 10 s.
-async fn next_json(ws: &mut Ws) -> Value {
+pub(crate) async fn next_json(ws: &mut Ws) -> Value {
     loop {
         let m = tokio::time::timeout(Duration::from_secs(10), ws.next())
             .await
@@ -69,7 +69,13 @@ async fn next_json(ws: &mut Ws) -> Value {
     }
 }
 
-async fn post_lines(c: &reqwest::Client, n: &Node, sid: u64, token: &str, lines: &[String]) {
+pub(crate) async fn post_lines(
+    c: &reqwest::Client,
+    n: &Node,
+    sid: u64,
+    token: &str,
+    lines: &[String],
+) {
     let batch: Vec<Value> = lines
         .iter()
         .map(|m| json!({"level": "info", "module": "m", "message": m}))

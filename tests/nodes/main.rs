@@ -8,6 +8,7 @@
 mod postgres;
 
 mod alerts;
+mod bus;
 mod crash;
 mod harness;
 mod live;

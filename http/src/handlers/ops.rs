@@ -158,6 +158,7 @@ pub fn metrics(cx: &Cx<'_>, req: &Req) -> ApiResult<Response<Body>> {
         bus_published: cx.rt().bus.stats().published,
         bus_received: cx.rt().bus.stats().received,
         bus_dropped: cx.rt().bus.stats().dropped,
+        bus_rejected: cx.rt().bus.stats().rejected,
         session_actors: cx.rt().sessions.running_actors() as u64,
         per_address_refusals: n(&edge.per_address_refusals),
         connection_refusals: n(&edge.connection_refusals),

@@ -198,28 +198,54 @@ impl Pg {
         Ok(pg)
     }
 
-    /// Takes the database for this server alone: a session advisory lock held on a
-    /// connection of its own (not the pool's) for as long as the engine is open, so a second
-    /// server on the same database is refused at start with [`StorageError::Locked`]
-    /// rather than corrupting what each keeps in memory. Released when the engine is
-    /// dropped or the process ends.
-    pub(crate) fn hold_for_one_server(&self, url: &str) -> Result<()> {
+    /// Takes the database for this server alone (`among_nodes` false) or for it among the
+    /// nodes sharing it (true): a session advisory lock, exclusive or shared, held on a
+    /// connection of its own (not the pool's) for as long as the engine is open. So a second
+    /// lone server, a lone server beside nodes, and a node beside a lone server are refused
+    /// at start with [`StorageError::Locked`] rather than each keeping in memory what the
+    /// others write. Released when the engine is dropped or the process ends.
+    pub(crate) fn hold_for_one_server(&self, url: &str, among_nodes: bool) -> Result<()> {
         let config: tokio_postgres::Config = url
             .parse()
             .map_err(|e| StorageError::Config(format!("[database] url: {e}")))?;
         let client = self.run(async move {
             let (client, conn) = config.connect(NoTls).await.map_err(db_error)?;
             tokio::spawn(conn);
-            let row = client
-                .query_one("SELECT pg_try_advisory_lock(7245118002)", &[])
-                .await
-                .map_err(db_error)?;
-            if !row.get::<_, bool>(0) {
-                return Err(StorageError::Locked(
+            let take = |shared: bool| {
+                let client = &client;
+                async move {
+                    let sql = if shared {
+                        "SELECT pg_try_advisory_lock_shared(7245118002)"
+                    } else {
+                        "SELECT pg_try_advisory_lock(7245118002)"
+                    };
+                    let row = client.query_one(sql, &[]).await.map_err(db_error)?;
+                    Ok::<bool, StorageError>(row.get::<_, bool>(0))
+                }
+            };
+            if among_nodes {
+                if !take(true).await? {
+                    return Err(StorageError::Locked(
+                        "the database, held by a fleetops server without [bus] url (a lone \
+                         server takes its database alone: stop it, or give it the nodes' [bus] \
+                         url, see docs/scaling.md)"
+                            .into(),
+                    ));
+                }
+            } else if !take(false).await? {
+                // Shared holders are nodes; an exclusive one is another lone server.
+                let nodes = take(true).await?;
+                return Err(StorageError::Locked(if nodes {
+                    "the database, shared by fleetops nodes: this server has no [bus] url \
+                     (is FLEETOPS_BUS_URL missing?), and a node without the bus would run \
+                     beside them without their sections, fences and cache bounds; give it the \
+                     nodes' [bus] url, see docs/scaling.md"
+                        .into()
+                } else {
                     "the database, held by another fleetops server (several servers on one \
                      database are nodes: give each [bus] url, see docs/scaling.md)"
-                        .into(),
-                ));
+                        .into()
+                }));
             }
             Ok(client)
         })?;

@@ -1,0 +1,309 @@
+//! The bus is the nodes' own: a client that reaches the NATS server reads nothing the nodes
+//! send and makes no node act on what it publishes; a NATS server that asks for credentials
+//! is logged in to; and a server without the bus never runs beside nodes on their database.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use reqwest::Method;
+use serde_json::json;
+use tokio_tungstenite::tungstenite::Message;
+
+use crate::harness::{Engines, Nats, Node, call, client};
+use crate::live::{DEV, Ws, next_json, post_lines, session, tail};
+
+/// What a plain NATS client subscribed to everything has seen: (subject, payload).
+type Seen = Arc<Mutex<Vec<(String, Vec<u8>)>>>;
+
+/// A plain NATS client (no fleetops key) that records every message on the server.
+async fn eavesdrop(url: &str) -> (async_nats::Client, Seen) {
+    let raw = async_nats::connect(url).await.unwrap();
+    let mut sub = raw.subscribe(">").await.unwrap();
+    raw.flush().await.unwrap();
+    let seen: Seen = Arc::default();
+    let s = seen.clone();
+    tokio::spawn(async move {
+        while let Some(m) = sub.next().await {
+            s.lock()
+                .unwrap()
+                .push((m.subject.to_string(), m.payload.to_vec()));
+        }
+    });
+    (raw, seen)
+}
+
+/// Waits up to 10 s for a recorded message on `subject`.
+async fn seen_on(seen: &Seen, subject: &str) -> Vec<Vec<u8>> {
+    for _ in 0..200 {
+        let on: Vec<Vec<u8>> = seen
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(s, _)| s == subject)
+            .map(|(_, p)| p.clone())
+            .collect();
+        if !on.is_empty() {
+            return on;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("nothing seen on {subject}");
+}
+
+/// One unlabelled sample of `n`'s `/metrics`.
+async fn metric(c: &reqwest::Client, n: &Node, name: &str) -> f64 {
+    let text = c
+        .get(n.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} ")))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{name} not on /metrics"))
+}
+
+async fn complete(c: &reqwest::Client, n: &Node, sid: u64, token: &str) {
+    let (s, b) = call(
+        c,
+        Method::POST,
+        n.url(&format!("{DEV}/sessions/{sid}/complete")),
+        token,
+        Some(json!({"status": "completed"})),
+    )
+    .await;
+    assert_eq!(s, 200, "{b}");
+}
+
+/// Frames `ws` receives within `wait` (pings skipped).
+async fn frames_within(ws: &mut Ws, wait: Duration) -> Vec<String> {
+    let mut out = Vec::new();
+    let until = tokio::time::Instant::now() + wait;
+    while let Ok(Some(m)) = tokio::time::timeout_at(until, ws.next()).await {
+        match m.unwrap() {
+            Message::Text(t) => out.push(t.to_string()),
+            Message::Ping(_) | Message::Pong(_) => {}
+            other => out.push(format!("{other:?}")),
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_nats_client_reads_no_log_line_the_nodes_send_each_other() {
+    let engines = Engines::start().await;
+    let (_raw, seen) = eavesdrop(&engines.nats.url()).await;
+    let a = engines.node("a");
+    let b = engines.node("b");
+    let c = client();
+    let key = a.printed("API key:");
+    let (sid, token) = session(&c, &a, &key).await;
+    let mut ws = tail(&b, sid, &key).await;
+    let marker = format!("confidential-{}", uuid::Uuid::new_v4().simple());
+    let lines: Vec<String> = (0..20).map(|i| format!("{marker} {i}")).collect();
+    post_lines(&c, &a, sid, &token, &lines).await;
+    for l in &lines {
+        assert_eq!(&next_json(&mut ws).await["message"], l.as_str());
+    }
+    // The batch did travel on the bus, and nothing on it shows the lines.
+    let live = seen_on(&seen, &format!("fleetops.live.{sid}")).await;
+    assert!(!live.is_empty());
+    let all = seen.lock().unwrap().clone();
+    for (subject, payload) in &all {
+        assert!(
+            !payload
+                .windows(marker.len())
+                .any(|w| w == marker.as_bytes()),
+            "a log line in clear on {subject}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forged_captured_and_moved_bus_messages_change_nothing_a_subscriber_on_another_node_sees() {
+    let engines = Engines::start().await;
+    let (raw, seen) = eavesdrop(&engines.nats.url()).await;
+    let a = engines.node("a");
+    let b = engines.node("b");
+    let c = client();
+    let key = a.printed("API key:");
+    // A session that gets lines and ends, every message about it captured.
+    let (done, done_token) = session(&c, &a, &key).await;
+    let mut ws_done = tail(&b, done, &key).await;
+    post_lines(&c, &a, done, &done_token, &["captured line".to_string()]).await;
+    assert_eq!(next_json(&mut ws_done).await["message"], "captured line");
+    complete(&c, &a, done, &done_token).await;
+    assert_eq!(next_json(&mut ws_done).await["type"], "session_ended");
+    let done_subject = format!("fleetops.live.{done}");
+    let captured = seen_on(&seen, &done_subject).await;
+    assert!(
+        captured.len() >= 2,
+        "a batch and an end: {}",
+        captured.len()
+    );
+    // Another active session, with a live subscriber on B and no line yet.
+    let (sid, token) = session(&c, &a, &key).await;
+    let mut ws = tail(&b, sid, &key).await;
+    let subject = format!("fleetops.live.{sid}");
+    let rejected_before = metric(&c, &b, "fleetops_bus_rejected").await;
+    // Every subject seen, and the victim's: the captured messages moved onto it, garbage,
+    // and messages as a node sent them before the bus was sealed (a sender id, then an end
+    // or a log signal).
+    let mut subjects: Vec<String> = seen
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(s, _)| s.clone())
+        .collect();
+    subjects.push(subject.clone());
+    subjects.sort();
+    subjects.dedup();
+    let mut forged: Vec<Vec<u8>> = seen
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(_, p)| p.clone())
+        .collect();
+    forged.push(b"garbage".to_vec());
+    forged.push(vec![0; 200]);
+    let mut end = uuid::Uuid::new_v4().as_bytes().to_vec();
+    end.push(2);
+    end.extend_from_slice(b"failed");
+    forged.push(end);
+    let mut sent = 0u64;
+    for s in &subjects {
+        if *s == done_subject {
+            continue;
+        }
+        for p in &forged {
+            raw.publish(s.clone(), p.clone().into()).await.unwrap();
+            sent += 1;
+        }
+    }
+    raw.flush().await.unwrap();
+    // B counted them, and its subscriber saw nothing: not ended, no line.
+    let mut counted = 0.0;
+    for _ in 0..100 {
+        counted = metric(&c, &b, "fleetops_bus_rejected").await - rejected_before;
+        if counted >= forged.len() as f64 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        counted >= forged.len() as f64,
+        "B rejected {counted} of the {sent} forged messages"
+    );
+    let frames = frames_within(&mut ws, Duration::from_secs(2)).await;
+    assert!(frames.is_empty(), "the subscriber saw {frames:?}");
+    // It is still the session's: a real line arrives, and the session is active.
+    post_lines(&c, &a, sid, &token, &["real line".to_string()]).await;
+    let f = next_json(&mut ws).await;
+    assert_eq!(f["type"], "log", "{f}");
+    assert_eq!(f["message"], "real line");
+    let (s, body) = call(
+        &c,
+        Method::GET,
+        b.url(&format!("{DEV}/sessions/{sid}")),
+        &key,
+        None,
+    )
+    .await;
+    assert_eq!(s, 200, "{body}");
+    assert_eq!(body["status"], "active", "{body}");
+}
+
+/// `[bus]` of the nodes' configuration with `lines` added.
+fn bus_with(lines: &str) -> impl FnOnce(String) -> String {
+    let lines = lines.to_string();
+    move |c| c.replacen("[bus]\n", &format!("[bus]\n{lines}\n"), 1)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_log_in_to_a_nats_server_that_asks_for_credentials_and_one_without_them_is_refused() {
+    let engines = Engines::start_on(Nats::start_with(&[
+        "--user",
+        "fleet",
+        "--pass",
+        "s3cret-pass",
+    ]))
+    .await;
+    let login = "user = \"fleet\"\npassword = \"s3cret-pass\"";
+    let a = engines.node_with("a", bus_with(login));
+    let b = engines.node_with("b", bus_with(login));
+    let c = client();
+    let key = a.printed("API key:");
+    let (s, r) = call(&c, Method::GET, b.url("/readyz"), "", None).await;
+    assert_eq!((s, &r["bus"]), (200, &json!("ok")), "{r}");
+    // The bus carries lines between them.
+    let (sid, token) = session(&c, &a, &key).await;
+    let mut ws = tail(&b, sid, &key).await;
+    post_lines(&c, &a, sid, &token, &["over the logged-in bus".to_string()]).await;
+    assert_eq!(
+        next_json(&mut ws).await["message"],
+        "over the logged-in bus"
+    );
+    // Without the credentials, or with a wrong password, a node does not start, and says why
+    // without printing the password it was given.
+    let refused = engines.try_node_with("c", |c| c).err().expect("refused");
+    assert!(refused.contains("[bus] url"), "{refused}");
+    assert!(
+        refused.to_lowercase().contains("authoriz"),
+        "not a credentials error: {refused}"
+    );
+    let wrong = engines
+        .try_node_with("d", bus_with("user = \"fleet\"\npassword = \"wrong-pass\""))
+        .err()
+        .expect("refused");
+    assert!(wrong.to_lowercase().contains("authoriz"), "{wrong}");
+    assert!(
+        !wrong.contains("wrong-pass"),
+        "the password printed: {wrong}"
+    );
+}
+
+/// The configuration of a server without a bus (one server, `FLEETOPS_BUS_URL` missing).
+fn without_bus(c: String) -> String {
+    let start = c.find("url = \"nats://").expect("a bus url");
+    let end = start + c[start..].find('\n').unwrap();
+    let c = format!("{}url = \"\"{}", &c[..start], &c[end..]);
+    c.replacen("nodes = 2", "nodes = 1", 1)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_without_a_bus_is_refused_on_the_database_the_nodes_share() {
+    let engines = Engines::start().await;
+    let a = engines.node("a");
+    let refused = engines
+        .try_node_with("lone", without_bus)
+        .err()
+        .expect("a server without [bus] url started beside the nodes");
+    assert!(refused.contains("shared by fleetops nodes"), "{refused}");
+    assert!(refused.contains("[bus] url"), "{refused}");
+    // The node still serves.
+    let (s, _) = call(&client(), Method::GET, a.url("/readyz"), "", None).await;
+    assert_eq!(s, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_is_refused_on_a_database_a_lone_server_holds() {
+    let engines = Engines::start().await;
+    let lone = engines.node_with("lone", without_bus);
+    let refused = engines
+        .try_node_with("a", |c| c)
+        .err()
+        .expect("a node started beside a lone server");
+    assert!(
+        refused.contains("held by a fleetops server without [bus] url"),
+        "{refused}"
+    );
+    // Once the lone server is gone, nodes start.
+    lone.stop();
+    let a = engines.node("a2");
+    let (s, _) = call(&client(), Method::GET, a.url("/readyz"), "", None).await;
+    assert_eq!(s, 200);
+}
