@@ -10,8 +10,10 @@
 //! 2. The package's effective configuration is written to `[update] config_path` (JSON).
 //! 3. `installing`: `[update] install_hook` runs. Exit 0 is `succeeded`; exit 100 is
 //!    `rebooting` (the hook reboots the robot; `succeeded` is reported when the agent starts
-//!    again); anything else is `failed` with the hook's last output as the message, and
-//!    `[update] rollback_hook` runs.
+//!    again); anything else is `failed` with the hook's last output as the message.
+//! 4. After a failed install, `[update] rollback_hook` runs (before any report), then
+//!    `failed` is reported, then `rolled_back` (exit 0) or `rollback_failed` with the end of
+//!    the rollback hook's output.
 //!
 //! A failed package answered with a new ETag (a member retried it for this device) is
 //! installed again from its start; a succeeded one never is.
@@ -47,11 +49,32 @@ pub struct State {
     /// Why it failed, until that is reported.
     #[serde(default)]
     pub message: Option<String>,
+    /// After a failed install with a rollback hook: `pending` until the hook has run, then
+    /// `rolled_back` or `rollback_failed` (reported after `failed`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollback: Option<String>,
+    /// Why the rollback hook failed (the end of its output).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollback_message: Option<String>,
+    /// The hooks' variables while the rollback hook is `pending`, so that a rollback an
+    /// agent did not see end runs again with them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<(String, String)>,
 }
 
 impl State {
     fn finished(&self) -> bool {
         matches!(self.stage.as_str(), "succeeded" | "failed")
+    }
+
+    /// A finished package with nothing left to run or report.
+    fn settled(&self) -> bool {
+        self.finished()
+            && self.reported.contains(&self.stage)
+            && self
+                .rollback
+                .as_ref()
+                .is_none_or(|r| r != "pending" && self.reported.contains(r))
     }
 }
 
@@ -112,10 +135,9 @@ pub async fn run_forever(cfg: Config, http: reqwest::Client, id: Identity) {
 /// One look at which package to run, and the work it asks for.
 pub async fn poll_once(cfg: &Config, http: &reqwest::Client, id: &Identity) -> Result<(), String> {
     let mut st = load(cfg);
-    if st.finished() && !st.reported.contains(&st.stage) {
-        // Finished while the service was out of reach (or just before a restart).
-        let (stage, message) = (st.stage.clone(), st.message.clone());
-        return report(cfg, http, id, &mut st, &stage, message.as_deref()).await;
+    if st.finished() && !st.settled() {
+        // Finished while the service was out of reach, or just before a restart.
+        return settle(cfg, http, id, &mut st).await;
     }
     if st.stage == "rebooting" {
         // The install asked for a reboot and the agent has started again.
@@ -163,8 +185,7 @@ pub async fn poll_once(cfg: &Config, http: &reqwest::Client, id: &Identity) -> R
                 deployment_id: Some(dep),
                 etag: new_etag,
                 stage: "downloading".into(),
-                reported: Vec::new(),
-                message: None,
+                ..State::default()
             };
             save(cfg, &st)?;
         }
@@ -211,6 +232,15 @@ async fn report(
         Ok(_) => {}
         // The package was deleted meanwhile: nothing to report on.
         Err(CallError::Status(s, _)) if s == reqwest::StatusCode::NOT_FOUND => {}
+        // Refused for good (a service that does not take this stage): said, and not sent
+        // again, so that it never holds up the next package.
+        Err(CallError::Status(s, why))
+            if s.is_client_error()
+                && s != reqwest::StatusCode::UNAUTHORIZED
+                && s != reqwest::StatusCode::FORBIDDEN =>
+        {
+            eprintln!("fleetops-agent: update {dep}: the service refused {stage} ({s}): {why}");
+        }
         Err(e) => return Err(format!("reporting {stage}: {e}")),
     }
     st.reported.push(stage.to_string());
@@ -294,19 +324,69 @@ async fn install(
             report(cfg, http, id, st, "rebooting", None).await
         }
         _ => {
-            let why = format!("the install hook ended with {}: {output}", describe(code));
+            st.stage = "failed".into();
+            st.message = Some(format!(
+                "the install hook ended with {}: {output}",
+                describe(code)
+            ));
             if !cfg.update.rollback_hook.trim().is_empty() {
-                let (rc, out) = hook(&cfg.update.rollback_hook, &env).await;
-                if rc != Some(0) {
-                    eprintln!(
-                        "fleetops-agent: the rollback hook ended with {}: {out}",
-                        describe(rc)
-                    );
-                }
+                st.rollback = Some("pending".into());
+                st.env = env;
             }
-            let _ = std::fs::remove_file(&capsule);
-            finish(cfg, http, id, st, "failed", Some(&why)).await
+            save(cfg, st)?;
+            settle(cfg, http, id, st).await
         }
+    }
+}
+
+/// Ends a failed or succeeded package: runs the rollback hook when one is `pending` (before
+/// any report, so a robot out of reach of the service is rolled back at once), then
+/// reports the package's end and the rollback's outcome, in that order, each once.
+async fn settle(
+    cfg: &Config,
+    http: &reqwest::Client,
+    id: &Identity,
+    st: &mut State,
+) -> Result<(), String> {
+    if st.rollback.as_deref() == Some("pending") && cfg.update.rollback_hook.trim().is_empty() {
+        // The hook was taken out of the configuration meanwhile: nothing was rolled back.
+        st.rollback = None;
+        st.env.clear();
+        save(cfg, st)?;
+    }
+    if st.rollback.as_deref() == Some("pending") {
+        let (rc, out) = hook(&cfg.update.rollback_hook, &st.env).await;
+        let (outcome, message) = rollback_outcome(rc, &out);
+        st.rollback = Some(outcome.to_string());
+        st.rollback_message = message;
+        st.env.clear();
+        save(cfg, st)?;
+    }
+    if st.stage == "failed"
+        && let Some(dep) = st.deployment_id
+    {
+        let _ = std::fs::remove_file(cfg.state_dir.join("updates").join(format!("{dep}.capsule")));
+    }
+    let (stage, message) = (st.stage.clone(), st.message.clone());
+    report(cfg, http, id, st, &stage, message.as_deref()).await?;
+    if let Some(outcome) = st.rollback.clone() {
+        let message = st.rollback_message.clone();
+        report(cfg, http, id, st, &outcome, message.as_deref()).await?;
+    }
+    Ok(())
+}
+
+/// What the rollback hook's end is reported as, and why when it failed.
+fn rollback_outcome(code: Option<i32>, output: &str) -> (&'static str, Option<String>) {
+    match code {
+        Some(0) => ("rolled_back", None),
+        _ => (
+            "rollback_failed",
+            Some(format!(
+                "the rollback hook ended with {}: {output}",
+                describe(code)
+            )),
+        ),
     }
 }
 
@@ -524,7 +604,7 @@ mod tests {
             etag: etag.map(str::to_string),
             stage: stage.into(),
             reported: vec![stage.into()],
-            message: None,
+            ..State::default()
         }
     }
 
@@ -566,5 +646,42 @@ mod tests {
             Step::Resume
         );
         assert_eq!(next_step(&at("downloading", None), 4, None), Step::Resume);
+    }
+
+    #[test]
+    fn a_failed_package_is_settled_once_its_rollback_ran_and_both_were_reported() {
+        let mut st = at("failed", None);
+        assert!(st.settled());
+        st.rollback = Some("pending".into());
+        assert!(!st.settled());
+        st.rollback = Some("rolled_back".into());
+        assert!(!st.settled());
+        st.reported.push("rolled_back".into());
+        assert!(st.settled());
+        // Killed after the rollback, before `failed` was reported.
+        st.reported = vec!["downloading".into(), "installing".into()];
+        assert!(!st.settled());
+    }
+
+    #[test]
+    fn the_rollback_hooks_end_is_rolled_back_or_rollback_failed_with_its_words() {
+        assert_eq!(rollback_outcome(Some(0), "ok"), ("rolled_back", None));
+        let (o, m) = rollback_outcome(Some(4), "no previous version");
+        assert_eq!(o, "rollback_failed");
+        assert_eq!(
+            m.as_deref(),
+            Some("the rollback hook ended with status 4: no previous version")
+        );
+        assert_eq!(rollback_outcome(None, "").0, "rollback_failed");
+    }
+
+    #[test]
+    fn a_state_kept_before_rollbacks_existed_still_reads() {
+        let st: State = serde_json::from_str(
+            r#"{"deployment_id": 4, "etag": null, "stage": "failed", "reported": ["failed"]}"#,
+        )
+        .unwrap();
+        assert_eq!(st.rollback, None);
+        assert!(st.settled());
     }
 }

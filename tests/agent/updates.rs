@@ -355,8 +355,8 @@ async fn a_failed_install_runs_the_rollback_hook_and_reports_the_hooks_words() {
     deploy(&server, cap, None).await;
     let _d = agent.spawn(&["daemon"]);
     let device = agent.identity()["device_id"].as_u64().unwrap();
-    let r = until_reported(&server, device, &["succeeded", "failed"], 30).await;
-    assert_eq!(r, ["downloading", "installing", "failed"]);
+    let r = until_reported(&server, device, &["rolled_back", "rollback_failed"], 30).await;
+    assert_eq!(r, ["downloading", "installing", "failed", "rolled_back"]);
     let h = server.get(&format!("{DEV}/devices/{device}/history")).await;
     let msg = h["items"][0]["reports"][2]["message"]
         .as_str()
@@ -366,4 +366,86 @@ async fn a_failed_install_runs_the_rollback_hook_and_reports_the_hooks_words() {
         "{h}"
     );
     assert!(agent.dir.path().join("rolled-back").exists());
+}
+
+/// An agent of the fleet, enrolled, whose install hook fails and whose rollback hook is
+/// `rollback`.
+async fn failing_agent(server: &Server, rollback: &str) -> (Agent, u64) {
+    let token = server
+        .enrollment_token(json!({"name": "line", "labels": {"fleet": "k"}}))
+        .await;
+    let agent = Agent::new(
+        server,
+        &token,
+        &format!(
+            "[heartbeat]\ninterval_seconds = 1\n[update]\npoll_seconds = 1\n\
+             install_hook = \"echo 'disk full on /opt'; exit 3\"\nrollback_hook = {}\n",
+            toml_string(rollback)
+        ),
+    );
+    assert!(agent.command(&["enroll"]).status().unwrap().success());
+    let device = agent.identity()["device_id"].as_u64().unwrap();
+    (agent, device)
+}
+
+#[tokio::test]
+async fn a_failing_rollback_hook_is_reported_rollback_failed_with_the_end_of_its_output() {
+    let server = Server::start();
+    let (agent, device) = failing_agent(
+        &server,
+        "seq 1 3000; echo 'no previous version kept' >&2; exit 4",
+    )
+    .await;
+    let (cap, _) = publish(&server, "1.0.0").await;
+    deploy(&server, cap, None).await;
+    let _d = agent.spawn(&["daemon"]);
+    let r = until_reported(&server, device, &["rolled_back", "rollback_failed"], 30).await;
+    assert_eq!(
+        r,
+        ["downloading", "installing", "failed", "rollback_failed"]
+    );
+    let h = server.get(&format!("{DEV}/devices/{device}/history")).await;
+    let rs = &h["items"][0]["reports"];
+    assert!(
+        rs[2]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("disk full on /opt"),
+        "{h}"
+    );
+    let msg = rs[3]["message"].as_str().unwrap_or("");
+    assert!(
+        msg.ends_with("no previous version kept") && msg.contains("3000"),
+        "{h}"
+    );
+    assert!(msg.chars().count() <= 2000, "{} chars", msg.chars().count());
+    // Nothing more is reported once both were.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(reports(&server, device).await.len(), 4);
+}
+
+#[tokio::test]
+async fn an_agent_killed_mid_rollback_rolls_back_again_and_reports_each_stage_once() {
+    let server = Server::start();
+    let (agent, device) = failing_agent(&server, "echo x >> rollbacks; sleep 3").await;
+    let (cap, _) = publish(&server, "1.0.0").await;
+    deploy(&server, cap, None).await;
+    let first = agent.spawn(&["daemon"]);
+    let marks = agent.dir.path().join("rollbacks");
+    let until = Instant::now() + Duration::from_secs(30);
+    while !marks.exists() {
+        assert!(Instant::now() < until, "the rollback hook never ran");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    drop(first); // kill -9, mid-rollback
+    assert_eq!(
+        reports(&server, device).await,
+        ["downloading", "installing"]
+    );
+    let _second = agent.spawn(&["daemon"]);
+    let r = until_reported(&server, device, &["rolled_back", "rollback_failed"], 30).await;
+    assert_eq!(r, ["downloading", "installing", "failed", "rolled_back"]);
+    assert_eq!(std::fs::read_to_string(&marks).unwrap(), "x\nx\n");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(reports(&server, device).await.len(), 4);
 }
