@@ -185,19 +185,7 @@ async fn forged_captured_and_moved_bus_messages_change_nothing_a_subscriber_on_a
         }
     }
     raw.flush().await.unwrap();
-    // B counted them, and its subscriber saw nothing: not ended, no line.
-    let mut counted = 0.0;
-    for _ in 0..100 {
-        counted = metric(&c, &b, "fleetops_bus_rejected").await - rejected_before;
-        if counted >= forged.len() as f64 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(
-        counted >= forged.len() as f64,
-        "B rejected {counted} of the {sent} forged messages"
-    );
+    // B's subscriber saw nothing: not ended, no line.
     let frames = frames_within(&mut ws, Duration::from_secs(2)).await;
     assert!(frames.is_empty(), "the subscriber saw {frames:?}");
     // It is still the session's: a real line arrives, and the session is active.
@@ -215,6 +203,19 @@ async fn forged_captured_and_moved_bus_messages_change_nothing_a_subscriber_on_a
     .await;
     assert_eq!(s, 200, "{body}");
     assert_eq!(body["status"], "active", "{body}");
+    // And B counted them.
+    let mut counted = 0.0;
+    for _ in 0..100 {
+        counted = metric(&c, &b, "fleetops_bus_rejected").await - rejected_before;
+        if counted >= forged.len() as f64 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        counted >= forged.len() as f64,
+        "B rejected {counted} of the {sent} forged messages"
+    );
 }
 
 /// `[bus]` of the nodes' configuration with `lines` added.
