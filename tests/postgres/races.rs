@@ -8,6 +8,16 @@ use serde_json::{Value, json};
 use crate::common::*;
 use crate::webhooks::{INST, REPO, SECRET, link, payload, push, sign};
 
+/// The first of two servers sharing its database: it opens it shared too (a server that
+/// takes its database alone refuses the second, and the second refuses to join it).
+async fn first_with(f: impl FnOnce(&mut fleetops::config::Config)) -> Srv {
+    start_with(move |c| {
+        f(c);
+        c.database.shared = true;
+    })
+    .await
+}
+
 /// A second server on the database of `first` (a start that finds the records in place, so
 /// no first-start credentials): its base URL and its running handle.
 async fn second(first: &Srv) -> (String, fleetops::startup::Running, tempfile::TempDir) {
@@ -61,7 +71,7 @@ async fn get_json(s: &Srv, base: &str, path: &str) -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_servers_racing_on_one_database_take_each_slug_once() {
-    let a = start().await;
+    let a = first_with(|_| {}).await;
     let (b, running_b, _dir_b) = second(&a).await;
     let key = a.key().to_string();
     let mut tasks = Vec::new();
@@ -137,7 +147,7 @@ async fn a_second_server_on_the_same_database_is_refused_at_start() {
 /// Two webhook servers on one database, `REPO` linked to the default project and held by
 /// installation `INST`: the first, and the second's base URL and handle.
 async fn two_webhook_servers() -> (Srv, String, fleetops::startup::Running, tempfile::TempDir) {
-    let a = start_with(|c| c.scm.webhook_secret = SECRET.into()).await;
+    let a = first_with(|c| c.scm.webhook_secret = SECRET.into()).await;
     link(&a, REPO).await;
     let (b, running_b, dir_b) = second_with(&a, |c| c.scm.webhook_secret = SECRET.into()).await;
     let (id, r) =
@@ -363,7 +373,7 @@ async fn reservations_on_two_servers_never_exceed_the_organizations_quota() {
     let limit = |c: &mut fleetops::config::Config| {
         c.tiers.get_mut("free").unwrap().storage_bytes = Some(24_000);
     };
-    let a = start_with(limit).await;
+    let a = first_with(limit).await;
     let mut secrets = Vec::new();
     for i in 0..4 {
         let r = a
