@@ -37,8 +37,9 @@ pub struct Answer {
 #[derive(Clone)]
 struct Cached {
     generation: u64,
-    /// The package the device should run (`None`: nothing assigned).
-    package: Option<u64>,
+    /// The package the device should run (`None`: nothing assigned), with how many times it
+    /// was offered to the device again after a failure (its answer's ETag names it).
+    package: Option<(u64, u32)>,
 }
 
 /// At most this many packages' phase maps and bodies are kept (then that cache starts over).
@@ -114,12 +115,12 @@ impl Assignments {
 
     /// The cached package of `device` when computed under `generation`: `Some(None)` is a
     /// cached "nothing assigned".
-    pub(crate) fn cached(&self, device: u64, generation: u64) -> Option<Option<u64>> {
+    pub(crate) fn cached(&self, device: u64, generation: u64) -> Option<Option<(u64, u32)>> {
         let c = self.answers.get(&device)?;
         (c.generation == generation).then_some(c.package)
     }
 
-    pub(crate) fn keep(&self, device: u64, generation: u64, package: Option<u64>) {
+    pub(crate) fn keep(&self, device: u64, generation: u64, package: Option<(u64, u32)>) {
         if self.answers.len() >= self.max_entries {
             self.answers.clear();
         }
@@ -189,6 +190,16 @@ impl Assignments {
     /// is assigned, `NotFound` when the device does not exist. Blocking: call off the runtime's
     /// threads on a miss.
     pub(crate) fn package_of(&self, store: &Store, pid: u64, device: u64) -> Result<Option<u64>> {
+        Ok(self.offer_of(store, pid, device)?.map(|(p, _)| p))
+    }
+
+    /// As [`Assignments::package_of`], with the package's offer count for the device.
+    pub(crate) fn offer_of(
+        &self,
+        store: &Store,
+        pid: u64,
+        device: u64,
+    ) -> Result<Option<(u64, u32)>> {
         let generation = self.generation(pid);
         if let Some(p) = self.cached(device, generation) {
             return Ok(p);
@@ -196,7 +207,10 @@ impl Assignments {
         let d = store
             .device(pid, device)?
             .ok_or_else(|| crate::error::Error::not_found("Device"))?;
-        let p = self.assigned(store, &d, generation)?.map(|p| p.id);
+        let p = match self.assigned(store, &d, generation)? {
+            Some(p) => Some((p.id, store.device_offer(p.id, device)?)),
+            None => None,
+        };
         self.keep(device, generation, p);
         Ok(p)
     }

@@ -88,6 +88,18 @@ impl Principal {
     pub fn is_superuser(&self) -> bool {
         self.user.as_ref().is_some_and(|u| u.is_superuser)
     }
+
+    /// Who acted, for a record a person reads: the user's e-mail (and the API key's id when
+    /// it came through one), or the device.
+    pub fn who(&self) -> String {
+        let email = self.user.as_ref().map(|u| u.email.clone());
+        match (&self.credential, email) {
+            (Credential::ApiKey { key_id }, Some(e)) => format!("{e} (API key {key_id})"),
+            (Credential::Device { device_id, .. }, _) => format!("device {device_id}"),
+            (_, Some(e)) => e,
+            (_, None) => "an unknown user".into(),
+        }
+    }
 }
 
 /// An issued access token.

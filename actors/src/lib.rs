@@ -572,6 +572,7 @@ impl Runtime {
                 controllers: controllers.clone(),
                 bus: bus.clone(),
                 lease_ttl_ms: cfg.bus.lease_ttl_ms.max(100) as i64,
+                offline_after_ms: (cfg.devices.offline_after_seconds as i64).saturating_mul(1000),
                 #[cfg(feature = "fault-injection")]
                 stop_holds: stop_holds.clone(),
             },

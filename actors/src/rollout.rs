@@ -37,7 +37,9 @@ use crate::mailbox::Envelope;
 use crate::project::ProjectMsg;
 use crate::project::handle::ProjectsHandle;
 use crate::rules::notifications::{AlertMessage, render};
-use crate::rules::rollouts::{RolloutAction, RolloutPlan, Step, gate, notice_for};
+use crate::rules::rollouts::{
+    Member, RolloutAction, RolloutPlan, Step, gate, late_verdict, notice_for,
+};
 
 pub(crate) enum RolloutMsg {
     /// Judge the gate now (the interval, and a nudge after a member's action).
@@ -69,6 +71,8 @@ pub(crate) struct RolloutCtx {
     /// Several nodes: a controller decides only while it holds its rollout's lease.
     pub bus: crate::bus::Bus,
     pub lease_ttl_ms: i64,
+    /// A device unseen this long is offline (named so in a report timeout's reason).
+    pub offline_after_ms: i64,
     #[cfg(feature = "fault-injection")]
     pub stop_holds: StopHolds,
 }
@@ -220,6 +224,23 @@ impl ControllerState {
         let Some(d) = store.deployment(pid, id)? else {
             return Ok(false);
         };
+        // A completed rollout with a late failure owed: judged once, recorded, notified.
+        if r.late_owed && r.state == RolloutState::Completed && d.status == DeploymentStatus::Active
+        {
+            let ctx = self.ctx.clone();
+            let reason = crate::off_thread(move || {
+                let plan = RolloutPlan::of(&r)
+                    .ok_or_else(|| Error::Internal(format!("package {id}: plan does not parse")))?;
+                let members = members(&ctx, &d, &plan)?;
+                Ok((0..plan.phases.len() as u32).find_map(|i| {
+                    late_verdict(&plan, i, &r, members.get(i as usize).map_or(&[], |m| m))
+                }))
+            })
+            .await?;
+            self.write(pid, id, RolloutAction::Late { reason }).await?;
+            let owed = store.rollout(id)?.is_some_and(|r| r.notice_owed.is_some());
+            return Ok(owed);
+        }
         // Paused, finished, or its package no longer active: nothing to judge. A paused
         // rollout's controller stops too (a resume starts it again); one with a notice owed
         // stays until the notice is sent.
@@ -233,53 +254,61 @@ impl ControllerState {
         let step = crate::off_thread(move || {
             let plan = RolloutPlan::of(&r)
                 .ok_or_else(|| Error::Internal(format!("package {id}: plan does not parse")))?;
-            let phases =
-                ctx.assignments
-                    .phases(&ctx.store, &d, &plan, ctx.assignments.generation(pid))?;
-            let current: HashSet<u64> = phases
+            let members = members(&ctx, &d, &plan)?;
+            let reached: HashSet<u64> = members
                 .iter()
-                .filter(|(_, p)| **p == r.phase)
-                .map(|(d, _)| *d)
+                .take(r.phase as usize + 1)
+                .flatten()
+                .map(|m| m.id)
                 .collect();
-            let reached: HashSet<u64> = phases
-                .iter()
-                .filter(|(_, p)| **p <= r.phase)
-                .map(|(d, _)| *d)
-                .collect();
-            let failed = ctx
-                .store
-                .device_results(id)?
-                .iter()
-                .filter(|x| {
-                    x.status == RolloutStatus::Failed
-                        && x.reported_at >= r.phase_started_at
-                        && current.contains(&x.device_id)
-                })
-                .count();
             let fired = fired(&ctx.store, pid, &plan, r.phase_started_at, &reached)?;
-            Ok(gate(&plan, &r, now, current.len(), failed, fired))
+            let current = members.get(r.phase as usize).map_or(&[][..], |m| m);
+            let step = gate(&plan, &r, now, current, fired, |ids| {
+                unreported(&ctx, pid, ids, now)
+            });
+            if step == Step::Wait || step == Step::Advance || step == Step::Complete {
+                // A phase that passed before is judged again on what was reported since.
+                for i in 0..r.phase {
+                    let m = members.get(i as usize).map_or(&[][..], |m| m);
+                    if let Some(why) = late_verdict(&plan, i, &r, m) {
+                        return Ok(Step::Fail(why));
+                    }
+                }
+            }
+            Ok(step)
         })
         .await?;
         if step != Step::Wait {
-            self.ctx
-                .projects
-                .write(pid, |reply| ProjectMsg::Rollout {
-                    id,
-                    action: RolloutAction::Step {
-                        from_phase,
-                        since,
-                        step: step.clone(),
-                    },
-                    fence: self.fence.clone(),
-                    reply,
-                })
-                .await?;
+            self.write(
+                pid,
+                id,
+                RolloutAction::Step {
+                    from_phase,
+                    since,
+                    step: step.clone(),
+                },
+            )
+            .await?;
             if matches!(step, Step::Complete) {
                 let owed = store.rollout(id)?.is_some_and(|r| r.notice_owed.is_some());
                 return Ok(owed);
             }
         }
         Ok(true)
+    }
+
+    /// Sends a controller's verdict to the rollout's writer, fenced by this tick's lease.
+    async fn write(&self, pid: u64, id: u64, action: RolloutAction) -> Result<()> {
+        self.ctx
+            .projects
+            .write(pid, |reply| ProjectMsg::Rollout {
+                id,
+                action: action.clone(),
+                fence: self.fence.clone(),
+                reply,
+            })
+            .await?;
+        Ok(())
     }
 
     /// Sends the owed notice to every integration of the gate rules, then records it sent.
@@ -399,6 +428,81 @@ impl ControllerState {
     }
 }
 
+/// Each phase's devices (by id) with their final results with the package.
+fn members(
+    ctx: &RolloutCtx,
+    d: &fleetops_storage::Deployment,
+    plan: &RolloutPlan,
+) -> Result<Vec<Vec<Member>>> {
+    let phases = ctx.assignments.phases(
+        &ctx.store,
+        d,
+        plan,
+        ctx.assignments.generation(d.project_id),
+    )?;
+    let results: std::collections::HashMap<u64, (bool, i64)> = ctx
+        .store
+        .device_results(d.id)?
+        .into_iter()
+        .map(|x| {
+            (
+                x.device_id,
+                (x.status == RolloutStatus::Failed, x.reported_at),
+            )
+        })
+        .collect();
+    let mut out: Vec<Vec<Member>> = vec![Vec::new(); plan.phases.len()];
+    for (dev, p) in phases.iter() {
+        if let Some(m) = out.get_mut(*p as usize) {
+            m.push(Member {
+                id: *dev,
+                result: results.get(dev).copied(),
+            });
+        }
+    }
+    for m in &mut out {
+        m.sort_unstable_by_key(|m| m.id);
+    }
+    Ok(out)
+}
+
+/// The devices that did not report, for a timeout's reason: by name, the offline ones said
+/// so, at most [`UNREPORTED_NAMED`] of them.
+fn unreported(ctx: &RolloutCtx, pid: u64, ids: &[u64], now: i64) -> String {
+    let mut named = Vec::new();
+    let mut offline = 0usize;
+    for &id in ids {
+        let (name, off) = match ctx.store.device(pid, id) {
+            Ok(Some(d)) => {
+                let off = d
+                    .last_seen_at
+                    .is_none_or(|t| now.saturating_sub(t) >= ctx.offline_after_ms);
+                (d.name, off)
+            }
+            _ => (format!("device {id}"), false),
+        };
+        offline += usize::from(off);
+        if named.len() < UNREPORTED_NAMED {
+            named.push(if off {
+                format!("{name} (offline)")
+            } else {
+                name
+            });
+        }
+    }
+    let mut s = named.join(", ");
+    if ids.len() > named.len() {
+        s.push_str(&format!(" and {} more", ids.len() - named.len()));
+    }
+    if offline > 0 {
+        s.push_str(&format!("; {offline} offline"));
+    }
+    s
+}
+
+/// A report timeout's reason names at most this many devices (and counts the rest).
+const UNREPORTED_NAMED: usize = 20;
+
 /// The first gate rule that fired on one of `devices` at or after `since`: `(rule, device)`.
 fn fired(
     store: &Store,
@@ -453,5 +557,7 @@ fn has_work(store: &Store, id: u64) -> Result<bool> {
         return Ok(false);
     };
     Ok(r.notice_owed.is_some()
-        || (r.state == RolloutState::Running && d.status == DeploymentStatus::Active))
+        || (d.status == DeploymentStatus::Active
+            && (r.state == RolloutState::Running
+                || (r.late_owed && r.state == RolloutState::Completed))))
 }

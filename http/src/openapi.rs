@@ -183,6 +183,7 @@ fn types(op: Op) -> (Option<SchemaFn>, Option<SchemaFn>) {
         GetRollout | PauseRollout | ResumeRollout | AbortRollout => {
             (none, Some(ty::<pipeline::rollouts::RolloutView>))
         }
+        RetryDevice => (none, Some(ty::<pipeline::rollouts::Retried>)),
         ScmWebhook => (none, Some(ty::<DeliveryAccepted>)),
         ScmRotate => (none, Some(ty::<Rotated>)),
         Backup => (
@@ -287,7 +288,7 @@ fn doc(op: Op) -> Doc {
         | GetAlert | DeviceHistory | GetRollout | GetPolicy | GetLogRetention | AdminOrgs => PLAIN,
         PatchPolicy | PatchLogRetention => WRITE,
         // 409 when the rollout's state does not allow the action.
-        PauseRollout | ResumeRollout | AbortRollout => answers(&[409]),
+        PauseRollout | ResumeRollout | AbortRollout | RetryDevice => answers(&[409]),
         // 204 when nothing is assigned, 304 when `If-None-Match` names the current ETag.
         DeviceUpdate => Doc {
             also: &[204, 304],

@@ -263,6 +263,13 @@ pub(crate) fn device_progress(deployment: u64, device: u64) -> Vec<u8> {
 pub(crate) fn device_progress_prefix(deployment: u64) -> Vec<u8> {
     key(&[b"dps", &be(deployment), b""])
 }
+/// How many times a member offered a package again to a device that failed it.
+pub(crate) fn device_offer(deployment: u64, device: u64) -> Vec<u8> {
+    key(&[b"dpo", &be(deployment), &be(device)])
+}
+pub(crate) fn device_offer_prefix(deployment: u64) -> Vec<u8> {
+    key(&[b"dpo", &be(deployment), b""])
+}
 pub(crate) fn device_history(device: u64, at: i64, deployment: u64, state: u8) -> Vec<u8> {
     let at = u64::try_from(at.max(0)).unwrap_or(0);
     key(&[b"dh", &be(device), &be(at), &be(deployment), &[state]])

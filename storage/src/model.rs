@@ -614,7 +614,7 @@ pub struct Deployment {
 }
 
 /// A device's latest rollout result for a deployment.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DeviceResult {
     pub deployment_id: u64,
     pub device_id: u64,

@@ -401,6 +401,9 @@ impl Store {
         for k in self.scan_keys(&keys::device_progress_prefix(d.id))? {
             w.0.remove(k);
         }
+        for k in self.scan_keys(&keys::device_offer_prefix(d.id))? {
+            w.0.remove(k);
+        }
         w.delete(keys::rollout(d.id));
         self.apply(w)
     }

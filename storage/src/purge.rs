@@ -289,6 +289,9 @@ impl Store {
             if b.left > 0 {
                 self.purge_raw(records, &keys::device_progress_prefix(d.id), b, none)?;
             }
+            if b.left > 0 {
+                self.purge_raw(records, &keys::device_offer_prefix(d.id), b, none)?;
+            }
             if b.left == 0 {
                 return Ok(());
             }

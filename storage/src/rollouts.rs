@@ -65,6 +65,65 @@ pub struct Rollout {
     /// A failed gate's notice to the gate rules' integrations, owed until sent (so a crash
     /// between the decision and the notice sends it after the restart).
     pub notice_owed: Option<String>,
+    /// Failures reported before this moment were accepted by a member's resume (or came
+    /// before the activation): no gate counts them again. Set at activation and at each
+    /// resume.
+    pub accepted_before: i64,
+    /// A device of a finished phase reported a failure that no gate judged yet (written with
+    /// the report, so a crash before the controller looked loses nothing).
+    pub late_owed: bool,
+}
+
+/// The layout of a rollout record before `accepted_before` and `late_owed`: read, never
+/// written.
+#[derive(Deserialize)]
+#[cfg_attr(test, derive(Serialize))]
+struct RolloutV1 {
+    deployment_id: u64,
+    project_id: u64,
+    plan_json: Vec<u8>,
+    state: RolloutState,
+    phase: u32,
+    started_at: Option<i64>,
+    phase_started_at: i64,
+    rolled_back_to: Option<u64>,
+    decisions: Vec<Decision>,
+    notice_owed: Option<String>,
+}
+
+impl From<RolloutV1> for Rollout {
+    fn from(r: RolloutV1) -> Self {
+        // The last resume accepted the failures before it; without one, the activation.
+        let accepted_before = r
+            .decisions
+            .iter()
+            .rev()
+            .find(|d| d.action == "resumed")
+            .map(|d| d.at)
+            .or(r.started_at)
+            .unwrap_or(0);
+        Rollout {
+            deployment_id: r.deployment_id,
+            project_id: r.project_id,
+            plan_json: r.plan_json,
+            state: r.state,
+            phase: r.phase,
+            started_at: r.started_at,
+            phase_started_at: r.phase_started_at,
+            rolled_back_to: r.rolled_back_to,
+            decisions: r.decisions,
+            notice_owed: r.notice_owed,
+            accepted_before,
+            late_owed: false,
+        }
+    }
+}
+
+/// A stored rollout in either layout (postcard reads fields in order, so an older record
+/// runs out of bytes as the current layout and is read as the older one).
+fn decode_rollout(bytes: &[u8]) -> Result<Rollout> {
+    crate::codec::decode::<Rollout>(bytes)
+        .or_else(|_| crate::codec::decode::<RolloutV1>(bytes).map(Rollout::from))
 }
 
 impl Rollout {
@@ -121,14 +180,25 @@ impl Store {
     /// ([`Store::recent_results`]); `replaced` is the device's result for the package as
     /// stored now (the caller, the project's actor, reads it anyway and is the one writer of
     /// its packages' results), whose entry goes.
+    ///
+    /// `rollout`, `(changed, as read)`, writes the package's rollout in the same batch, while
+    /// it is still as read (a late failure owed to a finished rollout's gate).
     pub fn record_update(
         &self,
         project: u64,
         p: &DeviceProgress,
         result: Option<&DeviceResult>,
         replaced: Option<&DeviceResult>,
+        rollout: Option<(&Rollout, &Rollout)>,
     ) -> Result<()> {
         let mut w = Writes::new();
+        if let Some((r, read)) = rollout {
+            let read = read.clone();
+            w.guard(keys::rollout(r.deployment_id), "rollout", move |v| {
+                v.and_then(|v| decode_rollout(v).ok()).as_ref() == Some(&read)
+            });
+            w.put(keys::rollout(r.deployment_id), r)?;
+        }
         w.put(keys::device_progress(p.deployment_id, p.device_id), p)?;
         let state = UpdateState::ALL
             .iter()
@@ -171,6 +241,57 @@ impl Store {
             }
         }
         self.apply(w)
+    }
+
+    /// Offers a package again to a device whose result with it is `failed` (as `read`): its
+    /// result goes (so no gate counts it), its state becomes `retrying` with an entry in its
+    /// history, and its offer count moves on (the device update API's ETag names it, so the
+    /// robot sees a new answer). Refused with [`StorageError::Conflict`]`("result")` when the
+    /// result changed meanwhile. Returns the new offer count.
+    pub fn retry_device(
+        &self,
+        project: u64,
+        read: &DeviceResult,
+        message: String,
+        at: i64,
+    ) -> Result<u32> {
+        let (dep, dev) = (read.deployment_id, read.device_id);
+        let offer = self.device_offer(dep, dev)?.saturating_add(1);
+        let mut w = Writes::new();
+        w.guard_record(keys::device_result(dep, dev), read, "result");
+        w.delete(keys::device_result(dep, dev));
+        w.delete(keys::result_by_time(project, read.reported_at, dep, dev));
+        w.put(keys::device_offer(dep, dev), &offer)?;
+        let p = DeviceProgress {
+            deployment_id: dep,
+            device_id: dev,
+            state: UpdateState::Retrying,
+            message: Some(message),
+            at,
+        };
+        w.put(keys::device_progress(dep, dev), &p)?;
+        let state = UpdateState::ALL
+            .iter()
+            .position(|s| *s == p.state)
+            .unwrap_or(0) as u8;
+        w.put(
+            keys::device_history(dev, at, dep, state),
+            &HistoryEntry {
+                deployment_id: dep,
+                state: p.state,
+                message: p.message.clone(),
+                at,
+            },
+        )?;
+        self.apply(w)?;
+        Ok(offer)
+    }
+
+    /// How many times the package was offered again to the device (0: never).
+    pub fn device_offer(&self, deployment: u64, device: u64) -> Result<u32> {
+        Ok(self
+            .get(&keys::device_offer(deployment, device))?
+            .unwrap_or(0))
     }
 
     /// The project's rollout results reported at `since` or later, oldest first, from the
@@ -266,7 +387,10 @@ impl Store {
     }
 
     pub fn rollout(&self, deployment: u64) -> Result<Option<Rollout>> {
-        self.get(&keys::rollout(deployment))
+        match self.inner.records.get(keys::rollout(deployment))? {
+            Some(v) => decode_rollout(&v).map(Some),
+            None => Ok(None),
+        }
     }
 
     /// Writes a rollout changed from `read`, while the stored one is still `read` (another
@@ -280,7 +404,10 @@ impl Store {
         fence: Option<&crate::leases::Fence>,
     ) -> Result<()> {
         let mut w = Writes::new();
-        w.guard_record(keys::rollout(r.deployment_id), read, "rollout");
+        let read = read.clone();
+        w.guard(keys::rollout(r.deployment_id), "rollout", move |v| {
+            v.and_then(|v| decode_rollout(v).ok()).as_ref() == Some(&read)
+        });
         if let Some(f) = fence {
             w.fence(f);
         }
@@ -303,17 +430,24 @@ impl Store {
         self.apply(w)
     }
 
-    /// Every rollout a controller still has work for: running, or with a notice owed (the
-    /// controllers at start-up; a paused one waits for its resume).
+    /// Every rollout a controller still has work for: running, with a notice owed, or with a
+    /// late failure to judge (the controllers at start-up; a paused one waits for its resume).
     pub fn open_rollouts(&self) -> Result<Vec<Rollout>> {
-        let all: Vec<Rollout> = self.scan_rev(&keys::rollout_prefix())?;
-        Ok(all
-            .into_iter()
-            .filter(|r| {
-                r.started_at.is_some()
-                    && (r.state == RolloutState::Running || r.notice_owed.is_some())
-            })
-            .collect())
+        let mut out = Vec::new();
+        for kv in self
+            .inner
+            .records
+            .scan_prefix(keys::rollout_prefix())
+            .rev()
+        {
+            let r = decode_rollout(&kv?.1)?;
+            if r.started_at.is_some()
+                && (r.state == RolloutState::Running || r.notice_owed.is_some() || r.late_owed)
+            {
+                out.push(r);
+            }
+        }
+        Ok(out)
     }
 
     pub fn capsule_source(&self, capsule: u64) -> Result<Option<CapsuleSource>> {
@@ -383,7 +517,7 @@ mod tests {
         };
         let replaced = store.device_result(deployment, device).unwrap();
         store
-            .record_update(project, &p, Some(&r), replaced.as_ref())
+            .record_update(project, &p, Some(&r), replaced.as_ref(), None)
             .unwrap();
     }
 
@@ -460,4 +594,46 @@ mod tests {
         assert_eq!(recent(&store, 2, 0), [(20, 200, 7_000, Failed)]);
     }
     on_each_engine!(recent_results_come_from_the_time_index);
+
+    /// A rollout stored in the layout before `accepted_before` and `late_owed` is read (the
+    /// failures before its last resume accepted), and written over under its guard.
+    fn a_rollout_of_the_earlier_layout_is_read_and_written_over() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::testing::open(dir.path());
+        let d = |at, action: &str| Decision {
+            at,
+            phase: 0,
+            action: action.into(),
+            reason: String::new(),
+        };
+        let old = RolloutV1 {
+            deployment_id: 7,
+            project_id: 1,
+            plan_json: b"{}".to_vec(),
+            state: RolloutState::Running,
+            phase: 0,
+            started_at: Some(1_000),
+            phase_started_at: 5_000,
+            rolled_back_to: None,
+            decisions: vec![d(1_000, "started"), d(3_000, "paused"), d(5_000, "resumed")],
+            notice_owed: None,
+        };
+        let mut w = crate::engine::Batch::default();
+        w.insert(keys::rollout(7), crate::codec::encode(&old).unwrap());
+        store.inner.records.apply_batch(w).unwrap();
+        let read = store.rollout(7).unwrap().unwrap();
+        assert_eq!((read.accepted_before, read.late_owed), (5_000, false));
+        assert_eq!(read.decisions.len(), 3);
+        assert_eq!(store.open_rollouts().unwrap().len(), 1);
+        let mut next = read.clone();
+        next.late_owed = true;
+        store.put_rollout(&next, &read, None).unwrap();
+        assert_eq!(store.rollout(7).unwrap().unwrap(), next);
+        // A write guarded on what is no longer stored is refused.
+        assert!(matches!(
+            store.put_rollout(&next, &read, None),
+            Err(crate::StorageError::Conflict(_))
+        ));
+    }
+    on_each_engine!(a_rollout_of_the_earlier_layout_is_read_and_written_over);
 }

@@ -201,10 +201,21 @@ states! {
         Rebooting = "rebooting",
         Succeeded = "succeeded",
         Failed = "failed",
+        /// After `failed`: the robot's rollback hook put the previous software back.
+        RolledBack = "rolled_back",
+        /// After `failed`: the robot's rollback hook failed too.
+        RollbackFailed = "rollback_failed",
+        /// A member offered the failed package again; no report since.
+        Retrying = "retrying",
     }
 }
 
 impl UpdateState {
+    /// Whether a device may report this state (`retrying` is the service's own).
+    pub fn reportable(self) -> bool {
+        self != UpdateState::Retrying
+    }
+
     /// The rollout result this state is, if it is a final one.
     pub fn result(self) -> Option<RolloutStatus> {
         match self {

@@ -26,6 +26,7 @@ mod devices;
 mod disk;
 mod enrollment;
 mod evaluation;
+mod gates;
 mod hostile;
 mod live;
 mod migrate;

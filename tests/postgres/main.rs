@@ -39,6 +39,8 @@ mod disk;
 mod enrollment;
 #[path = "../api/evaluation.rs"]
 mod evaluation;
+#[path = "../api/gates.rs"]
+mod gates;
 #[path = "../api/hostile.rs"]
 mod hostile;
 #[path = "../api/live.rs"]

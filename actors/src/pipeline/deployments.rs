@@ -77,7 +77,7 @@ pub struct DeploymentDetail {
 
 #[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct RolloutSummary {
-    pub state: fleetops_storage::RolloutState,
+    pub state: super::rollouts::ShownState,
     pub current_phase: Option<String>,
 }
 
@@ -88,6 +88,12 @@ pub struct DeviceStates {
     pub rebooting: usize,
     pub succeeded: usize,
     pub failed: usize,
+    /// Failed, then put back by the robot's rollback hook.
+    pub rolled_back: usize,
+    /// Failed, and the rollback hook failed too.
+    pub rollback_failed: usize,
+    /// Offered again by a member after a failure; no report since.
+    pub retrying: usize,
 }
 
 /// `POST /deployments/plan`.
@@ -231,10 +237,13 @@ impl PipelineHandle {
                 S::Rebooting => &mut states.rebooting,
                 S::Succeeded => &mut states.succeeded,
                 S::Failed => &mut states.failed,
+                S::RolledBack => &mut states.rolled_back,
+                S::RollbackFailed => &mut states.rollback_failed,
+                S::Retrying => &mut states.retrying,
             } += 1;
         }
         let rollout = self.store.rollout(id)?.map(|r| RolloutSummary {
-            state: r.state,
+            state: super::rollouts::ShownState::of(&r),
             current_phase: r.started_at.and_then(|_| {
                 crate::rules::rollouts::RolloutPlan::of(&r)
                     .and_then(|p| p.phases.get(r.phase as usize).map(|p| p.name.clone()))
@@ -310,6 +319,18 @@ impl PipelineHandle {
                 reply,
             })
             .await?;
+        // A failure a completed rollout owes its gate: its controller judges it now.
+        if r.state == fleetops_storage::UpdateState::Failed {
+            let me = self.clone();
+            let late = crate::off_thread(move || Ok(me.store.rollout(id)?))
+                .await
+                .ok()
+                .flatten()
+                .is_some_and(|r| r.late_owed);
+            if late {
+                self.start_controller(id).await;
+            }
+        }
         Ok(ResultAccepted {
             deployment_id: id,
             device_id,

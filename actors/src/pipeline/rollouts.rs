@@ -17,11 +17,49 @@ pub use crate::rules::rollouts::{OnFailure, PhaseDevices, RolloutAction};
 /// A phase lists at most this many of its devices (its counts cover all).
 pub const PHASE_DEVICES_SHOWN: usize = 1000;
 
+/// A rollout's state as shown: `planned` while its package is a draft, else the stored one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ShownState {
+    Planned,
+    Running,
+    Paused,
+    Completed,
+    Aborted,
+    RolledBack,
+}
+
+impl ShownState {
+    pub fn of(r: &fleetops_storage::rollouts::Rollout) -> Self {
+        if r.started_at.is_none() {
+            return ShownState::Planned;
+        }
+        match r.state {
+            RolloutState::Running => ShownState::Running,
+            RolloutState::Paused => ShownState::Paused,
+            RolloutState::Completed => ShownState::Completed,
+            RolloutState::Aborted => ShownState::Aborted,
+            RolloutState::RolledBack => ShownState::RolledBack,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ShownState::Planned => "planned",
+            ShownState::Running => "running",
+            ShownState::Paused => "paused",
+            ShownState::Completed => "completed",
+            ShownState::Aborted => "aborted",
+            ShownState::RolledBack => "rolled_back",
+        }
+    }
+}
+
 /// `GET /deployments/{id}/rollout`.
 #[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct RolloutView {
     pub deployment_id: u64,
-    pub state: RolloutState,
+    pub state: ShownState,
     /// `None` until the package is activated.
     pub started_at: Option<String>,
     /// The phase under way (or where it stopped).
@@ -41,11 +79,15 @@ pub struct PhaseView {
     pub devices_rule: PhaseDevices,
     pub min_wait_seconds: u64,
     pub max_failure_rate: f64,
+    /// As given, or its default (1, or `1 - max_failure_rate` when that is given).
+    pub min_success_rate: f64,
+    /// As given, or its default.
+    pub report_timeout_seconds: u64,
     /// pending, in_progress, passed, paused, aborted, rolled_back.
     pub status: &'static str,
     pub started_at: Option<String>,
     pub device_count: usize,
-    /// Failed devices over the phase's devices (all reports).
+    /// Devices whose latest result is `failed`, over the phase's devices.
     pub failure_rate: f64,
     pub counts: PhaseCounts,
     /// At most [`PHASE_DEVICES_SHOWN`], by id.
@@ -61,6 +103,12 @@ pub struct PhaseCounts {
     pub rebooting: usize,
     pub succeeded: usize,
     pub failed: usize,
+    /// Failed, then put back by the robot's rollback hook.
+    pub rolled_back: usize,
+    /// Failed, and the rollback hook failed too.
+    pub rollback_failed: usize,
+    /// Offered again by a member after a failure; no report since.
+    pub retrying: usize,
 }
 
 #[derive(Debug, Serialize, schemars::JsonSchema)]
@@ -69,6 +117,8 @@ pub struct PhaseDevice {
     pub name: String,
     pub state: Option<UpdateState>,
     pub reported_at: Option<String>,
+    /// The message of its latest report (a failure's or a rollback's words), if any.
+    pub message: Option<String>,
 }
 
 #[derive(Debug, Serialize, schemars::JsonSchema)]
@@ -160,11 +210,18 @@ impl PipelineHandle {
         let phases =
             self.assignments
                 .phases(&self.store, &d, &plan, self.assignments.generation(pid))?;
-        let progress: HashMap<u64, (UpdateState, i64)> = self
+        let progress: HashMap<u64, (UpdateState, i64, Option<String>)> = self
             .store
             .device_progress(id)?
             .into_iter()
-            .map(|p| (p.device_id, (p.state, p.at)))
+            .map(|p| (p.device_id, (p.state, p.at, p.message)))
+            .collect();
+        let failed: std::collections::HashSet<u64> = self
+            .store
+            .device_results(id)?
+            .into_iter()
+            .filter(|x| x.status == fleetops_storage::RolloutStatus::Failed)
+            .map(|x| x.device_id)
             .collect();
         let names: HashMap<u64, String> = self
             .store
@@ -210,18 +267,23 @@ impl PipelineHandle {
                         Some(UpdateState::Rebooting) => counts.rebooting += 1,
                         Some(UpdateState::Succeeded) => counts.succeeded += 1,
                         Some(UpdateState::Failed) => counts.failed += 1,
+                        Some(UpdateState::RolledBack) => counts.rolled_back += 1,
+                        Some(UpdateState::RollbackFailed) => counts.rollback_failed += 1,
+                        Some(UpdateState::Retrying) => counts.retrying += 1,
                     }
                 }
                 let failure_rate = if devs.is_empty() {
                     0.0
                 } else {
-                    counts.failed as f64 / devs.len() as f64
+                    devs.iter().filter(|d| failed.contains(d)).count() as f64 / devs.len() as f64
                 };
                 PhaseView {
                     name: p.name.clone(),
                     devices_rule: p.devices.clone(),
                     min_wait_seconds: p.min_wait_seconds,
                     max_failure_rate: p.max_failure_rate,
+                    min_success_rate: p.success_needed(),
+                    report_timeout_seconds: p.report_timeout(),
                     status,
                     started_at: r
                         .decisions
@@ -240,6 +302,7 @@ impl PipelineHandle {
                             name: names.get(dev).cloned().unwrap_or_default(),
                             state: progress.get(dev).map(|s| s.0),
                             reported_at: progress.get(dev).map(|s| fmt_ms(s.1)),
+                            message: progress.get(dev).and_then(|s| s.2.clone()),
                         })
                         .collect(),
                 }
@@ -247,7 +310,7 @@ impl PipelineHandle {
             .collect();
         Ok(RolloutView {
             deployment_id: id,
-            state: r.state,
+            state: ShownState::of(&r),
             started_at: r.started_at.map(fmt_ms),
             current_phase: started.then(|| name_of(r.phase)).flatten(),
             on_failure: plan.on_failure,
@@ -287,6 +350,50 @@ impl PipelineHandle {
             self.start_controller(id).await;
         }
         self.rollout(pid, id).await
+    }
+}
+
+/// `POST .../rollout/devices/{device_id}/retry`: the device's state with the package now.
+#[derive(Debug, Serialize, schemars::JsonSchema)]
+pub struct Retried {
+    pub deployment_id: u64,
+    pub device_id: u64,
+    /// `retrying` until the device reports again.
+    pub state: UpdateState,
+    /// How many times the package was offered to the device again.
+    pub offers: u32,
+}
+
+impl PipelineHandle {
+    /// A member's retry of a device that failed the package: the package is offered to it
+    /// again (a new ETag on its next poll), and its failure no longer counts against its
+    /// phase, which waits for its new report.
+    pub async fn retry_device(
+        &self,
+        pid: u64,
+        id: u64,
+        device_id: u64,
+        by: String,
+    ) -> Result<Retried> {
+        let offers = self
+            .projects
+            .write(pid, |reply| ProjectMsg::RetryDevice {
+                id,
+                device_id,
+                by: by.clone(),
+                reply,
+            })
+            .await?;
+        let me = self.clone();
+        if crate::off_thread(move || Ok(me.store.rollout(id)?.is_some())).await? {
+            self.start_controller(id).await;
+        }
+        Ok(Retried {
+            deployment_id: id,
+            device_id,
+            state: UpdateState::Retrying,
+            offers,
+        })
     }
 }
 

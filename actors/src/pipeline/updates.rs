@@ -52,6 +52,13 @@ pub struct ConfigRef<'a> {
     pub download_url: String,
 }
 
+/// What the device update API answers a device: its package's body, and the ETag for this
+/// device (the package's, or another once the package was offered to it again).
+pub struct Offered {
+    pub answer: Arc<Answer>,
+    pub etag: String,
+}
+
 /// `GET /devices/{id}/history`: the packages a device reported on, newest activity first.
 #[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct DeviceHistory {
@@ -89,8 +96,9 @@ pub struct Report {
 
 impl PipelineHandle {
     /// The package `device` of project `pid` should run now, with short-lived download links
-    /// and an ETag; `None` when nothing is assigned. One map read while nothing changed.
-    pub async fn device_update(&self, pid: u64, device: u64) -> Result<Option<Arc<Answer>>> {
+    /// and its ETag for this device; `None` when nothing is assigned. One map read while
+    /// nothing changed.
+    pub async fn device_update(&self, pid: u64, device: u64) -> Result<Option<Offered>> {
         // A hit is one map read on this thread; a miss is computed on the blocking pool.
         let package = match self
             .assignments
@@ -99,18 +107,29 @@ impl PipelineHandle {
             Some(p) => p,
             None => {
                 let me = self.clone();
-                crate::off_thread(move || me.assignments.package_of(&me.store, pid, device)).await?
+                crate::off_thread(move || me.assignments.offer_of(&me.store, pid, device)).await?
             }
         };
-        let Some(package) = package else {
+        let Some((package, offer)) = package else {
             return Ok(None);
         };
+        let answer = self.package_answer(pid, package).await?;
+        // Offered again after a failure: another ETag, so the robot installs it again.
+        let etag = match offer {
+            0 => answer.etag.clone(),
+            n => format!("{}-o{n}\"", answer.etag.trim_end_matches('"')),
+        };
+        Ok(Some(Offered { answer, etag }))
+    }
+
+    /// A package's answer body, shared by its devices.
+    async fn package_answer(&self, pid: u64, package: u64) -> Result<Arc<Answer>> {
         // A package's body is shared by its devices and served while its links keep at least
         // three quarters of their life.
         let ttl_ms = self.cfg.download_ttl_seconds.max(1).saturating_mul(1000);
         let now = now_ms();
         if let Some(b) = self.assignments.body(package, now - ttl_ms / 4) {
-            return Ok(Some(b));
+            return Ok(b);
         }
         let p = self
             .store
@@ -118,7 +137,7 @@ impl PipelineHandle {
             .ok_or_else(|| Error::not_found("Deployment"))?;
         let b = Arc::new(self.update_body(pid, &p).await?);
         self.assignments.keep_body(package, now, b.clone());
-        Ok(Some(b))
+        Ok(b)
     }
 
     async fn update_body(&self, pid: u64, p: &fleetops_storage::Deployment) -> Result<Answer> {

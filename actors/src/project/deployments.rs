@@ -187,12 +187,13 @@ impl ProjectState {
         any_state: bool,
     ) -> Result<(DeviceProgress, Option<RolloutStatus>)> {
         let d = self.deployment(id)?;
-        let state = UpdateState::parse(&status).filter(|s| any_state || s.result().is_some());
+        let state = UpdateState::parse(&status)
+            .filter(|s| s.reportable() && (any_state || s.result().is_some()));
         let Some(state) = state else {
             return Err(Error::unprocessable(
                 "status",
                 if any_state {
-                    "must be downloading, installing, rebooting, succeeded or failed"
+                    "must be downloading, installing, rebooting, succeeded, failed, rolled_back or rollback_failed"
                 } else {
                     "must be succeeded or failed"
                 },
@@ -231,9 +232,70 @@ impl ProjectState {
             Some(_) => self.store.device_result(id, device_id)?,
             None => None,
         };
-        self.store
-            .record_update(self.pid(), &progress, result.as_ref(), replaced.as_ref())?;
-        Ok((progress, replaced.map(|r| r.status)))
+        // A failure reported to a completed rollout is owed to its gate, in the same write.
+        for _ in 0..32 {
+            let late = match &result {
+                Some(r)
+                    if r.status == RolloutStatus::Failed
+                        && d.status == DeploymentStatus::Active =>
+                {
+                    self.store.rollout(id)?.filter(|r| {
+                        r.state == fleetops_storage::RolloutState::Completed && !r.late_owed
+                    })
+                }
+                _ => None,
+            };
+            let owed = late.as_ref().map(|read| {
+                let mut r = read.clone();
+                r.late_owed = true;
+                r
+            });
+            match self.store.record_update(
+                self.pid(),
+                &progress,
+                result.as_ref(),
+                replaced.as_ref(),
+                owed.as_ref().zip(late.as_ref()),
+            ) {
+                Err(fleetops_storage::StorageError::Conflict(w)) if w == "rollout" => continue,
+                other => other?,
+            }
+            return Ok((progress, replaced.map(|r| r.status)));
+        }
+        Err(Error::Unavailable {
+            retry_after_secs: 1,
+        })
+    }
+
+    /// Offers the package again to a device that failed it (a member's retry): 409 unless
+    /// the package is active and the device's latest result with it is `failed`.
+    pub(super) fn retry_device(&self, id: u64, device_id: u64, by: String) -> Result<u32> {
+        let d = self.deployment(id)?;
+        if self.store.device(self.pid(), device_id)?.is_none() {
+            return Err(Error::not_found("Device"));
+        }
+        if d.status != DeploymentStatus::Active {
+            return Err(Error::Conflict(format!(
+                "Deployment is {}; only an active package can be offered again",
+                d.status
+            )));
+        }
+        let Some(read) = self
+            .store
+            .device_result(id, device_id)?
+            .filter(|r| r.status == RolloutStatus::Failed)
+        else {
+            return Err(Error::Conflict(format!(
+                "Device {device_id} has not failed this package; only a failed device can be retried"
+            )));
+        };
+        let offer = self.store.retry_device(
+            self.pid(),
+            &read,
+            format!("offered again by {by}"),
+            now_ms(),
+        )?;
+        Ok(offer)
     }
 
     /// A rollout's step or a member's action on it; replies with the rollout and whether it
@@ -281,7 +343,7 @@ impl ProjectState {
         })?;
         let member = !matches!(
             action,
-            RolloutAction::Step { .. } | RolloutAction::NoticeSent
+            RolloutAction::Step { .. } | RolloutAction::NoticeSent | RolloutAction::Late { .. }
         );
         if d.status != DeploymentStatus::Active && action != RolloutAction::NoticeSent {
             if member {

@@ -262,6 +262,14 @@ pub(crate) enum ProjectMsg {
         reply: Reply<fleetops_storage::rollouts::ProjectPolicy>,
     },
     /// A rollout's step (its controller) or a member's action on it.
+    /// A member offers a failed package again to one device; replies with its offer count.
+    RetryDevice {
+        id: u64,
+        device_id: u64,
+        /// Who asked (the history's entry names them).
+        by: String,
+        reply: Reply<u32>,
+    },
     Rollout {
         id: u64,
         action: crate::rules::rollouts::RolloutAction,
@@ -327,6 +335,7 @@ impl ProjectMsg {
             ReportRollout,
             SetLogRetention,
             SetPolicy,
+            RetryDevice,
             Rollout
         );
     }
@@ -698,6 +707,18 @@ impl ProjectState {
             }
             ProjectMsg::SetLogRetention { retention, reply } => {
                 let _ = reply.send(st.set_log_retention(retention));
+            }
+            ProjectMsg::RetryDevice {
+                id,
+                device_id,
+                by,
+                reply,
+            } => {
+                let r = st.retry_device(id, device_id, by);
+                if r.is_ok() {
+                    st.reassigned();
+                }
+                let _ = reply.send(r);
             }
             ProjectMsg::Rollout {
                 id,

@@ -38,6 +38,34 @@ pub struct Phase {
     /// Failed devices over the phase's devices; above it the phase fails.
     #[serde(default)]
     pub max_failure_rate: f64,
+    /// Succeeded devices over the phase's devices (less the failures a resume accepted); the
+    /// phase passes only at or above it. Default 1, or `1 - max_failure_rate` when that is
+    /// given (the two then state one tolerance).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_success_rate: Option<f64>,
+    /// A device of the phase that reports no final result within this many seconds of the
+    /// phase's start (or resume) counts against it: the phase fails its gate. Default
+    /// [`DEFAULT_REPORT_TIMEOUT_SECONDS`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub report_timeout_seconds: Option<u64>,
+}
+
+/// A phase's devices have an hour to report a final result unless its plan says otherwise.
+pub const DEFAULT_REPORT_TIMEOUT_SECONDS: u64 = 3600;
+
+impl Phase {
+    /// The success rate the phase needs to pass.
+    pub fn success_needed(&self) -> f64 {
+        self.min_success_rate
+            .unwrap_or(1.0 - self.max_failure_rate)
+            .clamp(0.0, 1.0)
+    }
+
+    /// How long its devices have to report, in seconds.
+    pub fn report_timeout(&self) -> u64 {
+        self.report_timeout_seconds
+            .unwrap_or(DEFAULT_REPORT_TIMEOUT_SECONDS)
+    }
 }
 
 /// Exactly one of the three.
@@ -120,6 +148,22 @@ impl RolloutPlan {
                 return Err(Error::unprocessable(
                     &at("max_failure_rate"),
                     "must be from 0 to 1",
+                ));
+            }
+            if p.min_success_rate
+                .is_some_and(|r| !(0.0..=1.0).contains(&r))
+            {
+                return Err(Error::unprocessable(
+                    &at("min_success_rate"),
+                    "must be from 0 to 1",
+                ));
+            }
+            if p.report_timeout_seconds
+                .is_some_and(|t| t == 0 || t > MAX_WAIT_SECONDS)
+            {
+                return Err(Error::unprocessable(
+                    &at("report_timeout_seconds"),
+                    "must be from 1 s to 30 days",
                 ));
             }
         }
@@ -243,16 +287,125 @@ pub enum Step {
     Fail(String),
 }
 
-/// The gate of the current phase: failed when its failure rate is above the limit or a gate
-/// rule fired on one of its devices since it began (checked at once, before the wait is
-/// over); passed once `min_wait_seconds` have gone by without either.
+/// A device of a phase, as its gate sees it: its final result with the package, if any.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Member {
+    pub id: u64,
+    /// `(failed?, reported_at)` of its latest final report.
+    pub result: Option<(bool, i64)>,
+}
+
+/// What a phase's devices reported, counted for its gate.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+struct Tally {
+    devices: usize,
+    succeeded: usize,
+    /// Failures since `accepted_before`.
+    failed: usize,
+    /// Failures a member's resume accepted (out of the count the success rate is taken on).
+    accepted: usize,
+    unfinished: usize,
+    /// When the last of its finished devices finished.
+    last_finished: i64,
+}
+
+impl Tally {
+    fn of(members: &[Member], accepted_before: i64) -> Self {
+        let mut t = Tally {
+            devices: members.len(),
+            last_finished: i64::MIN,
+            ..Tally::default()
+        };
+        for m in members {
+            match m.result {
+                None => t.unfinished += 1,
+                Some((false, at)) => {
+                    t.succeeded += 1;
+                    t.last_finished = t.last_finished.max(at);
+                }
+                Some((true, at)) if at < accepted_before => {
+                    t.accepted += 1;
+                    t.last_finished = t.last_finished.max(at);
+                }
+                Some((true, at)) => {
+                    t.failed += 1;
+                    t.last_finished = t.last_finished.max(at);
+                }
+            }
+        }
+        t
+    }
+
+    /// Failed over devices.
+    fn failure_rate(&self) -> f64 {
+        if self.devices == 0 {
+            0.0
+        } else {
+            self.failed as f64 / self.devices as f64
+        }
+    }
+
+    /// The devices the success rate is taken on: all less the accepted failures.
+    fn judged(&self) -> usize {
+        self.devices - self.accepted
+    }
+
+    /// Why the phase fails on what its devices reported so far, if it does: a failure rate
+    /// above the limit, or a success rate that is (or can only end) below the minimum.
+    fn verdict(&self, p: &Phase) -> Option<String> {
+        let rate = self.failure_rate();
+        if rate > p.max_failure_rate {
+            return Some(format!(
+                "failure rate {rate:.3} ({} of {} devices) in phase {} is above {}",
+                self.failed, self.devices, p.name, p.max_failure_rate
+            ));
+        }
+        self.success_verdict(p)
+    }
+
+    /// The success part of [`Tally::verdict`].
+    fn success_verdict(&self, p: &Phase) -> Option<String> {
+        let judged = self.judged();
+        if judged == 0 {
+            return None;
+        }
+        let need = p.success_needed();
+        // Compared in whole devices, so 0.9 of 10 is 9 and not 9.000000000000002.
+        let enough = |n: usize| n as f64 >= (need * judged as f64) - 1e-9;
+        if self.unfinished == 0 && !enough(self.succeeded) {
+            return Some(format!(
+                "success rate {:.3} ({} of {judged} devices) in phase {} is below {need}",
+                self.succeeded as f64 / judged as f64,
+                self.succeeded,
+                p.name
+            ));
+        }
+        if self.unfinished > 0 && !enough(self.succeeded + self.unfinished) {
+            return Some(format!(
+                "success rate can reach at most {:.3} ({} of {judged} devices) in phase {}, below {need}",
+                (self.succeeded + self.unfinished) as f64 / judged as f64,
+                self.succeeded + self.unfinished,
+                p.name
+            ));
+        }
+        None
+    }
+}
+
+/// The gate of the current phase, judged on what its devices reported. It **fails** at once
+/// when a gate rule fired on a device of a started phase since the phase began (`fired`), its
+/// failure rate is above `max_failure_rate`, its success rate is (or can only end) below
+/// `min_success_rate`, or devices have not reported a final result within
+/// `report_timeout_seconds` of the phase's start (`unreported` names them for the reason). It
+/// **passes** only once every device reported, and then `min_wait_seconds` after the last of
+/// them finished (and after the phase began): the next phase starts, or the rollout completes.
 pub fn gate(
     plan: &RolloutPlan,
     r: &Rollout,
     now: i64,
-    phase_devices: usize,
-    failed: usize,
+    members: &[Member],
     fired: Option<(u64, u64)>,
+    unreported: impl FnOnce(&[u64]) -> String,
 ) -> Step {
     let Some(p) = plan.phases.get(r.phase as usize) else {
         return Step::Complete;
@@ -263,19 +416,30 @@ pub fn gate(
             p.name
         ));
     }
-    let rate = if phase_devices == 0 {
-        0.0
-    } else {
-        failed as f64 / phase_devices as f64
-    };
-    if rate > p.max_failure_rate {
-        return Step::Fail(format!(
-            "failure rate {rate:.3} ({failed} of {phase_devices} devices) in phase {} is above {}",
-            p.name, p.max_failure_rate
-        ));
+    let t = Tally::of(members, r.accepted_before.max(r.phase_started_at));
+    if let Some(why) = t.verdict(p) {
+        return Step::Fail(why);
     }
-    let waited = now.saturating_sub(r.phase_started_at) >= (p.min_wait_seconds as i64) * 1000;
-    if !waited {
+    if t.unfinished > 0 {
+        let timeout = p.report_timeout();
+        if now.saturating_sub(r.phase_started_at) >= (timeout as i64).saturating_mul(1000) {
+            let ids: Vec<u64> = members
+                .iter()
+                .filter(|m| m.result.is_none())
+                .map(|m| m.id)
+                .collect();
+            let n = ids.len();
+            return Step::Fail(format!(
+                "{n} device{} did not report within {timeout} s in phase {}: {}",
+                if n == 1 { "" } else { "s" },
+                p.name,
+                unreported(&ids)
+            ));
+        }
+        return Step::Wait;
+    }
+    let from = t.last_finished.max(r.phase_started_at);
+    if now.saturating_sub(from) < (p.min_wait_seconds as i64).saturating_mul(1000) {
         return Step::Wait;
     }
     if r.phase as usize + 1 >= plan.phases.len() {
@@ -283,6 +447,35 @@ pub fn gate(
     } else {
         Step::Advance
     }
+}
+
+/// A phase that already passed, judged again on what its devices reported since (a late
+/// failure): the reason it now fails, if it does. Only what was reported counts: a device
+/// that has not reported (a new target, a retried device) is not held against it.
+pub fn late_verdict(
+    plan: &RolloutPlan,
+    phase: u32,
+    r: &Rollout,
+    members: &[Member],
+) -> Option<String> {
+    let p = plan.phases.get(phase as usize)?;
+    let mut t = Tally::of(members, r.accepted_before);
+    if t.failed == 0 {
+        return None;
+    }
+    // Judged as if the unreported devices were not in the phase, but the failure rate stays
+    // over all of its devices, as when it passed.
+    let all = t.devices;
+    t.unfinished = 0;
+    let rate = t.failure_rate();
+    if rate > p.max_failure_rate {
+        return Some(format!(
+            "late failure: failure rate {rate:.3} ({} of {all} devices) in phase {} is above {}",
+            t.failed, p.name, p.max_failure_rate
+        ));
+    }
+    t.devices = members.iter().filter(|m| m.result.is_some()).count();
+    t.success_verdict(p).map(|w| format!("late failure: {w}"))
 }
 
 /// A change to a rollout: the controller's step, or a member's action.
@@ -300,6 +493,11 @@ pub enum RolloutAction {
     Abort,
     /// The failed gate's notice went out.
     NoticeSent,
+    /// The controller judged a completed rollout's late failures: `reason` when a phase now
+    /// fails its gate (recorded as a `late_failure` decision, its notice owed).
+    Late {
+        reason: Option<String>,
+    },
 }
 
 /// The notice a failed gate's decision owes the gate rules' integrations (`None` for any
@@ -308,6 +506,7 @@ pub fn notice_for(action: &str, reason: &str) -> Option<String> {
     match action {
         "paused" => Some(format!("rollout paused: {reason}")),
         "rolled_back" => Some(format!("rollout rolled back: {reason}")),
+        "late_failure" => Some(format!("after the rollout completed: {reason}")),
         _ => None,
     }
 }
@@ -325,6 +524,8 @@ pub fn planned(deployment: u64, project: u64, plan_json: Vec<u8>) -> Rollout {
         rolled_back_to: None,
         decisions: Vec::new(),
         notice_owed: None,
+        accepted_before: 0,
+        late_owed: false,
     }
 }
 
@@ -334,6 +535,7 @@ pub fn start(r: &mut Rollout, plan: &RolloutPlan, now: i64) {
     r.phase = 0;
     r.started_at = Some(now);
     r.phase_started_at = now;
+    r.accepted_before = now;
     let name = plan.phases.first().map_or("1", |p| p.name.as_str());
     r.decide(
         now,
@@ -432,6 +634,7 @@ pub fn apply(
             // The phase's gate starts over: its wait, and failures and alerts from now.
             r.state = S::Running;
             r.phase_started_at = now;
+            r.accepted_before = now;
             r.decide(
                 now,
                 "resumed",
@@ -460,6 +663,18 @@ pub fn apply(
                 return Ok(false);
             }
             r.notice_owed = None;
+        }
+        RolloutAction::Late { reason } => {
+            if !r.late_owed {
+                return Ok(false);
+            }
+            r.late_owed = false;
+            if let Some(reason) = reason
+                && r.state == S::Completed
+            {
+                r.notice_owed = notice_for("late_failure", &reason);
+                r.decide(now, "late_failure", reason);
+            }
         }
     }
     Ok(true)
@@ -495,6 +710,8 @@ mod tests {
             serde_json::json!({"phases": [{"name": "a", "devices": {"count": 1}}], "gate_alert_rule_ids": [4]}),
             serde_json::json!({"phases": [{"name": "a", "devices": {"count": 1}}], "on_failure": "explode"}),
             serde_json::json!({"phases": [{"name": "a", "devices": {"count": 1}, "extra": 1}]}),
+            serde_json::json!({"phases": [{"name": "a", "devices": {"count": 1}, "min_success_rate": 1.5}]}),
+            serde_json::json!({"phases": [{"name": "a", "devices": {"count": 1}, "report_timeout_seconds": 0}]}),
         ] {
             assert!(
                 matches!(plan(bad.clone()), Err(Error::Unprocessable(_))),
@@ -545,34 +762,186 @@ mod tests {
         }
     }
 
-    #[test]
-    fn the_gate_fails_at_once_and_passes_after_the_wait() {
-        let p = plan(serde_json::json!({"phases": [
-            {"name": "canary", "devices": {"count": 2}, "min_wait_seconds": 10, "max_failure_rate": 0.25},
-            {"name": "rest", "devices": {"percent": 100}}
-        ]}))
-        .unwrap();
-        let mut r = Rollout {
+    fn running(phase: u32, phase_started_at: i64) -> Rollout {
+        Rollout {
             deployment_id: 1,
             project_id: 1,
             plan_json: Vec::new(),
             state: RolloutState::Running,
-            phase: 0,
+            phase,
             started_at: Some(0),
-            phase_started_at: 1_000,
+            phase_started_at,
             rolled_back_to: None,
             decisions: Vec::new(),
             notice_owed: None,
-        };
-        assert_eq!(gate(&p, &r, 2_000, 4, 1, None), Step::Wait);
-        assert!(matches!(gate(&p, &r, 2_000, 4, 2, None), Step::Fail(_)));
-        assert!(
-            matches!(gate(&p, &r, 2_000, 4, 0, Some((3, 5))), Step::Fail(m) if m.contains("device 5"))
+            accepted_before: 0,
+            late_owed: false,
+        }
+    }
+
+    fn ok(id: u64, at: i64) -> Member {
+        Member {
+            id,
+            result: Some((false, at)),
+        }
+    }
+    fn bad(id: u64, at: i64) -> Member {
+        Member {
+            id,
+            result: Some((true, at)),
+        }
+    }
+    fn silent(id: u64) -> Member {
+        Member { id, result: None }
+    }
+    fn names(ids: &[u64]) -> String {
+        ids.iter()
+            .map(|i| format!("d{i}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    #[test]
+    fn a_phase_waits_for_every_device_then_its_wait_from_the_last_report() {
+        let p = plan(serde_json::json!({"phases": [
+            {"name": "canary", "devices": {"count": 2}, "min_wait_seconds": 10},
+            {"name": "rest", "devices": {"percent": 100}}
+        ]}))
+        .unwrap();
+        let r = running(0, 1_000);
+        // Long past the wait, but one device has not reported: it waits.
+        let m = [ok(1, 2_000), silent(2)];
+        assert_eq!(gate(&p, &r, 100_000, &m, None, names), Step::Wait);
+        // Both reported; the wait runs from the last report (5 s), not the phase's start.
+        let m = [ok(1, 2_000), ok(2, 5_000)];
+        assert_eq!(gate(&p, &r, 14_999, &m, None, names), Step::Wait);
+        assert_eq!(gate(&p, &r, 15_000, &m, None, names), Step::Advance);
+        assert_eq!(
+            gate(&p, &running(1, 1_000), 15_000, &[], None, names),
+            Step::Complete
         );
-        assert_eq!(gate(&p, &r, 11_000, 4, 1, None), Step::Advance);
-        r.phase = 1;
-        assert_eq!(gate(&p, &r, 11_000, 4, 0, None), Step::Complete);
+    }
+
+    #[test]
+    fn a_failure_or_a_gate_rule_fails_the_phase_at_once() {
+        let p = plan(serde_json::json!({"phases": [
+            {"name": "canary", "devices": {"count": 4}, "min_wait_seconds": 10, "max_failure_rate": 0.25},
+            {"name": "rest", "devices": {"percent": 100}}
+        ]}))
+        .unwrap();
+        let r = running(0, 1_000);
+        let one = [bad(1, 2_000), silent(2), silent(3), silent(4)];
+        assert_eq!(gate(&p, &r, 2_000, &one, None, names), Step::Wait);
+        let two = [bad(1, 2_000), bad(2, 2_000), silent(3), silent(4)];
+        assert!(
+            matches!(gate(&p, &r, 2_000, &two, None, names), Step::Fail(m) if m.contains("failure rate 0.500 (2 of 4 devices)"))
+        );
+        assert!(
+            matches!(gate(&p, &r, 2_000, &one, Some((3, 5)), names), Step::Fail(m) if m.contains("device 5"))
+        );
+        // One of four failed, 0.25 allowed: with 1 - 0.25 the success needed, it passes.
+        let done = [bad(1, 2_000), ok(2, 2_000), ok(3, 2_000), ok(4, 2_000)];
+        assert_eq!(gate(&p, &r, 12_000, &done, None, names), Step::Advance);
+    }
+
+    #[test]
+    fn a_success_rate_below_its_minimum_fails_once_it_cannot_be_reached() {
+        let p = plan(serde_json::json!({"phases": [
+            {"name": "canary", "devices": {"count": 4}, "max_failure_rate": 0.5, "min_success_rate": 0.75},
+            {"name": "rest", "devices": {"percent": 100}}
+        ]}))
+        .unwrap();
+        let r = running(0, 1_000);
+        // One failed of four: three may still succeed (0.75).
+        let m = [bad(1, 2_000), silent(2), silent(3), ok(4, 2_000)];
+        assert_eq!(gate(&p, &r, 3_000, &m, None, names), Step::Wait);
+        // Two failed (0.5 is not above 0.5): 0.75 can no longer be reached.
+        let m = [bad(1, 2_000), bad(2, 2_000), silent(3), ok(4, 2_000)];
+        assert!(
+            matches!(gate(&p, &r, 3_000, &m, None, names), Step::Fail(m) if m.contains("at most 0.500"))
+        );
+    }
+
+    #[test]
+    fn devices_that_do_not_report_in_time_fail_the_phase_by_name() {
+        let p = plan(serde_json::json!({"phases": [
+            {"name": "canary", "devices": {"count": 3}, "report_timeout_seconds": 60},
+            {"name": "rest", "devices": {"percent": 100}}
+        ]}))
+        .unwrap();
+        let r = running(0, 1_000);
+        let m = [ok(1, 2_000), silent(2), silent(3)];
+        assert_eq!(gate(&p, &r, 60_999, &m, None, names), Step::Wait);
+        match gate(&p, &r, 61_000, &m, None, names) {
+            Step::Fail(why) => assert_eq!(
+                why,
+                "2 devices did not report within 60 s in phase canary: d2, d3"
+            ),
+            other => panic!("{other:?}"),
+        }
+        // Without a timeout in the plan, the default hour.
+        let p =
+            plan(serde_json::json!({"phases": [{"name": "a", "devices": {"count": 1}}]})).unwrap();
+        let m = [silent(1)];
+        assert_eq!(gate(&p, &r, 3_600_999, &m, None, names), Step::Wait);
+        assert!(matches!(
+            gate(&p, &r, 3_601_000, &m, None, names),
+            Step::Fail(_)
+        ));
+    }
+
+    #[test]
+    fn a_resume_accepts_the_failures_before_it() {
+        let p = plan(serde_json::json!({"phases": [
+            {"name": "canary", "devices": {"count": 4}},
+            {"name": "rest", "devices": {"percent": 100}}
+        ]}))
+        .unwrap();
+        let mut r = running(0, 10_000);
+        r.accepted_before = 10_000;
+        // Failed before the resume: out of the count; the other three succeeded.
+        let m = [bad(1, 5_000), ok(2, 11_000), ok(3, 11_000), ok(4, 12_000)];
+        assert_eq!(gate(&p, &r, 12_000, &m, None, names), Step::Advance);
+        // A failure after it fails the phase.
+        let m = [bad(1, 5_000), bad(2, 11_000), ok(3, 11_000), ok(4, 12_000)];
+        assert!(matches!(
+            gate(&p, &r, 12_000, &m, None, names),
+            Step::Fail(_)
+        ));
+    }
+
+    #[test]
+    fn a_late_failure_is_judged_against_its_phase() {
+        let p = plan(serde_json::json!({"phases": [
+            {"name": "canary", "devices": {"count": 4}, "max_failure_rate": 0.25},
+            {"name": "rest", "devices": {"percent": 100}}
+        ]}))
+        .unwrap();
+        let r = running(1, 10_000);
+        // One failure of four is within 0.25; a second is not.
+        let m = [bad(1, 2_000), ok(2, 2_000), ok(3, 2_000), ok(4, 2_000)];
+        assert_eq!(late_verdict(&p, 0, &r, &m), None);
+        let m = [bad(1, 2_000), bad(2, 20_000), ok(3, 2_000), ok(4, 2_000)];
+        let why = late_verdict(&p, 0, &r, &m).unwrap();
+        assert!(
+            why.starts_with("late failure: failure rate 0.500 (2 of 4 devices) in phase canary"),
+            "{why}"
+        );
+        // A device that has not reported (retried, or new) is not held against it.
+        let m = [ok(1, 2_000), silent(2), ok(3, 2_000), ok(4, 2_000)];
+        assert_eq!(late_verdict(&p, 0, &r, &m), None);
+        // Failures a resume accepted are not judged again.
+        let mut r = running(1, 30_000);
+        r.accepted_before = 30_000;
+        let m = [bad(1, 2_000), bad(2, 20_000), ok(3, 2_000), ok(4, 2_000)];
+        assert_eq!(late_verdict(&p, 0, &r, &m), None);
+    }
+
+    #[test]
+    fn rollouts_reach_only_started_phases() {
+        let mut r = running(1, 1_000);
         assert!(reaches(Some(&r), Some(1)));
+        assert!(!reaches(Some(&r), Some(2)));
         r.state = RolloutState::RolledBack;
         assert!(!reaches(Some(&r), Some(0)));
         assert!(reaches(None, None));

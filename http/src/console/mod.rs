@@ -171,6 +171,28 @@ async fn route(
             );
             rollout_action(app, req, &org, &project, &id, &action).await
         }
+        (
+            &Method::POST,
+            [
+                "console",
+                org,
+                project,
+                "deployments",
+                id,
+                "rollout",
+                "devices",
+                device,
+                "retry",
+            ],
+        ) => {
+            let (org, project, id, device) = (
+                org.to_string(),
+                project.to_string(),
+                id.to_string(),
+                device.to_string(),
+            );
+            retry_device(app, req, &org, &project, &id, &device).await
+        }
         _ => Err(ApiError::NotFoundRoute),
     };
     r.unwrap_or_else(|e| error_page(&e, None))
@@ -607,6 +629,36 @@ async fn rollout_action(
     app.rt
         .pipeline
         .rollout_action(scope.project.id, id, action)
+        .await?;
+    Ok(redirect(
+        &format!("/console/{org}/{project}/deployments/{id}"),
+        s.refresh,
+    ))
+}
+
+/// A member's Retry of a device that failed the package: offered to it again.
+async fn retry_device(
+    app: &App,
+    mut req: Req,
+    org: &str,
+    project: &str,
+    id: &str,
+    device: &str,
+) -> Result<Response<Body>, ApiError> {
+    let member = |s: &Signed| {
+        Ok(app
+            .rt
+            .access
+            .project(&s.principal, org, project, Role::Member)?)
+    };
+    let Some((s, scope, _)) = checked_form_for(app, &mut req, member).await? else {
+        return Ok(to_login());
+    };
+    let id = parse_id(id, "Deployment")?;
+    let device = parse_id(device, "Device")?;
+    app.rt
+        .pipeline
+        .retry_device(scope.project.id, id, device, s.principal.who())
         .await?;
     Ok(redirect(
         &format!("/console/{org}/{project}/deployments/{id}"),

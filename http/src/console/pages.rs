@@ -3,7 +3,9 @@
 
 use std::collections::BTreeMap;
 
+use fleetops_actors::UpdateState;
 use fleetops_actors::alerts::backtest::LAST_HOURS;
+use fleetops_actors::pipeline::rollouts::ShownState;
 use fleetops_actors::views::{DeviceView, Page, SessionItem};
 use maud::{DOCTYPE, Markup, html};
 
@@ -414,13 +416,13 @@ pub fn rollout(
             @match r {
                 None => p { "This package has no phased rollout: it reaches every target at activation." }
                 Some(r) => {
-                    p { "Rollout: " strong id="rollout-state" { (r.state) }
+                    p { "Rollout: " strong id="rollout-state" { (r.state.as_str()) }
                         @if let Some(c) = &r.current_phase { ", phase " strong id="current-phase" { (c) } } }
                     @if let Some(base) = action_base {
-                        @if matches!(r.state, fleetops_actors::RolloutState::Running | fleetops_actors::RolloutState::Paused) {
-                            form method="post" action={ (base) "/" (if r.state == fleetops_actors::RolloutState::Running { "pause" } else { "resume" }) } {
+                        @if matches!(r.state, ShownState::Running | ShownState::Paused) {
+                            form method="post" action={ (base) "/" (if r.state == ShownState::Running { "pause" } else { "resume" }) } {
                                 input type="hidden" name="csrf" value=(chrome.csrf);
-                                button type="submit" id="rollout-action" { (if r.state == fleetops_actors::RolloutState::Running { "Pause" } else { "Resume" }) }
+                                button type="submit" id="rollout-action" { (if r.state == ShownState::Running { "Pause" } else { "Resume" }) }
                             }
                         }
                     }
@@ -428,8 +430,29 @@ pub fn rollout(
                         @for p in &r.phases {
                             li class={ "phase " (p.status) } {
                                 h2 { (p.name) " — " (p.status) }
-                                label { (p.counts.succeeded) " of " (p.device_count) " succeeded, " (p.counts.failed) " failed"
+                                label { (p.counts.succeeded) " of " (p.device_count) " succeeded, "
+                                    (p.counts.failed + p.counts.rolled_back + p.counts.rollback_failed) " failed"
                                     progress max=(p.device_count.max(1)) value=(p.counts.succeeded) {} }
+                                @let failed: Vec<_> = p.devices.iter().filter(|d| matches!(d.state, Some(UpdateState::Failed | UpdateState::RolledBack | UpdateState::RollbackFailed))).collect();
+                                @if !failed.is_empty() {
+                                    table class="failed-devices" {
+                                        thead { tr { th scope="col" { "Device" } th scope="col" { "State" } th scope="col" { "Why" } th {} } }
+                                        tbody {
+                                            @for d in failed {
+                                                tr {
+                                                    td { (d.name) } td { (d.state.map_or("", |s| s.as_str())) }
+                                                    td { (d.message.as_deref().unwrap_or("")) }
+                                                    td { @if let Some(base) = action_base {
+                                                        form method="post" action={ (base) "/devices/" (d.id) "/retry" } {
+                                                            input type="hidden" name="csrf" value=(chrome.csrf);
+                                                            button type="submit" class="retry" id={ "retry-" (d.id) } { "Retry" }
+                                                        }
+                                                    } }
+                                                }
+                                            }
+                                        }
+                                    }
+                                }
                             }
                         }
                     }

@@ -11,6 +11,22 @@ use crate::app::{Cx, Req};
 use crate::body::{self, Body};
 use crate::error::{ApiError, ApiResult};
 
+/// `POST /deployments/{id}/rollout/devices/{device_id}/retry` (member): the package is
+/// offered again to a device that failed it; 409 unless the package is active and the
+/// device's latest result with it is `failed`.
+pub async fn retry_device(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
+    let (p, s) = cx.project(&req, Role::Member).await?;
+    let id = req.id("deployment_id", "Deployment")?;
+    cx.rt().pipeline.exists("deployment", s.project.id, id)?;
+    let device = req.id("device_id", "Device")?;
+    body::ok(
+        &cx.rt()
+            .pipeline
+            .retry_device(s.project.id, id, device, p.who())
+            .await?,
+    )
+}
+
 #[derive(Deserialize, schemars::JsonSchema)]
 #[schemars(rename = "DeploymentRequest")]
 pub(crate) struct CreateBody {

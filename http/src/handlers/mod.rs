@@ -137,6 +137,7 @@ pub async fn dispatch(op: Op, cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<B
         Op::PauseRollout => deployments::rollout_action(cx, req, RolloutAction::Pause).await,
         Op::ResumeRollout => deployments::rollout_action(cx, req, RolloutAction::Resume).await,
         Op::AbortRollout => deployments::rollout_action(cx, req, RolloutAction::Abort).await,
+        Op::RetryDevice => deployments::retry_device(cx, req).await,
         Op::DeviceUpdateStatus => updates::report(cx, req).await,
         Op::DeviceHistory => updates::history(cx, req).await,
         Op::ScmWebhook => webhooks::receive(cx, req).await,

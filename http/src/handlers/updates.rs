@@ -15,12 +15,13 @@ use fleetops_actors::Role;
 pub async fn current(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
     let p = cx.authenticate(&req, None).await?;
     let (pid, device) = cx.rt().access.require_device(&p)?;
-    let Some(answer) = cx.rt().pipeline.device_update(pid, device).await? else {
+    let Some(offered) = cx.rt().pipeline.device_update(pid, device).await? else {
         return body::no_content();
     };
+    let (answer, etag) = (&offered.answer, &offered.etag);
     let status = if req
         .header("if-none-match")
-        .is_some_and(|v| etag_matches(v, &answer.etag))
+        .is_some_and(|v| etag_matches(v, etag))
     {
         StatusCode::NOT_MODIFIED
     } else {
@@ -33,7 +34,7 @@ pub async fn current(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
     };
     Response::builder()
         .status(status)
-        .header(http::header::ETAG, answer.etag.as_str())
+        .header(http::header::ETAG, etag.as_str())
         .header(http::header::CACHE_CONTROL, "no-cache")
         .header(http::header::CONTENT_TYPE, "application/json")
         .body(b)
