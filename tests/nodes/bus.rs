@@ -308,3 +308,117 @@ async fn a_node_is_refused_on_a_database_a_lone_server_holds() {
     let (s, _) = call(&client(), Method::GET, a.url("/readyz"), "", None).await;
     assert_eq!(s, 200);
 }
+
+/// A CA and a certificate it signed for 127.0.0.1, made with openssl in `dir`: the CA's PEM,
+/// the leaf's and its key's.
+fn certificates(dir: &std::path::Path) -> (String, String, String) {
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .expect("openssl is installed by README's test command");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
+    let mut ca = vec!["req", "-x509"];
+    ca.extend(ec);
+    ca.extend([
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=fleetops test CA",
+        "-addext",
+        "basicConstraints=critical,CA:TRUE",
+        "-addext",
+        "keyUsage=critical,keyCertSign",
+    ]);
+    run(&ca);
+    let mut leaf = vec!["req"];
+    leaf.extend(ec);
+    leaf.extend([
+        "-keyout",
+        "leaf.key",
+        "-out",
+        "leaf.csr",
+        "-subj",
+        "/CN=127.0.0.1",
+    ]);
+    run(&leaf);
+    std::fs::write(
+        dir.join("leaf.ext"),
+        "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n",
+    )
+    .unwrap();
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        "leaf.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "leaf.pem",
+        "-days",
+        "2",
+        "-extfile",
+        "leaf.ext",
+    ]);
+    let p = |f: &str| dir.join(f).display().to_string();
+    (p("ca.pem"), p("leaf.pem"), p("leaf.key"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_reach_a_nats_server_over_tls_with_a_token_and_one_that_does_not_trust_it_is_refused()
+{
+    let certs = tempfile::tempdir().unwrap();
+    let (ca, cert, key) = certificates(certs.path());
+    let engines = Engines::start_on(Nats::start_with(&[
+        "--tls",
+        "--tlscert",
+        &cert,
+        "--tlskey",
+        &key,
+        "--auth",
+        "t0ken-secret",
+    ]))
+    .await;
+    let bus = format!("token = \"t0ken-secret\"\ntls_ca_file = \"{ca}\"\ntls_required = true");
+    let a = engines.node_with("a", bus_with(&bus));
+    let b = engines.node_with("b", bus_with(&bus));
+    let c = client();
+    let api = a.printed("API key:");
+    let (sid, token) = session(&c, &a, &api).await;
+    let mut ws = tail(&b, sid, &api).await;
+    post_lines(&c, &a, sid, &token, &["over TLS".to_string()]).await;
+    assert_eq!(next_json(&mut ws).await["message"], "over TLS");
+    let (s, r) = call(&c, Method::GET, b.url("/readyz"), "", None).await;
+    assert_eq!((s, &r["bus"]), (200, &json!("ok")), "{r}");
+    // Without the CA the server's certificate is not trusted: no start, and no token shown.
+    let refused = engines
+        .try_node_with(
+            "c",
+            bus_with("token = \"t0ken-secret\"\ntls_required = true"),
+        )
+        .err()
+        .expect("a node that does not trust the server started");
+    assert!(refused.contains("[bus] url"), "{refused}");
+    assert!(!refused.contains("t0ken-secret"), "{refused}");
+}
