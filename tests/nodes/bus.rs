@@ -422,3 +422,40 @@ async fn nodes_reach_a_nats_server_over_tls_with_a_token_and_one_that_does_not_t
     assert!(refused.contains("[bus] url"), "{refused}");
     assert!(!refused.contains("t0ken-secret"), "{refused}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_log_in_to_a_nats_server_with_an_nkey_seed() {
+    let user = nkeys::KeyPair::new_user();
+    let conf = tempfile::tempdir().unwrap();
+    let file = conf.path().join("nats.conf");
+    std::fs::write(
+        &file,
+        format!(
+            "authorization {{ users = [ {{ nkey: \"{}\" }} ] }}\n",
+            user.public_key()
+        ),
+    )
+    .unwrap();
+    let engines = Engines::start_on(Nats::start_with(&["-c", file.to_str().unwrap()])).await;
+    let seed = format!("nkey_seed = \"{}\"", user.seed().unwrap());
+    let a = engines.node_with("a", bus_with(&seed));
+    let b = engines.node_with("b", bus_with(&seed));
+    let c = client();
+    let api = a.printed("API key:");
+    let (sid, token) = session(&c, &a, &api).await;
+    let mut ws = tail(&b, sid, &api).await;
+    post_lines(&c, &a, sid, &token, &["signed in with an nkey".to_string()]).await;
+    assert_eq!(
+        next_json(&mut ws).await["message"],
+        "signed in with an nkey"
+    );
+    let other = format!(
+        "nkey_seed = \"{}\"",
+        nkeys::KeyPair::new_user().seed().unwrap()
+    );
+    let refused = engines
+        .try_node_with("c", bus_with(&other))
+        .err()
+        .expect("a node with an unknown nkey started");
+    assert!(refused.to_lowercase().contains("authoriz"), "{refused}");
+}
