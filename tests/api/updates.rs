@@ -161,7 +161,8 @@ async fn a_device_polls_for_its_package_and_reports_on_it() {
     );
     assert_eq!(
         r.body["device_states"],
-        json!({"downloading": 0, "installing": 1, "rebooting": 0, "succeeded": 1, "failed": 0})
+        json!({"downloading": 0, "installing": 1, "rebooting": 0, "succeeded": 1, "failed": 0,
+            "rolled_back": 0, "rollback_failed": 0, "retrying": 0})
     );
     // The members' route still takes only the final states.
     s.post(

@@ -59,6 +59,8 @@ struct Shared {
     /// The connection holding this server's sections' advisory locks: one for them all
     /// (a try-lock never waits on it), opened again when it breaks.
     sections: tokio::sync::Mutex<Option<(Arc<tokio_postgres::Client>, i32)>>,
+    /// How long a caller waits for a task's answer before it is 503 (45 s; shorter in tests).
+    answer_wait_ms: std::sync::atomic::AtomicU64,
 }
 
 impl Drop for Shared {
@@ -193,6 +195,7 @@ impl Pg {
             server_lock: Mutex::new(None),
             config,
             sections: tokio::sync::Mutex::new(None),
+            answer_wait_ms: std::sync::atomic::AtomicU64::new(45_000),
         }));
         pg.migrate()?;
         Ok(pg)
@@ -327,7 +330,12 @@ impl Pg {
     pub(crate) fn advisory_blocking(&self, key: i64, op: Advisory) -> Result<bool> {
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
         self.advisory_task(key, op, move |r| tx.send(r).map_err(|e| e.0));
-        let wait = || match rx.recv_timeout(Duration::from_secs(45)) {
+        let limit = Duration::from_millis(
+            self.0
+                .answer_wait_ms
+                .load(std::sync::atomic::Ordering::Relaxed),
+        );
+        let wait = || match rx.recv_timeout(limit) {
             Ok(r) => r,
             Err(_) => Err(StorageError::Unavailable(
                 "the database did not answer in time".into(),
@@ -444,7 +452,12 @@ impl Pg {
         });
         // The statement's own timeouts end it well before this; a caller never waits
         // longer for an answer.
-        let wait = || match rx.recv_timeout(Duration::from_secs(45)) {
+        let limit = Duration::from_millis(
+            self.0
+                .answer_wait_ms
+                .load(std::sync::atomic::Ordering::Relaxed),
+        );
+        let wait = || match rx.recv_timeout(limit) {
             Ok(out) => out,
             Err(std::sync::mpsc::RecvTimeoutError::Timeout) => Err(StorageError::Unavailable(
                 "the database did not answer in time".into(),
@@ -989,21 +1002,63 @@ impl PgTree {
     }
 }
 
-/// A connection inside `BEGIN ISOLATION LEVEL SERIALIZABLE`. Dropped without a commit or a
-/// rollback (its closure panicked), the connection is closed, not pooled.
+/// A pooled connection inside an open transaction. Dropped anywhere (a caller that stopped
+/// waiting leaves the task's answer, and this with it, unclaimed; a closure that panicked),
+/// it is closed, never returned to the pool still inside the transaction, where the next
+/// autocommit statement would run in it and be lost with it. [`InTx::release`] gives it back
+/// once its transaction ended.
+struct InTx(Option<deadpool_postgres::Object>);
+
+impl InTx {
+    /// Back to the pool: its transaction committed or rolled back.
+    fn release(mut self) {
+        drop(self.0.take());
+    }
+}
+
+impl std::ops::Deref for InTx {
+    type Target = deadpool_postgres::Object;
+    fn deref(&self) -> &Self::Target {
+        // Set from construction until `release` or `drop` consume it.
+        self.0
+            .as_ref()
+            .unwrap_or_else(|| unreachable!("an InTx is used after its release"))
+    }
+}
+
+impl Drop for InTx {
+    fn drop(&mut self) {
+        if let Some(c) = self.0.take() {
+            drop(deadpool_postgres::Object::take(c));
+        }
+    }
+}
+
+/// Test hook: how long the begin of a transaction is held after its `BEGIN` (as a database
+/// that answers late would), in milliseconds.
+#[cfg(test)]
+static BEGIN_DELAY_MS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// A connection inside `BEGIN ISOLATION LEVEL SERIALIZABLE`, given back to the pool only
+/// after its commit or rollback ([`InTx`]).
 struct PgTx {
     pg: Pg,
-    client: Mutex<Option<deadpool_postgres::Object>>,
+    client: Mutex<Option<InTx>>,
 }
 
 impl PgTx {
     fn begin(pg: &Pg) -> Result<Self> {
         let pool = pg.0.pool.clone();
         let client = pg.run(async move {
-            let c = pool.get().await.map_err(pool_error)?;
+            let c = InTx(Some(pool.get().await.map_err(pool_error)?));
             c.batch_execute("BEGIN ISOLATION LEVEL SERIALIZABLE")
                 .await
                 .map_err(db_error)?;
+            #[cfg(test)]
+            {
+                let ms = BEGIN_DELAY_MS.load(std::sync::atomic::Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+            }
             Ok(c)
         })?;
         Ok(Self {
@@ -1012,11 +1067,11 @@ impl PgTx {
         })
     }
 
-    fn take(&self) -> Option<deadpool_postgres::Object> {
+    fn take(&self) -> Option<InTx> {
         self.client.lock().unwrap_or_else(|e| e.into_inner()).take()
     }
 
-    fn put_back(&self, c: deadpool_postgres::Object) {
+    fn put_back(&self, c: InTx) {
         *self.client.lock().unwrap_or_else(|e| e.into_inner()) = Some(c);
     }
 
@@ -1089,7 +1144,7 @@ impl PgTx {
             let started = std::time::Instant::now();
             let out = async {
                 for (table, w) in writes {
-                    write_all(&c, &table, w).await?;
+                    write_all(&*c, &table, w).await?;
                 }
                 c.batch_execute("COMMIT").await
             }
@@ -1097,19 +1152,17 @@ impl PgTx {
             match out {
                 Ok(()) => {
                     commits.observe(started.elapsed());
+                    c.release();
                     Ok(true)
                 }
                 Err(e) if retryable(&e) => {
-                    if c.batch_execute("ROLLBACK").await.is_err() {
-                        drop(deadpool_postgres::Object::take(c));
+                    if c.batch_execute("ROLLBACK").await.is_ok() {
+                        c.release();
                     }
                     Ok(false)
                 }
-                Err(e) => {
-                    // Whether it committed is unknown; the connection is not reused.
-                    drop(deadpool_postgres::Object::take(c));
-                    Err(db_error(e))
-                }
+                // Whether it committed is unknown; the connection is not reused (dropped).
+                Err(e) => Err(db_error(e)),
             }
         })
     }
@@ -1117,20 +1170,11 @@ impl PgTx {
     fn rollback(&self) {
         if let Some(c) = self.take() {
             let _ = self.pg.run(async move {
-                if c.batch_execute("ROLLBACK").await.is_err() {
-                    drop(deadpool_postgres::Object::take(c));
+                if c.batch_execute("ROLLBACK").await.is_ok() {
+                    c.release();
                 }
                 Ok(())
             });
-        }
-    }
-}
-
-impl Drop for PgTx {
-    fn drop(&mut self) {
-        if let Some(c) = self.take() {
-            // Never back to the pool inside a transaction.
-            drop(deadpool_postgres::Object::take(c));
         }
     }
 }
@@ -1199,7 +1243,62 @@ impl TxTree for Side<'_> {
 
 #[cfg(test)]
 mod tests {
-    use super::prefix_end;
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    /// A caller that stops waiting while its transaction's `BEGIN` is under way (the answer
+    /// comes after the deadline) leaves no connection inside that transaction in the pool:
+    /// every connection the pool hands out afterwards runs its statements in autocommit.
+    #[test]
+    fn a_transaction_its_caller_gave_up_on_never_returns_to_the_pool() {
+        crate::testing::on(crate::testing::Engine::Postgres, || {
+            let dir = tempfile::tempdir().unwrap();
+            let url = crate::testing::database(dir.path()).url;
+            let pg = Pg::open(&url, 2).unwrap();
+            let t = pg.tree("records").unwrap();
+            pg.0.answer_wait_ms
+                .store(300, std::sync::atomic::Ordering::SeqCst);
+            BEGIN_DELAY_MS.store(1_000, std::sync::atomic::Ordering::SeqCst);
+            let out = t.transaction(&t, |_, _| Ok::<(), TxError<()>>(()));
+            match out {
+                Err(TxOutcome::Storage(StorageError::Unavailable(_))) => {}
+                Ok(()) => panic!("answered in time"),
+                Err(TxOutcome::Storage(e)) => panic!("{e}"),
+                Err(_) => panic!("aborted"),
+            }
+            BEGIN_DELAY_MS.store(0, std::sync::atomic::Ordering::SeqCst);
+            pg.0.answer_wait_ms
+                .store(45_000, std::sync::atomic::Ordering::SeqCst);
+            // The abandoned task finishes its begin, and its answer goes unclaimed.
+            std::thread::sleep(Duration::from_millis(1_500));
+            // Both of the pool's connections at once: neither is inside a transaction (in
+            // one, `now()` would be the old BEGIN's time).
+            let pool = pg.0.pool.clone();
+            let stale = pg
+                .run(async move {
+                    let a = pool.get().await.map_err(pool_error)?;
+                    let b = pool.get().await.map_err(pool_error)?;
+                    let mut stale = 0;
+                    for c in [&a, &b] {
+                        let r = c
+                            .query_one(
+                                "SELECT now() < statement_timestamp() - interval '500 ms'",
+                                &[],
+                            )
+                            .await
+                            .map_err(db_error)?;
+                        stale += usize::from(r.get::<_, bool>(0));
+                    }
+                    Ok(stale)
+                })
+                .unwrap();
+            assert_eq!(
+                stale, 0,
+                "a pooled connection is still inside the transaction"
+            );
+        });
+    }
 
     #[test]
     fn a_prefix_ends_past_every_key_that_starts_with_it() {
