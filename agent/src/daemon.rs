@@ -3,8 +3,10 @@
 //! `[heartbeat] interval_seconds`, and, with an install hook configured, keeps the robot on
 //! the package the service assigns it (`update`). With `[logs] files` or `[logs] journal`,
 //! it ships those logs too (`follow`), through the same on-disk spool as `run`, into one
-//! session of the device tagged `agent` (kept in `state_dir/daemon-session` across restarts;
-//! a new one once an operator completes or deletes it). A heartbeat that finds the service out of reach is skipped
+//! session of the device tagged `agent` (made at its first line, kept in
+//! `state_dir/spool/daemon/session` across restarts; a new one once an operator completes or
+//! deletes it); the updates' own lines (stages, hooks' output) go there too. A heartbeat
+//! that finds the service out of reach is skipped
 //! (the next one carries fresh values); a revoked device token (401) stops the agent, since
 //! nothing it sends would be taken.
 
@@ -19,17 +21,21 @@ use crate::spool::Spool;
 pub async fn daemon(cfg: &Config) -> Result<i32, String> {
     let http = client::http_client(cfg)?;
     let id = crate::identity::load_or_enroll(cfg, &http).await?;
-    if !cfg.update.install_hook.trim().is_empty() {
+    let updating = !cfg.update.install_hook.trim().is_empty();
+    let to_session = if !cfg.logs.files.is_empty() || cfg.logs.journal || updating {
+        start_log_shipping(cfg, &http, &id)?
+    } else {
+        None
+    };
+    if updating {
         tokio::spawn(crate::update::run_forever(
             cfg.clone(),
             http.clone(),
             id.clone(),
+            crate::update::Log::new(to_session, cfg.logs.max_line_bytes),
         ));
     }
     tokio::spawn(crate::run::recover(cfg.clone(), http.clone(), id.clone()));
-    if !cfg.logs.files.is_empty() || cfg.logs.journal {
-        start_log_shipping(cfg, &http, &id)?;
-    }
     let url = id.project_url(&format!("/devices/{}/heartbeat", id.device_id));
     let every = Duration::from_secs(cfg.heartbeat.interval_seconds);
     let mut tick = tokio::time::interval(every);
@@ -57,8 +63,13 @@ pub async fn daemon(cfg: &Config) -> Result<i32, String> {
     }
 }
 
-/// Starts following the configured logs into the daemon's session.
-fn start_log_shipping(cfg: &Config, http: &reqwest::Client, id: &Identity) -> Result<(), String> {
+/// Starts following the configured logs into the daemon's session: with an install hook, also
+/// a sender for the updates' own lines into it.
+fn start_log_shipping(
+    cfg: &Config,
+    http: &reqwest::Client,
+    id: &Identity,
+) -> Result<Option<tokio::sync::mpsc::Sender<crate::lines::Entry>>, String> {
     use std::sync::{Arc, Mutex};
     let dir = cfg.state_dir.join("spool").join("daemon");
     let spool = Arc::new(Mutex::new(
@@ -93,6 +104,7 @@ fn start_log_shipping(cfg: &Config, http: &reqwest::Client, id: &Identity) -> Re
         let (tx, kept) = source();
         tokio::spawn(crate::follow::journal(cfg.clone(), tx, kept));
     }
+    let updates = (!cfg.update.install_hook.trim().is_empty()).then(|| source().0);
     // The session's id lives with the batches numbered for it.
     let (http, id, session_file, compress) = (
         http.clone(),
@@ -109,6 +121,11 @@ fn start_log_shipping(cfg: &Config, http: &reqwest::Client, id: &Identity) -> Re
                 .and_then(|t| t.trim().parse::<u64>().ok());
             let session = match known {
                 Some(s) => s,
+                // A session is made once there is a line for it.
+                None if spool.lock().unwrap_or_else(|e| e.into_inner()).is_empty() => {
+                    let _ = tokio::time::timeout(Duration::from_secs(1), offered.notified()).await;
+                    continue;
+                }
                 None => {
                     match crate::run::create_session(&http, &id, &["agent".to_string()]).await {
                         Ok(s) => {
@@ -146,5 +163,5 @@ fn start_log_shipping(cfg: &Config, http: &reqwest::Client, id: &Identity) -> Re
             }
         }
     });
-    Ok(())
+    Ok(updates)
 }

@@ -34,6 +34,7 @@ use tokio::io::AsyncWriteExt;
 use crate::client::{self, CallError};
 use crate::config::Config;
 use crate::identity::{Identity, write_private};
+use crate::lines::{self, Entry};
 
 /// Where an update stands, as kept on disk.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
@@ -56,6 +57,9 @@ pub struct State {
     /// Why the rollback hook failed (the end of its output).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rollback_message: Option<String>,
+    /// What the package installs (`nav 1.0.1`), for the agent's own lines.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub what: String,
     /// The hooks' variables while the rollback hook is `pending`, so that a rollback an
     /// agent did not see end runs again with them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -65,6 +69,18 @@ pub struct State {
 impl State {
     fn finished(&self) -> bool {
         matches!(self.stage.as_str(), "succeeded" | "failed")
+    }
+
+    /// `4 (nav 1.0.1)`.
+    fn title(&self) -> String {
+        let id = self
+            .deployment_id
+            .map_or_else(String::new, |d| d.to_string());
+        if self.what.is_empty() {
+            id
+        } else {
+            format!("{id} ({})", self.what)
+        }
     }
 
     /// A finished package with nothing left to run or report.
@@ -121,27 +137,32 @@ fn save(cfg: &Config, s: &State) -> Result<(), String> {
 }
 
 /// Polls and installs for as long as the daemon runs.
-pub async fn run_forever(cfg: Config, http: reqwest::Client, id: Identity) {
+pub async fn run_forever(cfg: Config, http: reqwest::Client, id: Identity, log: Log) {
     let mut tick = tokio::time::interval(Duration::from_secs(cfg.update.poll_seconds.max(1)));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        if let Err(e) = poll_once(&cfg, &http, &id).await {
+        if let Err(e) = poll_once(&cfg, &http, &id, &log).await {
             eprintln!("fleetops-agent: update: {e}");
         }
     }
 }
 
 /// One look at which package to run, and the work it asks for.
-pub async fn poll_once(cfg: &Config, http: &reqwest::Client, id: &Identity) -> Result<(), String> {
+pub async fn poll_once(
+    cfg: &Config,
+    http: &reqwest::Client,
+    id: &Identity,
+    log: &Log,
+) -> Result<(), String> {
     let mut st = load(cfg);
     if st.finished() && !st.settled() {
         // Finished while the service was out of reach, or just before a restart.
-        return settle(cfg, http, id, &mut st).await;
+        return settle(cfg, http, id, log, &mut st).await;
     }
     if st.stage == "rebooting" {
         // The install asked for a reboot and the agent has started again.
-        finish(cfg, http, id, &mut st, "succeeded", None).await?;
+        finish(cfg, http, id, log, &mut st, "succeeded", None).await?;
         return Ok(());
     }
     let url = format!("{}/api/v1/device/deployment", id.server);
@@ -185,6 +206,11 @@ pub async fn poll_once(cfg: &Config, http: &reqwest::Client, id: &Identity) -> R
                 deployment_id: Some(dep),
                 etag: new_etag,
                 stage: "downloading".into(),
+                what: format!(
+                    "{} {}",
+                    pkg["capsule"]["name"].as_str().unwrap_or("?"),
+                    pkg["capsule"]["version"].as_str().unwrap_or("?")
+                ),
                 ..State::default()
             };
             save(cfg, &st)?;
@@ -194,7 +220,7 @@ pub async fn poll_once(cfg: &Config, http: &reqwest::Client, id: &Identity) -> R
     if cfg.update.install_hook.trim().is_empty() {
         return Ok(());
     }
-    install(cfg, http, id, &mut st, &pkg).await
+    install(cfg, http, id, log, &mut st, &pkg).await
 }
 
 /// Reports `stage` of the current package once (`message`: why it failed).
@@ -202,6 +228,7 @@ async fn report(
     cfg: &Config,
     http: &reqwest::Client,
     id: &Identity,
+    log: &Log,
     st: &mut State,
     stage: &str,
     message: Option<&str>,
@@ -210,18 +237,11 @@ async fn report(
         return Ok(());
     }
     let dep = st.deployment_id.ok_or("no package")?;
+    log.stage(st, stage).await;
     let url = format!("{}/api/v1/device/deployment/{dep}/status", id.server);
     let mut body = serde_json::json!({"status": stage});
     if let Some(m) = message {
-        let m: String = m
-            .chars()
-            .rev()
-            .take(2000)
-            .collect::<Vec<_>>()
-            .into_iter()
-            .rev()
-            .collect();
-        body["message"] = serde_json::Value::String(m);
+        body["message"] = serde_json::Value::String(last_chars(m, 2000));
     }
     match client::call(
         || Ok(http.post(&url).bearer_auth(&id.device_token).json(&body)),
@@ -252,6 +272,7 @@ async fn finish(
     cfg: &Config,
     http: &reqwest::Client,
     id: &Identity,
+    log: &Log,
     st: &mut State,
     stage: &str,
     message: Option<&str>,
@@ -259,13 +280,15 @@ async fn finish(
     st.stage = stage.to_string();
     st.message = message.map(str::to_string);
     save(cfg, st)?;
-    report(cfg, http, id, st, stage, message).await
+    remove_capsule(cfg, st);
+    report(cfg, http, id, log, st, stage, message).await
 }
 
 async fn install(
     cfg: &Config,
     http: &reqwest::Client,
     id: &Identity,
+    log: &Log,
     st: &mut State,
     pkg: &serde_json::Value,
 ) -> Result<(), String> {
@@ -274,7 +297,7 @@ async fn install(
     crate::identity::private_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let capsule = dir.join(format!("{dep}.capsule"));
     if st.stage == "downloading" {
-        report(cfg, http, id, st, "downloading", None).await?;
+        report(cfg, http, id, log, st, "downloading", None).await?;
         let c = &pkg["capsule"];
         let (Some(url), Some(sha), Some(size)) = (
             c["download_url"].as_str(),
@@ -285,6 +308,7 @@ async fn install(
                 cfg,
                 http,
                 id,
+                log,
                 st,
                 "failed",
                 Some("the package names no capsule to download"),
@@ -300,7 +324,7 @@ async fn install(
                 "the capsule does not match its package: {} bytes with SHA-256 {}, expected {size} bytes with {sha}",
                 got.1, got.0
             );
-            return finish(cfg, http, id, st, "failed", Some(&why)).await;
+            return finish(cfg, http, id, log, st, "failed", Some(&why)).await;
         }
         std::fs::rename(&part, &capsule).map_err(|e| format!("{}: {e}", capsule.display()))?;
         write_configuration(cfg, http, pkg).await?;
@@ -310,31 +334,30 @@ async fn install(
     if st.stage != "installing" {
         return Ok(());
     }
-    report(cfg, http, id, st, "installing", None).await?;
+    report(cfg, http, id, log, st, "installing", None).await?;
     let env = hook_env(cfg, pkg, &capsule);
     let (code, output) = hook(&cfg.update.install_hook, &env).await;
+    log.hook(st, "install", code, &output).await;
     match code {
-        Some(0) => {
-            let _ = std::fs::remove_file(&capsule);
-            finish(cfg, http, id, st, "succeeded", None).await
-        }
+        Some(0) => finish(cfg, http, id, log, st, "succeeded", None).await,
         Some(100) => {
             st.stage = "rebooting".into();
             save(cfg, st)?;
-            report(cfg, http, id, st, "rebooting", None).await
+            report(cfg, http, id, log, st, "rebooting", None).await
         }
         _ => {
             st.stage = "failed".into();
             st.message = Some(format!(
-                "the install hook ended with {}: {output}",
-                describe(code)
+                "the install hook ended with {}: {}",
+                describe(code),
+                last_chars(&output, 1000)
             ));
             if !cfg.update.rollback_hook.trim().is_empty() {
                 st.rollback = Some("pending".into());
                 st.env = env;
             }
             save(cfg, st)?;
-            settle(cfg, http, id, st).await
+            settle(cfg, http, id, log, st).await
         }
     }
 }
@@ -346,6 +369,7 @@ async fn settle(
     cfg: &Config,
     http: &reqwest::Client,
     id: &Identity,
+    log: &Log,
     st: &mut State,
 ) -> Result<(), String> {
     if st.rollback.as_deref() == Some("pending") && cfg.update.rollback_hook.trim().is_empty() {
@@ -356,24 +380,29 @@ async fn settle(
     }
     if st.rollback.as_deref() == Some("pending") {
         let (rc, out) = hook(&cfg.update.rollback_hook, &st.env).await;
+        log.hook(st, "rollback", rc, &out).await;
         let (outcome, message) = rollback_outcome(rc, &out);
         st.rollback = Some(outcome.to_string());
         st.rollback_message = message;
         st.env.clear();
         save(cfg, st)?;
     }
-    if st.stage == "failed"
-        && let Some(dep) = st.deployment_id
-    {
-        let _ = std::fs::remove_file(cfg.state_dir.join("updates").join(format!("{dep}.capsule")));
-    }
+    remove_capsule(cfg, st);
     let (stage, message) = (st.stage.clone(), st.message.clone());
-    report(cfg, http, id, st, &stage, message.as_deref()).await?;
+    report(cfg, http, id, log, st, &stage, message.as_deref()).await?;
     if let Some(outcome) = st.rollback.clone() {
         let message = st.rollback_message.clone();
-        report(cfg, http, id, st, &outcome, message.as_deref()).await?;
+        report(cfg, http, id, log, st, &outcome, message.as_deref()).await?;
     }
     Ok(())
+}
+
+/// The downloaded capsule of a finished package goes once its hooks have run.
+fn remove_capsule(cfg: &Config, st: &State) {
+    if let Some(dep) = st.deployment_id {
+        let capsule = cfg.state_dir.join("updates").join(format!("{dep}.capsule"));
+        let _ = std::fs::remove_file(capsule);
+    }
 }
 
 /// What the rollback hook's end is reported as, and why when it failed.
@@ -383,8 +412,9 @@ fn rollback_outcome(code: Option<i32>, output: &str) -> (&'static str, Option<St
         _ => (
             "rollback_failed",
             Some(format!(
-                "the rollback hook ended with {}: {output}",
-                describe(code)
+                "the rollback hook ended with {}: {}",
+                describe(code),
+                last_chars(output, 1000)
             )),
         ),
     }
@@ -566,31 +596,114 @@ fn hook_env(cfg: &Config, pkg: &serde_json::Value, capsule: &Path) -> Vec<(Strin
     ]
 }
 
-/// Runs `cmd` with `sh -c`: its exit code (`None`: a signal) and the end of its output.
+/// At most this much of a hook's output is kept (its end), ...
+const HOOK_KEPT_BYTES: usize = 64 << 10;
+/// ... and at most this many of its last lines go to the daemon's session.
+const HOOK_KEPT_LINES: usize = 1000;
+
+/// Runs `cmd` with `sh -c`, its stderr and stdout one stream: its exit code (`None`: a
+/// signal) and the end of its output (at most 64 KiB).
 async fn hook(cmd: &str, env: &[(String, String)]) -> (Option<i32>, String) {
-    let out = tokio::process::Command::new("sh")
+    use tokio::io::AsyncReadExt;
+    let child = tokio::process::Command::new("sh")
         .arg("-c")
-        .arg(cmd)
+        .arg(format!("exec 2>&1\n{cmd}"))
         .envs(env.iter().map(|(k, v)| (k, v)))
         .stdin(std::process::Stdio::null())
-        .output()
-        .await;
-    match out {
-        Ok(o) => {
-            let mut text = String::from_utf8_lossy(&o.stdout).into_owned();
-            text.push_str(&String::from_utf8_lossy(&o.stderr));
-            let tail: String = text
-                .trim()
-                .chars()
-                .rev()
-                .take(1000)
-                .collect::<Vec<_>>()
-                .into_iter()
-                .rev()
-                .collect();
-            (o.status.code(), tail)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn();
+    let mut child = match child {
+        Ok(c) => c,
+        Err(e) => return (Some(127), format!("cannot run the hook: {e}")),
+    };
+    let mut kept: Vec<u8> = Vec::new();
+    let mut cut = false;
+    if let Some(mut out) = child.stdout.take() {
+        let mut buf = vec![0u8; 16 << 10];
+        while let Ok(n) = out.read(&mut buf).await {
+            if n == 0 {
+                break;
+            }
+            kept.extend_from_slice(&buf[..n]);
+            if kept.len() > HOOK_KEPT_BYTES {
+                kept.drain(..kept.len() - HOOK_KEPT_BYTES);
+                cut = true;
+            }
         }
-        Err(e) => (Some(127), format!("cannot run the hook: {e}")),
+    }
+    let code = match child.wait().await {
+        Ok(s) => s.code(),
+        Err(e) => return (Some(127), format!("waiting for the hook: {e}")),
+    };
+    let text = String::from_utf8_lossy(&kept).into_owned();
+    // Cut, the first line kept is only the end of one.
+    let text = match text.split_once('\n') {
+        Some((_, rest)) if cut => rest.to_string(),
+        _ => text,
+    };
+    (code, text)
+}
+
+/// The last `n` characters of `text`, trimmed.
+fn last_chars(text: &str, n: usize) -> String {
+    let t = text.trim();
+    let skip = t.chars().count().saturating_sub(n);
+    t.chars().skip(skip).collect()
+}
+
+/// Where the daemon keeps its own record of updates: lines of module `fleetops-agent` in its
+/// session (tagged `agent`), through the same spool as its followed logs. Every stage is
+/// also one line on stderr.
+#[derive(Clone, Default)]
+pub struct Log {
+    /// Into the daemon's session; `None`: stderr only.
+    tx: Option<tokio::sync::mpsc::Sender<Entry>>,
+    /// A line longer than this is cut (`[logs] max_line_bytes`).
+    max_line: usize,
+}
+
+impl Log {
+    pub fn new(tx: Option<tokio::sync::mpsc::Sender<Entry>>, max_line: usize) -> Self {
+        Self { tx, max_line }
+    }
+
+    async fn line(&self, level: &'static str, message: String) {
+        if let Some(tx) = &self.tx {
+            let mut e = lines::entry(message.as_bytes(), "fleetops-agent", level, self.max_line);
+            e.level = level;
+            let _ = tx.send(e).await;
+        }
+    }
+
+    /// One line on stderr, and in the session, for a stage of update `st`.
+    async fn stage(&self, st: &State, stage: &str) {
+        let line = format!("update {}: {stage}", st.title());
+        eprintln!("fleetops-agent: {line}");
+        let level = match stage {
+            "failed" | "rollback_failed" => "error",
+            _ => "info",
+        };
+        self.line(level, line).await;
+    }
+
+    /// A hook's last lines of output (`info`, or `warn` when the hook failed), then how it
+    /// ended (`info` or `error`).
+    async fn hook(&self, st: &State, which: &str, code: Option<i32>, output: &str) {
+        let ok = code == Some(0) || (which == "install" && code == Some(100));
+        let lines: Vec<&str> = output.lines().filter(|l| !l.trim().is_empty()).collect();
+        let from = lines.len().saturating_sub(HOOK_KEPT_LINES);
+        for l in &lines[from..] {
+            let level = if ok { "info" } else { "warn" };
+            self.line(level, (*l).to_string()).await;
+        }
+        let level = if ok { "info" } else { "error" };
+        let end = format!(
+            "update {}: the {which} hook ended with {}",
+            st.title(),
+            describe(code)
+        );
+        self.line(level, end).await;
     }
 }
 

@@ -449,3 +449,72 @@ async fn an_agent_killed_mid_rollback_rolls_back_again_and_reports_each_stage_on
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(reports(&server, device).await.len(), 4);
 }
+
+#[tokio::test]
+async fn the_hooks_output_and_each_stage_go_to_the_daemons_session_as_the_agents_lines() {
+    let server = Server::start();
+    let token = server
+        .enrollment_token(json!({"name": "line", "labels": {"fleet": "k"}}))
+        .await;
+    let agent = fleet_agent(
+        &server,
+        &token,
+        "echo \"unpacking $FLEETOPS_CAPSULE_VERSION\"; echo 'restarting nav' >&2",
+    )
+    .await;
+    let (cap, _) = publish(&server, "1.0.0").await;
+    let dep = deploy(&server, cap, None).await;
+    let _d = agent.spawn(&["daemon"]);
+    let device = agent.identity()["device_id"].as_u64().unwrap();
+    until_reported(&server, device, &["succeeded", "failed"], 30).await;
+    let done = format!("update {dep} (nav 1.0.0): succeeded");
+    let until = Instant::now() + Duration::from_secs(20);
+    let (session, entries) = loop {
+        let list = server.get(&format!("{DEV}/sessions")).await;
+        if let Some(id) = list["items"][0]["id"].as_u64() {
+            let logs = server
+                .get(&format!("{DEV}/sessions/{id}/logs?limit=10000"))
+                .await;
+            let entries: Vec<(String, String, String)> = logs["items"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|e| {
+                    let f = |k: &str| e[k].as_str().unwrap_or("").to_string();
+                    (f("module"), f("level"), f("message"))
+                })
+                .collect();
+            if entries.iter().any(|e| e.2 == done) {
+                break (id, entries);
+            }
+        }
+        assert!(Instant::now() < until, "no line saying {done:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let s = server.get(&format!("{DEV}/sessions/{session}")).await;
+    assert_eq!(s["tags"], json!(["agent"]));
+    assert!(
+        entries.iter().all(|e| e.0 == "fleetops-agent"),
+        "{entries:?}"
+    );
+    let said: Vec<&str> = entries.iter().map(|e| e.2.as_str()).collect();
+    assert_eq!(
+        said,
+        [
+            &format!("update {dep} (nav 1.0.0): downloading"),
+            &format!("update {dep} (nav 1.0.0): installing"),
+            "unpacking 1.0.0",
+            "restarting nav",
+            &format!("update {dep} (nav 1.0.0): the install hook ended with status 0"),
+            &done,
+        ]
+    );
+    assert!(entries.iter().all(|e| e.1 == "INFO"), "{entries:?}");
+    // The capsule is removed once its hook has run.
+    let left: Vec<_> = std::fs::read_dir(agent.state().join("updates"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}
