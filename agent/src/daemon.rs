@@ -20,10 +20,22 @@ use crate::spool::Spool;
 
 pub async fn daemon(cfg: &Config) -> Result<i32, String> {
     let http = client::http_client(cfg)?;
+    // One daemon a state directory, decided before anything of it is touched: two would
+    // number the same batches, and one opening the spool clears what the other is writing.
+    let dir = cfg.state_dir.join("spool").join("daemon");
+    crate::identity::private_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let held = crate::run::hold(&dir)
+        .map_err(|e| format!("{}: {e}", dir.display()))?
+        .ok_or_else(|| {
+            format!(
+                "another fleetops-agent daemon uses the state_dir {}",
+                cfg.state_dir.display()
+            )
+        })?;
     let id = crate::identity::load_or_enroll(cfg, &http).await?;
     let updating = !cfg.update.install_hook.trim().is_empty();
     let to_session = if !cfg.logs.files.is_empty() || cfg.logs.journal || updating {
-        start_log_shipping(cfg, &http, &id)?
+        start_log_shipping(cfg, &http, &id, held)?
     } else {
         None
     };
@@ -69,6 +81,7 @@ fn start_log_shipping(
     cfg: &Config,
     http: &reqwest::Client,
     id: &Identity,
+    held: std::fs::File,
 ) -> Result<Option<tokio::sync::mpsc::Sender<crate::lines::Entry>>, String> {
     use std::sync::{Arc, Mutex};
     let dir = cfg.state_dir.join("spool").join("daemon");
@@ -76,10 +89,6 @@ fn start_log_shipping(
         Spool::open(&dir, cfg.logs.max_buffer_bytes)
             .map_err(|e| format!("{}: {e}", dir.display()))?,
     ));
-    // One daemon a state directory: two would number the same batches.
-    let held = crate::run::hold(&dir)
-        .map_err(|e| format!("{}: {e}", dir.display()))?
-        .ok_or("another fleetops-agent daemon uses this state_dir")?;
     let offered = Arc::new(tokio::sync::Notify::new());
     // Each source has its own batcher, so each knows when its own lines are in the spool
     // (what it may then mark read).

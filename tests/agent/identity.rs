@@ -246,3 +246,47 @@ async fn the_agent_speaks_tls_to_a_service_whose_ca_it_is_given_and_refuses_one_
         .await;
     assert_eq!(d["name"], "amr-1");
 }
+
+#[tokio::test]
+async fn a_second_daemon_on_the_same_state_dir_exits_with_a_clear_error_and_leaves_the_spool_alone()
+{
+    let server = Server::start();
+    let token = server.enrollment_token(json!({"name": "line"})).await;
+    let logs = tempfile::tempdir().unwrap();
+    let agent = Agent::new(
+        &server,
+        &token,
+        &format!(
+            "[heartbeat]\ninterval_seconds = 1\n[logs]\nfiles = [\"{}/*.log\"]\n",
+            logs.path().display()
+        ),
+    );
+    let mut first = agent.spawn(&["daemon"]);
+    let spool = agent.state().join("spool").join("daemon");
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !agent.state().join("device.json").exists() {
+        assert!(
+            std::time::Instant::now() < until,
+            "the first daemon never enrolled"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    // As the first daemon leaves it while it writes a batch.
+    let in_flight = spool.join(".00000000000000000007.ndjson.0123456789abcdef.tmp");
+    std::fs::write(&in_flight, "{\"message\":\"half\"").unwrap();
+    let out = agent.command(&["daemon"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("another fleetops-agent daemon uses the state_dir"),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&in_flight).unwrap(),
+        "{\"message\":\"half\""
+    );
+    assert!(
+        first.0.try_wait().unwrap().is_none(),
+        "the first daemon ended"
+    );
+}
