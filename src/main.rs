@@ -179,7 +179,8 @@ fn init_tracing(filter: &str, format: fleetops::config::LogFormat) {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let log = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
     match format {
         fleetops::config::LogFormat::Text => log.init(),
         fleetops::config::LogFormat::Json => log.json().init(),

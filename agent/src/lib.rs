@@ -27,7 +27,8 @@ use std::process::ExitCode;
 
 const USAGE: &str = "usage: fleetops-agent [--config FILE] enroll
        fleetops-agent [--config FILE] daemon
-       fleetops-agent [--config FILE] run [--tag TAG]... -- COMMAND [ARGS]...";
+       fleetops-agent [--config FILE] run [--tag TAG]... -- COMMAND [ARGS]...
+       fleetops-agent --version";
 
 /// What the command line asks for.
 #[derive(Debug, PartialEq)]
@@ -77,9 +78,17 @@ pub fn parse(args: &[String]) -> Result<(PathBuf, Command), String> {
 
 pub fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.iter().any(|a| a == "--help" || a == "-h") && !args.iter().any(|a| a == "--") {
-        println!("{USAGE}");
-        return ExitCode::SUCCESS;
+    // Before the command's `--`, these are the agent's own.
+    let own = args.iter().take_while(|a| *a != "--");
+    for a in own {
+        if a == "--help" || a == "-h" {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        if a == "--version" || a == "-V" {
+            println!("fleetops-agent {}", env!("CARGO_PKG_VERSION"));
+            return ExitCode::SUCCESS;
+        }
     }
     let (path, cmd) = match parse(&args) {
         Ok(p) => p,

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-const SERVER: &str = env!("CARGO_BIN_EXE_fleetops");
+pub const SERVER: &str = env!("CARGO_BIN_EXE_fleetops");
 pub const AGENT: &str = env!("CARGO_BIN_EXE_fleetops-agent");
 
 pub const DEV: &str = "/api/v1/organizations/default/projects/default";
