@@ -34,6 +34,10 @@ pub enum Error {
     /// The data directory's file system is below `[storage] min_free_bytes`, or full (507).
     #[error("{0}")]
     InsufficientStorage(String),
+    /// Stored data that cannot be read back (a log chunk failing its checksum): a 500 whose
+    /// detail says what is damaged, for the operator who restores it.
+    #[error("Stored data is damaged: {0}")]
+    Damaged(String),
     #[error("Internal server error")]
     Internal(String),
     /// A storage failure, kept whole (with its source chain) for the log.
@@ -73,6 +77,7 @@ impl From<StorageError> for Error {
             },
             // Another writer (another process on the same database) took the key first.
             StorageError::Conflict(what) => Error::Conflict(what),
+            StorageError::Damaged(what) => Error::Damaged(what),
             e if e.is_disk_full() => Error::InsufficientStorage(
                 "The data directory's disk is full: nothing was written".into(),
             ),

@@ -58,8 +58,11 @@ pub(crate) async fn collect_orphans(
     sessions: &SessionsHandle,
     pipeline: &PipelineHandle,
     now_ms: i64,
+    store_ahead_ms: i64,
 ) -> crate::Result<usize> {
-    let artifacts = sessions.collect_orphans(now_ms, ORPHAN_GRACE_MS).await?;
+    let artifacts = sessions
+        .collect_orphans(now_ms, ORPHAN_GRACE_MS, store_ahead_ms)
+        .await?;
     Ok(artifacts + pipeline.collect_orphans().await?)
 }
 
@@ -195,7 +198,7 @@ impl Actor for Housekeeper {
             .is_none_or(|t| t.elapsed() >= ORPHAN_SWEEP_EVERY)
         {
             st.last_sweep = Some(Instant::now());
-            match collect_orphans(&st.sessions, &st.pipeline, st.clock.now_ms()).await {
+            match collect_orphans(&st.sessions, &st.pipeline, st.clock.now_ms(), 0).await {
                 Ok(0) => {}
                 Ok(n) => tracing::info!(blobs = n, "collected orphaned blobs"),
                 Err(e) => tracing::warn!(error = %e, "collecting orphaned blobs failed"),

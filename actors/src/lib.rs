@@ -909,7 +909,16 @@ impl Runtime {
     /// One sweep for blobs no record points at, now (tests; the housekeeper sweeps hourly).
     #[doc(hidden)]
     pub async fn collect_orphans_now(&self) -> Result<usize> {
-        housekeeper::collect_orphans(&self.sessions, &self.pipeline, self.clock.now_ms()).await
+        housekeeper::collect_orphans(&self.sessions, &self.pipeline, self.clock.now_ms(), 0).await
+    }
+
+    /// As [`Runtime::collect_orphans_now`], with the object store's clock `ahead` of now for
+    /// the log segments' grace (tests).
+    #[doc(hidden)]
+    pub async fn collect_orphans_later(&self, ahead: Duration) -> Result<usize> {
+        let ahead = i64::try_from(ahead.as_millis()).unwrap_or(i64::MAX);
+        housekeeper::collect_orphans(&self.sessions, &self.pipeline, self.clock.now_ms(), ahead)
+            .await
     }
 
     /// Makes the webhook worker panic (supervision tests only).

@@ -54,7 +54,9 @@ impl ApiError {
                 Error::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
                 Error::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
                 Error::InsufficientStorage(_) => StatusCode::INSUFFICIENT_STORAGE,
-                Error::Internal(_) | Error::Storage(_) => StatusCode::INTERNAL_SERVER_ERROR,
+                Error::Internal(_) | Error::Storage(_) | Error::Damaged(_) => {
+                    StatusCode::INTERNAL_SERVER_ERROR
+                }
             },
             ApiError::NotFoundRoute => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
@@ -77,6 +79,10 @@ impl ApiError {
                 let cause = std::error::Error::source(e).map(|s| s.to_string());
                 tracing::error!(error = %e, ?cause, "storage error");
                 "Internal server error".to_string()
+            }
+            ApiError::Domain(e @ Error::Damaged(_)) => {
+                tracing::error!(error = %e, "damaged data");
+                e.to_string()
             }
             ApiError::Domain(e @ Error::Unavailable { retry_after_secs }) => {
                 headers.push((header::RETRY_AFTER, retry_after_secs.to_string()));

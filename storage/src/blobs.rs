@@ -100,10 +100,18 @@ impl BlobStore {
                         "[storage] bucket is required for the s3 backend".into(),
                     ));
                 }
+                // A store that is down answers its callers within seconds (a read is 503 with
+                // Retry-After), not after object_store's default three minutes of retries.
+                let retry = object_store::RetryConfig {
+                    max_retries: 3,
+                    retry_timeout: std::time::Duration::from_secs(15),
+                    ..Default::default()
+                };
                 let mut b = object_store::aws::AmazonS3Builder::from_env()
                     .with_bucket_name(&cfg.bucket)
                     .with_region(&cfg.region)
-                    .with_allow_http(cfg.allow_http);
+                    .with_allow_http(cfg.allow_http)
+                    .with_retry(retry);
                 if !cfg.endpoint.is_empty() {
                     b = b.with_endpoint(&cfg.endpoint);
                 }
@@ -369,6 +377,31 @@ impl BlobStore {
             .map_ok(|m| m.location.to_string())
             .map_err(StorageError::from)
             .boxed()
+    }
+
+    /// Every key under `prefix` with when the store wrote it, on the store's own clock (Unix
+    /// ms).
+    pub fn keys_written(&self, prefix: &str) -> BoxStream<'_, Result<(String, i64)>> {
+        self.inner
+            .list(Some(&ObjPath::from(prefix)))
+            .map_ok(|m| (m.location.to_string(), m.last_modified.timestamp_millis()))
+            .map_err(StorageError::from)
+            .boxed()
+    }
+
+    /// The store's own clock now (Unix ms): the time it stamps on a small probe written now
+    /// (and deleted again), so ages of stored objects are judged on one clock, whichever node
+    /// wrote them.
+    pub async fn clock_ms(&self) -> Result<i64> {
+        let key = ObjPath::from("readyz/clock");
+        self.inner
+            .put(&key, PutPayload::from_bytes(Bytes::new()))
+            .await?;
+        let at = self.inner.head(&key).await?.last_modified.timestamp_millis();
+        match self.inner.delete(&key).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(at),
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// Deletes every object under the folder `prefix`, as [`Self::list`]; how many went.

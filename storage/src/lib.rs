@@ -113,6 +113,10 @@ pub enum StorageError {
     /// may be retried.
     #[error("the database is unavailable: {0}")]
     Unavailable(String),
+    /// A stored log chunk cannot be read back as it was written (its checksum does not match,
+    /// or its segment is gone from the object store); says which.
+    #[error("{0}")]
+    Damaged(String),
     /// A write's claim on a unique key (an e-mail, a slug, a name and version) lost to another
     /// writer's: nothing of the write was applied. Says what was taken.
     #[error("{0}")]

@@ -434,12 +434,7 @@ impl Store {
     /// late failure to judge (the controllers at start-up; a paused one waits for its resume).
     pub fn open_rollouts(&self) -> Result<Vec<Rollout>> {
         let mut out = Vec::new();
-        for kv in self
-            .inner
-            .records
-            .scan_prefix(keys::rollout_prefix())
-            .rev()
-        {
+        for kv in self.inner.records.scan_prefix(keys::rollout_prefix()).rev() {
             let r = decode_rollout(&kv?.1)?;
             if r.started_at.is_some()
                 && (r.state == RolloutState::Running || r.notice_owed.is_some() || r.late_owed)

@@ -192,6 +192,38 @@ impl Segments {
         self.rt.block_on(f)
     }
 
+    /// What a failed read of `segment` means for its reader: gone from the store, the chunk
+    /// is damaged (it will not come back by asking again); any other failure of the store (a
+    /// timeout, a refused connection, a 5xx) may pass, so the read is answered 503.
+    fn read_failure(segment: &str, e: StorageError) -> StorageError {
+        match e {
+            StorageError::Blob(object_store::Error::NotFound { .. }) => StorageError::Damaged(
+                format!("log segment {segment} is missing from the object store"),
+            ),
+            StorageError::Io(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                StorageError::Damaged(format!(
+                    "log segment {segment} is missing from the object store"
+                ))
+            }
+            StorageError::Blob(e) => {
+                StorageError::Unavailable(format!("the object store did not answer: {e}"))
+            }
+            StorageError::Io(e) => {
+                StorageError::Unavailable(format!("the object store did not answer: {e}"))
+            }
+            other => other,
+        }
+    }
+
+    fn damaged(loc: &ChunkLocation) -> StorageError {
+        StorageError::Damaged(format!(
+            "the log chunk at bytes {}..{} of segment {} fails its checksum",
+            loc.offset,
+            loc.offset + u64::from(loc.len),
+            loc.segment
+        ))
+    }
+
     /// Writes a segment, create-only; `false` if its key was taken.
     pub(crate) fn put(&self, key: &str, bytes: Vec<u8>) -> Result<bool> {
         let n = bytes.len() as u64;
@@ -217,15 +249,14 @@ impl Segments {
             return Ok(b);
         }
         let range = loc.offset..loc.offset + u64::from(loc.len);
-        let bytes = self.wait(self.blobs.get_range(&loc.segment, range))?;
+        let bytes = self
+            .wait(self.blobs.get_range(&loc.segment, range))
+            .map_err(|e| Self::read_failure(&loc.segment, e))?;
         self.fetches.fetch_add(1, Ordering::Relaxed);
         self.fetched_bytes
             .fetch_add(bytes.len() as u64, Ordering::Relaxed);
         if bytes.len() != loc.len as usize || crc32fast::hash(&bytes) != loc.crc {
-            return Err(StorageError::Corrupt(format!(
-                "log chunk at {}+{} fails its checksum",
-                loc.segment, loc.offset
-            )));
+            return Err(Self::damaged(loc));
         }
         self.cache.put(key, bytes.clone());
         Ok(bytes)
@@ -265,7 +296,10 @@ impl Segments {
             let pairs = by_segment
                 .iter()
                 .zip(fetched)
-                .map(|((_, idx), r)| r.map(|b| idx.iter().copied().zip(b).collect::<Vec<_>>()))
+                .map(|((segment, idx), r)| {
+                    r.map(|b| idx.iter().copied().zip(b).collect::<Vec<_>>())
+                        .map_err(|e| Self::read_failure(segment, e))
+                })
                 .collect::<Result<Vec<_>>>()?;
             for (i, bytes) in pairs.into_iter().flatten() {
                 let loc = &locs[i];
@@ -273,10 +307,7 @@ impl Segments {
                 self.fetched_bytes
                     .fetch_add(bytes.len() as u64, Ordering::Relaxed);
                 if bytes.len() != loc.len as usize || crc32fast::hash(&bytes) != loc.crc {
-                    return Err(StorageError::Corrupt(format!(
-                        "log chunk at {}+{} fails its checksum",
-                        loc.segment, loc.offset
-                    )));
+                    return Err(Self::damaged(loc));
                 }
                 // A slice of a coalesced GET holds that whole buffer: the cache keeps a copy of
                 // the chunk's own bytes, so what it counts is what it holds.

@@ -542,7 +542,8 @@ async fn sealed_logs_live_in_the_bucket_and_go_with_their_session() {
     );
     assert_eq!(s.metric("fleetops_log_chunk_fetches").await, 2.0);
 
-    // Orphans: one written two hours ago and one just now, no location pointing at either.
+    // Orphans no location points at, both just written to the bucket: one named by a node
+    // whose clock is two hours behind, one by a node on time. Their age is the bucket's.
     let now = fleetops_actors::clock::now_ms();
     let old = format!("{prefix}{:020}-{:020}-{}.seg", 900, 901, now - 7_200_000);
     let young = format!("{prefix}{:020}-{:020}-{}.seg", 902, 903, now);
@@ -555,10 +556,16 @@ async fn sealed_logs_live_in_the_bucket_and_go_with_their_session() {
             .unwrap();
         assert_eq!(r.status(), 200);
     }
-    assert_eq!(s.rt().collect_orphans_now().await.unwrap(), 1);
+    assert_eq!(s.rt().collect_orphans_now().await.unwrap(), 0);
+    let left = keys(&m, "logs").await;
+    assert!(left.contains(&old) && left.contains(&young), "{left:?}");
+    // An hour later by the bucket's clock both are past their grace; the segment a location
+    // points at stays.
+    let later = std::time::Duration::from_secs(3601);
+    assert_eq!(s.rt().collect_orphans_later(later).await.unwrap(), 2);
     let left = keys(&m, "logs").await;
     assert!(
-        !left.contains(&old) && left.contains(&young) && left.contains(&segs[0]),
+        !left.contains(&old) && !left.contains(&young) && left.contains(&segs[0]),
         "{left:?}"
     );
 
@@ -590,4 +597,61 @@ async fn sealed_logs_live_in_the_bucket_and_go_with_their_session() {
         .collect();
     assert!(left.is_empty(), "{left:?}");
     assert!(s.rt().store.doomed_segments(10).unwrap().is_empty());
+}
+
+/// A bucket that stops answering makes a cold log query 503 with `Retry-After` (the store
+/// may come back), within seconds, not a 500 and not a request held for minutes.
+#[tokio::test]
+async fn a_log_query_the_bucket_cannot_answer_is_503() {
+    let mut m = moto().await;
+    let s = s3_server_with(&m, "down", |c| c.logs.chunk_lines = 100).await;
+    let (d, tok) = device(&s, "r1").await;
+    let sid = session(&s, d, &tok).await;
+    let logs = format!("{DEV}/sessions/{sid}/logs");
+    let batch: Vec<serde_json::Value> = (0..50)
+        .map(|i| serde_json::json!({"level": "info", "message": format!("line {i}")}))
+        .collect();
+    assert_eq!(
+        s.post(&logs, &tok, serde_json::Value::Array(batch))
+            .await
+            .status,
+        202
+    );
+    let r = s
+        .post(
+            &format!("{DEV}/sessions/{sid}/complete"),
+            &tok,
+            serde_json::json!({"status": "completed"}),
+        )
+        .await;
+    assert_eq!(r.status, 200);
+    assert!(
+        eventually(10, || async {
+            s.metric("fleetops_log_segments_written").await == 1.0
+        })
+        .await
+    );
+    // Restarted on the same bucket (a cold cache), then the bucket goes away.
+    let endpoint = m.endpoint.clone();
+    let s = s
+        .restart_with(move |cfg| {
+            cfg.storage.backend = "s3".into();
+            cfg.storage.bucket = "down".into();
+            cfg.storage.endpoint = endpoint;
+            cfg.storage.access_key_id = "testing".into();
+            cfg.storage.secret_access_key = "testing".into();
+            cfg.storage.allow_http = true;
+        })
+        .await;
+    let _ = m.child.kill();
+    let _ = m.child.wait();
+    let asked = std::time::Instant::now();
+    let r = s.get(&format!("{logs}?limit=1000"), s.key()).await;
+    r.assert_error(503);
+    assert_eq!(r.header("retry-after"), Some("1"));
+    assert!(
+        asked.elapsed() < Duration::from_secs(25),
+        "{:?}",
+        asked.elapsed()
+    );
 }

@@ -197,3 +197,46 @@ async fn a_cold_selective_query_fetches_only_its_candidate_chunk() {
     assert_eq!(s.metric("fleetops_log_chunk_fetches").await, 1.0);
     assert!(s.metric("fleetops_log_chunk_cache_hits").await >= 1.0);
 }
+
+/// A sealed chunk whose bytes changed in the blob store (a bit flipped on disk) is not read as
+/// if it were whole: the query answers 500 naming the damaged chunk and its segment, and the
+/// lines of the session still unsealed (none here) or of other sessions answer as before.
+#[tokio::test]
+async fn a_damaged_chunk_is_named_not_read() {
+    let s = start_with(|c| {
+        c.logs.seal_lines = 1_000_000;
+        c.logs.chunk_lines = 100;
+    })
+    .await;
+    let (d, tok) = device(&s, "r1").await;
+    let sid = session(&s, d, &tok).await;
+    let other = session(&s, d, &tok).await;
+    send(&s, sid, &tok, 10, 10).await;
+    send(&s, other, &tok, 1, 10).await;
+    complete(&s, sid, &tok).await;
+    assert!(sealed(&s, 10.0, 1.0).await);
+    let seg = files(&s._dir.path().join("data/blobs/logs"))
+        .into_iter()
+        .find(|p| p.extension().is_some_and(|e| e == "seg"))
+        .unwrap();
+    let mut bytes = std::fs::read(&seg).unwrap();
+    bytes[10] ^= 0xff;
+    std::fs::write(&seg, &bytes).unwrap();
+    // A restart: nothing of the segment is cached.
+    let s = s.restart().await;
+    let r = s
+        .get(&format!("{DEV}/sessions/{sid}/logs?limit=1000"), s.key())
+        .await;
+    let detail = r.assert_error(500).to_string();
+    let name = seg.file_name().unwrap().to_string_lossy().to_string();
+    assert!(
+        detail.starts_with("Stored data is damaged: the log chunk at bytes 0..")
+            && detail.contains("fails its checksum")
+            && detail.contains(&name),
+        "{detail}"
+    );
+    let r = s
+        .get(&format!("{DEV}/sessions/{other}/logs?limit=1000"), s.key())
+        .await;
+    assert_eq!(r.body["total"], 10, "{}", r.body);
+}

@@ -20,31 +20,40 @@ impl SessionsHandle {
     /// delete a blob a record may still point at; this sweep collects what they leave. A blob
     /// younger than `grace_ms` may belong to an upload still streaming, and is kept. Returns
     /// how many went.
-    pub async fn collect_orphans(&self, now_ms: i64, grace_ms: i64) -> Result<usize> {
+    ///
+    /// `store_ahead_ms` moves the object store's clock on for the segment sweep (0 but in
+    /// tests, which cannot wait an hour).
+    pub async fn collect_orphans(
+        &self,
+        now_ms: i64,
+        grace_ms: i64,
+        store_ahead_ms: i64,
+    ) -> Result<usize> {
         Ok(self.collect_artifact_orphans(now_ms, grace_ms).await?
-            + self.collect_segment_orphans(now_ms).await?)
+            + self.collect_segment_orphans(store_ahead_ms).await?)
     }
 
     /// Log segments no chunk location points at (and not waiting for deletion): a seal that
-    /// crashed between its segment's write and its transaction leaves one. A segment written
-    /// within the last hour may belong to a seal still under way, and is kept. Listings come
-    /// grouped by session: each session's locations are read once.
-    async fn collect_segment_orphans(&self, now_ms: i64) -> Result<usize> {
+    /// crashed between its segment's write and its transaction leaves one. A segment the store
+    /// wrote within the last hour may belong to a seal still under way, and is kept: its age is
+    /// judged on the object store's own clock (the time it stamped on the segment against the
+    /// time it stamps on a probe now), never on the sealing node's, so a node whose clock is
+    /// behind cannot have a seal in flight on another collected. Listings come grouped by
+    /// session: each session's locations are read once.
+    async fn collect_segment_orphans(&self, store_ahead_ms: i64) -> Result<usize> {
         use futures::StreamExt;
         const SEAL_GRACE_MS: i64 = 3_600_000;
+        let store_now = self.blobs.clock_ms().await? + store_ahead_ms;
         let prefix = fleetops_storage::segments::SEGMENT_PREFIX.trim_end_matches('/');
-        let mut keys = self.blobs.keys(prefix);
+        let mut keys = self.blobs.keys_written(prefix);
         let mut gone = 0;
         let mut current: Option<(u64, std::collections::HashSet<String>)> = None;
         while let Some(key) = keys.next().await {
-            let key = key?;
-            let (Some(session), Some(written)) = (
-                fleetops_storage::segments::segment_session(&key),
-                fleetops_storage::segments::segment_written_ms(&key),
-            ) else {
+            let (key, written) = key?;
+            let Some(session) = fleetops_storage::segments::segment_session(&key) else {
                 continue;
             };
-            if now_ms - written < SEAL_GRACE_MS {
+            if store_now - written < SEAL_GRACE_MS {
                 continue;
             }
             if current.as_ref().is_none_or(|c| c.0 != session) {
