@@ -21,7 +21,7 @@
 //!   counted (`fleetops_bus_dropped` in `/metrics`), never waited for;
 //! - each subscription is bounded in messages by the client (`subscription_capacity`); a
 //!   subscriber that falls behind loses messages, as a slow consumer does on NATS;
-//! - a node skips what it published itself: each message names its sender.
+//! - a node does not hear what it published itself (the server echoes nothing back to it).
 //!
 //! No `async_nats` type leaves this file.
 
@@ -156,7 +156,9 @@ impl BusConfig {
         let mut o = async_nats::ConnectOptions::new()
             .name("fleetops")
             .subscription_capacity(self.subscription_capacity.max(16))
-            .connection_timeout(Duration::from_secs(5));
+            .connection_timeout(Duration::from_secs(5))
+            // A node never hears itself: a message naming it as its sender is forged.
+            .no_echo();
         if !self.user.is_empty() {
             o = o.user_and_password(self.user.clone(), self.password.clone());
         }
@@ -237,7 +239,6 @@ impl Subscription {
             let m = sub.next().await?;
             let subject = m.subject.to_string();
             let payload = match opener.open(&subject, &m.payload, seal::now_ms()) {
-                Opened::Own => continue,
                 Opened::Refused => {
                     if let Some(n) = &self.nats {
                         n.rejected.fetch_add(1, Ordering::Relaxed);

@@ -115,8 +115,6 @@ impl Sealer {
 /// What [`Opener::open`] made of a message.
 #[derive(Debug, PartialEq, Eq)]
 pub(super) enum Opened {
-    /// Sent by this node itself: skipped.
-    Own,
     /// A node's message, its payload opened.
     Payload(Bytes),
     /// Not the nodes' (forged, altered, moved to another subject, replayed, too old): dropped.
@@ -163,7 +161,9 @@ impl Opener {
         let mut sender = [0u8; ORIGIN];
         sender.copy_from_slice(&header[1..=ORIGIN]);
         if sender == self.me {
-            return Opened::Own;
+            // The client asks the server not to echo a node's own messages back, so one
+            // naming this node came from someone else.
+            return Opened::Refused;
         }
         let sent_ms = i64::from_be_bytes(field(1 + ORIGIN));
         let counter = u64::from_be_bytes(field(1 + ORIGIN + 8));
@@ -245,7 +245,10 @@ mod tests {
             opener(B).open("fleetops.live.1", &wire, NOW),
             Opened::Payload(Bytes::from_static(b"secret line"))
         );
-        assert_eq!(opener(A).open("fleetops.live.1", &wire, NOW), Opened::Own);
+        assert_eq!(
+            opener(A).open("fleetops.live.1", &wire, NOW),
+            Opened::Refused
+        );
     }
 
     #[test]
