@@ -518,3 +518,56 @@ async fn the_hooks_output_and_each_stage_go_to_the_daemons_session_as_the_agents
         .collect();
     assert!(left.is_empty(), "{left:?}");
 }
+
+#[tokio::test]
+async fn a_failed_package_a_member_retries_is_installed_again() {
+    let server = Server::start();
+    let token = server
+        .enrollment_token(json!({"name": "line", "labels": {"fleet": "k"}}))
+        .await;
+    let agent = fleet_agent(
+        &server,
+        &token,
+        "test -e fixed || { echo 'no room on /opt'; exit 3; }; cp \"$FLEETOPS_CAPSULE_PATH\" installed.bin",
+    )
+    .await;
+    let (cap, bytes) = publish(&server, "1.0.0").await;
+    let dep = deploy(&server, cap, None).await;
+    let _d = agent.spawn(&["daemon"]);
+    let device = agent.identity()["device_id"].as_u64().unwrap();
+    let r = until_reported(&server, device, &["succeeded", "failed"], 30).await;
+    assert_eq!(r, ["downloading", "installing", "failed"]);
+    // Failed, and not installed again by itself.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(reports(&server, device).await, r);
+    // The robot's problem is fixed, and a member retries the package.
+    std::fs::write(agent.dir.path().join("fixed"), "").unwrap();
+    let (s, b) = server
+        .call(
+            reqwest::Method::POST,
+            &format!("{PROJECT}/deployments/{dep}/rollout/devices/{device}/retry"),
+            Some(json!({})),
+        )
+        .await;
+    assert_eq!(s, 200, "{b}");
+    let r = until_reported(&server, device, &["succeeded"], 30).await;
+    assert_eq!(
+        r,
+        [
+            "downloading",
+            "installing",
+            "failed",
+            "retrying",
+            "downloading",
+            "installing",
+            "succeeded"
+        ]
+    );
+    assert_eq!(
+        std::fs::read(agent.dir.path().join("installed.bin")).unwrap(),
+        bytes
+    );
+    // Succeeded: not installed again.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(reports(&server, device).await.len(), 7);
+}
