@@ -204,3 +204,58 @@ async fn a_device_polls_for_its_package_and_reports_on_it() {
         .await
         .assert_error(404);
 }
+
+/// The configuration a device is told to install is the effective one: its link serves the
+/// merged data (the parent's values under the child's overrides) as JSON, not the uploaded
+/// file, and the package's `sha256` and `size_bytes` are those of the bytes served.
+#[tokio::test]
+async fn the_configuration_link_serves_the_effective_data_its_checksum_names() {
+    use crate::configurations::{conf, configure};
+    let s = start().await;
+    let cap = crate::configurations::capsule(&s, "nav", "1.0.0").await;
+    let (parent, r) = configure(
+        &s,
+        conf("base", cap, ".yaml", None),
+        b"speed: 1\nlimits:\n  max: 5\n  min: 0\n",
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let (child, r) = configure(
+        &s,
+        conf("site", cap, ".yaml", Some(parent)),
+        b"limits:\n  max: 9\n",
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let (d, tok) = device(&s, "r1", json!({})).await;
+    let dep = activate(
+        &s,
+        json!({"name": "nav", "composition_tag": "nav-1", "capsule_id": cap,
+            "configuration_id": child, "target_devices": [d]}),
+    )
+    .await;
+    let r = poll(&s, &tok, None).await;
+    assert_eq!(r.body["deployment_id"], dep);
+    let c = &r.body["configuration"];
+    let want = json!({"speed": 1, "limits": {"max": 9, "min": 0}});
+    assert_eq!(c["config_data"], want);
+    let got = s
+        .http
+        .get(c["download_url"].as_str().unwrap())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(got.status(), 200);
+    assert_eq!(
+        got.headers()["content-type"].to_str().unwrap(),
+        "application/json"
+    );
+    let bytes = got.bytes().await.unwrap();
+    assert_eq!(serde_json::from_slice::<Value>(&bytes).unwrap(), want);
+    assert_eq!(bytes.len() as u64, c["size_bytes"].as_u64().unwrap());
+    use sha2::Digest;
+    assert_eq!(
+        hex::encode(sha2::Sha256::digest(&bytes)),
+        c["sha256"].as_str().unwrap()
+    );
+}

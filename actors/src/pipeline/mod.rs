@@ -187,8 +187,18 @@ pub struct Download {
     pub content_type: &'static str,
     pub size: u64,
     /// Where its bytes are.
-    blob: String,
+    source: DownloadSource,
 }
+
+/// A linked file's bytes: a blob, or bytes the service holds (a configuration's effective,
+/// merged data).
+enum DownloadSource {
+    Blob(String),
+    Inline(bytes::Bytes),
+}
+
+/// The link kind of a configuration's effective data (what a device installs).
+pub(crate) const EFFECTIVE_CONFIGURATION: &str = "effective-configuration";
 
 pub(crate) use crate::views::raw_json;
 

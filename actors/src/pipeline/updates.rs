@@ -167,23 +167,21 @@ impl PipelineHandle {
             .and_then(|f| {
                 serde_json::from_slice::<&serde_json::value::RawValue>(&f.config_data_json).ok()
             });
+        // What the device installs is the effective (merged) data: its link serves exactly
+        // those bytes, and their size and SHA-256 are what the device checks.
+        let effective_sha = cfg.as_ref().map(|f| {
+            use sha2::Digest;
+            hex::encode(sha2::Sha256::digest(&f.config_data_json))
+        });
         let configuration = match &cfg {
             Some(f) => Some(ConfigRef {
                 id: f.id,
                 name: &f.name,
                 version: &f.version,
-                sha256: f.upload.checksum_sha256.as_deref(),
-                size_bytes: f.upload.uploaded_bytes.or(f.declared_size).unwrap_or(0),
+                sha256: effective_sha.as_deref(),
+                size_bytes: f.config_data_json.len() as u64,
                 config_data: raw,
-                download_url: self
-                    .download_link(
-                        UploadKind::Configuration,
-                        pid,
-                        f.id,
-                        &f.upload.blob_key,
-                        exp,
-                    )
-                    .await?,
+                download_url: self.effective_config_link(pid, f.id, exp)?,
             }),
             None => None,
         };

@@ -175,6 +175,19 @@ impl PipelineHandle {
         if self.store.project_retired(link.project_id) {
             return Err(Error::not_found("File"));
         }
+        if link.kind == super::EFFECTIVE_CONFIGURATION {
+            let c = self
+                .store
+                .configuration(link.project_id, link.id)?
+                .ok_or_else(|| Error::not_found("Configuration"))?;
+            let bytes = bytes::Bytes::from(c.config_data_json);
+            return Ok(Download {
+                filename: format!("{}-{}.effective.json", c.name, c.version),
+                content_type: "application/json",
+                size: bytes.len() as u64,
+                source: super::DownloadSource::Inline(bytes),
+            });
+        }
         let (blob, size, filename, content_type) =
             if UploadKind::parse(&link.kind) == Some(UploadKind::Configuration) {
                 let c = self
@@ -206,8 +219,21 @@ impl PipelineHandle {
             filename,
             content_type,
             size,
-            blob,
+            source: super::DownloadSource::Blob(blob),
         })
+    }
+
+    /// A link to the effective (merged) data of configuration `id`, as JSON: what a device
+    /// installs, served by the service itself on every blob backend.
+    pub(super) fn effective_config_link(&self, pid: u64, id: u64, exp_secs: i64) -> Result<String> {
+        let token = self.signer.sign(&Link {
+            purpose: Purpose::Download,
+            kind: super::EFFECTIVE_CONFIGURATION.into(),
+            project_id: pid,
+            id,
+            exp: exp_secs,
+        })?;
+        Ok(format!("{}/api/v1/downloads/{token}", self.base()))
     }
 
     /// The bytes of a linked file, or of `range` of them (a download resumed).
@@ -216,7 +242,15 @@ impl PipelineHandle {
         d: &Download,
         range: Option<std::ops::Range<u64>>,
     ) -> Result<BoxStream<'static, std::io::Result<bytes::Bytes>>> {
-        Ok(self.blobs.stream(&d.blob, range).await?)
+        match &d.source {
+            super::DownloadSource::Blob(key) => Ok(self.blobs.stream(key, range).await?),
+            super::DownloadSource::Inline(b) => {
+                let len = b.len() as u64;
+                let r = range.unwrap_or(0..len);
+                let part = b.slice(r.start.min(len) as usize..r.end.min(len) as usize);
+                Ok(Box::pin(futures::stream::once(async move { Ok(part) })))
+            }
+        }
     }
 
     /// Removes capsules and configurations never confirmed whose upload link has expired (the
