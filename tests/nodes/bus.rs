@@ -459,3 +459,89 @@ async fn nodes_log_in_to_a_nats_server_with_an_nkey_seed() {
         .expect("a node with an unknown nkey started");
     assert!(refused.to_lowercase().contains("authoriz"), "{refused}");
 }
+
+/// The project's alerts as `n` lists them.
+async fn alerts(c: &reqwest::Client, n: &Node, key: &str) -> Vec<serde_json::Value> {
+    let (s, v) = call(c, Method::GET, n.url(&format!("{DEV}/alerts")), key, None).await;
+    assert_eq!(s, 200, "{v}");
+    v["items"].as_array().unwrap().clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn signals_replayed_to_the_evaluators_fire_no_alert() {
+    let engines = Engines::start().await;
+    let (raw, seen) = eavesdrop(&engines.nats.url()).await;
+    let a = engines.node("a");
+    let b = engines.node("b");
+    let c = client();
+    let key = a.printed("API key:");
+    // Three matching lines within a minute fire; each node gets one, so two arrive.
+    let (s, r) = call(
+        &c,
+        Method::POST,
+        a.url(&format!("{DEV}/alert-rules")),
+        &key,
+        Some(json!({"name": "overheat", "severity": "critical",
+            "condition": {"type": "log_pattern", "pattern": "overheat", "level": "error",
+                "count": 3, "window_seconds": 60}})),
+    )
+    .await;
+    assert_eq!(s, 201, "{r}");
+    let (sid, token) = session(&c, &a, &key).await;
+    // Both nodes' evaluators are running (a rule reaches the other node at once).
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    for (n, line) in [(&a, "overheat 1"), (&b, "overheat 2")] {
+        let (s, body) = call(
+            &c,
+            Method::POST,
+            n.url(&format!("{DEV}/sessions/{sid}/logs")),
+            &token,
+            Some(json!([{"level": "error", "module": "arm", "message": line}])),
+        )
+        .await;
+        assert_eq!(s, 202, "{body}");
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let signals: Vec<(String, Vec<u8>)> = seen
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(s, _)| s.starts_with("fleetops.signals."))
+        .cloned()
+        .collect();
+    assert!(signals.len() >= 2, "{} signals seen", signals.len());
+    // Each node's signals published again on their own subject: the judging evaluator,
+    // whichever node it is on, is sent the other node's lines again and again.
+    for _ in 0..5 {
+        for (s, p) in &signals {
+            raw.publish(s.clone(), p.clone().into()).await.unwrap();
+        }
+    }
+    raw.flush().await.unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for n in [&a, &b] {
+        let fired = alerts(&c, n, &key).await;
+        assert!(fired.is_empty(), "replayed signals fired {fired:?}");
+    }
+    let rejected = metric(&c, &a, "fleetops_bus_rejected").await
+        + metric(&c, &b, "fleetops_bus_rejected").await;
+    assert!(rejected >= 5.0, "{rejected} rejected");
+    // A third real line fires it: the rule was live all along.
+    let (s, body) = call(
+        &c,
+        Method::POST,
+        b.url(&format!("{DEV}/sessions/{sid}/logs")),
+        &token,
+        Some(json!([{"level": "error", "module": "arm", "message": "overheat 3"}])),
+    )
+    .await;
+    assert_eq!(s, 202, "{body}");
+    let t = std::time::Instant::now();
+    while alerts(&c, &b, &key).await.is_empty() {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "the third line fired nothing"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
