@@ -327,7 +327,15 @@ async fn install(
             return finish(cfg, http, id, log, st, "failed", Some(&why)).await;
         }
         std::fs::rename(&part, &capsule).map_err(|e| format!("{}: {e}", capsule.display()))?;
-        write_configuration(cfg, http, pkg).await?;
+        match write_configuration(cfg, http, pkg).await {
+            Ok(()) => {}
+            Err(ConfigProblem::Transient(e)) => return Err(e),
+            // Nothing is installed with a configuration that is not the package's.
+            Err(ConfigProblem::Refused(why)) => {
+                let _ = std::fs::remove_file(&capsule);
+                return finish(cfg, http, id, log, st, "failed", Some(&why)).await;
+            }
+        }
         st.stage = "installing".into();
         save(cfg, st)?;
     }
@@ -547,24 +555,88 @@ async fn write_configuration(
     cfg: &Config,
     http: &reqwest::Client,
     pkg: &serde_json::Value,
-) -> Result<(), String> {
+) -> Result<(), ConfigProblem> {
     let c = &pkg["configuration"];
     let data = if c.is_null() {
         serde_json::json!({})
     } else if !c["config_data"].is_null() {
         c["config_data"].clone()
     } else if let Some(url) = c["download_url"].as_str() {
-        let r = client::call(|| Ok(http.get(url)), Some(10))
-            .await
-            .map_err(|e| format!("downloading the configuration: {e}"))?;
-        let bytes = r.bytes().await.map_err(|e| e.to_string())?;
-        serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null)
+        fetch_configuration(http, url, c).await?
     } else {
         serde_json::json!({})
     };
     let path = config_path(cfg);
-    let bytes = serde_json::to_vec_pretty(&data).map_err(|e| e.to_string())?;
-    write_private(&path, &bytes).map_err(|e| format!("{}: {e}", path.display()))
+    let bytes =
+        serde_json::to_vec_pretty(&data).map_err(|e| ConfigProblem::Transient(e.to_string()))?;
+    write_private(&path, &bytes)
+        .map_err(|e| ConfigProblem::Transient(format!("{}: {e}", path.display())))
+}
+
+/// The largest effective configuration the agent takes.
+const MAX_CONFIGURATION_BYTES: u64 = 16 << 20;
+
+/// Why a downloaded configuration cannot be installed, for the `failed` report.
+#[derive(Debug)]
+pub enum ConfigProblem {
+    /// The download did not finish (retried at the next poll).
+    Transient(String),
+    /// What came is not what the package names: the update fails with this reason.
+    Refused(String),
+}
+
+/// Downloads the effective configuration the package links to, reading at most the size the
+/// package gives (and never more than [`MAX_CONFIGURATION_BYTES`]), and checks its size and
+/// SHA-256 against the package before it parses it as JSON.
+async fn fetch_configuration(
+    http: &reqwest::Client,
+    url: &str,
+    c: &serde_json::Value,
+) -> Result<serde_json::Value, ConfigProblem> {
+    let (Some(size), Some(sha)) = (c["size_bytes"].as_u64(), c["sha256"].as_str()) else {
+        return Err(ConfigProblem::Refused(
+            "the package names no size and SHA-256 for its configuration".into(),
+        ));
+    };
+    if size > MAX_CONFIGURATION_BYTES {
+        return Err(ConfigProblem::Refused(format!(
+            "the configuration is {size} bytes, over the agent's {MAX_CONFIGURATION_BYTES}"
+        )));
+    }
+    let mut r = client::call(|| Ok(http.get(url)), Some(10))
+        .await
+        .map_err(|e| ConfigProblem::Transient(format!("downloading the configuration: {e}")))?;
+    let mut bytes = Vec::with_capacity(size as usize);
+    while let Some(chunk) = r
+        .chunk()
+        .await
+        .map_err(|e| ConfigProblem::Transient(format!("downloading the configuration: {e}")))?
+    {
+        if bytes.len() as u64 + chunk.len() as u64 > size {
+            return Err(ConfigProblem::Refused(format!(
+                "the configuration is larger than the {size} bytes its package names"
+            )));
+        }
+        bytes.extend_from_slice(&chunk);
+    }
+    check_configuration(&bytes, size, sha)
+}
+
+/// A downloaded configuration checked against its package's size and SHA-256, then parsed.
+pub fn check_configuration(
+    bytes: &[u8],
+    size: u64,
+    sha: &str,
+) -> Result<serde_json::Value, ConfigProblem> {
+    let got = hex::encode(sha2::Sha256::digest(bytes));
+    if bytes.len() as u64 != size || !got.eq_ignore_ascii_case(sha.trim()) {
+        return Err(ConfigProblem::Refused(format!(
+            "the configuration does not match its package: {} bytes with SHA-256 {got}, expected {size} bytes with {sha}",
+            bytes.len()
+        )));
+    }
+    serde_json::from_slice(bytes)
+        .map_err(|e| ConfigProblem::Refused(format!("the configuration is not JSON: {e}")))
 }
 
 fn hook_env(cfg: &Config, pkg: &serde_json::Value, capsule: &Path) -> Vec<(String, String)> {
@@ -710,6 +782,37 @@ impl Log {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_configuration_is_checked_against_its_package_before_it_is_taken() {
+        let body = br#"{"speed": 2}"#;
+        let sha = hex::encode(sha2::Sha256::digest(body));
+        assert!(matches!(
+            check_configuration(body, body.len() as u64, &sha.to_ascii_uppercase()),
+            Ok(v) if v == serde_json::json!({"speed": 2})
+        ));
+        // Another size, another digest, or bytes that are not JSON: refused, with why.
+        for (bytes, size, digest, why) in [
+            (&body[..], 99, sha.clone(), "does not match"),
+            (
+                &body[..],
+                body.len() as u64,
+                "00".repeat(32),
+                "does not match",
+            ),
+        ] {
+            match check_configuration(bytes, size, &digest) {
+                Err(ConfigProblem::Refused(m)) => assert!(m.contains(why), "{m}"),
+                other => panic!("{other:?}"),
+            }
+        }
+        let junk = b"speed: [";
+        let junk_sha = hex::encode(sha2::Sha256::digest(junk));
+        match check_configuration(junk, junk.len() as u64, &junk_sha) {
+            Err(ConfigProblem::Refused(m)) => assert!(m.contains("not JSON"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+    }
 
     fn at(stage: &str, etag: Option<&str>) -> State {
         State {
