@@ -1174,3 +1174,69 @@ async fn signing_out_revokes_the_token_and_its_refreshes_everywhere() {
     let s = s.restart().await;
     s.get("/api/v1/users/me", &token).await.assert_error(401);
 }
+
+/// A phase's failed device is listed on the rollout page with the words of its report and a
+/// Retry button for a member (none for a viewer); the button offers the package again.
+#[tokio::test]
+async fn a_member_retries_a_failed_device_from_the_rollout_page() {
+    let s = start().await;
+    let (d, tok) = device(&s, "r-bad", json!({"site": "x"})).await;
+    let cap = capsule(&s, "nav", "1.0.0").await;
+    let r = s
+        .post(
+            DEPS,
+            s.key(),
+            json!({"name": "nav", "composition_tag": "nav-1", "capsule_id": cap,
+                "target_devices": [d],
+                "rollout": {"phases": [{"name": "only", "devices": {"percent": 100}}]}}),
+        )
+        .await;
+    let dep = r.body["id"].as_u64().unwrap();
+    let r = s
+        .post(&format!("{DEPS}/{dep}/activate"), s.key(), json!({}))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let r = s
+        .post(
+            &format!("{}/{dep}/status", crate::updates::UPDATE),
+            &tok,
+            json!({"status": "failed", "message": "hook exit 3"}),
+        )
+        .await;
+    assert_eq!(r.status, 202);
+    let c = no_redirects();
+    let page = s.url(&format!("/console/default/default/deployments/{dep}"));
+    let html = |cookie: String| {
+        let (c, page) = (c.clone(), page.clone());
+        async move {
+            let r = c.get(page).header("cookie", cookie).send().await.unwrap();
+            assert_eq!(r.status(), 200);
+            r.text().await.unwrap()
+        }
+    };
+    let viewer = format!("fleetops_session={}", s.member_key("viewer").await);
+    let v = html(viewer).await;
+    assert!(
+        v.contains("hook exit 3") && !v.contains(&format!("retry-{d}")),
+        "{v}"
+    );
+    let member = format!("fleetops_session={}", s.member_key("member").await);
+    let m = html(member.clone()).await;
+    assert!(m.contains(&format!("id=\"retry-{d}\"")), "{m}");
+    let r = c
+        .post(s.url(&format!(
+            "/console/default/default/deployments/{dep}/rollout/devices/{d}/retry"
+        )))
+        .header("cookie", &member)
+        .form_of(&[("csrf", csrf_of(&m))])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 303);
+    let view = s.get(&format!("{DEPS}/{dep}/rollout"), s.key()).await;
+    assert_eq!(
+        view.body["phases"][0]["counts"]["retrying"], 1,
+        "{}",
+        view.body
+    );
+}
