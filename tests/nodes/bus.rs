@@ -385,6 +385,56 @@ fn certificates(dir: &std::path::Path) -> (String, String, String) {
     (p("ca.pem"), p("leaf.pem"), p("leaf.key"))
 }
 
+/// A client certificate the CA of [`certificates`] in `dir` signed: its PEM and its key's.
+fn client_certificate(dir: &std::path::Path) -> (String, String) {
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    run(&[
+        "req",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+        "-keyout",
+        "client.key",
+        "-out",
+        "client.csr",
+        "-subj",
+        "/CN=fleetops node",
+    ]);
+    std::fs::write(dir.join("client.ext"), "extendedKeyUsage=clientAuth\n").unwrap();
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        "client.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "client.pem",
+        "-days",
+        "2",
+        "-extfile",
+        "client.ext",
+    ]);
+    let p = |f: &str| dir.join(f).display().to_string();
+    (p("client.pem"), p("client.key"))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nodes_reach_a_nats_server_over_tls_with_a_token_and_one_that_does_not_trust_it_is_refused()
 {
@@ -544,4 +594,48 @@ async fn signals_replayed_to_the_evaluators_fire_no_alert() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_show_a_client_certificate_to_a_nats_server_that_verifies_clients() {
+    let certs = tempfile::tempdir().unwrap();
+    let (ca, cert, key) = certificates(certs.path());
+    let (client_cert, client_key) = client_certificate(certs.path());
+    let engines = Engines::start_on(Nats::start_with(&[
+        "--tlsverify",
+        "--tlscert",
+        &cert,
+        "--tlskey",
+        &key,
+        "--tlscacert",
+        &ca,
+    ]))
+    .await;
+    let trust = format!("tls_ca_file = \"{ca}\"\ntls_required = true");
+    let bus =
+        format!("{trust}\ntls_cert_file = \"{client_cert}\"\ntls_key_file = \"{client_key}\"");
+    let a = engines.node_with("a", bus_with(&bus));
+    let b = engines.node_with("b", bus_with(&bus));
+    let c = client();
+    let api = a.printed("API key:");
+    let (sid, token) = session(&c, &a, &api).await;
+    let mut ws = tail(&b, sid, &api).await;
+    post_lines(
+        &c,
+        &a,
+        sid,
+        &token,
+        &["with a client certificate".to_string()],
+    )
+    .await;
+    assert_eq!(
+        next_json(&mut ws).await["message"],
+        "with a client certificate"
+    );
+    // Trusting the server but showing no certificate: refused.
+    let refused = engines
+        .try_node_with("c", bus_with(&trust))
+        .err()
+        .expect("a node without a client certificate started");
+    assert!(refused.contains("[bus] url"), "{refused}");
 }
