@@ -12,6 +12,7 @@ mod bus;
 mod crash;
 mod harness;
 mod live;
+mod nats_login;
 mod nodes;
 mod projects;
 mod rollouts;
