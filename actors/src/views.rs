@@ -216,6 +216,8 @@ pub struct EnrollmentTokenView {
     pub single_use: bool,
     pub expires_at: Option<String>,
     pub labels: BTreeMap<String, String>,
+    /// The keys a robot may set its own labels under.
+    pub allowed_label_keys: Vec<String>,
     pub uses: u64,
     pub last_used_at: Option<String>,
     pub created_at: String,
@@ -231,6 +233,7 @@ impl From<&fleetops_storage::enrollment::EnrollmentToken> for EnrollmentTokenVie
             single_use: t.single_use,
             expires_at: t.expires_at.map(fmt_ms),
             labels: t.labels.clone(),
+            allowed_label_keys: t.allowed_label_keys.clone(),
             uses: t.uses,
             last_used_at: t.last_used_at.map(fmt_ms),
             created_at: fmt_ms(t.created_at),

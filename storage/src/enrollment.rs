@@ -23,12 +23,14 @@ pub struct EnrollmentToken {
     pub single_use: bool,
     /// Unix ms after which it enrolls nothing; `None`: until revoked.
     pub expires_at: Option<i64>,
-    /// Labels every device enrolled with it starts with (its own labels win).
+    /// Labels every device enrolled with it has, whatever the robot asks.
     pub labels: BTreeMap<String, String>,
     /// Devices enrolled with it.
     pub uses: u64,
     pub last_used_at: Option<i64>,
     pub created_at: i64,
+    /// The label keys a robot enrolling with it may set labels under (none of `labels`).
+    pub allowed_label_keys: Vec<String>,
 }
 
 impl Store {
@@ -137,6 +139,7 @@ mod tests {
             uses: 0,
             last_used_at: None,
             created_at: 0,
+            allowed_label_keys: Vec::new(),
         }
     }
 

@@ -11,7 +11,9 @@ use crate::harness::{Agent, DEV, Server};
 async fn an_agent_enrolls_with_a_token_and_keeps_its_device_token_readable_only_by_its_user() {
     let server = Server::start();
     let token = server
-        .enrollment_token(json!({"name": "line", "labels": {"fleet": "amr"}}))
+        .enrollment_token(
+            json!({"name": "line", "labels": {"fleet": "amr"}, "allowed_label_keys": ["site"]}),
+        )
         .await;
     let agent = Agent::new(&server, &token, "[labels]\nsite = \"lyon\"\n");
     let out = agent.command(&["enroll"]).output().unwrap();
@@ -44,6 +46,24 @@ async fn an_agent_enrolls_with_a_token_and_keeps_its_device_token_readable_only_
     assert!(agent.command(&["enroll"]).status().unwrap().success());
     assert_eq!(agent.identity(), id);
     assert_eq!(server.get(&format!("{DEV}/devices")).await["total"], 1);
+}
+
+#[tokio::test]
+async fn an_agent_asking_for_a_label_its_token_fixes_otherwise_is_not_enrolled() {
+    let server = Server::start();
+    let token = server
+        .enrollment_token(json!({"name": "staging", "labels": {"fleet": "staging"}}))
+        .await;
+    let agent = Agent::new(&server, &token, "[labels]\nfleet = \"prod\"\n");
+    let out = agent.command(&["enroll"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("422") && err.contains("fleet") && err.contains("staging"),
+        "{err}"
+    );
+    assert!(!agent.state().join("device.json").exists());
+    assert_eq!(server.get(&format!("{DEV}/devices")).await["total"], 0);
 }
 
 #[tokio::test]

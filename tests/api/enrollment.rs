@@ -22,7 +22,8 @@ async fn a_robot_enrolls_with_a_token_and_works_with_its_own_device_token() {
     let s = start().await;
     let (_, token) = make_token(
         &s,
-        json!({"name": "assembly line", "labels": {"fleet": "amr", "site": "lyon"}}),
+        json!({"name": "assembly line", "labels": {"fleet": "amr"},
+               "allowed_label_keys": ["site"]}),
     )
     .await;
     assert!(token.starts_with("fopse_"), "{token}");
@@ -35,7 +36,7 @@ async fn a_robot_enrolls_with_a_token_and_works_with_its_own_device_token() {
         .await;
     assert_eq!(r.status, 201, "{}", r.body);
     assert_eq!(r.body["name"], "amr-7");
-    // The token's labels, the robot's own winning.
+    // The token's labels, and the robot's own under the keys it allows.
     assert_eq!(r.body["labels"], json!({"fleet": "amr", "site": "paris"}));
     assert_eq!(r.body["organization"], "default");
     assert_eq!(r.body["project_slug"], "default");
@@ -57,6 +58,85 @@ async fn a_robot_enrolls_with_a_token_and_works_with_its_own_device_token() {
     assert_eq!(r.status, 200);
     assert_eq!(r.body["items"][0]["uses"], 1);
     assert!(r.body["items"][0].get("token").is_none(), "{}", r.body);
+}
+
+#[tokio::test]
+async fn a_tokens_labels_are_fixed_and_a_robot_adds_labels_only_under_the_keys_it_allows() {
+    let s = start().await;
+    let (_, token) = make_token(
+        &s,
+        json!({"name": "staging", "labels": {"fleet": "staging"}, "allowed_label_keys": ["site"]}),
+    )
+    .await;
+    // A robot holding a staging token cannot enroll as prod, nor add a key not allowed.
+    let d = s
+        .post(
+            ENROLL,
+            &token,
+            json!({"name": "r1", "labels": {"fleet": "prod"}}),
+        )
+        .await
+        .assert_error(422)
+        .to_string();
+    assert!(d.contains("\"fleet\""), "{d}");
+    let d = s
+        .post(
+            ENROLL,
+            &token,
+            json!({"name": "r1", "labels": {"site": "lyon", "owner": "me"}}),
+        )
+        .await
+        .assert_error(422)
+        .to_string();
+    assert!(d.contains("\"owner\""), "{d}");
+    // Nothing was written.
+    assert_eq!(
+        s.get(&format!("{DEV}/devices"), s.key()).await.body["total"],
+        0
+    );
+    assert_eq!(s.get(TOKENS, s.key()).await.body["items"][0]["uses"], 0);
+    let r = s
+        .post(
+            ENROLL,
+            &token,
+            json!({"name": "r1", "labels": {"site": "lyon", "fleet": "staging"}}),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.body);
+    assert_eq!(
+        r.body["labels"],
+        json!({"fleet": "staging", "site": "lyon"})
+    );
+    // By default a token allows no label of the robot's own.
+    let (_, plain) = make_token(&s, json!({"name": "plain", "labels": {"fleet": "k"}})).await;
+    s.post(
+        ENROLL,
+        &plain,
+        json!({"name": "r2", "labels": {"site": "lyon"}}),
+    )
+    .await
+    .assert_error(422);
+    let list = s.get(TOKENS, s.key()).await;
+    assert_eq!(list.body["items"][0]["allowed_label_keys"], json!(["site"]));
+    assert_eq!(list.body["items"][1]["allowed_label_keys"], json!([]));
+    // A token's own key cannot also be a robot's.
+    let d = s
+        .post(
+            TOKENS,
+            s.key(),
+            json!({"name": "x", "labels": {"fleet": "k"}, "allowed_label_keys": ["fleet"]}),
+        )
+        .await
+        .assert_error(422)
+        .to_string();
+    assert!(d.contains("allowed_label_keys"), "{d}");
+    s.post(
+        TOKENS,
+        s.key(),
+        json!({"name": "x", "allowed_label_keys": [""]}),
+    )
+    .await
+    .assert_error(422);
 }
 
 #[tokio::test]

@@ -25,6 +25,42 @@ pub struct TokenSpec {
     pub single_use: bool,
     pub expires_in_seconds: Option<u64>,
     pub labels: BTreeMap<String, String>,
+    /// The keys a robot may set its own labels under.
+    pub allowed_label_keys: Vec<String>,
+}
+
+/// A token allows a robot this many label keys at most.
+pub const MAX_ALLOWED_LABEL_KEYS: usize = 64;
+
+/// The labels of a robot enrolling with `labels` on a token: the token's, fixed, and the
+/// robot's own under the keys the token allows. A label under another key is 422 naming it
+/// (one of the token's own keys too, unless the robot asks for the token's value).
+fn enrolled_labels(
+    token: &EnrollmentToken,
+    robot: BTreeMap<String, String>,
+) -> Result<BTreeMap<String, String>> {
+    let mut all = token.labels.clone();
+    for (k, v) in robot {
+        match token.labels.get(&k) {
+            Some(fixed) if *fixed == v => {}
+            Some(fixed) => {
+                return Err(Error::unprocessable(
+                    "labels",
+                    format!("{k:?} is {fixed:?} for every robot of this enrollment token"),
+                ));
+            }
+            None if token.allowed_label_keys.contains(&k) => {
+                all.insert(k, v);
+            }
+            None => {
+                return Err(Error::unprocessable(
+                    "labels",
+                    format!("this enrollment token lets a robot set no label {k:?}"),
+                ));
+            }
+        }
+    }
+    Ok(all)
 }
 
 impl ProjectState {
@@ -34,6 +70,21 @@ impl ProjectState {
     ) -> Result<(EnrollmentToken, String)> {
         let name = rules::name("name", &spec.name, 200)?;
         rules::labels(&spec.labels)?;
+        let keys = &spec.allowed_label_keys;
+        if keys.len() > MAX_ALLOWED_LABEL_KEYS
+            || keys.iter().any(|k| k.is_empty() || k.chars().count() > 128)
+        {
+            return Err(Error::unprocessable(
+                "allowed_label_keys",
+                format!("at most {MAX_ALLOWED_LABEL_KEYS} keys of 1-128 characters"),
+            ));
+        }
+        if let Some(k) = keys.iter().find(|k| spec.labels.contains_key(*k)) {
+            return Err(Error::unprocessable(
+                "allowed_label_keys",
+                format!("{k:?} is one of the token's own labels, fixed for its robots"),
+            ));
+        }
         let now = self.clock.now_ms();
         let expires_at = match spec.expires_in_seconds {
             None => None,
@@ -69,6 +120,12 @@ impl ProjectState {
             uses: 0,
             last_used_at: None,
             created_at: now,
+            allowed_label_keys: {
+                let mut k = spec.allowed_label_keys;
+                k.sort();
+                k.dedup();
+                k
+            },
         };
         self.store.insert_enrollment_token(&t)?;
         Ok((t, token))
@@ -99,8 +156,7 @@ impl ProjectState {
             .filter(|t| t.expires_at.is_none_or(|e| now < e))
             .ok_or(Error::Unauthorized)?;
         let name = rules::name("name", &name, 200)?;
-        let mut all = t.labels.clone();
-        all.extend(labels);
+        let all = enrolled_labels(&t, labels)?;
         rules::labels(&all)?;
         let token = secrets::new_device_token()?;
         let d = Device {
@@ -119,5 +175,65 @@ impl ProjectState {
             Err(StorageError::Conflict(_)) => Err(Error::Unauthorized),
             Err(e) => Err(e.into()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn token(labels: &[(&str, &str)], allowed: &[&str]) -> EnrollmentToken {
+        EnrollmentToken {
+            id: 1,
+            project_id: 1,
+            name: "line".into(),
+            token_hash: [0; 32],
+            single_use: false,
+            expires_at: None,
+            labels: labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            uses: 0,
+            last_used_at: None,
+            created_at: 0,
+            allowed_label_keys: allowed.iter().map(|k| k.to_string()).collect(),
+        }
+    }
+
+    fn map(l: &[(&str, &str)]) -> BTreeMap<String, String> {
+        l.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn the_tokens_labels_are_fixed_and_a_robot_adds_only_under_allowed_keys() {
+        let t = token(&[("fleet", "staging")], &["site"]);
+        assert_eq!(
+            enrolled_labels(&t, map(&[("site", "lyon")])).unwrap(),
+            map(&[("fleet", "staging"), ("site", "lyon")])
+        );
+        // Asking for the token's own value is no change.
+        assert_eq!(
+            enrolled_labels(&t, map(&[("fleet", "staging")])).unwrap(),
+            map(&[("fleet", "staging")])
+        );
+        let e = enrolled_labels(&t, map(&[("fleet", "prod")])).unwrap_err();
+        assert!(
+            matches!(&e, Error::Unprocessable(m) if m.contains("\"fleet\"")),
+            "{e:?}"
+        );
+        let e = enrolled_labels(&t, map(&[("owner", "me")])).unwrap_err();
+        assert!(
+            matches!(&e, Error::Unprocessable(m) if m.contains("\"owner\"")),
+            "{e:?}"
+        );
+        // By default a robot adds nothing.
+        let t = token(&[], &[]);
+        assert!(enrolled_labels(&t, map(&[("site", "lyon")])).is_err());
+        assert_eq!(enrolled_labels(&t, map(&[])).unwrap(), map(&[]));
     }
 }

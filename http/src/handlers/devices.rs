@@ -73,10 +73,14 @@ pub(crate) struct EnrollmentTokenBody {
     #[serde(default)]
     #[schemars(range(min = 1, max = 31_622_400))]
     expires_in_seconds: Option<u64>,
-    /// Labels every robot enrolled with it starts with.
+    /// Labels every robot enrolled with it has (a robot cannot change them).
     #[serde(default)]
     #[schemars(schema_with = "fleetops_actors::rules::schemas::labels")]
     labels: BTreeMap<String, String>,
+    /// The keys a robot may set its own labels under; default none.
+    #[serde(default)]
+    #[schemars(length(max = 64), inner(length(min = 1, max = 128)))]
+    allowed_label_keys: Vec<String>,
 }
 
 pub async fn create_enrollment_token(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
@@ -87,6 +91,7 @@ pub async fn create_enrollment_token(cx: &mut Cx<'_>, mut req: Req) -> ApiResult
         single_use: b.single_use,
         expires_in_seconds: b.expires_in_seconds,
         labels: b.labels,
+        allowed_label_keys: b.allowed_label_keys,
     };
     body::created(
         &cx.rt()
