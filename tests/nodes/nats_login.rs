@@ -55,6 +55,15 @@ async fn nodes_log_in_to_a_nats_server_that_asks_for_credentials_and_one_without
         !wrong.contains("wrong-pass"),
         "the password printed: {wrong}"
     );
+    // A .creds file that cannot be read is named.
+    let creds = engines
+        .try_node_with("e", bus_with("creds_file = \"/nonexistent/node.creds\""))
+        .err()
+        .expect("refused");
+    assert!(
+        creds.contains("[bus] creds_file /nonexistent/node.creds"),
+        "{creds}"
+    );
 }
 
 /// A CA and a certificate it signed for 127.0.0.1, made with openssl in `dir`: the CA's PEM,
