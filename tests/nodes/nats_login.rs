@@ -1,5 +1,5 @@
 //! Nodes log in to a NATS server that asks for credentials (user and password, a token, an
-//! nkey seed) or for TLS (the server's CA, a client certificate); a node without what it
+//! nkey seed, a `.creds` file in operator mode) or for TLS (the server's CA, a client certificate); a node without what it
 //! asks is refused at start, saying so without printing its secret.
 
 use reqwest::Method;
@@ -308,5 +308,87 @@ async fn nodes_show_a_client_certificate_to_a_nats_server_that_verifies_clients(
         .try_node_with("c", bus_with(&trust))
         .err()
         .expect("a node without a client certificate started");
+    assert!(refused.contains("[bus] url"), "{refused}");
+}
+
+/// A NATS JWT (`ed25519-nkey`) of `claims` (`nats` of the given kind), issued by `issuer`.
+fn nats_jwt(issuer: &nkeys::KeyPair, sub: &str, nats: serde_json::Value) -> String {
+    use base64::Engine as _;
+    let b64 = |b: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b);
+    let header = b64(br#"{"typ":"JWT","alg":"ed25519-nkey"}"#);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let claims = json!({
+        "jti": uuid::Uuid::new_v4().simple().to_string().to_uppercase(),
+        "iat": now,
+        "iss": issuer.public_key(),
+        "name": sub,
+        "sub": sub,
+        "nats": nats,
+    });
+    let body = format!("{header}.{}", b64(claims.to_string().as_bytes()));
+    let sig = issuer.sign(body.as_bytes()).unwrap();
+    format!("{body}.{}", b64(&sig))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_log_in_with_a_creds_file_to_a_nats_server_in_operator_mode() {
+    let operator = nkeys::KeyPair::new_operator();
+    let account = nkeys::KeyPair::new_account();
+    let user = nkeys::KeyPair::new_user();
+    let op_jwt = nats_jwt(
+        &operator,
+        &operator.public_key(),
+        json!({"type": "operator", "version": 2}),
+    );
+    let acc_jwt = nats_jwt(
+        &operator,
+        &account.public_key(),
+        json!({"type": "account", "version": 2, "limits": {"subs": -1, "data": -1,
+            "payload": -1, "imports": -1, "exports": -1, "wildcards": true, "conn": -1,
+            "leaf": -1}}),
+    );
+    let user_jwt = nats_jwt(
+        &account,
+        &user.public_key(),
+        json!({"type": "user", "version": 2, "pub": {}, "sub": {}, "subs": -1, "data": -1,
+            "payload": -1}),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let conf = dir.path().join("nats.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "operator: \"{op_jwt}\"\nresolver: MEMORY\nresolver_preload: {{\n  {}: \"{acc_jwt}\"\n}}\n",
+            account.public_key()
+        ),
+    )
+    .unwrap();
+    let creds = dir.path().join("node.creds");
+    std::fs::write(
+        &creds,
+        format!(
+            "-----BEGIN NATS USER JWT-----\n{user_jwt}\n------END NATS USER JWT------\n\n\
+             -----BEGIN USER NKEY SEED-----\n{}\n------END USER NKEY SEED------\n",
+            user.seed().unwrap()
+        ),
+    )
+    .unwrap();
+    let engines = Engines::start_on(Nats::start_with(&["-c", conf.to_str().unwrap()])).await;
+    let login = format!("creds_file = \"{}\"", creds.display());
+    let a = engines.node_with("a", bus_with(&login));
+    let b = engines.node_with("b", bus_with(&login));
+    let c = client();
+    let api = a.printed("API key:");
+    let (sid, token) = session(&c, &a, &api).await;
+    let mut ws = tail(&b, sid, &api).await;
+    post_lines(&c, &a, sid, &token, &["with a creds file".to_string()]).await;
+    assert_eq!(next_json(&mut ws).await["message"], "with a creds file");
+    let refused = engines
+        .try_node_with("c", |c| c)
+        .err()
+        .expect("a node without the creds file started");
     assert!(refused.contains("[bus] url"), "{refused}");
 }
