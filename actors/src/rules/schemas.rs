@@ -203,6 +203,17 @@ pub fn sha256(_: &mut SchemaGenerator) -> Schema {
     Schema::try_from(exact("^[0-9a-fA-F]{64}$")).unwrap_or_default()
 }
 
+/// A state a device may report on a package (every update state but the service's own
+/// `retrying`).
+pub fn reportable_state(_: &mut SchemaGenerator) -> Schema {
+    let names: Vec<&str> = fleetops_storage::UpdateState::ALL
+        .iter()
+        .filter(|s| s.reportable())
+        .map(|s| s.as_str())
+        .collect();
+    json_schema!({"type": "string", "enum": names})
+}
+
 /// Free text of at most `N` characters.
 pub fn text<const N: usize>(_: &mut SchemaGenerator) -> Schema {
     nullable(json!({"type": "string", "maxLength": N}))

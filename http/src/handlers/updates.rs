@@ -52,7 +52,7 @@ fn etag_matches(header: &str, etag: &str) -> bool {
 #[derive(Deserialize, schemars::JsonSchema)]
 #[schemars(rename = "DeviceUpdateReport")]
 pub(crate) struct ReportBody {
-    #[schemars(with = "fleetops_actors::UpdateState")]
+    #[schemars(schema_with = "fleetops_actors::rules::schemas::reportable_state")]
     status: String,
     #[serde(default)]
     #[schemars(schema_with = "fleetops_actors::rules::schemas::text::<2000>")]
