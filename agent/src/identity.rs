@@ -113,7 +113,19 @@ pub async fn load_or_enroll(cfg: &Config, http: &reqwest::Client) -> Result<Iden
             )
         })?;
     let name = cfg.name.clone().unwrap_or_else(hostname);
-    let body = serde_json::json!({"name": name, "labels": cfg.labels});
+    // Kept before the first try, so that an enrollment whose answer was lost (or an agent
+    // killed while it waited) asks again as the same enrollment and gets its device.
+    let attempt_file = cfg.state_dir.join("enrollment-id");
+    let attempt = match std::fs::read_to_string(&attempt_file) {
+        Ok(t) if !t.trim().is_empty() => t.trim().to_string(),
+        _ => {
+            let id = new_enrollment_id()?;
+            write_private(&attempt_file, id.as_bytes())
+                .map_err(|e| format!("{}: {e}", attempt_file.display()))?;
+            id
+        }
+    };
+    let body = serde_json::json!({"name": name, "labels": cfg.labels, "enrollment_id": attempt});
     let url = format!("{}/api/v1/device/enroll", cfg.server());
     let r = client::call(
         || Ok(http.post(&url).bearer_auth(token.trim()).json(&body)),
@@ -151,11 +163,29 @@ pub async fn load_or_enroll(cfg: &Config, http: &reqwest::Client) -> Result<Iden
     private_dir(&cfg.state_dir).map_err(|e| format!("{}: {e}", cfg.state_dir.display()))?;
     let bytes = serde_json::to_vec_pretty(&id).map_err(|e| e.to_string())?;
     write_private(&path, &bytes).map_err(|e| format!("{}: {e}", path.display()))?;
+    let _ = std::fs::remove_file(&attempt_file);
     eprintln!(
         "fleetops-agent: enrolled as device {} in {}/{}",
         id.device_id, id.organization, id.project
     );
     Ok(id)
+}
+
+/// A random UUID (version 4) naming one enrollment.
+fn new_enrollment_id() -> Result<String, String> {
+    let mut b = [0u8; 16];
+    getrandom::fill(&mut b).map_err(|e| format!("no randomness for an enrollment id: {e}"))?;
+    b[6] = (b[6] & 0x0f) | 0x40;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    let h = hex::encode(b);
+    Ok(format!(
+        "{}-{}-{}-{}-{}",
+        &h[..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..]
+    ))
 }
 
 fn hostname() -> String {
@@ -176,6 +206,16 @@ mod tests {
         let _ = std::fs::remove_dir_all(&d);
         std::fs::create_dir_all(&d).unwrap();
         d
+    }
+
+    #[test]
+    fn enrollment_ids_are_random_version_4_uuids() {
+        let (a, b) = (new_enrollment_id().unwrap(), new_enrollment_id().unwrap());
+        assert_ne!(a, b);
+        let parts: Vec<usize> = a.split('-').map(str::len).collect();
+        assert_eq!(parts, [8, 4, 4, 4, 12], "{a}");
+        assert_eq!(&a[14..15], "4", "{a}");
+        assert!("89ab".contains(&a[19..20]), "{a}");
     }
 
     #[test]

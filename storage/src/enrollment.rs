@@ -4,7 +4,9 @@
 //! project and id). Revoking one deletes both. A device enrolled with one is written in the
 //! same write as the token's use: a single-use token is deleted by it, another has its use
 //! counted, and the write is guarded on the token still being what was read, so one
-//! single-use token never enrolls two robots.
+//! single-use token never enrolls two robots. An enrollment a robot named (its enrollment
+//! id) is indexed in that write too (`ix-enr-at/{hash}`: the project and device), so the
+//! robot asking again, its first answer lost, finds its device.
 
 use std::collections::BTreeMap;
 
@@ -84,11 +86,50 @@ impl Store {
         self.apply(w)
     }
 
-    /// Stores device `d`, enrolled with `used` (as read), in one write with the token's use:
-    /// a single-use token goes, another counts the use. Fails with
-    /// [`crate::StorageError::Conflict`] when the token changed since it was read.
-    pub fn enroll_device(&self, d: &Device, used: &EnrollmentToken, at: i64) -> Result<()> {
+    /// The project and device the enrollment attempt `hash` enrolled, if any (the device
+    /// may have been deleted since).
+    pub fn enrollment_attempt(&self, hash: &[u8; 32]) -> Result<Option<(u64, u64)>> {
+        Ok(self
+            .inner
+            .records
+            .get(keys::enrollment_attempt(hash))?
+            .and_then(|v| crate::scm::pair(&v)))
+    }
+
+    /// Gives device `old` the token of `new` (the same device, never seen yet): the old
+    /// token no longer authenticates it. Fails with [`crate::StorageError::Conflict`] once
+    /// the device has another token or was seen.
+    pub fn replace_device_token(&self, old: &Device, new: &Device) -> Result<()> {
         let mut w = Writes::new();
+        let had = old.token_hash;
+        w.guard(keys::device(old.project_id, old.id), "device", move |v| {
+            v.and_then(|v| crate::codec::decode::<Device>(v).ok())
+                .is_some_and(|d| d.token_hash == had && d.last_seen_at.is_none())
+        });
+        w.delete(keys::device_by_token(&old.token_hash));
+        w.put_listed(keys::device(new.project_id, new.id), new)?;
+        w.0.insert(
+            keys::device_by_token(&new.token_hash),
+            pair(new.project_id, new.id),
+        );
+        self.apply(w)
+    }
+
+    /// Stores device `d`, enrolled with `used` (as read), in one write with the token's use:
+    /// a single-use token goes, another counts the use; `attempt` (the enrollment's hash,
+    /// when the robot named one) is indexed to the device. Fails with
+    /// [`crate::StorageError::Conflict`] when the token changed since it was read.
+    pub fn enroll_device(
+        &self,
+        d: &Device,
+        used: &EnrollmentToken,
+        at: i64,
+        attempt: Option<&[u8; 32]>,
+    ) -> Result<()> {
+        let mut w = Writes::new();
+        if let Some(a) = attempt {
+            w.0.insert(keys::enrollment_attempt(a), pair(d.project_id, d.id));
+        }
         w.guard_record(
             keys::enrollment(used.project_id, used.id),
             used,
@@ -165,13 +206,30 @@ mod tests {
             store.enrollment_token_by_hash(&t.token_hash).unwrap(),
             Some(t.clone())
         );
-        store.enroll_device(&device(1), &t, 5).unwrap();
+        store
+            .enroll_device(&device(1), &t, 5, Some(&[9; 32]))
+            .unwrap();
         assert_eq!(store.enrollment_token_by_hash(&t.token_hash).unwrap(), None);
+        assert_eq!(store.enrollment_attempt(&[9; 32]).unwrap(), Some((1, 1)));
+        assert_eq!(store.enrollment_attempt(&[8; 32]).unwrap(), None);
         // A second enrollment on the token as first read is refused, writing nothing.
-        let r = store.enroll_device(&device(2), &t, 6);
+        let r = store.enroll_device(&device(2), &t, 6, Some(&[8; 32]));
         assert!(matches!(r, Err(crate::StorageError::Conflict(_))), "{r:?}");
         assert!(store.device(1, 2).unwrap().is_none());
         assert!(store.device(1, 1).unwrap().is_some());
+        assert_eq!(store.enrollment_attempt(&[8; 32]).unwrap(), None);
+        // Its token replaced, the device answers to the new one only.
+        let old = store.device(1, 1).unwrap().unwrap();
+        let new = Device {
+            token_hash: [77; 32],
+            ..old.clone()
+        };
+        store.replace_device_token(&old, &new).unwrap();
+        assert!(store.device_by_token(&old.token_hash).unwrap().is_none());
+        assert_eq!(store.device_by_token(&[77; 32]).unwrap().unwrap().id, 1);
+        // Once replaced, the old device as read is no longer there to replace.
+        let r = store.replace_device_token(&old, &new);
+        assert!(matches!(r, Err(crate::StorageError::Conflict(_))), "{r:?}");
     }
     on_each_engine!(a_single_use_token_enrolls_one_device_and_goes);
 
@@ -180,10 +238,10 @@ mod tests {
         let store = crate::testing::open(dir.path());
         let t = token(2, false);
         store.insert_enrollment_token(&t).unwrap();
-        store.enroll_device(&device(1), &t, 5).unwrap();
+        store.enroll_device(&device(1), &t, 5, None).unwrap();
         let t = store.enrollment_token(1, 2).unwrap().unwrap();
         assert_eq!((t.uses, t.last_used_at), (1, Some(5)));
-        store.enroll_device(&device(2), &t, 6).unwrap();
+        store.enroll_device(&device(2), &t, 6, None).unwrap();
         assert_eq!(store.enrollment_tokens(1, 10).unwrap()[0].uses, 2);
         store.delete_enrollment_token(&t).unwrap();
         assert_eq!(store.enrollment_token_by_hash(&t.token_hash).unwrap(), None);

@@ -556,6 +556,12 @@ pub(crate) fn enrollment_by_hash(hash: &[u8; 32]) -> Vec<u8> {
     key(&[b"ix-enr", hash])
 }
 
+/// An enrollment's attempt, by the SHA-256 of its token's hash and the robot's enrollment
+/// id: the project and device it enrolled, 16 bytes.
+pub(crate) fn enrollment_attempt(hash: &[u8; 32]) -> Vec<u8> {
+    key(&[b"ix-enr-at", hash])
+}
+
 /// A section's counter ([`crate::sections`]), by name.
 pub(crate) fn section(name: &str) -> Vec<u8> {
     key(&[b"section", name.as_bytes()])

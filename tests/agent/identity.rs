@@ -67,6 +67,39 @@ async fn an_agent_asking_for_a_label_its_token_fixes_otherwise_is_not_enrolled()
 }
 
 #[tokio::test]
+async fn an_agent_whose_enrollment_answer_was_lost_gets_the_same_device_on_its_next_try() {
+    let server = Server::start();
+    let token = server
+        .enrollment_token(json!({"name": "one", "single_use": true}))
+        .await;
+    let agent = Agent::new(&server, &token, "");
+    // As an agent leaves it when the service enrolled it and the answer never arrived.
+    let attempt = "6f1c2a3b-4d5e-4f60-8a7b-9c0d1e2f3a4b";
+    std::fs::create_dir_all(agent.state()).unwrap();
+    std::fs::write(agent.state().join("enrollment-id"), attempt).unwrap();
+    let lost = reqwest::Client::new()
+        .post(format!("{}/api/v1/device/enroll", server.base))
+        .bearer_auth(&token)
+        .json(&json!({"name": "amr-1", "enrollment_id": attempt}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(lost.status(), 201);
+    let lost: serde_json::Value = lost.json().await.unwrap();
+    let out = agent.command(&["enroll"]).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let id = agent.identity();
+    assert_eq!(id["device_id"], lost["id"]);
+    assert_ne!(id["device_token"], lost["device_token"]);
+    assert_eq!(server.get(&format!("{DEV}/devices")).await["total"], 1);
+    assert!(!agent.state().join("enrollment-id").exists());
+}
+
+#[tokio::test]
 async fn a_refused_enrollment_token_stops_the_agent_with_a_clear_error() {
     let server = Server::start();
     let agent = Agent::new(&server, "fopse_not-a-token", "");

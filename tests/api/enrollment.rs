@@ -140,6 +140,67 @@ async fn a_tokens_labels_are_fixed_and_a_robot_adds_labels_only_under_the_keys_i
 }
 
 #[tokio::test]
+async fn an_enrollment_asked_again_with_its_id_answers_the_same_device_with_a_new_token() {
+    let s = start().await;
+    let (_, token) = make_token(&s, json!({"name": "one", "single_use": true})).await;
+    let body = json!({"name": "r1", "enrollment_id": "1b4e28ba-2fa1-41d2-883f-0016d3cca427"});
+    let first = s.post(ENROLL, &token, body.clone()).await;
+    assert_eq!(first.status, 201, "{}", first.body);
+    // The answer was lost: the robot asks again, the single-use token used meanwhile.
+    let again = s.post(ENROLL, &token, body.clone()).await;
+    assert_eq!(again.status, 201, "{}", again.body);
+    assert_eq!(again.body["id"], first.body["id"]);
+    assert_ne!(again.body["device_token"], first.body["device_token"]);
+    assert_eq!(
+        s.get(&format!("{DEV}/devices"), s.key()).await.body["total"],
+        1
+    );
+    let id = first.body["id"].as_u64().unwrap();
+    let beat = format!("{DEV}/devices/{id}/heartbeat");
+    // Only the last answer's token works.
+    s.post(
+        &beat,
+        first.body["device_token"].as_str().unwrap(),
+        json!({}),
+    )
+    .await
+    .assert_error(401);
+    // Another enrollment with the used token is refused.
+    s.post(
+        ENROLL,
+        &token,
+        json!({"name": "r2", "enrollment_id": "another"}),
+    )
+    .await
+    .assert_error(401);
+    s.post(ENROLL, &token, json!({"name": "r2"}))
+        .await
+        .assert_error(401);
+    let r = s
+        .post(
+            &beat,
+            again.body["device_token"].as_str().unwrap(),
+            json!({}),
+        )
+        .await;
+    assert_eq!(r.status, 202, "{}", r.body);
+    // Once its robot was seen, the enrollment is not answered again.
+    s.post(ENROLL, &token, body).await.assert_error(401);
+    assert_eq!(
+        s.get(&format!("{DEV}/devices"), s.key()).await.body["total"],
+        1
+    );
+    let (_, other) = make_token(&s, json!({"name": "two"})).await;
+    s.post(
+        ENROLL,
+        &other,
+        json!({"name": "r3", "enrollment_id": "not an id"}),
+    )
+    .await
+    .assert_error(422);
+}
+
+#[tokio::test]
 async fn a_single_use_token_enrolls_one_robot() {
     let s = start().await;
     let (_, token) = make_token(&s, json!({"name": "one", "single_use": true})).await;

@@ -29,6 +29,29 @@ pub struct TokenSpec {
     pub allowed_label_keys: Vec<String>,
 }
 
+/// A robot asking again with its enrollment id gets its device within this long of its
+/// enrollment (and only while the device was never seen).
+pub const ENROLLMENT_RETRY_MS: i64 = 24 * 3600 * 1000;
+
+/// The hash an enrollment a robot names is kept under: its token's hash and its enrollment
+/// id (1-64 letters, digits and `-`; 422 otherwise).
+pub fn enrollment_attempt(token_hash: &[u8; 32], enrollment_id: &str) -> Result<[u8; 32]> {
+    if enrollment_id.is_empty()
+        || enrollment_id.len() > 64
+        || !enrollment_id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+    {
+        return Err(Error::unprocessable(
+            "enrollment_id",
+            "1-64 letters, digits and -",
+        ));
+    }
+    let mut data = token_hash.to_vec();
+    data.extend_from_slice(enrollment_id.as_bytes());
+    Ok(secrets::sha256(&data))
+}
+
 /// A token allows a robot this many label keys at most.
 pub const MAX_ALLOWED_LABEL_KEYS: usize = 64;
 
@@ -142,13 +165,37 @@ impl ProjectState {
 
     /// Registers a robot with the token whose SHA-256 is `hash`: the device and its token.
     /// An unknown, revoked, used-up or expired token is 401, and nothing is written.
+    /// `attempt` (the robot named its enrollment): the device that enrollment made, when it
+    /// did and the device was never seen since, is answered again with a new token (the
+    /// robot lost the first answer), whatever became of the token since.
     pub(super) fn enroll(
         &self,
         hash: [u8; 32],
         name: String,
         labels: BTreeMap<String, String>,
+        attempt: Option<[u8; 32]>,
     ) -> Result<(Device, String)> {
         let now = self.clock.now_ms();
+        if let Some(a) = &attempt
+            && let Some((pid, id)) = self.store.enrollment_attempt(a)?
+            && pid == self.pid()
+            && let Some(d) = self.store.device(pid, id)?
+        {
+            if d.last_seen_at.is_some() || now - d.created_at > ENROLLMENT_RETRY_MS {
+                return Err(Error::Unauthorized);
+            }
+            let token = secrets::new_device_token()?;
+            let again = Device {
+                token_hash: secrets::sha256(token.as_bytes()),
+                ..d.clone()
+            };
+            return match self.store.replace_device_token(&d, &again) {
+                Ok(()) => Ok((again, token)),
+                // Seen meanwhile: its robot has its token.
+                Err(StorageError::Conflict(_)) => Err(Error::Unauthorized),
+                Err(e) => Err(e.into()),
+            };
+        }
         let t = self
             .store
             .enrollment_token_by_hash(&hash)?
@@ -169,7 +216,7 @@ impl ProjectState {
             last_seen_at: None,
             metrics: BTreeMap::new(),
         };
-        match self.store.enroll_device(&d, &t, now) {
+        match self.store.enroll_device(&d, &t, now, attempt.as_ref()) {
             Ok(()) => Ok((d, token)),
             // Used up or revoked since it was read (outside this actor: a purge).
             Err(StorageError::Conflict(_)) => Err(Error::Unauthorized),

@@ -383,19 +383,33 @@ impl ProjectsHandle {
 
     /// A robot registers itself with enrollment token `token`: its device and device
     /// token, and the organization and project it joined. 401 for a token that is unknown,
-    /// revoked, used up or expired.
+    /// revoked, used up or expired. `enrollment_id`: the robot's name for this enrollment;
+    /// asking again with it (the first answer lost) answers the same device, with a new
+    /// device token, while that device was never seen.
     pub async fn enroll(
         &self,
         token: &str,
         name: String,
         labels: BTreeMap<String, String>,
+        enrollment_id: Option<&str>,
     ) -> Result<crate::views::EnrolledView> {
         let hash = crate::secrets::sha256(token.as_bytes());
-        let t = self
-            .store
-            .enrollment_token_by_hash(&hash)?
-            .ok_or(Error::Unauthorized)?;
-        let pid = t.project_id;
+        let attempt = enrollment_id
+            .map(|e| super::enrollment::enrollment_attempt(&hash, e))
+            .transpose()?;
+        let pid = match self.store.enrollment_token_by_hash(&hash)? {
+            Some(t) => t.project_id,
+            // Used up or revoked since: the enrollment it made, if this is its robot.
+            None => match &attempt {
+                Some(a) => {
+                    self.store
+                        .enrollment_attempt(a)?
+                        .ok_or(Error::Unauthorized)?
+                        .0
+                }
+                None => return Err(Error::Unauthorized),
+            },
+        };
         let project = self.store.project(pid)?.ok_or(Error::Unauthorized)?;
         let org = self.store.org(project.org_id)?.ok_or(Error::Unauthorized)?;
         let (d, device_token) = self
@@ -403,6 +417,7 @@ impl ProjectsHandle {
                 hash,
                 name: name.clone(),
                 labels: labels.clone(),
+                attempt,
                 reply,
             })
             .await

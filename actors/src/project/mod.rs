@@ -92,6 +92,7 @@ pub(crate) enum ProjectMsg {
         hash: [u8; 32],
         name: String,
         labels: BTreeMap<String, String>,
+        attempt: Option<[u8; 32]>,
         reply: Reply<(Device, String)>,
     },
     CreateGroup {
@@ -508,10 +509,11 @@ impl ProjectState {
                 hash,
                 name,
                 labels,
+                attempt,
                 reply,
             } => {
                 // A new device may be a target (labels), as one created by a member.
-                let r = st.enroll(hash, name, labels);
+                let r = st.enroll(hash, name, labels, attempt);
                 if r.is_ok() {
                     st.reassigned();
                 }

@@ -124,6 +124,11 @@ pub(crate) struct EnrollBody {
     #[serde(default)]
     #[schemars(schema_with = "fleetops_actors::rules::schemas::labels")]
     labels: BTreeMap<String, String>,
+    /// The robot's own name for this enrollment (1-64 letters, digits and `-`, a random
+    /// UUID): asked again with it, the answer is the same device with a new device token.
+    #[serde(default)]
+    #[schemars(length(min = 1, max = 64), regex(pattern = r"^[A-Za-z0-9-]+$"))]
+    enrollment_id: Option<String>,
 }
 
 /// A robot registers itself: its enrollment token is the bearer credential. Attempts count
@@ -137,7 +142,12 @@ pub async fn enroll(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> 
         .ok_or(ApiError::Domain(fleetops_actors::Error::Unauthorized))?
         .to_string();
     let b: EnrollBody = cx.json(&mut req).await?;
-    body::created(&cx.rt().projects.enroll(&token, b.name, b.labels).await?)
+    body::created(
+        &cx.rt()
+            .projects
+            .enroll(&token, b.name, b.labels, b.enrollment_id.as_deref())
+            .await?,
+    )
 }
 
 pub async fn list(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
