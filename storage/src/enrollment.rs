@@ -35,6 +35,41 @@ pub struct EnrollmentToken {
     pub allowed_label_keys: Vec<String>,
 }
 
+/// The layout of a token before `allowed_label_keys`: read, never written.
+#[derive(Deserialize)]
+#[cfg_attr(test, derive(Serialize))]
+struct EnrollmentTokenV1 {
+    id: u64,
+    project_id: u64,
+    name: String,
+    token_hash: [u8; 32],
+    single_use: bool,
+    expires_at: Option<i64>,
+    labels: BTreeMap<String, String>,
+    uses: u64,
+    last_used_at: Option<i64>,
+    created_at: i64,
+}
+
+/// A stored token in either layout (an older one runs out of bytes as the current one).
+fn decode_token(bytes: &[u8]) -> Result<EnrollmentToken> {
+    crate::codec::decode::<EnrollmentToken>(bytes).or_else(|_| {
+        crate::codec::decode::<EnrollmentTokenV1>(bytes).map(|t| EnrollmentToken {
+            id: t.id,
+            project_id: t.project_id,
+            name: t.name,
+            token_hash: t.token_hash,
+            single_use: t.single_use,
+            expires_at: t.expires_at,
+            labels: t.labels,
+            uses: t.uses,
+            last_used_at: t.last_used_at,
+            created_at: t.created_at,
+            allowed_label_keys: Vec::new(),
+        })
+    })
+}
+
 impl Store {
     /// Stores a new token with its index entry.
     pub fn insert_enrollment_token(&self, t: &EnrollmentToken) -> Result<()> {
@@ -58,13 +93,16 @@ impl Store {
             .take(limit)
         {
             let (_, v) = kv?;
-            out.push(crate::codec::decode(&v)?);
+            out.push(decode_token(&v)?);
         }
         Ok(out)
     }
 
     pub fn enrollment_token(&self, project: u64, id: u64) -> Result<Option<EnrollmentToken>> {
-        self.get(&keys::enrollment(project, id))
+        match self.inner.records.get(keys::enrollment(project, id))? {
+            Some(v) => decode_token(&v).map(Some),
+            None => Ok(None),
+        }
     }
 
     /// The token whose SHA-256 is `hash`, wherever it is.
@@ -130,10 +168,11 @@ impl Store {
         if let Some(a) = attempt {
             w.0.insert(keys::enrollment_attempt(a), pair(d.project_id, d.id));
         }
-        w.guard_record(
+        let read = used.clone();
+        w.guard(
             keys::enrollment(used.project_id, used.id),
-            used,
             "enrollment token",
+            move |v| v.and_then(|v| decode_token(v).ok()).as_ref() == Some(&read),
         );
         if used.single_use {
             w.delete(keys::enrollment(used.project_id, used.id));
@@ -248,4 +287,34 @@ mod tests {
         assert!(store.enrollment_tokens(1, 10).unwrap().is_empty());
     }
     on_each_engine!(a_reusable_token_counts_its_uses_until_revoked);
+
+    /// A token stored before `allowed_label_keys` is read (allowing no key), listed, and
+    /// enrolls a device under its guard.
+    fn a_token_of_the_earlier_layout_is_read_and_used() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::testing::open(dir.path());
+        let old = EnrollmentTokenV1 {
+            id: 3,
+            project_id: 1,
+            name: "line".into(),
+            token_hash: [3; 32],
+            single_use: false,
+            expires_at: None,
+            labels: BTreeMap::from([("fleet".into(), "staging".into())]),
+            uses: 0,
+            last_used_at: None,
+            created_at: 0,
+        };
+        let mut w = crate::engine::Batch::default();
+        w.insert(keys::enrollment(1, 3), crate::codec::encode(&old).unwrap());
+        w.insert(keys::enrollment_by_hash(&[3; 32]), pair(1, 3));
+        store.inner.records.apply_batch(w).unwrap();
+        let t = store.enrollment_token_by_hash(&[3; 32]).unwrap().unwrap();
+        assert_eq!(t.labels["fleet"], "staging");
+        assert!(t.allowed_label_keys.is_empty());
+        assert_eq!(store.enrollment_tokens(1, 10).unwrap(), [t.clone()]);
+        store.enroll_device(&device(1), &t, 5, None).unwrap();
+        assert_eq!(store.enrollment_token(1, 3).unwrap().unwrap().uses, 1);
+    }
+    on_each_engine!(a_token_of_the_earlier_layout_is_read_and_used);
 }
