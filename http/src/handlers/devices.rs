@@ -70,7 +70,7 @@ pub(crate) struct EnrollmentTokenBody {
     #[serde(default)]
     single_use: bool,
     /// Seconds until it enrolls nothing; absent: until revoked.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "fleetops_actors::rules::whole::opt_u64")]
     #[schemars(range(min = 1, max = 31_622_400))]
     expires_in_seconds: Option<u64>,
     /// Labels every robot enrolled with it has (a robot cannot change them).
