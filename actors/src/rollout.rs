@@ -263,7 +263,8 @@ impl ControllerState {
                 .collect();
             let fired = fired(&ctx.store, pid, &plan, r.phase_started_at, &reached)?;
             let current = members.get(r.phase as usize).map_or(&[][..], |m| m);
-            let step = gate(&plan, &r, now, current, fired, |ids| {
+            let offered_at = |dev: u64| ctx.store.device_offered_at(id, dev).ok().flatten();
+            let step = gate(&plan, &r, now, current, fired, offered_at, |ids| {
                 unreported(&ctx, pid, ids, now)
             });
             if step == Step::Wait || step == Step::Advance || step == Step::Complete {
@@ -289,11 +290,8 @@ impl ControllerState {
                 },
             )
             .await?;
-            if matches!(step, Step::Complete) {
-                let owed = store.rollout(id)?.is_some_and(|r| r.notice_owed.is_some());
-                return Ok(owed);
-            }
         }
+        // A completed rollout is looked at once more by the next tick (its late failures).
         Ok(true)
     }
 

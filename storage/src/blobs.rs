@@ -397,7 +397,12 @@ impl BlobStore {
         self.inner
             .put(&key, PutPayload::from_bytes(Bytes::new()))
             .await?;
-        let at = self.inner.head(&key).await?.last_modified.timestamp_millis();
+        let at = self
+            .inner
+            .head(&key)
+            .await?
+            .last_modified
+            .timestamp_millis();
         match self.inner.delete(&key).await {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(at),
             Err(e) => Err(e.into()),

@@ -257,11 +257,13 @@ impl Store {
     ) -> Result<u32> {
         let (dep, dev) = (read.deployment_id, read.device_id);
         let offer = self.device_offer(dep, dev)?.saturating_add(1);
+        // With the time it was offered: its report timeout runs from then.
+        let record: (u32, i64) = (offer, at);
         let mut w = Writes::new();
         w.guard_record(keys::device_result(dep, dev), read, "result");
         w.delete(keys::device_result(dep, dev));
         w.delete(keys::result_by_time(project, read.reported_at, dep, dev));
-        w.put(keys::device_offer(dep, dev), &offer)?;
+        w.put(keys::device_offer(dep, dev), &record)?;
         let p = DeviceProgress {
             deployment_id: dep,
             device_id: dev,
@@ -289,9 +291,16 @@ impl Store {
 
     /// How many times the package was offered again to the device (0: never).
     pub fn device_offer(&self, deployment: u64, device: u64) -> Result<u32> {
-        Ok(self
-            .get(&keys::device_offer(deployment, device))?
-            .unwrap_or(0))
+        Ok(self.offered(deployment, device)?.map_or(0, |(n, _)| n))
+    }
+
+    /// When the package was last offered again to the device (`None`: never).
+    pub fn device_offered_at(&self, deployment: u64, device: u64) -> Result<Option<i64>> {
+        Ok(self.offered(deployment, device)?.map(|(_, at)| at))
+    }
+
+    fn offered(&self, deployment: u64, device: u64) -> Result<Option<(u32, i64)>> {
+        self.get(&keys::device_offer(deployment, device))
     }
 
     /// The project's rollout results reported at `since` or later, oldest first, from the

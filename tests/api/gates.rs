@@ -361,6 +361,41 @@ async fn a_failed_robot_retried_is_offered_the_package_again() {
     assert_eq!(r["phases"][0]["counts"]["succeeded"], 1);
 }
 
+/// A robot that failed a rollout which then rolled back is not offered the package again:
+/// the retry is 409 and names the rollout's state.
+#[tokio::test]
+async fn a_robot_of_a_rolled_back_rollout_cannot_be_retried() {
+    let s = start_with(quick).await;
+    let cap = capsule(&s, "nav", "1.0.0").await;
+    let mut fleet = robots(&s, 2, json!({"fleet": "r"})).await;
+    let dep = create(
+        &s,
+        json!({"name": "nav 1", "composition_tag": "nav-1", "capsule_id": cap,
+        "target_devices": [{"labels": {"fleet": "r"}}],
+        "rollout": {"phases": [
+            {"name": "canary", "devices": {"count": 1}},
+            {"name": "rest", "devices": {"percent": 100}}
+        ], "on_failure": "rollback"}}),
+    )
+    .await;
+    let canary = phase_devices(&rollout(&s, dep).await, 0)[0];
+    activate(&s, dep).await;
+    for r in fleet.iter_mut() {
+        r.fail = r.id == canary;
+    }
+    until_state(&s, &mut fleet, dep, "rolled_back", 15).await;
+    let d = s
+        .post(
+            &format!("{DEPS}/{dep}/rollout/devices/{canary}/retry"),
+            s.key(),
+            json!({}),
+        )
+        .await
+        .assert_error(409)
+        .to_string();
+    assert!(d.contains("rolled_back"), "{d}");
+}
+
 /// A robot reports its rollback hook's outcome after a failure: the device's history and the
 /// rollout view show it; the service's own `retrying` cannot be reported.
 #[tokio::test]

@@ -1154,7 +1154,9 @@ async fn five_hundred_concurrent_deliveries_are_all_accepted_and_processed() {
     for t in tasks {
         let (st, took) = t.await.unwrap();
         assert_eq!(st, 202);
-        assert!(took < std::time::Duration::from_secs(1), "{took:?}");
+        // A server whose workers all wait on the database answers none of them: ten
+        // seconds is far beyond a loaded CI machine's worst answer and far below a stall.
+        assert!(took < std::time::Duration::from_secs(10), "{took:?}");
     }
     assert!(
         eventually(30, || async {

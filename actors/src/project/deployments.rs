@@ -268,16 +268,30 @@ impl ProjectState {
     }
 
     /// Offers the package again to a device that failed it (a member's retry): 409 unless
-    /// the package is active and the device's latest result with it is `failed`.
+    /// the package is active, the device's latest result with it is `failed`, its rollout was
+    /// neither rolled back nor aborted, and the package is what the device should run now
+    /// (its phase started, no later package supersedes it).
     pub(super) fn retry_device(&self, id: u64, device_id: u64, by: String) -> Result<u32> {
         let d = self.deployment(id)?;
-        if self.store.device(self.pid(), device_id)?.is_none() {
+        let Some(device) = self.store.device(self.pid(), device_id)? else {
             return Err(Error::not_found("Device"));
-        }
+        };
         if d.status != DeploymentStatus::Active {
             return Err(Error::Conflict(format!(
                 "Deployment is {}; only an active package can be offered again",
                 d.status
+            )));
+        }
+        if let Some(r) = self.store.rollout(id)?
+            && matches!(
+                r.state,
+                fleetops_storage::RolloutState::RolledBack
+                    | fleetops_storage::RolloutState::Aborted
+            )
+        {
+            return Err(Error::Conflict(format!(
+                "The rollout is {}; its devices are not offered the package again",
+                r.state
             )));
         }
         let Some(read) = self
@@ -289,6 +303,16 @@ impl ProjectState {
                 "Device {device_id} has not failed this package; only a failed device can be retried"
             )));
         };
+        let generation = self.assignments.generation(self.pid());
+        if self
+            .assignments
+            .assigned(&self.store, &device, generation)?
+            .is_none_or(|a| a.id != id)
+        {
+            return Err(Error::Conflict(format!(
+                "Device {device_id} is not offered this package now: its phase has not started or a later package supersedes it"
+            )));
+        }
         let offer = self.store.retry_device(
             self.pid(),
             &read,

@@ -396,7 +396,9 @@ impl Tally {
 /// when a gate rule fired on a device of a started phase since the phase began (`fired`), its
 /// failure rate is above `max_failure_rate`, its success rate is (or can only end) below
 /// `min_success_rate`, or devices have not reported a final result within
-/// `report_timeout_seconds` of the phase's start (`unreported` names them for the reason). It
+/// `report_timeout_seconds` of the phase's start, or of the moment the package was offered to
+/// them again if a member retried them since (`offered_at`; `unreported` names them for the
+/// reason). It
 /// **passes** only once every device reported, and then `min_wait_seconds` after the last of
 /// them finished (and after the phase began): the next phase starts, or the rollout completes.
 pub fn gate(
@@ -405,6 +407,7 @@ pub fn gate(
     now: i64,
     members: &[Member],
     fired: Option<(u64, u64)>,
+    offered_at: impl Fn(u64) -> Option<i64>,
     unreported: impl FnOnce(&[u64]) -> String,
 ) -> Step {
     let Some(p) = plan.phases.get(r.phase as usize) else {
@@ -416,18 +419,28 @@ pub fn gate(
             p.name
         ));
     }
-    let t = Tally::of(members, r.accepted_before.max(r.phase_started_at));
+    let t = Tally::of(members, r.accepted_before);
     if let Some(why) = t.verdict(p) {
         return Step::Fail(why);
     }
     if t.unfinished > 0 {
         let timeout = p.report_timeout();
-        if now.saturating_sub(r.phase_started_at) >= (timeout as i64).saturating_mul(1000) {
+        let limit = (timeout as i64).saturating_mul(1000);
+        // No device can be late before the phase itself is: a retry only starts later.
+        if now.saturating_sub(r.phase_started_at) >= limit {
             let ids: Vec<u64> = members
                 .iter()
                 .filter(|m| m.result.is_none())
+                .filter(|m| {
+                    let from = offered_at(m.id)
+                        .map_or(r.phase_started_at, |at| at.max(r.phase_started_at));
+                    now.saturating_sub(from) >= limit
+                })
                 .map(|m| m.id)
                 .collect();
+            if ids.is_empty() {
+                return Step::Wait;
+            }
             let n = ids.len();
             return Step::Fail(format!(
                 "{n} device{} did not report within {timeout} s in phase {}: {}",
@@ -589,6 +602,9 @@ pub fn apply(
                 }
                 Step::Complete => {
                     r.state = S::Completed;
+                    // A failure reported while this step was on its way saw a running
+                    // rollout and owed nothing: the completed rollout is judged once more.
+                    r.late_owed = true;
                     let last = phase_name(r.phase);
                     r.decide(now, "completed", format!("phase {last} passed its gate"));
                 }
@@ -674,6 +690,9 @@ pub fn apply(
             {
                 r.notice_owed = notice_for("late_failure", &reason);
                 r.decide(now, "late_failure", reason);
+                // Recorded once: what was reported up to now is judged, the next late
+                // failure is judged on its own.
+                r.accepted_before = now;
             }
         }
     }
@@ -794,6 +813,9 @@ mod tests {
     fn silent(id: u64) -> Member {
         Member { id, result: None }
     }
+    fn never(_: u64) -> Option<i64> {
+        None
+    }
     fn names(ids: &[u64]) -> String {
         ids.iter()
             .map(|i| format!("d{i}"))
@@ -811,13 +833,13 @@ mod tests {
         let r = running(0, 1_000);
         // Long past the wait, but one device has not reported: it waits.
         let m = [ok(1, 2_000), silent(2)];
-        assert_eq!(gate(&p, &r, 100_000, &m, None, names), Step::Wait);
+        assert_eq!(gate(&p, &r, 100_000, &m, None, never, names), Step::Wait);
         // Both reported; the wait runs from the last report (5 s), not the phase's start.
         let m = [ok(1, 2_000), ok(2, 5_000)];
-        assert_eq!(gate(&p, &r, 14_999, &m, None, names), Step::Wait);
-        assert_eq!(gate(&p, &r, 15_000, &m, None, names), Step::Advance);
+        assert_eq!(gate(&p, &r, 14_999, &m, None, never, names), Step::Wait);
+        assert_eq!(gate(&p, &r, 15_000, &m, None, never, names), Step::Advance);
         assert_eq!(
-            gate(&p, &running(1, 1_000), 15_000, &[], None, names),
+            gate(&p, &running(1, 1_000), 15_000, &[], None, never, names),
             Step::Complete
         );
     }
@@ -831,17 +853,20 @@ mod tests {
         .unwrap();
         let r = running(0, 1_000);
         let one = [bad(1, 2_000), silent(2), silent(3), silent(4)];
-        assert_eq!(gate(&p, &r, 2_000, &one, None, names), Step::Wait);
+        assert_eq!(gate(&p, &r, 2_000, &one, None, never, names), Step::Wait);
         let two = [bad(1, 2_000), bad(2, 2_000), silent(3), silent(4)];
         assert!(
-            matches!(gate(&p, &r, 2_000, &two, None, names), Step::Fail(m) if m.contains("failure rate 0.500 (2 of 4 devices)"))
+            matches!(gate(&p, &r, 2_000, &two, None, never, names), Step::Fail(m) if m.contains("failure rate 0.500 (2 of 4 devices)"))
         );
         assert!(
-            matches!(gate(&p, &r, 2_000, &one, Some((3, 5)), names), Step::Fail(m) if m.contains("device 5"))
+            matches!(gate(&p, &r, 2_000, &one, Some((3, 5)), never, names), Step::Fail(m) if m.contains("device 5"))
         );
         // One of four failed, 0.25 allowed: with 1 - 0.25 the success needed, it passes.
         let done = [bad(1, 2_000), ok(2, 2_000), ok(3, 2_000), ok(4, 2_000)];
-        assert_eq!(gate(&p, &r, 12_000, &done, None, names), Step::Advance);
+        assert_eq!(
+            gate(&p, &r, 12_000, &done, None, never, names),
+            Step::Advance
+        );
     }
 
     #[test]
@@ -854,11 +879,11 @@ mod tests {
         let r = running(0, 1_000);
         // One failed of four: three may still succeed (0.75).
         let m = [bad(1, 2_000), silent(2), silent(3), ok(4, 2_000)];
-        assert_eq!(gate(&p, &r, 3_000, &m, None, names), Step::Wait);
+        assert_eq!(gate(&p, &r, 3_000, &m, None, never, names), Step::Wait);
         // Two failed (0.5 is not above 0.5): 0.75 can no longer be reached.
         let m = [bad(1, 2_000), bad(2, 2_000), silent(3), ok(4, 2_000)];
         assert!(
-            matches!(gate(&p, &r, 3_000, &m, None, names), Step::Fail(m) if m.contains("at most 0.500"))
+            matches!(gate(&p, &r, 3_000, &m, None, never, names), Step::Fail(m) if m.contains("at most 0.500"))
         );
     }
 
@@ -871,8 +896,8 @@ mod tests {
         .unwrap();
         let r = running(0, 1_000);
         let m = [ok(1, 2_000), silent(2), silent(3)];
-        assert_eq!(gate(&p, &r, 60_999, &m, None, names), Step::Wait);
-        match gate(&p, &r, 61_000, &m, None, names) {
+        assert_eq!(gate(&p, &r, 60_999, &m, None, never, names), Step::Wait);
+        match gate(&p, &r, 61_000, &m, None, never, names) {
             Step::Fail(why) => assert_eq!(
                 why,
                 "2 devices did not report within 60 s in phase canary: d2, d3"
@@ -883,9 +908,9 @@ mod tests {
         let p =
             plan(serde_json::json!({"phases": [{"name": "a", "devices": {"count": 1}}]})).unwrap();
         let m = [silent(1)];
-        assert_eq!(gate(&p, &r, 3_600_999, &m, None, names), Step::Wait);
+        assert_eq!(gate(&p, &r, 3_600_999, &m, None, never, names), Step::Wait);
         assert!(matches!(
-            gate(&p, &r, 3_601_000, &m, None, names),
+            gate(&p, &r, 3_601_000, &m, None, never, names),
             Step::Fail(_)
         ));
     }
@@ -901,11 +926,11 @@ mod tests {
         r.accepted_before = 10_000;
         // Failed before the resume: out of the count; the other three succeeded.
         let m = [bad(1, 5_000), ok(2, 11_000), ok(3, 11_000), ok(4, 12_000)];
-        assert_eq!(gate(&p, &r, 12_000, &m, None, names), Step::Advance);
+        assert_eq!(gate(&p, &r, 12_000, &m, None, never, names), Step::Advance);
         // A failure after it fails the phase.
         let m = [bad(1, 5_000), bad(2, 11_000), ok(3, 11_000), ok(4, 12_000)];
         assert!(matches!(
-            gate(&p, &r, 12_000, &m, None, names),
+            gate(&p, &r, 12_000, &m, None, never, names),
             Step::Fail(_)
         ));
     }
@@ -935,6 +960,76 @@ mod tests {
         r.accepted_before = 30_000;
         let m = [bad(1, 2_000), bad(2, 20_000), ok(3, 2_000), ok(4, 2_000)];
         assert_eq!(late_verdict(&p, 0, &r, &m), None);
+    }
+
+    #[test]
+    fn a_retried_device_has_its_report_timeout_from_its_retry() {
+        let p = plan(serde_json::json!({"phases": [
+            {"name": "canary", "devices": {"count": 2}, "report_timeout_seconds": 60},
+            {"name": "rest", "devices": {"percent": 100}}
+        ]}))
+        .unwrap();
+        let r = running(0, 1_000);
+        let m = [ok(1, 2_000), silent(2)];
+        // Device 2 was offered again at 50 s: not late at 61 s, late at 110 s.
+        let retried = |id: u64| (id == 2).then_some(50_000);
+        assert_eq!(gate(&p, &r, 61_000, &m, None, retried, names), Step::Wait);
+        assert_eq!(gate(&p, &r, 109_999, &m, None, retried, names), Step::Wait);
+        match gate(&p, &r, 110_000, &m, None, retried, names) {
+            Step::Fail(why) => assert_eq!(
+                why,
+                "1 device did not report within 60 s in phase canary: d2"
+            ),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_failure_reported_before_its_phase_started_counts_against_it() {
+        let p = plan(serde_json::json!({"phases": [
+            {"name": "canary", "devices": {"count": 1}},
+            {"name": "rest", "devices": {"percent": 100}}
+        ]}))
+        .unwrap();
+        // Phase rest began at 20 s; device 3 failed at 15 s (it had the package before its
+        // phase reached it, as a target moved between phases does). Only a resume accepts it.
+        let mut r = running(1, 20_000);
+        r.accepted_before = 1_000;
+        let m = [bad(3, 15_000), ok(4, 21_000)];
+        assert!(matches!(
+            gate(&p, &r, 100_000, &m, None, never, names),
+            Step::Fail(why) if why.contains("1 of 2 devices")
+        ));
+    }
+
+    #[test]
+    fn completing_owes_one_more_look_and_a_late_failure_is_recorded_once() {
+        let p = plan(serde_json::json!({"phases": [
+            {"name": "canary", "devices": {"count": 1}}
+        ]}))
+        .unwrap();
+        let mut r = running(0, 1_000);
+        let complete = RolloutAction::Step {
+            from_phase: 0,
+            since: 1_000,
+            step: Step::Complete,
+        };
+        assert!(apply(&mut r, &p, complete, 5_000, None).unwrap());
+        assert_eq!(r.state, RolloutState::Completed);
+        // A failure reported while the step was on its way is looked at once more.
+        assert!(r.late_owed);
+        let late = RolloutAction::Late {
+            reason: Some("late failure: x".into()),
+        };
+        assert!(apply(&mut r, &p, late.clone(), 6_000, None).unwrap());
+        assert_eq!(r.decisions.last().unwrap().action, "late_failure");
+        assert!(!r.late_owed);
+        // The failures judged are not judged again.
+        assert_eq!(r.accepted_before, 6_000);
+        let m = [bad(1, 5_500)];
+        assert_eq!(late_verdict(&p, 0, &r, &m), None);
+        let m = [bad(1, 6_500)];
+        assert!(late_verdict(&p, 0, &r, &m).is_some());
     }
 
     #[test]
