@@ -84,6 +84,7 @@ pub async fn call(
     tries: Option<u32>,
 ) -> Result<Response, CallError> {
     let mut n = 0u32;
+    let mut last_said = String::new();
     loop {
         let req = make().map_err(CallError::Gave)?;
         let pause = match req.send().await {
@@ -98,7 +99,16 @@ pub async fn call(
                 let body = r.text().await.unwrap_or_default();
                 return Err(CallError::Status(status, body.chars().take(512).collect()));
             }
-            Err(_) => backoff(n),
+            Err(e) => {
+                // Said once per kind of failure, not at every try: an unreachable service,
+                // or a certificate this robot does not trust.
+                let why = reason(&e);
+                if why != last_said {
+                    eprintln!("fleetops-agent: {why}; trying again");
+                    last_said = why;
+                }
+                backoff(n)
+            }
         };
         n = n.saturating_add(1);
         if tries.is_some_and(|t| n >= t) {
@@ -106,6 +116,22 @@ pub async fn call(
         }
         tokio::time::sleep(pause).await;
     }
+}
+
+/// A transport error with its causes ("error sending request for url (...): ...: invalid
+/// peer certificate: UnknownIssuer").
+fn reason(e: &reqwest::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        let more = s.to_string();
+        if !text.contains(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        source = s.source();
+    }
+    text
 }
 
 #[cfg(test)]

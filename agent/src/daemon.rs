@@ -14,7 +14,8 @@ use std::time::Duration;
 
 use crate::client::{self, CallError};
 use crate::config::Config;
-use crate::identity::{Identity, write_private};
+use crate::files::write_private;
+use crate::identity::Identity;
 use crate::run::ShipEnd;
 use crate::spool::Spool;
 
@@ -23,7 +24,7 @@ pub async fn daemon(cfg: &Config) -> Result<i32, String> {
     // One daemon a state directory, decided before anything of it is touched: two would
     // number the same batches, and one opening the spool clears what the other is writing.
     let dir = cfg.state_dir.join("spool").join("daemon");
-    crate::identity::private_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    crate::files::private_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let held = crate::run::hold(&dir)
         .map_err(|e| format!("{}: {e}", dir.display()))?
         .ok_or_else(|| {

@@ -131,7 +131,7 @@ pub async fn files(
             && o != saved
         {
             if let Ok(b) = serde_json::to_vec(&o) {
-                let _ = crate::identity::write_private(&offsets_file(&cfg), &b);
+                let _ = crate::files::write_private(&offsets_file(&cfg), &b);
             }
             saved = o;
         }
@@ -281,7 +281,7 @@ pub async fn journal(
                         ready = pending.pop_front().map(|(_, c)| c);
                     }
                     if let Some(c) = ready {
-                        let _ = crate::identity::write_private(&cursor_file, c.as_bytes());
+                        let _ = crate::files::write_private(&cursor_file, c.as_bytes());
                     }
                     // Bounded: past this many, the oldest cursors are not needed.
                     while pending.len() > 100_000 {

@@ -14,6 +14,7 @@
 pub mod client;
 pub mod config;
 pub mod daemon;
+pub mod files;
 pub mod follow;
 pub mod identity;
 pub mod lines;

@@ -23,6 +23,7 @@ use tokio::sync::{Notify, mpsc};
 
 use crate::client::{self, CallError};
 use crate::config::Config;
+use crate::files::hold_file;
 use crate::identity::Identity;
 use crate::lines::{self, Entry};
 use crate::spool::Spool;
@@ -40,7 +41,7 @@ pub async fn run(cfg: &Config, tags: Vec<String>, cmd: Vec<String>) -> Result<i3
     let name = format!("run-{}-{}", lines::now_ms(), std::process::id());
     let spools = cfg.state_dir.join("spool");
     let (hidden, spool_dir) = (spools.join(format!(".{name}")), spools.join(&name));
-    crate::identity::private_dir(&hidden).map_err(|e| format!("{}: {e}", hidden.display()))?;
+    crate::files::private_dir(&hidden).map_err(|e| format!("{}: {e}", hidden.display()))?;
     // Held while this run lives: another agent never takes its spool for a dead run's.
     let _held = hold(&hidden)
         .map_err(|e| format!("{}: {e}", hidden.display()))?
@@ -114,7 +115,7 @@ pub async fn run(cfg: &Config, tags: Vec<String>, cmd: Vec<String>) -> Result<i3
         let session_file = spool_dir.join(SESSION);
         tokio::spawn(async move {
             let session = create_session(&http, &id, &tags).await?;
-            crate::identity::write_private(&session_file, session.to_string().as_bytes())
+            crate::files::write_private(&session_file, session.to_string().as_bytes())
                 .map_err(|e| format!("{}: {e}", session_file.display()))?;
             ship(&http, &id, session, spool, offered, shipping, compress)
                 .await
@@ -180,22 +181,6 @@ const LOCK: &str = "lock";
 /// holds it. Released when the returned file is dropped or the process ends, however.
 pub fn hold(dir: &Path) -> std::io::Result<Option<std::fs::File>> {
     hold_file(&dir.join(LOCK))
-}
-
-/// Takes the exclusive lock of file `path` (made if missing) without waiting.
-pub fn hold_file(path: &Path) -> std::io::Result<Option<std::fs::File>> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let f = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .mode(0o600)
-        .open(path)?;
-    match rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
-        Ok(()) => Ok(Some(f)),
-        Err(rustix::io::Errno::WOULDBLOCK) => Ok(None),
-        Err(e) => Err(e.into()),
-    }
 }
 
 /// Ships what runs killed before they finished left in their spools, each to its session

@@ -10,7 +10,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::identity::write_private;
+use crate::files::write_private;
 
 pub struct Spool {
     dir: PathBuf,
@@ -34,7 +34,7 @@ fn name(n: u64) -> String {
 impl Spool {
     /// Opens (or makes) the spool in `dir`, taking up what an earlier run left there.
     pub fn open(dir: &Path, max_bytes: u64) -> std::io::Result<Self> {
-        crate::identity::private_dir(dir)?;
+        crate::files::private_dir(dir)?;
         let mut queued = Vec::new();
         // The next number as last written: numbers never go back, even once every batch left.
         let counted: u64 = std::fs::read_to_string(dir.join(NEXT))

@@ -33,7 +33,8 @@ use tokio::io::AsyncWriteExt;
 
 use crate::client::{self, CallError};
 use crate::config::Config;
-use crate::identity::{Identity, write_private};
+use crate::files::write_private;
+use crate::identity::Identity;
 use crate::lines::{self, Entry};
 
 /// Where an update stands, as kept on disk.
@@ -294,7 +295,7 @@ async fn install(
 ) -> Result<(), String> {
     let dep = st.deployment_id.ok_or("no package")?;
     let dir = cfg.state_dir.join("updates");
-    crate::identity::private_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    crate::files::private_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let capsule = dir.join(format!("{dep}.capsule"));
     if st.stage == "downloading" {
         report(cfg, http, id, log, st, "downloading", None).await?;

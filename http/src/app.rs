@@ -16,7 +16,7 @@ use crate::error::{ApiError, ApiResult};
 use crate::metrics::Metrics;
 use crate::query::Query;
 use crate::rate_limit::{Bucket, Caller, RateHeaders, RateLimits};
-use crate::router::{Router, routes};
+use crate::router::Router;
 
 /// Shared by every connection.
 pub struct App {
@@ -33,48 +33,6 @@ pub struct App {
     pub edge: Arc<crate::edge::Edge>,
     /// The operations that take no credential (counted per client address).
     pub unauthenticated: std::collections::HashSet<crate::router::Op>,
-}
-
-impl App {
-    pub fn new(rt: Runtime, cfg: HttpConfig, tiers: Vec<Tier>) -> anyhow::Result<Self> {
-        let defs = routes();
-        let router = Router::new(&defs)?;
-        let openapi = Bytes::from(serde_json::to_vec(&crate::openapi::document(
-            &defs,
-            &tiers.iter().map(|t| t.name.clone()).collect::<Vec<_>>(),
-        ))?);
-        let mut metrics = Metrics::new();
-        metrics.register_timings(
-            "storage_flush_seconds",
-            "How long each group-commit fsync took (every 201/202 waits for one)",
-            rt.store.flush_timings(),
-        );
-        Ok(Self {
-            limits: RateLimits::new(
-                &tiers,
-                cfg.login_per_minute,
-                cfg.login_per_account_per_minute,
-            ),
-            rt,
-            tiers,
-            metrics,
-            router,
-            openapi,
-            closing: tokio_util::sync::CancellationToken::new(),
-            edge: Arc::new(crate::edge::Edge::new(&cfg)),
-            unauthenticated: defs
-                .iter()
-                .filter(|d| {
-                    matches!(
-                        d.security,
-                        crate::router::Security::None | crate::router::Security::Enrollment
-                    )
-                })
-                .map(|d| d.op)
-                .collect(),
-            cfg,
-        })
-    }
 }
 
 /// One request, split for handlers.

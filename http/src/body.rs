@@ -1,54 +1,14 @@
 //! Request bodies in (size-capped, then JSON with 400 for syntax and 422 naming the field for
-//! anything that parses but does not fit) and response bodies out.
+//! anything that parses but does not fit), and the JSON answers handlers return.
 
 use bytes::Bytes;
 use http::{Response, StatusCode, header};
-use http_body_util::{BodyExt, Full, Limited, combinators::UnsyncBoxBody};
+use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use serde::de::DeserializeOwned;
 
-use crate::error::{ApiError, ApiResult, json_bytes};
-
-/// Every response body: a full buffer or a stream.
-pub type Body = UnsyncBoxBody<Bytes, std::io::Error>;
-
-pub fn full(b: impl Into<Bytes>) -> Body {
-    Full::new(b.into())
-        .map_err(|never| match never {})
-        .boxed_unsync()
-}
-
-/// A body fed by a channel of pieces; the producer stops when the client goes away.
-pub fn channel(s: fleetops_actors::sessions::ExportStream) -> Body {
-    let fleetops_actors::sessions::ExportStream { rx, done } = s;
-    // A stream whose producer stopped before its last piece (its reader stalled) ends in an
-    // error, so the response is cut off rather than ending as if it were whole.
-    let stream = futures::stream::unfold(Some(rx), move |rx| {
-        let done = done.clone();
-        async move {
-            let mut rx = rx?;
-            match rx.recv().await {
-                Some(piece) => Some((piece.map(hyper::body::Frame::data), Some(rx))),
-                None if done.load(std::sync::atomic::Ordering::Acquire) => None,
-                None => Some((
-                    Err(std::io::Error::other("the download was cut short")),
-                    None,
-                )),
-            }
-        }
-    });
-    http_body_util::StreamBody::new(stream).boxed_unsync()
-}
-
-/// A body fed by a stream of pieces (a blob being read).
-pub fn stream(s: futures::stream::BoxStream<'static, std::io::Result<Bytes>>) -> Body {
-    use futures::TryStreamExt;
-    http_body_util::StreamBody::new(s.map_ok(hyper::body::Frame::data)).boxed_unsync()
-}
-
-pub fn empty() -> Body {
-    full(Bytes::new())
-}
+use crate::error::{ApiError, ApiResult};
+use crate::response::{Body, empty, json_bytes};
 
 /// Reads the whole body, refusing (413) anything over `limit` bytes, by its declared length
 /// before reading and by counting while reading.
@@ -180,38 +140,6 @@ pub fn with_status<T: serde::Serialize>(status: StatusCode, v: &T) -> ApiResult<
     let bytes = serde_json::to_vec(v)
         .map_err(|e| ApiError::Domain(fleetops_actors::Error::Internal(e.to_string())))?;
     Ok(json_bytes(status, Bytes::from(bytes)))
-}
-
-/// A device's file is saved, never shown by the browser as a page of this origin: it is an
-/// attachment named after the last segment of its path (`[A-Za-z0-9._-]` only), its type is
-/// not sniffed, and it runs in a sandbox with nothing allowed if opened anyway.
-pub(crate) fn attachment(h: &mut http::HeaderMap, path: &str) {
-    let name: String = path
-        .rsplit('/')
-        .next()
-        .unwrap_or_default()
-        .chars()
-        .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'))
-        .collect();
-    if let Ok(v) = http::HeaderValue::from_str(&format!(
-        "attachment; filename=\"{}\"",
-        if name.is_empty() { "file" } else { &name }
-    )) {
-        h.insert(header::CONTENT_DISPOSITION, v);
-    }
-    no_sniff(h);
-    h.insert(
-        header::CONTENT_SECURITY_POLICY,
-        http::HeaderValue::from_static("sandbox; default-src 'none'"),
-    );
-}
-
-/// Bytes of a declared type are read as that type only.
-pub(crate) fn no_sniff(h: &mut http::HeaderMap) {
-    h.insert(
-        header::X_CONTENT_TYPE_OPTIONS,
-        http::HeaderValue::from_static("nosniff"),
-    );
 }
 
 #[cfg(test)]

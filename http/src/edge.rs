@@ -188,12 +188,12 @@ impl Activity {
 /// A response body that holds its request's place in the connection's activity until it
 /// is done.
 pub struct Tracked {
-    inner: crate::body::Body,
+    inner: crate::response::Body,
     _in_flight: InFlight,
 }
 
 impl Tracked {
-    pub fn wrap(inner: crate::body::Body, in_flight: InFlight) -> crate::body::Body {
+    pub fn wrap(inner: crate::response::Body, in_flight: InFlight) -> crate::response::Body {
         use http_body_util::BodyExt;
         Tracked {
             inner,

@@ -6,7 +6,7 @@ use bytes::Bytes;
 use fleetops_actors::Error;
 use http::{HeaderValue, Response, StatusCode, header};
 
-use crate::body::{Body, full};
+use crate::response::{Body, json_bytes};
 
 /// An error answered by the edge itself (before or after the actors).
 #[derive(Debug)]
@@ -137,16 +137,6 @@ pub struct ErrorEnvelope {
     /// Seconds to wait, on 429 only.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub retry_after: Option<u64>,
-}
-
-pub fn json_bytes(status: StatusCode, bytes: Bytes) -> Response<Body> {
-    let mut resp = Response::new(full(bytes));
-    *resp.status_mut() = status;
-    resp.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    resp
 }
 
 pub type ApiResult<T = Response<Body>> = Result<T, ApiError>;

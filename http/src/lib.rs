@@ -2,7 +2,8 @@
 //! replies into responses. It owns what is about the wire: the accept loop ([`server`]), the
 //! one route table ([`router`]) and the OpenAPI document generated from it ([`openapi`]),
 //! credentials, rate limits and authorization ([`app`], [`rate_limit`]), the limits one client
-//! can hold ([`edge`]), bodies and the error envelope ([`body`], [`error`]), the REST handlers
+//! can hold ([`edge`]), request bodies, response bodies and the error envelope ([`body`],
+//! [`response`], [`error`]), the REST handlers
 //! (`handlers`), the live log stream (`ws`), `/metrics` ([`metrics`]) and the operator
 //! console ([`console`]).
 //!
@@ -33,6 +34,7 @@ pub mod metrics;
 pub mod openapi;
 pub mod query;
 pub mod rate_limit;
+pub mod response;
 pub mod router;
 pub mod server;
 mod ws;

@@ -19,10 +19,59 @@ use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
 
 use crate::app::{App, Cx, Req};
-use crate::body::Body;
+use crate::config::{HttpConfig, Tier};
 use crate::error::ApiError;
 use crate::handlers;
-use crate::router::Resolved;
+use crate::metrics::Metrics;
+use crate::rate_limit::RateLimits;
+use crate::response::Body;
+use crate::router::{Resolved, Router, routes};
+use bytes::Bytes;
+use fleetops_actors::Runtime;
+
+/// The shared state is built here, where the route table, the handlers and the OpenAPI
+/// document generated from them come together (`app` knows none of them).
+impl App {
+    pub fn new(rt: Runtime, cfg: HttpConfig, tiers: Vec<Tier>) -> anyhow::Result<Self> {
+        let defs = routes();
+        let router = Router::new(&defs)?;
+        let openapi = Bytes::from(serde_json::to_vec(&crate::openapi::document(
+            &defs,
+            &tiers.iter().map(|t| t.name.clone()).collect::<Vec<_>>(),
+        ))?);
+        let mut metrics = Metrics::new();
+        metrics.register_timings(
+            "storage_flush_seconds",
+            "How long each group-commit fsync took (every 201/202 waits for one)",
+            rt.store.flush_timings(),
+        );
+        Ok(Self {
+            limits: RateLimits::new(
+                &tiers,
+                cfg.login_per_minute,
+                cfg.login_per_account_per_minute,
+            ),
+            rt,
+            tiers,
+            metrics,
+            router,
+            openapi,
+            closing: tokio_util::sync::CancellationToken::new(),
+            edge: Arc::new(crate::edge::Edge::new(&cfg)),
+            unauthenticated: defs
+                .iter()
+                .filter(|d| {
+                    matches!(
+                        d.security,
+                        crate::router::Security::None | crate::router::Security::Enrollment
+                    )
+                })
+                .map(|d| d.op)
+                .collect(),
+            cfg,
+        })
+    }
+}
 
 /// Serves until `shutdown` resolves, then stops accepting and waits (up to the configured
 /// grace) for in-flight requests.

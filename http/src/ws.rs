@@ -18,9 +18,9 @@ use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Role as WsRole};
 use tokio_tungstenite::tungstenite::{Message, Utf8Bytes};
 
 use crate::app::{Cx, Req};
-use crate::body::{Body, empty};
 use crate::error::{ApiError, ApiResult};
 use crate::handlers::sessions::{log_filter, session_id};
+use crate::response::{Body, empty};
 
 /// Most entries a subscriber may ask to be replayed.
 pub(crate) const MAX_REPLAY: u64 = 10_000;

@@ -14,6 +14,13 @@ fn key(parts: &[&[u8]]) -> Vec<u8> {
     k
 }
 
+/// A time as a list order. Times before 1970 count as 1970: a negative time mapped onto the
+/// upper half would put long runs of 0xff in keys, which sled 0.34's reverse iteration
+/// cannot step across (it seeks a node's predecessor with only four 0xff bytes and panics).
+pub(crate) fn ord(t: i64) -> u64 {
+    t.max(0) as u64
+}
+
 fn be(id: u64) -> [u8; 8] {
     id.to_be_bytes()
 }
@@ -240,14 +247,14 @@ pub(crate) fn result_by_time(project: u64, at: i64, deployment: u64, device: u64
     key(&[
         b"drt",
         &be(project),
-        &be(crate::lists::ord(at)),
+        &be(ord(at)),
         &be(deployment),
         &be(device),
     ])
 }
 /// Where a project's results by time from `at` on start.
 pub(crate) fn result_by_time_from(project: u64, at: i64) -> Vec<u8> {
-    key(&[b"drt", &be(project), &be(crate::lists::ord(at))])
+    key(&[b"drt", &be(project), &be(ord(at))])
 }
 pub(crate) fn all_device_results_prefix() -> Vec<u8> {
     key(&[b"dr", b""])

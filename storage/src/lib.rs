@@ -51,6 +51,7 @@ mod testing;
 /// The test harness names this crate as its users do.
 #[cfg(test)]
 extern crate self as fleetops_storage;
+mod clock;
 mod codec;
 pub mod devices;
 mod engine;

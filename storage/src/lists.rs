@@ -84,13 +84,6 @@ pub(crate) trait Listed: serde::de::DeserializeOwned {
     fn entries(&self) -> Vec<Entry>;
 }
 
-/// A time as a list order. Times before 1970 count as 1970: a negative time mapped onto the
-/// upper half would put long runs of 0xff in keys, which sled 0.34's reverse iteration
-/// cannot step across (it seeks a node's predecessor with only four 0xff bytes and panics).
-pub(crate) fn ord(t: i64) -> u64 {
-    t.max(0) as u64
-}
-
 /// A record change whose list entries `apply` works out: the record's key, its new entries
 /// (`None`: deleted) and how to read the entries of what is stored there now.
 #[derive(Clone)]

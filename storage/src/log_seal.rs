@@ -305,13 +305,6 @@ fn extend(dst: &mut LogChunk, src: &impl Columns) -> Option<()> {
     Some(())
 }
 
-/// The wall clock in Unix ms (when a batch became owed a seal, when a segment was written).
-pub(crate) fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-}
-
 /// What a seal writes for one produced chunk.
 struct Write {
     first: u64,
@@ -575,7 +568,7 @@ impl Store {
             };
             let refs: Vec<(u64, &[u8])> = packed.iter().map(|(s, b)| (*s, b.as_slice())).collect();
             let (body, entries) = crate::segments::pack(&refs)?;
-            let key = segment_key(project, session, first.first, last, now_ms());
+            let key = segment_key(project, session, first.first, last, crate::clock::now_ms());
             if !segs.put(&key, body)? {
                 return Ok(Err(SealSkipped::Busy));
             }

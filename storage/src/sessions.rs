@@ -6,7 +6,8 @@
 //! trees, so a crash never leaves counters that disagree with the chunks.
 
 use crate::engine::{Bytes, Iter, TxError, TxOutcome};
-use crate::lists::{Entry, ListId, Listed, Query, ord};
+use crate::keys::ord;
+use crate::lists::{Entry, ListId, Listed, Query};
 use crate::{
     Artifact, LogChunk, Result, Session, SessionCounters, SessionStatus, StorageError, Store,
     Writes, codec, keys,
@@ -371,7 +372,7 @@ impl Store {
         let summary_key = keys::log_summary(session, seq);
         let counters_key = keys::session_counters(session);
         let pending_key = keys::log_pending(session);
-        let now = codec::encode(&crate::log_seal::now_ms())?;
+        let now = codec::encode(&crate::clock::now_ms())?;
         let gate = self.inner.gate.shared();
         self.inner
             .logs

@@ -33,8 +33,9 @@ use hyper::body::Incoming;
 use maud::Markup;
 
 use crate::app::{App, Req};
-use crate::body::{self, Body};
+
 use crate::error::ApiError;
+use crate::response::Body;
 use pages::Chrome;
 
 /// Whether `path` is the console's (served before the API's route table).
@@ -775,13 +776,13 @@ async fn artifact(
     let id = parse_id(id, "Session")?;
     let a = app.rt.sessions.artifact(scope.project.id, id, path)?;
     let stream = app.rt.sessions.artifact_bytes(&a, None).await?;
-    let mut r = Response::new(body::stream(stream));
+    let mut r = Response::new(crate::response::stream(stream));
     let h = r.headers_mut();
     h.insert(
         header::CONTENT_TYPE,
         header::HeaderValue::from_static("application/octet-stream"),
     );
-    crate::body::attachment(h, path);
+    crate::response::attachment(h, path);
     if let Ok(v) = header::HeaderValue::from_str(&a.size_bytes.to_string()) {
         h.insert(header::CONTENT_LENGTH, v);
     }
@@ -1018,7 +1019,7 @@ fn headers(mut r: Response<Body>, cookie: Option<String>) -> Response<Body> {
 }
 
 fn html(status: StatusCode, m: Markup, cookie: Option<String>) -> Response<Body> {
-    let mut r = Response::new(body::full(m.into_string()));
+    let mut r = Response::new(crate::response::full(m.into_string()));
     *r.status_mut() = status;
     r.headers_mut().insert(
         header::CONTENT_TYPE,
@@ -1028,7 +1029,7 @@ fn html(status: StatusCode, m: Markup, cookie: Option<String>) -> Response<Body>
 }
 
 fn redirect(to: &str, cookie: Option<String>) -> Response<Body> {
-    let mut r = Response::new(body::empty());
+    let mut r = Response::new(crate::response::empty());
     *r.status_mut() = StatusCode::SEE_OTHER;
     if let Ok(v) = header::HeaderValue::from_str(to) {
         r.headers_mut().insert(header::LOCATION, v);
@@ -1037,7 +1038,7 @@ fn redirect(to: &str, cookie: Option<String>) -> Response<Body> {
 }
 
 fn asset(text: &'static str, kind: &'static str) -> Response<Body> {
-    let mut r = Response::new(body::full(text));
+    let mut r = Response::new(crate::response::full(text));
     r.headers_mut()
         .insert(header::CONTENT_TYPE, header::HeaderValue::from_static(kind));
     r.headers_mut().insert(

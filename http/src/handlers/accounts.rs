@@ -5,8 +5,9 @@ use http::Response;
 use serde::Deserialize;
 
 use crate::app::{Cx, Req};
-use crate::body::{self, Body};
+use crate::body;
 use crate::error::ApiResult;
+use crate::response::Body;
 
 #[derive(Deserialize, schemars::JsonSchema)]
 #[schemars(rename = "Login")]

@@ -11,8 +11,9 @@ use fleetops_actors::{AlertState, Role};
 use http::Response;
 
 use crate::app::{Cx, Req};
-use crate::body::{self, Body};
+use crate::body;
 use crate::error::{ApiError, ApiResult};
+use crate::response::Body;
 
 pub async fn create_integration(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body>> {
     let (_, s) = cx.project(&req, Role::Admin).await?;

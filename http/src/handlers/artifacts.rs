@@ -8,8 +8,10 @@ use http::{HeaderValue, Response, StatusCode, header};
 
 use super::sessions::{ingestion, session_id};
 use crate::app::{Cx, Req};
-use crate::body::{self, Body};
-use crate::error::{ApiResult, json_bytes};
+use crate::body;
+use crate::error::ApiResult;
+use crate::response::Body;
+use crate::response::json_bytes;
 
 fn file_path(req: &Req) -> String {
     match req.param("path") {
@@ -88,12 +90,12 @@ pub async fn get(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
         Err(unsatisfiable) => return Ok(*unsatisfiable),
     };
     let stream = cx.rt().sessions.artifact_bytes(&a, range.clone()).await?;
-    let mut r = ranged(body::stream(stream), a.size_bytes, range);
+    let mut r = ranged(crate::response::stream(stream), a.size_bytes, range);
     let h = r.headers_mut();
     if let Ok(v) = HeaderValue::from_str(&a.content_type) {
         h.insert(header::CONTENT_TYPE, v);
     }
-    body::attachment(h, &a.path);
+    crate::response::attachment(h, &a.path);
     Ok(r)
 }
 
@@ -143,7 +145,7 @@ pub async fn download(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
     let (_, s) = cx.project(&req, Role::Viewer).await?;
     let id = session_id(&req)?;
     let rx = cx.rt().sessions.zip(s.project.id, id)?;
-    let mut r = Response::new(body::channel(rx));
+    let mut r = Response::new(crate::response::channel(rx));
     let h = r.headers_mut();
     h.insert(
         header::CONTENT_TYPE,
@@ -154,7 +156,7 @@ pub async fn download(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
     )) {
         h.insert(header::CONTENT_DISPOSITION, v);
     }
-    body::no_sniff(h);
+    crate::response::no_sniff(h);
     Ok(r)
 }
 

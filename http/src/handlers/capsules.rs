@@ -7,8 +7,9 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use crate::app::{Cx, Req};
-use crate::body::{self, Body};
+use crate::body;
 use crate::error::{ApiError, ApiResult};
+use crate::response::Body;
 
 #[derive(Deserialize, schemars::JsonSchema)]
 pub(crate) enum CapsuleType {
@@ -151,7 +152,7 @@ pub async fn list(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
         latest_only,
     };
     let json = cx.rt().pipeline.list_json(s.project.id, &f)?;
-    Ok(crate::error::json_bytes(StatusCode::OK, json))
+    Ok(crate::response::json_bytes(StatusCode::OK, json))
 }
 
 pub async fn get(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {

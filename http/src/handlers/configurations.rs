@@ -9,8 +9,9 @@ use serde_json::value::RawValue;
 
 use super::capsules::ConfirmBody;
 use crate::app::{Cx, Req};
-use crate::body::{self, Body};
+use crate::body;
 use crate::error::{ApiError, ApiResult};
+use crate::response::Body;
 
 #[derive(Deserialize, schemars::JsonSchema)]
 pub(crate) enum ConfigFormat {

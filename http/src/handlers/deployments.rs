@@ -8,8 +8,9 @@ use serde::{Deserialize, Deserializer};
 use serde_json::Value;
 
 use crate::app::{Cx, Req};
-use crate::body::{self, Body};
+use crate::body;
 use crate::error::{ApiError, ApiResult};
+use crate::response::Body;
 
 /// `POST /deployments/{id}/rollout/devices/{device_id}/retry` (member): the package is
 /// offered again to a device that failed it; 409 unless the package is active and the

@@ -9,8 +9,9 @@ use http::Response;
 use serde::Deserialize;
 
 use crate::app::{Cx, Req};
-use crate::body::{self, Body};
+use crate::body;
 use crate::error::{ApiError, ApiResult};
+use crate::response::Body;
 
 fn filter(req: &Req) -> ApiResult<DeviceFilter> {
     let status = req

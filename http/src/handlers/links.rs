@@ -4,8 +4,9 @@
 use http::{HeaderValue, Response, header};
 
 use crate::app::{Cx, Req};
-use crate::body::{self, Body};
+use crate::body;
 use crate::error::ApiResult;
+use crate::response::Body;
 
 #[derive(serde::Serialize, schemars::JsonSchema)]
 pub(crate) struct Uploaded {
@@ -32,7 +33,7 @@ pub async fn download(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
         Err(unsatisfiable) => return Ok(*unsatisfiable),
     };
     let stream = cx.rt().pipeline.download_bytes(&d, range.clone()).await?;
-    let mut r = super::artifacts::ranged(body::stream(stream), d.size, range);
+    let mut r = super::artifacts::ranged(crate::response::stream(stream), d.size, range);
     let h = r.headers_mut();
     h.insert(
         header::CONTENT_TYPE,
@@ -41,6 +42,6 @@ pub async fn download(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
     if let Ok(v) = HeaderValue::from_str(&format!("attachment; filename=\"{}\"", d.filename)) {
         h.insert(header::CONTENT_DISPOSITION, v);
     }
-    crate::body::no_sniff(h);
+    crate::response::no_sniff(h);
     Ok(r)
 }

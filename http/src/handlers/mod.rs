@@ -31,8 +31,8 @@ pub(crate) mod webhooks;
 use http::Response;
 
 use crate::app::{Cx, Req};
-use crate::body::Body;
 use crate::error::ApiResult;
+use crate::response::Body;
 use crate::router::Op;
 use fleetops_actors::pipeline::rollouts::RolloutAction;
 

@@ -4,8 +4,10 @@ use fleetops_actors::secrets::ct_eq;
 use http::{HeaderValue, Response, StatusCode, header};
 
 use crate::app::{Cx, Req};
-use crate::body::{self, Body, full};
-use crate::error::{ApiError, ApiResult, json_bytes};
+use crate::body;
+use crate::error::{ApiError, ApiResult};
+use crate::response::json_bytes;
+use crate::response::{Body, full};
 
 /// The health answer: `ok`, or while a part is down `degraded` with the parts' names (503,
 /// which adds the error envelope's `detail` and `status_code`). Entities past their restart

@@ -7,8 +7,9 @@ use http::Response;
 use serde::Deserialize;
 
 use crate::app::{Cx, Req};
-use crate::body::{self, Body};
+use crate::body;
 use crate::error::{ApiError, ApiResult};
+use crate::response::Body;
 
 /// Authenticated on a session route a device may use: 401 → 429 → 403 (project) → 404
 /// (session) → 403 (another device's session). Returns the scope and the session id.
@@ -352,7 +353,7 @@ pub(crate) fn export_response(
     };
     let f = log_filter_of(q)?;
     let rx = rt.sessions.export(pid, id, f, format)?;
-    let mut r = Response::new(body::channel(rx));
+    let mut r = Response::new(crate::response::channel(rx));
     let h = r.headers_mut();
     h.insert(
         http::header::CONTENT_TYPE,
@@ -363,7 +364,7 @@ pub(crate) fn export_response(
     {
         h.insert(http::header::CONTENT_DISPOSITION, v);
     }
-    crate::body::no_sniff(h);
+    crate::response::no_sniff(h);
     Ok(r)
 }
 

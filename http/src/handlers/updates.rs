@@ -6,8 +6,9 @@ use http::{Response, StatusCode};
 use serde::Deserialize;
 
 use crate::app::{Cx, Req};
-use crate::body::{self, Body};
+use crate::body;
 use crate::error::{ApiError, ApiResult};
+use crate::response::Body;
 use fleetops_actors::Role;
 
 /// 200 with the package and its `ETag`, 304 when `If-None-Match` names that ETag, 204 when
@@ -28,9 +29,9 @@ pub async fn current(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
         StatusCode::OK
     };
     let b = if status == StatusCode::OK {
-        body::full(answer.body.clone())
+        crate::response::full(answer.body.clone())
     } else {
-        body::empty()
+        crate::response::empty()
     };
     Response::builder()
         .status(status)

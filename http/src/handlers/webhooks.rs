@@ -10,8 +10,9 @@ use http::{Response, StatusCode};
 use serde::Deserialize;
 
 use crate::app::{Cx, Req};
-use crate::body::{self, Body};
+use crate::body;
 use crate::error::{ApiError, ApiResult};
+use crate::response::Body;
 
 fn header2<'a>(req: &'a Req, host: &str, github: &str) -> Option<&'a str> {
     req.header(host).or_else(|| req.header(github))
@@ -217,7 +218,7 @@ pub async fn claim(cx: &mut Cx<'_>, req: Req) -> ApiResult<Response<Body>> {
     match cx.rt().webhooks.claim(s.project.id).await? {
         Some(r) => body::ok(&r),
         None => {
-            let mut resp = Response::new(body::empty());
+            let mut resp = Response::new(crate::response::empty());
             *resp.status_mut() = StatusCode::NO_CONTENT;
             Ok(resp)
         }
