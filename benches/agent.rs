@@ -15,8 +15,7 @@
 mod support;
 
 #[allow(dead_code)]
-#[path = "../tests/agent/harness.rs"]
-mod harness;
+use fleetops_testkit::agent as harness;
 
 use std::time::{Duration, Instant};
 

@@ -311,7 +311,7 @@ fn s3_phase(rt: &tokio::runtime::Runtime, c: &reqwest::Client, lines: usize) {
         .local_addr()
         .unwrap()
         .port();
-    let mut moto = match std::process::Command::new("python3")
+    let mut moto = match std::process::Command::new(fleetops_testkit::python::python())
         .args([
             "-m",
             "moto.server",

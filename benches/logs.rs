@@ -155,7 +155,7 @@ fn main() {
     // 3b. The same lines and questions in ClickHouse in-process (chdb), when installed.
     if std::env::var("BENCH_CHDB").as_deref() != Ok("0") {
         let script = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/support/chdb_logs.py");
-        match std::process::Command::new("python3")
+        match std::process::Command::new(fleetops_testkit::python::python())
             .args([script, &lines.to_string()])
             .output()
         {

@@ -13,18 +13,8 @@
 
 mod support;
 
-#[allow(dead_code)]
-#[path = "../tests/nodes/harness.rs"]
-mod harness;
+use fleetops_testkit::nodes as harness;
 
-/// The nodes' database: on the benches' durable cluster.
-mod postgres {
-    pub fn database_for(_: &std::path::Path) -> String {
-        crate::support::bench_cluster().database()
-    }
-}
-
-use hmac::{KeyInit, Mac};
 use serde_json::json;
 use support::*;
 
@@ -75,7 +65,7 @@ fn main() {
     let base = wrk(&format!("http://{addr}/"), &[], conns, secs, None);
     task.abort();
 
-    let engines = rt.block_on(harness::Engines::start());
+    let engines = rt.block_on(harness::Engines::start_in(bench_cluster()));
     let a = engines.node("a");
     let key = a.printed("API key:");
     let c = reqwest::Client::new();
@@ -128,10 +118,7 @@ fn main() {
         env!("CARGO_MANIFEST_DIR")
     ))
     .unwrap();
-    let mut m =
-        hmac::Hmac::<sha2::Sha256>::new_from_slice(harness::WEBHOOK_SECRET.as_bytes()).unwrap();
-    m.update(&body);
-    let sig = format!("sha256={}", hex::encode(m.finalize().into_bytes()));
+    let sig = fleetops_testkit::sign(harness::WEBHOOK_SECRET, &body);
     let body_path = dir.path().join("body.json");
     std::fs::write(&body_path, &body).unwrap();
     let deliver = format!(

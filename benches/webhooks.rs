@@ -15,16 +15,13 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use hmac::{KeyInit, Mac};
 use serde_json::json;
 use support::*;
 
 const SECRET: &str = "bench-webhook-secret";
 
 fn sign(body: &[u8]) -> String {
-    let mut m = hmac::Hmac::<sha2::Sha256>::new_from_slice(SECRET.as_bytes()).unwrap();
-    m.update(body);
-    format!("sha256={}", hex::encode(m.finalize().into_bytes()))
+    fleetops_testkit::sign(SECRET, body)
 }
 
 /// The delivery sent: `BENCH_PAYLOAD` (a file under tests/payloads, default

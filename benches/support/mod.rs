@@ -16,8 +16,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
 
-#[path = "../../tests/support/postgres.rs"]
-pub mod postgres;
+pub use fleetops_testkit::postgres;
 
 /// `BENCH_BACKEND`: where the records of the servers a bench starts live, `sled` (the
 /// default) or `postgres` (a private cluster of Debian's PostgreSQL in a temporary directory,

@@ -14,8 +14,7 @@ use std::path::Path;
 
 use crate::{DatabaseConfig, Store};
 
-#[path = "../../tests/support/postgres.rs"]
-mod cluster;
+use fleetops_testkit::postgres as cluster;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(crate) enum Engine {

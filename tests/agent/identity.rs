@@ -270,9 +270,28 @@ async fn the_agent_speaks_tls_to_a_service_whose_ca_it_is_given_and_refuses_one_
     let base = format!("https://127.0.0.1:{port}");
     // Without the CA, the service's certificate is not trusted: nothing is sent.
     let stranger = Agent::at(&base, &token, "");
-    let mut trying = stranger.spawn(&["enroll"]);
-    // The agent tries again on a failed connection: given a moment, it has sent nothing.
-    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    let said = certs.path().join("stranger.stderr");
+    let mut trying = crate::harness::Guard(
+        stranger
+            .command(&["enroll"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&said).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    // It refuses the certificate, says so, and tries again (it has not given up).
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let text = std::fs::read_to_string(&said).unwrap_or_default();
+        if text.to_lowercase().contains("certificate") {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < until,
+            "no certificate error: {text}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
     assert!(
         trying.0.try_wait().unwrap().is_none(),
         "the stranger gave up or got through"

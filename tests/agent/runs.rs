@@ -145,7 +145,16 @@ async fn the_daemon_ships_the_lines_appended_to_a_followed_file_across_its_rotat
         ),
     );
     let _daemon = agent.spawn(&["daemon"]);
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // It has seen the file once it keeps its offset (its end: what it held is not shipped).
+    let offsets = agent.state().join("follow.json");
+    let until = std::time::Instant::now() + Duration::from_secs(20);
+    while !std::fs::read_to_string(&offsets).is_ok_and(|t| t.contains("nav.log")) {
+        assert!(
+            std::time::Instant::now() < until,
+            "the daemon never followed the file"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let append = |p: &std::path::Path, lines: &[&str]| {
         let mut f = std::fs::OpenOptions::new()
             .append(true)
@@ -200,7 +209,22 @@ async fn a_killed_runs_spooled_lines_reach_its_session_with_the_next_run() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     server.stop();
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    // Its 20 lines reach the spool on disk (they cannot be shipped); then kill -9.
+    let spool = agent.state().join("spool");
+    // A run's spool is a directory of batch files under `spool/`.
+    let spooled = || {
+        let runs = std::fs::read_dir(&spool).into_iter().flatten().flatten();
+        runs.flat_map(|r| std::fs::read_dir(r.path()).into_iter().flatten().flatten())
+            .any(|e| std::fs::read(e.path()).is_ok_and(|b| b.windows(3).any(|w| w == b"x20")))
+    };
+    let until = std::time::Instant::now() + Duration::from_secs(20);
+    while !spooled() {
+        assert!(
+            std::time::Instant::now() < until,
+            "the lines never reached the spool"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     drop(run); // kill -9, its lines in the spool
     server.restart();
     let out = agent.command(&["run", "--", "true"]).output().unwrap();
@@ -242,7 +266,21 @@ async fn sigterm_to_the_agent_reaches_the_command_and_the_run_still_ends_its_ses
     let agent = Agent::new(&server, &token, "[logs]\nflush_ms = 100\n");
     let script = "trap 'echo stopping; exit 7' TERM; echo ready; sleep 30 & wait";
     let mut run = agent.spawn(&["run", "--", "sh", "-c", script]);
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The command set its trap before it said `ready`: SIGTERM once that line is stored.
+    let until = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let list = server.get(&format!("{DEV}/sessions")).await;
+        if let Some(id) = list["items"][0]["id"].as_u64()
+            && server.messages(id).await == ["ready"]
+        {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < until,
+            "the command never said ready"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let pid = run.0.id().to_string();
     std::process::Command::new("kill")
         .args(["-TERM", &pid])

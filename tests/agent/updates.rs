@@ -179,16 +179,27 @@ async fn an_agent_killed_mid_install_resumes_and_reports_each_stage_once() {
     let agent = fleet_agent(
         &server,
         &token,
-        "sleep 3; cp \"$FLEETOPS_CAPSULE_PATH\" installed.bin",
+        "echo run >> runs; sleep 3; cp \"$FLEETOPS_CAPSULE_PATH\" installed.bin",
     )
     .await;
     let (cap, bytes) = publish(&server, "1.0.0").await;
     deploy(&server, cap, None).await;
     let device = agent.identity()["device_id"].as_u64().unwrap();
-    let first = agent.spawn(&["daemon"]);
+    let first = agent.spawn_group(&["daemon"]);
     let r = until_reported(&server, device, &["installing"], 30).await;
     assert_eq!(r, ["downloading", "installing"]);
-    drop(first); // kill -9, mid-install
+    let runs = agent.dir.path().join("runs");
+    let started = std::time::Instant::now();
+    while !runs.exists() {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the hook never ran"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // kill -9 of the agent and its hook, mid-install: nothing of the first run goes on.
+    drop(first);
+    assert!(!agent.dir.path().join("installed.bin").exists());
     let _second = agent.spawn(&["daemon"]);
     let r = until_reported(&server, device, &["succeeded", "failed"], 30).await;
     assert_eq!(r, ["downloading", "installing", "succeeded"]);
@@ -196,6 +207,8 @@ async fn an_agent_killed_mid_install_resumes_and_reports_each_stage_once() {
         std::fs::read(agent.dir.path().join("installed.bin")).unwrap(),
         bytes
     );
+    // The second daemon ran the hook again, once.
+    assert_eq!(std::fs::read_to_string(&runs).unwrap(), "run\nrun\n");
 }
 
 #[tokio::test]
@@ -326,6 +339,21 @@ async fn an_interrupted_download_is_resumed_from_its_last_byte() {
     let r = until_reported(&server, device, &["succeeded", "failed"], 30).await;
     // `downloading` was reported before the cut, and is not again.
     assert_eq!(r, ["installing", "succeeded"]);
+    // The rest was asked for from the last byte: the capsule was served in part (206).
+    let metrics = reqwest::get(format!("{}/metrics", server.base))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("fleetops_http_requests_total{")
+                && l.contains("status=\"206\"")
+                && !l.ends_with(" 0")),
+        "no 206 was served: {metrics}"
+    );
     assert_eq!(
         std::fs::read(agent.dir.path().join("installed.bin")).unwrap(),
         bytes

@@ -27,7 +27,7 @@ fn sign(claims: serde_json::Value, secret: &str) -> String {
     .unwrap()
 }
 
-#[tokio::test]
+each_backend!(login_refresh_and_wrong_password);
 async fn login_refresh_and_wrong_password() {
     let s = start().await;
     let r = s
@@ -98,7 +98,7 @@ async fn login_refresh_and_wrong_password() {
     }
 }
 
-#[tokio::test]
+each_backend!(expired_forged_and_none_tokens_are_401);
 async fn expired_forged_and_none_tokens_are_401() {
     let s = start().await;
     let uid = s.admin.user_id.to_string();
@@ -165,7 +165,7 @@ async fn expired_forged_and_none_tokens_are_401() {
         .assert_error(401);
 }
 
-#[tokio::test]
+each_backend!(tokens_expire_after_their_ttl);
 async fn tokens_expire_after_their_ttl() {
     // Seconds of margin for the first use; the expiry is polled, not slept to.
     let s = start_with(|c| c.auth.token_ttl_seconds = 3).await;
@@ -179,7 +179,7 @@ async fn tokens_expire_after_their_ttl() {
     s.get("/api/v1/users/me", &token).await.assert_error(401);
 }
 
-#[tokio::test]
+each_backend!(api_key_life_cycle);
 async fn api_key_life_cycle() {
     let s = start().await;
     let jwt = s.login("admin@localhost", ADMIN_PASSWORD).await;
@@ -312,8 +312,8 @@ async fn tenancy(s: &Srv) -> Tenancy {
     }
 }
 
+each_backend!(every_role_reads_and_members_and_up_write);
 /// Reads: every role; writes of project resources: member and up.
-#[tokio::test]
 async fn every_role_reads_and_members_and_up_write() {
     let s = start().await;
     let t = tenancy(&s).await;
@@ -337,8 +337,8 @@ async fn every_role_reads_and_members_and_up_write() {
     }
 }
 
+each_backend!(projects_and_members_are_for_admins_and_owner_grants_owner);
 /// Projects and members: admin and up; only an owner grants owner.
-#[tokio::test]
 async fn projects_and_members_are_for_admins_and_owner_grants_owner() {
     let s = start().await;
     let t = tenancy(&s).await;
@@ -410,9 +410,9 @@ async fn projects_and_members_are_for_admins_and_owner_grants_owner() {
     .assert_error(404);
 }
 
+each_backend!(another_organization_is_403_and_the_superuser_has_owner_rights);
 /// Another organization: 403 whether it exists or not; the superuser has owner rights
 /// everywhere and gets 404 for what does not exist.
-#[tokio::test]
 async fn another_organization_is_403_and_the_superuser_has_owner_rights() {
     let s = start().await;
     let t = tenancy(&s).await;
@@ -454,8 +454,8 @@ async fn another_organization_is_403_and_the_superuser_has_owner_rights() {
     );
 }
 
+each_backend!(creating_users_and_higher_tiers_is_for_superusers);
 /// Creating users is for superusers, and so is a tier above free.
-#[tokio::test]
 async fn creating_users_and_higher_tiers_is_for_superusers() {
     let s = start().await;
     let t = tenancy(&s).await;
@@ -488,9 +488,9 @@ async fn creating_users_and_higher_tiers_is_for_superusers() {
         .assert_error(409);
 }
 
+each_backend!(lists_show_the_callers_organizations_and_admins_rotate_secrets);
 /// Lists show only the caller's organizations, and projects without secrets; an admin rotates a
 /// project secret.
-#[tokio::test]
 async fn lists_show_the_callers_organizations_and_admins_rotate_secrets() {
     let s = start().await;
     let t = tenancy(&s).await;
@@ -531,7 +531,7 @@ async fn lists_show_the_callers_organizations_and_admins_rotate_secrets() {
     assert!(r.body["project_secret"].as_str().unwrap().len() >= 32);
 }
 
-#[tokio::test]
+each_backend!(validation_of_account_inputs);
 async fn validation_of_account_inputs() {
     let s = start().await;
     for slug in ["Upper", "-lead", "", "a_b", &"x".repeat(64)] {
@@ -581,9 +581,9 @@ async fn validation_of_account_inputs() {
     .assert_error(422);
 }
 
+each_backend!(api_keys_past_the_per_user_cap_are_refused);
 /// A user holds at most `[auth] max_api_keys_per_user` keys: one more is 422 with the
 /// envelope, another user is not affected, and deleting one makes room.
-#[tokio::test]
 async fn api_keys_past_the_per_user_cap_are_refused() {
     let s = start_with(|c| c.auth.max_api_keys_per_user = 3).await;
     // The first start's own key counts: the admin holds one already.
@@ -628,8 +628,8 @@ async fn api_keys_past_the_per_user_cap_are_refused() {
     assert_eq!(r.status, 201, "{}", r.body);
 }
 
+each_backend!(the_first_start_organization_takes_the_configured_tier);
 /// The first start's organization is on `[admin] tier`: its rate limit is that tier's.
-#[tokio::test]
 async fn the_first_start_organization_takes_the_configured_tier() {
     let s = start_with(|c| {
         c.admin.tier = "team".into();

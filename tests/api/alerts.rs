@@ -43,7 +43,7 @@ fn data_bytes(dir: &std::path::Path) -> Vec<u8> {
         .collect()
 }
 
-#[tokio::test]
+each_backend!(integrations_mask_secrets_merge_patches_and_encrypt_at_rest);
 async fn integrations_mask_secrets_merge_patches_and_encrypt_at_rest() {
     let s = server().await;
     let secret_url = "https://hooks.slack.com/services/T000/B000/XXXXSECRETXXXX";
@@ -161,10 +161,10 @@ async fn integrations_mask_secrets_merge_patches_and_encrypt_at_rest() {
         .assert_error(404);
 }
 
+each_backend!(special_purpose_addresses_are_refused_as_targets);
 /// Every range of IANA's special-purpose registries is refused as a target, as private
 /// networks are: documentation, benchmarking, protocol assignments, reserved, multicast and
 /// the IPv4-translated form.
-#[tokio::test]
 async fn special_purpose_addresses_are_refused_as_targets() {
     let s = start().await;
     for host in [
@@ -205,7 +205,7 @@ async fn special_purpose_addresses_are_refused_as_targets() {
     assert_eq!(r.status, 201, "{}", r.body);
 }
 
-#[tokio::test]
+each_backend!(integration_configs_are_validated_per_type);
 async fn integration_configs_are_validated_per_type() {
     let s = start().await;
     for body in [
@@ -256,7 +256,7 @@ async fn integration_configs_are_validated_per_type() {
     assert_eq!(r.body["config"]["url"], "https://example.com/h");
 }
 
-#[tokio::test]
+each_backend!(the_test_endpoint_sends_each_wire_format_once);
 async fn the_test_endpoint_sends_each_wire_format_once() {
     let sink = Sink::start().await;
     let mut smtp = Smtp::start().await;
@@ -374,7 +374,7 @@ async fn the_test_endpoint_sends_each_wire_format_once() {
     );
 }
 
-#[tokio::test]
+each_backend!(a_name_resolving_to_loopback_is_refused_at_send_time);
 async fn a_name_resolving_to_loopback_is_refused_at_send_time() {
     let sink = Sink::start().await;
     let s = start_with(|c| {
@@ -404,7 +404,7 @@ async fn a_name_resolving_to_loopback_is_refused_at_send_time() {
     assert_eq!(sink.count(), 0, "nothing reached the loopback address");
 }
 
-#[tokio::test]
+each_backend!(alert_rules_validate_conditions_and_references);
 async fn alert_rules_validate_conditions_and_references() {
     let s = start().await;
     let w = create(
@@ -552,7 +552,7 @@ async fn alert_rules_validate_conditions_and_references() {
     );
 }
 
-#[tokio::test]
+each_backend!(alerting_writes_need_an_admin);
 async fn alerting_writes_need_an_admin() {
     let s = start().await;
     // Viewers and members read; only admins (and owners) write.

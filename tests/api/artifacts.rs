@@ -20,7 +20,7 @@ async fn put(s: &Srv, sid: u64, path: &str, cred: &str, ct: Option<&str>, bytes:
     s.raw(rb).await
 }
 
-#[tokio::test]
+each_backend!(upload_list_get_range_zip_and_delete);
 async fn upload_list_get_range_zip_and_delete() {
     let s = start().await;
     let (d, tok) = device(&s, "cam").await;
@@ -187,7 +187,7 @@ async fn upload_list_get_range_zip_and_delete() {
         .assert_error(404);
 }
 
-#[tokio::test]
+each_backend!(traversal_paths_and_foreign_devices_are_refused);
 async fn traversal_paths_and_foreign_devices_are_refused() {
     let s = start().await;
     let (d, tok) = device(&s, "cam").await;
@@ -218,7 +218,7 @@ async fn traversal_paths_and_foreign_devices_are_refused() {
     assert_eq!(r.body["items"], json!([]));
 }
 
-#[tokio::test]
+each_backend!(oversized_artifacts_are_413_and_leave_nothing);
 async fn oversized_artifacts_are_413_and_leave_nothing() {
     let s = start_with(|c| c.sessions.max_artifact_bytes = 1000).await;
     let (d, tok) = device(&s, "cam").await;
@@ -252,10 +252,10 @@ async fn raw_put(s: &Srv, path: &str, cred: &str) -> u16 {
     text.split_whitespace().nth(1).unwrap().parse().unwrap()
 }
 
+each_backend!(the_sweep_collects_only_blobs_no_record_points_at);
 /// Blobs a crash left without a record (between a blob's write and its record, or a record's
 /// removal and its blob's) are collected by the housekeeper's sweep; every blob a record
 /// points at, and an artifact upload that may still be streaming, is kept.
-#[tokio::test]
 async fn the_sweep_collects_only_blobs_no_record_points_at() {
     let s = start().await;
     let (d, tok) = device(&s, "cam").await;
@@ -332,11 +332,11 @@ async fn incompressible_artifacts(s: &Srv) -> u64 {
     sid
 }
 
+each_backend!(zips_share_the_stream_cap_and_a_stalled_one_is_cut_short);
 /// The artifact ZIP streams from a blocking thread as an export does, under the same cap
 /// (`[sessions] max_streams`: 503 with `Retry-After` past it) and the same stall timeout (a
 /// ZIP nobody reads gives its place back, and its reader then gets an error, never a body
 /// that ends as if it were whole).
-#[tokio::test]
 async fn zips_share_the_stream_cap_and_a_stalled_one_is_cut_short() {
     let s = start_with(|c| {
         c.sessions.max_streams = 1;
@@ -380,9 +380,9 @@ async fn zips_share_the_stream_cap_and_a_stalled_one_is_cut_short() {
     );
 }
 
+each_backend!(artifact_downloads_are_attachments_that_are_never_sniffed);
 /// A device's file served by the API is a download that a browser neither sniffs nor shows
 /// as a page of this origin, whole or in part; the ZIP of them is not sniffed either.
-#[tokio::test]
 async fn artifact_downloads_are_attachments_that_are_never_sniffed() {
     let s = start().await;
     let (d, tok) = crate::sessions::device(&s, "r1").await;

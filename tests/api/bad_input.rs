@@ -5,7 +5,7 @@ use serde_json::json;
 
 use crate::common::*;
 
-#[tokio::test]
+each_backend!(malformed_bodies_types_sizes_routes_and_methods);
 async fn malformed_bodies_types_sizes_routes_and_methods() {
     let s = start().await;
     let k = s.key();
@@ -92,7 +92,7 @@ async fn malformed_bodies_types_sizes_routes_and_methods() {
     );
 }
 
-#[tokio::test]
+each_backend!(order_of_checks_401_then_403_then_404_then_413_then_422);
 async fn order_of_checks_401_then_403_then_404_then_413_then_422() {
     let s = start().await;
     let viewer = s.user("v@x.io").await;
@@ -151,9 +151,9 @@ fn futures_util_stream(
     futures::stream::iter(chunks)
 }
 
+each_backend!(per_entity_maxima_are_422);
 /// Documented maxima per entity: tags per session, devices per group, references per rule,
 /// labels per device; past them 422 naming the field and the bound, and nothing written.
-#[tokio::test]
 async fn per_entity_maxima_are_422() {
     let s = start().await;
     let (d, tok) = crate::sessions::device(&s, "r").await;
@@ -224,9 +224,9 @@ async fn per_entity_maxima_are_422() {
     assert!(r.assert_error(422).contains("at most 64"), "{}", r.body);
 }
 
+each_backend!(bodies_are_objects_and_whole_floats_are_integers);
 /// A body that must be an object is 422 as an array (serde would read a struct from one), and
 /// a whole number written `1.0` is that integer, as the document's `integer` says.
-#[tokio::test]
 async fn bodies_are_objects_and_whole_floats_are_integers() {
     let s = start().await;
     let k = s.key();
@@ -269,9 +269,9 @@ async fn bodies_are_objects_and_whole_floats_are_integers() {
     }
 }
 
+each_backend!(formats_are_the_documented_ones);
 /// The formats the document states are the ones enforced: lengths count characters on what
 /// was sent, and an e-mail address with whitespace anywhere is refused.
-#[tokio::test]
 async fn formats_are_the_documented_ones() {
     let s = start().await;
     let k = s.key();

@@ -88,10 +88,10 @@ pub(crate) async fn publish(
     .await
 }
 
+each_backend!(a_failed_retry_of_an_upload_keeps_the_bytes_already_acknowledged);
 /// An upload acknowledged 200 survives a retry of its link that fails (too large, or a body
 /// cut off): the failed write never replaces it, and the capsule confirms from the first
 /// bytes.
-#[tokio::test]
 async fn a_failed_retry_of_an_upload_keeps_the_bytes_already_acknowledged() {
     let s = start().await;
     let secret = &s.admin.project_secret;
@@ -157,7 +157,7 @@ async fn a_failed_retry_of_an_upload_keeps_the_bytes_already_acknowledged() {
     assert_eq!(got.bytes().await.unwrap().to_vec(), bytes);
 }
 
-#[tokio::test]
+each_backend!(every_format_round_trips_and_corrupt_ones_fail);
 async fn every_format_round_trips_and_corrupt_ones_fail() {
     let s = start().await;
     for (i, format) in [".tar.gz", ".tgz", ".tar", ".zip"].iter().enumerate() {
@@ -218,7 +218,7 @@ async fn every_format_round_trips_and_corrupt_ones_fail() {
     );
 }
 
-#[tokio::test]
+each_backend!(checksum_mismatch_upload_rules_and_credentials);
 async fn checksum_mismatch_upload_rules_and_credentials() {
     let s = start().await;
     let secret = s.admin.project_secret.clone();
@@ -356,7 +356,7 @@ async fn checksum_mismatch_upload_rules_and_credentials() {
         .assert_error(404);
 }
 
-#[tokio::test]
+each_backend!(latest_versions_dependencies_delete_and_concurrency);
 async fn latest_versions_dependencies_delete_and_concurrency() {
     let s = start().await;
     let k = s.key().to_string();
@@ -497,7 +497,7 @@ async fn latest_versions_dependencies_delete_and_concurrency() {
     assert_eq!(latest, vec![json!("3.7.0")]);
 }
 
-#[tokio::test]
+each_backend!(storage_quota_is_checked_at_upload_url);
 async fn storage_quota_is_checked_at_upload_url() {
     let s = start_with(|c| {
         c.tiers.get_mut("free").unwrap().storage_bytes = Some(10_000);
@@ -550,9 +550,9 @@ async fn projects(s: &Srv, n: usize) -> Vec<String> {
     secrets
 }
 
+each_backend!(concurrent_uploads_across_projects_never_exceed_the_quota);
 /// The quota is the organization's, and its projects have separate writers: 16 reservations
 /// racing across 4 projects at the edge must together stay within it.
-#[tokio::test]
 async fn concurrent_uploads_across_projects_never_exceed_the_quota() {
     let s = start_with(|c| {
         c.tiers.get_mut("free").unwrap().storage_bytes = Some(12_000);
@@ -587,10 +587,13 @@ async fn concurrent_uploads_across_projects_never_exceed_the_quota() {
     assert_eq!(held, 12_000);
 }
 
+each_backend!(
+    a_hung_up_reservation_never_lets_the_quota_be_exceeded,
+    threads = 2
+);
 /// The organization's quota turn ends with the record's write, not with its caller: a
 /// reservation whose client hung up while its record waited is either written (and counted)
 /// or never applied, and the next reservation is counted after that is settled.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hung_up_reservation_never_lets_the_quota_be_exceeded() {
     let s = start_with(|c| {
         c.tiers.get_mut("free").unwrap().storage_bytes = Some(3_000);
@@ -648,7 +651,7 @@ async fn a_hung_up_reservation_never_lets_the_quota_be_exceeded() {
     assert_eq!(b.status, 201);
 }
 
-#[tokio::test]
+each_backend!(unconfirmed_uploads_are_purged_when_their_link_expires);
 async fn unconfirmed_uploads_are_purged_when_their_link_expires() {
     let s = start_with(|c| {
         // Lifetimes with seconds of margin for the steps that must finish inside them.
@@ -720,7 +723,7 @@ async fn unconfirmed_uploads_are_purged_when_their_link_expires() {
     );
 }
 
-#[tokio::test]
+each_backend!(large_capsules_confirm_in_the_background);
 async fn large_capsules_confirm_in_the_background() {
     let s = start_with(|c| c.pipeline.sync_validation_max_bytes = 100).await;
     let bytes = archive(".tar", &[7u8; 4096]);
@@ -735,9 +738,9 @@ async fn large_capsules_confirm_in_the_background() {
     assert!(done);
 }
 
+each_backend!(a_decompression_bomb_fails_validation_with_a_note);
 /// A decompression bomb (64 MiB of zeros in a 64 KiB `.tar.gz`) fails its validation with a
 /// note, quickly, instead of being expanded.
-#[tokio::test]
 async fn a_decompression_bomb_fails_validation_with_a_note() {
     let s = start().await;
     let bomb = {
@@ -761,9 +764,9 @@ async fn a_decompression_bomb_fails_validation_with_a_note() {
     assert!(t.elapsed() < std::time::Duration::from_secs(20));
 }
 
+each_backend!(a_download_link_resumes_from_a_range);
 /// A download link serves one `Range` of the file (206 with `Content-Range`), so a device
 /// resumes an interrupted download; a range past the end is 416.
-#[tokio::test]
 async fn a_download_link_resumes_from_a_range() {
     let s = start().await;
     let bytes = archive(".tar", &vec![7u8; 5000]);

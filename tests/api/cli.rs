@@ -114,7 +114,7 @@ pub(crate) fn client() -> reqwest::Client {
         .unwrap()
 }
 
-#[tokio::test]
+each_backend!(first_start_prints_credentials_once_and_they_work);
 async fn first_start_prints_credentials_once_and_they_work() {
     let dir = tempfile::tempdir().unwrap();
     let p = serve(dir.path(), &[]);
@@ -198,7 +198,7 @@ async fn first_start_prints_credentials_once_and_they_work() {
     assert_eq!(r.status(), 200);
 }
 
-#[tokio::test]
+each_backend!(configured_admin_password_is_not_printed);
 async fn configured_admin_password_is_not_printed() {
     let dir = tempfile::tempdir().unwrap();
     let p = serve(
@@ -219,7 +219,7 @@ async fn configured_admin_password_is_not_printed() {
     assert_eq!(r.status(), 200);
 }
 
-#[tokio::test]
+each_backend!(admin_bootstrap_prints_one_json_object_and_refuses_a_locked_dir);
 async fn admin_bootstrap_prints_one_json_object_and_refuses_a_locked_dir() {
     let dir = tempfile::tempdir().unwrap();
     let out = Command::new(BIN)
@@ -332,7 +332,7 @@ async fn admin_bootstrap_prints_one_json_object_and_refuses_a_locked_dir() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("already exists"));
 }
 
-#[tokio::test]
+each_backend!(kill_9_after_acknowledged_writes_then_restart_keeps_everything);
 async fn kill_9_after_acknowledged_writes_then_restart_keeps_everything() {
     let dir = tempfile::tempdir().unwrap();
     let mut p = serve(dir.path(), &[]);
@@ -416,7 +416,7 @@ async fn kill_9_after_acknowledged_writes_then_restart_keeps_everything() {
     assert!(v["id"].as_u64().unwrap() > *ids.iter().max().unwrap());
 }
 
-#[tokio::test]
+each_backend!(config_flag_before_or_after_the_subcommand);
 async fn config_flag_before_or_after_the_subcommand() {
     for before in [true, false] {
         let dir = tempfile::tempdir().unwrap();
@@ -479,7 +479,7 @@ async fn config_flag_before_or_after_the_subcommand() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/c.toml"));
 }
 
-#[tokio::test]
+each_backend!(kill_9_after_acknowledged_log_batches_keeps_every_line);
 async fn kill_9_after_acknowledged_log_batches_keeps_every_line() {
     let dir = tempfile::tempdir().unwrap();
     let mut p = serve(dir.path(), &[]);
@@ -561,9 +561,9 @@ async fn kill_9_after_acknowledged_log_batches_keeps_every_line() {
     assert_eq!(v["metrics"]["log_count"], 16 * 500 + 1);
 }
 
+each_backend!(kill_9_between_202_and_processing_then_every_delivery_is_processed_once);
 /// Deliveries answered 202 and then a kill -9 (most are still queued for the worker): after
 /// the restart every one is processed, exactly once.
-#[tokio::test]
 async fn kill_9_between_202_and_processing_then_every_delivery_is_processed_once() {
     use crate::webhooks::{SECRET, pr, sign};
     let dir = tempfile::tempdir().unwrap();
@@ -637,10 +637,10 @@ async fn kill_9_between_202_and_processing_then_every_delivery_is_processed_once
     );
 }
 
+each_backend!(kill_9_keeps_artifacts_transitions_rollouts_and_owed_validations);
 /// kill -9 right after acknowledged artifacts, a deployment transition, a rollout result and
 /// a capsule confirm answered 202 `pending`: after the restart all of them are there, and the
 /// owed validation finishes.
-#[tokio::test]
 async fn kill_9_keeps_artifacts_transitions_rollouts_and_owed_validations() {
     use crate::capsules::{archive, sha};
     let dir = tempfile::tempdir().unwrap();
@@ -827,10 +827,10 @@ async fn kill_9_keeps_artifacts_transitions_rollouts_and_owed_validations() {
     );
 }
 
+each_backend!(kill_9_while_an_alert_fires_and_its_notification_is_owed);
 /// `kill -9` while an alert fires and its notification is owed (the target answered 503):
 /// the restarted server keeps the alert firing without firing it again, sends the owed
 /// notification once its retry is due, and resolves the same alert on the next heartbeat.
-#[tokio::test]
 async fn kill_9_while_an_alert_fires_and_its_notification_is_owed() {
     use crate::peers::{Reply, Sink};
     let sink = Sink::start().await;
@@ -943,10 +943,10 @@ async fn kill_9_while_an_alert_fires_and_its_notification_is_owed() {
     assert_eq!(alerts(base.clone()).await["total"], 1);
 }
 
+each_backend!(sigterm_finishes_in_flight_work_closes_websockets_1001_and_exits_0);
 /// SIGTERM: the request in flight (its body still arriving) is finished and answered, an open
 /// WebSocket closes with 1001, the process exits 0; deliveries accepted just before are worked
 /// exactly once across the restart.
-#[tokio::test]
 async fn sigterm_finishes_in_flight_work_closes_websockets_1001_and_exits_0() {
     use futures::StreamExt;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -1082,9 +1082,9 @@ async fn sigterm_finishes_in_flight_work_closes_websockets_1001_and_exits_0() {
     );
 }
 
+each_backend!(json_log_format_writes_one_object_a_line);
 /// `log_format = "json"`: every line of the tracing log is one JSON object with a timestamp,
 /// a level and fields; secrets printed on first start never reach it.
-#[tokio::test]
 async fn json_log_format_writes_one_object_a_line() {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("stderr.log");
@@ -1146,12 +1146,12 @@ fn admin(dir: &std::path::Path, args: &[&str], env: &[(&str, &str)]) -> (bool, S
     )
 }
 
+each_backend!(backup_while_serving_then_restore_serves_the_copy);
 /// `admin backup` while the server serves and log batches keep arriving (the server makes a
 /// consistent copy), then `admin restore` into an empty data directory: the restored server
 /// has every record and file acknowledged before the backup, its lists match its records,
 /// and it serves. Offline, the same command copies directly; a destination that is not empty
 /// and a restore over a data directory in use are refused.
-#[tokio::test]
 async fn backup_while_serving_then_restore_serves_the_copy() {
     let dir = tempfile::tempdir().unwrap();
     let p = serve(dir.path(), &[]);
@@ -1225,7 +1225,7 @@ async fn backup_while_serving_then_restore_serves_the_copy() {
     })
     .await
     .unwrap();
-    if crate::ON_POSTGRES {
+    if crate::backend::on_postgres() {
         // The records are the database's to back up: refused with the reason, nothing made.
         assert!(
             !ok && err.contains("keeps its records in PostgreSQL"),
@@ -1370,10 +1370,10 @@ pub(crate) async fn device_and_session(
     (token, v["id"].as_u64().unwrap())
 }
 
+each_backend!(kill_9_mid_purge_then_the_restart_finishes_the_purge);
 /// `kill -9` while a deleted organization's data is being purged (slowed down to small steps):
 /// the restart resumes the purge, which finishes with nothing of its projects left, the lists
 /// consistent, and the default organization's data intact.
-#[tokio::test]
 async fn kill_9_mid_purge_then_the_restart_finishes_the_purge() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(
@@ -1513,10 +1513,10 @@ fn admin_json(dir: &std::path::Path, args: &[&str], env: &[(&str, &str)]) -> ser
     serde_json::from_str(stdout.trim()).unwrap()
 }
 
+each_backend!(admin_org_offline_lists_changes_and_deletes_an_organization);
 /// `admin org` with the server stopped: list, show, rename and set-tier change the data
 /// directory; a tier the configuration does not define, an unknown organization and a delete
 /// without `--yes` are refused; a delete returns once everything of the organization is purged.
-#[tokio::test]
 async fn admin_org_offline_lists_changes_and_deletes_an_organization() {
     let dir = tempfile::tempdir().unwrap();
     let v = admin_json(
@@ -1603,10 +1603,10 @@ async fn admin_org_offline_lists_changes_and_deletes_an_organization() {
     assert_eq!(store.verify_lists().unwrap(), Vec::<String>::new());
 }
 
+each_backend!(admin_org_goes_through_the_running_server);
 /// `admin org` while the server runs: through its API with a superuser's key (a delete
 /// returns with the purge under way in the server); without a key, or with a key that is
 /// not a superuser's, it is refused.
-#[tokio::test]
 async fn admin_org_goes_through_the_running_server() {
     let dir = tempfile::tempdir().unwrap();
     let p = serve(dir.path(), &[]);

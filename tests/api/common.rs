@@ -84,17 +84,17 @@ pub(crate) fn test_config(dir: &tempfile::TempDir, f: impl FnOnce(&mut Config)) 
             },
         );
     }
-    if crate::SEAL_EVERY_BATCH {
+    if crate::backend::backend().seals_every_batch() {
         cfg.logs.seal_lines = 1;
     }
-    if crate::ON_POSTGRES {
+    if crate::backend::on_postgres() {
         cfg.database.url = crate::common::postgres::database_for(dir.path());
         cfg.database.max_connections = 8;
     }
-    if crate::BLOBS_ON_S3 {
-        let endpoint = shared_s3();
+    if crate::backend::backend().blobs_on_s3() {
+        let endpoint = fleetops_testkit::moto::shared();
         let bucket = format!("t{}", uuid::Uuid::new_v4().simple());
-        create_bucket(endpoint, &bucket);
+        fleetops_testkit::moto::create_bucket(endpoint, &bucket);
         cfg.storage.backend = "s3".into();
         cfg.storage.bucket = bucket;
         cfg.storage.endpoint = endpoint.to_string();
@@ -107,14 +107,13 @@ pub(crate) fn test_config(dir: &tempfile::TempDir, f: impl FnOnce(&mut Config)) 
     cfg
 }
 
-/// The PostgreSQL cluster an `ON_POSTGRES` suite keeps its records in.
-#[path = "../support/postgres.rs"]
-pub mod postgres;
+/// The PostgreSQL cluster the tests on PostgreSQL keep their records in.
+pub use fleetops_testkit::postgres;
 
 /// The environment a `fleetops` process started on `dir` (whose data directory is
 /// `dir/data`) needs besides: the database of the suite's backend.
 pub fn backend_env(dir: &std::path::Path) -> Vec<(&'static str, String)> {
-    if crate::ON_POSTGRES {
+    if crate::backend::on_postgres() {
         vec![("FLEETOPS_DATABASE_URL", postgres::database_for(dir))]
     } else {
         Vec::new()
@@ -124,7 +123,7 @@ pub fn backend_env(dir: &std::path::Path) -> Vec<(&'static str, String)> {
 /// Every value the database of the server on `dir` holds, concatenated (to look for secrets
 /// in the clear); nothing for the embedded store, whose bytes are the data directory's files.
 pub fn database_bytes(dir: &std::path::Path) -> Vec<u8> {
-    if !crate::ON_POSTGRES {
+    if !crate::backend::on_postgres() {
         return Vec::new();
     }
     postgres::values(&postgres::database_for(dir))
@@ -132,7 +131,7 @@ pub fn database_bytes(dir: &std::path::Path) -> Vec<u8> {
 
 /// A data directory copied from `from` to `to`: on PostgreSQL, both name one database.
 pub fn copied_backend(from: &std::path::Path, to: &std::path::Path) {
-    if crate::ON_POSTGRES {
+    if crate::backend::on_postgres() {
         postgres::share(from, to);
     }
 }
@@ -140,63 +139,10 @@ pub fn copied_backend(from: &std::path::Path, to: &std::path::Path) {
 /// The store of the server that ran on `dir` (stopped), opened offline.
 pub fn open_store(dir: &std::path::Path) -> fleetops_storage::Store {
     let mut database = fleetops_storage::DatabaseConfig::default();
-    if crate::ON_POSTGRES {
+    if crate::backend::on_postgres() {
         database.url = postgres::database_for(dir);
     }
     fleetops_storage::Store::open_on(&dir.join("data"), Duration::ZERO, &database).unwrap()
-}
-
-/// The S3-compatible server (moto, `pip install 'moto[server]'`) a suite with
-/// `BLOBS_ON_S3` stores blobs in: one for the whole run, a bucket per server. It stops when
-/// the test process does (a shell watches its parent).
-fn shared_s3() -> &'static str {
-    static ENDPOINT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    ENDPOINT.get_or_init(|| {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let me = std::process::id();
-        let mut watcher = std::process::Command::new("sh")
-            .args([
-                "-c",
-                &format!(
-                    "python3 -m moto.server -H 127.0.0.1 -p {port} >/dev/null 2>&1 & m=$!; \
-                     while kill -0 {me} 2>/dev/null; do sleep 1; done; kill $m"
-                ),
-            ])
-            .spawn()
-            .expect("sh");
-        // Reaped whenever it ends (with this process, at the latest).
-        std::thread::spawn(move || watcher.wait());
-        for _ in 0..400 {
-            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                return format!("http://127.0.0.1:{port}");
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        panic!("moto did not start on port {port} (pip install 'moto[server]')");
-    })
-}
-
-/// `PUT /{bucket}` on the S3-compatible server, over a plain socket (a test's configuration
-/// is built outside any runtime).
-fn create_bucket(endpoint: &str, bucket: &str) {
-    use std::io::{Read, Write};
-    let addr = endpoint.trim_start_matches("http://");
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    write!(
-        s,
-        "PUT /{bucket} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut answer = String::new();
-    s.read_to_string(&mut answer).unwrap();
-    assert!(
-        answer.starts_with("HTTP/1.1 200"),
-        "creating bucket {bucket}: {answer}"
-    );
 }
 
 /// A response: status, JSON body (Null when empty or not JSON), headers.
@@ -407,21 +353,7 @@ pub fn files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     out
 }
 
-/// Polls `f` until it returns true or `secs` pass.
-pub async fn eventually<F, Fut>(secs: u64, mut f: F) -> bool
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = std::time::Instant::now() + Duration::from_secs(secs);
-    while std::time::Instant::now() < deadline {
-        if f().await {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    false
-}
+pub use fleetops_testkit::eventually;
 
 pub const DEV: &str = "/api/v1/organizations/default/projects/default";
 

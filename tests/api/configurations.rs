@@ -43,7 +43,7 @@ pub(crate) async fn capsule(s: &Srv, name: &str, version: &str) -> u64 {
     r.body["id"].as_u64().unwrap()
 }
 
-#[tokio::test]
+each_backend!(inheritance_schema_explain_lists_and_deletes);
 async fn inheritance_schema_explain_lists_and_deletes() {
     let s = start().await;
     let nav = capsule(&s, "nav", "1.2.0").await;
@@ -191,9 +191,9 @@ async fn inheritance_schema_explain_lists_and_deletes() {
         .assert_error(404);
 }
 
+each_backend!(ini_env_and_unparsable_files);
 /// INI and .env parse on their own, nothing is expanded from the server's environment, and
 /// unparsable files fail with the parser's message (YAML aliases refused).
-#[tokio::test]
 async fn ini_env_and_unparsable_files() {
     let s = start().await;
     let nav = capsule(&s, "nav", "1.2.0").await;
@@ -239,7 +239,7 @@ async fn ini_env_and_unparsable_files() {
     }
 }
 
-#[tokio::test]
+each_backend!(compatibility_pending_parents_and_refusals);
 async fn compatibility_pending_parents_and_refusals() {
     let s = start().await;
     let secret = s.admin.project_secret.clone();
@@ -407,10 +407,10 @@ async fn compatibility_pending_parents_and_refusals() {
         .assert_error(404);
 }
 
+each_backend!(every_constraint_form);
 /// Every constraint form (exact, `^`, `~`, ranges, wildcards), through
 /// `compatible_capsule_versions`: a configuration passes exactly when its linked capsule's
 /// version matches.
-#[tokio::test]
 async fn every_constraint_form() {
     let s = start().await;
     let secret = s.admin.project_secret.clone();

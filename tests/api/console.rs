@@ -101,7 +101,7 @@ fn cookie_of(r: &reqwest::Response) -> Option<String> {
         .map(String::from)
 }
 
-#[tokio::test]
+each_backend!(sign_in_cookie_and_csrf_over_http);
 async fn sign_in_cookie_and_csrf_over_http() {
     let sink = Sink::start().await;
     let s = start_with(|c| {
@@ -505,7 +505,7 @@ async fn device_token(s: &Srv, name: &str) -> String {
 
 static TOKENS: std::sync::Mutex<Vec<(String, String, String)>> = std::sync::Mutex::new(Vec::new());
 
-#[tokio::test]
+each_backend!(an_operator_finds_the_offline_robot_the_alert_and_the_rollout_in_a_browser);
 async fn an_operator_finds_the_offline_robot_the_alert_and_the_rollout_in_a_browser() {
     let sink = Sink::start().await;
     let s = start_with(|c| {
@@ -820,10 +820,10 @@ fn csrf_of(html: &str) -> String {
         .to_string()
 }
 
+each_backend!(roles_refresh_secure_cookie_and_origins);
 /// Roles (a viewer reads, gets no pause button and 403 on the form; a member pauses), a
 /// refresh that keeps every open form valid, the `Secure` cookie behind a TLS proxy, and the
 /// origins a sign-in and the live tail's WebSocket accept.
-#[tokio::test]
 async fn roles_refresh_secure_cookie_and_origins() {
     let sink = Sink::start().await;
     let s = start_with(|c| {
@@ -1054,9 +1054,9 @@ async fn roles_refresh_secure_cookie_and_origins() {
     }
 }
 
+each_backend!(a_console_page_past_the_rate_limit_is_429_with_its_headers);
 /// A console page past the tier's limit is a 429 page carrying the same headers the API's
 /// 429 carries (the limit, none remaining, the reset and `Retry-After`).
-#[tokio::test]
 async fn a_console_page_past_the_rate_limit_is_429_with_its_headers() {
     let s = start_with(|c| {
         c.tiers.insert(
@@ -1097,10 +1097,10 @@ async fn a_console_page_past_the_rate_limit_is_429_with_its_headers() {
     );
 }
 
+each_backend!(signing_out_revokes_the_token_and_its_refreshes_everywhere);
 /// Signing out of the console ends the sign-in on the server: a copy of the cookie's token,
 /// and a token refreshed from it, are refused by the API and the console from then on; another
 /// sign-in of the same user goes on, and the API's own sign-out ends that one.
-#[tokio::test]
 async fn signing_out_revokes_the_token_and_its_refreshes_everywhere() {
     let s = start().await;
     let c = no_redirects();
@@ -1175,9 +1175,9 @@ async fn signing_out_revokes_the_token_and_its_refreshes_everywhere() {
     s.get("/api/v1/users/me", &token).await.assert_error(401);
 }
 
+each_backend!(a_member_retries_a_failed_device_from_the_rollout_page);
 /// A phase's failed device is listed on the rollout page with the words of its report and a
 /// Retry button for a member (none for a viewer); the button offers the package again.
-#[tokio::test]
 async fn a_member_retries_a_failed_device_from_the_rollout_page() {
     let s = start().await;
     let (d, tok) = device(&s, "r-bad", json!({"site": "x"})).await;

@@ -464,7 +464,7 @@ async fn seed_lines(c: &reqwest::Client, base: &str, fx: &Fixture, lines: u64) {
     }
 }
 
-#[tokio::test]
+each_backend!(kill_9_at_random_moments_loses_and_duplicates_nothing);
 async fn kill_9_at_random_moments_loses_and_duplicates_nothing() {
     let kills = env_n("CRASH_KILLS", 20);
     let mut seed = env_n(
@@ -828,7 +828,7 @@ async fn kill_9_at_random_moments_loses_and_duplicates_nothing() {
     // between a batch's 202 and sled's next flush (every 500 ms). On PostgreSQL a delivery
     // and its payload are committed before the 202, and there is no journal to replay.
     assert!(
-        kills < 5 || replayed > 0 || crate::ON_POSTGRES,
+        kills < 5 || replayed > 0 || crate::backend::on_postgres(),
         "no kill exercised the journal's replay"
     );
     drop(l);
@@ -900,10 +900,10 @@ fn ended(p: &mut crate::cli::Proc) -> bool {
     false
 }
 
+each_backend!(kill_9_at_each_seal_step_loses_and_duplicates_no_line);
 /// `kill -9` (an abort at a failpoint) after a seal's segment is written and before its
 /// transaction, and again right after the transaction: after a restart every acknowledged
 /// batch is there exactly once, the one in doubt whole or absent, every chunk readable.
-#[tokio::test]
 async fn kill_9_at_each_seal_step_loses_and_duplicates_no_line() {
     for point in ["seal:after-put", "seal:after-commit"] {
         let dir = sealing_dir();
@@ -963,9 +963,9 @@ async fn kill_9_at_each_seal_step_loses_and_duplicates_no_line() {
     }
 }
 
+each_backend!(kill_9_between_a_delete_and_its_segments_deletion_leaves_nothing);
 /// `kill -9` between a session's delete and the deletion of its segments: the restart
 /// answers 404 for it and the housekeeper deletes its segments from the to-delete list.
-#[tokio::test]
 async fn kill_9_between_a_delete_and_its_segments_deletion_leaves_nothing() {
     let dir = sealing_dir();
     let mut p = crate::cli::serve(dir.path(), &[("FLEETOPS_FAILPOINT", "delete:after-commit")]);

@@ -93,8 +93,8 @@ pub(crate) async fn fleet() -> Fleet {
     }
 }
 
+each_backend!(plan_lists_the_targets_and_every_blocker);
 /// Plan: the devices a body targets, or every reason it is blocked; nothing is created.
-#[tokio::test]
 async fn plan_lists_the_targets_and_every_blocker() {
     let Fleet {
         s,
@@ -156,9 +156,9 @@ async fn plan_lists_the_targets_and_every_blocker() {
     }
 }
 
+each_backend!(create_refuses_what_plan_reports);
 /// Create refuses what plan reports (409 naming which, 422 for bad input); image references
 /// and bare tags are composition tags.
-#[tokio::test]
 async fn create_refuses_what_plan_reports() {
     let Fleet {
         s,
@@ -239,9 +239,9 @@ async fn create_refuses_what_plan_reports() {
     assert_eq!(s.get(DEPS, s.key()).await.body["total"], 0);
 }
 
+each_backend!(drafts_are_created_patched_and_deleted);
 /// A package is created as a draft, with or without a configuration; drafts are patched
 /// (checked again) and deleted.
-#[tokio::test]
 async fn drafts_are_created_patched_and_deleted() {
     let Fleet {
         s,
@@ -304,9 +304,9 @@ async fn drafts_are_created_patched_and_deleted() {
         .assert_error(404);
 }
 
+each_backend!(transitions_rollout_results_references_and_lists);
 /// Only draft -> active -> deprecated; rollout results once active, per device; what a
 /// package refers to stays; sessions name it; lists by status.
-#[tokio::test]
 async fn transitions_rollout_results_references_and_lists() {
     let Fleet {
         s,
@@ -477,7 +477,7 @@ async fn transitions_rollout_results_references_and_lists() {
         .assert_error(422);
 }
 
-#[tokio::test]
+each_backend!(concurrent_activations_of_one_draft_succeed_once);
 async fn concurrent_activations_of_one_draft_succeed_once() {
     let s = start().await;
     let nav = capsule(&s, "nav", "1.0.0").await;
@@ -511,9 +511,9 @@ async fn concurrent_activations_of_one_draft_succeed_once() {
     assert_eq!(codes, vec![200, 409, 409, 409, 409, 409, 409, 409]);
 }
 
+each_backend!(roles_tenancy_and_order_of_checks);
 /// Roles and tenancy on the pipeline's routes: a viewer reads and plans but changes nothing;
 /// another project's records are 404; a missing record is 404 before its body is read.
-#[tokio::test]
 async fn roles_tenancy_and_order_of_checks() {
     let s = start().await;
     let nav = capsule(&s, "nav", "1.0.0").await;
@@ -613,10 +613,13 @@ async fn roles_tenancy_and_order_of_checks() {
         .assert_error(409);
 }
 
+each_backend!(
+    a_rollout_result_is_published_by_its_writer_even_when_the_caller_left,
+    threads = 2
+);
 /// A rollout result leaves the project's actor, not the request: a device whose connection
 /// drops after its report was applied, while it waits for the group commit, still has its
 /// result stored and published once; a refused report publishes nothing.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rollout_result_is_published_by_its_writer_even_when_the_caller_left() {
     // A slow group commit: a caller waits for it well after its write was applied.
     let s = start_with(|c| c.storage.commit_delay_us = 500_000).await;

@@ -6,7 +6,7 @@ use serde_json::json;
 
 use crate::common::*;
 
-#[tokio::test]
+each_backend!(device_crud_pagination_and_filters);
 async fn device_crud_pagination_and_filters() {
     let s = start().await;
     let k = s.key();
@@ -129,7 +129,7 @@ async fn device_crud_pagination_and_filters() {
         .assert_error(404);
 }
 
-#[tokio::test]
+each_backend!(another_projects_device_is_404);
 async fn another_projects_device_is_404() {
     let s = start().await;
     let k = s.key();
@@ -162,7 +162,7 @@ async fn another_projects_device_is_404() {
     assert_eq!(s.get(&format!("{DEV}/devices/{id}"), k).await.status, 200);
 }
 
-#[tokio::test]
+each_backend!(groups_crud_and_membership);
 async fn groups_crud_and_membership() {
     let s = start().await;
     let k = s.key();
@@ -246,7 +246,7 @@ async fn groups_crud_and_membership() {
     );
 }
 
-#[tokio::test]
+each_backend!(heartbeat_online_then_offline_and_device_tokens);
 async fn heartbeat_online_then_offline_and_device_tokens() {
     let s = start_with(|c| c.devices.offline_after_seconds = 60).await;
     let k = s.key();
@@ -335,7 +335,7 @@ async fn heartbeat_online_then_offline_and_device_tokens() {
         .assert_error(401);
 }
 
-#[tokio::test]
+each_backend!(organization_wide_device_list);
 async fn organization_wide_device_list() {
     let s = start().await;
     let k = s.key();
@@ -367,10 +367,10 @@ async fn organization_wide_device_list() {
     );
 }
 
+each_backend!(status_and_name_filters_page_with_exact_totals);
 /// Filtered pages come from the list indexes: status (from last-seen time) alone, with a
 /// name, across projects and past page 1, each with the exact total; the indexes agree with
 /// the records afterwards.
-#[tokio::test]
 async fn status_and_name_filters_page_with_exact_totals() {
     let s = start().await;
     let k = s.key();

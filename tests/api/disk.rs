@@ -9,7 +9,7 @@ use crate::sessions::{device, session};
 
 const FLOOR: u64 = u64::MAX / 2;
 
-#[tokio::test]
+each_backend!(below_the_disk_floor_writes_are_507_and_reads_exports_and_deletes_go_on);
 async fn below_the_disk_floor_writes_are_507_and_reads_exports_and_deletes_go_on() {
     let s = start().await;
     let (d, tok) = device(&s, "r1").await;
@@ -117,7 +117,7 @@ fn fill(path: &std::path::Path, mb: usize) {
     f.sync_all().unwrap();
 }
 
-#[tokio::test]
+each_backend!(a_disk_space_rule_fires_a_server_alert_when_free_space_falls_and_resolves_when_freed);
 async fn a_disk_space_rule_fires_a_server_alert_when_free_space_falls_and_resolves_when_freed() {
     let sink = crate::peers::Sink::start().await;
     let s = start_with(crate::evaluation::fast).await;
@@ -163,7 +163,7 @@ async fn a_disk_space_rule_fires_a_server_alert_when_free_space_falls_and_resolv
     assert_eq!(crate::evaluation::alerts(&s, "").await["total"], 1);
 }
 
-#[tokio::test]
+each_backend!(only_a_superuser_writes_a_disk_space_condition);
 async fn only_a_superuser_writes_a_disk_space_condition() {
     let s = start().await;
     let admin = s.member_key("admin").await;

@@ -17,7 +17,7 @@ async fn make_token(s: &Srv, body: serde_json::Value) -> (u64, String) {
     )
 }
 
-#[tokio::test]
+each_backend!(a_robot_enrolls_with_a_token_and_works_with_its_own_device_token);
 async fn a_robot_enrolls_with_a_token_and_works_with_its_own_device_token() {
     let s = start().await;
     let (_, token) = make_token(
@@ -60,7 +60,7 @@ async fn a_robot_enrolls_with_a_token_and_works_with_its_own_device_token() {
     assert!(r.body["items"][0].get("token").is_none(), "{}", r.body);
 }
 
-#[tokio::test]
+each_backend!(a_tokens_labels_are_fixed_and_a_robot_adds_labels_only_under_the_keys_it_allows);
 async fn a_tokens_labels_are_fixed_and_a_robot_adds_labels_only_under_the_keys_it_allows() {
     let s = start().await;
     let (_, token) = make_token(
@@ -139,7 +139,7 @@ async fn a_tokens_labels_are_fixed_and_a_robot_adds_labels_only_under_the_keys_i
     .assert_error(422);
 }
 
-#[tokio::test]
+each_backend!(an_enrollment_asked_again_with_its_id_answers_the_same_device_with_a_new_token);
 async fn an_enrollment_asked_again_with_its_id_answers_the_same_device_with_a_new_token() {
     let s = start().await;
     let (_, token) = make_token(&s, json!({"name": "one", "single_use": true})).await;
@@ -200,7 +200,7 @@ async fn an_enrollment_asked_again_with_its_id_answers_the_same_device_with_a_ne
     .assert_error(422);
 }
 
-#[tokio::test]
+each_backend!(a_single_use_token_enrolls_one_robot);
 async fn a_single_use_token_enrolls_one_robot() {
     let s = start().await;
     let (_, token) = make_token(&s, json!({"name": "one", "single_use": true})).await;
@@ -213,7 +213,7 @@ async fn a_single_use_token_enrolls_one_robot() {
     assert_eq!(r.body["items"], json!([]));
 }
 
-#[tokio::test]
+each_backend!(concurrent_enrollments_with_a_single_use_token_enroll_exactly_one_robot);
 async fn concurrent_enrollments_with_a_single_use_token_enroll_exactly_one_robot() {
     let s = start().await;
     let (_, token) = make_token(&s, json!({"name": "one", "single_use": true})).await;
@@ -241,7 +241,7 @@ async fn concurrent_enrollments_with_a_single_use_token_enroll_exactly_one_robot
     assert_eq!(r.body["total"], 1, "{}", r.body);
 }
 
-#[tokio::test]
+each_backend!(a_revoked_or_expired_token_enrolls_nothing);
 async fn a_revoked_or_expired_token_enrolls_nothing() {
     let s = start().await;
     let (id, revoked) = make_token(&s, json!({"name": "gone"})).await;
@@ -272,7 +272,7 @@ async fn a_revoked_or_expired_token_enrolls_nothing() {
     assert_eq!(r.body["total"], 1, "{}", r.body);
 }
 
-#[tokio::test]
+each_backend!(enrollment_attempts_count_against_the_addresss_sign_in_limit);
 async fn enrollment_attempts_count_against_the_addresss_sign_in_limit() {
     let s = start().await;
     let mut statuses = Vec::new();
@@ -287,7 +287,7 @@ async fn enrollment_attempts_count_against_the_addresss_sign_in_limit() {
     assert_eq!(&statuses[10..], &[429; 2]);
 }
 
-#[tokio::test]
+each_backend!(enrollment_tokens_are_for_admins_and_checked_as_they_are_made);
 async fn enrollment_tokens_are_for_admins_and_checked_as_they_are_made() {
     let s = start().await;
     let member = s.user("m@x.io").await;

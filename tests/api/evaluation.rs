@@ -104,7 +104,7 @@ fn events(reqs: &[Recorded]) -> Vec<String> {
         .collect()
 }
 
-#[tokio::test]
+each_backend!(device_status_offline_fires_once_and_resolves_on_the_next_heartbeat);
 async fn device_status_offline_fires_once_and_resolves_on_the_next_heartbeat() {
     let sink = Sink::start().await;
     let s = start_with(fast).await;
@@ -182,7 +182,7 @@ async fn wait_notified(s: &Srv, id: u64) -> Value {
     panic!("alert {id} was never notified: {last}");
 }
 
-#[tokio::test]
+each_backend!(metric_threshold_fires_after_holding_and_pairs_incident_trigger_and_resolve);
 async fn metric_threshold_fires_after_holding_and_pairs_incident_trigger_and_resolve() {
     let sink = Sink::start().await;
     let pd = sink.url("/v2/enqueue");
@@ -245,7 +245,7 @@ async fn metric_threshold_fires_after_holding_and_pairs_incident_trigger_and_res
     assert_eq!(alerts(&s, "").await["total"], 1);
 }
 
-#[tokio::test]
+each_backend!(log_pattern_counts_in_its_window_and_resolves_when_the_count_falls);
 async fn log_pattern_counts_in_its_window_and_resolves_when_the_count_falls() {
     let sink = Sink::start().await;
     let s = start_with(|c| {
@@ -352,9 +352,9 @@ impl RolloutRule {
     }
 }
 
+each_backend!(a_failed_rollout_reported_while_the_evaluator_restarts_still_fires);
 /// A rollout result that reaches the evaluator while it is down (restarting after a panic)
 /// is not lost: the restarted evaluator starts from the stored results, so the rule fires.
-#[tokio::test]
 async fn a_failed_rollout_reported_while_the_evaluator_restarts_still_fires() {
     let t = RolloutRule::start().await;
     t.restart_evaluator_slowly().await;
@@ -363,11 +363,11 @@ async fn a_failed_rollout_reported_while_the_evaluator_restarts_still_fires() {
     assert_eq!(l["items"][0]["device_id"], t.device, "{l}");
 }
 
+each_backend!(a_success_reported_while_the_evaluator_restarts_resolves_its_alert);
 /// The other half of reconciliation: a success reported while the evaluator restarts
 /// resolves the alert an earlier failure fired, even when the evaluator comes back past the
 /// 15 minutes in which a missed result may fire (its clock is moved on): it reads the
 /// latest result of each device it has firing, not only the project's recent results.
-#[tokio::test]
 async fn a_success_reported_while_the_evaluator_restarts_resolves_its_alert() {
     let t = RolloutRule::start().await;
     t.report("failed").await;
@@ -380,7 +380,7 @@ async fn a_success_reported_while_the_evaluator_restarts_resolves_its_alert() {
     assert_eq!(alerts(&t.s, "state=firing").await["total"], 0);
 }
 
-#[tokio::test]
+each_backend!(deployment_status_fires_on_a_failed_rollout_and_resolves_on_success);
 async fn deployment_status_fires_on_a_failed_rollout_and_resolves_on_success() {
     let sink = Sink::start().await;
     let s = start_with(fast).await;
@@ -445,7 +445,7 @@ async fn deployment_status_fires_on_a_failed_rollout_and_resolves_on_success() {
     assert_eq!(bt("failed").await["devices"], json!([]));
 }
 
-#[tokio::test]
+each_backend!(notifications_retry_5xx_and_429_with_backoff_and_stop_at_other_4xx);
 async fn notifications_retry_5xx_and_429_with_backoff_and_stop_at_other_4xx() {
     let sink = Sink::start().await;
     let s = start_with(|c| {
@@ -517,7 +517,7 @@ async fn notifications_retry_5xx_and_429_with_backoff_and_stop_at_other_4xx() {
     assert_eq!(s.metric("fleetops_alert_notifications_failed").await, 1.0);
 }
 
-#[tokio::test]
+each_backend!(a_restart_keeps_a_firing_alert_without_firing_it_again);
 async fn a_restart_keeps_a_firing_alert_without_firing_it_again() {
     let sink = Sink::start().await;
     let s = start_with(fast).await;
@@ -548,7 +548,7 @@ async fn a_restart_keeps_a_firing_alert_without_firing_it_again() {
     );
 }
 
-#[tokio::test]
+each_backend!(a_pending_notification_is_sent_after_a_restart);
 async fn a_pending_notification_is_sent_after_a_restart() {
     let sink = Sink::start().await;
     let s = start_with(|c| {
@@ -588,7 +588,7 @@ async fn a_pending_notification_is_sent_after_a_restart() {
     );
 }
 
-#[tokio::test]
+each_backend!(backtest_replays_stored_history_without_sending_anything);
 async fn backtest_replays_stored_history_without_sending_anything() {
     let sink = Sink::start().await;
     let s = start_with(|c| {
@@ -682,10 +682,10 @@ async fn backtest_replays_stored_history_without_sending_anything() {
     assert_eq!(sink.count(), 0);
 }
 
+each_backend!(alerts_resolve_when_devices_groups_or_rules_change);
 /// The states follow the fleet and the rules: a deleted device, a device that leaves the group
 /// a rule names, and a rule changed or disabled while firing all resolve (notified), and a
 /// rule enabled again judges devices by their current heartbeats.
-#[tokio::test]
 async fn alerts_resolve_when_devices_groups_or_rules_change() {
     let sink = Sink::start().await;
     let s = start_with(|c| {
@@ -797,9 +797,9 @@ async fn alerts_resolve_when_devices_groups_or_rules_change() {
     );
 }
 
+each_backend!(log_batches_over_the_budget_are_counted_not_queued);
 /// Past the byte budget for batches waiting on evaluators, a batch is not seen by the rules
 /// (the ingest itself still answers 202) and `/metrics` counts it.
-#[tokio::test]
 async fn log_batches_over_the_budget_are_counted_not_queued() {
     let sink = Sink::start().await;
     let s = start_with(|c| {
@@ -824,7 +824,7 @@ async fn log_batches_over_the_budget_are_counted_not_queued() {
     assert_eq!(s.metric("fleetops_alert_log_batches_dropped").await, 1.0);
 }
 
-#[tokio::test]
+each_backend!(device_status_online_fires_after_the_duration_and_resolves_when_offline);
 async fn device_status_online_fires_after_the_duration_and_resolves_when_offline() {
     let sink = Sink::start().await;
     let s = start_with(|c| {
@@ -862,10 +862,10 @@ async fn device_status_online_fires_after_the_duration_and_resolves_when_offline
     );
 }
 
+each_backend!(a_device_back_online_counts_the_duration_from_its_return);
 /// A device that went offline and comes back counts an online rule's duration from its
 /// return, also when a rule change makes the evaluator reread the devices just before the
 /// returning heartbeat (which then finds the device online already).
-#[tokio::test]
 async fn a_device_back_online_counts_the_duration_from_its_return() {
     let sink = Sink::start().await;
     let s = start_with(fast).await;
@@ -902,10 +902,10 @@ async fn a_device_back_online_counts_the_duration_from_its_return() {
     assert!(back.elapsed() >= Duration::from_millis(2900));
 }
 
+each_backend!(evaluator_and_notifier_panics_under_load_are_contained);
 /// A panic injected into the rule evaluator and into the notifier while heartbeats and log
 /// batches keep arriving: every request still succeeds, both actors restart (counted), and
 /// the restarted pair still fires an alert and delivers its notification.
-#[tokio::test]
 async fn evaluator_and_notifier_panics_under_load_are_contained() {
     let sink = Sink::start().await;
     let s = start_with(fast).await;
@@ -979,10 +979,10 @@ async fn evaluator_and_notifier_panics_under_load_are_contained() {
     assert_eq!(r.status, 200, "{}", r.body);
 }
 
+each_backend!(metric_history_is_pruned_after_its_retention);
 /// Heartbeat samples (what backtests replay) are kept `[alerts] history_days` (7): with the
 /// injectable clock, the housekeeper's pass drops a sample 8 days old and keeps one 5 days
 /// old.
-#[tokio::test]
 async fn metric_history_is_pruned_after_its_retention() {
     let s = start_with(fast).await;
     let rt = s.rt();
@@ -1010,10 +1010,10 @@ async fn metric_history_is_pruned_after_its_retention() {
     );
 }
 
+each_backend!(resolved_alerts_are_pruned_after_their_retention);
 /// Resolved alerts are kept `[alerts] retention_days` (90) after they resolved, then the
 /// housekeeper's pass deletes them with their notifications; a firing alert is kept however
 /// old (with the injectable clock).
-#[tokio::test]
 async fn resolved_alerts_are_pruned_after_their_retention() {
     let sink = Sink::start().await;
     let s = start_with(fast).await;
@@ -1095,10 +1095,10 @@ async fn device_logs_a_line(s: &Srv, name: &str, message: &str, beat: bool) -> u
     d
 }
 
+each_backend!(a_second_log_rule_fires_on_the_line_sent_right_after_it);
 /// A rule added to a project whose evaluator already runs is judged on the next line, not
 /// only after the evaluator's next tick (the slowest tick here makes the line come first
 /// almost always; the second device sends no heartbeat, so the line alone must reread).
-#[tokio::test]
 async fn a_second_log_rule_fires_on_the_line_sent_right_after_it() {
     let sink = Sink::start().await;
     let s = start_with(|c| {
@@ -1124,9 +1124,9 @@ async fn a_second_log_rule_fires_on_the_line_sent_right_after_it() {
     assert_eq!(l["items"][0]["state"], "firing");
 }
 
+each_backend!(log_rules_whose_set_cannot_compile_are_matched_one_by_one_and_say_so);
 /// When a project's log patterns cannot be compiled into one set, each rule is matched on
 /// its own: both still fire, and each says so in its `health`.
-#[tokio::test]
 async fn log_rules_whose_set_cannot_compile_are_matched_one_by_one_and_say_so() {
     let sink = Sink::start().await;
     let s = start_with(|c| {
@@ -1233,10 +1233,10 @@ async fn hot_devices(s: &Srv, org: &str, project: &str, sink: &Sink, n: usize) -
     Instant::now()
 }
 
+each_backend!(a_tarpit_tenant_holds_its_share_of_notification_slots_not_the_pool);
 /// One organization's projects whose targets hang (each attempt held for the whole request
 /// timeout) hold their shares of the notification slots, never the whole pool: another
 /// organization's alert is notified within the contract's 2 s.
-#[tokio::test]
 async fn a_tarpit_tenant_holds_its_share_of_notification_slots_not_the_pool() {
     let tarpit = Sink::start().await;
     tarpit.script(std::iter::repeat_n(Reply::Hang, 64));
@@ -1275,9 +1275,9 @@ async fn a_tarpit_tenant_holds_its_share_of_notification_slots_not_the_pool() {
     );
 }
 
+each_backend!(a_tarpit_project_holds_its_share_and_its_neighbour_is_notified);
 /// Within one organization, a project whose targets hang holds its own share: the
 /// organization's other project is notified at once.
-#[tokio::test]
 async fn a_tarpit_project_holds_its_share_and_its_neighbour_is_notified() {
     let tarpit = Sink::start().await;
     tarpit.script(std::iter::repeat_n(Reply::Hang, 64));
@@ -1304,8 +1304,8 @@ async fn a_tarpit_project_holds_its_share_and_its_neighbour_is_notified() {
     );
 }
 
+each_backend!(rules_past_the_project_cap_and_integrations_past_the_rule_cap_are_refused);
 /// Rules per project and integrations per rule are capped (422 with the envelope).
-#[tokio::test]
 async fn rules_past_the_project_cap_and_integrations_past_the_rule_cap_are_refused() {
     let sink = Sink::start().await;
     let s = start_with(|c| {
@@ -1357,9 +1357,9 @@ async fn rules_past_the_project_cap_and_integrations_past_the_rule_cap_are_refus
     );
 }
 
+each_backend!(a_rule_over_a_lowered_cap_can_still_be_changed_not_grown);
 /// A rule written under a higher `max_integrations_per_rule` can still be changed after the
 /// cap is lowered (disabled, renamed), but not grown.
-#[tokio::test]
 async fn a_rule_over_a_lowered_cap_can_still_be_changed_not_grown() {
     let sink = Sink::start().await;
     let s = start_with(fast).await;

@@ -43,10 +43,10 @@ fn last_decision(r: &Value) -> Value {
     r["decisions"].as_array().unwrap().last().unwrap().clone()
 }
 
+each_backend!(the_last_phase_waits_for_its_robots_and_pauses_on_their_failure);
 /// The scenario a new user tried: a canary of one, then the rest. The last phase does not
 /// pass while two of its robots have said nothing, and when one of them fails (after the
 /// canary's wait is long over) the rollout pauses.
-#[tokio::test]
 async fn the_last_phase_waits_for_its_robots_and_pauses_on_their_failure() {
     let s = start_with(quick).await;
     let cap = capsule(&s, "nav", "1.0.0").await;
@@ -100,9 +100,9 @@ async fn the_last_phase_waits_for_its_robots_and_pauses_on_their_failure() {
     assert_eq!(r["phases"][1]["status"], "paused");
 }
 
+each_backend!(robots_that_do_not_report_in_time_fail_the_phase_by_name);
 /// Robots that report nothing within the phase's `report_timeout_seconds` fail its gate; the
 /// reason counts and names them, the offline one said so.
-#[tokio::test]
 async fn robots_that_do_not_report_in_time_fail_the_phase_by_name() {
     let s = start_with(|c| {
         quick(c);
@@ -143,10 +143,10 @@ async fn robots_that_do_not_report_in_time_fail_the_phase_by_name() {
     assert_eq!(actions(&r), ["started", "paused", "resumed", "paused"]);
 }
 
+each_backend!(a_failure_after_the_rollout_completed_is_recorded_and_notified);
 /// A failure reported after the rollout completed is judged against its phase: recorded as a
 /// `late_failure` decision and notified to the gate rules' integrations; the rollout stays
 /// completed.
-#[tokio::test]
 async fn a_failure_after_the_rollout_completed_is_recorded_and_notified() {
     let sink = Sink::start().await;
     let s = start_with(|c| {
@@ -255,10 +255,10 @@ fn etag_of(r: &reqwest::Response) -> String {
         .to_string()
 }
 
+each_backend!(a_failed_robot_retried_is_offered_the_package_again);
 /// A member retries a robot that failed: the package is offered to it again under another
 /// ETag, its failure no longer counts, and once it succeeds the paused rollout goes on after
 /// a resume. Only a failed device of an active package can be retried; a viewer cannot.
-#[tokio::test]
 async fn a_failed_robot_retried_is_offered_the_package_again() {
     let s = start_with(quick).await;
     let cap = capsule(&s, "nav", "1.0.0").await;
@@ -361,9 +361,9 @@ async fn a_failed_robot_retried_is_offered_the_package_again() {
     assert_eq!(r["phases"][0]["counts"]["succeeded"], 1);
 }
 
+each_backend!(a_robot_of_a_rolled_back_rollout_cannot_be_retried);
 /// A robot that failed a rollout which then rolled back is not offered the package again:
 /// the retry is 409 and names the rollout's state.
-#[tokio::test]
 async fn a_robot_of_a_rolled_back_rollout_cannot_be_retried() {
     let s = start_with(quick).await;
     let cap = capsule(&s, "nav", "1.0.0").await;
@@ -396,9 +396,9 @@ async fn a_robot_of_a_rolled_back_rollout_cannot_be_retried() {
     assert!(d.contains("rolled_back"), "{d}");
 }
 
+each_backend!(a_robots_rollback_is_shown_in_its_history_and_the_rollout);
 /// A robot reports its rollback hook's outcome after a failure: the device's history and the
 /// rollout view show it; the service's own `retrying` cannot be reported.
-#[tokio::test]
 async fn a_robots_rollback_is_shown_in_its_history_and_the_rollout() {
     let s = start_with(quick).await;
     let cap = capsule(&s, "nav", "1.0.0").await;

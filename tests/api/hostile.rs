@@ -33,7 +33,7 @@ async fn closed_within(c: &mut TcpStream, limit: Duration) -> bool {
     }
 }
 
-#[tokio::test]
+each_backend!(slowloris_connections_are_closed_while_normal_requests_go_on);
 async fn slowloris_connections_are_closed_while_normal_requests_go_on() {
     let s = start_with(|c| c.http.header_read_timeout_seconds = 1).await;
     let mut slow = Vec::new();
@@ -77,7 +77,7 @@ async fn slowloris_connections_are_closed_while_normal_requests_go_on() {
     assert!(s.metric("fleetops_http_header_timeouts").await >= 200.0);
 }
 
-#[tokio::test]
+each_backend!(a_body_that_stalls_is_cut_with_408);
 async fn a_body_that_stalls_is_cut_with_408() {
     let s = start_with(|c| c.http.body_timeout_seconds = 1).await;
     let mut c = TcpStream::connect(addr(&s)).await.unwrap();
@@ -99,7 +99,7 @@ async fn a_body_that_stalls_is_cut_with_408() {
     assert_eq!(r.body["total"], 0, "{}", r.body);
 }
 
-#[tokio::test]
+each_backend!(buffered_bodies_share_one_budget);
 async fn buffered_bodies_share_one_budget() {
     let s = start_with(|c| {
         c.http.body_budget_bytes = 1024 * 1024;
@@ -175,7 +175,7 @@ async fn buffered_bodies_share_one_budget() {
     assert_eq!(r.status(), 401);
 }
 
-#[tokio::test]
+each_backend!(past_the_connection_ceiling_new_connections_wait);
 async fn past_the_connection_ceiling_new_connections_wait() {
     let s = start_with(|c| {
         c.http.max_connections = 1;
@@ -205,7 +205,7 @@ async fn past_the_connection_ceiling_new_connections_wait() {
     assert!(s.metric("fleetops_http_connection_limit_waits").await >= 1.0);
 }
 
-#[tokio::test]
+each_backend!(one_address_holds_a_bounded_share_of_the_unauthenticated_routes);
 async fn one_address_holds_a_bounded_share_of_the_unauthenticated_routes() {
     let s = start_with(|c| {
         c.http.max_unauthenticated_per_address = 2;
@@ -240,9 +240,9 @@ async fn one_address_holds_a_bounded_share_of_the_unauthenticated_routes() {
     assert!(s.metric("fleetops_http_per_address_refusals").await >= 1.0);
 }
 
+each_backend!(silent_and_partial_preface_connections_are_closed);
 /// A client that sends nothing, or only part of the HTTP/2 preface, is closed after the
 /// header timeout too (hyper-util reads the opening bytes before hyper's timer starts).
-#[tokio::test]
 async fn silent_and_partial_preface_connections_are_closed() {
     let s = start_with(|c| {
         c.http.header_read_timeout_seconds = 1;
@@ -275,10 +275,10 @@ async fn h2_frame(c: &mut TcpStream) -> Option<(u8, u8, Vec<u8>)> {
     Some((head[3], head[4], payload))
 }
 
+each_backend!(connections_with_nothing_in_flight_close_after_the_idle_limit);
 /// An HTTP/2 client that answers every ping but sends no request is closed by the idle
 /// limit (GOAWAY, then the socket), as is an idle HTTP/1 keep-alive connection; neither
 /// counts as a header or ping timeout.
-#[tokio::test]
 async fn connections_with_nothing_in_flight_close_after_the_idle_limit() {
     let s = start_with(|c| {
         c.http.header_read_timeout_seconds = 1;
@@ -332,10 +332,10 @@ async fn connections_with_nothing_in_flight_close_after_the_idle_limit() {
     assert_eq!(s.metric("fleetops_http_keepalive_timeouts").await, 0.0);
 }
 
+each_backend!(large_bodies_are_read_a_few_at_a_time);
 /// Large buffered bodies are read `max_large_bodies` at a time: with a limit of one, a second
 /// 2 MB delivery waits (reading nothing) while a stalled one holds the reader, and is read and
 /// judged once the stalled one is cut by its deadline; small requests never wait.
-#[tokio::test]
 async fn large_bodies_are_read_a_few_at_a_time() {
     let s = start_with(|c| {
         c.http.body_timeout_seconds = 3;
@@ -382,9 +382,9 @@ async fn large_bodies_are_read_a_few_at_a_time() {
     );
 }
 
+each_backend!(a_large_body_that_waits_too_long_for_a_reader_gets_503);
 /// A large body that finds every reader held for 5 s is turned away with 503 and
 /// `Retry-After` (the host retries), not left to run into its deadline.
-#[tokio::test]
 async fn a_large_body_that_waits_too_long_for_a_reader_gets_503() {
     let s = start_with(|c| {
         c.http.body_timeout_seconds = 30;
@@ -420,10 +420,10 @@ async fn a_large_body_that_waits_too_long_for_a_reader_gets_503() {
     drop(stalled);
 }
 
+each_backend!(unauthenticated_large_bodies_are_read_at_their_pace);
 /// Large bodies on the webhook intake are read at `unauthenticated_body_bytes_per_second`
 /// (here 1 MiB/s): a correctly signed 3 MiB delivery is still accepted, after about two
 /// seconds; an authenticated 3 MiB log batch is not paced.
-#[tokio::test]
 async fn unauthenticated_large_bodies_are_read_at_their_pace() {
     let s = start_with(|c| {
         c.http.unauthenticated_body_bytes_per_second = 1 << 20;
@@ -468,13 +468,13 @@ async fn unauthenticated_large_bodies_are_read_at_their_pace() {
     );
 }
 
+each_backend!(a_flood_of_large_unsigned_deliveries_gets_401_or_503);
 /// 64 concurrent unsigned 25 MiB deliveries on the shipped limits: every answer is 401 (read
 /// at the pace, signature refused) or 503 with `Retry-After` (no reader within 5 s), never a
 /// 408 or a 5xx of another kind; at least the eight readers' bodies are read whole and
 /// counted in the budget; normal requests are served meanwhile. (A sender still writing when
 /// its 503 comes may see the connection reset instead, as with any server that answers
 /// before reading a body; resident memory under the flood: `cargo bench --bench hostile`.)
-#[tokio::test]
 async fn a_flood_of_large_unsigned_deliveries_gets_401_or_503() {
     let s = start_with(|c| c.scm.webhook_secret = crate::webhooks::SECRET.into()).await;
     let body = bytes::Bytes::from(vec![b' '; 25 << 20]);
@@ -548,9 +548,9 @@ async fn held_connection(s: &Srv, from: &str) -> Option<TcpStream> {
     }
 }
 
+each_backend!(one_address_holds_at_most_its_share_of_connections);
 /// One client holds at most `max_connections_per_address` connections: the next is closed at
 /// once, while another address is served.
-#[tokio::test]
 async fn one_address_holds_at_most_its_share_of_connections() {
     let s = start_with(|c| c.http.max_connections_per_address = 4).await;
     let mut held = Vec::new();
@@ -640,9 +640,9 @@ async fn status_of(c: &mut TcpStream, within: Duration) -> Option<String> {
     text.lines().next().map(str::to_string)
 }
 
+each_backend!(an_upload_slower_than_the_minimum_rate_is_ended_with_408);
 /// A streamed upload that trickles (a byte at a time, well below the minimum rate) is ended
 /// with 408, however long it keeps each pause under the body deadline.
-#[tokio::test]
 async fn an_upload_slower_than_the_minimum_rate_is_ended_with_408() {
     let s = start_with(|c| {
         c.http.body_timeout_seconds = 1;
@@ -683,9 +683,9 @@ async fn an_upload_slower_than_the_minimum_rate_is_ended_with_408() {
     );
 }
 
+each_backend!(streamed_uploads_are_counted_in_the_body_budget);
 /// A streamed upload holds its writer's buffer in the body budget while it runs: past the
 /// budget the next is 503 with `Retry-After`, and once the first ends there is room again.
-#[tokio::test]
 async fn streamed_uploads_are_counted_in_the_body_budget() {
     // Room for one chunked upload's buffer (3 MiB on the local backend), not two.
     let s = start_with(|c| c.http.body_budget_bytes = 5 << 20).await;
@@ -718,10 +718,10 @@ async fn chunked_upload(s: &Srv, sid: u64, tok: &str, name: &str) -> String {
     status_of(&mut c, Duration::from_secs(5)).await.unwrap()
 }
 
+each_backend!(streamed_uploads_hold_at_most_half_the_body_budget);
 /// Streamed uploads hold at most half of the body budget together, so slow uploads never
 /// take what buffered bodies (heartbeats, log batches) need: with room in the budget for two
 /// uploads' buffers but not in its half, the second is 503 while a log batch goes through.
-#[tokio::test]
 async fn streamed_uploads_hold_at_most_half_the_body_budget() {
     // 8 MiB: two 3 MiB buffers fit in the budget, one in its half.
     let s = start_with(|c| c.http.body_budget_bytes = 8 << 20).await;
@@ -745,10 +745,10 @@ async fn streamed_uploads_hold_at_most_half_the_body_budget() {
     assert!(line.contains("201"), "{line}");
 }
 
+each_backend!(one_organizations_uploads_hold_only_its_share);
 /// One organization's uploads hold at most its share of the upload places
 /// (`max_streamed_uploads_per_org`): its next upload is 503 while another organization's goes
 /// through.
-#[tokio::test]
 async fn one_organizations_uploads_hold_only_its_share() {
     let s = start_with(|c| {
         c.http.max_streamed_uploads = 3;

@@ -75,7 +75,7 @@ async fn send_lines(s: &Srv, sid: u64, cred: &str, lines: &[(&str, &str, &str)])
     assert_eq!(r.status, 202, "{}", r.body);
 }
 
-#[tokio::test]
+every_log_store!(refusals_happen_before_the_upgrade);
 async fn refusals_happen_before_the_upgrade() {
     let s = start().await;
     let (d, tok) = device(&s, "r").await;
@@ -148,7 +148,7 @@ async fn raw_handshake(s: &Srv, sid: u64, headers: &[(&str, &str)]) -> (u16, Str
     (status, head.to_ascii_lowercase())
 }
 
-#[tokio::test]
+every_log_store!(handshake_follows_rfc_6455);
 async fn handshake_follows_rfc_6455() {
     let s = start().await;
     let (d, tok) = device(&s, "r").await;
@@ -201,7 +201,7 @@ async fn handshake_follows_rfc_6455() {
     );
 }
 
-#[tokio::test]
+every_log_store!(replay_live_order_filters_and_session_ended);
 async fn replay_live_order_filters_and_session_ended() {
     let s = start().await;
     let (d, tok) = device(&s, "r").await;
@@ -284,7 +284,7 @@ async fn replay_live_order_filters_and_session_ended() {
     expect_close_1000(&mut late).await;
 }
 
-#[tokio::test]
+every_log_store!(a_stalled_subscriber_gets_lagged_and_slows_nobody);
 async fn a_stalled_subscriber_gets_lagged_and_slows_nobody() {
     let s = start_with(|c| c.sessions.subscriber_queue = 2).await;
     let (d, tok) = device(&s, "r").await;
@@ -338,7 +338,10 @@ async fn a_stalled_subscriber_gets_lagged_and_slows_nobody() {
     let _ = stalled.send(Message::Close(None)).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+every_log_store!(
+    subscribers_resume_after_the_session_actor_restarts,
+    threads = 2
+);
 async fn subscribers_resume_after_the_session_actor_restarts() {
     let s = start().await;
     let (d, tok) = device(&s, "r").await;
@@ -366,9 +369,9 @@ async fn subscribers_resume_after_the_session_actor_restarts() {
     assert_eq!(next_json(&mut ws).await["message"], "after-3");
 }
 
+every_log_store!(a_stalled_subscriber_is_bounded_in_bytes);
 /// The live queue is bounded in bytes too: with room for 256 batches but only 1 MiB, a
 /// subscriber that reads nothing is skipped ahead, and `/metrics` counts the skipped batches.
-#[tokio::test]
 async fn a_stalled_subscriber_is_bounded_in_bytes() {
     let s = start_with(|c| {
         c.sessions.subscriber_queue = 256;
@@ -429,8 +432,8 @@ async fn a_stalled_subscriber_is_bounded_in_bytes() {
     );
 }
 
+every_log_store!(an_oversized_incoming_message_closes_the_socket);
 /// Subscribers send nothing large: a 100 KB message ends the conversation.
-#[tokio::test]
 async fn an_oversized_incoming_message_closes_the_socket() {
     let s = start().await;
     let (d, tok) = device(&s, "r").await;
@@ -453,9 +456,9 @@ async fn an_oversized_incoming_message_closes_the_socket() {
     assert_eq!(end, Ok(true));
 }
 
+every_log_store!(websockets_count_against_the_connection_ceiling);
 /// A WebSocket keeps its connection's place under `[http] max_connections`: with a ceiling of
 /// 2 and two subscribers open, a third client waits until one leaves.
-#[tokio::test]
 async fn websockets_count_against_the_connection_ceiling() {
     let s = start_with(|c| {
         c.http.max_connections = 2;

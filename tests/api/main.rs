@@ -1,15 +1,12 @@
 //! Integration tests: the real server, in-process on 127.0.0.1:0 with its own temporary data
 //! directory (or the built binary where the process itself is under test), spoken to over
-//! HTTP with a real client.
+//! HTTP with a real client. Each test runs on the embedded store and on PostgreSQL, the
+//! sessions' and live streams' also on servers that seal every batch ([`backend`]).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-/// Read by `common::test_config`: the `sealed` suite runs with every log batch sealed at once.
-pub const SEAL_EVERY_BATCH: bool = false;
-/// Read by `common::test_config`: the `sealed_s3` suite keeps blobs in an S3-compatible server.
-pub const BLOBS_ON_S3: bool = false;
-/// Read by `common::test_config`: the `postgres` suite keeps records in PostgreSQL.
-pub const ON_POSTGRES: bool = false;
+#[macro_use]
+mod backend;
 
 mod accounts;
 mod alerts;
@@ -32,7 +29,9 @@ mod live;
 mod migrate;
 mod offboarding;
 mod ops;
+mod outage;
 mod peers;
+mod races;
 mod rate_limits;
 mod retention;
 mod rollouts;

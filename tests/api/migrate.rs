@@ -71,7 +71,7 @@ fn start_fails(dir: &std::path::Path, url: Option<&str>) -> (bool, String) {
     )
 }
 
-#[tokio::test]
+sled_only!(a_migrated_store_answers_the_same_from_postgres_and_its_ids_go_on);
 async fn a_migrated_store_answers_the_same_from_postgres_and_its_ids_go_on() {
     let dir = tempfile::tempdir().unwrap();
     let url = crate::common::postgres::database_for(&dir.path().join("pg"));

@@ -99,9 +99,9 @@ fn project_id(s: &Srv) -> u64 {
     rt.store.project_by_slug(org.id, "p").unwrap().unwrap().id
 }
 
+each_backend!(members_read_an_organization_admins_rename_it_and_a_superuser_sets_its_tier);
 /// Every member reads the organization; an admin renames it; only a superuser changes its tier,
 /// to one the configuration defines; outsiders get 403.
-#[tokio::test]
 async fn members_read_an_organization_admins_rename_it_and_a_superuser_sets_its_tier() {
     let s = start().await;
     let d = doomed(&s).await;
@@ -156,9 +156,9 @@ async fn members_read_an_organization_admins_rename_it_and_a_superuser_sets_its_
     assert_eq!(s.get(ORG, &d.viewer).await.body["tier"], "team");
 }
 
+each_backend!(an_owner_deletes_an_organization_and_its_slug_is_free_at_once);
 /// Only an owner (or a superuser) deletes; once it answers 204 the organization is gone from
 /// every lookup and its slug is free for a new, empty organization.
-#[tokio::test]
 async fn an_owner_deletes_an_organization_and_its_slug_is_free_at_once() {
     let s = start().await;
     let d = doomed(&s).await;
@@ -215,12 +215,12 @@ fn files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
 /// API keys and sign-outs.
 const KEPT_FAMILIES: &[&str] = &["u", "ix-email", "k", "ix-khash", "uk", "so"];
 
+each_backend!(a_deleted_organizations_data_is_purged_and_no_other_is_touched);
 /// Deleting an organization purges every record and blob of its projects (sessions with logs
 /// and files, devices with metrics and history, capsules, a deployment with device results,
 /// a repository link, an integration, a rule and a firing alert with owed notifications),
 /// refuses its device tokens at once, and leaves the default organization's data as it was:
 /// no key of it is left in the store.
-#[tokio::test]
 async fn a_deleted_organizations_data_is_purged_and_no_other_is_touched() {
     let s = start_with(|c| c.alerts.allow_private_targets = true).await;
     // The default organization's device, session, log lines and file: kept.
@@ -433,10 +433,10 @@ async fn a_deleted_organizations_data_is_purged_and_no_other_is_touched() {
     assert_eq!(s.metric("fleetops_orgs_being_deleted").await, 0.0);
 }
 
+each_backend!(each_purge_step_removes_at_most_its_budget);
 /// A purge step removes at most its budget of records, however long a session's log is, and
 /// repeated steps finish with nothing left and the lists consistent (checked as the server
 /// stops).
-#[tokio::test]
 async fn each_purge_step_removes_at_most_its_budget() {
     let s = start().await;
     let d = doomed(&s).await;
@@ -470,10 +470,10 @@ async fn each_purge_step_removes_at_most_its_budget() {
     assert!(!store.org_being_deleted(org.id).unwrap());
 }
 
+each_backend!(a_write_already_past_the_lookup_is_refused_once_the_organization_is_deleted);
 /// Once an organization is deleted, a write that got past its lookup before (a heartbeat
 /// queued behind a busy project actor, a log batch, a heartbeat) is refused by the actor it
 /// reaches: nothing is written into a project being purged.
-#[tokio::test]
 async fn a_write_already_past_the_lookup_is_refused_once_the_organization_is_deleted() {
     let s = start().await;
     let d = doomed(&s).await;

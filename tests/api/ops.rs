@@ -4,7 +4,7 @@ use reqwest::Method;
 
 use crate::common::*;
 
-#[tokio::test]
+each_backend!(healthz_metrics_openapi);
 async fn healthz_metrics_openapi() {
     let s = start().await;
     let r = s.send(Method::GET, "/healthz", None, None).await;
@@ -162,23 +162,18 @@ async fn healthz_metrics_openapi() {
     );
 }
 
-/// The served document passes `openapi-spec-validator` (`pip install openapi-spec-validator`,
-/// which `.ci/run` installs). Without the module the test is skipped locally and fails in CI
-/// (`CI` set).
-#[tokio::test]
+each_backend!(openapi_document_is_valid);
+/// The served document passes `openapi-spec-validator` (of `tests/requirements.txt`, which
+/// `scripts/test` installs; the test fails without it).
 async fn openapi_document_is_valid() {
-    let have = std::process::Command::new("python3")
+    let have = std::process::Command::new(fleetops_testkit::python::python())
         .args(["-c", "import openapi_spec_validator"])
         .output()
         .is_ok_and(|o| o.status.success());
-    if !have {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "CI needs python3 with openapi-spec-validator: pip install openapi-spec-validator"
-        );
-        eprintln!("skipped: python3 -m pip install openapi-spec-validator to run it");
-        return;
-    }
+    assert!(
+        have,
+        "python with openapi-spec-validator is needed (scripts/test installs it)"
+    );
     let s = start().await;
     let text = s
         .http
@@ -192,7 +187,7 @@ async fn openapi_document_is_valid() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("openapi.json");
     std::fs::write(&file, &text).unwrap();
-    let out = std::process::Command::new("python3")
+    let out = std::process::Command::new(fleetops_testkit::python::python())
         .args(["-m", "openapi_spec_validator"])
         .arg(&file)
         .output()
@@ -205,7 +200,7 @@ async fn openapi_document_is_valid() {
     );
 }
 
-#[tokio::test]
+each_backend!(metrics_token_when_configured);
 async fn metrics_token_when_configured() {
     let s = start_with(|c| c.http.metrics_token = "scrape-me".into()).await;
     let r = s.send(Method::GET, "/metrics", None, None).await;
@@ -216,7 +211,7 @@ async fn metrics_token_when_configured() {
     assert_eq!(r.status, 200);
 }
 
-#[tokio::test]
+each_backend!(metrics_prometheus_text_unless_openmetrics_is_asked_for);
 async fn metrics_prometheus_text_unless_openmetrics_is_asked_for() {
     let s = start().await;
     s.get(&format!("{DEV}/devices"), s.key()).await;
@@ -256,8 +251,8 @@ async fn metrics_prometheus_text_unless_openmetrics_is_asked_for() {
     assert!(text.ends_with("# EOF\n"), "{text}");
 }
 
+each_backend!(metrics_count_ingested_lines_flushes_and_the_webhook_backlog);
 /// The ingest rate, the group-commit fsyncs and the webhook backlog are on /metrics.
-#[tokio::test]
 async fn metrics_count_ingested_lines_flushes_and_the_webhook_backlog() {
     let s = start().await;
     let (d, tok) = crate::sessions::device(&s, "r1").await;
@@ -290,10 +285,10 @@ async fn metrics_count_ingested_lines_flushes_and_the_webhook_backlog() {
     );
 }
 
+each_backend!(backup_endpoint_refuses_missing_credentials_and_bad_bodies);
 /// `POST /api/v1/admin/backup`: 401 without a credential, 400 for a body that is not JSON,
 /// 422 for one without `to` (the superuser's 201, 403 and the destination's 422 are tested
 /// through the binary in `cli.rs`).
-#[tokio::test]
 async fn backup_endpoint_refuses_missing_credentials_and_bad_bodies() {
     let s = start().await;
     let url = "/api/v1/admin/backup";
@@ -318,11 +313,11 @@ async fn backup_endpoint_refuses_missing_credentials_and_bad_bodies() {
         .assert_error(422);
 }
 
+each_backend!(a_generated_python_client_runs_a_short_flow);
 /// The served document generates a client with openapi-python-client (the generator most
 /// Python users reach for; installed by README's test command), and that client signs in,
 /// registers a device, sends a heartbeat and a log batch, queries it and creates an
 /// integration: no boolean schemas, and the integration union has a discriminator on `type`.
-#[tokio::test]
 async fn a_generated_python_client_runs_a_short_flow() {
     let s = start().await;
     let work = tempfile::tempdir().unwrap();
@@ -336,7 +331,7 @@ async fn a_generated_python_client_runs_a_short_flow() {
         .await
         .unwrap();
     std::fs::write(work.path().join("openapi.json"), &doc).unwrap();
-    let out = tokio::process::Command::new("openapi-python-client")
+    let out = tokio::process::Command::new(fleetops_testkit::python::tool("openapi-python-client"))
         .args([
             "generate",
             "--path",
@@ -361,7 +356,7 @@ async fn a_generated_python_client_runs_a_short_flow() {
         env!("CARGO_MANIFEST_DIR"),
         "/tests/peers/openapi_client_flow.py"
     );
-    let out = tokio::process::Command::new("python3")
+    let out = tokio::process::Command::new(fleetops_testkit::python::python())
         .arg(flow)
         .env("PYTHONPATH", work.path().join("client"))
         .env("FLEETOPS", &s.base)

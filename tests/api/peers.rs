@@ -163,7 +163,7 @@ pub struct Smtp {
 impl Smtp {
     pub async fn start() -> Smtp {
         let script = format!("{}/tests/peers/smtp_sink.py", env!("CARGO_MANIFEST_DIR"));
-        let mut child = tokio::process::Command::new("python3")
+        let mut child = tokio::process::Command::new(fleetops_testkit::python::python())
             .arg(script)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -211,7 +211,7 @@ pub fn verify_standard_webhook(secret: &str, r: &Recorded) {
         "headers": headers,
         "body": String::from_utf8(r.body.clone()).unwrap(),
     });
-    let mut child = std::process::Command::new("python3")
+    let mut child = std::process::Command::new(fleetops_testkit::python::python())
         .arg(format!(
             "{}/tests/peers/verify_standard_webhook.py",
             env!("CARGO_MANIFEST_DIR")

@@ -6,7 +6,7 @@ use serde_json::json;
 
 use crate::common::*;
 
-#[tokio::test]
+each_backend!(headers_count_down_then_429_with_retry_after);
 async fn headers_count_down_then_429_with_retry_after() {
     let s = start_with(|c| {
         c.tiers.insert(
@@ -60,7 +60,7 @@ async fn headers_count_down_then_429_with_retry_after() {
     assert!(r.header("x-ratelimit-limit").is_none());
 }
 
-#[tokio::test]
+each_backend!(tier_of_the_organization_in_the_path_applies);
 async fn tier_of_the_organization_in_the_path_applies() {
     let s = start_with(|c| {
         c.tiers.insert(
@@ -94,7 +94,7 @@ async fn tier_of_the_organization_in_the_path_applies() {
     assert_eq!(r.header("x-ratelimit-limit"), Some("2"));
 }
 
-#[tokio::test]
+each_backend!(login_is_limited_per_address);
 async fn login_is_limited_per_address() {
     let s = start_with(|c| c.http.login_per_minute = 3).await;
     for _ in 0..3 {
@@ -135,9 +135,9 @@ async fn login_from(s: &Srv, xff: &str, email: &str) -> u16 {
     r.status.as_u16()
 }
 
+each_backend!(login_is_limited_per_account_whatever_the_address);
 /// Guessing one account's password from many addresses is limited per account too, and
 /// unknown accounts alike (a 429 says nothing about whether the account exists).
-#[tokio::test]
 async fn login_is_limited_per_account_whatever_the_address() {
     let s = start_with(|c| {
         c.http.trusted_proxies = vec!["127.0.0.1".parse().unwrap()];
@@ -161,8 +161,8 @@ async fn login_is_limited_per_account_whatever_the_address() {
     );
 }
 
+each_backend!(ipv6_clients_are_counted_by_their_64);
 /// An IPv6 client is counted by its /64: rotating through it does not make a new client.
-#[tokio::test]
 async fn ipv6_clients_are_counted_by_their_64() {
     let s = start_with(|c| {
         c.http.trusted_proxies = vec!["127.0.0.1".parse().unwrap()];

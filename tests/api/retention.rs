@@ -48,7 +48,7 @@ async fn exists(s: &Srv, sid: u64) -> bool {
         == 200
 }
 
-#[tokio::test]
+each_backend!(a_projects_retention_is_read_and_set_by_its_admins);
 async fn a_projects_retention_is_read_and_set_by_its_admins() {
     let s = start_with(|c| c.logs.retention_days = 30).await;
     let url = format!("{DEV}/log-retention");
@@ -82,7 +82,7 @@ async fn a_projects_retention_is_read_and_set_by_its_admins() {
     assert_eq!(r.body["effective_retention_days"], 30);
 }
 
-#[tokio::test]
+each_backend!(ended_sessions_past_retention_are_deleted_with_their_logs_and_files);
 async fn ended_sessions_past_retention_are_deleted_with_their_logs_and_files() {
     let s = start_with(|c| c.supervision.housekeeping_seconds = 1).await;
     let r = s
@@ -136,7 +136,7 @@ async fn ended_sessions_past_retention_are_deleted_with_their_logs_and_files() {
     );
 }
 
-#[tokio::test]
+each_backend!(the_servers_default_applies_until_a_project_keeps_its_sessions_for_good);
 async fn the_servers_default_applies_until_a_project_keeps_its_sessions_for_good() {
     let s = start_with(|c| {
         c.supervision.housekeeping_seconds = 1;

@@ -176,10 +176,10 @@ pub(crate) fn quick(c: &mut fleetops::config::Config) {
     c.pipeline.rollout_tick_ms = 50;
 }
 
+each_backend!(a_resume_racing_the_paused_controllers_stop_is_not_lost);
 /// A resume whose nudge reaches the controller while it stops (it had found its rollout
 /// paused) is not lost: the rollout goes on at once, not at the housekeeper's next pass (60 s
 /// by default). The controller is held just before it leaves while the member resumes.
-#[tokio::test]
 async fn a_resume_racing_the_paused_controllers_stop_is_not_lost() {
     let s = start_with(quick).await;
     let cap = capsule(&s, "nav", "1.0.0").await;
@@ -211,7 +211,7 @@ async fn a_resume_racing_the_paused_controllers_stop_is_not_lost() {
     );
 }
 
-#[tokio::test]
+each_backend!(fifty_robots_follow_a_three_phase_rollout);
 async fn fifty_robots_follow_a_three_phase_rollout() {
     let s = start_with(quick).await;
     let cap = capsule(&s, "nav", "1.0.0").await;
@@ -340,7 +340,7 @@ async fn fifty_robots_follow_a_three_phase_rollout() {
     act(&s, dep, "abort").await.assert_error(409);
 }
 
-#[tokio::test]
+each_backend!(a_phase_over_its_failure_rate_pauses_and_members_resume_pause_and_abort);
 async fn a_phase_over_its_failure_rate_pauses_and_members_resume_pause_and_abort() {
     let s = start_with(quick).await;
     let cap = capsule(&s, "nav", "1.0.0").await;
@@ -619,19 +619,19 @@ async fn gate_scenario(on_failure: &str) {
     println!("gate {on_failure}: heartbeat -> {want} in {took:?}");
 }
 
-#[tokio::test]
+each_backend!(a_gate_rule_firing_on_a_canary_pauses_the_rollout);
 async fn a_gate_rule_firing_on_a_canary_pauses_the_rollout() {
     gate_scenario("pause").await;
 }
 
-#[tokio::test]
+each_backend!(a_gate_rule_firing_on_a_canary_rolls_the_started_phases_back);
 async fn a_gate_rule_firing_on_a_canary_rolls_the_started_phases_back() {
     gate_scenario("rollback").await;
 }
 
+each_backend!(a_rollout_continues_where_it_stood_after_kill_9);
 /// kill -9 of the real binary while a rollout is between phases: after the restart the
 /// controller continues from the stored decisions (no phase started twice, none skipped).
-#[tokio::test]
 async fn a_rollout_continues_where_it_stood_after_kill_9() {
     use crate::cli::{client, field, serve};
     let dir = tempfile::tempdir().unwrap();
@@ -784,9 +784,9 @@ async fn publish_from(s: &Srv, name: &str, version: &str, source: Value) -> Resp
     r
 }
 
+each_backend!(provenance_from_commit_to_robot_and_the_passed_test_run_policy);
 /// device → package → capsule → commit → test runs, on the package, the device update API
 /// and an alert naming the device; and the policy that wants a passed run of the commit.
-#[tokio::test]
 async fn provenance_from_commit_to_robot_and_the_passed_test_run_policy() {
     use crate::webhooks::{REPO, SECRET, link, pr, run};
     let sink = Sink::start().await;

@@ -2,58 +2,16 @@
 //! 'moto[server]'`, which `.ci/run` installs), started here on a free port.
 
 use std::io::Read;
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use crate::common::*;
 use crate::sessions::{device, session};
 
-struct Moto {
-    child: Child,
-    endpoint: String,
-}
+use fleetops_testkit::moto::Moto;
 
-impl Drop for Moto {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
+/// A moto server of the test's own (some stop it).
 async fn moto() -> Moto {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    // Owned by the guard at once, so it is killed and reaped whatever happens.
-    let m = Moto {
-        child: Command::new("python3")
-            .args([
-                "-m",
-                "moto.server",
-                "-H",
-                "127.0.0.1",
-                "-p",
-                &port.to_string(),
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("python3 with moto[server] is needed: pip install 'moto[server]'"),
-        endpoint: format!("http://127.0.0.1:{port}"),
-    };
-    let c = reqwest::Client::new();
-    for _ in 0..200 {
-        if c.get(&m.endpoint).send().await.is_ok() {
-            return m;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!(
-        "moto did not start on {} (is moto[server] installed? pip install 'moto[server]')",
-        m.endpoint
-    );
+    Moto::start()
 }
 
 /// A bucket on the moto server and a fleetops server storing its blobs there.
@@ -106,7 +64,7 @@ async fn keys(m: &Moto, bucket: &str) -> Vec<String> {
         .collect()
 }
 
-#[tokio::test]
+each_backend!(artifacts_round_trip_through_a_real_s3_server);
 async fn artifacts_round_trip_through_a_real_s3_server() {
     let m = moto().await;
     let c = reqwest::Client::new();
@@ -193,9 +151,9 @@ async fn artifacts_round_trip_through_a_real_s3_server() {
     assert!(listing.contains("<KeyCount>0</KeyCount>"), "{listing}");
 }
 
+each_backend!(capsules_and_configurations_use_presigned_s3_urls);
 /// On S3 the upload and download URLs are the store's own presigned URLs: the client talks to
 /// the store directly, and confirm reads the size and bytes back from it.
-#[tokio::test]
 async fn capsules_and_configurations_use_presigned_s3_urls() {
     use crate::capsules::{CAPS, archive, secret_post, sha};
     use crate::configurations::{CONFS, conf};
@@ -285,10 +243,10 @@ async fn capsules_and_configurations_use_presigned_s3_urls() {
     assert_eq!(r.body["file_size_bytes"], toml.len());
 }
 
+each_backend!(confirmed_bytes_stay_immutable_on_s3);
 /// On S3 the presigned upload URL stays valid after confirm and the store accepts a late
 /// `PUT`; confirm sealed the validated bytes under a key no URL targets, so the record, its
 /// checksum and every download link keep the confirmed bytes.
-#[tokio::test]
 async fn confirmed_bytes_stay_immutable_on_s3() {
     use crate::capsules::{CAPS, archive, secret_post, sha};
     use crate::configurations::{CONFS, conf};
@@ -409,10 +367,10 @@ async fn confirmed_bytes_stay_immutable_on_s3() {
     assert_eq!(keys(&m, bucket).await, Vec::<String>::new());
 }
 
+each_backend!(a_background_confirm_on_s3_seals_what_it_validates);
 /// A confirm answered 202 validates a sealed copy in the background: however a PUT racing it
 /// lands, the bytes the record's download link serves are the ones its checksum names, and a
 /// PUT after the verdict changes nothing.
-#[tokio::test]
 async fn a_background_confirm_on_s3_seals_what_it_validates() {
     use crate::capsules::{CAPS, archive, secret_post, sha};
     use serde_json::json;
@@ -481,9 +439,9 @@ async fn a_background_confirm_on_s3_seals_what_it_validates() {
     assert_eq!(check().await, before);
 }
 
+each_backend!(sealed_logs_live_in_the_bucket_and_go_with_their_session);
 /// Sealed log segments go to the bucket, answer as the batches did, and leave nothing behind
 /// when their session is deleted; a segment no record points at is swept once an hour old.
-#[tokio::test]
 async fn sealed_logs_live_in_the_bucket_and_go_with_their_session() {
     let m = moto().await;
     let s = s3_server_with(&m, "logs", |c| c.logs.chunk_lines = 100).await;
@@ -578,7 +536,7 @@ async fn sealed_logs_live_in_the_bucket_and_go_with_their_session() {
             serde_json::json!({"to": to}),
         )
         .await;
-    if crate::ON_POSTGRES {
+    if crate::backend::on_postgres() {
         // The records are the database's to back up.
         let detail = r.assert_error(409);
         assert!(detail.contains("PostgreSQL"), "{detail}");
@@ -599,9 +557,9 @@ async fn sealed_logs_live_in_the_bucket_and_go_with_their_session() {
     assert!(s.rt().store.doomed_segments(10).unwrap().is_empty());
 }
 
+each_backend!(a_log_query_the_bucket_cannot_answer_is_503);
 /// A bucket that stops answering makes a cold log query 503 with `Retry-After` (the store
 /// may come back), within seconds, not a 500 and not a request held for minutes.
-#[tokio::test]
 async fn a_log_query_the_bucket_cannot_answer_is_503() {
     let mut m = moto().await;
     let s = s3_server_with(&m, "down", |c| c.logs.chunk_lines = 100).await;
@@ -643,8 +601,7 @@ async fn a_log_query_the_bucket_cannot_answer_is_503() {
             cfg.storage.allow_http = true;
         })
         .await;
-    let _ = m.child.kill();
-    let _ = m.child.wait();
+    m.stop();
     let asked = std::time::Instant::now();
     let r = s.get(&format!("{logs}?limit=1000"), s.key()).await;
     r.assert_error(503);

@@ -81,7 +81,7 @@ async fn sealed(s: &Srv, batches: f64, chunks: f64) -> bool {
     .await
 }
 
-#[tokio::test]
+each_backend!(completing_a_session_merges_its_small_batches_and_answers_as_before);
 async fn completing_a_session_merges_its_small_batches_and_answers_as_before() {
     let s = start_with(|c| {
         c.logs.seal_lines = 1_000_000;
@@ -102,7 +102,7 @@ async fn completing_a_session_merges_its_small_batches_and_answers_as_before() {
     assert_eq!(r.body["metrics"]["log_count"], 430);
 }
 
-#[tokio::test]
+each_backend!(an_active_session_is_sealed_as_its_unsealed_lines_reach_the_threshold);
 async fn an_active_session_is_sealed_as_its_unsealed_lines_reach_the_threshold() {
     let s = start_with(|c| {
         c.logs.seal_lines = 50;
@@ -124,7 +124,7 @@ async fn an_active_session_is_sealed_as_its_unsealed_lines_reach_the_threshold()
     assert_eq!(r.body["total"], 100);
 }
 
-#[tokio::test]
+each_backend!(batches_left_unsealed_are_sealed_once_the_oldest_is_past_the_age_threshold);
 async fn batches_left_unsealed_are_sealed_once_the_oldest_is_past_the_age_threshold() {
     let s = start_with(|c| {
         c.logs.seal_lines = 1_000_000;
@@ -140,7 +140,7 @@ async fn batches_left_unsealed_are_sealed_once_the_oldest_is_past_the_age_thresh
     assert_eq!(answers(&s, sid).await, before);
 }
 
-#[tokio::test]
+each_backend!(deleting_a_sealed_session_removes_its_logs);
 async fn deleting_a_sealed_session_removes_its_logs() {
     let s = start_with(|c| c.logs.seal_lines = 20).await;
     let (d, tok) = device(&s, "r1").await;
@@ -169,7 +169,7 @@ async fn deleting_a_sealed_session_removes_its_logs() {
     assert!(left.is_empty(), "{left:?}");
 }
 
-#[tokio::test]
+each_backend!(a_cold_selective_query_fetches_only_its_candidate_chunk);
 async fn a_cold_selective_query_fetches_only_its_candidate_chunk() {
     let s = start_with(|c| {
         c.logs.seal_lines = 1_000_000;
@@ -198,10 +198,10 @@ async fn a_cold_selective_query_fetches_only_its_candidate_chunk() {
     assert!(s.metric("fleetops_log_chunk_cache_hits").await >= 1.0);
 }
 
+each_backend!(a_damaged_chunk_is_named_not_read);
 /// A sealed chunk whose bytes changed in the blob store (a bit flipped on disk) is not read as
 /// if it were whole: the query answers 500 naming the damaged chunk and its segment, and the
 /// lines of the session still unsealed (none here) or of other sessions answer as before.
-#[tokio::test]
 async fn a_damaged_chunk_is_named_not_read() {
     let s = start_with(|c| {
         c.logs.seal_lines = 1_000_000;

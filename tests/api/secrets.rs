@@ -70,14 +70,14 @@ async fn write_a_little_of_everything(s: &Srv) {
     assert_eq!(r.status, 202, "{}", r.body);
 }
 
-#[tokio::test]
+each_backend!(the_data_directory_its_files_and_its_backups_are_private_to_their_owner);
 async fn the_data_directory_its_files_and_its_backups_are_private_to_their_owner() {
     let s = start().await;
     write_a_little_of_everything(&s).await;
     s.rt().store.flush_blocking().unwrap();
     let files = assert_private(&data_dir(&s));
     // sled's files (not on PostgreSQL), the payload segment and the blob.
-    let least = if crate::ON_POSTGRES { 1 } else { 3 };
+    let least = if crate::backend::on_postgres() { 1 } else { 3 };
     assert!(files >= least, "{files} files");
     // Files an earlier version left readable (0644) are private in the copy all the same.
     let mut stack = vec![data_dir(&s).join("blobs")];
@@ -98,7 +98,7 @@ async fn the_data_directory_its_files_and_its_backups_are_private_to_their_owner
     let r = s
         .post("/api/v1/admin/backup", s.key(), json!({"to": to}))
         .await;
-    if crate::ON_POSTGRES {
+    if crate::backend::on_postgres() {
         // The records are the database's to back up: nothing is written at `to`.
         r.assert_error(409);
         assert!(!to.exists());
@@ -113,7 +113,7 @@ async fn the_data_directory_its_files_and_its_backups_are_private_to_their_owner
     assert_private(&restored);
 }
 
-#[tokio::test]
+each_backend!(a_data_directory_other_accounts_can_read_is_refused_at_start);
 async fn a_data_directory_other_accounts_can_read_is_refused_at_start() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = test_config(&dir, |_| {});
@@ -205,7 +205,7 @@ fn key_in_data_dir(s: &Srv) -> Option<Vec<u8>> {
     s.rt().store.meta_get("secret_encryption_key").unwrap()
 }
 
-#[tokio::test]
+each_backend!(a_copied_data_directory_without_the_key_file_does_not_open_its_secrets);
 async fn a_copied_data_directory_without_the_key_file_does_not_open_its_secrets() {
     let sink = Sink::start().await;
     let keys = tempfile::tempdir().unwrap();
@@ -254,7 +254,7 @@ async fn a_copied_data_directory_without_the_key_file_does_not_open_its_secrets(
     started(cfg).await.stop().await;
 }
 
-#[tokio::test]
+each_backend!(a_key_file_inside_the_data_directory_is_refused);
 async fn a_key_file_inside_the_data_directory_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let inside = dir.path().join("data/secrets.key");
@@ -264,7 +264,7 @@ async fn a_key_file_inside_the_data_directory_is_refused() {
     assert!(!inside.exists());
 }
 
-#[tokio::test]
+each_backend!(a_key_kept_in_the_data_directory_moves_out_to_a_new_key_file);
 async fn a_key_kept_in_the_data_directory_moves_out_to_a_new_key_file() {
     let sink = Sink::start().await;
     let s = start_with(allow_private).await;
@@ -292,7 +292,7 @@ async fn a_key_kept_in_the_data_directory_moves_out_to_a_new_key_file() {
     assert_signs(&s, &sink, id).await;
 }
 
-#[tokio::test]
+each_backend!(a_key_file_holding_another_key_seals_every_secret_again);
 async fn a_key_file_holding_another_key_seals_every_secret_again() {
     let sink = Sink::start().await;
     let s = start_with(allow_private).await;

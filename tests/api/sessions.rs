@@ -39,7 +39,7 @@ async fn ndjson(s: &Srv, sid: u64, cred: &str, body: String) -> Resp {
     .await
 }
 
-#[tokio::test]
+every_log_store!(create_detail_complete_and_list);
 async fn create_detail_complete_and_list() {
     let s = start().await;
     let (d1, tok1) = device(&s, "arm-1").await;
@@ -207,7 +207,7 @@ async fn create_detail_complete_and_list() {
     );
 }
 
-#[tokio::test]
+every_log_store!(ingestion_formats_atomicity_and_limits);
 async fn ingestion_formats_atomicity_and_limits() {
     let s = start().await;
     let (d, tok) = device(&s, "rover").await;
@@ -443,7 +443,7 @@ fn messages(v: &Value) -> Vec<String> {
         .collect()
 }
 
-#[tokio::test]
+every_log_store!(log_query_filters_against_a_known_data_set);
 async fn log_query_filters_against_a_known_data_set() {
     let s = start().await;
     let sid = seeded(&s).await;
@@ -570,7 +570,7 @@ async fn log_query_filters_against_a_known_data_set() {
     assert_eq!(deepest.body["total"], 6);
 }
 
-#[tokio::test]
+every_log_store!(tags_delete_and_tenancy);
 async fn tags_delete_and_tenancy() {
     let s = start().await;
     let sid = seeded(&s).await;
@@ -645,7 +645,7 @@ async fn tags_delete_and_tenancy() {
     assert_eq!(s.get(&format!("{DEV}/sessions"), k).await.body["total"], 0);
 }
 
-#[tokio::test]
+every_log_store!(deleting_an_active_session_stops_its_ingestion);
 async fn deleting_an_active_session_stops_its_ingestion() {
     let s = start().await;
     let (d, tok) = device(&s, "x").await;
@@ -678,7 +678,7 @@ async fn deleting_an_active_session_stops_its_ingestion() {
     assert_eq!(r.body["device_name"], "x");
 }
 
-#[tokio::test]
+every_log_store!(export_round_trips_as_json_and_csv);
 async fn export_round_trips_as_json_and_csv() {
     let s = start().await;
     let sid = seeded(&s).await;
@@ -758,7 +758,7 @@ async fn export_round_trips_as_json_and_csv() {
         .assert_error(404);
 }
 
-#[tokio::test]
+every_log_store!(export_of_many_lines_with_quoting);
 async fn export_of_many_lines_with_quoting() {
     let s = start().await;
     let (d, tok) = device(&s, "bulk").await;
@@ -825,10 +825,10 @@ async fn csv_export(s: &Srv, logs: &str) -> reqwest::Response {
         .unwrap()
 }
 
+every_log_store!(exports_past_max_streams_are_503_and_a_dropped_one_frees_its_place);
 /// Exports hold a blocking thread while they stream, so at most `[sessions] max_streams` run
 /// at once (503 with `Retry-After` past it), and one whose reader went away gives its place
 /// back.
-#[tokio::test]
 async fn exports_past_max_streams_are_503_and_a_dropped_one_frees_its_place() {
     let s = start_with(|c| c.sessions.max_streams = 1).await;
     let logs = big_session(&s).await;
@@ -856,10 +856,10 @@ async fn exports_past_max_streams_are_503_and_a_dropped_one_frees_its_place() {
     assert_eq!(body.lines().count(), 200_001, "a header and every line");
 }
 
+every_log_store!(an_export_nobody_reads_is_cut_short_and_ends_in_an_error);
 /// An export whose reader stops reading is cut short after `stalled_reader_seconds`: its
 /// thread and its place are given back, and the reader, when it comes back, gets an error,
 /// never a body that ends as if it were whole.
-#[tokio::test]
 async fn an_export_nobody_reads_is_cut_short_and_ends_in_an_error() {
     let s = start_with(|c| {
         c.sessions.max_streams = 1;
@@ -888,10 +888,10 @@ async fn an_export_nobody_reads_is_cut_short_and_ends_in_an_error() {
     );
 }
 
+every_log_store!(idle_sessions_passivate_and_come_back_on_append);
 /// Idle session actors passivate: with no appends and no subscribers for
 /// `[sessions] idle_seconds` they stop and release their buffers; the next append or
 /// subscriber starts them again from storage, with nothing lost.
-#[tokio::test]
 async fn idle_sessions_passivate_and_come_back_on_append() {
     let s = start_with(|c| c.sessions.idle_seconds = 3).await;
     let (d, tok) = device(&s, "r").await;
@@ -964,9 +964,9 @@ async fn idle_sessions_passivate_and_come_back_on_append() {
     assert_eq!(running(&s).await, 20);
 }
 
+every_log_store!(csv_exports_neutralize_cells_a_spreadsheet_would_run);
 /// A device's log line that a spreadsheet would read as a formula is exported to CSV with a
 /// leading `'` (module and message alike); the JSON export keeps it as logged.
-#[tokio::test]
 async fn csv_exports_neutralize_cells_a_spreadsheet_would_run() {
     let s = start().await;
     let (d, tok) = device(&s, "r1").await;
@@ -1022,10 +1022,10 @@ async fn csv_exports_neutralize_cells_a_spreadsheet_would_run() {
     assert_eq!(v[0]["module"], "=mod");
 }
 
+every_log_store!(one_organizations_slow_exports_hold_only_its_share_of_the_places);
 /// Slow readers of one organization hold at most its share of the export places
 /// (`[sessions] max_streams_per_org`): its next export is 503 while another organization's
 /// goes through.
-#[tokio::test]
 async fn one_organizations_slow_exports_hold_only_its_share_of_the_places() {
     let s = start_with(|c| {
         c.sessions.max_streams = 3;
@@ -1074,10 +1074,10 @@ async fn one_organizations_slow_exports_hold_only_its_share_of_the_places() {
     drop(held);
 }
 
+every_log_store!(a_numbered_batch_sent_again_is_stored_once);
 /// A numbered batch (`X-Batch-Sequence`) sent again after its answer was lost is answered as
 /// accepted and stored once; a number below the last stored is a duplicate too, and a number
 /// that is not a whole number from 1 is 422.
-#[tokio::test]
 async fn a_numbered_batch_sent_again_is_stored_once() {
     let s = start().await;
     let (d, tok) = device(&s, "r1").await;
@@ -1114,9 +1114,9 @@ async fn a_numbered_batch_sent_again_is_stored_once() {
     assert_eq!(m, ["first", "first", "second", "second"], "{}", r.body);
 }
 
+every_log_store!(a_gzip_compressed_batch_is_taken_and_bounded_once_decompressed);
 /// A gzip-compressed batch (`Content-Encoding: gzip`) is stored as if sent plain; one that is
 /// not gzip is 400, another coding 400, and one past the batch bound once decompressed 413.
-#[tokio::test]
 async fn a_gzip_compressed_batch_is_taken_and_bounded_once_decompressed() {
     use std::io::Write;
     let gz = |b: &[u8]| {

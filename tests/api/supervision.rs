@@ -26,7 +26,10 @@ async fn session_with_logs(s: &Srv, k: &str) -> (u64, String) {
     (sid, format!("{DEV}/sessions/{sid}/logs"))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+each_backend!(
+    project_actor_panic_is_contained_and_restarts_from_storage,
+    threads = 2
+);
 async fn project_actor_panic_is_contained_and_restarts_from_storage() {
     let s = start().await;
     let k = s.key().to_string();
@@ -88,7 +91,7 @@ async fn project_actor_panic_is_contained_and_restarts_from_storage() {
     assert!(!text.contains("fleetops_actor_restarts 0\n"), "{text}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+each_backend!(directory_actor_panic_is_contained, threads = 2);
 async fn directory_actor_panic_is_contained() {
     let s = start().await;
     let rt = s.running.as_ref().unwrap().runtime.clone();
@@ -106,7 +109,7 @@ async fn directory_actor_panic_is_contained() {
     assert_eq!(s.get("/api/v1/users/me", s.key()).await.status, 200);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+each_backend!(restart_budget_leaves_a_crashing_actor_down, threads = 2);
 async fn restart_budget_leaves_a_crashing_actor_down() {
     // A window far longer than the test: once the budget is spent the actor is down for the
     // rest of it, whatever the machine's speed (recovery after the window is the budget's
@@ -164,9 +167,12 @@ async fn restart_budget_leaves_a_crashing_actor_down() {
     assert_eq!(names, vec!["x"]);
 }
 
+each_backend!(
+    a_failing_restart_is_contained_and_named_by_healthz,
+    threads = 2
+);
 /// A restart that fails leaves the rest of the tree serving; `/healthz` names the part that
 /// is down until a later attempt brings it back.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_restart_is_contained_and_named_by_healthz() {
     let s = start().await;
     let rt = s.running.as_ref().unwrap().runtime.clone();
@@ -202,9 +208,9 @@ async fn a_failing_restart_is_contained_and_named_by_healthz() {
     assert_eq!(r.status, 201, "{}", r.body);
 }
 
+each_backend!(worker_and_housekeeper_restart_after_a_panic, threads = 2);
 /// The webhook worker and the housekeeper are supervised: a panic restarts them (counted),
 /// and no accepted delivery is left unworked.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn worker_and_housekeeper_restart_after_a_panic() {
     use crate::webhooks::{SECRET, deliver};
     let s = start_with(|c| c.scm.webhook_secret = SECRET.into()).await;
@@ -264,7 +270,10 @@ async fn worker_and_housekeeper_restart_after_a_panic() {
     assert!(text.contains("fleetops_actor_restarts 2\n"), "{text}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+each_backend!(
+    graceful_stop_and_restart_on_the_same_data_keeps_everything,
+    threads = 2
+);
 async fn graceful_stop_and_restart_on_the_same_data_keeps_everything() {
     let s = start().await;
     let k = s.key().to_string();
@@ -317,7 +326,7 @@ async fn graceful_stop_and_restart_on_the_same_data_keeps_everything() {
     assert!(!s.login("admin@localhost", ADMIN_PASSWORD).await.is_empty());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+each_backend!(session_actor_panic_loses_no_acknowledged_line, threads = 2);
 async fn session_actor_panic_loses_no_acknowledged_line() {
     let s = start().await;
     let k = s.key().to_string();
@@ -351,11 +360,14 @@ async fn session_actor_panic_loses_no_acknowledged_line() {
     );
 }
 
+each_backend!(
+    a_panic_after_a_write_answers_the_original_result_once,
+    threads = 2
+);
 /// A panic that strikes after a write (here in the live fan-out of a log batch) never makes
 /// the write happen twice nor leaves its caller without the truth: the batch was answered as
 /// soon as it was written, so the caller has its 202, the batch is stored once, and the
 /// restarted actor goes on from storage.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_panic_after_a_write_answers_the_original_result_once() {
     let s = start().await;
     let k = s.key().to_string();
@@ -416,9 +428,9 @@ async fn assert_never_applied(s: &Srv, k: &str, never: &str) {
     assert_eq!(names, ["after", "before"], "{never} must never appear");
 }
 
+each_backend!(a_call_that_timed_out_never_takes_effect_later, threads = 2);
 /// A call whose deadline passed while it waited (503) is never applied afterwards: the device
 /// is not created behind the caller's back, so a retry cannot make it twice.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_that_timed_out_never_takes_effect_later() {
     let s = start_with(|c| c.supervision.call_timeout_ms = 300).await;
     let k = s.key().to_string();
@@ -441,9 +453,9 @@ async fn a_call_that_timed_out_never_takes_effect_later() {
     assert_never_applied(&s, &k, "late").await;
 }
 
+each_backend!(a_delivery_taken_on_is_answered_with_the_truth, threads = 2);
 /// A delivery whose batch write is under way when its deadline passes gets the truth (202,
 /// stored), never a 503 for a delivery that was claimed.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_delivery_taken_on_is_answered_with_the_truth() {
     use crate::webhooks::{SECRET, deliver};
     let s = start_with(|c| {
@@ -470,10 +482,13 @@ async fn a_delivery_taken_on_is_answered_with_the_truth() {
     assert!(ids.contains(&id.as_str()), "{ids:?}");
 }
 
+each_backend!(
+    a_caller_that_hung_up_before_its_turn_is_never_applied,
+    threads = 2
+);
 /// A caller that goes away (its client hung up) before its request was taken on leaves
 /// nothing behind: the request waiting in the mailbox is never applied, so a client that
 /// retries after its own timeout cannot create the device twice.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_caller_that_hung_up_before_its_turn_is_never_applied() {
     let s = start().await;
     let k = s.key().to_string();
@@ -525,10 +540,13 @@ fn signed_ping(s: &Srv, id: String, zen: String) -> impl Future<Output = u16> + 
     }
 }
 
+each_backend!(
+    a_stalled_actor_holds_at_most_its_mailbox_limit_of_messages,
+    threads = 2
+);
 /// The mailbox bound counts messages, not waiting callers: a call whose caller timed out
 /// keeps its place (and its payload) until the actor reaches it, so a stalled actor holds at
 /// most `mailbox_limit` messages however many callers give up and come again.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_actor_holds_at_most_its_mailbox_limit_of_messages() {
     use crate::webhooks::SECRET;
     let s = start_with(|c| {
@@ -565,9 +583,9 @@ async fn a_stalled_actor_holds_at_most_its_mailbox_limit_of_messages() {
     assert!(eventually(10, || async { rt.webhooks.intake_waiting() == 0 }).await);
 }
 
+each_backend!(a_redelivery_after_a_503_is_the_delivery, threads = 2);
 /// A host answered 503 claimed nothing, so its redelivery is the delivery, also when the
 /// first attempt still waits in the intake's mailbox as the redelivery arrives.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redelivery_after_a_503_is_the_delivery() {
     use crate::webhooks::SECRET;
     let s = start_with(|c| {
@@ -600,9 +618,9 @@ async fn a_redelivery_after_a_503_is_the_delivery() {
     assert_eq!(send(x.clone(), "x").await, 401);
 }
 
+each_backend!(mailbox_depths_are_on_metrics);
 /// Mailbox depths are on /metrics: calls waiting on a stalled project actor show under
 /// `actor="project"`, and the gauge falls back once it answers.
-#[tokio::test]
 async fn mailbox_depths_are_on_metrics() {
     let s = start_with(|c| c.supervision.call_timeout_ms = 5000).await;
     let k = s.key().to_string();
@@ -647,11 +665,14 @@ async fn mailbox_depths_are_on_metrics() {
     assert!(eventually(5, || async { waiting(&s).await == 0.0 }).await);
 }
 
+each_backend!(
+    intake_and_dispatcher_panics_under_load_are_contained,
+    threads = 2
+);
 /// Panics injected into the webhook intake and the dispatcher while deliveries and heartbeats
 /// keep arriving: heartbeats all succeed, a delivery refused at the panic (5xx) is redelivered
 /// as a host would until it is accepted, both actors restart, and every accepted delivery is
 /// worked into exactly one test run.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn intake_and_dispatcher_panics_under_load_are_contained() {
     use crate::webhooks::{SECRET, pr, sign};
     let s = start_with(|c| c.scm.webhook_secret = SECRET.into()).await;
@@ -748,11 +769,11 @@ async fn intake_and_dispatcher_panics_under_load_are_contained() {
     assert_eq!(s.get("/healthz", s.key()).await.status, 200);
 }
 
+each_backend!(past_the_budget_every_actor_kind_is_contained, threads = 2);
 /// Past its restart budget each kind of actor stays down and is contained: a session's, an
 /// evaluator's and an installation's requests are refused (503) and `/healthz` names them
 /// while answering 200 for the rest; a singleton of the tree (the webhook intake) is named as
 /// down (503) while every other route serves. Nothing loops: the restart count stops growing.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn past_the_budget_every_actor_kind_is_contained() {
     use crate::webhooks::{SECRET, deliver, payload, settled};
     let s = start_with(|c| {
@@ -869,10 +890,13 @@ async fn past_the_budget_every_actor_kind_is_contained() {
     assert_eq!(rt.restarts(), n);
 }
 
+each_backend!(
+    a_completion_that_failed_leaves_the_session_taking_appends,
+    threads = 2
+);
 /// A completion whose write fails (here its call timed out behind a stalled project actor,
 /// so it is never applied) gives the session back: it takes appends again at once, stays
 /// active, and a later completion ends it with every line kept.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_completion_that_failed_leaves_the_session_taking_appends() {
     let s = start_with(|c| c.supervision.call_timeout_ms = 300).await;
     let pid = project_id(&s);

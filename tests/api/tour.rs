@@ -27,7 +27,7 @@ fn sh_blocks(md: &str) -> Vec<String> {
     out
 }
 
-#[tokio::test]
+each_backend!(the_tour_runs_as_written);
 async fn the_tour_runs_as_written() {
     let md = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/tour.md")).unwrap();
     let blocks = sh_blocks(&md);

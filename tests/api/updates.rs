@@ -42,7 +42,7 @@ async fn activate(s: &Srv, body: Value) -> u64 {
     dep
 }
 
-#[tokio::test]
+each_backend!(a_device_polls_for_its_package_and_reports_on_it);
 async fn a_device_polls_for_its_package_and_reports_on_it() {
     let Fleet {
         s,
@@ -205,10 +205,10 @@ async fn a_device_polls_for_its_package_and_reports_on_it() {
         .assert_error(404);
 }
 
+each_backend!(the_configuration_link_serves_the_effective_data_its_checksum_names);
 /// The configuration a device is told to install is the effective one: its link serves the
 /// merged data (the parent's values under the child's overrides) as JSON, not the uploaded
 /// file, and the package's `sha256` and `size_bytes` are those of the bytes served.
-#[tokio::test]
 async fn the_configuration_link_serves_the_effective_data_its_checksum_names() {
     use crate::configurations::{conf, configure};
     let s = start().await;

@@ -3,7 +3,6 @@
 //! every host event the service handles and every reason code, idempotency, attempts,
 //! cancellation, branch and draft policy, runners, rotation, and 500 concurrent deliveries.
 
-use hmac::{KeyInit, Mac};
 use serde_json::{Value, json};
 
 use crate::common::*;
@@ -18,11 +17,7 @@ pub(crate) fn payload(name: &str) -> Value {
     serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
 }
 
-pub(crate) fn sign(secret: &str, body: &[u8]) -> String {
-    let mut m = hmac::Hmac::<sha2::Sha256>::new_from_slice(secret.as_bytes()).unwrap();
-    m.update(body);
-    format!("sha256={}", hex::encode(m.finalize().into_bytes()))
-}
+pub(crate) use fleetops_testkit::sign;
 
 pub(crate) async fn webhook_server() -> Srv {
     start_with(|c| c.scm.webhook_secret = SECRET.into()).await
@@ -130,7 +125,7 @@ async fn runs(s: &Srv, query: &str) -> Value {
     r.body
 }
 
-#[tokio::test]
+each_backend!(signature_ids_dedup_and_limits);
 async fn signature_ids_dedup_and_limits() {
     let s = webhook_server().await;
     // The host documentation's vector: this body and secret give this signature.
@@ -342,7 +337,7 @@ async fn signature_ids_dedup_and_limits() {
     .assert_error(404);
 }
 
-#[tokio::test]
+each_backend!(rotation_keeps_the_previous_secret_for_its_grace_period);
 async fn rotation_keeps_the_previous_secret_for_its_grace_period() {
     let s = start_with(|c| {
         c.scm.webhook_secret = SECRET.into();
@@ -420,9 +415,9 @@ async fn rotate(s: &Srv) -> String {
     r.body["webhook_secret"].as_str().unwrap().to_string()
 }
 
+each_backend!(rotating_twice_keeps_each_earlier_secret_for_its_own_grace_period);
 /// Two rotations 30 s apart: each replaced secret verifies until its own grace period ends
 /// (the first is not cut short by the second), across a restart.
-#[tokio::test]
 async fn rotating_twice_keeps_each_earlier_secret_for_its_own_grace_period() {
     let s = start_with(|c| {
         c.scm.webhook_secret = SECRET.into();
@@ -467,7 +462,7 @@ async fn installed() -> (Srv, u64) {
     (s, rid)
 }
 
-#[tokio::test]
+each_backend!(a_repository_links_once_and_starts_pending);
 async fn a_repository_links_once_and_starts_pending() {
     let s = webhook_server().await;
     let repo = link(&s, REPO).await;
@@ -498,7 +493,7 @@ async fn a_repository_links_once_and_starts_pending() {
     .assert_error(422);
 }
 
-#[tokio::test]
+each_backend!(installation_created_connects_its_repositories);
 async fn installation_created_connects_its_repositories() {
     let s = webhook_server().await;
     let rid = link(&s, REPO).await["id"].as_u64().unwrap();
@@ -534,7 +529,7 @@ async fn installation_created_connects_its_repositories() {
     assert_eq!(ids, vec![&json!(1), &json!(INST)]);
 }
 
-#[tokio::test]
+each_backend!(pull_requests_run_once_per_head_commit_with_draft_policy_and_cancel_on_close);
 async fn pull_requests_run_once_per_head_commit_with_draft_policy_and_cancel_on_close() {
     let (s, rid) = installed().await;
     // pull_request opened: a run for the head commit.
@@ -637,7 +632,7 @@ async fn pull_requests_run_once_per_head_commit_with_draft_policy_and_cancel_on_
     skipped(&d, "action_ignored");
 }
 
-#[tokio::test]
+each_backend!(pushes_follow_the_branch_patterns);
 async fn pushes_follow_the_branch_patterns() {
     let (s, rid) = installed().await;
     // push: branch policy (main, master, release/*), tags, deletions.
@@ -710,7 +705,7 @@ async fn pushes_follow_the_branch_patterns() {
     .await;
 }
 
-#[tokio::test]
+each_backend!(check_suite_rerequests_count_attempts_per_commit);
 async fn check_suite_rerequests_count_attempts_per_commit() {
     let (s, _) = installed().await;
     // check_suite: requested keyed like a push; rerequested always runs again, attempt + 1.
@@ -761,7 +756,7 @@ async fn check_suite_rerequests_count_attempts_per_commit() {
     }
 }
 
-#[tokio::test]
+each_backend!(workflow_run_completed_records_the_finished_run);
 async fn workflow_run_completed_records_the_finished_run() {
     let (s, _) = installed().await;
     // workflow_run completed: the finished run recorded, resolved through its repository
@@ -799,7 +794,7 @@ async fn workflow_run_completed_records_the_finished_run() {
     assert_eq!(d["test_run_id"], first);
 }
 
-#[tokio::test]
+each_backend!(a_repository_linked_to_no_project_is_skipped);
 async fn a_repository_linked_to_no_project_is_skipped() {
     let (s, _) = installed().await;
     // A repository linked to no project.
@@ -811,7 +806,7 @@ async fn a_repository_linked_to_no_project_is_skipped() {
     skipped(&run(&s, "push", &p).await, "repository_not_linked");
 }
 
-#[tokio::test]
+each_backend!(installation_repositories_removed_and_added_move_the_link);
 async fn installation_repositories_removed_and_added_move_the_link() {
     let (s, rid) = installed().await;
     // installation_repositories removed / added.
@@ -842,7 +837,7 @@ async fn installation_repositories_removed_and_added_move_the_link() {
     assert_eq!(r.body["state"], "connected");
 }
 
-#[tokio::test]
+each_backend!(suspended_and_deleted_installations_skip_their_events);
 async fn suspended_and_deleted_installations_skip_their_events() {
     let (s, _) = installed().await;
     // suspend / unsuspend / deleted.
@@ -908,7 +903,7 @@ async fn suspended_and_deleted_installations_skip_their_events() {
     skipped(&d, "installation_deleted");
 }
 
-#[tokio::test]
+each_backend!(the_delivery_log_filters_by_reason_and_outcome);
 async fn the_delivery_log_filters_by_reason_and_outcome() {
     let (s, _) = installed().await;
     let sha1 = "ec26c3e57ca3a959ca5aad62de7213c562f8c821";
@@ -957,7 +952,7 @@ async fn the_delivery_log_filters_by_reason_and_outcome() {
         .assert_error(422);
 }
 
-#[tokio::test]
+each_backend!(test_runs_filter_by_status_commit_and_repository);
 async fn test_runs_filter_by_status_commit_and_repository() {
     let (s, _) = installed().await;
     link(&s, "octo-org/octo-repo").await;
@@ -1014,7 +1009,7 @@ async fn test_runs_filter_by_status_commit_and_repository() {
     assert_eq!(again["reason"], "duplicate_job", "{again}");
 }
 
-#[tokio::test]
+each_backend!(runners_claim_renew_complete_and_leases_expire);
 async fn runners_claim_renew_complete_and_leases_expire() {
     let s = start_with(|c| {
         c.scm.webhook_secret = SECRET.into();
@@ -1127,7 +1122,10 @@ async fn runners_claim_renew_complete_and_leases_expire() {
 
 // On a multi-threaded runtime, as the server runs in production: a store call that waits
 // for the database then holds one worker, not the whole server.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+each_backend!(
+    five_hundred_concurrent_deliveries_are_all_accepted_and_processed,
+    threads = 4
+);
 async fn five_hundred_concurrent_deliveries_are_all_accepted_and_processed() {
     let s = webhook_server().await;
     link(&s, REPO).await;
@@ -1184,9 +1182,9 @@ async fn five_hundred_concurrent_deliveries_are_all_accepted_and_processed() {
     );
 }
 
+each_backend!(an_installation_actor_panic_loses_no_delivery);
 /// A panic in an installation's actor: it restarts, and deliveries queued behind the fault
 /// are all processed, once.
-#[tokio::test]
 async fn an_installation_actor_panic_loses_no_delivery() {
     let s = webhook_server().await;
     link(&s, REPO).await;
@@ -1212,9 +1210,9 @@ async fn an_installation_actor_panic_loses_no_delivery() {
     assert!(rt.restarts() > 0);
 }
 
+each_backend!(delivery_ids_are_remembered_for_the_dedup_window);
 /// A delivery id is refused within the dedup window and accepted again after it (the
 /// housekeeper frees expired ids); the delivery log keeps the first delivery.
-#[tokio::test]
 async fn delivery_ids_are_remembered_for_the_dedup_window() {
     let s = start_with(|c| {
         c.scm.webhook_secret = SECRET.into();
@@ -1258,9 +1256,9 @@ async fn delivery_ids_are_remembered_for_the_dedup_window() {
         .assert_error(401);
 }
 
+each_backend!(the_delivery_log_forgets_deliveries_after_30_days);
 /// The delivery log keeps an accepted delivery 30 days: a day short of it the housekeeper
 /// keeps it, past it the housekeeper's pass removes it (404, out of the list and its total).
-#[tokio::test]
 async fn the_delivery_log_forgets_deliveries_after_30_days() {
     let s = webhook_server().await;
     let (id, r) = deliver(&s, "ping", &json!({"zen": "keep it logically awesome"})).await;
@@ -1293,10 +1291,10 @@ async fn the_delivery_log_forgets_deliveries_after_30_days() {
     assert_eq!(r.body["total"], 0, "{}", r.body);
 }
 
+each_backend!(deliveries_queued_together_are_worked_in_batches_in_order);
 /// Deliveries queued together are worked in batches, in arrival order: a suspend or a
 /// repository's removal between pull requests takes effect exactly between them, and a run of
 /// more pull requests than one batch holds is worked whole, each once.
-#[tokio::test]
 async fn deliveries_queued_together_are_worked_in_batches_in_order() {
     let s = installed_for_batches().await;
     let sha = |n: u64| format!("{n:040}");
@@ -1358,10 +1356,10 @@ async fn deliveries_queued_together_are_worked_in_batches_in_order() {
     assert_eq!(runs(&s, "page_size=1").await["total"], 75);
 }
 
+each_backend!(a_dispatch_failing_mid_batch_is_retried_in_order_without_duplicates);
 /// A dispatch that fails in the middle of a batch (as on a failing write) leaves that delivery
 /// queued; it and everything after it are worked again one at a time, in order: every
 /// delivery is dispatched once, into one run each, and the runs are made in arrival order.
-#[tokio::test]
 async fn a_dispatch_failing_mid_batch_is_retried_in_order_without_duplicates() {
     let s = installed_for_batches().await;
     let rt = s.running.as_ref().unwrap().runtime.clone();
@@ -1385,11 +1383,11 @@ async fn a_dispatch_failing_mid_batch_is_retried_in_order_without_duplicates() {
     );
 }
 
+each_backend!(a_shared_commit_that_fails_leaves_its_deliveries_to_be_worked_again_in_order);
 /// A shared batch of outcomes that fails to commit (as on a failing disk) leaves all of its
 /// deliveries queued; each is worked again on its own, in order: every delivery is
 /// dispatched once, into one run each, made in arrival order, and nothing of the failed
 /// batch survives (its runs' ids are gaps).
-#[tokio::test]
 async fn a_shared_commit_that_fails_leaves_its_deliveries_to_be_worked_again_in_order() {
     let s = installed_for_batches().await;
     let rt = s.running.as_ref().unwrap().runtime.clone();
@@ -1485,11 +1483,11 @@ async fn send_held(s: &Srv, plan: Vec<(&'static str, Value)>) -> Vec<String> {
     ids
 }
 
+each_backend!(one_batch_reads_the_runs_its_earlier_deliveries_made);
 /// Deliveries worked in one batch see the runs the earlier ones made: a repeat of a pull
 /// request's head is a duplicate job, and its close cancels both heads' runs, as if they had
 /// come one at a time (the dispatcher commits its shared batch before a delivery that may
 /// read what it holds).
-#[tokio::test]
 async fn one_batch_reads_the_runs_its_earlier_deliveries_made() {
     let s = installed_for_batches().await;
     let (a, b, c) = (
@@ -1548,9 +1546,9 @@ async fn one_batch_reads_the_runs_its_earlier_deliveries_made() {
     assert_eq!(r.body["attempt"], 2, "{}", r.body);
 }
 
+each_backend!(the_merged_delivery_log_pages_as_the_whole_list_reads);
 /// The superuser's log merges stored deliveries with the rejected ones kept in memory; every
 /// page of it, read one window deep into the store, is the same slice of the whole list.
-#[tokio::test]
 async fn the_merged_delivery_log_pages_as_the_whole_list_reads() {
     let s = webhook_server().await;
     // Stored and rejected deliveries interleaved in time, some in the same millisecond.
@@ -1597,10 +1595,10 @@ async fn the_merged_delivery_log_pages_as_the_whole_list_reads() {
     }
 }
 
+each_backend!(a_long_event_name_is_ignored_and_logged_short);
 /// An event name no subscription could match, however long, is ignored (202) like any
 /// other unsubscribed event: its id is claimed, and the log keeps the name cut short (its
 /// first 64 characters and "...", as for a rejected delivery).
-#[tokio::test]
 async fn a_long_event_name_is_ignored_and_logged_short() {
     let s = webhook_server().await;
     let long = "x".repeat(80);
@@ -1643,9 +1641,9 @@ async fn other_tenant(s: &Srv, slug: &str) -> (String, String) {
     (jwt, format!("/api/v1/organizations/{slug}/projects/p"))
 }
 
+each_backend!(another_organization_linking_a_repository_never_receives_its_deliveries);
 /// Another organization links the bound installation's repository: neither link conflicts
 /// nor shows the other, and every delivery still resolves to the installation's organization.
-#[tokio::test]
 async fn another_organization_linking_a_repository_never_receives_its_deliveries() {
     let s = webhook_server().await;
     // Bound to `default` when first seen: the service has one organization then.
@@ -1708,10 +1706,10 @@ async fn another_organization_linking_a_repository_never_receives_its_deliveries
     assert_eq!(r.status, 204, "{}", r.body);
 }
 
+each_backend!(an_unbound_installation_is_skipped_until_a_superuser_binds_it);
 /// With several organizations an installation seen for the first time is bound to none: its
 /// deliveries are skipped `installation_unbound` until a superuser binds it; a rebind moves
 /// its deliveries and leaves the old organization's links `disconnected`.
-#[tokio::test]
 async fn an_unbound_installation_is_skipped_until_a_superuser_binds_it() {
     let s = webhook_server().await;
     let (other, other_p) = other_tenant(&s, "acme").await;
@@ -1829,10 +1827,10 @@ async fn an_unbound_installation_is_skipped_until_a_superuser_binds_it() {
     assert_eq!(runs(&s, "").await["total"], 1, "no second run of one key");
 }
 
+each_backend!(an_installation_bound_before_its_first_delivery_resolves_there);
 /// An installation the service never saw can be bound ahead of its first delivery; that
 /// delivery, naming a repository no installation was known to hold, makes the installation
 /// its holder, so the link that took it shows `connected`.
-#[tokio::test]
 async fn an_installation_bound_before_its_first_delivery_resolves_there() {
     let s = webhook_server().await;
     other_tenant(&s, "acme").await;
@@ -1868,10 +1866,10 @@ async fn an_installation_bound_before_its_first_delivery_resolves_there() {
     .assert_error(404);
 }
 
+each_backend!(deleting_an_organization_unbinds_its_installation_and_frees_its_repositories);
 /// Deleting the organization an installation is bound to unbinds it at once (its deliveries
 /// are skipped `installation_unbound`), and once the purge is done its repository links are
 /// gone, so another organization links the repository and, bound there, receives its runs.
-#[tokio::test]
 async fn deleting_an_organization_unbinds_its_installation_and_frees_its_repositories() {
     let s = webhook_server().await;
     let (acme, acme_p) = other_tenant(&s, "acme").await;
@@ -1932,10 +1930,10 @@ async fn deleting_an_organization_unbinds_its_installation_and_frees_its_reposit
     );
 }
 
+each_backend!(a_delivery_naming_no_installation_and_held_by_none_is_not_linked_anywhere);
 /// A delivery that names no installation, for a repository no installation holds, on a
 /// service with several organizations resolves nowhere: skipped `repository_not_linked`
 /// (there is no installation to be unbound), even though an organization links the name.
-#[tokio::test]
 async fn a_delivery_naming_no_installation_and_held_by_none_is_not_linked_anywhere() {
     let s = webhook_server().await;
     other_tenant(&s, "acme").await;

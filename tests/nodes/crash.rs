@@ -7,7 +7,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use hmac::{KeyInit, Mac};
 use reqwest::Method;
 use serde_json::{Value, json};
 
@@ -46,9 +45,7 @@ fn pr(number: u64) -> Vec<u8> {
 }
 
 fn sign(body: &[u8]) -> String {
-    let mut m = hmac::Hmac::<sha2::Sha256>::new_from_slice(WEBHOOK_SECRET.as_bytes()).unwrap();
-    m.update(body);
-    format!("sha256={}", hex::encode(m.finalize().into_bytes()))
+    fleetops_testkit::sign(WEBHOOK_SECRET, body)
 }
 
 struct Load {

@@ -4,9 +4,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-#[path = "../support/postgres.rs"]
-mod postgres;
-
 mod alerts;
 mod bus;
 mod crash;

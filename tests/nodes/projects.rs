@@ -255,4 +255,26 @@ async fn a_member_added_on_both_nodes_at_once_is_added_once() {
         let refused = statuses.iter().filter(|s| **s == 409).count();
         assert_eq!((created, refused), (1, 9), "{statuses:?}");
     }
+    // Each of the eight is a member, once, as either node reads it.
+    for i in 0..8 {
+        for n in [&a, &b] {
+            let (s, t) = call(
+                &c,
+                Method::POST,
+                n.url("/api/v1/auth/login"),
+                "",
+                Some(json!({"email": format!("m{i}@example.com"), "password": "correct horse battery"})),
+            )
+            .await;
+            assert_eq!(s, 200, "{t}");
+            let token = t["access_token"].as_str().unwrap();
+            let (s, me) = call(&c, Method::GET, n.url("/api/v1/users/me"), token, None).await;
+            assert_eq!(s, 200, "{me}");
+            assert_eq!(
+                me["organizations"],
+                json!([{"slug": "default", "role": "member"}]),
+                "{me}"
+            );
+        }
+    }
 }

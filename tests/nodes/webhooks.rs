@@ -3,7 +3,6 @@
 
 use std::time::Duration;
 
-use hmac::{KeyInit, Mac};
 use reqwest::Method;
 use serde_json::{Value, json};
 
@@ -35,8 +34,6 @@ async fn deliver(
     body: &Value,
 ) -> (u16, Value) {
     let bytes = serde_json::to_vec(body).unwrap();
-    let mut m = hmac::Hmac::<sha2::Sha256>::new_from_slice(WEBHOOK_SECRET.as_bytes()).unwrap();
-    m.update(&bytes);
     let r = c
         .post(format!("{base}/api/v1/scm/webhooks"))
         .header("content-type", "application/json")
@@ -44,7 +41,7 @@ async fn deliver(
         .header("X-Host-Delivery", id)
         .header(
             "X-Hub-Signature-256",
-            format!("sha256={}", hex::encode(m.finalize().into_bytes())),
+            fleetops_testkit::sign(WEBHOOK_SECRET, &bytes),
         )
         .body(bytes)
         .send()
@@ -293,17 +290,12 @@ async fn a_webhook_secret_rotated_on_one_node_verifies_deliveries_on_the_other_a
     assert_eq!(s, 200, "{r}");
     let fresh = r["webhook_secret"].as_str().unwrap().to_string();
     let body = serde_json::to_vec(&push(&"3".repeat(40))).unwrap();
-    let mut m = hmac::Hmac::<sha2::Sha256>::new_from_slice(fresh.as_bytes()).unwrap();
-    m.update(&body);
     let r = c
         .post(b.url("/api/v1/scm/webhooks"))
         .header("content-type", "application/json")
         .header("X-Host-Event", "push")
         .header("X-Host-Delivery", uuid::Uuid::new_v4().to_string())
-        .header(
-            "X-Hub-Signature-256",
-            format!("sha256={}", hex::encode(m.finalize().into_bytes())),
-        )
+        .header("X-Hub-Signature-256", fleetops_testkit::sign(&fresh, &body))
         .body(body.clone())
         .send()
         .await

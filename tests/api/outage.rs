@@ -12,9 +12,12 @@ use crate::common::postgres::Cluster;
 use crate::common::*;
 use crate::sessions::{device, session};
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+postgres_only!(
+    while_postgres_is_down_requests_are_503_and_the_server_recovers_by_itself,
+    threads = 4
+);
 async fn while_postgres_is_down_requests_are_503_and_the_server_recovers_by_itself() {
-    let cluster = Cluster::new();
+    let cluster = Cluster::private();
     let url = cluster.database();
     let s = Arc::new(start_with(move |c| c.database.url = url.clone()).await);
     let (d, tok) = device(&s, "r1").await;

@@ -69,7 +69,10 @@ async fn get_json(s: &Srv, base: &str, path: &str) -> Value {
     r.json().await.unwrap()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+postgres_only!(
+    two_servers_racing_on_one_database_take_each_slug_once,
+    threads = 4
+);
 async fn two_servers_racing_on_one_database_take_each_slug_once() {
     let a = first_with(|_| {}).await;
     let (b, running_b, _dir_b) = second(&a).await;
@@ -125,7 +128,7 @@ async fn two_servers_racing_on_one_database_take_each_slug_once() {
     running_b.stop().await;
 }
 
-#[tokio::test]
+postgres_only!(a_second_server_on_the_same_database_is_refused_at_start);
 async fn a_second_server_on_the_same_database_is_refused_at_start() {
     let a = start().await;
     let dir = tempfile::tempdir().unwrap();
@@ -209,7 +212,10 @@ async fn runs_of(s: &Srv, base: &str, sha: &str) -> Vec<Value> {
         .unwrap_or_else(|| panic!("{r}"))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+postgres_only!(
+    one_delivery_id_posted_to_two_servers_at_once_is_accepted_once,
+    threads = 4
+);
 async fn one_delivery_id_posted_to_two_servers_at_once_is_accepted_once() {
     let (a, b, running_b, _dir_b) = two_webhook_servers().await;
     let sha = "1".repeat(40);
@@ -255,7 +261,10 @@ async fn one_delivery_id_posted_to_two_servers_at_once_is_accepted_once() {
     running_b.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+postgres_only!(
+    deliveries_of_one_commit_sent_to_two_servers_make_one_run,
+    threads = 4
+);
 async fn deliveries_of_one_commit_sent_to_two_servers_make_one_run() {
     let (a, b, running_b, _dir_b) = two_webhook_servers().await;
     // Forty commits, each pushed in two deliveries (ids of their own, one idempotency key),
@@ -307,7 +316,10 @@ async fn deliveries_of_one_commit_sent_to_two_servers_make_one_run() {
     running_b.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+postgres_only!(
+    runners_polling_two_servers_never_get_the_same_run,
+    threads = 4
+);
 async fn runners_polling_two_servers_never_get_the_same_run() {
     let (a, b, running_b, _dir_b) = two_webhook_servers().await;
     // Thirty queued runs, one per commit.
@@ -368,7 +380,10 @@ async fn runners_polling_two_servers_never_get_the_same_run() {
     running_b.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+postgres_only!(
+    reservations_on_two_servers_never_exceed_the_organizations_quota,
+    threads = 4
+);
 async fn reservations_on_two_servers_never_exceed_the_organizations_quota() {
     let limit = |c: &mut fleetops::config::Config| {
         c.tiers.get_mut("free").unwrap().storage_bytes = Some(24_000);

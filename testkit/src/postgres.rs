@@ -1,8 +1,7 @@
 //! A private PostgreSQL cluster for tests and benches: Debian's server programs, a temporary
 //! directory, a free port; `initdb` refuses root, so as root the cluster is the `postgres`
-//! account's. Included by `tests/api/common.rs` and `benches/support/mod.rs`.
-
-#![allow(dead_code)] // each includer uses part of it
+//! account's. Used by the suites on the PostgreSQL backend, the storage crate's engine
+//! tests and the benches.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -63,15 +62,14 @@ fn cluster() -> &'static Cluster {
 }
 
 impl Cluster {
-    /// A private cluster in a temporary directory, started, and stopped and removed
-    /// when the test process ends (a shell watches it); `initdb` refuses root, so as
-    /// root the cluster is the `postgres` account's.
-    /// A test's cluster (fsync off).
-    pub fn new() -> Cluster {
+    /// A test's cluster of its own (fsync off), as [`Cluster::start_new`] starts it.
+    pub fn private() -> Cluster {
         Cluster::start_new(false)
     }
 
-    /// A cluster, started.
+    /// A private cluster in a temporary directory, started, and stopped and removed when the
+    /// test process ends (a shell watches it); `initdb` refuses root, so as root the cluster
+    /// is the `postgres` account's.
     pub fn start_new(fsync: bool) -> Cluster {
         let as_postgres = Command::new("id")
             .arg("-u")
