@@ -11,6 +11,9 @@ pub struct Counters {
     pub log_batches_sealed: AtomicU64,
     /// ... and the chunks they became.
     pub log_chunks_sealed: AtomicU64,
+    /// Seals that failed (an error of the store or the blob store): their batches stay
+    /// unsealed, answer queries as they are, and are sealed at a later request or pass.
+    pub log_seals_failed: AtomicU64,
     /// Notification attempts the target accepted.
     pub notifications_sent: AtomicU64,
     /// Attempts that failed and will be tried again.

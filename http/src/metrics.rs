@@ -58,6 +58,7 @@ pub struct RuntimeFigures {
     pub log_lines_ingested: u64,
     pub log_batches_sealed: u64,
     pub log_chunks_sealed: u64,
+    pub log_seals_failed: u64,
     pub log_segments_written: u64,
     pub log_segment_bytes_written: u64,
     pub log_chunk_fetches: u64,
@@ -74,7 +75,7 @@ pub struct RuntimeFigures {
 
 /// The plain gauges: names and values are arrays of this length, so one added to one list
 /// and not the other does not compile (a zip would drop the last one silently).
-const EDGE: usize = 34;
+const EDGE: usize = 35;
 
 pub struct Metrics {
     registry: Registry,
@@ -251,6 +252,10 @@ impl Metrics {
             ),
             ("log_chunks_sealed", "Chunks those sealed batches became"),
             (
+                "log_seals_failed",
+                "Seals that failed (the store or the blob store erred): their batches stay unsealed and are sealed later",
+            ),
+            (
                 "log_segments_written",
                 "Log segments written to the blob store since start-up",
             ),
@@ -376,6 +381,7 @@ impl Metrics {
             rt.log_lines_ingested as i64,
             rt.log_batches_sealed as i64,
             rt.log_chunks_sealed as i64,
+            rt.log_seals_failed as i64,
             rt.log_segments_written as i64,
             rt.log_segment_bytes_written as i64,
             rt.log_chunk_fetches as i64,

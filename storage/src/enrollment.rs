@@ -312,7 +312,10 @@ mod tests {
         let t = store.enrollment_token_by_hash(&[3; 32]).unwrap().unwrap();
         assert_eq!(t.labels["fleet"], "staging");
         assert!(t.allowed_label_keys.is_empty());
-        assert_eq!(store.enrollment_tokens(1, 10).unwrap(), std::slice::from_ref(&t));
+        assert_eq!(
+            store.enrollment_tokens(1, 10).unwrap(),
+            std::slice::from_ref(&t)
+        );
         store.enroll_device(&device(1), &t, 5, None).unwrap();
         assert_eq!(store.enrollment_token(1, 3).unwrap().unwrap().uses, 1);
     }

@@ -7,7 +7,9 @@
 //! - [`every_log_store!`]: those two, and three that seal every log batch as soon as it is stored
 //!   (`[logs] seal_lines = 1`): with segments in local files, on PostgreSQL, and in an
 //!   S3-compatible server (moto, one for the run, a bucket per server). Every answer about a
-//!   session's lines must be the same whether its batches are sealed, merged or not yet;
+//!   session's lines must be the same whether its batches are sealed, merged or not yet. After
+//!   each such test, the batches it stored must have been sealed with no seal failing, and on
+//!   S3 no segment may be in local files ([`crate::common::assert_sealing_held`]);
 //! - [`sled_only!`] and [`postgres_only!`]: what only one backend has.
 //!
 //! `threads = N` runs the test on a multi-threaded runtime of N workers, as the server runs in
@@ -79,7 +81,10 @@ pub fn run<F: std::future::Future<Output = ()>>(
         .on_thread_start(move || BACKEND.set(backend))
         .build()
         .unwrap()
-        .block_on(test())
+        .block_on(async {
+            test().await;
+            crate::common::assert_sealing_held().await;
+        })
 }
 
 /// One `#[test]` per backend named, calling the async fn `$name` beside the invocation.

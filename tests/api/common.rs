@@ -37,8 +37,109 @@ impl Drop for Srv {
                 diffs.is_empty(),
                 "list indexes disagree with the records: {diffs:?}"
             );
+            if crate::backend::backend().blobs_on_s3() {
+                let local: Vec<_> = walk(self._dir.path())
+                    .into_iter()
+                    .filter(|p| p.extension().is_some_and(|e| e == "seg"))
+                    .collect();
+                assert!(local.is_empty(), "segments in local files: {local:?}");
+            }
+            if crate::backend::backend().seals_every_batch() {
+                // Kept until the seals are checked after the test: a seal still running
+                // writes there.
+                let dir = std::mem::replace(&mut self._dir, tempfile::tempdir().unwrap());
+                KEPT.with_borrow_mut(|v| v.push(dir));
+            }
         }
     }
+}
+
+thread_local! {
+    /// The runtimes of the servers this test started, on a backend that seals every batch.
+    static SEALING: std::cell::RefCell<Vec<fleetops_actors::Runtime>> = const {
+        std::cell::RefCell::new(Vec::new())
+    };
+}
+
+thread_local! {
+    /// The data directories of the servers of this test that have stopped, until then.
+    static KEPT: std::cell::RefCell<Vec<tempfile::TempDir>> = const {
+        std::cell::RefCell::new(Vec::new())
+    };
+}
+
+fn watch_sealing(running: &Running) {
+    if crate::backend::backend().seals_every_batch() {
+        SEALING.with_borrow_mut(|v| v.push(running.runtime.clone()));
+    }
+}
+
+/// Run after a test on a backend that seals every batch at once: no seal failed, and the
+/// test's batches were sealed (a failed seal is logged and leaves its batches answering
+/// unsealed, so the test would have proved nothing about sealed chunks). On the test's
+/// runtime, after the test, since a seal's blob-store writes need it.
+pub async fn assert_sealing_held() {
+    use fleetops_actors::counters::Counters;
+    for rt in SEALING.with_borrow_mut(std::mem::take) {
+        let c = rt.counters.clone();
+        let done = crate::common::eventually(20, || {
+            let (rt, c) = (rt.clone(), c.clone());
+            async move {
+                let owed = rt
+                    .store
+                    .sessions_owed_seal(i64::MAX, 1)
+                    .map_or(1, |s| s.len());
+                Counters::get(&c.log_lines) == 0
+                    || Counters::get(&c.log_batches_sealed) > 0
+                    || owed == 0
+            }
+        })
+        .await;
+        assert!(
+            done,
+            "{} lines ingested and no batch sealed ({} seals failed)",
+            Counters::get(&c.log_lines),
+            Counters::get(&c.log_seals_failed)
+        );
+        assert_eq!(
+            Counters::get(&c.log_seals_failed),
+            0,
+            "a seal failed (the server's log says why)"
+        );
+    }
+    KEPT.with_borrow_mut(Vec::clear);
+}
+
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
+
+/// The bucket of the server on `dir` (one per data directory, so a restart finds its blobs).
+fn bucket_for(dir: &std::path::Path) -> String {
+    static BUCKETS: std::sync::OnceLock<
+        std::sync::Mutex<std::collections::HashMap<std::path::PathBuf, String>>,
+    > = std::sync::OnceLock::new();
+    let mut known = BUCKETS
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    known
+        .entry(dir.to_path_buf())
+        .or_insert_with(|| {
+            let bucket = format!("t{}", uuid::Uuid::new_v4().simple());
+            fleetops_testkit::moto::create_bucket(fleetops_testkit::moto::shared(), &bucket);
+            bucket
+        })
+        .clone()
 }
 
 pub async fn start() -> Srv {
@@ -49,6 +150,7 @@ pub async fn start_with(f: impl FnOnce(&mut Config)) -> Srv {
     let dir = tempfile::tempdir().unwrap();
     let cfg = test_config(&dir, f);
     let running = startup::start(cfg).await.unwrap();
+    watch_sealing(&running);
     let admin = running
         .initial
         .clone()
@@ -86,6 +188,10 @@ pub(crate) fn test_config(dir: &tempfile::TempDir, f: impl FnOnce(&mut Config)) 
     }
     if crate::backend::backend().seals_every_batch() {
         cfg.logs.seal_lines = 1;
+        // A seal left for later (every place taken, a reader holding the chunks) runs at the
+        // next pass, within a second or two.
+        cfg.logs.seal_age_seconds = 1;
+        cfg.supervision.housekeeping_seconds = 1;
     }
     if crate::backend::on_postgres() {
         cfg.database.url = crate::common::postgres::database_for(dir.path());
@@ -93,10 +199,8 @@ pub(crate) fn test_config(dir: &tempfile::TempDir, f: impl FnOnce(&mut Config)) 
     }
     if crate::backend::backend().blobs_on_s3() {
         let endpoint = fleetops_testkit::moto::shared();
-        let bucket = format!("t{}", uuid::Uuid::new_v4().simple());
-        fleetops_testkit::moto::create_bucket(endpoint, &bucket);
         cfg.storage.backend = "s3".into();
-        cfg.storage.bucket = bucket;
+        cfg.storage.bucket = bucket_for(dir.path());
         cfg.storage.endpoint = endpoint.to_string();
         cfg.storage.region = "us-east-1".into();
         cfg.storage.access_key_id = "testing".into();
@@ -175,6 +279,53 @@ impl Srv {
     /// The runtime of the in-process server (fault injection, the clock, the store).
     pub fn rt(&self) -> fleetops_actors::Runtime {
         self.running.as_ref().unwrap().runtime.clone()
+    }
+
+    /// The keys of the log segments in this server's bucket (on `SealedS3`; none elsewhere).
+    pub async fn segment_keys(&self) -> Vec<String> {
+        if !crate::backend::backend().blobs_on_s3() {
+            return Vec::new();
+        }
+        let url = format!(
+            "{}/{}?list-type=2&prefix={}",
+            fleetops_testkit::moto::shared(),
+            bucket_for(self._dir.path()),
+            fleetops_storage::segments::SEGMENT_PREFIX
+        );
+        let xml = self
+            .http
+            .get(url)
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        xml.split("<Key>")
+            .skip(1)
+            .filter_map(|k| k.split("</Key>").next())
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// Waits until every batch of session `sid` is sealed, on a backend that seals every
+    /// batch (at once otherwise), so that what follows reads sealed chunks.
+    pub async fn sealed(&self, sid: u64) {
+        if !crate::backend::backend().seals_every_batch() {
+            return;
+        }
+        let rt = self.rt();
+        let sealed = crate::common::eventually(20, || {
+            let rt = rt.clone();
+            async move {
+                !rt.store
+                    .sessions_owed_seal(i64::MAX, usize::MAX)
+                    .unwrap()
+                    .contains(&sid)
+            }
+        })
+        .await;
+        assert!(sealed, "session {sid} still holds unsealed batches");
     }
 
     /// The id of project `slug` of organization `default`.
@@ -321,6 +472,7 @@ impl Srv {
             }
         };
         assert!(running.initial.is_none(), "a restart creates no new admin");
+        watch_sealing(&running);
         self.base = format!("http://{}", running.addr);
         self.running = Some(running);
         self

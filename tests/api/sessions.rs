@@ -431,6 +431,8 @@ pub async fn seeded(s: &Srv) -> u64 {
     ]);
     assert_eq!(s.post(&logs, &tok, batch1).await.status, 202);
     assert_eq!(s.post(&logs, &tok, batch2).await.status, 202);
+    // On the sealing backends, what follows reads sealed chunks.
+    s.sealed(sid).await;
     sid
 }
 
@@ -447,6 +449,13 @@ every_log_store!(log_query_filters_against_a_known_data_set);
 async fn log_query_filters_against_a_known_data_set() {
     let s = start().await;
     let sid = seeded(&s).await;
+    if crate::backend::backend().blobs_on_s3() {
+        let keys = s.segment_keys().await;
+        assert!(
+            keys.iter().any(|k| k.contains(&format!("/{sid}/"))),
+            "no segment of session {sid} in the bucket: {keys:?}"
+        );
+    }
     let q = |query: &str| format!("{DEV}/sessions/{sid}/logs{query}");
     let k = s.key();
 

@@ -130,6 +130,7 @@ impl LogSealer {
                 }
                 Ok(Err(SealSkipped::Busy | SealSkipped::Gone)) => return,
                 Err(e) => {
+                    Counters::add(&self.counters.log_seals_failed, 1);
                     tracing::warn!(session, error = %e, "sealing log batches failed");
                     return;
                 }

@@ -169,6 +169,7 @@ pub fn metrics(cx: &Cx<'_>, req: &Req) -> ApiResult<Response<Body>> {
         log_lines_ingested: n(&cx.rt().counters.log_lines),
         log_batches_sealed: n(&cx.rt().counters.log_batches_sealed),
         log_chunks_sealed: n(&cx.rt().counters.log_chunks_sealed),
+        log_seals_failed: n(&cx.rt().counters.log_seals_failed),
         log_segments_written: segments.segments_written,
         log_segment_bytes_written: segments.segment_bytes_written,
         log_chunk_fetches: segments.fetches,
