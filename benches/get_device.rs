@@ -86,7 +86,7 @@ fn main() {
         secs,
         create_script.to_str(),
     );
-    let commit = commit_ms(&running.runtime.store);
+    let commit = commit_ms(running.runtime.store());
     rt.block_on(running.stop());
 
     println!();

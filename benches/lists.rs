@@ -45,7 +45,7 @@ fn main() {
     let on_postgres = backend() == "postgres";
     let (running, key, url, data) = rt.block_on(start_fleetops_with(|c| c.database.url.clear()));
     let proj = "/api/v1/organizations/default/projects/default";
-    let store = running.runtime.store.clone();
+    let store = running.runtime.store().clone();
     let org = store.org_by_slug("default").unwrap().unwrap();
     let pid = store
         .project_by_slug(org.id, "default")
@@ -151,7 +151,7 @@ fn main() {
             t.elapsed().as_secs_f64()
         );
         let (running, url) = rt.block_on(restart_fleetops(&data, &database));
-        let store = running.runtime.store.clone();
+        let store = running.runtime.store().clone();
         (running, url, store)
     } else {
         (running, url, store)

@@ -222,7 +222,7 @@ fn main() {
     println!("loaded {lines} lines as 1,000-line batches: {rate:.0} batches/s (8 clients)");
     let rate = rt.block_on(load(&c, &url, &key, small, lines, 10));
     println!("loaded {lines} lines as 10-line batches: {rate:.0} batches/s (8 clients)");
-    let on_disk = running.runtime.store.size_on_disk().unwrap();
+    let on_disk = running.runtime.store().size_on_disk().unwrap();
     let thousand = rt.block_on(ask(&c, &url, &key, big, lines));
     let open = rt.block_on(ask(&c, &url, &key, small, lines));
     let t = Instant::now();
@@ -252,8 +252,8 @@ fn main() {
         lines as f64 / took
     );
     let sealed = rt.block_on(ask(&c, &url, &key, small, lines));
-    let foot = running.runtime.store.log_footprint(small).unwrap();
-    let stats = running.runtime.store.segment_stats();
+    let foot = running.runtime.store().log_footprint(small).unwrap();
+    let stats = running.runtime.store().segment_stats();
     println!(
         "10-line session sealed, local bytes per line: {:.2} (summaries {:.2}, text filters {:.2}, locations {:.2}, open chunks {:.2}); object bytes per line {:.1} in {} segments",
         (foot.summaries + foot.filters + foot.locations + foot.open_chunks) as f64 / lines as f64,
@@ -264,7 +264,7 @@ fn main() {
         stats.segment_bytes_written as f64 / lines as f64,
         stats.segments_written
     );
-    let open_foot = running.runtime.store.log_footprint(big).unwrap();
+    let open_foot = running.runtime.store().log_footprint(big).unwrap();
     println!(
         "1,000-line session unsealed, local bytes per line: {:.1}",
         (open_foot.summaries + open_foot.filters + open_foot.open_chunks) as f64 / lines as f64
@@ -272,7 +272,7 @@ fn main() {
     println!(
         "sled size: {:.1} MB before the seal, {:.1} MB after (both sessions, {} lines)",
         on_disk as f64 / 1e6,
-        running.runtime.store.size_on_disk().unwrap() as f64 / 1e6,
+        running.runtime.store().size_on_disk().unwrap() as f64 / 1e6,
         2 * lines
     );
     println!(
@@ -379,8 +379,8 @@ fn s3_phase(rt: &tokio::runtime::Runtime, c: &reqwest::Client, lines: usize) {
         std::thread::sleep(Duration::from_millis(50));
     }
     let sealed_in = t.elapsed().as_secs_f64();
-    let stats = running.runtime.store.segment_stats();
-    let foot = running.runtime.store.log_footprint(sid).unwrap();
+    let stats = running.runtime.store().segment_stats();
+    let foot = running.runtime.store().log_footprint(sid).unwrap();
     println!(
         "S3 (moto on loopback): loaded {lines} lines as 1,000-line batches at {rate:.0} batches/s ({:.0} lines/s) in {loaded:.1} s, all sealed after {sealed_in:.1} s: {} segments ({:.1} PUTs/s while loading), {:.1} object bytes per line, {:.2} local bytes per line (summaries {:.2}, text filters {:.2}, locations {:.2}, open {:.2})",
         lines as f64 / loaded,
@@ -393,7 +393,7 @@ fn s3_phase(rt: &tokio::runtime::Runtime, c: &reqwest::Client, lines: usize) {
         foot.locations as f64 / lines as f64,
         foot.open_chunks as f64 / lines as f64,
     );
-    let store = running.runtime.store.clone();
+    let store = running.runtime.store().clone();
     println!(
         "| question on {lines} lines in segments | warm p50 | cold p50 | cold / warm | chunks fetched cold |"
     );

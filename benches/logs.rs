@@ -102,7 +102,7 @@ fn main() {
         "loaded {lines} lines in {:.1} s (client formatting included)",
         started.elapsed().as_secs_f64()
     );
-    let on_disk = running.runtime.store.size_on_disk().unwrap();
+    let on_disk = running.runtime.store().size_on_disk().unwrap();
     let total_lines = lines as f64 + ingest.requests_per_sec * 1000.0 * secs as f64;
     println!(
         "disk: {:.0} bytes per stored line ({:.1} MB sled size for about {:.0} lines)",

@@ -169,7 +169,7 @@ fn main() {
     });
     let hook = format!("{url}/api/v1/scm/webhooks");
     wrk(&hook, &[], conns, 2, Some(&lua)); // warm-up
-    let store = running.runtime.store.clone();
+    let store = running.runtime.store().clone();
     let queued_before = store.deliveries_queued().unwrap();
     let cpu0 = cpu_seconds();
     let fleet = wrk(&hook, &[], conns, secs, Some(&lua));

@@ -125,7 +125,8 @@ async fn offline(rt: &fleetops_actors::Runtime, cmd: OrgCmd) -> anyhow::Result<V
             .ok_or_else(|| anyhow::anyhow!("no organization {slug}"))
     };
     Ok(match cmd {
-        OrgCmd::List | OrgCmd::Show { .. } => read_offline(&rt.store, cmd)?,
+        OrgCmd::Show { slug } => serde_json::to_value(org(&slug)?)?,
+        OrgCmd::List => serde_json::to_value(dir.all_orgs()?)?,
         OrgCmd::Rename { slug, name } => {
             let id = org(&slug)?.id;
             serde_json::to_value(dir.update_org(id, Some(name), None).await?)?

@@ -86,7 +86,7 @@ pub async fn start(cfg: Config) -> anyhow::Result<Running> {
 /// superuser, a project secret and an API key. Of several nodes starting at once on one empty
 /// database, one makes them (the others find the e-mail or slug taken and print nothing).
 async fn first_start(rt: &Runtime, cfg: &Config) -> anyhow::Result<Option<Bootstrapped>> {
-    if rt.store.any_user_exists()? {
+    if rt.has_users()? {
         return Ok(None);
     }
     let (password, generated) = if cfg.admin.password.is_empty() {
@@ -106,7 +106,7 @@ async fn first_start(rt: &Runtime, cfg: &Config) -> anyhow::Result<Option<Bootst
         .await;
     let mut b = match made {
         // Another node on the same database made them first (several nodes starting at once).
-        Err(fleetops_actors::Error::Conflict(_)) if rt.store.any_user_exists()? => return Ok(None),
+        Err(fleetops_actors::Error::Conflict(_)) if rt.has_users()? => return Ok(None),
         other => other.context("creating the initial administrator")?,
     };
     if generated {

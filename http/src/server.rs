@@ -43,7 +43,7 @@ impl App {
         metrics.register_timings(
             "storage_flush_seconds",
             "How long each group-commit fsync took (every 201/202 waits for one)",
-            rt.store.flush_timings(),
+            rt.flush_timings(),
         );
         Ok(Self {
             limits: RateLimits::new(

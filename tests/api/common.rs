@@ -30,7 +30,7 @@ impl Drop for Srv {
         if let Some(r) = &self.running {
             let diffs = r
                 .runtime
-                .store
+                .store()
                 .verify_lists()
                 .unwrap_or_else(|e| vec![e.to_string()]);
             assert!(
@@ -86,7 +86,7 @@ pub async fn assert_sealing_held() {
             let (rt, c) = (rt.clone(), c.clone());
             async move {
                 let owed = rt
-                    .store
+                    .store()
                     .sessions_owed_seal(i64::MAX, 1)
                     .map_or(1, |s| s.len());
                 Counters::get(&c.log_lines) == 0
@@ -318,7 +318,7 @@ impl Srv {
         let sealed = crate::common::eventually(20, || {
             let rt = rt.clone();
             async move {
-                !rt.store
+                !rt.store()
                     .sessions_owed_seal(i64::MAX, usize::MAX)
                     .unwrap()
                     .contains(&sid)
@@ -331,8 +331,12 @@ impl Srv {
     /// The id of project `slug` of organization `default`.
     pub fn project_id(&self, slug: &str) -> u64 {
         let rt = &self.running.as_ref().unwrap().runtime;
-        let org = rt.store.org_by_slug("default").unwrap().unwrap();
-        rt.store.project_by_slug(org.id, slug).unwrap().unwrap().id
+        let org = rt.store().org_by_slug("default").unwrap().unwrap();
+        rt.store()
+            .project_by_slug(org.id, slug)
+            .unwrap()
+            .unwrap()
+            .id
     }
 
     pub fn url(&self, path: &str) -> String {

@@ -659,7 +659,7 @@ async fn a_rollout_result_is_published_by_its_writer_even_when_the_caller_left()
             .await
     });
     // Applied (visible to reads), not yet answered: the device hangs up.
-    let store = rt.store.clone();
+    let store = rt.store().clone();
     assert!(
         eventually(10, || {
             let store = store.clone();

@@ -495,6 +495,6 @@ async fn status_and_name_filters_page_with_exact_totals() {
         s.get(&format!("{DEV}/devices"), k).await.body["total"],
         made.iter().filter(|m| m.0 == "default").count() - 1
     );
-    let store = &s.running.as_ref().unwrap().runtime.store;
+    let store = &s.running.as_ref().unwrap().runtime.store();
     assert_eq!(store.verify_lists().unwrap(), Vec::<String>::new());
 }

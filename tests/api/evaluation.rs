@@ -993,7 +993,7 @@ async fn metric_history_is_pruned_after_its_retention() {
     rt.clock.advance(3 * day);
     heartbeat(&s, d, &tok, json!({"temp": 41.0})).await;
     let kept = |rt: &fleetops_actors::Runtime| {
-        rt.store
+        rt.store()
             .metric_history(pid, d, 0, rt.clock.now_ms())
             .unwrap()
             .into_iter()
@@ -1056,7 +1056,7 @@ async fn resolved_alerts_are_pruned_after_their_retention() {
         "{}",
         s.get(&format!("{ALERTS}/{resolved}"), s.key()).await.body
     );
-    assert_eq!(rt.store.alert_notifications(resolved).unwrap().len(), 2);
+    assert_eq!(rt.store().alert_notifications(resolved).unwrap().len(), 2);
     let status = |id: u64| {
         let s = &s;
         async move { s.get(&format!("{ALERTS}/{id}"), s.key()).await.status }
@@ -1065,14 +1065,14 @@ async fn resolved_alerts_are_pruned_after_their_retention() {
     rt.clock.advance(89 * day);
     // Within its retention: the pass that the housekeeper runs deletes nothing.
     let cutoff = rt.clock.now_ms() - 90 * 86_400_000;
-    assert_eq!(rt.store.prune_alerts(cutoff, 10_000).unwrap(), 0);
+    assert_eq!(rt.store().prune_alerts(cutoff, 10_000).unwrap(), 0);
     assert_eq!(status(resolved).await, 200, "kept within its retention");
     rt.clock.advance(2 * day);
     rt.housekeep_now();
     assert!(eventually(5, || async { status(resolved).await == 404 }).await);
     assert_eq!(status(firing).await, 200, "a firing alert is kept");
     assert_eq!(alerts(&s, "state=resolved").await["total"], 0);
-    let notifications = rt.store.alert_notifications(resolved).unwrap();
+    let notifications = rt.store().alert_notifications(resolved).unwrap();
     assert!(notifications.is_empty(), "{notifications:?}");
 }
 

@@ -95,8 +95,8 @@ async fn session_of_batches(s: &Srv, dev: u64, tok: &str, batches: usize) -> u64
 
 fn project_id(s: &Srv) -> u64 {
     let rt = s.rt();
-    let org = rt.store.org_by_slug("doomed").unwrap().unwrap();
-    rt.store.project_by_slug(org.id, "p").unwrap().unwrap().id
+    let org = rt.store().org_by_slug("doomed").unwrap().unwrap();
+    rt.store().project_by_slug(org.id, "p").unwrap().unwrap().id
 }
 
 each_backend!(members_read_an_organization_admins_rename_it_and_a_superuser_sets_its_tier);
@@ -235,7 +235,7 @@ async fn a_deleted_organizations_data_is_purged_and_no_other_is_touched() {
         .await;
     assert_eq!(r.status, 202, "{}", r.body);
     let rt = s.rt();
-    let before = rt.store.key_snapshot().unwrap();
+    let before = rt.store().key_snapshot().unwrap();
 
     let d = doomed(&s).await;
     let (dev, tok) = rover(&s, &d).await;
@@ -370,7 +370,7 @@ async fn a_deleted_organizations_data_is_purged_and_no_other_is_touched() {
     }
 
     let pid = project_id(&s);
-    assert!(!rt.store.project_residue(pid).unwrap().is_empty());
+    assert!(!rt.store().project_residue(pid).unwrap().is_empty());
     let blobs = s._dir.path().join("data/blobs");
     let theirs = |p: &std::path::Path| {
         let rel = p
@@ -402,9 +402,9 @@ async fn a_deleted_organizations_data_is_purged_and_no_other_is_touched() {
         eventually(30, || async { rt.directory.purging().unwrap().is_empty() }).await,
         "the purge did not finish"
     );
-    assert_eq!(rt.store.project_residue(pid).unwrap(), Vec::<&str>::new());
+    assert_eq!(rt.store().project_residue(pid).unwrap(), Vec::<&str>::new());
     let left: std::collections::BTreeSet<String> = rt
-        .store
+        .store()
         .key_snapshot()
         .unwrap()
         .difference(&before)
@@ -445,7 +445,7 @@ async fn each_purge_step_removes_at_most_its_budget() {
         session_of_batches(&s, dev, &tok, 15).await;
     }
     let pid = project_id(&s);
-    let store = s.rt().store;
+    let store = s.rt().store().clone();
     let org = store.org_by_slug("doomed").unwrap().unwrap();
     // Marked as a deletion does it, and purged here step by step (no background task runs).
     store.begin_org_deletion(&org).unwrap();

@@ -120,7 +120,7 @@ async fn ended_sessions_past_retention_are_deleted_with_their_logs_and_files() {
     assert!(exists(&s, active).await);
     // The records go first; their segments follow (each on the to-delete list until gone).
     let logs_left = || {
-        let keys = s.rt().store.key_snapshot().unwrap();
+        let keys = s.rt().store().key_snapshot().unwrap();
         keys.into_iter()
             .filter(|k| k.starts_with(b"logs:"))
             .collect::<Vec<_>>()

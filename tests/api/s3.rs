@@ -554,7 +554,7 @@ async fn sealed_logs_live_in_the_bucket_and_go_with_their_session() {
         .filter(|k| k.starts_with(&prefix) && *k != young)
         .collect();
     assert!(left.is_empty(), "{left:?}");
-    assert!(s.rt().store.doomed_segments(10).unwrap().is_empty());
+    assert!(s.rt().store().doomed_segments(10).unwrap().is_empty());
 }
 
 each_backend!(a_log_query_the_bucket_cannot_answer_is_503);

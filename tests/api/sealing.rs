@@ -162,7 +162,7 @@ async fn deleting_a_sealed_session_removes_its_logs() {
         .as_ref()
         .unwrap()
         .runtime
-        .store
+        .store()
         .key_snapshot()
         .unwrap();
     let left: Vec<_> = keys.iter().filter(|k| k.starts_with(b"logs:")).collect();

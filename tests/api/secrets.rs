@@ -74,7 +74,7 @@ each_backend!(the_data_directory_its_files_and_its_backups_are_private_to_their_
 async fn the_data_directory_its_files_and_its_backups_are_private_to_their_owner() {
     let s = start().await;
     write_a_little_of_everything(&s).await;
-    s.rt().store.flush_blocking().unwrap();
+    s.rt().store().flush_blocking().unwrap();
     let files = assert_private(&data_dir(&s));
     // sled's files (not on PostgreSQL), the payload segment and the blob.
     let least = if crate::backend::on_postgres() { 1 } else { 3 };
@@ -202,7 +202,7 @@ fn allow_private(c: &mut fleetops::config::Config) {
 }
 
 fn key_in_data_dir(s: &Srv) -> Option<Vec<u8>> {
-    s.rt().store.meta_get("secret_encryption_key").unwrap()
+    s.rt().store().meta_get("secret_encryption_key").unwrap()
 }
 
 each_backend!(a_copied_data_directory_without_the_key_file_does_not_open_its_secrets);

@@ -139,7 +139,8 @@ pub fn metrics(cx: &Cx<'_>, req: &Req) -> ApiResult<Response<Body>> {
         .is_some_and(|a| a.contains("application/openmetrics-text"));
     let edge = &cx.app.edge;
     let n = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
-    let segments = cx.rt().store.segment_stats();
+    let stored = cx.rt().store_figures();
+    let segments = &stored.segments;
     let figures = crate::metrics::RuntimeFigures {
         restarts: cx.rt().restarts(),
         log_batches_dropped: cx.rt().alerts.log_batches_dropped(),
@@ -176,8 +177,8 @@ pub fn metrics(cx: &Cx<'_>, req: &Req) -> ApiResult<Response<Body>> {
         log_chunk_cache_hits: segments.cache_hits,
         data_dir_free_bytes: cx.rt().disk.free_bytes(),
         data_dir_min_free_bytes: cx.rt().disk.floor(),
-        webhook_deliveries_queued: cx.rt().store.deliveries_queued().unwrap_or(0),
-        webhook_deliveries_recovered: cx.rt().store.deliveries_recovered(),
+        webhook_deliveries_queued: stored.deliveries_queued,
+        webhook_deliveries_recovered: stored.deliveries_recovered,
         notifications_sent: n(&cx.rt().counters.notifications_sent),
         notifications_retried: n(&cx.rt().counters.notifications_retried),
         notifications_failed: n(&cx.rt().counters.notifications_failed),
