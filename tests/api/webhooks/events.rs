@@ -1,4 +1,5 @@
-//! Each host event the service handles: installations, repositories, pull requests, pushes, check suites, workflow runs, and the delivery log's filters.
+//! Each host event the service handles: installations, repositories, pull requests, pushes,
+//! check suites, workflow runs, and the delivery log's filters.
 
 use serde_json::{Value, json};
 

@@ -1,7 +1,7 @@
-//! The inbound webhook through the real server, with the host's real payloads (copied from
-//! the host's documentation into tests/payloads) re-signed here: signature and intake rules,
-//! every host event the service handles and every reason code, idempotency, attempts,
-//! cancellation, branch and draft policy, runners, rotation, and 500 concurrent deliveries.
+//! The inbound webhook through the real server, with the host's real payloads (copied from the
+//! host's documentation into tests/payloads) re-signed here: signature and intake rules, every
+//! host event the service handles and every reason code, idempotency, attempts, cancellation,
+//! branch and draft policy, runners, rotation, and 500 concurrent deliveries.
 
 use serde_json::{Value, json};
 

@@ -1,4 +1,5 @@
-//! The delivery queue: 500 at once, an actor's panic, the dedup window, retention, batches worked in order, the merged log's pages.
+//! The delivery queue: 500 at once, an actor's panic, the dedup window, retention, batches
+//! worked in order, the merged log's pages.
 
 use serde_json::{Value, json};
 

@@ -1,4 +1,5 @@
-//! Organizations apart: a repository linked by another, installations bound by a superuser, an organization's deletion.
+//! Organizations apart: a repository linked by another, installations bound by a superuser, an
+//! organization's deletion.
 
 use serde_json::{Value, json};
 
