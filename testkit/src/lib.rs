@@ -9,6 +9,7 @@
 //! - [`agent`]: a fleetops server as a process of its own, and the agent binary run against it;
 //! - [`nodes`]: the engines several nodes share (a database, a bucket, a `nats-server`) and
 //!   the nodes, each a process;
+//! - [`tmpfs`]: a small file system of a test's own, for tests that watch free space;
 //! - [`layering`]: a crate's module graph read from its sources, and its import cycles;
 //! - [`eventually`] and [`sign`] (a source host's webhook signature).
 //!
@@ -24,6 +25,7 @@ pub mod nodes;
 pub mod postgres;
 pub mod process;
 pub mod python;
+pub mod tmpfs;
 
 use std::path::PathBuf;
 use std::time::Duration;

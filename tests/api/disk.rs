@@ -119,13 +119,37 @@ fn fill(path: &std::path::Path, mb: usize) {
 
 each_backend!(a_disk_space_rule_fires_a_server_alert_when_free_space_falls_and_resolves_when_freed);
 async fn a_disk_space_rule_fires_a_server_alert_when_free_space_falls_and_resolves_when_freed() {
+    // The data directory on a file system of its own, so only this test moves its free space
+    // (a shared disk's free space moves with every other test and machine on it). Where
+    // mounting is not allowed, the host's disk with margins other writes rarely come near.
+    let small = fleetops_testkit::tmpfs::Tmpfs::mount(128);
+    let (margin, ballast_mib) = match &small {
+        Ok(_) => (16u64 << 20, 48),
+        Err(e) => {
+            eprintln!("{e}; watching the host disk instead");
+            (256u64 << 20, 768)
+        }
+    };
+    let data = small.as_ref().ok().map(|t| t.join("data"));
     let sink = crate::peers::Sink::start().await;
-    let s = start_with(crate::evaluation::fast).await;
+    let s = start_with(|c| {
+        crate::evaluation::fast(c);
+        if let Some(d) = data {
+            c.data_dir = d;
+            // Below the default floor of 256 MiB: the writes this test makes are not refused.
+            c.storage.min_free_bytes = 0;
+        }
+    })
+    .await;
     let hook = crate::evaluation::webhook(&s, &sink).await;
-    // The threshold sits 256 MiB under today's free space; a 768 MiB file takes it 512 MiB
-    // below, margins no other test's writes come near.
+    // The threshold sits `margin` under today's free space; the ballast takes it as far again
+    // below it.
     let free = s.metric("fleetops_data_dir_free_bytes").await as u64;
-    let below = free - (256 << 20);
+    assert!(
+        free > (ballast_mib + 64) << 20,
+        "{free} bytes free: too few for this test's ballast"
+    );
+    let below = free - margin;
     let id = crate::evaluation::rule(
         &s,
         hook,
@@ -137,11 +161,15 @@ async fn a_disk_space_rule_fires_a_server_alert_when_free_space_falls_and_resolv
         r.body["condition"],
         json!({"type": "disk_space", "below_bytes": below, "duration_seconds": 0})
     );
+    // Absent for a dozen evaluation ticks while the space is above the threshold.
     tokio::time::sleep(std::time::Duration::from_millis(600)).await;
     assert_eq!(crate::evaluation::alerts(&s, "").await["total"], 0);
 
-    let ballast = s._dir.path().join("ballast");
-    fill(&ballast, 768);
+    let ballast = match &small {
+        Ok(t) => t.join("ballast"),
+        Err(_) => s._dir.path().join("ballast"),
+    };
+    fill(&ballast, ballast_mib as usize);
     let l = crate::evaluation::wait_alerts(&s, "state=firing", 1).await;
     let a = &l["items"][0];
     assert_eq!(a["rule_id"], id);
@@ -161,6 +189,8 @@ async fn a_disk_space_rule_fires_a_server_alert_when_free_space_falls_and_resolv
     let got = sink.wait_for(2).await;
     assert_eq!(got[1].header("x-fleetops-event"), Some("alert.resolved"));
     assert_eq!(crate::evaluation::alerts(&s, "").await["total"], 1);
+    // The server stops before its file system is unmounted.
+    drop(s);
 }
 
 each_backend!(only_a_superuser_writes_a_disk_space_condition);
