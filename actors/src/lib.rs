@@ -12,7 +12,7 @@
 //!  ├─ SessionsSupervisor
 //!  │   └─ SessionActor      one per active session: its log chunks, counters and artifacts,
 //!  │                        the replay buffer and the live fan-out
-//!  ├─ IntakeActor           webhook delivery ids (dedup), the payload journal, the secret
+//!  ├─ IntakeActor           webhook delivery ids (dedup), the payload log, the secret
 //!  ├─ JobDispatcher         repository links, test runs, idempotency keys
 //!  ├─ InstallationsSupervisor
 //!  │   └─ InstallationActor one per host installation: its lifecycle and repositories
@@ -34,7 +34,7 @@
 //! gets a 500 and wrote nothing, the requests queued behind it are sent once more to the
 //! replacement, and an actor left down past its budget answers 503 while the rest serves.
 //! Handles are the only way in: writes pass through the owning actor, one atomic batch each,
-//! and are answered once durable (a group commit; for webhook deliveries, the payload journal's
+//! and are answered once durable (a group commit; for webhook deliveries, the payload log's
 //! fsync); reads go to the store. Every call has a deadline (`call_timeout_ms`) and every
 //! mailbox a bound (`mailbox_limit`); a call whose caller gave up before the actor took it on
 //! is never applied.

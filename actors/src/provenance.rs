@@ -14,7 +14,7 @@
 //! Tested through the real server, from a commit's test run to the robot's answer and the
 //! passed-run policy (`tests/api/rollouts.rs`).
 
-use fleetops_storage::{Deployment, RunStatus, Store, rollouts::CapsuleSource};
+use fleetops_storage::{Deployment, RunStatus, Store, pipeline::rollouts::CapsuleSource};
 use serde::Serialize;
 
 use crate::clock::fmt_ms;

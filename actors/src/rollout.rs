@@ -312,7 +312,7 @@ impl ControllerState {
     /// Sends the owed notice to every integration of the gate rules, then records it sent.
     async fn notify(
         &mut self,
-        r: &fleetops_storage::rollouts::Rollout,
+        r: &fleetops_storage::pipeline::rollouts::Rollout,
         notice: &str,
     ) -> Result<()> {
         let (store, pid, id) = (&self.ctx.store, r.project_id, r.deployment_id);

@@ -225,8 +225,8 @@ pub struct EnrollmentTokenView {
     pub token: Option<String>,
 }
 
-impl From<&fleetops_storage::enrollment::EnrollmentToken> for EnrollmentTokenView {
-    fn from(t: &fleetops_storage::enrollment::EnrollmentToken) -> Self {
+impl From<&fleetops_storage::devices::enrollment::EnrollmentToken> for EnrollmentTokenView {
+    fn from(t: &fleetops_storage::devices::enrollment::EnrollmentToken) -> Self {
         Self {
             id: t.id,
             name: t.name.clone(),

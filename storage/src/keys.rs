@@ -151,14 +151,14 @@ pub(crate) fn log_summary(session: u64, seq: u64) -> Vec<u8> {
 pub(crate) fn log_summary_prefix(session: u64) -> Vec<u8> {
     key(&[b"ls", &be(session), b""])
 }
-/// A chunk's text filter ([`crate::text_filter`]), in the logs tree beside it.
+/// A chunk's text filter ([`crate::sessions::text_filter`]), in the logs tree beside it.
 pub(crate) fn log_text_filter(session: u64, seq: u64) -> Vec<u8> {
     key(&[b"lt", &be(session), &be(seq)])
 }
 pub(crate) fn log_text_filter_prefix(session: u64) -> Vec<u8> {
     key(&[b"lt", &be(session), b""])
 }
-/// Where a sealed chunk is in the blob store ([`crate::segments::ChunkLocation`]).
+/// Where a sealed chunk is in the blob store ([`crate::sessions::segments::ChunkLocation`]).
 pub(crate) fn log_location(session: u64, seq: u64) -> Vec<u8> {
     key(&[b"lo", &be(session), &be(seq)])
 }
@@ -172,7 +172,7 @@ pub(crate) fn doomed_segment(segment: &str) -> Vec<u8> {
 pub(crate) fn doomed_segment_prefix() -> Vec<u8> {
     key(&[b"ldel", b""])
 }
-/// The first chunk sequence number of a session not sealed yet ([`crate::log_seal`]).
+/// The first chunk sequence number of a session not sealed yet ([`crate::sessions::seal`]).
 pub(crate) fn log_seal_cursor(session: u64) -> Vec<u8> {
     key(&[b"lq", &be(session)])
 }
@@ -551,7 +551,7 @@ pub(crate) fn lease_prefix() -> Vec<u8> {
     key(&[b"lease", b""])
 }
 
-/// An enrollment token of a project ([`crate::enrollment`]).
+/// An enrollment token of a project ([`crate::devices::enrollment`]).
 pub(crate) fn enrollment(project: u64, id: u64) -> Vec<u8> {
     key(&[b"enr", &be(project), &be(id)])
 }

@@ -195,7 +195,7 @@ impl Store {
         if b.left > 0 {
             let repos: Vec<RepoLink> = self.first_records(&keys::repo_prefix(pid), b.left)?;
             if !repos.is_empty() {
-                let mut batch = crate::scm::ScmBatch::default();
+                let mut batch = crate::webhooks::WebhookBatch::default();
                 for r in &repos {
                     batch.delete_repo(org, r);
                 }

@@ -15,7 +15,13 @@ impl Tmpfs {
     pub fn mount(mib: u64) -> Result<Tmpfs, String> {
         let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
         let out = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={mib}m,mode=0700"), "tmpfs"])
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={mib}m,mode=0700"),
+                "tmpfs",
+            ])
             .arg(dir.path())
             .output()
             .map_err(|e| format!("mount: {e}"))?;
@@ -42,6 +48,9 @@ impl Tmpfs {
 impl Drop for Tmpfs {
     fn drop(&mut self) {
         // Lazily: a server thread that still holds a file there does not keep it mounted.
-        let _ = Command::new("umount").arg("-l").arg(self.dir.path()).status();
+        let _ = Command::new("umount")
+            .arg("-l")
+            .arg(self.dir.path())
+            .status();
     }
 }

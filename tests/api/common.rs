@@ -290,7 +290,7 @@ impl Srv {
             "{}/{}?list-type=2&prefix={}",
             fleetops_testkit::moto::shared(),
             bucket_for(self._dir.path()),
-            fleetops_storage::segments::SEGMENT_PREFIX
+            fleetops_storage::sessions::segments::SEGMENT_PREFIX
         );
         let xml = self
             .http

@@ -30,7 +30,7 @@ pub enum ShownState {
 }
 
 impl ShownState {
-    pub fn of(r: &fleetops_storage::rollouts::Rollout) -> Self {
+    pub fn of(r: &fleetops_storage::pipeline::rollouts::Rollout) -> Self {
         if r.started_at.is_none() {
             return ShownState::Planned;
         }

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use fleetops_storage::{UpdateState, rollouts::HistoryEntry};
+use fleetops_storage::{UpdateState, pipeline::rollouts::HistoryEntry};
 use serde::Serialize;
 
 use super::{PipelineHandle, UploadKind};

@@ -20,7 +20,7 @@ impl ProjectState {
     pub(super) fn create_capsule(
         &self,
         mut c: Capsule,
-        source: Option<fleetops_storage::rollouts::CapsuleSource>,
+        source: Option<fleetops_storage::pipeline::rollouts::CapsuleSource>,
         quota: Option<fleetops_storage::pipeline::QuotaMark>,
     ) -> Result<Capsule> {
         if self

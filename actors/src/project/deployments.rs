@@ -16,7 +16,7 @@ use fleetops_storage::DeviceResult;
 use fleetops_storage::RolloutStatus;
 use fleetops_storage::UpdateState;
 use fleetops_storage::accounts::Seq;
-use fleetops_storage::rollouts::{DeviceProgress, Rollout};
+use fleetops_storage::pipeline::rollouts::{DeviceProgress, Rollout};
 
 impl ProjectState {
     pub(super) fn deployment(&self, id: u64) -> Result<Deployment> {
@@ -429,8 +429,8 @@ impl ProjectState {
 
     pub(super) fn set_policy(
         &self,
-        p: fleetops_storage::rollouts::ProjectPolicy,
-    ) -> Result<fleetops_storage::rollouts::ProjectPolicy> {
+        p: fleetops_storage::pipeline::rollouts::ProjectPolicy,
+    ) -> Result<fleetops_storage::pipeline::rollouts::ProjectPolicy> {
         self.store.put_project_policy(self.pid(), &p)?;
         Ok(p)
     }

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use fleetops_storage::Device;
 use fleetops_storage::StorageError;
 use fleetops_storage::accounts::Seq;
-use fleetops_storage::enrollment::EnrollmentToken;
+use fleetops_storage::devices::enrollment::EnrollmentToken;
 
 use super::ProjectState;
 use crate::error::{Error, Result};

@@ -81,7 +81,10 @@ pub(crate) enum ProjectMsg {
     },
     CreateEnrollmentToken {
         spec: Box<enrollment::TokenSpec>,
-        reply: Reply<(fleetops_storage::enrollment::EnrollmentToken, String)>,
+        reply: Reply<(
+            fleetops_storage::devices::enrollment::EnrollmentToken,
+            String,
+        )>,
     },
     DeleteEnrollmentToken {
         id: u64,
@@ -135,7 +138,7 @@ pub(crate) enum ProjectMsg {
     CreateCapsule {
         capsule: Box<Capsule>,
         /// Where its code came from, if declared.
-        source: Option<fleetops_storage::rollouts::CapsuleSource>,
+        source: Option<fleetops_storage::pipeline::rollouts::CapsuleSource>,
         /// The organization's quota turn, released once this message is written or dropped
         /// unapplied (never while the record may still appear).
         turn: Arc<Turn>,
@@ -250,7 +253,7 @@ pub(crate) enum ProjectMsg {
         status: String,
         message: Option<String>,
         any_state: bool,
-        reply: Reply<fleetops_storage::rollouts::DeviceProgress>,
+        reply: Reply<fleetops_storage::pipeline::rollouts::DeviceProgress>,
     },
     /// The project's own retention of ended sessions.
     SetLogRetention {
@@ -259,8 +262,8 @@ pub(crate) enum ProjectMsg {
     },
     /// The project's rollout policy.
     SetPolicy {
-        policy: fleetops_storage::rollouts::ProjectPolicy,
-        reply: Reply<fleetops_storage::rollouts::ProjectPolicy>,
+        policy: fleetops_storage::pipeline::rollouts::ProjectPolicy,
+        reply: Reply<fleetops_storage::pipeline::rollouts::ProjectPolicy>,
     },
     /// A rollout's step (its controller) or a member's action on it.
     /// A member offers a failed package again to one device; replies with its offer count.
@@ -276,7 +279,7 @@ pub(crate) enum ProjectMsg {
         action: crate::rules::rollouts::RolloutAction,
         /// A controller's lease, which the write checks (several nodes); `None` for a member.
         fence: Option<fleetops_storage::leases::Fence>,
-        reply: Reply<(fleetops_storage::rollouts::Rollout, bool)>,
+        reply: Reply<(fleetops_storage::pipeline::rollouts::Rollout, bool)>,
     },
     /// Fault injection for supervision tests.
     #[cfg(feature = "fault-injection")]

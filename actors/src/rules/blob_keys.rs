@@ -10,7 +10,7 @@
 
 pub(crate) const CAPSULES: &str = "capsules";
 pub(crate) const CONFIGURATIONS: &str = "configurations";
-/// Sealed log segments (`fleetops_storage::segments`): `logs/{project}/{session}/...`.
+/// Sealed log segments (`fleetops_storage::sessions::segments`): `logs/{project}/{session}/...`.
 pub(crate) const LOGS: &str = "logs";
 
 /// A project's folder of `kind`: every upload and sealed copy of its records.

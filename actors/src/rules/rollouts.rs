@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 
-use fleetops_storage::{Deployment, DeploymentStatus, RolloutState, rollouts::Rollout};
+use fleetops_storage::{Deployment, DeploymentStatus, RolloutState, pipeline::rollouts::Rollout};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};

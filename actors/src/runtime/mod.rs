@@ -86,7 +86,7 @@ impl Readiness {
 #[derive(Debug, Clone)]
 pub struct StoreFigures {
     /// Log segments written and fetched, and the chunk cache's hits.
-    pub segments: fleetops_storage::segments::SegmentStats,
+    pub segments: fleetops_storage::sessions::segments::SegmentStats,
     /// Webhook deliveries waiting for the worker.
     pub deliveries_queued: u64,
     /// Deliveries recovered from the payload log at start-up.

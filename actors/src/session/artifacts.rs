@@ -44,13 +44,13 @@ impl SessionsHandle {
         use futures::StreamExt;
         const SEAL_GRACE_MS: i64 = 3_600_000;
         let store_now = self.blobs.clock_ms().await? + store_ahead_ms;
-        let prefix = fleetops_storage::segments::SEGMENT_PREFIX.trim_end_matches('/');
+        let prefix = fleetops_storage::sessions::segments::SEGMENT_PREFIX.trim_end_matches('/');
         let mut keys = self.blobs.keys_written(prefix);
         let mut gone = 0;
         let mut current: Option<(u64, std::collections::HashSet<String>)> = None;
         while let Some(key) = keys.next().await {
             let (key, written) = key?;
-            let Some(session) = fleetops_storage::segments::segment_session(&key) else {
+            let Some(session) = fleetops_storage::sessions::segments::segment_session(&key) else {
                 continue;
             };
             if store_now - written < SEAL_GRACE_MS {

@@ -844,7 +844,7 @@ mod tests {
                 .map(|(f, l, o)| answer(&store, sid, f, *l, *o))
                 .collect();
             // Sealed in a few rounds of a random size, into chunks of a random size.
-            let plan = fleetops_storage::log_seal::SealPlan {
+            let plan = fleetops_storage::sessions::seal::SealPlan {
                 chunk_lines: 50 + rand(450) as usize,
                 chunk_bytes: 1 << 20,
                 max_source_bytes: 500 + rand(20_000) as usize,

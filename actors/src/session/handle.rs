@@ -473,7 +473,7 @@ impl SessionsHandle {
         // to-delete list until deleted; the housekeeper retries what is left there.
         let (segments, files): (Vec<String>, Vec<String>) = blobs
             .into_iter()
-            .partition(|k| k.starts_with(fleetops_storage::segments::SEGMENT_PREFIX));
+            .partition(|k| k.starts_with(fleetops_storage::sessions::segments::SEGMENT_PREFIX));
         for key in files {
             if let Err(e) = self.blobs.delete(&key).await {
                 tracing::warn!(key, error = %e, "could not delete an artifact blob");

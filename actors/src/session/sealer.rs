@@ -1,4 +1,4 @@
-//! [`LogSealer`]: runs the seals of sessions' log batches (`fleetops_storage::log_seal`), each
+//! [`LogSealer`]: runs the seals of sessions' log batches (`fleetops_storage::sessions::seal`), each
 //! on a blocking thread, at most `[logs] max_concurrent_seals` at once.
 //!
 //! Three things ask for a seal: a session's actor once `[logs] seal_lines` lines or
@@ -16,7 +16,7 @@
 use std::sync::Arc;
 
 use fleetops_storage::Store;
-use fleetops_storage::log_seal::{SealPlan, SealSkipped};
+use fleetops_storage::sessions::seal::{SealPlan, SealSkipped};
 
 use crate::config::LogsConfig;
 use crate::counters::Counters;

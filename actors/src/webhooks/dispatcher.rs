@@ -9,7 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fleetops_storage::{
-    Delivery, RepoLink, StorageError, Store, TestRun, accounts::Seq, scm, scm::ScmBatch,
+    Delivery, RepoLink, StorageError, Store, TestRun, accounts::Seq, webhooks,
+    webhooks::WebhookBatch,
 };
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
@@ -349,7 +350,7 @@ impl DispatcherState {
     /// `moves_key`: a rerequest takes the key over.
     fn make(
         &self,
-        b: &mut ScmBatch,
+        b: &mut WebhookBatch,
         mut d: Delivery,
         outcome: DeliveryOutcome,
         run: TestRun,
@@ -368,7 +369,7 @@ impl DispatcherState {
     }
 
     /// Queues a run under `key` unless a run already holds it (`duplicate_job`).
-    fn enqueue(&self, b: &mut ScmBatch, mut d: Delivery, mut run: TestRun) -> Result<Wrote> {
+    fn enqueue(&self, b: &mut WebhookBatch, mut d: Delivery, mut run: TestRun) -> Result<Wrote> {
         if let Some(existing) = self.holder(&run)? {
             d.test_run_id = Some(existing.id);
             d.outcome = DeliveryOutcome::Skipped;
@@ -427,7 +428,7 @@ impl DispatcherState {
         let mut done: Vec<Result<()>> = Vec::with_capacity(works.len());
         // Read together by one worker under one lease: one fence for them all.
         let fence = works.first().and_then(|w| w.fence.clone());
-        let mut b = ScmBatch::default();
+        let mut b = WebhookBatch::default();
         let mut pending = 0;
         let mut written: HashSet<String> = HashSet::new();
         for w in works {
@@ -475,7 +476,7 @@ impl DispatcherState {
     /// others say they shared its batch (the error is one value and cannot be copied).
     fn commit_pending(
         &mut self,
-        b: &mut ScmBatch,
+        b: &mut WebhookBatch,
         done: &mut [Result<()>],
         pending: usize,
         fence: Option<&fleetops_storage::leases::Fence>,
@@ -518,7 +519,7 @@ impl DispatcherState {
     /// queued); whether it wrote a run. Every read it makes is of committed state: the
     /// caller commits `b` first when an earlier delivery in it wrote a run this one may read
     /// (`conflict_tags`).
-    fn dispatch_into(&self, work: &Work, b: &mut ScmBatch) -> Result<Wrote> {
+    fn dispatch_into(&self, work: &Work, b: &mut WebhookBatch) -> Result<Wrote> {
         if !still_queued(&self.store, work.delivery.seq)? {
             return Ok(false);
         }
@@ -738,12 +739,12 @@ impl DispatcherState {
             created_at: now,
             updated_at: now,
         };
-        let mut b = ScmBatch::default();
+        let mut b = WebhookBatch::default();
         b.put_repo(org, &r)?;
         match b.commit(&self.store) {
             Ok(()) => Ok(r),
             // Another server linked it since the read above.
-            Err(StorageError::Conflict(w)) if w == scm::REPO_NAME_TAKEN => {
+            Err(StorageError::Conflict(w)) if w == webhooks::REPO_NAME_TAKEN => {
                 match self.store.repo_by_name(org, &r.full_name)? {
                     Some(l) => Err(taken(l)),
                     None => Err(Error::Unavailable {
@@ -780,7 +781,7 @@ impl DispatcherState {
             r.include_drafts = d;
         }
         r.updated_at = self.clock.now_ms();
-        let mut b = ScmBatch::default();
+        let mut b = WebhookBatch::default();
         b.put_repo(self.org_of(project_id)?, &r)?;
         b.commit(&self.store)?;
         Ok(r)
@@ -788,7 +789,7 @@ impl DispatcherState {
 
     fn delete_repo(&self, project_id: u64, id: u64) -> Result<()> {
         let r = self.repo(project_id, id)?;
-        let mut b = ScmBatch::default();
+        let mut b = WebhookBatch::default();
         b.delete_repo(self.org_of(project_id)?, &r);
         Ok(b.commit(&self.store)?)
     }
@@ -802,7 +803,7 @@ impl DispatcherState {
     /// Writes `r` over `old`; `false` when the store found the run changed since `old` was
     /// read (another process wrote it): the caller decides again on what it holds now.
     fn save(&self, old: &TestRun, r: &TestRun) -> Result<bool> {
-        let mut b = ScmBatch::default();
+        let mut b = WebhookBatch::default();
         b.put_run(old, r)?;
         match b.commit(&self.store) {
             Ok(()) => Ok(true),
@@ -983,7 +984,7 @@ mod tests {
                 created_at: i as i64,
                 updated_at: i as i64,
             };
-            let mut b = ScmBatch::default();
+            let mut b = WebhookBatch::default();
             b.put_new_run(&store.new_run(run).unwrap()).unwrap();
             b.commit(&store).unwrap();
         }

@@ -7,7 +7,9 @@
 
 use std::sync::Arc;
 
-use fleetops_storage::{Installation, InstallationBinding, RepoHold, Store, scm::ScmBatch};
+use fleetops_storage::{
+    Installation, InstallationBinding, RepoHold, Store, webhooks::WebhookBatch,
+};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
 use super::dispatcher::DispatcherMsg;
@@ -431,7 +433,7 @@ impl InstallationActorState {
             .unwrap_or_else(|| self.blank(now_ms()));
         let mut b = self.store.installation_binding(self.id)?;
         b.bind(org_id);
-        let mut batch = ScmBatch::default();
+        let mut batch = WebhookBatch::default();
         batch.put_installation(&i)?;
         batch.put_binding(self.id, &b)?;
         batch.commit(&self.store)?;

@@ -1,7 +1,7 @@
 //! Test runs: listing, and the runner's claim, heartbeat and completion (the dispatcher
 //! writes them).
 
-use fleetops_storage::scm::RunQuery;
+use fleetops_storage::webhooks::RunQuery;
 
 use super::WebhooksHandle;
 use super::dispatcher::DispatcherMsg;

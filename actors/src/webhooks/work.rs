@@ -2,7 +2,7 @@
 //! dispatcher), and the two writes both of them may make to it. Writer-side, so the actors
 //! never import the handle's files.
 
-use fleetops_storage::scm::ScmBatch;
+use fleetops_storage::webhooks::WebhookBatch;
 use fleetops_storage::{Delivery, DeliveryOutcome, Store};
 
 use super::payload::Payload;
@@ -37,8 +37,8 @@ pub(crate) struct Work {
 
 impl Work {
     /// A batch for this delivery's writes, fenced by the worker's lease (several nodes).
-    pub(crate) fn batch(&self) -> ScmBatch {
-        let mut b = ScmBatch::default();
+    pub(crate) fn batch(&self) -> WebhookBatch {
+        let mut b = WebhookBatch::default();
         if let Some(f) = &self.fence {
             b.fence(f);
         }
@@ -102,7 +102,7 @@ pub(crate) fn skip(
     reason: &str,
     fence: Option<&fleetops_storage::leases::Fence>,
 ) -> Result<()> {
-    let mut b = ScmBatch::default();
+    let mut b = WebhookBatch::default();
     if let Some(f) = fence {
         b.fence(f);
     }
@@ -111,7 +111,7 @@ pub(crate) fn skip(
 }
 
 /// Adds a delivery's skip, with its reason, to `b`; it wrote no run.
-pub(crate) fn skip_into(b: &mut ScmBatch, d: &Delivery, reason: &str) -> Result<bool> {
+pub(crate) fn skip_into(b: &mut WebhookBatch, d: &Delivery, reason: &str) -> Result<bool> {
     let mut d = d.clone();
     d.outcome = DeliveryOutcome::Skipped;
     d.reason = Some(reason.into());

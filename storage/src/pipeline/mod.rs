@@ -1,4 +1,7 @@
-//! Capsules, configurations and deployment packages of a project (and rollout results).
+//! Capsules, configurations and deployment packages of a project (and rollout results);
+//! `rollouts`: a deployment's rollout, robots' progress and reports, the project's policy.
+
+pub mod records;
 
 use std::sync::Arc;
 
@@ -6,6 +9,8 @@ use crate::lists::{Entry, ListId, Listed, Query};
 use crate::{
     Capsule, Configuration, Deployment, DeploymentStatus, DeviceResult, Result, Store, Writes, keys,
 };
+
+pub mod rollouts;
 
 fn config_list(project: u64) -> ListId {
     ListId::new("cf").id(project)
@@ -227,7 +232,7 @@ impl Store {
     pub fn create_capsule(
         &self,
         c: &Capsule,
-        source: Option<&crate::rollouts::CapsuleSource>,
+        source: Option<&crate::pipeline::rollouts::CapsuleSource>,
         quota: Option<QuotaMark>,
     ) -> Result<()> {
         let mut w = Writes::new();

@@ -1,6 +1,6 @@
 //! Sealed log chunks in the blob store: segments, their chunks' locations, a read cache.
 //!
-//! A seal ([`crate::log_seal`]) packs the chunks it produces into one **segment**, an object
+//! A seal ([`crate::sessions::seal`]) packs the chunks it produces into one **segment**, an object
 //! under `logs/{project}/{session}/{first}-{last}-{ms}.seg` (the sequence numbers of its
 //! first and last chunk, and when it was written): the chunks' stored bytes one after the
 //! other, then a footer (every chunk's sequence number, offset, length and CRC-32, postcard),

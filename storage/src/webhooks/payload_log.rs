@@ -1,4 +1,4 @@
-//! Webhook payloads, kept out of sled in append-only segment files.
+//! The payload log: webhook payloads, kept out of sled in append-only segment files.
 //!
 //! A 23 KB payload written into a sled tree is copied into its node and rewritten whenever the
 //! node is, and nodes full of payloads exceed sled's blob threshold, so every consolidation
@@ -38,7 +38,7 @@ const JOURNAL: u32 = 1 << 31;
 /// Where a payload is: its segment (named by the segment's first seq) and byte offset.
 pub type PayloadAt = (u64, u64);
 
-pub(crate) struct Spool {
+pub(crate) struct PayloadLog {
     dir: PathBuf,
     /// [`SEGMENT_BYTES`]; smaller in tests.
     pub(crate) segment_bytes: std::sync::atomic::AtomicU64,
@@ -61,7 +61,7 @@ struct Writer {
     len: u64,
 }
 
-impl Spool {
+impl PayloadLog {
     pub(crate) fn open(dir: &Path) -> Result<Self> {
         // The directory's own entry must be durable too (power loss, not only kill -9).
         crate::create_dir_durable(dir)?;
@@ -247,7 +247,7 @@ impl Spool {
     }
 
     /// Deletes the segments whose every seq is below `oldest_kept` (the oldest delivery still
-    /// in the log) and that come before `current` (as [`Spool::current`] gave it before the
+    /// in the log) and that come before `current` (as [`PayloadLog::current`] gave it before the
     /// caller's scan): never a segment a batch may be being written into.
     pub(crate) fn release_before(&self, oldest_kept: u64, current: Option<u64>) -> Result<usize> {
         let Some(current) = current else {
@@ -430,12 +430,12 @@ mod tests {
     #[test]
     fn appends_read_back_survive_reopen_and_release_whole_segments() {
         let dir = tempfile::tempdir().unwrap();
-        let s = Spool::open(dir.path()).unwrap();
+        let s = PayloadLog::open(dir.path()).unwrap();
         let at = s.append(&[(1, b"one"), (2, b"two!")]).unwrap();
         assert_eq!(s.read(at[1], 4).unwrap().unwrap(), b"two!");
         assert!(s.read(at[1], 3).is_err(), "a wrong length is caught");
         drop(s);
-        let s = Spool::open(dir.path()).unwrap();
+        let s = PayloadLog::open(dir.path()).unwrap();
         let more = s.append(&[(3, b"three")]).unwrap();
         assert_eq!(more[0].0, 1, "appends continue the open segment");
         assert_eq!(s.read(at[0], 3).unwrap().unwrap(), b"one");
@@ -474,7 +474,7 @@ mod tests {
     #[test]
     fn large_and_small_payloads_mixed_in_one_batch_read_back() {
         let dir = tempfile::tempdir().unwrap();
-        let s = Spool::open(dir.path()).unwrap();
+        let s = PayloadLog::open(dir.path()).unwrap();
         let big = vec![7u8; GATHER_BYTES + 5];
         let small = vec![1u8; GATHER_BYTES / 2 + 1];
         let items: Vec<(u64, &[u8])> =
@@ -490,13 +490,13 @@ mod tests {
     #[test]
     fn a_flipped_byte_is_an_error_not_wrong_data() {
         let dir = tempfile::tempdir().unwrap();
-        let s = Spool::open(dir.path()).unwrap();
+        let s = PayloadLog::open(dir.path()).unwrap();
         let at = s.append(&[(7, b"payload")]).unwrap();
         let path = dir.path().join(name(7));
         let mut bytes = std::fs::read(&path).unwrap();
         *bytes.last_mut().unwrap() ^= 1;
         std::fs::write(&path, bytes).unwrap();
-        let s = Spool::open(dir.path()).unwrap();
+        let s = PayloadLog::open(dir.path()).unwrap();
         assert!(s.read(at[0], 7).is_err());
     }
 }

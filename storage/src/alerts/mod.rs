@@ -2,6 +2,8 @@
 //! evaluator's condition states (written by the project's rule evaluator), notifications
 //! (created by the evaluator, then updated by the notifier only).
 
+pub mod records;
+
 use crate::lists::{Entry, ListId, Listed, Query};
 use crate::{
     Alert, AlertRule, ConditionState, Integration, Notification, Result, Store, Writes, codec, keys,

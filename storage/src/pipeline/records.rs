@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::UploadState;
+use crate::UploadState;
 
 use crate::states::{DeploymentStatus, RolloutStatus};
 

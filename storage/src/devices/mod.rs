@@ -1,5 +1,8 @@
 //! Devices and device groups of a project.
 
+pub mod enrollment;
+pub mod records;
+
 use std::sync::Arc;
 
 use std::collections::BTreeMap;
@@ -253,7 +256,7 @@ impl Store {
         let Some(v) = self.inner.records.get(keys::device_by_token(hash))? else {
             return Ok(None);
         };
-        match crate::scm::pair(&v) {
+        match crate::webhooks::pair(&v) {
             Some((p, d)) => self.device(p, d),
             None => Ok(None),
         }
@@ -269,7 +272,7 @@ impl Store {
         else {
             return Ok(None);
         };
-        match crate::scm::pair(&v) {
+        match crate::webhooks::pair(&v) {
             Some((p, d)) => self.device_async(p, d).await,
             None => Ok(None),
         }

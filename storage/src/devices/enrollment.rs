@@ -110,7 +110,7 @@ impl Store {
         let Some(v) = self.inner.records.get(keys::enrollment_by_hash(hash))? else {
             return Ok(None);
         };
-        match crate::scm::pair(&v) {
+        match crate::webhooks::pair(&v) {
             Some((p, id)) => self.enrollment_token(p, id),
             None => Ok(None),
         }
@@ -131,7 +131,7 @@ impl Store {
             .inner
             .records
             .get(keys::enrollment_attempt(hash))?
-            .and_then(|v| crate::scm::pair(&v)))
+            .and_then(|v| crate::webhooks::pair(&v)))
     }
 
     /// Gives device `old` the token of `new` (the same device, never seen yet): the old

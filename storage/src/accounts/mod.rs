@@ -3,6 +3,8 @@
 //! Uniqueness (email, slugs) is enforced by the single writer that calls these functions;
 //! each write here is one atomic batch of the record and its index entries.
 
+pub mod records;
+
 use std::sync::Arc;
 
 use crate::{ApiKey, Membership, Organization, Project, Result, Role, Store, User, Writes, keys};
