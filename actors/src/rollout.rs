@@ -67,7 +67,7 @@ pub(crate) struct RolloutCtx {
     pub tick: Duration,
     /// The controllers' own supervisor: a stopping controller leaves its registry, and starts
     /// a fresh one when a resume came meanwhile.
-    pub controllers: crate::keyed::Keyed<RolloutActor>,
+    pub controllers: crate::keyed::Keyed<RolloutController>,
     /// Several nodes: a controller decides only while it holds its rollout's lease.
     pub bus: crate::bus::Bus,
     pub lease_ttl_ms: i64,
@@ -82,9 +82,9 @@ pub(crate) struct RolloutCtx {
 pub(crate) const SUBJECT: &str = "fleetops.rollouts";
 
 #[derive(Default)]
-pub(crate) struct RolloutActor;
+pub(crate) struct RolloutController;
 
-impl crate::keyed::KeyedChild for RolloutActor {
+impl crate::keyed::KeyedChild for RolloutController {
     type Req = RolloutMsg;
     type Ctx = RolloutCtx;
     const KIND: &'static str = "rollout";
@@ -111,7 +111,7 @@ const NOTICE_BACKOFF_MS: (i64, i64) = (1_000, 300_000);
 /// The alerts of one gate rule read per tick at most (newest first, back to the phase's start).
 const ALERTS_PER_RULE: usize = 2_000;
 
-impl Actor for RolloutActor {
+impl Actor for RolloutController {
     type Msg = Envelope<RolloutMsg>;
     type State = ControllerState;
     type Arguments = (RolloutCtx, u64);
@@ -532,7 +532,7 @@ fn fired(
 }
 
 /// Starts the package's controller if none runs, and has it judge now.
-pub(crate) async fn start(controllers: &crate::keyed::Keyed<RolloutActor>, id: u64) {
+pub(crate) async fn start(controllers: &crate::keyed::Keyed<RolloutController>, id: u64) {
     match controllers.actor(id).await {
         Ok(a) => {
             let _ = a.cast(Envelope::cast(RolloutMsg::Tick));

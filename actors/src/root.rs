@@ -22,8 +22,8 @@ use std::time::Instant;
 use fleetops_storage::Store;
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, SupervisionEvent};
 
-use crate::alerts::evaluator::{EvaluatorActor, EvaluatorMsg};
-use crate::alerts::notifier::{NotifierActor, NotifierMsg};
+use crate::alerts::evaluator::{EvaluatorMsg, RuleEvaluator};
+use crate::alerts::notifier::{Notifier, NotifierMsg};
 use crate::config::SupervisionConfig;
 use crate::directory::{DirectoryActor, DirectoryMsg};
 use crate::housekeeper::{Housekeeper, HousekeeperArgs, HousekeeperMsg};
@@ -31,13 +31,13 @@ use crate::keyed::{KeyedArgs, KeyedChild, KeyedMsg, KeyedSupervisor};
 use crate::mailbox::Slot;
 use crate::project::{ProjectActor, ProjectMsg};
 use crate::quota::{QuotaActor, QuotaMsg};
-use crate::rollout::{RolloutActor, RolloutMsg};
+use crate::rollout::{RolloutController, RolloutMsg};
 use crate::session::{SessionActor, SessionMsg};
 use crate::supervision::{RestartBudget, Verdict};
-use crate::webhooks::dispatcher::{DispatcherActor, DispatcherMsg};
+use crate::webhooks::dispatcher::{DispatcherMsg, JobDispatcher};
 use crate::webhooks::installation::{InstallationActor, InstallationMsg};
 use crate::webhooks::intake::{IntakeActor, IntakeMsg};
-use crate::webhooks::worker::{WorkerActor, WorkerArgs, WorkerMsg};
+use crate::webhooks::worker::{WebhookWorker, WorkerArgs, WorkerMsg};
 
 /// The children of the root, each restarted in place.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -106,11 +106,11 @@ pub(crate) struct RootArgs {
     pub quotas: Arc<Slot<KeyedMsg<QuotaMsg>>>,
     pub quota_args: KeyedArgs<QuotaActor>,
     pub evaluators: Arc<Slot<KeyedMsg<EvaluatorMsg>>>,
-    pub evaluator_args: KeyedArgs<EvaluatorActor>,
+    pub evaluator_args: KeyedArgs<RuleEvaluator>,
     pub notifiers: Arc<Slot<KeyedMsg<NotifierMsg>>>,
-    pub notifier_args: KeyedArgs<NotifierActor>,
+    pub notifier_args: KeyedArgs<Notifier>,
     pub rollouts: Arc<Slot<KeyedMsg<RolloutMsg>>>,
-    pub rollout_args: KeyedArgs<RolloutActor>,
+    pub rollout_args: KeyedArgs<RolloutController>,
     pub restarts: Arc<AtomicU64>,
     pub health: Health,
     pub clock: crate::clock::Clock,
@@ -189,7 +189,7 @@ impl RootState {
             Child::Dispatcher => {
                 let (a, _) = Actor::spawn_linked(
                     None,
-                    DispatcherActor,
+                    JobDispatcher,
                     (
                         self.args.store.clone(),
                         self.args.lease_seconds,
@@ -212,7 +212,7 @@ impl RootState {
             Child::Worker => {
                 let (a, _) = Actor::spawn_linked(
                     None,
-                    WorkerActor,
+                    WebhookWorker,
                     self.args.worker_args.clone(),
                     myself.get_cell(),
                 )

@@ -61,9 +61,9 @@ pub(crate) struct NotifierCtx {
 }
 
 #[derive(Default)]
-pub(crate) struct NotifierActor;
+pub(crate) struct Notifier;
 
-impl crate::keyed::KeyedChild for NotifierActor {
+impl crate::keyed::KeyedChild for Notifier {
     type Req = NotifierMsg;
     type Ctx = NotifierCtx;
     const KIND: &'static str = "notifier";
@@ -93,7 +93,7 @@ pub(crate) struct NotifierState {
     holds: (bool, i64),
 }
 
-impl Actor for NotifierActor {
+impl Actor for Notifier {
     type Msg = Envelope<NotifierMsg>;
     type State = NotifierState;
     type Arguments = (NotifierCtx, u64);

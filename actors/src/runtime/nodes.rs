@@ -21,7 +21,7 @@ pub(super) const ASSIGNMENTS_REFRESH: Duration = Duration::from_secs(2);
 pub(super) async fn listen_to_other_nodes(
     store: &Store,
     bus: &bus::Bus,
-    controllers: &keyed::Keyed<rollout::RolloutActor>,
+    controllers: &keyed::Keyed<rollout::RolloutController>,
     assignments: &Arc<assignments::Assignments>,
 ) -> anyhow::Result<()> {
     fn id_of(m: &bus::Message) -> Option<u64> {

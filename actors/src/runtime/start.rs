@@ -180,7 +180,7 @@ impl Runtime {
             cfg.supervision.clone(),
         );
         let sender = alerts::sender::Sender::new(&cfg.alerts, &cfg.smtp)?;
-        let notifier_args = KeyedArgs::<alerts::notifier::NotifierActor> {
+        let notifier_args = KeyedArgs::<alerts::notifier::Notifier> {
             ctx: alerts::notifier::NotifierCtx {
                 counters: counters.clone(),
                 store: store.clone(),
@@ -209,7 +209,7 @@ impl Runtime {
         let rule_health: alerts::evaluator::RuleHealthMap = Arc::new(DashMap::new());
         #[cfg(feature = "fault-injection")]
         let fail_log_sets = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let evaluator_args = KeyedArgs::<alerts::evaluator::EvaluatorActor> {
+        let evaluator_args = KeyedArgs::<alerts::evaluator::RuleEvaluator> {
             ctx: alerts::evaluator::EvaluatorCtx {
                 store: store.clone(),
                 clock: clock.clone(),
@@ -299,7 +299,7 @@ impl Runtime {
         );
         #[cfg(feature = "fault-injection")]
         let stop_holds: rollout::StopHolds = Arc::new(DashMap::new());
-        let rollout_args = KeyedArgs::<rollout::RolloutActor> {
+        let rollout_args = KeyedArgs::<rollout::RolloutController> {
             ctx: rollout::RolloutCtx {
                 store: store.clone(),
                 projects: projects.clone(),

@@ -11,9 +11,9 @@ use std::sync::Arc;
 use fleetops_storage::sessions::{ChunkIndex, SessionQuery};
 use fleetops_storage::{BlobStore, Columns, LogChunk, Session, SessionStatus, Store};
 
-use super::exports;
 pub use super::exports::{ExportFormat, ExportStream};
 use super::{Replay, SessionActor, SessionMsg};
+use super::{exports, search};
 use crate::clock::now_ms;
 use crate::config::SessionsConfig;
 use crate::error::{Error, Result};
@@ -529,7 +529,7 @@ impl SessionsHandle {
             ));
         }
         let store = self.store.clone();
-        tokio::task::spawn_blocking(move || exports::query(&store, id, &filter, limit, offset))
+        tokio::task::spawn_blocking(move || search::query(&store, id, &filter, limit, offset))
             .await
             .map_err(|e| Error::Internal(e.to_string()))?
     }

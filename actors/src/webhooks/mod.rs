@@ -4,7 +4,7 @@
 //! POST /scm/webhooks ─ verify (HMAC, constant time) ─▶ IntakeActor (claim id + store, atomic)
 //!        ◀── 202 once in the journal (fdatasync) ─────┘         │ seq
 //!                                                               ▼
-//!                       WorkerActor (arrival order) ─▶ InstallationActor (one per installation)
+//!                       WebhookWorker (arrival order) ─▶ InstallationActor (one per installation)
 //!                                                               │
 //!                                                               ▼
 //!                                                         JobDispatcher ─▶ test runs

@@ -1,4 +1,4 @@
-//! WorkerActor: works accepted webhook deliveries in batches, in arrival order, under the
+//! WebhookWorker: works accepted webhook deliveries in batches, in arrival order, under the
 //! root supervisor: a batch is read and parsed off the runtime's threads, and each run of one
 //! installation's deliveries in it is one message to that installation. The store is the
 //! queue: the intake stores each subscribed delivery `queued`, which puts it in the list of
@@ -39,7 +39,7 @@ pub(crate) enum WorkerMsg {
     Next,
 }
 
-pub(crate) struct WorkerActor;
+pub(crate) struct WebhookWorker;
 
 /// What the intake and the worker share; it outlives any one incarnation of the worker.
 #[derive(Clone, Default)]
@@ -115,7 +115,7 @@ pub(crate) struct WorkerState {
     holding: bool,
 }
 
-impl Actor for WorkerActor {
+impl Actor for WebhookWorker {
     type Msg = Envelope<WorkerMsg>;
     type State = WorkerState;
     type Arguments = WorkerArgs;
