@@ -493,7 +493,7 @@ mod tests {
     }
 }
 
-/// Every poll of a request's handler, timed (see `PollTimed` in `edge.rs`).
+/// Every poll of a request's handler, timed (see `PollTimed` in `edge/connections.rs`).
 pub type PollTimes = fleetops_actors::timings::Timings;
 
 /// Renders a [`fleetops_actors::timings::Timings`] as a histogram under `name`.

@@ -31,7 +31,7 @@ pub async fn live_logs(cx: &mut Cx<'_>, mut req: Req) -> ApiResult<Response<Body
     // names the page's origin on every handshake; a cookie is never a credential for a
     // handshake from elsewhere).
     let token = req.query.get("token").map(str::to_string);
-    let cookie = crate::console::session::token(req.header("cookie"))
+    let cookie = crate::console::cookie::token(req.header("cookie"))
         .filter(|_| crate::console::same_origin(cx.app, &req))
         .map(str::to_string);
     let cred = req.credential().map(str::to_string).or(token).or(cookie);

@@ -8,7 +8,7 @@
 //!   403 → 404); the body is read only after them, always under a size cap (413), then parsed
 //!   (400, or 422 naming a field that does not fit) and checked by the runtime (422, 409): the
 //!   order `lib.rs` states.
-//! - What it answers is described in `openapi.rs`, whose exhaustive matches on the operation
+//! - What it answers is described in `openapi/` (`answers.rs`), whose exhaustive matches on the operation
 //!   make a new one fail to compile until it is described.
 //!
 //! Tested through the real server (`tests/api/`), including malformed and hostile input
