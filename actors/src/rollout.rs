@@ -34,7 +34,7 @@ use crate::assignments::Assignments;
 use crate::clock::Clock;
 use crate::error::{Error, Result};
 use crate::mailbox::Envelope;
-use crate::project::ProjectMsg;
+use crate::project::PipelineMsg;
 use crate::project::handle::ProjectsHandle;
 use crate::rules::notifications::{AlertMessage, render};
 use crate::rules::rollouts::{
@@ -299,7 +299,7 @@ impl ControllerState {
     async fn write(&self, pid: u64, id: u64, action: RolloutAction) -> Result<()> {
         self.ctx
             .projects
-            .write(pid, |reply| ProjectMsg::Rollout {
+            .write(pid, |reply| PipelineMsg::Rollout {
                 id,
                 action: action.clone(),
                 fence: self.fence.clone(),
@@ -413,7 +413,7 @@ impl ControllerState {
         }
         self.ctx
             .projects
-            .write(pid, |reply| ProjectMsg::Rollout {
+            .write(pid, |reply| PipelineMsg::Rollout {
                 id,
                 action: RolloutAction::NoticeSent,
                 fence: self.fence.clone(),

@@ -148,6 +148,7 @@ fn writers_import_no_handle() {
                 "alerts::backtest",
                 "session::artifacts",
                 "session::exports",
+                "session::search",
                 "webhooks::secret",
                 "webhooks::deliveries",
                 "webhooks::repositories",
@@ -156,11 +157,74 @@ fn writers_import_no_handle() {
             ]
             .contains(&m)
     };
+    // A handle's own tests (`<handle>::tests`) are the handle's.
+    let inside_handle = |m: &str| handle(m) || m.strip_suffix("::tests").is_some_and(|h| handle(h));
     let g = graph();
     for w in WRITERS {
-        let deps = g.get(*w).unwrap_or_else(|| panic!("no module {w}"));
-        for d in deps {
-            assert!(!handle(d), "writer {w} imports the handle module {d}");
+        assert!(g.contains_key(*w), "no module {w}");
+        // A writer's own submodules (its feed, schedule, commit...) are the writer too.
+        let parts = g
+            .keys()
+            .filter(|m| *m == w || (m.starts_with(&format!("{w}::")) && !inside_handle(m)));
+        for m in parts {
+            for d in &g[m] {
+                assert!(!handle(d), "writer {m} imports the handle module {d}");
+            }
         }
     }
+}
+
+/// Each family's messages to a project's writer are built only by that family's handles
+/// (the writer's own module and its tests match and build them too).
+#[test]
+fn project_messages_are_built_only_by_their_familys_handles() {
+    const BUILT_BY: &[(&str, &[&str])] = &[
+        ("DevicesMsg::", &["project/handle.rs"]),
+        ("SessionsMsg::", &["session/handle.rs"]),
+        ("PipelineMsg::", &["pipeline/", "rollout.rs"]),
+        (
+            "AlertingMsg::",
+            &["alerts/integrations.rs", "alerts/rules.rs"],
+        ),
+    ];
+    const WRITER: &[&str] = &["project/mod.rs", "project/messages.rs", "project/tests.rs"];
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    let mut stack = vec![src.clone()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).expect("readable src").flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                files.push(p);
+            }
+        }
+    }
+    let mut seen = BTreeSet::new();
+    for f in &files {
+        let rel = f
+            .strip_prefix(&src)
+            .expect("under src")
+            .to_string_lossy()
+            .into_owned();
+        if WRITER.contains(&rel.as_str()) {
+            continue;
+        }
+        let text = code(&std::fs::read_to_string(f).expect("readable file"));
+        for (msg, allowed) in BUILT_BY {
+            if text.contains(msg) {
+                assert!(
+                    allowed.iter().any(|a| rel.starts_with(a)),
+                    "{rel} builds {msg}: only {allowed:?} may"
+                );
+                seen.insert(*msg);
+            }
+        }
+    }
+    assert_eq!(
+        seen.len(),
+        BUILT_BY.len(),
+        "not every family's messages were found: {seen:?}"
+    );
 }

@@ -7,7 +7,7 @@ use serde_json::{Map, Value};
 use super::AlertsHandle;
 use crate::clock::fmt_ms;
 use crate::error::{Error, Result};
-use crate::project::ProjectMsg;
+use crate::project::AlertingMsg;
 use crate::project::alerting::{full_config, open_secret};
 use crate::rules::notifications::{AlertMessage, IntegrationConfig, mask, render, secret_field};
 use fleetops_storage::{AlertEvent, Integration, IntegrationType, Severity};
@@ -110,7 +110,7 @@ impl AlertsHandle {
         }
         let i = self
             .projects
-            .write(pid, |reply| ProjectMsg::CreateIntegration {
+            .write(pid, |reply| AlertingMsg::CreateIntegration {
                 kind,
                 name: req.name.clone(),
                 enabled: req.enabled.unwrap_or(true),
@@ -135,7 +135,7 @@ impl AlertsHandle {
         };
         let i = self
             .projects
-            .write(pid, |reply| ProjectMsg::UpdateIntegration {
+            .write(pid, |reply| AlertingMsg::UpdateIntegration {
                 id,
                 kind,
                 name: patch.name.clone(),
@@ -150,7 +150,7 @@ impl AlertsHandle {
     /// Also takes it out of every rule, so the evaluator reloads them.
     pub async fn delete_integration(&self, pid: u64, id: u64) -> Result<()> {
         self.projects
-            .write(pid, |reply| ProjectMsg::DeleteIntegration { id, reply })
+            .write(pid, |reply| AlertingMsg::DeleteIntegration { id, reply })
             .await?;
         self.feed.rules_changed(&self.store, pid).await;
         Ok(())

@@ -9,7 +9,7 @@ use super::AlertsHandle;
 use super::evaluator::RuleHealth;
 use crate::clock::fmt_ms;
 use crate::error::{Error, Result};
-use crate::project::ProjectMsg;
+use crate::project::AlertingMsg;
 use crate::project::alerting::{RuleDraft, RulePatch};
 use crate::rules::alert_conditions::Condition;
 use fleetops_storage::{AlertRule, Severity};
@@ -167,7 +167,7 @@ impl AlertsHandle {
         };
         let r = self
             .projects
-            .write(pid, |reply| ProjectMsg::CreateAlertRule {
+            .write(pid, |reply| AlertingMsg::CreateAlertRule {
                 draft: Box::new(draft.clone()),
                 reply,
             })
@@ -187,7 +187,7 @@ impl AlertsHandle {
         };
         let r = self
             .projects
-            .write(pid, |reply| ProjectMsg::UpdateAlertRule {
+            .write(pid, |reply| AlertingMsg::UpdateAlertRule {
                 id,
                 patch: Box::new(patch.clone()),
                 reply,
@@ -199,7 +199,7 @@ impl AlertsHandle {
 
     pub async fn delete_rule(&self, pid: u64, id: u64) -> Result<()> {
         self.projects
-            .write(pid, |reply| ProjectMsg::DeleteAlertRule { id, reply })
+            .write(pid, |reply| AlertingMsg::DeleteAlertRule { id, reply })
             .await?;
         self.feed.rules_changed(&self.store, pid).await;
         Ok(())

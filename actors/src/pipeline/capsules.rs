@@ -235,7 +235,7 @@ impl PipelineHandle {
             let turn = Arc::new(self.reserve(org_id, tier, req.file_size_bytes).await?);
             let r = self
                 .projects
-                .write(pid, |reply| ProjectMsg::CreateCapsule {
+                .write(pid, |reply| PipelineMsg::CreateCapsule {
                     turn: turn.clone(),
                     source: source.clone(),
                     capsule: Box::new(Capsule {
@@ -291,7 +291,7 @@ impl PipelineHandle {
         if c.file_size_bytes > self.cfg.sync_validation_max_bytes {
             // Durable before the 202: a crash now resumes the validation at start-up.
             self.projects
-                .write(pid, |reply| ProjectMsg::ValidationPending {
+                .write(pid, |reply| PipelineMsg::ValidationPending {
                     id,
                     checksum: checksum.clone(),
                     reply,

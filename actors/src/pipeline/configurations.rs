@@ -10,7 +10,7 @@ use serde_json::value::RawValue;
 use super::{PipelineHandle, UploadKind, capsule_name, keys, raw_json};
 use crate::clock::{fmt_ms, now_ms};
 use crate::error::{Error, Result};
-use crate::project::ProjectMsg;
+use crate::project::PipelineMsg;
 use crate::rules::config_files::{self as configs, MAX_CONFIG_BYTES, SchemaError};
 pub use crate::rules::configurations::MAX_DEPTH;
 pub(crate) use crate::rules::configurations::{effective_schema, lineage};
@@ -238,7 +238,7 @@ impl PipelineHandle {
             );
             let r = self
                 .projects
-                .write(pid, |reply| ProjectMsg::CreateConfiguration {
+                .write(pid, |reply| PipelineMsg::CreateConfiguration {
                     turn: turn.clone(),
                     config: Box::new(Configuration {
                         id: 0,
@@ -342,7 +342,7 @@ impl PipelineHandle {
         let settled = match parsed {
             Ok(parsed) => {
                 self.projects
-                    .write(pid, |reply| ProjectMsg::SettleConfiguration {
+                    .write(pid, |reply| PipelineMsg::SettleConfiguration {
                         id,
                         checksum: sha.clone(),
                         size,

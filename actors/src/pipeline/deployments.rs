@@ -10,7 +10,7 @@ use super::PipelineHandle;
 use crate::clock::fmt_ms;
 use crate::error::{Error, Result};
 pub use crate::events::RolloutEvent;
-use crate::project::ProjectMsg;
+use crate::project::PipelineMsg;
 pub(crate) use crate::rules::deployments::evaluate;
 pub use crate::rules::deployments::{
     Blocker, DeploymentPatch, DeploymentSpec, Evaluation, MAX_TARGETS, TargetDevice, Transition,
@@ -135,7 +135,7 @@ impl PipelineHandle {
     ) -> Result<DeploymentView> {
         let d = self
             .projects
-            .write(pid, |reply| ProjectMsg::CreateDeployment {
+            .write(pid, |reply| PipelineMsg::CreateDeployment {
                 spec: Box::new(spec.clone()),
                 reply,
             })
@@ -266,7 +266,7 @@ impl PipelineHandle {
     ) -> Result<DeploymentView> {
         let d = self
             .projects
-            .write(pid, |reply| ProjectMsg::UpdateDeployment {
+            .write(pid, |reply| PipelineMsg::UpdateDeployment {
                 id,
                 patch: Box::new(patch.clone()),
                 reply,
@@ -277,14 +277,14 @@ impl PipelineHandle {
 
     pub async fn delete_deployment(&self, pid: u64, id: u64) -> Result<()> {
         self.projects
-            .write(pid, |reply| ProjectMsg::DeleteDeployment { id, reply })
+            .write(pid, |reply| PipelineMsg::DeleteDeployment { id, reply })
             .await
     }
 
     pub async fn transition(&self, pid: u64, id: u64, to: Transition) -> Result<DeploymentView> {
         let d = self
             .projects
-            .write(pid, |reply| ProjectMsg::TransitionDeployment {
+            .write(pid, |reply| PipelineMsg::TransitionDeployment {
                 id,
                 to,
                 reply,
@@ -310,7 +310,7 @@ impl PipelineHandle {
     ) -> Result<ResultAccepted> {
         let r = self
             .projects
-            .write(pid, |reply| ProjectMsg::ReportRollout {
+            .write(pid, |reply| PipelineMsg::ReportRollout {
                 id,
                 device_id,
                 status: status.clone(),

@@ -54,7 +54,7 @@ use crate::archives;
 use crate::clock::{fmt_ms, now_ms};
 use crate::error::{Error, Result};
 use crate::links::Signer;
-use crate::project::ProjectMsg;
+use crate::project::PipelineMsg;
 use crate::project::handle::ProjectsHandle;
 use crate::versions::{Constraint, parse_version};
 use fleetops_storage::ValidationStatus;

@@ -10,7 +10,7 @@ use serde::Serialize;
 use super::PipelineHandle;
 use crate::clock::fmt_ms;
 use crate::error::{Error, Result};
-use crate::project::ProjectMsg;
+use crate::project::PipelineMsg;
 use crate::rules::rollouts::RolloutPlan;
 pub use crate::rules::rollouts::{OnFailure, PhaseDevices, RolloutAction};
 
@@ -339,7 +339,7 @@ impl PipelineHandle {
     ) -> Result<RolloutView> {
         let resumed = action == RolloutAction::Resume;
         self.projects
-            .write(pid, |reply| ProjectMsg::Rollout {
+            .write(pid, |reply| PipelineMsg::Rollout {
                 id,
                 action: action.clone(),
                 fence: None,
@@ -377,7 +377,7 @@ impl PipelineHandle {
     ) -> Result<Retried> {
         let offers = self
             .projects
-            .write(pid, |reply| ProjectMsg::RetryDevice {
+            .write(pid, |reply| PipelineMsg::RetryDevice {
                 id,
                 device_id,
                 by: by.clone(),
@@ -423,7 +423,7 @@ impl PipelineHandle {
         }
         let p = self
             .projects
-            .write(pid, |reply| ProjectMsg::SetPolicy {
+            .write(pid, |reply| PipelineMsg::SetPolicy {
                 policy: p.clone(),
                 reply,
             })

@@ -8,7 +8,7 @@ use super::{Download, PipelineHandle, keys};
 use crate::clock::now_ms;
 use crate::error::{Error, Result};
 use crate::links::{Link, Purpose};
-use crate::project::ProjectMsg;
+use crate::project::PipelineMsg;
 use crate::rules::config_files::MAX_CONFIG_BYTES;
 use fleetops_storage::UploadState;
 use fleetops_storage::blobs::PutError;
@@ -157,7 +157,7 @@ impl PipelineHandle {
         }
         let size = self.put_upload(&upload.blob_key, body, max).await?;
         self.projects
-            .write(pid, |reply| ProjectMsg::Uploaded {
+            .write(pid, |reply| PipelineMsg::Uploaded {
                 kind,
                 id,
                 size,
@@ -378,7 +378,7 @@ impl PipelineHandle {
     ) -> Result<bool> {
         let blob = self
             .projects
-            .write(pid, |reply| ProjectMsg::DeleteUpload {
+            .write(pid, |reply| PipelineMsg::DeleteUpload {
                 kind,
                 id,
                 only_expired,

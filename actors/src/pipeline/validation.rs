@@ -146,7 +146,7 @@ impl PipelineHandle {
             );
             let verdict = self
                 .projects
-                .write(pid, |reply| ProjectMsg::SettleCapsule {
+                .write(pid, |reply| PipelineMsg::SettleCapsule {
                     id,
                     size: stored,
                     checksum: String::new(),
@@ -216,7 +216,7 @@ impl PipelineHandle {
         };
         let verdict = self
             .projects
-            .write(pid, |reply| ProjectMsg::SettleCapsule {
+            .write(pid, |reply| PipelineMsg::SettleCapsule {
                 id,
                 size,
                 checksum: sha.clone(),

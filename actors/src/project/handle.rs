@@ -14,7 +14,7 @@ use ractor::RpcReplyPort;
 use crate::config::DevicesConfig;
 use crate::error::{Error, Result};
 use crate::keyed::Keyed;
-use crate::project::{ProjectActor, ProjectMsg};
+use crate::project::{DevicesMsg, ProjectActor, ProjectMsg};
 use crate::signals::AlertSignals;
 use crate::views::{DeviceView, GroupView, HeartbeatAck, Page, PageReq};
 
@@ -65,17 +65,17 @@ pub struct ProjectsHandle {
 
 impl ProjectsHandle {
     /// One write to a project's actor, answered once durable.
-    pub(crate) async fn write<T: Send + 'static>(
+    pub(crate) async fn write<T: Send + 'static, M: Into<ProjectMsg>>(
         &self,
         pid: u64,
-        build: impl Fn(RpcReplyPort<Result<T>>) -> ProjectMsg,
+        build: impl Fn(RpcReplyPort<Result<T>>) -> M,
     ) -> Result<T> {
         // A deleted organization's project takes no write (those already queued are done or
         // dropped before its purge starts: `directory::purge`).
         if self.store.project_retired(pid) {
             return Err(Error::not_found("Project"));
         }
-        let r = self.actors.call(pid, build).await?;
+        let r = self.actors.call(pid, |reply| build(reply).into()).await?;
         self.store.durable().await?;
         Ok(r)
     }
@@ -336,7 +336,7 @@ impl ProjectsHandle {
         labels: BTreeMap<String, String>,
     ) -> Result<DeviceView> {
         let (d, token) = self
-            .write(pid, |reply| ProjectMsg::CreateDevice {
+            .write(pid, |reply| DevicesMsg::CreateDevice {
                 name: name.clone(),
                 labels: labels.clone(),
                 reply,
@@ -353,7 +353,7 @@ impl ProjectsHandle {
         spec: super::enrollment::TokenSpec,
     ) -> Result<crate::views::EnrollmentTokenView> {
         let (t, token) = self
-            .write(pid, |reply| ProjectMsg::CreateEnrollmentToken {
+            .write(pid, |reply| DevicesMsg::CreateEnrollmentToken {
                 spec: Box::new(spec.clone()),
                 reply,
             })
@@ -377,7 +377,7 @@ impl ProjectsHandle {
     }
 
     pub async fn delete_enrollment_token(&self, pid: u64, id: u64) -> Result<()> {
-        self.write(pid, |reply| ProjectMsg::DeleteEnrollmentToken { id, reply })
+        self.write(pid, |reply| DevicesMsg::DeleteEnrollmentToken { id, reply })
             .await
     }
 
@@ -413,7 +413,7 @@ impl ProjectsHandle {
         let project = self.store.project(pid)?.ok_or(Error::Unauthorized)?;
         let org = self.store.org(project.org_id)?.ok_or(Error::Unauthorized)?;
         let (d, device_token) = self
-            .write(pid, |reply| ProjectMsg::Enroll {
+            .write(pid, |reply| DevicesMsg::Enroll {
                 hash,
                 name: name.clone(),
                 labels: labels.clone(),
@@ -442,7 +442,7 @@ impl ProjectsHandle {
         labels: Option<BTreeMap<String, String>>,
     ) -> Result<DeviceView> {
         let d = self
-            .write(pid, |reply| ProjectMsg::UpdateDevice {
+            .write(pid, |reply| DevicesMsg::UpdateDevice {
                 id,
                 name: name.clone(),
                 labels: labels.clone(),
@@ -454,7 +454,7 @@ impl ProjectsHandle {
     }
 
     pub async fn delete_device(&self, pid: u64, id: u64) -> Result<()> {
-        self.write(pid, |reply| ProjectMsg::DeleteDevice { id, reply })
+        self.write(pid, |reply| DevicesMsg::DeleteDevice { id, reply })
             .await?;
         // Its alerts resolve; it no longer goes offline.
         self.alerts.devices_changed(pid).await;
@@ -469,7 +469,7 @@ impl ProjectsHandle {
     ) -> Result<HeartbeatAck> {
         let metrics = Arc::new(metrics);
         let at = self
-            .write(pid, |reply| ProjectMsg::Heartbeat {
+            .write(pid, |reply| DevicesMsg::Heartbeat {
                 id,
                 metrics: (*metrics).clone(),
                 reply,
@@ -486,7 +486,7 @@ impl ProjectsHandle {
         name: String,
         device_ids: Vec<u64>,
     ) -> Result<GroupView> {
-        self.write(pid, |reply| ProjectMsg::CreateGroup {
+        self.write(pid, |reply| DevicesMsg::CreateGroup {
             name: name.clone(),
             device_ids: device_ids.clone(),
             reply,
@@ -503,7 +503,7 @@ impl ProjectsHandle {
         device_ids: Option<Vec<u64>>,
     ) -> Result<GroupView> {
         let g = self
-            .write(pid, |reply| ProjectMsg::UpdateGroup {
+            .write(pid, |reply| DevicesMsg::UpdateGroup {
                 id,
                 name: name.clone(),
                 device_ids: device_ids.clone(),
@@ -518,7 +518,7 @@ impl ProjectsHandle {
     }
 
     pub async fn delete_group(&self, pid: u64, id: u64) -> Result<()> {
-        self.write(pid, |reply| ProjectMsg::DeleteGroup { id, reply })
+        self.write(pid, |reply| DevicesMsg::DeleteGroup { id, reply })
             .await?;
         self.alerts.devices_changed(pid).await;
         Ok(())

@@ -1,9 +1,27 @@
-//! [`ProjectMsg`]: what the handles ask of a project's writer, one variant per change, each
-//! with the reply port its caller waits on.
+//! [`ProjectMsg`]: what the handles ask of a project's writer, in one sub-enum per family
+//! ([`DevicesMsg`], [`SessionsMsg`], [`PipelineMsg`], [`AlertingMsg`]), one variant per change,
+//! each with the reply port its caller waits on. The writer applies each family's in its own
+//! `apply_*` (`mod.rs`).
 
 use super::*;
 
+/// What a project's writer is asked, one sub-enum per family, each built only by that
+/// family's handle (the layering test holds it), plus the supervision tests' faults.
 pub(crate) enum ProjectMsg {
+    Devices(DevicesMsg),
+    Sessions(SessionsMsg),
+    Pipeline(PipelineMsg),
+    Alerting(AlertingMsg),
+    /// Fault injection for supervision tests.
+    #[cfg(feature = "fault-injection")]
+    Panic,
+    /// Fault injection: holds the actor up, as a slow disk would (deadline tests).
+    #[cfg(feature = "fault-injection")]
+    Stall(std::time::Duration),
+}
+
+/// Changes to devices, groups and enrollment; built only by `project::handle` (devices, groups, enrollment).
+pub(crate) enum DevicesMsg {
     CreateDevice {
         name: String,
         labels: BTreeMap<String, String>,
@@ -58,6 +76,16 @@ pub(crate) enum ProjectMsg {
         id: u64,
         reply: Reply<()>,
     },
+}
+
+impl From<DevicesMsg> for ProjectMsg {
+    fn from(m: DevicesMsg) -> Self {
+        ProjectMsg::Devices(m)
+    }
+}
+
+/// Changes to session records and a project's log retention; built only by `session::handle`.
+pub(crate) enum SessionsMsg {
     CreateSession {
         device_id: u64,
         tags: Vec<String>,
@@ -80,6 +108,21 @@ pub(crate) enum ProjectMsg {
         id: u64,
         reply: Reply<Vec<String>>,
     },
+    /// The project's own retention of ended sessions.
+    SetLogRetention {
+        retention: fleetops_storage::sessions::LogRetention,
+        reply: Reply<fleetops_storage::sessions::LogRetention>,
+    },
+}
+
+impl From<SessionsMsg> for ProjectMsg {
+    fn from(m: SessionsMsg) -> Self {
+        ProjectMsg::Sessions(m)
+    }
+}
+
+/// Changes to capsules, configurations, uploads, deployments and rollouts; built only by the pipeline's handles (`pipeline/`) and its rollout controllers (`rollout`).
+pub(crate) enum PipelineMsg {
     CreateCapsule {
         capsule: Box<Capsule>,
         /// Where its code came from, if declared.
@@ -157,6 +200,46 @@ pub(crate) enum ProjectMsg {
         to: Transition,
         reply: Reply<Deployment>,
     },
+    /// A device's report on a package; `any_state` admits the intermediate states.
+    ReportRollout {
+        id: u64,
+        device_id: u64,
+        status: String,
+        message: Option<String>,
+        any_state: bool,
+        reply: Reply<fleetops_storage::pipeline::rollouts::DeviceProgress>,
+    },
+    /// The project's rollout policy.
+    SetPolicy {
+        policy: fleetops_storage::pipeline::rollouts::ProjectPolicy,
+        reply: Reply<fleetops_storage::pipeline::rollouts::ProjectPolicy>,
+    },
+    /// A rollout's step (its controller) or a member's action on it.
+    /// A member offers a failed package again to one device; replies with its offer count.
+    RetryDevice {
+        id: u64,
+        device_id: u64,
+        /// Who asked (the history's entry names them).
+        by: String,
+        reply: Reply<u32>,
+    },
+    Rollout {
+        id: u64,
+        action: crate::rules::rollouts::RolloutAction,
+        /// A controller's lease, which the write checks (several nodes); `None` for a member.
+        fence: Option<fleetops_storage::leases::Fence>,
+        reply: Reply<(fleetops_storage::pipeline::rollouts::Rollout, bool)>,
+    },
+}
+
+impl From<PipelineMsg> for ProjectMsg {
+    fn from(m: PipelineMsg) -> Self {
+        ProjectMsg::Pipeline(m)
+    }
+}
+
+/// Changes to alert integrations and rules; built only by `alerts::integrations` and `alerts::rules`.
+pub(crate) enum AlertingMsg {
     /// A device's rollout result; replies with it and the device's previous status.
     CreateIntegration {
         kind: fleetops_storage::IntegrationType,
@@ -191,101 +274,60 @@ pub(crate) enum ProjectMsg {
         id: u64,
         reply: Reply<()>,
     },
-    /// A device's report on a package; `any_state` admits the intermediate states.
-    ReportRollout {
-        id: u64,
-        device_id: u64,
-        status: String,
-        message: Option<String>,
-        any_state: bool,
-        reply: Reply<fleetops_storage::pipeline::rollouts::DeviceProgress>,
-    },
-    /// The project's own retention of ended sessions.
-    SetLogRetention {
-        retention: fleetops_storage::sessions::LogRetention,
-        reply: Reply<fleetops_storage::sessions::LogRetention>,
-    },
-    /// The project's rollout policy.
-    SetPolicy {
-        policy: fleetops_storage::pipeline::rollouts::ProjectPolicy,
-        reply: Reply<fleetops_storage::pipeline::rollouts::ProjectPolicy>,
-    },
-    /// A rollout's step (its controller) or a member's action on it.
-    /// A member offers a failed package again to one device; replies with its offer count.
-    RetryDevice {
-        id: u64,
-        device_id: u64,
-        /// Who asked (the history's entry names them).
-        by: String,
-        reply: Reply<u32>,
-    },
-    Rollout {
-        id: u64,
-        action: crate::rules::rollouts::RolloutAction,
-        /// A controller's lease, which the write checks (several nodes); `None` for a member.
-        fence: Option<fleetops_storage::leases::Fence>,
-        reply: Reply<(fleetops_storage::pipeline::rollouts::Rollout, bool)>,
-    },
-    /// Fault injection for supervision tests.
-    #[cfg(feature = "fault-injection")]
-    Panic,
-    /// Fault injection: holds the actor up, as a slow disk would (deadline tests).
-    #[cfg(feature = "fault-injection")]
-    Stall(std::time::Duration),
+}
+
+impl From<AlertingMsg> for ProjectMsg {
+    fn from(m: AlertingMsg) -> Self {
+        ProjectMsg::Alerting(m)
+    }
 }
 
 impl ProjectMsg {
     /// Answers the request with `e()`, unapplied (its project's organization was deleted
     /// after the request got past its lookup).
     pub(super) fn refuse(self, e: impl Fn() -> crate::Error) {
-        macro_rules! refuse {
-            ($($v:ident),*) => {
-                match self {
-                    $(ProjectMsg::$v { reply, .. } => {
-                        let _ = reply.send(Err(e()));
-                    })*
-                    #[cfg(feature = "fault-injection")]
-                    ProjectMsg::Panic | ProjectMsg::Stall(_) => {}
-                }
-            };
+        match self {
+            ProjectMsg::Devices(m) => m.refuse(e),
+            ProjectMsg::Sessions(m) => m.refuse(e),
+            ProjectMsg::Pipeline(m) => m.refuse(e),
+            ProjectMsg::Alerting(m) => m.refuse(e),
+            #[cfg(feature = "fault-injection")]
+            ProjectMsg::Panic | ProjectMsg::Stall(_) => {}
         }
-        refuse!(
-            CreateDevice,
-            UpdateDevice,
-            DeleteDevice,
-            Heartbeat,
-            CreateEnrollmentToken,
-            DeleteEnrollmentToken,
-            Enroll,
-            CreateGroup,
-            UpdateGroup,
-            DeleteGroup,
-            CreateSession,
-            EndSession,
-            Tag,
-            DeleteSession,
-            CreateCapsule,
-            Uploaded,
-            SettleCapsule,
-            ValidationPending,
-            CreateConfiguration,
-            SettleConfiguration,
-            DeleteUpload,
-            CreateDeployment,
-            UpdateDeployment,
-            DeleteDeployment,
-            TransitionDeployment,
-            CreateIntegration,
-            UpdateIntegration,
-            DeleteIntegration,
-            CreateAlertRule,
-            UpdateAlertRule,
-            DeleteAlertRule,
-            ReportRollout,
-            SetLogRetention,
-            SetPolicy,
-            RetryDevice,
-            Rollout
-        );
     }
 }
+
+/// Each family's `refuse`: every variant carries its reply port.
+macro_rules! refuse {
+    ($t:ident: $($v:ident),*) => {
+        impl $t {
+            fn refuse(self, e: impl Fn() -> crate::Error) {
+                match self {
+                    $($t::$v { reply, .. } => {
+                        let _ = reply.send(Err(e()));
+                    })*
+                }
+            }
+        }
+    };
+}
+refuse!(
+    DevicesMsg:
+    CreateDevice, UpdateDevice, DeleteDevice, Heartbeat, CreateEnrollmentToken,
+    DeleteEnrollmentToken, Enroll, CreateGroup, UpdateGroup, DeleteGroup
+);
+refuse!(
+    SessionsMsg:
+    CreateSession, EndSession, Tag, DeleteSession, SetLogRetention
+);
+refuse!(
+    PipelineMsg:
+    CreateCapsule, Uploaded, SettleCapsule, ValidationPending, CreateConfiguration,
+    SettleConfiguration, DeleteUpload, CreateDeployment, UpdateDeployment, DeleteDeployment,
+    TransitionDeployment, ReportRollout, SetPolicy, RetryDevice, Rollout
+);
+refuse!(
+    AlertingMsg:
+    CreateIntegration, UpdateIntegration, DeleteIntegration, CreateAlertRule,
+    UpdateAlertRule, DeleteAlertRule
+);

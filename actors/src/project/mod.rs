@@ -59,7 +59,7 @@ use crate::rules::deployments::{DeploymentPatch, DeploymentSpec, Transition};
 
 type Reply<T> = RpcReplyPort<Result<T>>;
 
-pub(crate) use messages::ProjectMsg;
+pub(crate) use messages::{AlertingMsg, DevicesMsg, PipelineMsg, ProjectMsg, SessionsMsg};
 
 #[derive(Default)]
 pub(crate) struct ProjectActor;
@@ -186,9 +186,20 @@ impl ProjectState {
     /// Applies one message and answers it; a device's rollout result comes back, to be
     /// published once the section is left.
     fn apply(&mut self, msg: ProjectMsg) -> Option<RolloutEvent> {
+        match msg {
+            ProjectMsg::Devices(m) => self.apply_devices(m),
+            ProjectMsg::Sessions(m) => self.apply_sessions(m),
+            ProjectMsg::Pipeline(m) => self.apply_pipeline(m),
+            ProjectMsg::Alerting(m) => self.apply_alerting(m),
+            #[cfg(feature = "fault-injection")]
+            ProjectMsg::Panic | ProjectMsg::Stall(_) => None,
+        }
+    }
+
+    fn apply_devices(&mut self, msg: DevicesMsg) -> Option<RolloutEvent> {
         let st = self;
         match msg {
-            ProjectMsg::CreateDevice {
+            DevicesMsg::CreateDevice {
                 name,
                 labels,
                 reply,
@@ -200,7 +211,7 @@ impl ProjectState {
                 }
                 let _ = reply.send(r);
             }
-            ProjectMsg::UpdateDevice {
+            DevicesMsg::UpdateDevice {
                 id,
                 name,
                 labels,
@@ -210,21 +221,21 @@ impl ProjectState {
                 st.reassigned();
                 let _ = reply.send(r);
             }
-            ProjectMsg::DeleteDevice { id, reply } => {
+            DevicesMsg::DeleteDevice { id, reply } => {
                 let r = st.delete_device(id);
                 st.reassigned();
                 let _ = reply.send(r);
             }
-            ProjectMsg::Heartbeat { id, metrics, reply } => {
+            DevicesMsg::Heartbeat { id, metrics, reply } => {
                 let _ = reply.send(st.heartbeat(id, metrics));
             }
-            ProjectMsg::CreateEnrollmentToken { spec, reply } => {
+            DevicesMsg::CreateEnrollmentToken { spec, reply } => {
                 let _ = reply.send(st.create_enrollment_token(*spec));
             }
-            ProjectMsg::DeleteEnrollmentToken { id, reply } => {
+            DevicesMsg::DeleteEnrollmentToken { id, reply } => {
                 let _ = reply.send(st.delete_enrollment_token(id));
             }
-            ProjectMsg::Enroll {
+            DevicesMsg::Enroll {
                 hash,
                 name,
                 labels,
@@ -238,7 +249,7 @@ impl ProjectState {
                 }
                 let _ = reply.send(r);
             }
-            ProjectMsg::CreateGroup {
+            DevicesMsg::CreateGroup {
                 name,
                 device_ids,
                 reply,
@@ -247,7 +258,7 @@ impl ProjectState {
                 st.reassigned();
                 let _ = reply.send(r);
             }
-            ProjectMsg::UpdateGroup {
+            DevicesMsg::UpdateGroup {
                 id,
                 name,
                 device_ids,
@@ -257,12 +268,19 @@ impl ProjectState {
                 st.reassigned();
                 let _ = reply.send(r);
             }
-            ProjectMsg::DeleteGroup { id, reply } => {
+            DevicesMsg::DeleteGroup { id, reply } => {
                 let r = st.delete_group(id);
                 st.reassigned();
                 let _ = reply.send(r);
             }
-            ProjectMsg::CreateSession {
+        }
+        None
+    }
+
+    fn apply_sessions(&mut self, msg: SessionsMsg) -> Option<RolloutEvent> {
+        let st = self;
+        match msg {
+            SessionsMsg::CreateSession {
                 device_id,
                 tags,
                 package_id,
@@ -270,10 +288,10 @@ impl ProjectState {
             } => {
                 let _ = reply.send(st.create_session(device_id, tags, package_id));
             }
-            ProjectMsg::EndSession { id, status, reply } => {
+            SessionsMsg::EndSession { id, status, reply } => {
                 let _ = reply.send(st.end_session(id, status));
             }
-            ProjectMsg::Tag {
+            SessionsMsg::Tag {
                 id,
                 tag,
                 add,
@@ -281,10 +299,20 @@ impl ProjectState {
             } => {
                 let _ = reply.send(st.tag(id, tag, add));
             }
-            ProjectMsg::DeleteSession { id, reply } => {
+            SessionsMsg::DeleteSession { id, reply } => {
                 let _ = reply.send(st.delete_session(id));
             }
-            ProjectMsg::CreateCapsule {
+            SessionsMsg::SetLogRetention { retention, reply } => {
+                let _ = reply.send(st.set_log_retention(retention));
+            }
+        }
+        None
+    }
+
+    fn apply_pipeline(&mut self, msg: PipelineMsg) -> Option<RolloutEvent> {
+        let st = self;
+        match msg {
+            PipelineMsg::CreateCapsule {
                 capsule,
                 source,
                 turn,
@@ -293,7 +321,7 @@ impl ProjectState {
                 let _ = reply.send(st.create_capsule(*capsule, source, turn.mark));
                 drop(turn);
             }
-            ProjectMsg::Uploaded {
+            PipelineMsg::Uploaded {
                 kind,
                 id,
                 size,
@@ -301,7 +329,7 @@ impl ProjectState {
             } => {
                 let _ = reply.send(st.uploaded(kind, id, size));
             }
-            ProjectMsg::SettleCapsule {
+            PipelineMsg::SettleCapsule {
                 id,
                 size,
                 checksum,
@@ -312,14 +340,14 @@ impl ProjectState {
             } => {
                 let _ = reply.send(st.settle_capsule(id, size, checksum, passed, notes, blob_key));
             }
-            ProjectMsg::ValidationPending {
+            PipelineMsg::ValidationPending {
                 id,
                 checksum,
                 reply,
             } => {
                 let _ = reply.send(st.validation_pending(id, &checksum));
             }
-            ProjectMsg::CreateConfiguration {
+            PipelineMsg::CreateConfiguration {
                 config,
                 turn,
                 reply,
@@ -327,7 +355,7 @@ impl ProjectState {
                 let _ = reply.send(st.create_configuration(*config, turn.mark));
                 drop(turn);
             }
-            ProjectMsg::SettleConfiguration {
+            PipelineMsg::SettleConfiguration {
                 id,
                 checksum,
                 size,
@@ -339,7 +367,7 @@ impl ProjectState {
                 let _ = reply
                     .send(st.settle_configuration(id, checksum, size, blob_key, parsed, notes));
             }
-            ProjectMsg::DeleteUpload {
+            PipelineMsg::DeleteUpload {
                 kind,
                 id,
                 only_expired,
@@ -350,52 +378,21 @@ impl ProjectState {
                     UploadKind::Configuration => st.delete_configuration(id, only_expired),
                 });
             }
-            ProjectMsg::CreateDeployment { spec, reply } => {
+            PipelineMsg::CreateDeployment { spec, reply } => {
                 let _ = reply.send(st.create_deployment(*spec));
             }
-            ProjectMsg::UpdateDeployment { id, patch, reply } => {
+            PipelineMsg::UpdateDeployment { id, patch, reply } => {
                 let _ = reply.send(st.update_deployment(id, *patch));
             }
-            ProjectMsg::DeleteDeployment { id, reply } => {
+            PipelineMsg::DeleteDeployment { id, reply } => {
                 let _ = reply.send(st.delete_deployment(id));
             }
-            ProjectMsg::TransitionDeployment { id, to, reply } => {
+            PipelineMsg::TransitionDeployment { id, to, reply } => {
                 let r = st.transition(id, to);
                 st.reassigned();
                 let _ = reply.send(r);
             }
-            ProjectMsg::CreateIntegration {
-                kind,
-                name,
-                enabled,
-                config,
-                reply,
-            } => {
-                let _ = reply.send(st.create_integration(kind, name, enabled, config));
-            }
-            ProjectMsg::UpdateIntegration {
-                id,
-                kind,
-                name,
-                enabled,
-                config,
-                reply,
-            } => {
-                let _ = reply.send(st.update_integration(id, kind, name, enabled, config));
-            }
-            ProjectMsg::DeleteIntegration { id, reply } => {
-                let _ = reply.send(st.delete_integration(id));
-            }
-            ProjectMsg::CreateAlertRule { draft, reply } => {
-                let _ = reply.send(st.create_alert_rule(*draft));
-            }
-            ProjectMsg::UpdateAlertRule { id, patch, reply } => {
-                let _ = reply.send(st.update_alert_rule(id, *patch));
-            }
-            ProjectMsg::DeleteAlertRule { id, reply } => {
-                let _ = reply.send(st.delete_alert_rule(id));
-            }
-            ProjectMsg::ReportRollout {
+            PipelineMsg::ReportRollout {
                 id,
                 device_id,
                 status,
@@ -423,13 +420,10 @@ impl ProjectState {
                     }
                 }
             }
-            ProjectMsg::SetPolicy { policy, reply } => {
+            PipelineMsg::SetPolicy { policy, reply } => {
                 let _ = reply.send(st.set_policy(policy));
             }
-            ProjectMsg::SetLogRetention { retention, reply } => {
-                let _ = reply.send(st.set_log_retention(retention));
-            }
-            ProjectMsg::RetryDevice {
+            PipelineMsg::RetryDevice {
                 id,
                 device_id,
                 by,
@@ -441,7 +435,7 @@ impl ProjectState {
                 }
                 let _ = reply.send(r);
             }
-            ProjectMsg::Rollout {
+            PipelineMsg::Rollout {
                 id,
                 action,
                 fence,
@@ -453,8 +447,44 @@ impl ProjectState {
                 }
                 let _ = reply.send(r);
             }
-            #[cfg(feature = "fault-injection")]
-            ProjectMsg::Panic | ProjectMsg::Stall(_) => {}
+        }
+        None
+    }
+
+    fn apply_alerting(&mut self, msg: AlertingMsg) -> Option<RolloutEvent> {
+        let st = self;
+        match msg {
+            AlertingMsg::CreateIntegration {
+                kind,
+                name,
+                enabled,
+                config,
+                reply,
+            } => {
+                let _ = reply.send(st.create_integration(kind, name, enabled, config));
+            }
+            AlertingMsg::UpdateIntegration {
+                id,
+                kind,
+                name,
+                enabled,
+                config,
+                reply,
+            } => {
+                let _ = reply.send(st.update_integration(id, kind, name, enabled, config));
+            }
+            AlertingMsg::DeleteIntegration { id, reply } => {
+                let _ = reply.send(st.delete_integration(id));
+            }
+            AlertingMsg::CreateAlertRule { draft, reply } => {
+                let _ = reply.send(st.create_alert_rule(*draft));
+            }
+            AlertingMsg::UpdateAlertRule { id, patch, reply } => {
+                let _ = reply.send(st.update_alert_rule(id, *patch));
+            }
+            AlertingMsg::DeleteAlertRule { id, reply } => {
+                let _ = reply.send(st.delete_alert_rule(id));
+            }
         }
         None
     }

@@ -57,10 +57,12 @@ async fn devices_and_groups_keep_their_invariants_across_a_restart() {
     let a = spawn(&store, &clock, pid).await;
     let device = |name: &str| {
         let name = name.to_string();
-        ask(&a, move |reply| ProjectMsg::CreateDevice {
-            name,
-            labels: BTreeMap::new(),
-            reply,
+        ask(&a, move |reply| {
+            ProjectMsg::from(DevicesMsg::CreateDevice {
+                name,
+                labels: BTreeMap::new(),
+                reply,
+            })
         })
     };
     let (d1, token) = device("r1").await.unwrap();
@@ -69,24 +71,30 @@ async fn devices_and_groups_keep_their_invariants_across_a_restart() {
     assert!(matches!(device("").await, Err(Error::Unprocessable(_))));
 
     // Members must exist; a deleted device leaves its groups.
-    let bad = ask(&a, |reply| ProjectMsg::CreateGroup {
-        name: "g".into(),
-        device_ids: vec![d1.id, 999],
-        reply,
+    let bad = ask(&a, |reply| {
+        ProjectMsg::from(DevicesMsg::CreateGroup {
+            name: "g".into(),
+            device_ids: vec![d1.id, 999],
+            reply,
+        })
     })
     .await;
     assert!(matches!(bad, Err(Error::Unprocessable(_))));
-    let g = ask(&a, |reply| ProjectMsg::CreateGroup {
-        name: "g".into(),
-        device_ids: vec![d2.id, d1.id, d1.id],
-        reply,
+    let g = ask(&a, |reply| {
+        ProjectMsg::from(DevicesMsg::CreateGroup {
+            name: "g".into(),
+            device_ids: vec![d2.id, d1.id, d1.id],
+            reply,
+        })
     })
     .await
     .unwrap();
     assert_eq!(g.device_ids, vec![d1.id, d2.id]);
-    ask(&a, |reply| ProjectMsg::DeleteDevice { id: d1.id, reply })
-        .await
-        .unwrap();
+    ask(&a, |reply| {
+        ProjectMsg::from(DevicesMsg::DeleteDevice { id: d1.id, reply })
+    })
+    .await
+    .unwrap();
     assert_eq!(
         store.group(pid, g.id).unwrap().unwrap().device_ids,
         vec![d2.id]
@@ -95,10 +103,12 @@ async fn devices_and_groups_keep_their_invariants_across_a_restart() {
     // A heartbeat stamps the runtime's clock.
     clock.advance(std::time::Duration::from_secs(3600));
     let before = clock.now_ms();
-    ask(&a, |reply| ProjectMsg::Heartbeat {
-        id: d2.id,
-        metrics: BTreeMap::from([("cpu".to_string(), 0.5)]),
-        reply,
+    ask(&a, |reply| {
+        ProjectMsg::from(DevicesMsg::Heartbeat {
+            id: d2.id,
+            metrics: BTreeMap::from([("cpu".to_string(), 0.5)]),
+            reply,
+        })
     })
     .await
     .unwrap();
@@ -113,18 +123,22 @@ async fn devices_and_groups_keep_their_invariants_across_a_restart() {
     // A new incarnation, from storage: the same devices and group.
     a.stop(None);
     let a = spawn(&store, &clock, pid).await;
-    let missing = ask(&a, |reply| ProjectMsg::Heartbeat {
-        id: d1.id,
-        metrics: BTreeMap::new(),
-        reply,
+    let missing = ask(&a, |reply| {
+        ProjectMsg::from(DevicesMsg::Heartbeat {
+            id: d1.id,
+            metrics: BTreeMap::new(),
+            reply,
+        })
     })
     .await;
     assert!(matches!(missing, Err(Error::NotFound(_))));
-    let g = ask(&a, |reply| ProjectMsg::UpdateGroup {
-        id: g.id,
-        name: Some("g2".into()),
-        device_ids: None,
-        reply,
+    let g = ask(&a, |reply| {
+        ProjectMsg::from(DevicesMsg::UpdateGroup {
+            id: g.id,
+            name: Some("g2".into()),
+            device_ids: None,
+            reply,
+        })
     })
     .await
     .unwrap();
@@ -165,22 +179,26 @@ async fn capsules_settle_move_latest_and_refuse_deletion_while_referred_to() {
     let clock = Clock::default();
     let a = spawn(&store, &clock, pid).await;
     let create = |c: Capsule| {
-        ask(&a, move |reply| ProjectMsg::CreateCapsule {
-            capsule: Box::new(c),
-            source: None,
-            turn: crate::quota::Turn::detached(),
-            reply,
+        ask(&a, move |reply| {
+            ProjectMsg::from(PipelineMsg::CreateCapsule {
+                capsule: Box::new(c),
+                source: None,
+                turn: crate::quota::Turn::detached(),
+                reply,
+            })
         })
     };
     let settle = |id: u64, passed: bool| {
-        ask(&a, move |reply| ProjectMsg::SettleCapsule {
-            id,
-            size: 10,
-            checksum: "ab".repeat(32),
-            passed,
-            notes: "bad archive".into(),
-            blob_key: None,
-            reply,
+        ask(&a, move |reply| {
+            ProjectMsg::from(PipelineMsg::SettleCapsule {
+                id,
+                size: 10,
+                checksum: "ab".repeat(32),
+                passed,
+                notes: "bad archive".into(),
+                blob_key: None,
+                reply,
+            })
         })
     };
     let far = now_ms() + 3_600_000;
@@ -191,11 +209,13 @@ async fn capsules_settle_move_latest_and_refuse_deletion_while_referred_to() {
     ));
     let v2 = create(capsule("arm", "1.1.0", &[], far)).await.unwrap();
     for id in [v1.id, v2.id] {
-        ask(&a, |reply| ProjectMsg::Uploaded {
-            kind: UploadKind::Capsule,
-            id,
-            size: 10,
-            reply,
+        ask(&a, |reply| {
+            ProjectMsg::from(PipelineMsg::Uploaded {
+                kind: UploadKind::Capsule,
+                id,
+                size: 10,
+                reply,
+            })
         })
         .await
         .unwrap();
@@ -216,11 +236,13 @@ async fn capsules_settle_move_latest_and_refuse_deletion_while_referred_to() {
     assert!(store.capsule(pid, v3.id).unwrap().unwrap().is_latest);
 
     // Confirmed bytes are immutable, and a verdict is given once.
-    let again = ask(&a, |reply| ProjectMsg::Uploaded {
-        kind: UploadKind::Capsule,
-        id: v1.id,
-        size: 11,
-        reply,
+    let again = ask(&a, |reply| {
+        ProjectMsg::from(PipelineMsg::Uploaded {
+            kind: UploadKind::Capsule,
+            id: v1.id,
+            size: 11,
+            reply,
+        })
     })
     .await;
     assert!(matches!(again, Err(Error::Conflict(_))));
@@ -232,11 +254,13 @@ async fn capsules_settle_move_latest_and_refuse_deletion_while_referred_to() {
         .await
         .unwrap();
     let delete = |id: u64, only_expired: bool| {
-        ask(&a, move |reply| ProjectMsg::DeleteUpload {
-            kind: UploadKind::Capsule,
-            id,
-            only_expired,
-            reply,
+        ask(&a, move |reply| {
+            ProjectMsg::from(PipelineMsg::DeleteUpload {
+                kind: UploadKind::Capsule,
+                id,
+                only_expired,
+                reply,
+            })
         })
     };
     assert!(matches!(
@@ -260,14 +284,16 @@ async fn capsules_settle_move_latest_and_refuse_deletion_while_referred_to() {
     a.stop(None);
     let a = spawn(&store, &clock, pid).await;
     assert!(store.capsule(pid, v1.id).unwrap().unwrap().is_latest);
-    let gone = ask(&a, |reply| ProjectMsg::SettleCapsule {
-        id: v3.id,
-        size: 10,
-        checksum: String::new(),
-        passed: true,
-        notes: String::new(),
-        blob_key: None,
-        reply,
+    let gone = ask(&a, |reply| {
+        ProjectMsg::from(PipelineMsg::SettleCapsule {
+            id: v3.id,
+            size: 10,
+            checksum: String::new(),
+            passed: true,
+            notes: String::new(),
+            blob_key: None,
+            reply,
+        })
     })
     .await;
     assert!(matches!(gone, Err(Error::NotFound(_))));

@@ -20,7 +20,7 @@ use crate::error::{Error, Result};
 use crate::keyed::Keyed;
 use crate::live::{self, Subscription};
 use crate::logs::{self, LogFilter, RawEntry};
-use crate::project::ProjectMsg;
+use crate::project::SessionsMsg;
 use crate::project::handle::ProjectsHandle;
 use crate::views::{Accepted, LogPage, Page, PageReq, SessionDetail, SessionItem};
 
@@ -173,7 +173,7 @@ impl SessionsHandle {
     ) -> Result<SessionDetail> {
         let s = self
             .projects
-            .write(pid, |reply| ProjectMsg::CreateSession {
+            .write(pid, |reply| SessionsMsg::CreateSession {
                 device_id,
                 tags: tags.clone(),
                 package_id,
@@ -345,7 +345,7 @@ impl SessionsHandle {
         self.seal(id).await?;
         let s = self
             .projects
-            .write(pid, |reply| ProjectMsg::EndSession { id, status, reply })
+            .write(pid, |reply| SessionsMsg::EndSession { id, status, reply })
             .await
             .inspect_err(|_| self.unseal(id))?;
         self.end_actor(id, Some(status.as_str()));
@@ -387,7 +387,7 @@ impl SessionsHandle {
         };
         let r = self
             .projects
-            .write(pid, |reply| ProjectMsg::SetLogRetention {
+            .write(pid, |reply| SessionsMsg::SetLogRetention {
                 retention,
                 reply,
             })
@@ -448,7 +448,7 @@ impl SessionsHandle {
     pub async fn tag(&self, pid: u64, id: u64, tag: String, add: bool) -> Result<SessionDetail> {
         let s = self
             .projects
-            .write(pid, |reply| ProjectMsg::Tag {
+            .write(pid, |reply| SessionsMsg::Tag {
                 id,
                 tag: tag.clone(),
                 add,
@@ -464,7 +464,7 @@ impl SessionsHandle {
         self.seal(id).await?;
         let blobs = self
             .projects
-            .write(pid, |reply| ProjectMsg::DeleteSession { id, reply })
+            .write(pid, |reply| SessionsMsg::DeleteSession { id, reply })
             .await
             .inspect_err(|_| self.unseal(id))?;
         self.end_actor(id, None);
