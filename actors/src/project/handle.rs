@@ -31,9 +31,9 @@ pub enum DeviceStatus {
     Offline,
 }
 
-/// A project's device counts ([`ProjectsHandle::fleet_page`]).
+/// A project's device counts ([`ProjectsHandle::devices_with_counts`]).
 #[derive(Debug, Clone, Copy)]
-pub struct FleetCounts {
+pub struct DeviceCounts {
     pub total: u64,
     pub online: u64,
     pub offline: u64,
@@ -191,12 +191,12 @@ impl ProjectsHandle {
     /// project has, online and offline (offline is the rest), in one message and against one
     /// clock reading (three reads of the store: a device written meanwhile may show in one
     /// and not another).
-    pub async fn fleet_page(
+    pub async fn devices_with_counts(
         &self,
         pid: u64,
         f: &DeviceFilter,
         page: PageReq,
-    ) -> Result<(FleetCounts, Page<DeviceView>)> {
+    ) -> Result<(DeviceCounts, Page<DeviceView>)> {
         let me = self.clone();
         let f = f.clone();
         crate::off_thread(move || {
@@ -209,7 +209,7 @@ impl ProjectsHandle {
             };
             let total = count(None)?;
             let online = count(Some(DeviceStatus::Online))?;
-            let counts = FleetCounts {
+            let counts = DeviceCounts {
                 total,
                 online,
                 offline: total.saturating_sub(online),

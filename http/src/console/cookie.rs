@@ -1,13 +1,13 @@
-//! The console's cookie session: the API's own short-lived JWT in an `HttpOnly`,
+//! The console's sign-in cookie: the API's own short-lived JWT in an `HttpOnly`,
 //! `SameSite=Strict` cookie (`Secure` when the request came over TLS through a trusted proxy),
 //! refreshed once half its life has passed (bounded by the API's refresh window). Every form
 //! that changes something carries the sign-in's CSRF token (`Authenticator::csrf_token`: an
 //! HMAC under a server key, stable across refreshes so every open tab's forms stay valid).
 
-/// The cookie's name.
+/// The cookie's name (what signed-in browsers hold: renaming it would sign everyone out).
 pub const COOKIE: &str = "fleetops_session";
 
-/// The session token in a `Cookie` header, if any.
+/// The sign-in's token in a `Cookie` header, if any.
 pub fn token(cookie_header: Option<&str>) -> Option<&str> {
     cookie_header?
         .split(';')
@@ -25,7 +25,7 @@ pub fn set(token: &str, max_age: u64, secure: bool) -> String {
     )
 }
 
-/// The `Set-Cookie` value that ends the session.
+/// The `Set-Cookie` value that ends the sign-in.
 pub fn clear(secure: bool) -> String {
     set("", 0, secure)
 }

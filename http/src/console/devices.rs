@@ -1,4 +1,4 @@
-//! The console's home, the device list of a project (the fleet), a device's page and the
+//! The console's home, a project's device list, a device's page and the
 //! project's alerts.
 
 use super::*;
@@ -25,7 +25,7 @@ pub(super) async fn home(app: &App, req: &Req) -> Result<Response<Body>, ApiErro
     ))
 }
 
-pub(super) async fn fleet(
+pub(super) async fn device_list(
     app: &App,
     req: &Req,
     org: &str,
@@ -49,10 +49,15 @@ pub(super) async fn fleet(
         name: name.map(str::to_string),
     };
     let mut page = req.query.page()?;
-    page.page_size = FLEET_PAGE;
-    let (counts, list) = app.rt.projects.fleet_page(pid, &f, page).await?;
+    page.page_size = DEVICE_LIST_PAGE;
+    let (counts, list) = app.rt.projects.devices_with_counts(pid, &f, page).await?;
     Ok(s.page(org, project, |chrome| {
-        pages::fleet(chrome, counts, &pages::FleetFilter { status, name }, &list)
+        pages::device_list(
+            chrome,
+            counts,
+            &pages::DeviceListFilter { status, name },
+            &list,
+        )
     }))
 }
 

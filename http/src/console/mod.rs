@@ -56,8 +56,8 @@ pub fn owns(path: &str) -> bool {
 
 /// Forms are small: sign-in, sign-out and rollout actions.
 const FORM_LIMIT: usize = 8 * 1024;
-/// Devices per fleet page.
-const FLEET_PAGE: usize = 50;
+/// Devices per page of the device list.
+const DEVICE_LIST_PAGE: usize = 50;
 /// A device page charts at most this many metrics, each with at most this many points.
 const CHART_SERIES: usize = 16;
 const CHART_POINTS: usize = 600;
@@ -150,7 +150,7 @@ async fn route(
         (&Method::POST, ["console", "login"]) => login(app, req).await,
         (&Method::POST, ["console", "logout"]) => logout(app, req).await,
         (&Method::GET, ["console"]) => home(app, &req).await,
-        (&Method::GET, ["console", org, project]) => fleet(app, &req, org, project).await,
+        (&Method::GET, ["console", org, project]) => device_list(app, &req, org, project).await,
         (&Method::GET, ["console", org, project, "devices", id]) => {
             device(app, &req, org, project, id).await
         }

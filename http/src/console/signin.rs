@@ -4,7 +4,7 @@
 
 use super::*;
 
-/// The signed-in user of a page, and the cookie that refreshes the session when due.
+/// The signed-in user of a page, and the cookie that refreshes the sign-in when due.
 pub(super) struct Signed {
     pub(super) principal: Principal,
     pub(super) token: String,
@@ -15,7 +15,7 @@ pub(super) struct Signed {
 }
 
 impl Signed {
-    /// A project page drawn inside this session's chrome: 200, with the refreshed cookie
+    /// A project page drawn inside this sign-in's chrome: 200, with the refreshed cookie
     /// when one is due.
     pub(super) fn page(
         &self,
@@ -48,7 +48,7 @@ pub(super) fn secure(app: &App, req: &Req) -> bool {
             .is_some_and(|v| v.trim().eq_ignore_ascii_case("https"))
 }
 
-/// The session of the request, or `None` (the page redirects to sign-in). A token past half
+/// The sign-in of the request, or `None` (the page redirects to sign-in). A token past half
 /// its life is exchanged for a new one, as the API's refresh does (within its window). Every
 /// page is charged to the user's bucket under the organization's rate limit, as the API is.
 pub(super) fn signed(app: &App, req: &Req) -> Result<Option<Signed>, ApiError> {

@@ -3,20 +3,20 @@
 
 use super::*;
 
-pub struct FleetFilter<'a> {
+pub struct DeviceListFilter<'a> {
     pub status: Option<&'a str>,
     pub name: Option<&'a str>,
 }
 
-pub fn fleet(
+pub fn device_list(
     chrome: &Chrome<'_>,
-    counts: fleetops_actors::projects::FleetCounts,
-    f: &FleetFilter<'_>,
+    counts: fleetops_actors::projects::DeviceCounts,
+    f: &DeviceListFilter<'_>,
     page: &Page<DeviceView>,
 ) -> Markup {
     let (org, project) = chrome.project.unwrap_or_default();
     let base = format!("/console/{org}/{project}");
-    let fleetops_actors::projects::FleetCounts {
+    let fleetops_actors::projects::DeviceCounts {
         total,
         online,
         offline,
