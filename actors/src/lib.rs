@@ -60,7 +60,7 @@
 //!   supervised by `root` through `keyed` (per-entity supervisors) with `mailbox` (deadlines,
 //!   bounded waiting, the caller's state) and `supervision` (restart budgets). Three
 //!   supervised actors write nothing and drive the writers through the handles:
-//!   `webhooks::worker`, `housekeeper` and `rollout` (the rollout controllers).
+//!   `webhooks::worker`, `housekeeper` and `pipeline::controller` (the rollout controllers).
 //! - **Rules**, functions and types that decide and never write (some read the store):
 //!   [`rules`] (input formats, deployment evaluation, rollout plans and gates, configuration
 //!   lineage and files, quota counting, blob keys, alert conditions, integration configs and
@@ -115,7 +115,6 @@ mod project;
 pub mod provenance;
 pub use project::handle as projects;
 mod quota;
-mod rollout;
 mod root;
 pub mod rules;
 mod runtime;

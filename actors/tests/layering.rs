@@ -181,7 +181,7 @@ fn project_messages_are_built_only_by_their_familys_handles() {
     const BUILT_BY: &[(&str, &[&str])] = &[
         ("DevicesMsg::", &["project/handle.rs"]),
         ("SessionsMsg::", &["session/handle.rs"]),
-        ("PipelineMsg::", &["pipeline/", "rollout.rs"]),
+        ("PipelineMsg::", &["pipeline/"]),
         (
             "AlertingMsg::",
             &["alerts/integrations.rs", "alerts/rules.rs"],

@@ -26,12 +26,12 @@ pub struct PipelineHandle {
     /// Which package each device should run, cached (shared with the project actors).
     pub(crate) assignments: Arc<crate::assignments::Assignments>,
     /// One controller per phased rollout under way.
-    pub(crate) controllers: crate::keyed::Keyed<crate::rollout::RolloutController>,
+    pub(crate) controllers: crate::keyed::Keyed<crate::pipeline::controller::RolloutController>,
     /// Tells the other nodes to start a rollout's controller too (the one holding its lease
     /// decides; the others stand by to take over).
     pub(crate) bus: crate::bus::Bus,
     #[cfg(feature = "fault-injection")]
-    pub(crate) rollout_stop_holds: crate::rollout::StopHolds,
+    pub(crate) rollout_stop_holds: crate::pipeline::controller::StopHolds,
     /// Serialized lists: (project, name, type, latest_only) -> (list identity, JSON, list).
     #[allow(clippy::type_complexity)]
     pub(crate) list_cache: Arc<

@@ -1,7 +1,8 @@
 //! [`PipelineHandle`]: the deployment pipeline, from an uploaded capsule to what a robot runs.
-//! Capsules (`capsules`), configurations, deployment packages, phased rollouts, the device update API
-//! and the upload machinery capsules and configurations share in their own modules
-//! (`configurations`, `deployments`, `rollouts`, `updates`, `uploads`).
+//! The handle type in `handle`; capsules (`capsules`, `validation`), configurations,
+//! deployment packages, phased rollouts and their controllers, the device update API and the
+//! upload machinery capsules and configurations share, each in its own module
+//! (`configurations`, `deployments`, `rollouts`, `controller`, `updates`, `uploads`).
 //!
 //! The upload flow: `upload-url` checks the request, takes the organization's quota turn with
 //! the declared size reserved (`quota`), creates the record and answers a signed upload link;
@@ -31,6 +32,7 @@
 
 mod capsules;
 pub mod configurations;
+pub(crate) mod controller;
 pub mod deployments;
 mod handle;
 pub mod rollouts;

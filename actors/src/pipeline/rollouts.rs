@@ -148,10 +148,12 @@ impl PipelineHandle {
     /// Starts the package's controller if it is not running, and has it judge now.
     pub(crate) async fn start_controller(&self, id: u64) {
         if self.bus.is_shared() {
-            self.bus
-                .publish(crate::rollout::SUBJECT.into(), &id.to_be_bytes());
+            self.bus.publish(
+                crate::pipeline::controller::SUBJECT.into(),
+                &id.to_be_bytes(),
+            );
         }
-        crate::rollout::start(&self.controllers, id).await;
+        crate::pipeline::controller::start(&self.controllers, id).await;
     }
 
     /// Holds the package's next controller to find nothing to do, before it
@@ -183,7 +185,7 @@ impl PipelineHandle {
     pub async fn inject_rollout_panic(&self, id: u64) -> Result<()> {
         let a = self.controllers.actor(id).await?;
         a.cast(crate::mailbox::Envelope::cast(
-            crate::rollout::RolloutMsg::Panic,
+            crate::pipeline::controller::RolloutMsg::Panic,
         ))
         .map_err(|_| Error::Unavailable {
             retry_after_secs: 1,

@@ -20,7 +20,8 @@ pub(crate) enum ProjectMsg {
     Stall(std::time::Duration),
 }
 
-/// Changes to devices, groups and enrollment; built only by `project::handle` (devices, groups, enrollment).
+/// Changes to devices, groups and enrollment; built only by `project::handle` (devices, groups,
+/// enrollment).
 pub(crate) enum DevicesMsg {
     CreateDevice {
         name: String,
@@ -121,7 +122,8 @@ impl From<SessionsMsg> for ProjectMsg {
     }
 }
 
-/// Changes to capsules, configurations, uploads, deployments and rollouts; built only by the pipeline's handles (`pipeline/`) and its rollout controllers (`rollout`).
+/// Changes to capsules, configurations, uploads, deployments and rollouts; built only by the
+/// pipeline's handles (`pipeline/`) including its rollout controllers (`pipeline::controller`).
 pub(crate) enum PipelineMsg {
     CreateCapsule {
         capsule: Box<Capsule>,
@@ -238,7 +240,8 @@ impl From<PipelineMsg> for ProjectMsg {
     }
 }
 
-/// Changes to alert integrations and rules; built only by `alerts::integrations` and `alerts::rules`.
+/// Changes to alert integrations and rules; built only by `alerts::integrations` and
+/// `alerts::rules`.
 pub(crate) enum AlertingMsg {
     /// A device's rollout result; replies with it and the device's previous status.
     CreateIntegration {

@@ -1,7 +1,8 @@
 //! What a node tells the other nodes sharing its database, and what it does with what they
 //! tell it: rollout leases to stand by for, devices' packages to compute again, caches to drop.
 
-use crate::{assignments, bus, keyed, rollout};
+use crate::pipeline::controller;
+use crate::{assignments, bus, keyed};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,7 +22,7 @@ pub(super) const ASSIGNMENTS_REFRESH: Duration = Duration::from_secs(2);
 pub(super) async fn listen_to_other_nodes(
     store: &Store,
     bus: &bus::Bus,
-    controllers: &keyed::Keyed<rollout::RolloutController>,
+    controllers: &keyed::Keyed<controller::RolloutController>,
     assignments: &Arc<assignments::Assignments>,
 ) -> anyhow::Result<()> {
     fn id_of(m: &bus::Message) -> Option<u64> {
@@ -61,12 +62,12 @@ pub(super) async fn listen_to_other_nodes(
             let _ = tokio::task::spawn_blocking(move || s.refresh_retired()).await;
         }
     });
-    let mut starts = bus.subscribe(rollout::SUBJECT).await?;
+    let mut starts = bus.subscribe(controller::SUBJECT).await?;
     let controllers = controllers.clone();
     tokio::spawn(async move {
         while let Some(m) = starts.next().await {
             if let Some(id) = id_of(&m) {
-                rollout::start(&controllers, id).await;
+                controller::start(&controllers, id).await;
             }
         }
     });

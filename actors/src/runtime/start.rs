@@ -4,8 +4,8 @@
 use crate::{
     Access, Authenticator, DirectoryHandle, ProjectsHandle, Runtime, RuntimeConfig, SessionsHandle,
     alerts, assignments, backup, bus, clock, counters, directory, disk, events, health,
-    housekeeper, keyed, links, pipeline, project, quota, rollout, sealing, secrets, session,
-    shares, webhooks,
+    housekeeper, keyed, links, pipeline, project, quota, sealing, secrets, session, shares,
+    webhooks,
 };
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
@@ -18,6 +18,7 @@ use ractor::Actor;
 use super::nodes::*;
 use crate::keyed::{Keyed, KeyedArgs};
 use crate::mailbox::Slot;
+use crate::pipeline::controller;
 use crate::root::{RootArgs, RootSupervisor};
 
 /// The meta key of the generated JWT secret.
@@ -254,7 +255,7 @@ impl Runtime {
 
         // The handles first (they only hold slots and the store), so that the supervised
         // worker and housekeeper can be given theirs.
-        let rollout_registry: keyed::Registry<rollout::RolloutMsg> = Arc::new(DashMap::new());
+        let rollout_registry: keyed::Registry<controller::RolloutMsg> = Arc::new(DashMap::new());
         let (stop_feed, stop_store, stop_rollouts) =
             (alert_feed.clone(), store.clone(), rollout_registry.clone());
         let directory = DirectoryHandle {
@@ -298,9 +299,9 @@ impl Runtime {
             cfg.supervision.clone(),
         );
         #[cfg(feature = "fault-injection")]
-        let stop_holds: rollout::StopHolds = Arc::new(DashMap::new());
-        let rollout_args = KeyedArgs::<rollout::RolloutController> {
-            ctx: rollout::RolloutCtx {
+        let stop_holds: controller::StopHolds = Arc::new(DashMap::new());
+        let rollout_args = KeyedArgs::<controller::RolloutController> {
+            ctx: controller::RolloutCtx {
                 store: store.clone(),
                 projects: projects.clone(),
                 assignments: assignments.clone(),
