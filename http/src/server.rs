@@ -34,7 +34,7 @@ use fleetops_actors::Runtime;
 impl App {
     pub fn new(rt: Runtime, cfg: HttpConfig, tiers: Vec<Tier>) -> anyhow::Result<Self> {
         let defs = routes();
-        let router = Router::new(&defs)?;
+        let router = Router::new(&defs, &crate::router::pages())?;
         let openapi = Bytes::from(serde_json::to_vec(&crate::openapi::document(
             &defs,
             &tiers.iter().map(|t| t.name.clone()).collect::<Vec<_>>(),

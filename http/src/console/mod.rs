@@ -18,6 +18,9 @@
 //! - The live tail's WebSocket takes the cookie as its credential only when the handshake's
 //!   `Origin` is exactly this console's ([`same_origin`]).
 //!
+//! Its pages are listed in the one route table (`router/pages.rs`, [`crate::router::pages`]);
+//! `route` serves the page the table names.
+//!
 //! Tested by the unit tests of `cookie.rs`, over plain HTTP, and in a real browser
 //! (`tests/api/console.rs`: Debian's Chromium driven through chromedriver).
 
@@ -39,7 +42,7 @@ use std::net::SocketAddr;
 
 use bytes::Bytes;
 use fleetops_actors::{Principal, Role};
-use http::{Method, Response, StatusCode, header};
+use http::{Response, StatusCode, header};
 use hyper::body::Incoming;
 use maud::Markup;
 
@@ -47,6 +50,7 @@ use crate::app::{App, Req};
 
 use crate::error::ApiError;
 use crate::response::Body;
+use crate::router::Page;
 use pages::Chrome;
 
 /// Whether `path` is the console's (served before the API's route table).
@@ -90,34 +94,52 @@ async fn route(
     body: Incoming,
     peer: SocketAddr,
 ) -> Response<Body> {
-    let path = parts.uri.path().to_string();
-    let method = parts.method.clone();
+    // Empty segments are ignored (`/console/` is `/console`), as browsers and proxies vary.
+    let segs: Vec<&str> = parts
+        .uri
+        .path()
+        .split('/')
+        .filter(|s| !s.is_empty())
+        .collect();
+    let page = app
+        .router
+        .page(&parts.method, &format!("/{}", segs.join("/")));
     let req = match Req::new(parts, body, Vec::new(), peer, app.edge.clone()) {
         Ok(r) => r,
         Err(e) => return error_page(&e, None),
     };
-    let segs: Vec<&str> = path
-        .trim_start_matches('/')
-        .split('/')
-        .filter(|s| !s.is_empty())
-        .collect();
-    let r = match (&method, segs.as_slice()) {
-        (&Method::GET, []) => Ok(redirect("/console", None)),
-        (&Method::GET, ["console", "assets", "console.css"]) => {
-            Ok(asset(pages::CSS, "text/css; charset=utf-8"))
-        }
-        (&Method::GET, ["console", "assets", "console.js"]) => {
-            Ok(asset(pages::JS, "text/javascript; charset=utf-8"))
-        }
-        (&Method::GET, ["console", org, project, "sessions", id]) => {
-            session_page(app, &req, org, project, id).await
-        }
-        (&Method::GET, ["console", org, project, "sessions", id, "export"]) => {
-            export(app, &req, org, project, id).await
-        }
-        (&Method::GET, ["console", org, project, "sessions", id, "files", rest @ ..]) => {
-            let path = rest
-                .iter()
+    let Some((page, params)) = page else {
+        return error_page(&ApiError::NotFoundRoute, None);
+    };
+    let param = |name: &str| {
+        params
+            .iter()
+            .find(|(k, _)| k == name)
+            .map_or(String::new(), |(_, v)| v.clone())
+    };
+    let (org, project, id) = (param("org"), param("project"), param("id"));
+    let (org, project, id) = (org.as_str(), project.as_str(), id.as_str());
+    let r = match page {
+        Page::Root => Ok(redirect("/console", None)),
+        Page::Css => Ok(asset(pages::CSS, "text/css; charset=utf-8")),
+        Page::Js => Ok(asset(pages::JS, "text/javascript; charset=utf-8")),
+        Page::SignInForm => Ok(html(StatusCode::OK, pages::login(None), None)),
+        Page::SignIn => login(app, req).await,
+        Page::SignOut => logout(app, req).await,
+        Page::Home => home(app, &req).await,
+        Page::DeviceList => device_list(app, &req, org, project).await,
+        Page::Device => device(app, &req, org, project, id).await,
+        Page::Alerts => alerts(app, &req, org, project).await,
+        Page::Deployments => deployments(app, &req, org, project).await,
+        Page::Rollout => rollout(app, &req, org, project, id).await,
+        Page::RolloutAction => rollout_action(app, req, org, project, id, &param("action")).await,
+        Page::RetryDevice => retry_device(app, req, org, project, id, &param("device")).await,
+        Page::Session => session_page(app, &req, org, project, id).await,
+        Page::SessionExport => export(app, &req, org, project, id).await,
+        Page::SessionFile => {
+            let path = param("path")
+                .split('/')
+                .filter(|p| !p.is_empty())
                 .map(|p| {
                     percent_encoding::percent_decode_str(p)
                         .decode_utf8()
@@ -130,82 +152,11 @@ async fn route(
                 Err(e) => Err(e),
             }
         }
-        (&Method::GET, ["console", org, project, "pipeline"]) => {
-            pipeline_page(app, &req, org, project).await
-        }
-        (&Method::GET, ["console", org, project, "configurations", id]) => {
-            explain_page(app, &req, org, project, id).await
-        }
-        (&Method::GET, ["console", org, project, "webhooks"]) => {
-            webhooks_page(app, &req, org, project).await
-        }
-        (&Method::POST, ["console", org, project, "rules", "backtest"]) => {
-            let (org, project) = (org.to_string(), project.to_string());
-            backtest(app, req, &org, &project).await
-        }
-        (&Method::GET, ["console", org, project, "rules"]) => {
-            rules_page(app, &req, org, project).await
-        }
-        (&Method::GET, ["console", "login"]) => Ok(html(StatusCode::OK, pages::login(None), None)),
-        (&Method::POST, ["console", "login"]) => login(app, req).await,
-        (&Method::POST, ["console", "logout"]) => logout(app, req).await,
-        (&Method::GET, ["console"]) => home(app, &req).await,
-        (&Method::GET, ["console", org, project]) => device_list(app, &req, org, project).await,
-        (&Method::GET, ["console", org, project, "devices", id]) => {
-            device(app, &req, org, project, id).await
-        }
-        (&Method::GET, ["console", org, project, "alerts"]) => {
-            alerts(app, &req, org, project).await
-        }
-        (&Method::GET, ["console", org, project, "deployments"]) => {
-            deployments(app, &req, org, project).await
-        }
-        (&Method::GET, ["console", org, project, "deployments", id]) => {
-            rollout(app, &req, org, project, id).await
-        }
-        (
-            &Method::POST,
-            [
-                "console",
-                org,
-                project,
-                "deployments",
-                id,
-                "rollout",
-                action,
-            ],
-        ) => {
-            let (org, project, id, action) = (
-                org.to_string(),
-                project.to_string(),
-                id.to_string(),
-                action.to_string(),
-            );
-            rollout_action(app, req, &org, &project, &id, &action).await
-        }
-        (
-            &Method::POST,
-            [
-                "console",
-                org,
-                project,
-                "deployments",
-                id,
-                "rollout",
-                "devices",
-                device,
-                "retry",
-            ],
-        ) => {
-            let (org, project, id, device) = (
-                org.to_string(),
-                project.to_string(),
-                id.to_string(),
-                device.to_string(),
-            );
-            retry_device(app, req, &org, &project, &id, &device).await
-        }
-        _ => Err(ApiError::NotFoundRoute),
+        Page::Pipeline => pipeline_page(app, &req, org, project).await,
+        Page::Configuration => explain_page(app, &req, org, project, id).await,
+        Page::Webhooks => webhooks_page(app, &req, org, project).await,
+        Page::Rules => rules_page(app, &req, org, project).await,
+        Page::Backtest => backtest(app, req, org, project).await,
     };
     r.unwrap_or_else(|e| error_page(&e, None))
 }

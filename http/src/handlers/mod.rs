@@ -1,5 +1,5 @@
 //! The REST handlers, one file per resource family; [`dispatch`] maps each operation of the
-//! route table (`router.rs`) to its handler. A handler parses, authorizes, makes one call into
+//! route table (`router/`) to its handler. A handler parses, authorizes, makes one call into
 //! the runtime and maps the reply; no business rule lives here, and a handler writes nothing
 //! itself.
 //!

@@ -1,8 +1,15 @@
 //! The one route table. Every route is listed here once, with what the OpenAPI document says
 //! about it, so the document cannot miss a route. matchit finds the path; the method is
-//! checked after, so a known path with another method is 405 with `Allow`.
+//! checked after, so a known path with another method is 405 with `Allow`. The console's pages
+//! are listed here too ([`pages`]), apart: they are HTML, not operations of the API, so the
+//! OpenAPI document leaves them out, and the console answers a page it does not have with
+//! its own 404 page.
 
 use http::Method;
+
+mod pages;
+
+pub use pages::{Page, PageDef, pages};
 
 /// Every operation the server answers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -325,12 +332,25 @@ pub enum Resolved {
 
 pub struct Router {
     paths: matchit::Router<usize>,
+    /// The console's pages, per path: (method, page) pairs.
+    pages: matchit::Router<Vec<(Method, Page)>>,
     /// Per path: its template, methods and operations.
     methods: Vec<(&'static str, Vec<(Method, Op)>)>,
 }
 
 impl Router {
-    pub fn new(routes: &[RouteDef]) -> Result<Self, matchit::InsertError> {
+    pub fn new(routes: &[RouteDef], pages: &[PageDef]) -> Result<Self, matchit::InsertError> {
+        let mut by_path: Vec<(&'static str, Vec<(Method, Page)>)> = Vec::new();
+        for p in pages {
+            match by_path.iter_mut().find(|(path, _)| *path == p.path) {
+                Some((_, m)) => m.push((p.method.clone(), p.page)),
+                None => by_path.push((p.path, vec![(p.method.clone(), p.page)])),
+            }
+        }
+        let mut page_paths = matchit::Router::new();
+        for (path, m) in by_path {
+            page_paths.insert(path, m)?;
+        }
         let mut paths = matchit::Router::new();
         let mut methods: Vec<(&'static str, Vec<(Method, Op)>)> = Vec::new();
         let mut index: Vec<&str> = Vec::new();
@@ -348,7 +368,29 @@ impl Router {
                 }
             }
         }
-        Ok(Self { paths, methods })
+        Ok(Self {
+            paths,
+            pages: page_paths,
+            methods,
+        })
+    }
+
+    /// The console page `method` and `path` ask for, with its path parameters (still
+    /// percent-encoded); `None` for a path or method the console does not serve.
+    pub fn page(&self, method: &Method, path: &str) -> Option<(Page, Vec<(String, String)>)> {
+        let m = self.pages.at(path).ok()?;
+        let want = if method == Method::HEAD {
+            &Method::GET
+        } else {
+            method
+        };
+        let (_, page) = m.value.iter().find(|(mm, _)| mm == want)?;
+        let params = m
+            .params
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Some((*page, params))
     }
 
     pub fn resolve(&self, method: &Method, path: &str) -> Resolved {
@@ -384,58 +426,4 @@ impl Router {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn every_route_resolves_to_itself() {
-        let routes = routes();
-        let r = Router::new(&routes).unwrap();
-        for def in &routes {
-            let path = def
-                .path
-                .replace("{org}", "acme")
-                .replace("{project}", "p1")
-                .replace("{device_id}", "7")
-                .replace("{group_id}", "8")
-                .replace("{key_id}", "9")
-                .replace("{session_id}", "10")
-                .replace("{tag}", "t")
-                .replace("{*path}", "dir/file.txt")
-                .replace("{capsule_id}", "11")
-                .replace("{config_id}", "12")
-                .replace("{deployment_id}", "13")
-                .replace("{repo_id}", "14")
-                .replace("{run_id}", "15")
-                .replace("{delivery_id}", "d")
-                .replace("{token}", "tok");
-            match r.resolve(&def.method, &path) {
-                Resolved::Found(op, _, _) => assert_eq!(op, def.op, "{path}"),
-                _ => panic!("{} {path} does not resolve", def.method),
-            }
-        }
-    }
-
-    #[test]
-    fn wrong_method_and_unknown_path() {
-        let r = Router::new(&routes()).unwrap();
-        match r.resolve(&Method::PUT, "/api/v1/organizations") {
-            Resolved::WrongMethod(allow) => assert_eq!(allow, "POST, GET"),
-            _ => panic!(),
-        }
-        assert!(matches!(
-            r.resolve(&Method::GET, "/api/v1/nope"),
-            Resolved::NotFound
-        ));
-        match r.resolve(
-            &Method::GET,
-            "/api/v1/organizations/acme/projects/p/devices/3",
-        ) {
-            Resolved::Found(Op::GetDevice, _, params) => {
-                assert_eq!(params[0], ("org".into(), "acme".into()));
-                assert_eq!(params[2], ("device_id".into(), "3".into()));
-            }
-            _ => panic!(),
-        }
-    }
-}
+mod tests;
