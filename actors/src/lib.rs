@@ -52,7 +52,9 @@
 //!   groups, heartbeats), [`sessions`] (sessions, logs, artifacts, exports), [`pipeline`]
 //!   (capsules, configurations, deployments, rollouts, the device update API), [`webhooks`]
 //!   (intake, delivery log, repositories, test runs), [`alerts`] (integrations, rules, the
-//!   alert history, backtests).
+//!   alert history, backtests). Each family's handle type is in its `handle.rs`; what it asks
+//!   the project's writer is its own sub-enum of `project::messages` (`DevicesMsg`,
+//!   `SessionsMsg`, `PipelineMsg`, `AlertingMsg`), built by no other family.
 //! - **Writers**, the actors, each the single writer of its keys: `project` (one per project),
 //!   `session` (one per active session), `quota` (one per organization), `webhooks::intake`,
 //!   `webhooks::installation`, `webhooks::dispatcher`, `directory`, `alerts::evaluator` (one
