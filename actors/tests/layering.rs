@@ -178,12 +178,20 @@ fn writers_import_no_handle() {
 /// (the writer's own module and its tests match and build them too).
 #[test]
 fn project_messages_are_built_only_by_their_familys_handles() {
+    // Each family's enum by name, and its variant of `ProjectMsg`.
     const BUILT_BY: &[(&str, &[&str])] = &[
-        ("DevicesMsg::", &["project/handle.rs"]),
-        ("SessionsMsg::", &["session/handle.rs"]),
-        ("PipelineMsg::", &["pipeline/"]),
+        ("DevicesMsg", &["project/handle.rs"]),
+        ("ProjectMsg::Devices", &["project/handle.rs"]),
+        ("SessionsMsg", &["session/handle.rs"]),
+        ("ProjectMsg::Sessions", &["session/handle.rs"]),
+        ("PipelineMsg", &["pipeline/"]),
+        ("ProjectMsg::Pipeline", &["pipeline/"]),
         (
-            "AlertingMsg::",
+            "AlertingMsg",
+            &["alerts/integrations.rs", "alerts/rules.rs"],
+        ),
+        (
+            "ProjectMsg::Alerting",
             &["alerts/integrations.rs", "alerts/rules.rs"],
         ),
     ];
@@ -222,9 +230,7 @@ fn project_messages_are_built_only_by_their_familys_handles() {
             }
         }
     }
-    assert_eq!(
-        seen.len(),
-        BUILT_BY.len(),
-        "not every family's messages were found: {seen:?}"
-    );
+    for msg in ["DevicesMsg", "SessionsMsg", "PipelineMsg", "AlertingMsg"] {
+        assert!(seen.contains(msg), "{msg} was not found: {seen:?}");
+    }
 }

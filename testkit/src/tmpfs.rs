@@ -48,9 +48,13 @@ impl Tmpfs {
 impl Drop for Tmpfs {
     fn drop(&mut self) {
         // Lazily: a server thread that still holds a file there does not keep it mounted.
-        let _ = Command::new("umount")
+        match Command::new("umount")
             .arg("-l")
             .arg(self.dir.path())
-            .status();
+            .status()
+        {
+            Ok(s) if s.success() => {}
+            other => eprintln!("umount {}: {other:?}", self.dir.path().display()),
+        }
     }
 }

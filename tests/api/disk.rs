@@ -124,7 +124,7 @@ async fn a_disk_space_rule_fires_a_server_alert_when_free_space_falls_and_resolv
     // mounting is not allowed, the host's disk with margins other writes rarely come near.
     let small = fleetops_testkit::tmpfs::Tmpfs::mount(128);
     let (margin, ballast_mib) = match &small {
-        Ok(_) => (16u64 << 20, 48),
+        Ok(_) => (24u64 << 20, 64),
         Err(e) => {
             eprintln!("{e}; watching the host disk instead");
             (256u64 << 20, 768)

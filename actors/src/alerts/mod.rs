@@ -13,8 +13,8 @@
 //!                                         sender: HTTP to vetted addresses, SMTP
 //! ```
 //!
-//! This file holds the handle `http/` calls; each concept has its own file (`integrations`,
-//! `rules`, `history`, `backtest`, `evaluator`, `notifier`, `sender`). Integrations and rules
+//! The handle `http/` calls is in `handle.rs`; each concept has its own file (`integrations`,
+//! `rules`, `history`, `backtest`, `evaluator/`, `notifier`, `sender`). Integrations and rules
 //! are written by the project's actor, so a rule's integrations and groups exist when it is
 //! written, deleting an integration takes it out of every rule in the same write, and a group
 //! a rule names cannot be deleted; alerts and condition states by the project's evaluator;

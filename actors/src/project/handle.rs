@@ -187,7 +187,7 @@ impl ProjectsHandle {
         .await
     }
 
-    /// The console's fleet page: a page of the devices `f` picks, headed by how many the
+    /// The console's device list: a page of the devices `f` picks, headed by how many the
     /// project has, online and offline (offline is the rest), in one message and against one
     /// clock reading (three reads of the store: a device written meanwhile may show in one
     /// and not another).

@@ -216,7 +216,6 @@ pub(crate) enum PipelineMsg {
         policy: fleetops_storage::pipeline::rollouts::ProjectPolicy,
         reply: Reply<fleetops_storage::pipeline::rollouts::ProjectPolicy>,
     },
-    /// A rollout's step (its controller) or a member's action on it.
     /// A member offers a failed package again to one device; replies with its offer count.
     RetryDevice {
         id: u64,
@@ -225,6 +224,7 @@ pub(crate) enum PipelineMsg {
         by: String,
         reply: Reply<u32>,
     },
+    /// A rollout's step (its controller) or a member's action on it.
     Rollout {
         id: u64,
         action: crate::rules::rollouts::RolloutAction,
@@ -243,7 +243,6 @@ impl From<PipelineMsg> for ProjectMsg {
 /// Changes to alert integrations and rules; built only by `alerts::integrations` and
 /// `alerts::rules`.
 pub(crate) enum AlertingMsg {
-    /// A device's rollout result; replies with it and the device's previous status.
     CreateIntegration {
         kind: fleetops_storage::IntegrationType,
         name: String,

@@ -4,8 +4,8 @@
 //! devices' reports, rollout plans and decisions, the rollout policy) and alerting's
 //! integrations and rules. One writer is what keeps uniqueness, `is_latest`, references (a
 //! rule's integrations and groups, whatever a deletion would leave dangling) and state
-//! transitions true under concurrent requests. This file holds the actor and its message enum;
-//! the state changes of each family are in their own file (`devices`, `sessions`, `capsules`,
+//! transitions true under concurrent requests. This file holds the actor and its `apply_*` (its
+//! messages, one sub-enum per family, in `messages.rs`); the state changes of each family are in their own file (`devices`, `sessions`, `capsules`,
 //! `configurations`, `deployments`, `alerting`), and the handle in `handle.rs`.
 //!
 //! With several servers on one database, each message is applied inside the project's
@@ -27,7 +27,7 @@
 //!   last metric sample was kept, so a restart after a panic loses nothing that was
 //!   acknowledged.
 //!
-//! Tested by the unit tests below (through its mailbox on a temporary store, no HTTP), through
+//! Tested by the unit tests in `tests.rs` (through its mailbox on a temporary store, no HTTP), through
 //! the API tests of devices, sessions, the pipeline, rollouts and alerts, and with panics and
 //! stalls injected (`tests/api/supervision.rs`).
 

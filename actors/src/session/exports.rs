@@ -1,4 +1,4 @@
-//! The streamed exports of a session's lines (JSON, CSV, NDJSON) and artifact ZIPs, each
+//! The streamed exports of a session's lines (JSON, CSV) and artifact ZIPs, each
 //! written on a blocking thread into a bounded channel the response streams from. Log search
 //! (a page of matches) is `search`.
 
@@ -14,7 +14,6 @@ pub enum ExportFormat {
     Csv,
 }
 
-/// Pieces of an export body, each about 64 KiB.
 /// A download streamed from a blocking thread: its pieces, and whether the last was sent (a
 /// stream that ends without it was cut short, and its response must not end cleanly).
 pub struct ExportStream {
@@ -22,6 +21,7 @@ pub struct ExportStream {
     pub done: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
+/// Pieces of an export body, each about 64 KiB.
 const EXPORT_PIECE: usize = 64 * 1024;
 
 /// One chunk open during a time-ordered merge: its matches sorted by (timestamp, index).

@@ -18,7 +18,7 @@
 //! - With no append, artifact or subscriber for `[sessions] idle_seconds` it stops: all its
 //!   state is in storage, and the next use starts it again.
 //!
-//! Tested by the unit tests below (through its mailbox on a temporary store, no HTTP), through
+//! Tested by the unit tests in `tests.rs` (through its mailbox on a temporary store, no HTTP), through
 //! the API tests of sessions, artifacts and the live stream, and with panics injected, one of
 //! them right after a write (`tests/api/supervision.rs`).
 

@@ -1,6 +1,7 @@
 //! Log search: a page of a session's lines matching a filter, read from the chunks'
 //! summaries and text filters first, so only the chunks that may hold a match are read
-//! (`query`); `query_scan` reads every chunk, the reference it is tested against.
+//! (`query`); `query_scan` reads every chunk, the reference it is tested against (the tests
+//! are beside the k-way merge's, in `exports/tests.rs`).
 
 use crate::error::Result;
 use crate::logs::{self, LogFilter};

@@ -18,11 +18,11 @@
 //! - The live tail's WebSocket takes the cookie as its credential only when the handshake's
 //!   `Origin` is exactly this console's ([`same_origin`]).
 //!
-//! Its pages are listed in the one route table (`router/pages.rs`, [`crate::router::pages`]);
+//! Its pages are listed in the one route table (`router/pages.rs`, [`fn@crate::router::pages`]);
 //! `route` serves the page the table names.
 //!
 //! Tested by the unit tests of `cookie.rs`, over plain HTTP, and in a real browser
-//! (`tests/api/console.rs`: Debian's Chromium driven through chromedriver).
+//! (`tests/api/console/`: Debian's Chromium driven through chromedriver).
 
 pub mod cookie;
 mod deployments;

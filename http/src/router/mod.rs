@@ -379,12 +379,7 @@ impl Router {
     /// percent-encoded); `None` for a path or method the console does not serve.
     pub fn page(&self, method: &Method, path: &str) -> Option<(Page, Vec<(String, String)>)> {
         let m = self.pages.at(path).ok()?;
-        let want = if method == Method::HEAD {
-            &Method::GET
-        } else {
-            method
-        };
-        let (_, page) = m.value.iter().find(|(mm, _)| mm == want)?;
+        let (_, page) = m.value.iter().find(|(mm, _)| mm == method)?;
         let params = m
             .params
             .iter()

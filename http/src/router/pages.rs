@@ -87,6 +87,12 @@ pub fn pages() -> Vec<PageDef> {
             "/console/{org}/{project}/sessions/{id}/export",
             Page::SessionExport,
         ),
+        // The file's path may be empty (the session's file named ""): answered as before.
+        page(
+            Method::GET,
+            "/console/{org}/{project}/sessions/{id}/files",
+            Page::SessionFile,
+        ),
         page(
             Method::GET,
             "/console/{org}/{project}/sessions/{id}/files/{*path}",

@@ -71,6 +71,21 @@ fn every_page_resolves_to_itself() {
     }
     assert_eq!(r.page(&Method::GET, "/console/acme/p1/nope"), None);
     assert_eq!(r.page(&Method::DELETE, "/console/login"), None);
+    // HEAD is not a page's method (the console answers it with its 404 page).
+    assert_eq!(r.page(&Method::HEAD, "/console"), None);
+    let (page, params) = r
+        .page(&Method::GET, "/console/acme/p1/sessions/4/files")
+        .unwrap();
+    assert_eq!(page, Page::SessionFile);
+    assert!(params.iter().all(|(k, _)| k != "path"));
+    let (_, params) = r
+        .page(
+            &Method::GET,
+            "/console/acme/p1/sessions/4/files/a%20b/c.txt",
+        )
+        .unwrap();
+    assert_eq!(params[3], ("path".into(), "a%20b/c.txt".into()));
+    assert_eq!(r.page(&Method::GET, "/").map(|p| p.0), Some(Page::Root));
     let (page, params) = r
         .page(
             &Method::POST,

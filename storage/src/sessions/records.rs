@@ -1,4 +1,4 @@
-//! Sessions, their counters, log chunks (columns and summaries), artifacts and uploads in progress.
+//! Sessions, their counters, log chunks (columns and summaries) and artifacts.
 
 use serde::{Deserialize, Serialize};
 

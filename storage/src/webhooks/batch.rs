@@ -50,21 +50,21 @@ impl WebhookBatch {
     /// with a conflict when a run of the same project holds the key by then (another
     /// project's entry is taken over, as when a repository moved between organizations).
     pub fn put_new_run(&mut self, r: &NewRun) -> Result<()> {
-        if r.0.holds_key() {
-            let pid = r.0.project_id.to_be_bytes();
+        if r.holds_key() {
+            let pid = r.project_id.to_be_bytes();
             self.0.guard(
-                keys::run_by_key(&r.0.idempotency_key),
+                keys::run_by_key(&r.idempotency_key),
                 "the idempotency key is held by another run",
                 move |v| v.is_none_or(|v| v.get(..8) != Some(&pid[..])),
             );
         }
-        self.write_run(None, &r.0)
+        self.write_run(None, r)
     }
 
     /// Writes a new run that takes its idempotency key over from whatever run holds it (a
     /// rerequested check suite).
     pub fn put_rerun(&mut self, r: &NewRun) -> Result<()> {
-        self.write_run(None, &r.0)
+        self.write_run(None, r)
     }
 
     /// Writes a changed run and keeps its indexes (queue, running, idempotency key, pull

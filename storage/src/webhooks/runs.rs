@@ -46,7 +46,7 @@ pub const RUN_ID_BLOCK: u64 = 64;
 /// under it. Only [`Store::new_run`] makes one, and it cannot be changed afterwards, so
 /// [`WebhookBatch::put_new_run`] may skip removing index entries it cannot have.
 #[derive(Debug, Clone)]
-pub struct NewRun(pub(super) TestRun);
+pub struct NewRun(TestRun);
 
 impl std::ops::Deref for NewRun {
     type Target = TestRun;

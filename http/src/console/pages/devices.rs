@@ -1,4 +1,4 @@
-//! The fleet (a project's device list, filtered and paged), a device's page with its
+//! A project's device list (filtered and paged), a device's page with its
 //! metric charts, and the project's alerts.
 
 use super::*;
