@@ -15,7 +15,7 @@
 //!   else through the running server's API.
 //! - SIGTERM and Ctrl-C stop the server in order (`startup::Running::stop`), exiting 0.
 //!
-//! Tested through the built binary (`tests/api/cli.rs`): first-start credentials, bootstrap,
+//! Tested through the built binary (`tests/api/cli/`): first-start credentials, bootstrap,
 //! a locked data directory, kill -9 and restart, SIGTERM, backup and restore.
 
 mod admin_org;

@@ -8,7 +8,7 @@
 //! ingestion routes and the device update API, which takes nothing else (a user's JWT or API
 //! key there is 403).
 //!
-//! Tested through the API (`tests/api/accounts.rs`: every role, another organization, the
+//! Tested through the API (`tests/api/accounts/`: every role, another organization, the
 //! superuser; and each resource family's own tenancy checks).
 
 use std::sync::Arc;

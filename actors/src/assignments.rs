@@ -13,7 +13,7 @@
 //! at most 1,024 packages. Past either bound that cache starts over.
 //!
 //! Tested through the device update API (`tests/api/updates.rs`) and the rollouts that move
-//! devices from package to package (`tests/api/rollouts.rs`).
+//! devices from package to package (`tests/api/rollouts/`).
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -12,7 +12,7 @@
 //! refreshes included, are refused from then on; an API key's `last_used_at` is written at
 //! most once a minute per key, off the request path.
 //!
-//! Tested by the unit test below and through the API (`tests/api/accounts.rs`: login, refresh,
+//! Tested by the unit test below and through the API (`tests/api/accounts/`: login, refresh,
 //! expired and forged tokens, the API key life cycle).
 
 use std::sync::Arc;

@@ -12,7 +12,7 @@
 //! after a restart or a lag.
 //!
 //! Tested through the real server: a rollout result is published by its writer even when the
-//! caller hung up before the answer (`tests/api/deployments.rs`).
+//! caller hung up before the answer (`tests/api/deployments/`).
 
 use fleetops_storage::Store;
 use tokio::sync::{broadcast, mpsc};

@@ -33,7 +33,7 @@
 //!
 //! Tested through the API tests of its chores (samples and alerts past their retention, the
 //! delivery log's retention, expired uploads, orphaned blobs) and with a panic injected
-//! (`tests/api/supervision.rs`).
+//! (`tests/api/supervision/`).
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

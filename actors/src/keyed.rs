@@ -16,8 +16,8 @@
 //! handling is not sent again (see `mailbox`).
 //!
 //! Tested through the real server with panics injected into project, session, installation,
-//! evaluator, notifier and rollout actors, some past their budget (`tests/api/supervision.rs`,
-//! `tests/api/rollouts.rs`).
+//! evaluator, notifier and rollout actors, some past their budget (`tests/api/supervision/`,
+//! `tests/api/rollouts/`).
 
 use std::collections::HashMap;
 use std::marker::PhantomData;

@@ -11,7 +11,7 @@
 //! over the chunk's lower-cased text (entry by entry when either side is not ASCII). The same
 //! filter serves the query, the export and the live stream, so the three agree.
 //!
-//! Tested by the unit tests below and through the API (`tests/api/sessions.rs`,
+//! Tested by the unit tests below and through the API (`tests/api/sessions/`,
 //! `tests/api/live.rs`).
 
 use std::collections::HashMap;

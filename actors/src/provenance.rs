@@ -12,7 +12,7 @@
 //! a writer).
 //!
 //! Tested through the real server, from a commit's test run to the robot's answer and the
-//! passed-run policy (`tests/api/rollouts.rs`).
+//! passed-run policy (`tests/api/rollouts/`).
 
 use fleetops_storage::{Deployment, RunStatus, Store, pipeline::rollouts::CapsuleSource};
 use serde::Serialize;

@@ -18,7 +18,7 @@
 //! The caller then asks for a turn again, counting what that one wrote (`pipeline`).
 //!
 //! Tested by the unit test below (a turn is exclusive, and what is written counts) and through
-//! the API (`tests/api/capsules.rs`: concurrent uploads across projects, and a reservation
+//! the API (`tests/api/capsules/`: concurrent uploads across projects, and a reservation
 //! whose caller hung up, never pass the quota).
 
 use fleetops_storage::Store;

@@ -11,7 +11,7 @@
 //! error) is logged and tried again a second later; it never stops the root.
 //!
 //! Tested with panics injected into its singleton children (directory, intake, dispatcher,
-//! worker, housekeeper) and a child's start made to fail (`tests/api/supervision.rs`).
+//! worker, housekeeper) and a child's start made to fail (`tests/api/supervision/`).
 
 use crate::health::Health;
 use std::collections::HashMap;

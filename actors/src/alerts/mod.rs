@@ -33,9 +33,9 @@
 //! - Log batches waiting for evaluators are bounded in bytes (`max_log_bytes_in_flight`): past
 //!   it a batch is not seen by the log rules, and ingestion never waits for them.
 //!
-//! Tested through the real server with real peers: `tests/api/alerts.rs` (integrations and
+//! Tested through the real server with real peers: `tests/api/alerts/` (integrations and
 //! rules against an HTTP sink, aiosmtpd and the Standard Webhooks reference library),
-//! `tests/api/evaluation.rs` (every condition fires and resolves, retries, restarts), and
+//! `tests/api/evaluation/` (every condition fires and resolves, retries, restarts), and
 //! panics injected into the evaluator and the notifier under load.
 
 pub mod backtest;

@@ -14,8 +14,8 @@
 //! once. An API key's last use arrives as a message with no reply: a lost one only ages
 //! `last_used_at`.
 //!
-//! Tested through the API (`tests/api/accounts.rs`), and with a panic injected into it
-//! (`tests/api/supervision.rs`).
+//! Tested through the API (`tests/api/accounts/`), and with a panic injected into it
+//! (`tests/api/supervision/`).
 
 mod handle;
 pub(crate) mod purge;

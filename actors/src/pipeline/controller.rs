@@ -18,7 +18,7 @@
 //! controller at once. The housekeeper starts a controller for any rollout with work left that
 //! has none.
 //!
-//! Tested through the real server (`tests/api/rollouts.rs`: phases followed by fifty robots,
+//! Tested through the real server (`tests/api/rollouts/`: phases followed by fifty robots,
 //! gates that pause and roll back, kill -9, a panic injected, a resume racing the stop).
 
 use std::collections::HashSet;

@@ -26,8 +26,8 @@
 //!   its content key (see [`keys`]); the record's `blob_key` moves in the verdict's write, and
 //!   the upload key is deleted only once that write is durable.
 //!
-//! Tested through the real server (`tests/api/capsules.rs`, `configurations.rs`,
-//! `deployments.rs`, `rollouts.rs`, `updates.rs`), against moto for S3 (`tests/api/s3.rs`),
+//! Tested through the real server (`tests/api/capsules/`, `configurations.rs`,
+//! `deployments/`, `rollouts/`, `updates.rs`), against moto for S3 (`tests/api/s3/`),
 //! and by the crash harness, which kills the server with a validation owed.
 
 mod capsules;

@@ -29,7 +29,7 @@
 //!
 //! Tested by the unit tests in `tests.rs` (through its mailbox on a temporary store, no HTTP), through
 //! the API tests of devices, sessions, the pipeline, rollouts and alerts, and with panics and
-//! stalls injected (`tests/api/supervision.rs`).
+//! stalls injected (`tests/api/supervision/`).
 
 pub(crate) mod alerting;
 mod capsules;

@@ -20,7 +20,7 @@
 //!
 //! Tested by the unit tests in `tests.rs` (through its mailbox on a temporary store, no HTTP), through
 //! the API tests of sessions, artifacts and the live stream, and with panics injected, one of
-//! them right after a write (`tests/api/supervision.rs`).
+//! them right after a write (`tests/api/supervision/`).
 
 use std::collections::VecDeque;
 use std::sync::Arc;

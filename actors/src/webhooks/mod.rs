@@ -25,7 +25,7 @@
 //! cannot stall the queue. Each installation is bound to one organization, and its deliveries
 //! resolve only to repository links of that organization's projects.
 //!
-//! Tested through the real server (`tests/api/webhooks.rs`: signatures, dedup, policy, batches
+//! Tested through the real server (`tests/api/webhooks/`: signatures, dedup, policy, batches
 //! that fail part-way, panics), by unit tests of the intake, the dispatcher and the payloads,
 //! and by the crash harness, whose kills land between a batch's 202 and sled's flush.
 
