@@ -49,13 +49,7 @@ pub(super) async fn rollout_action(
     id: &str,
     action: &str,
 ) -> Result<Response<Body>, ApiError> {
-    let member = |s: &Signed| {
-        Ok(app
-            .rt
-            .access
-            .project(&s.principal, org, project, Role::Member)?)
-    };
-    let Some((s, scope, _)) = checked_form_for(app, &mut req, member).await? else {
+    let Some((s, scope, _)) = member_form(app, &mut req, org, project).await? else {
         return Ok(to_login());
     };
     let id = parse_id(id, "Deployment")?;
@@ -84,13 +78,7 @@ pub(super) async fn retry_device(
     id: &str,
     device: &str,
 ) -> Result<Response<Body>, ApiError> {
-    let member = |s: &Signed| {
-        Ok(app
-            .rt
-            .access
-            .project(&s.principal, org, project, Role::Member)?)
-    };
-    let Some((s, scope, _)) = checked_form_for(app, &mut req, member).await? else {
+    let Some((s, scope, _)) = member_form(app, &mut req, org, project).await? else {
         return Ok(to_login());
     };
     let id = parse_id(id, "Deployment")?;

@@ -122,13 +122,7 @@ pub(super) async fn backtest(
     org: &str,
     project: &str,
 ) -> Result<Response<Body>, ApiError> {
-    let member = |s: &Signed| {
-        Ok(app
-            .rt
-            .access
-            .project(&s.principal, org, project, Role::Member)?)
-    };
-    let Some((s, scope, body)) = checked_form_for(app, &mut req, member).await? else {
+    let Some((s, scope, body)) = member_form(app, &mut req, org, project).await? else {
         return Ok(to_login());
     };
     let pid = scope.project.id;

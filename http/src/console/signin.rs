@@ -191,6 +191,23 @@ pub(super) async fn checked_form_for<T>(
     Ok(Some((s, t, bytes)))
 }
 
+/// A project form a member posts (a rollout action, a retry, a backtest): the sign-in, the
+/// project's scope and the body, checked as [`checked_form_for`] checks them.
+pub(super) async fn member_form(
+    app: &App,
+    req: &mut Req,
+    org: &str,
+    project: &str,
+) -> Result<Option<(Signed, fleetops_actors::ProjectScope, Bytes)>, ApiError> {
+    checked_form_for(app, req, |s: &Signed| {
+        Ok(app
+            .rt
+            .access
+            .project(&s.principal, org, project, Role::Member)?)
+    })
+    .await
+}
+
 /// Whether the request's `Origin` is this console's: the scheme (https when it came through
 /// a trusted TLS proxy) and the `Host` the request names (a proxy must pass `Host` through).
 /// Without an `Origin`, `required` decides; without a `Host`, no origin matches.
