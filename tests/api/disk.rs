@@ -122,7 +122,7 @@ async fn a_disk_space_rule_fires_a_server_alert_when_free_space_falls_and_resolv
     // The data directory on a file system of its own, so only this test moves its free space
     // (a shared disk's free space moves with every other test and machine on it). Where
     // mounting is not allowed, the host's disk with margins other writes rarely come near.
-    let small = fleetops_testkit::tmpfs::Tmpfs::mount(128);
+    let small = fleetops_testkit::tmpfs::Tmpfs::mount(192);
     let (margin, ballast_mib) = match &small {
         Ok(_) => (24u64 << 20, 64),
         Err(e) => {
